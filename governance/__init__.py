@@ -1,0 +1,1 @@
+"""The privacy-budget governance service: Django project and app in one package."""

@@ -1,0 +1,223 @@
+"""The cost vector: what an event adds to a ledger, in the form every accountant reads.
+
+A ledger's running state is the sum of its events' cost vectors. Each field is additive
+over events (and subtractive when a reservation is refunded), so admission costs
+O(orders), not O(history):
+
+========  ====================================================================
+eps        sum of per-release epsilon_i (basic composition)
+delta      sum of per-release delta_i (basic; the delta'' pool of advanced)
+sq         sum of epsilon_i^2                      (advanced composition)
+tanh       sum of epsilon_i * tanh(epsilon_i / 2)  (= (e^e - 1) e / (e^e + 1), KOV)
+approx     sum of delta of approximate-DP ``epsilon_delta`` events (RDP accountant)
+rdp[...]   the RDP curve on ``ORDERS`` (one float per order, alpha = inf last)
+========  ====================================================================
+
+Infinities (a Gaussian at alpha = inf, a non-private release) are kept as a per-field
+count beside the finite sum, so a refund subtracts exactly and never meets inf - inf.
+
+Per-release (epsilon_i, delta_i) of Gaussian-type events is computed at the delta the
+event states: the exact analytic Gaussian for ``gaussian`` (Balle-Wang 2018) and the RDP
+conversion for ``subsampled_gaussian`` (one fixed mechanism, so no adaptivity is
+involved inside it). ``self_composed`` of a Gaussian is the Gaussian with noise
+multiplier z / sqrt(k) (exact: Gaussians compose to a Gaussian); of a subsampled
+Gaussian, the same event with k times the steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from . import events as ev
+from .gaussian import gaussian_epsilon
+from .rdp_math import (
+    ORDERS,
+    epsilon_from_curve,
+    gaussian_curve,
+    laplace_curve,
+    pure_dp_curve,
+    subsampled_gaussian_curve,
+)
+
+SCALARS = ("eps", "delta", "sq", "tanh", "approx")
+N_FIELDS = len(SCALARS) + len(ORDERS)
+
+
+class UnresolvedDelta(ev.EventError):
+    """A Gaussian-type event without a delta where a per-release (eps, delta) is needed."""
+
+    def __init__(self):
+        super().__init__("a gaussian-type event needs a 'delta' to be charged under basic or "
+                         "advanced composition", "event")
+
+
+@dataclass(frozen=True, eq=False)
+class Cost:
+    finite: np.ndarray
+    infs: np.ndarray
+
+    @classmethod
+    def zero(cls) -> "Cost":
+        return cls(np.zeros(N_FIELDS), np.zeros(N_FIELDS, dtype=np.int64))
+
+    @classmethod
+    def from_values(cls, values) -> "Cost":
+        v = np.asarray(values, dtype=float)
+        inf = np.isinf(v)
+        return cls(np.where(inf, 0.0, v), inf.astype(np.int64))
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.finite + other.finite, self.infs + other.infs)
+
+    def __sub__(self, other: "Cost") -> "Cost":
+        return Cost(self.finite - other.finite, self.infs - other.infs)
+
+    def times(self, k: int) -> "Cost":
+        return Cost(self.finite * k, self.infs * k)
+
+    @property
+    def values(self) -> np.ndarray:
+        # Refunds may leave -1e-17 where 0 was meant: clamp at 0.
+        return np.where(self.infs > 0, math.inf, np.maximum(self.finite, 0.0))
+
+    def __getattr__(self, name):
+        if name in SCALARS:
+            return float(self.values[SCALARS.index(name)])
+        raise AttributeError(name)
+
+    @property
+    def rdp(self) -> np.ndarray:
+        return self.values[len(SCALARS):]
+
+    def dominated_by(self, other: "Cost", rtol: float = 1e-9) -> bool:
+        """True if every field of self is at most the same field of ``other``."""
+        a, b = self.values, other.values
+        return bool(np.all((a <= b) | np.isclose(a, b, rtol=rtol, atol=1e-15)))
+
+    def to_json(self) -> dict:
+        return {"finite": [float(x) for x in self.finite], "infs": [int(x) for x in self.infs]}
+
+    @classmethod
+    def from_json(cls, data) -> "Cost":
+        if not data:
+            return cls.zero()
+        return cls(np.asarray(data["finite"], dtype=float), np.asarray(data["infs"], dtype=np.int64))
+
+
+def normalise(event: ev.Event) -> ev.Event:
+    """Collapse self-composed Gaussians and subsampled Gaussians exactly; flatten nesting."""
+    if isinstance(event, ev.SelfComposedEvent):
+        inner = normalise(event.event)
+        k = event.count
+        if isinstance(inner, ev.GaussianEvent):
+            return replace(inner, noise_multiplier=inner.noise_multiplier / math.sqrt(k))
+        if isinstance(inner, ev.SubsampledGaussianEvent):
+            return replace(inner, steps=inner.steps * k)
+        if isinstance(inner, ev.NoOpEvent):
+            return inner
+        if isinstance(inner, ev.SelfComposedEvent):
+            return ev.SelfComposedEvent(inner.event, inner.count * k)
+        return ev.SelfComposedEvent(inner, k)
+    if isinstance(event, ev.ComposedEvent):
+        return ev.ComposedEvent(tuple(normalise(e) for e in event.events))
+    return event
+
+
+def _leaf(eps_i: float, delta_i: float, curve: np.ndarray, approx: float = 0.0) -> Cost:
+    tanh = eps_i * math.tanh(eps_i / 2) if math.isfinite(eps_i) else math.inf
+    sq = eps_i * eps_i
+    return Cost.from_values(np.concatenate(([eps_i, delta_i, sq, tanh, approx], curve)))
+
+
+def cost_of(event: ev.Event) -> Cost:
+    """The cost vector of one event. Gaussian-type events must state their delta."""
+    return _cost(normalise(event))
+
+
+def _cost(e: ev.Event) -> Cost:
+    if isinstance(e, ev.LaplaceEvent):
+        return _leaf(e.epsilon, 0.0, laplace_curve(e.epsilon))
+    if isinstance(e, ev.GaussianEvent):
+        if e.delta is None:
+            raise UnresolvedDelta()
+        return _leaf(gaussian_epsilon(e.noise_multiplier, e.delta), e.delta, gaussian_curve(e.noise_multiplier))
+    if isinstance(e, ev.SubsampledGaussianEvent):
+        if e.delta is None:
+            raise UnresolvedDelta()
+        curve = subsampled_gaussian_curve(e.sample_rate, e.noise_multiplier, e.steps)
+        return _leaf(epsilon_from_curve(curve, e.delta) if e.delta > 0 else math.inf, e.delta, curve)
+    if isinstance(e, ev.EpsilonDeltaEvent):
+        return _leaf(e.epsilon, e.delta, pure_dp_curve(e.epsilon), approx=e.delta)
+    if isinstance(e, ev.SelfComposedEvent):
+        return _cost(e.event).times(e.count)
+    if isinstance(e, ev.ComposedEvent):
+        total = Cost.zero()
+        for sub in e.events:
+            total = total + _cost(sub)
+        return total
+    if isinstance(e, ev.NoOpEvent):
+        return Cost.zero()
+    if isinstance(e, ev.NonPrivateEvent):
+        values = np.full(N_FIELDS, math.inf)
+        values[SCALARS.index("delta")] = 0.0
+        values[SCALARS.index("approx")] = 0.0
+        return Cost.from_values(values)
+    raise ev.EventError(f"no cost rule for {type(e).__name__}")
+
+
+# ------------------------------------------------------------------ delta resolution
+
+
+def unstated_weight(event: ev.Event) -> int:
+    """How many per-release deltas the event's Gaussian-type leaves without a delta need."""
+    return _weight(normalise(event))
+
+
+def _weight(e: ev.Event) -> int:
+    if isinstance(e, (ev.GaussianEvent, ev.SubsampledGaussianEvent)):
+        return 1 if e.delta is None else 0
+    if isinstance(e, ev.SelfComposedEvent):
+        return e.count * _weight(e.event)
+    if isinstance(e, ev.ComposedEvent):
+        return sum(_weight(s) for s in e.events)
+    return 0
+
+
+def with_delta(event: ev.Event, delta: float) -> ev.Event:
+    """The event with ``delta`` filled into every Gaussian-type leaf that states none."""
+    if isinstance(event, (ev.GaussianEvent, ev.SubsampledGaussianEvent)):
+        return event if event.delta is not None else replace(event, delta=delta)
+    if isinstance(event, ev.SelfComposedEvent):
+        return ev.SelfComposedEvent(with_delta(event.event, delta), event.count)
+    if isinstance(event, ev.ComposedEvent):
+        return ev.ComposedEvent(tuple(with_delta(e, delta) for e in event.events))
+    return event
+
+
+def stated_delta(event: ev.Event) -> float:
+    """Sum of the deltas the event states itself (unstated leaves count as 0)."""
+    return _cost_delta_only(normalise(event))
+
+
+def _cost_delta_only(e: ev.Event) -> float:
+    if isinstance(e, (ev.GaussianEvent, ev.SubsampledGaussianEvent, ev.EpsilonDeltaEvent)):
+        return e.delta or 0.0
+    if isinstance(e, ev.SelfComposedEvent):
+        return e.count * _cost_delta_only(e.event)
+    if isinstance(e, ev.ComposedEvent):
+        return sum(_cost_delta_only(s) for s in e.events)
+    return 0.0
+
+
+def resolve(event: ev.Event, delta_pool: float) -> ev.Event:
+    """Fill unstated Gaussian deltas so that together they use ``delta_pool``."""
+    w = unstated_weight(event)
+    if w == 0:
+        return event
+    if not delta_pool > 0:
+        raise ev.EventError("no delta is left to charge a Gaussian-type event under (epsilon, delta) "
+                            "composition; state a 'delta' or raise the budget's delta", "event")
+    return with_delta(event, delta_pool / w)

@@ -1,0 +1,87 @@
+"""Rényi differential privacy over a fixed grid of orders.
+
+Report: RDP curves add under composition (Mironov 2017, Prop. 1); the composed curve is
+turned into (epsilon, delta) by the conversion of Balle et al. 2020, Thm. 21 (as in
+Opacus), minimised over the grid ``ORDERS`` (1.001 ... 4096 and infinity). Where basic
+composition of the same events is tighter (a single Laplace release, one Gaussian
+charged with the exact analytic Gaussian) the minimum of the two is reported.
+
+Approximate-DP ``epsilon_delta`` events (delta > 0) enter as delta-approximate RDP
+(Bun-Steinke 2016, approximate zCDP): their pure part adds the randomised-response curve
+of their epsilon and their deltas add to the total delta.
+
+Gate rule: an RDP privacy filter over the fixed grid (Feldman-Zrnic 2021, Thm. 3.1, one
+filter per order; Lécuyer 2021). A request is admitted if at least one order alpha
+keeps sum rho_i(alpha) <= eps_g - c(alpha, delta_alpha), c being the conversion term.
+At the end the first order still within budget (a function of the transcript) certifies
+the output, so the failure probabilities of the orders add: the finite orders share
+(1 - APPROX_SHARE) * delta_g equally (delta_alpha = that / #orders), alpha = inf needs
+none (it is the pure-DP filter), and approximate-DP events may use at most
+APPROX_SHARE * delta_g in total.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .base import Spent, compose_events
+from .costs import Cost
+from .rdp_math import FINITE_ORDERS, ORDERS, conversion_terms, epsilon_from_curve
+
+NAME = "rdp"
+THEOREM = ("Rényi DP (Mironov 2017) with the conversion of Balle et al. 2020, Thm. 21; "
+           "filter: Feldman-Zrnic 2021 over a fixed grid, delta split across orders")
+APPROX_SHARE = 0.1
+
+
+def spent(cost: Cost, delta: float) -> Spent:
+    rdp = cost.rdp
+    rest = delta - cost.approx
+    if rest > 0:
+        eps_all = rdp + conversion_terms(rest)
+    else:  # only alpha = inf (pure DP) is usable
+        eps_all = np.full(len(ORDERS), math.inf)
+        eps_all[-1] = rdp[-1]
+    eps_all = np.where(np.isnan(eps_all), math.inf, eps_all)
+    i = int(np.argmin(eps_all))
+    best = Spent(max(0.0, float(eps_all[i])), delta if rest > 0 else cost.approx, float(ORDERS[i]))
+    if cost.delta <= delta and cost.eps < best.epsilon:
+        return Spent(cost.eps, delta, None)
+    return best
+
+
+def order_deltas(budget_delta: float) -> float:
+    return (1 - APPROX_SHARE) * budget_delta / len(FINITE_ORDERS)
+
+
+def filter_epsilon(cost: Cost, budget_delta: float) -> float:
+    """The smallest eps_g for which the RDP filter would still admit this state."""
+    if cost.approx > APPROX_SHARE * budget_delta * (1 + 1e-12):
+        return math.inf
+    rdp = cost.rdp
+    per_order = order_deltas(budget_delta)
+    if per_order > 0:
+        eps_all = rdp + conversion_terms(per_order)
+    else:
+        eps_all = np.full(len(ORDERS), math.inf)
+        eps_all[-1] = rdp[-1]
+    eps_all = np.where(np.isnan(eps_all), math.inf, eps_all)
+    return max(0.0, float(np.min(eps_all)))
+
+
+def gate_pool(cost: Cost, budget_delta: float) -> float:
+    # Only used to state per-release deltas for the basic/advanced columns of the report.
+    return budget_delta - cost.delta
+
+
+def report_pool(delta: float) -> float:
+    return delta
+
+
+def compose(events, delta: float) -> Spent:
+    return compose_events(__import__(__name__, fromlist=["x"]), events, delta)
+
+
+__all__ = ["spent", "filter_epsilon", "compose", "epsilon_from_curve"]

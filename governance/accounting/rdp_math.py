@@ -1,0 +1,108 @@
+"""Rényi-DP curves of single mechanisms and the RDP -> (epsilon, delta) conversion.
+
+Pure maths, no state. The subsampled Gaussian uses Opacus's own analysis
+(``opacus.accountants.analysis.rdp``, Mironov-Talwar-Zhang 2019); the plain Gaussian,
+Laplace and pure-DP curves are the closed forms below. Every curve is evaluated on
+``ORDERS``: a fixed grid from just above 1 to 4096 plus alpha = infinity (the max
+divergence, i.e. pure DP), so the same curve serves small- and large-epsilon ledgers.
+
+>>> import numpy as np
+>>> c = gaussian_curve(1.0)
+>>> float(c[list(ORDERS).index(2.0)])
+1.0
+>>> round(epsilon_from_curve(laplace_curve(0.5), 1e-6), 6)  # alpha = inf: pure epsilon
+0.5
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+FINITE_ORDERS = (
+    1.001, 1.002, 1.005, 1.01, 1.02, 1.03, 1.05, 1.075, 1.1, 1.15, 1.2, 1.3, 1.4, 1.5,
+    1.6, 1.75, 1.9, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0,
+    10.0, 11.0, 12.0, 14.0, 16.0, 18.0, 20.0, 24.0, 28.0, 32.0, 40.0, 48.0, 56.0, 64.0,
+    80.0, 96.0, 128.0, 160.0, 192.0, 256.0, 384.0, 512.0, 768.0, 1024.0, 2048.0, 4096.0,
+)
+ORDERS = np.array(FINITE_ORDERS + (math.inf,))
+_A = np.array(FINITE_ORDERS)  # finite orders only
+
+
+def _sanitise(curve: np.ndarray) -> np.ndarray:
+    """NaN (numerical overflow) is replaced by +inf: a valid, if useless, bound."""
+    curve = np.asarray(curve, dtype=float)
+    return np.where(np.isnan(curve), math.inf, np.maximum(curve, 0.0))
+
+
+def gaussian_curve(noise_multiplier: float) -> np.ndarray:
+    """Gaussian mechanism: alpha / (2 z^2) (Mironov 2017, Prop. 7); infinite at alpha = inf."""
+    return np.append(_A / (2.0 * noise_multiplier**2), math.inf)
+
+
+def laplace_curve(epsilon: float) -> np.ndarray:
+    """Laplace mechanism with epsilon = sensitivity / scale (Mironov 2017, Prop. 6).
+
+    1/(a-1) log( a/(2a-1) e^{(a-1) eps} + (a-1)/(2a-1) e^{-a eps} ), computed in log space;
+    equal to eps at alpha = inf.
+    """
+    a = _A
+    t1 = np.log(a / (2 * a - 1)) + (a - 1) * epsilon
+    t2 = np.log((a - 1) / (2 * a - 1)) - a * epsilon
+    finite = np.logaddexp(t1, t2) / (a - 1)
+    return _sanitise(np.append(np.minimum(finite, epsilon), epsilon))
+
+
+def pure_dp_curve(epsilon: float) -> np.ndarray:
+    """Any epsilon-DP mechanism: the RDP of randomised response, which dominates them all.
+
+    1/(a-1) log( (e^{a eps} + e^{(1-a) eps}) / (1 + e^{eps}) ), the same as
+    1/(a-1) log( (sinh(a eps) - sinh((a-1) eps)) / sinh(eps) ) (Bun-Steinke 2016,
+    Prop. 3.3); at most min(eps, a eps^2 / 2); equal to eps at alpha = inf.
+    """
+    a = _A
+    finite = (np.logaddexp(a * epsilon, (1 - a) * epsilon) - np.logaddexp(0.0, epsilon)) / (a - 1)
+    return _sanitise(np.append(np.minimum(finite, epsilon), epsilon))
+
+
+def subsampled_gaussian_curve(sample_rate: float, noise_multiplier: float, steps: int) -> np.ndarray:
+    """T steps of the Poisson-subsampled Gaussian (Opacus ``compute_rdp``); inf at alpha = inf."""
+    if sample_rate >= 1.0:
+        return gaussian_curve(noise_multiplier) * steps
+    from opacus.accountants.analysis.rdp import compute_rdp  # heavy import: only when needed
+
+    import warnings
+
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        finite = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=steps, orders=list(_A))
+    return _sanitise(np.append(np.asarray(finite, dtype=float), math.inf))
+
+
+def conversion_terms(delta: float) -> np.ndarray:
+    """epsilon - rho at each order when converting (alpha, rho)-RDP to (epsilon, delta)-DP.
+
+    Balle, Barthe, Gaboardi, Hsu, Sato 2020, Thm. 21 (the conversion Opacus uses):
+    epsilon = rho + log((a-1)/a) - (log delta + log a) / (a - 1).
+    At alpha = inf the term is 0 for any delta >= 0 (pure DP).
+    """
+    a = _A
+    with np.errstate(divide="ignore"):
+        logd = math.log(delta) if delta > 0 else -math.inf
+    terms = np.log1p(-1.0 / a) - (logd + np.log(a)) / (a - 1)
+    return np.append(terms, 0.0)
+
+
+def epsilon_from_curve(curve: np.ndarray, delta: float) -> float:
+    """The smallest epsilon over the grid such that the curve gives (epsilon, delta)-DP."""
+    eps = np.asarray(curve, dtype=float) + conversion_terms(delta)
+    eps = np.where(np.isnan(eps), math.inf, eps)
+    return max(0.0, float(np.min(eps)))
+
+
+def best_order(curve: np.ndarray, delta: float) -> float:
+    """The order at which ``epsilon_from_curve`` is attained."""
+    eps = np.asarray(curve, dtype=float) + conversion_terms(delta)
+    eps = np.where(np.isnan(eps), math.inf, eps)
+    return float(ORDERS[int(np.argmin(eps))])

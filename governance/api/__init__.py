@@ -1,0 +1,1 @@
+"""The REST API (Django REST framework): datasets, grants, ledger, estimates, analysts."""

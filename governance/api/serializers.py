@@ -1,0 +1,162 @@
+import math
+
+from django.contrib.auth import get_user_model
+from rest_framework import serializers
+
+from ..accounting import POLICIES
+from ..accounting.costs import Cost
+from ..ledger import Limit, budget_report
+from ..models import Dataset, Grant, LedgerEntry
+
+User = get_user_model()
+
+
+class FiniteFloatField(serializers.FloatField):
+    """A float that refuses NaN and infinity with a clear message."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if not math.isfinite(value):
+            raise serializers.ValidationError("Must be a finite number.")
+        return value
+
+
+class DatasetSerializer(serializers.ModelSerializer):
+    budget = serializers.SerializerMethodField(help_text="epsilon/delta of the budget and what is spent under each accountant")
+    columns = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Dataset
+        fields = ["id", "name", "title", "description", "status", "file_format", "unit_column", "n_rows",
+                  "n_units", "policy", "budget_epsilon", "budget_delta", "delta_auto", "columns", "budget",
+                  "created_at"]
+        read_only_fields = fields
+
+    def get_columns(self, ds) -> list:
+        request = self.context.get("request")
+        officer = bool(request and request.user.is_staff)
+        cols = ds.schema.get("columns", [])
+        if officer:
+            return cols
+        # Analysts see the declared schema, not which domains were read from the data.
+        return [{k: v for k, v in c.items() if k != "domain_from_data"} for c in cols]
+
+    def get_budget(self, ds) -> dict:
+        state = Cost.from_json(ds.budget.state)
+        limit = Limit.of_dataset(ds)
+        return {"epsilon": ds.budget_epsilon, "delta": ds.budget_delta, "policy": ds.policy,
+                "active_entries": ds.budget.active_entries, "accountants": budget_report(state, limit)}
+
+
+class OfficerDatasetSerializer(DatasetSerializer):
+    class Meta(DatasetSerializer.Meta):
+        fields = DatasetSerializer.Meta.fields + ["max_rows_per_unit", "sha256", "created_by"]
+        read_only_fields = fields
+
+
+class DatasetCreateSerializer(serializers.Serializer):
+    name = serializers.RegexField(r"^[a-z0-9][a-z0-9_-]{0,99}$", help_text="lowercase slug, unique")
+    title = serializers.CharField(required=False, allow_blank=True, max_length=200)
+    description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
+    file = serializers.FileField(required=False, help_text="CSV or Parquet upload (multipart)")
+    path = serializers.CharField(required=False, max_length=1000,
+                                 help_text="A table on the server, inside DATASET_IMPORT_DIRS")
+    format = serializers.ChoiceField(choices=["csv", "parquet"], required=False)
+    unit_column = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
+    schema = serializers.JSONField(required=False, help_text="Column specs overriding the inferred schema")
+    budget_epsilon = FiniteFloatField(min_value=1e-9)
+    budget_delta = serializers.CharField(required=False, default="auto", help_text='a number in [0, 1) or "auto"')
+    policy = serializers.ChoiceField(choices=POLICIES, default="rdp")
+    activate = serializers.BooleanField(default=False, help_text="Activate at once (skip the draft review)")
+
+    def validate(self, attrs):
+        if ("file" in attrs) == ("path" in attrs):
+            raise serializers.ValidationError("Give exactly one of 'file' (upload) or 'path' (server file).")
+        return attrs
+
+
+class DatasetUpdateSerializer(serializers.Serializer):
+    title = serializers.CharField(required=False, allow_blank=True, max_length=200)
+    description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
+    schema = serializers.JSONField(required=False)
+    budget_epsilon = FiniteFloatField(required=False, min_value=1e-9)
+    budget_delta = serializers.CharField(required=False)
+    policy = serializers.ChoiceField(choices=POLICIES, required=False)
+
+
+class GrantSerializer(serializers.ModelSerializer):
+    analyst = serializers.SlugRelatedField(slug_field="username", queryset=User.objects.all())
+    dataset = serializers.SlugRelatedField(slug_field="name", queryset=Dataset.objects.all())
+    cap_epsilon = FiniteFloatField(required=False, allow_null=True, min_value=1e-9)
+    cap_delta = FiniteFloatField(required=False, allow_null=True, min_value=0.0, max_value=0.999999)
+    active = serializers.BooleanField(read_only=True)
+    spent = serializers.SerializerMethodField(help_text="this analyst's share spent, under each accountant")
+
+    class Meta:
+        model = Grant
+        fields = ["id", "analyst", "dataset", "cap_epsilon", "cap_delta", "active", "spent", "created_at", "revoked_at"]
+        read_only_fields = ["id", "active", "spent", "created_at", "revoked_at"]
+
+    def get_spent(self, grant) -> dict:
+        ds = grant.dataset
+        limit = Limit.of_grant(grant, ds) or Limit("grant", ds.budget_epsilon, ds.budget_delta, ds.policy)
+        return budget_report(Cost.from_json(grant.state), limit)
+
+    def validate_analyst(self, user):
+        if user.is_staff:
+            raise serializers.ValidationError("Privacy officers need no grant.")
+        return user
+
+
+class GrantUpdateSerializer(serializers.Serializer):
+    cap_epsilon = FiniteFloatField(required=False, allow_null=True, min_value=1e-9)
+    cap_delta = FiniteFloatField(required=False, allow_null=True, min_value=0.0, max_value=0.999999)
+
+
+class LedgerEntrySerializer(serializers.ModelSerializer):
+    dataset = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    analyst = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = LedgerEntry
+        fields = ["id", "dataset", "analyst", "reference", "status", "event", "committed_event", "charge",
+                  "created_at", "committed_at", "released_at"]
+        read_only_fields = fields
+
+
+class EventsInputSerializer(serializers.Serializer):
+    event = serializers.JSONField(required=False, help_text="One mechanism event (see the README for the format)")
+    events = serializers.JSONField(required=False, help_text="A list of events")
+
+    def validate(self, attrs):
+        if ("event" in attrs) == ("events" in attrs):
+            raise serializers.ValidationError("Give exactly one of 'event' or 'events'.")
+        return attrs
+
+
+class ChargeInputSerializer(serializers.Serializer):
+    event = serializers.JSONField(help_text="The mechanism event of the release")
+    reference = serializers.CharField(required=False, allow_blank=True, default="", max_length=200,
+                                      help_text="What was released and where")
+
+
+class ComposeInputSerializer(serializers.Serializer):
+    events = serializers.JSONField(help_text="A list of events (or one event)")
+    delta = FiniteFloatField(min_value=0.0, max_value=0.999999, help_text="Target total delta")
+
+
+class AnalystSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = User
+        fields = ["id", "username", "email", "is_staff", "date_joined"]
+        read_only_fields = ["id", "is_staff", "date_joined"]
+
+
+class AnalystCreateSerializer(serializers.Serializer):
+    username = serializers.RegexField(r"^[\w.@+-]{1,150}$")
+    email = serializers.EmailField(required=False, allow_blank=True)
+
+    def validate_username(self, value):
+        if User.objects.filter(username=value).exists():
+            raise serializers.ValidationError("A user with this username already exists.")
+        return value

@@ -1,0 +1,16 @@
+from django.urls import path
+from rest_framework.routers import DefaultRouter
+
+from . import views
+
+router = DefaultRouter()
+router.register("datasets", views.DatasetViewSet, basename="dataset")
+router.register("grants", views.GrantViewSet, basename="grant")
+router.register("ledger", views.LedgerViewSet, basename="ledger")
+router.register("analysts", views.AnalystViewSet, basename="analyst")
+
+urlpatterns = [
+    path("me/", views.me, name="me"),
+    path("compose/", views.compose, name="compose"),
+    *router.urls,
+]

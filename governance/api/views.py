@@ -1,0 +1,267 @@
+"""API views. Permission rules (privacy officer = staff; analyst = any other user):
+
+- datasets: officers see and change all; analysts see only active datasets they hold an
+  active grant on; nobody gets rows through any endpoint;
+- grants: officers manage; analysts list their own;
+- ledger: officers see every entry; analysts only their own;
+- estimate: anyone who can see the dataset; charges: officers only.
+"""
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.authtoken.models import Token
+from rest_framework.decorators import action, api_view, permission_classes
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+
+from .. import datasets as ds_actions
+from .. import ledger
+from ..accounting import ACCOUNTANTS
+from ..accounting.events import EventError
+from ..errors import InvalidEvent, InvalidRequest
+from ..models import Dataset, Grant, LedgerEntry
+from ..recommendations import RANGES, recommend
+from . import serializers as s
+from .permissions import IsOfficer, OfficerWritesOnly, is_officer
+
+User = get_user_model()
+
+
+def visible_datasets(user):
+    qs = Dataset.objects.select_related("budget")
+    if is_officer(user):
+        return qs
+    return qs.filter(status=Dataset.Status.ACTIVE, grants__analyst=user, grants__revoked_at__isnull=True).distinct()
+
+
+class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Datasets: tables registered with a schema, a privacy unit and a budget."""
+
+    lookup_field = "name"
+    lookup_value_regex = r"[a-z0-9][a-z0-9_-]*"
+    permission_classes = [IsAuthenticated, OfficerWritesOnly]
+    parser_classes = [JSONParser, MultiPartParser, FormParser]
+    filterset_fields = ["status", "policy"]
+    ordering_fields = ["name", "created_at", "n_units"]
+
+    def get_queryset(self):
+        return visible_datasets(self.request.user)
+
+    def get_serializer_class(self):
+        return s.OfficerDatasetSerializer if is_officer(self.request.user) else s.DatasetSerializer
+
+    @extend_schema(request=s.DatasetCreateSerializer, responses={201: s.OfficerDatasetSerializer})
+    def create(self, request):
+        """Register a table: upload it (multipart ``file``) or name a server ``path``."""
+        data = s.DatasetCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        schema = v.get("schema")
+        ds = ds_actions.register(
+            name=v["name"], created_by=request.user, upload=v.get("file"), path=v.get("path"),
+            file_format=v.get("format"), title=v.get("title", ""), description=v.get("description", ""),
+            unit_column=v.get("unit_column", ""), schema=schema, budget_epsilon=v["budget_epsilon"],
+            budget_delta=v.get("budget_delta", "auto"), policy=v["policy"], activate=v["activate"])
+        return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data,
+                        status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.DatasetUpdateSerializer, responses=s.OfficerDatasetSerializer)
+    def partial_update(self, request, name=None):
+        """Edit the schema (bounds, domains, types), the budget, the policy or the texts."""
+        ds = self.get_object()
+        data = s.DatasetUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        ds = ds_actions.update(ds, **data.validated_data)
+        return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data)
+
+    @extend_schema(request=None, responses=s.OfficerDatasetSerializer)
+    @action(detail=True, methods=["post"])
+    def activate(self, request, name=None):
+        """Confirm the reviewed schema and open the dataset to requests."""
+        ds = self.get_object()
+        Dataset.objects.filter(pk=ds.pk).update(status=Dataset.Status.ACTIVE)
+        ds.refresh_from_db()
+        return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data)
+
+    @extend_schema(request=s.EventsInputSerializer, responses={200: inline_serializer("Estimate", {
+        "events": serializers.ListField(), "total": serializers.DictField(), "would_admit": serializers.BooleanField(),
+        "has_grant": serializers.BooleanField(), "fits": serializers.IntegerField(allow_null=True),
+        "budget": serializers.DictField()})})
+    @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])
+    def estimate(self, request, name=None):
+        """What an event (or list) would cost under each accountant, whether the gate would
+        admit it now, and how many such requests still fit. Charges nothing."""
+        ds = self.get_object()
+        data = s.EventsInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        events = data.validated_data.get("events", data.validated_data.get("event"))
+        return Response(ledger.estimate(ds, request.user, events))
+
+    @extend_schema(request=s.ChargeInputSerializer, responses={201: s.LedgerEntrySerializer})
+    @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated, IsOfficer])
+    def charges(self, request, name=None):
+        """Record a release made outside the service: through the gate (409 if it does not
+        fit) and committed at once. Privacy officers only."""
+        ds = self.get_object()
+        data = s.ChargeInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        entry = ledger.charge(ds, request.user, data.validated_data["event"],
+                              reference=data.validated_data["reference"])
+        return Response(s.LedgerEntrySerializer(entry).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(parameters=[OpenApiParameter("sensitivity", enum=list(RANGES), default="medium")],
+                   responses={200: inline_serializer("Recommendation", {
+                       "sensitivity": serializers.CharField(), "epsilon_range": serializers.ListField(),
+                       "delta_recommended": serializers.FloatField(), "delta_max": serializers.FloatField(),
+                       "warnings": serializers.ListField()})})
+    @action(detail=True, methods=["get"], permission_classes=[IsAuthenticated])
+    def recommendation(self, request, name=None):
+        """Published guidance as numbers for this dataset: epsilon range, delta for its size."""
+        ds = self.get_object()
+        sensitivity = request.query_params.get("sensitivity", "medium")
+        if sensitivity not in RANGES:
+            raise InvalidRequest(f"sensitivity must be one of {', '.join(RANGES)}, got {sensitivity!r}")
+        return Response(recommend(ds.n_units, sensitivity))
+
+    @extend_schema(responses=s.LedgerEntrySerializer(many=True),
+                   parameters=[OpenApiParameter("status", enum=list(LedgerEntry.Status.values))])
+    @action(detail=True, methods=["get"], permission_classes=[IsAuthenticated])
+    def ledger(self, request, name=None):
+        """This dataset's ledger entries (analysts: their own only)."""
+        ds = self.get_object()
+        qs = LedgerEntry.objects.filter(dataset=ds).select_related("dataset", "analyst")
+        if not is_officer(request.user):
+            qs = qs.filter(analyst=request.user)
+        st = request.query_params.get("status")
+        if st:
+            if st not in LedgerEntry.Status.values:
+                raise InvalidRequest(f"status must be one of {', '.join(LedgerEntry.Status.values)}")
+            qs = qs.filter(status=st)
+        page = self.paginate_queryset(qs.order_by("id"))
+        return self.get_paginated_response(s.LedgerEntrySerializer(page, many=True).data)
+
+
+class GrantViewSet(viewsets.ModelViewSet):
+    """Grants join an analyst to a dataset, optionally with a cap on their share.
+    DELETE revokes (the grant and its history are kept for the ledger)."""
+
+    serializer_class = s.GrantSerializer
+    permission_classes = [IsAuthenticated, OfficerWritesOnly]
+    filterset_fields = {"dataset__name": ["exact"], "analyst__username": ["exact"], "revoked_at": ["isnull"]}
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        qs = Grant.objects.select_related("analyst", "dataset").order_by("id")
+        if is_officer(self.request.user):
+            return qs
+        return qs.filter(analyst=self.request.user)
+
+    def perform_create(self, serializer):
+        analyst, dataset = serializer.validated_data["analyst"], serializer.validated_data["dataset"]
+        existing = Grant.objects.filter(analyst=analyst, dataset=dataset).first()
+        if existing is not None:
+            if existing.active:
+                raise InvalidRequest(f"{analyst} already holds a grant on {dataset}; PATCH it to change the cap.")
+            Grant.objects.filter(pk=existing.pk).update(
+                revoked_at=None, cap_epsilon=serializer.validated_data.get("cap_epsilon"),
+                cap_delta=serializer.validated_data.get("cap_delta"))
+            existing.refresh_from_db()
+            serializer.instance = existing
+            return
+        serializer.save(created_by=self.request.user)
+
+    @extend_schema(request=s.GrantUpdateSerializer)
+    def partial_update(self, request, pk=None):
+        grant = self.get_object()
+        data = s.GrantUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        with transaction.atomic():
+            grant = Grant.objects.select_for_update().get(pk=grant.pk)
+            for key, value in data.validated_data.items():
+                setattr(grant, key, value)
+            grant.save(update_fields=list(data.validated_data))
+        return Response(self.get_serializer(grant).data)
+
+    def update(self, request, *args, **kwargs):  # PUT is not offered
+        raise InvalidRequest("Use PATCH to change a grant's cap.")
+
+    def perform_destroy(self, grant):
+        Grant.objects.filter(pk=grant.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+class LedgerViewSet(viewsets.ReadOnlyModelViewSet):
+    """Every ledger entry (analysts: their own). Filter by dataset, analyst, status."""
+
+    serializer_class = s.LedgerEntrySerializer
+    filterset_fields = {"dataset__name": ["exact"], "analyst__username": ["exact"], "status": ["exact"]}
+    ordering_fields = ["id", "created_at"]
+
+    def get_queryset(self):
+        qs = LedgerEntry.objects.select_related("dataset", "analyst").order_by("id")
+        if is_officer(self.request.user):
+            return qs
+        return qs.filter(analyst=self.request.user)
+
+
+class AnalystViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                     viewsets.GenericViewSet):
+    """Analyst accounts and their API tokens (privacy officers only)."""
+
+    serializer_class = s.AnalystSerializer
+    permission_classes = [IsAuthenticated, IsOfficer]
+    queryset = User.objects.order_by("id")
+
+    @extend_schema(request=s.AnalystCreateSerializer, responses={201: inline_serializer(
+        "AnalystCreated", {"id": serializers.IntegerField(), "username": serializers.CharField(),
+                           "token": serializers.CharField()})})
+    def create(self, request):
+        data = s.AnalystCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = User.objects.create_user(username=data.validated_data["username"],
+                                        email=data.validated_data.get("email", ""))
+        token = Token.objects.create(user=user)
+        return Response({"id": user.pk, "username": user.username, "token": token.key}, status=201)
+
+    @extend_schema(request=None, responses={200: inline_serializer("NewToken", {"token": serializers.CharField()})})
+    @action(detail=True, methods=["post"])
+    def token(self, request, pk=None):
+        """Issue a new API token for the analyst; the old one stops working."""
+        user = self.get_object()
+        Token.objects.filter(user=user).delete()
+        return Response({"token": Token.objects.create(user=user).key})
+
+
+@extend_schema(responses={200: inline_serializer("Me", {
+    "username": serializers.CharField(), "role": serializers.CharField(), "grants": serializers.ListField()})})
+@api_view(["GET"])
+def me(request):
+    """Who you are, and your grants with what you have spent under each accountant."""
+    grants = Grant.objects.filter(analyst=request.user, revoked_at__isnull=True).select_related("dataset", "analyst")
+    return Response({
+        "username": request.user.username,
+        "role": "privacy_officer" if is_officer(request.user) else "analyst",
+        "grants": s.GrantSerializer(grants, many=True).data,
+    })
+
+
+@extend_schema(request=s.ComposeInputSerializer, responses={200: inline_serializer("Composition", {
+    name: serializers.DictField() for name in ACCOUNTANTS})})
+@api_view(["POST"])
+@permission_classes([IsAuthenticated])
+def compose(request):
+    """Compose a list of events under every accountant at a target delta (pure maths; no ledger)."""
+    data = s.ComposeInputSerializer(data=request.data)
+    data.is_valid(raise_exception=True)
+    from ..accounting.events import parse_events
+
+    try:
+        events = parse_events(data.validated_data["events"])
+        return Response({name: acc.compose(events, data.validated_data["delta"]).as_dict()
+                         for name, acc in ACCOUNTANTS.items()})
+    except EventError as e:
+        raise InvalidEvent(str(e), path=e.path) from e

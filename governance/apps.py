@@ -1,0 +1,14 @@
+from django.apps import AppConfig
+
+
+class GovernanceConfig(AppConfig):
+    name = "governance"
+    verbose_name = "Privacy governance"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from . import checks  # noqa: F401  (registers the system checks)
+
+        from django.conf import settings
+
+        settings.VAR_DIR.mkdir(parents=True, exist_ok=True)

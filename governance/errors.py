@@ -1,0 +1,62 @@
+"""Errors with stable codes. User errors (4xx) are apart from system errors (5xx).
+
+The API's exception handler turns each into ``{"code", "detail", ...extra}`` with its
+HTTP status, so an analyst sees why, with the numbers.
+"""
+
+from __future__ import annotations
+
+
+class GovernanceError(Exception):
+    """Base error: ``code`` is stable and documented, ``status`` the HTTP status."""
+
+    code = "error"
+    status = 500
+
+    def __init__(self, detail: str, **extra):
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class UserError(GovernanceError):
+    """The request was wrong; retrying it unchanged will fail again."""
+
+    code = "request.invalid"
+    status = 400
+
+
+class InvalidRequest(UserError):
+    code = "request.invalid"
+
+
+class InvalidEvent(UserError):
+    code = "event.invalid"
+
+
+class InvalidDataset(UserError):
+    code = "dataset.invalid"
+
+
+class BudgetExceeded(UserError):
+    """The gate refused: composing this event would cross a budget or a grant's cap."""
+
+    code = "budget.exceeded"
+    status = 409
+
+
+class NoGrant(UserError):
+    code = "grant.missing"
+    status = 403
+
+
+class DatasetNotActive(UserError):
+    code = "dataset.inactive"
+    status = 409
+
+
+class LedgerConflict(UserError):
+    """A status change that is not allowed (e.g. committing a released entry)."""
+
+    code = "ledger.conflict"
+    status = 409

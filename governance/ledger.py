@@ -1,0 +1,333 @@
+"""The gate and every ledger write: admit, commit, release, charge.
+
+Each action runs in one transaction holding a row lock on the dataset's budget row
+(``select_for_update``; on SQLite the transaction itself takes the write lock, see
+settings), then on the analyst's grant, always in that order. The budget row carries the
+running cost vector of all reserved and committed entries, so admission costs O(orders).
+
+Rules:
+- ``admit``: the policy's privacy filter must hold for the dataset budget *and* for the
+  analyst's grant cap with the new event added; the entry is written ``reserved`` and
+  the running totals updated in the same transaction. Gaussian-type events that state no
+  delta are given one (half of the delta still free for per-release deltas, split over
+  the event's parts) so that basic and advanced composition can charge them; the stated
+  event is what the ledger stores.
+- ``commit``: ``reserved -> committed``; an actual event, if given, must cost no more
+  than the reserved one in every field (e.g. training that stopped early) and the
+  difference is refunded. Committing twice is a no-op.
+- ``release``: ``reserved -> released``; the reservation is refunded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from .accounting import ACCOUNTANTS
+from .accounting import events as ev
+from .accounting.costs import Cost, cost_of, resolve, stated_delta, unstated_weight
+from .errors import BudgetExceeded, DatasetNotActive, InvalidEvent, LedgerConflict, NoGrant
+from .models import Budget, Dataset, Grant, LedgerEntry
+
+
+def to_event(data) -> ev.Event:
+    if isinstance(data, ev.Event):
+        return data
+    try:
+        return ev.parse_event(data)
+    except ev.EventError as e:
+        raise InvalidEvent(str(e), path=e.path) from e
+
+
+def _num(x: float):
+    """JSON-safe number: infinities become the strings "inf"/"-inf"."""
+    if x is None:
+        return None
+    x = float(x)
+    if math.isfinite(x):
+        return x
+    return "inf" if x > 0 else "-inf"
+
+
+# --------------------------------------------------------------------------- limits
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A budget to gate against: the dataset's, or an analyst's cap within it."""
+
+    scope: str  # "dataset" or "grant"
+    epsilon: float
+    delta: float
+    policy: str
+
+    @classmethod
+    def of_dataset(cls, ds: Dataset) -> "Limit":
+        return cls("dataset", ds.budget_epsilon, ds.budget_delta, ds.policy)
+
+    @classmethod
+    def of_grant(cls, grant: Grant, ds: Dataset) -> "Limit | None":
+        if grant.cap_epsilon is None and grant.cap_delta is None:
+            return None
+        eps = grant.cap_epsilon if grant.cap_epsilon is not None else ds.budget_epsilon
+        delta = grant.cap_delta if grant.cap_delta is not None else ds.budget_delta
+        return cls("grant", min(eps, ds.budget_epsilon), min(delta, ds.budget_delta), ds.policy)
+
+    @property
+    def accountant(self):
+        return ACCOUNTANTS[self.policy]
+
+    def spent(self, state: Cost) -> float:
+        return self.accountant.filter_epsilon(state, self.delta)
+
+    def admits(self, state: Cost) -> bool:
+        return self.spent(state) <= self.epsilon
+
+    def pool(self, state: Cost) -> float:
+        return max(0.0, self.accountant.gate_pool(state, self.delta))
+
+
+def charge_summary(cost: Cost, delta: float) -> dict:
+    """epsilon/delta of a cost vector under each accountant, reported at ``delta``."""
+    return {name: acc.spent(cost, delta).as_dict() for name, acc in ACCOUNTANTS.items()}
+
+
+def budget_report(state: Cost, limit: Limit) -> dict:
+    """Spent and remaining under each accountant; ``gates`` marks the policy's filter."""
+    out = {}
+    for name, acc in ACCOUNTANTS.items():
+        filt = acc.filter_epsilon(state, limit.delta)
+        out[name] = {
+            **acc.spent(state, limit.delta).as_dict(),
+            "filter_epsilon": _num(filt),
+            "remaining_epsilon": _num(max(0.0, limit.epsilon - filt)),
+            "gates": name == limit.policy,
+        }
+    return out
+
+
+def _refusal(limit: Limit, before: Cost, after: Cost, event_cost: Cost) -> BudgetExceeded:
+    spent = limit.spent(before)
+    total = limit.spent(after)
+    delta_used = after.approx if limit.policy == "rdp" else after.delta
+    reason = "epsilon" if math.isfinite(total) or not math.isfinite(event_cost.eps) else "delta"
+    what = "dataset budget" if limit.scope == "dataset" else "analyst's cap"
+    return BudgetExceeded(
+        f"Refused: this request would take the {what} to epsilon {_fmt(total)} "
+        f"(limit {limit.epsilon:g}) under the {limit.policy} filter; "
+        f"{_fmt(max(0.0, limit.epsilon - spent))} remains.",
+        scope=limit.scope,
+        policy=limit.policy,
+        reason=reason,
+        budget={"epsilon": limit.epsilon, "delta": limit.delta},
+        spent_epsilon=_num(spent),
+        remaining_epsilon=_num(max(0.0, limit.epsilon - spent)),
+        would_cost_epsilon=_num(total - spent if math.isfinite(total) else math.inf),
+        would_total_epsilon=_num(total),
+        delta_in_use=_num(delta_used),
+        request_charge=charge_summary(event_cost, limit.delta),
+    )
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}" if math.isfinite(x) else "infinity"
+
+
+# --------------------------------------------------------------------------- actions
+
+
+def _lock(dataset_id: int, analyst, *, require_grant: bool):
+    """Lock the budget row, then the analyst's active grant (in that order)."""
+    budget = Budget.objects.select_for_update().get(pk=dataset_id)
+    ds = Dataset.objects.get(pk=dataset_id)
+    grant = None
+    if analyst is not None:
+        grant = (Grant.objects.select_for_update()
+                 .filter(dataset_id=dataset_id, analyst=analyst, revoked_at__isnull=True).first())
+    if grant is None and require_grant:
+        raise NoGrant(f"{analyst} has no grant on dataset {ds.name}.", dataset=ds.name)
+    return budget, ds, grant
+
+
+def _stamp(event: ev.Event, limits: list[tuple[Limit, Cost]]) -> ev.Event:
+    if unstated_weight(event) == 0:
+        return event
+    pool = min(limit.pool(state) for limit, state in limits) / 2 - stated_delta(event)
+    try:
+        return resolve(event, pool)
+    except ev.EventError as e:
+        raise InvalidEvent(str(e), path=e.path) from e
+
+
+def _plan(event, ds: Dataset, budget: Budget, grant: Grant | None):
+    """(stamped event, its cost, [(limit, state before)]) for an event on a locked budget."""
+    event = to_event(event)
+    limits = [(Limit.of_dataset(ds), Cost.from_json(budget.state))]
+    if grant is not None:
+        glimit = Limit.of_grant(grant, ds)
+        if glimit is not None:
+            limits.append((glimit, Cost.from_json(grant.state)))
+    stamped = _stamp(event, limits)
+    try:
+        cost = cost_of(stamped)
+    except ev.EventError as e:
+        raise InvalidEvent(str(e), path=e.path) from e
+    return stamped, cost, limits
+
+
+def admit(dataset: Dataset | int, analyst, event, *, reference: str = "") -> LedgerEntry:
+    """Reserve ``event`` on the dataset for ``analyst`` or raise ``BudgetExceeded``."""
+    dataset_id = dataset if isinstance(dataset, int) else dataset.pk
+    with transaction.atomic():
+        budget, ds, grant = _lock(dataset_id, analyst, require_grant=not analyst.is_staff)
+        if ds.status != Dataset.Status.ACTIVE:
+            raise DatasetNotActive(f"Dataset {ds.name} is not active (status {ds.status}).", dataset=ds.name)
+        stamped, cost, limits = _plan(event, ds, budget, grant)
+        for limit, state in limits:
+            if not limit.admits(state + cost):
+                raise _refusal(limit, state, state + cost, cost)
+        entry = LedgerEntry.objects.create(
+            dataset_id=dataset_id, analyst=analyst, grant=grant, reference=reference[:200],
+            event=stamped.to_dict(), cost=cost.to_json(),
+            charge=charge_summary(cost, ds.budget_delta),
+        )
+        _apply(budget, grant, cost, entries=+1)
+    return entry
+
+
+def _apply(budget: Budget, grant: Grant | None, delta_cost: Cost, *, entries: int = 0):
+    new_state = Cost.from_json(budget.state) + delta_cost
+    Budget.objects.filter(pk=budget.pk).update(
+        state=new_state.to_json(), active_entries=F("active_entries") + entries, updated_at=timezone.now())
+    budget.state = new_state.to_json()
+    if grant is not None:
+        gstate = Cost.from_json(grant.state) + delta_cost
+        Grant.objects.filter(pk=grant.pk).update(state=gstate.to_json())
+        grant.state = gstate.to_json()
+
+
+def _lock_entry(entry_id: int):
+    entry = LedgerEntry.objects.only("dataset_id", "grant_id").get(pk=entry_id)
+    budget = Budget.objects.select_for_update().get(pk=entry.dataset_id)
+    grant = Grant.objects.select_for_update().get(pk=entry.grant_id) if entry.grant_id else None
+    return LedgerEntry.objects.get(pk=entry_id), budget, grant
+
+
+def commit(entry: LedgerEntry | int, actual_event=None) -> LedgerEntry:
+    """``reserved -> committed``, optionally with a cheaper actual event (refunding the rest)."""
+    entry_id = entry if isinstance(entry, int) else entry.pk
+    with transaction.atomic():
+        entry, budget, grant = _lock_entry(entry_id)
+        if entry.status == LedgerEntry.Status.COMMITTED:
+            return entry
+        if entry.status != LedgerEntry.Status.RESERVED:
+            raise LedgerConflict(f"Ledger entry {entry_id} is {entry.status}; only a reserved entry can be committed.")
+        reserved = Cost.from_json(entry.cost)
+        committed_event = committed_cost = None
+        if actual_event is not None:
+            actual = to_event(actual_event)
+            if unstated_weight(actual):
+                actual = resolve(actual, max(reserved.delta - stated_delta(actual), 0.0) or 1e-300)
+            try:
+                actual_cost = cost_of(actual)
+            except ev.EventError as e:
+                raise InvalidEvent(str(e), path=e.path) from e
+            if not actual_cost.dominated_by(reserved):
+                raise InvalidEvent("The committed event costs more than the reservation in some accountant; "
+                                   "a reservation can only shrink.", reserved=entry.event, actual=actual.to_dict())
+            committed_event, committed_cost = actual.to_dict(), actual_cost.to_json()
+        n = LedgerEntry.objects.filter(pk=entry_id, status=LedgerEntry.Status.RESERVED).update(
+            status=LedgerEntry.Status.COMMITTED, committed_at=timezone.now(),
+            committed_event=committed_event, committed_cost=committed_cost)
+        if n != 1:  # pragma: no cover - impossible under the budget lock
+            raise LedgerConflict(f"Ledger entry {entry_id} changed under the lock.")
+        if committed_cost is not None:
+            _apply(budget, grant, Cost.from_json(committed_cost) - reserved)
+        return LedgerEntry.objects.get(pk=entry_id)
+
+
+def release(entry: LedgerEntry | int) -> LedgerEntry:
+    """``reserved -> released``: refund the reservation. Releasing twice is a no-op."""
+    entry_id = entry if isinstance(entry, int) else entry.pk
+    with transaction.atomic():
+        entry, budget, grant = _lock_entry(entry_id)
+        if entry.status == LedgerEntry.Status.RELEASED:
+            return entry
+        if entry.status != LedgerEntry.Status.RESERVED:
+            raise LedgerConflict(f"Ledger entry {entry_id} is {entry.status}; a committed charge is never refunded.")
+        LedgerEntry.objects.filter(pk=entry_id, status=LedgerEntry.Status.RESERVED).update(
+            status=LedgerEntry.Status.RELEASED, released_at=timezone.now())
+        _apply(budget, grant, Cost.zero() - Cost.from_json(entry.cost), entries=-1)
+        return LedgerEntry.objects.get(pk=entry_id)
+
+
+def charge(dataset: Dataset | int, officer, event, *, reference: str = "") -> LedgerEntry:
+    """Record a release made outside the service: admitted through the gate and committed."""
+    with transaction.atomic():
+        entry = admit(dataset, officer, event, reference=reference)
+        return commit(entry)
+
+
+def estimate(dataset: Dataset, user, events) -> dict:
+    """What ``events`` would cost, whether they would be admitted now, and how many fit.
+
+    Reads the budget without locking or writing: the answer can be stale by the time a
+    request is sent, the gate is what decides.
+    """
+    try:
+        parsed = ev.parse_events(events)
+    except ev.EventError as e:
+        raise InvalidEvent(str(e), path=e.path) from e
+    budget = Budget.objects.get(pk=dataset.pk)
+    grant = None
+    if user is not None:
+        grant = Grant.objects.filter(dataset=dataset, analyst=user, revoked_at__isnull=True).first()
+    items = []
+    total = Cost.zero()
+    limits = None
+    for event in parsed:
+        stamped, cost, limits = _plan(event, dataset, budget, grant)
+        total = total + cost
+        items.append({"event": stamped.to_dict(), "charge": charge_summary(cost, dataset.budget_delta)})
+    admitted = all(limit.admits(state + total) for limit, state in limits) if limits else True
+    if grant is None and not getattr(user, "is_staff", False):
+        admitted = False
+    return {
+        "events": items,
+        "total": charge_summary(total, dataset.budget_delta),
+        "would_admit": admitted,
+        "has_grant": grant is not None,
+        "fits": _how_many_fit(total, limits) if limits else None,
+        "budget": {lim.scope: budget_report(state, lim) for lim, state in limits} if limits else {},
+    }
+
+
+def _how_many_fit(cost: Cost, limits, cap: int = 10**7) -> int | None:
+    """Largest k such that k more copies (each charged like this one) pass every filter."""
+    def ok(k):
+        return all(limit.admits(state + cost.times(k)) for limit, state in limits)
+
+    if not ok(1):
+        return 0
+    if ok(cap):
+        return None  # effectively unlimited (e.g. a no-op)
+    lo, hi = 1, 2
+    while ok(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def recompute_state(dataset_id: int) -> Cost:
+    """The running state re-derived from the ledger (for verification; O(history))."""
+    total = Cost.zero()
+    for cost, committed_cost, status in LedgerEntry.objects.filter(dataset_id=dataset_id).exclude(
+            status=LedgerEntry.Status.RELEASED).values_list("cost", "committed_cost", "status"):
+        total = total + Cost.from_json(committed_cost or cost)
+    return total

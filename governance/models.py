@@ -1,0 +1,131 @@
+"""Datasets, budgets, grants and the ledger.
+
+Writes to budgets, grants and ledger entries go through ``governance.ledger`` (the
+action functions), never through ``save()`` from views: a ledger entry's event is never
+edited once written, and its status only moves forward by compare-and-set.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from .accounting import POLICIES
+
+
+class Dataset(models.Model):
+    class Status(models.TextChoices):
+        DRAFT = "draft", "draft (schema under review; no requests)"
+        ACTIVE = "active", "active"
+
+    class Format(models.TextChoices):
+        CSV = "csv", "CSV"
+        PARQUET = "parquet", "Parquet"
+
+    name = models.SlugField(max_length=100, unique=True, help_text="Stable identifier used in the API.")
+    title = models.CharField(max_length=200, blank=True)
+    description = models.TextField(blank=True)
+    file = models.CharField(max_length=500, help_text="Path of the stored table, relative to DATA_DIR.")
+    file_format = models.CharField(max_length=10, choices=Format.choices)
+    sha256 = models.CharField(max_length=64)
+    schema = models.JSONField(help_text='{"columns": [{"name", "type", "lower", "upper", "domain"}]}')
+    unit_column = models.CharField(max_length=200, blank=True,
+                                   help_text="Column naming the privacy unit (e.g. patient_id); blank = one row.")
+    n_rows = models.BigIntegerField()
+    n_units = models.BigIntegerField(help_text="Privacy units: distinct unit ids, or rows.")
+    max_rows_per_unit = models.IntegerField(default=1)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.DRAFT)
+    budget_epsilon = models.FloatField()
+    budget_delta = models.FloatField()
+    delta_auto = models.BooleanField(default=False, help_text="delta = 1 / n_units^1.2")
+    policy = models.CharField(max_length=10, choices=[(p, p) for p in POLICIES], default="rdp")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def columns(self) -> dict[str, dict]:
+        return {c["name"]: c for c in self.schema.get("columns", [])}
+
+
+class Budget(models.Model):
+    """The row the gate locks: the running cost vector of every reserved and committed entry."""
+
+    dataset = models.OneToOneField(Dataset, on_delete=models.CASCADE, primary_key=True, related_name="budget")
+    state = models.JSONField(default=dict)
+    active_entries = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self):
+        return f"budget of {self.dataset_id}"
+
+
+class Grant(models.Model):
+    """An analyst may query a dataset, optionally within a cap on their own share."""
+
+    analyst = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="grants")
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="grants")
+    cap_epsilon = models.FloatField(null=True, blank=True)
+    cap_delta = models.FloatField(null=True, blank=True)
+    state = models.JSONField(default=dict)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["analyst", "dataset"], name="one_grant_per_analyst_dataset")]
+        ordering = ["dataset_id", "analyst_id"]
+
+    def __str__(self):
+        return f"{self.analyst} on {self.dataset}"
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+class LedgerEntry(models.Model):
+    """One charge. ``event`` is written once; status moves reserved -> committed | released."""
+
+    class Status(models.TextChoices):
+        RESERVED = "reserved"
+        COMMITTED = "committed"
+        RELEASED = "released"
+
+    IMMUTABLE = ("dataset_id", "analyst_id", "grant_id", "reference", "event", "cost", "charge", "created_at")
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="ledger")
+    analyst = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="ledger_entries")
+    grant = models.ForeignKey(Grant, on_delete=models.PROTECT, null=True, blank=True, related_name="ledger")
+    reference = models.CharField(max_length=200, blank=True, help_text="Request id or description of the release.")
+    event = models.JSONField(help_text="The mechanism event reserved, as JSON.")
+    cost = models.JSONField(help_text="Cost vector of the event (derived; see accounting.costs).")
+    charge = models.JSONField(help_text="epsilon/delta of this event alone under each accountant.")
+    committed_event = models.JSONField(null=True, blank=True, help_text="Event actually spent, if smaller.")
+    committed_cost = models.JSONField(null=True, blank=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.RESERVED, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    committed_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        verbose_name_plural = "ledger entries"
+        indexes = [models.Index(fields=["dataset", "status"]), models.Index(fields=["analyst", "dataset"])]
+
+    def __str__(self):
+        return f"#{self.pk} {self.dataset_id} {self.status}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None and not kwargs.get("force_insert"):
+            raise ValidationError("Ledger entries are never edited; use governance.ledger actions.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ValidationError("Ledger entries are never deleted.")

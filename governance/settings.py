@@ -1,0 +1,132 @@
+"""Settings, read from the environment (see README, "Configuration").
+
+The embedded default needs nothing: SQLite under ./var, DEBUG on, a development secret.
+Production sets DATABASE_URL (PostgreSQL), SECRET_KEY (or SECRET_KEY_FILE), DEBUG=false
+and ALLOWED_HOSTS; the system checks in ``governance.checks`` refuse unsafe mixes.
+"""
+
+from pathlib import Path
+
+import dj_database_url
+
+from .env import envbool, envint, envlist, envsecret, envstr
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(envstr("GOVERNANCE_VAR_DIR", str(BASE_DIR / "var")))
+
+DEV_SECRET_KEY = "dev-insecure-secret-key-do-not-use-in-production"
+SECRET_KEY = envsecret("SECRET_KEY", DEV_SECRET_KEY)
+DEBUG = envbool("DEBUG", True)
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,testserver")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "governance",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "governance.urls"
+WSGI_APPLICATION = "governance.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = envstr("DATABASE_URL", f"sqlite:///{VAR_DIR / 'governance.sqlite3'}")
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", 0))}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["OPTIONS"] = {
+        # BEGIN IMMEDIATE takes SQLite's write lock when a transaction starts, so the gate's
+        # read-check-write cannot interleave with another writer (SQLite ignores
+        # SELECT ... FOR UPDATE); waiting writers queue for up to `timeout` seconds.
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    # Tests run threads against the database: a file, not a shared in-memory cache.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-governance.sqlite3")}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Where registered tables are stored, and the server directories a privacy officer may
+# register a table from by path (anything outside them is refused).
+DATA_DIR = Path(envstr("DATA_DIR", str(VAR_DIR / "data")))
+DATASET_IMPORT_DIRS = [Path(p) for p in envlist("DATASET_IMPORT_DIRS", str(DATA_DIR / "import"))]
+MAX_UPLOAD_BYTES = envint("MAX_UPLOAD_BYTES", 2 * 1024**3)
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
+FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "governance.api.pagination.Pagination",
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "EXCEPTION_HANDLER": "governance.api.errors.exception_handler",
+    "PAGE_SIZE": 50,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Privacy-budget governance API",
+    "DESCRIPTION": (
+        "Datasets, grants, the privacy ledger and its gate. Every charge is a mechanism "
+        "event composed under basic, advanced and Rényi accounting; see the README."
+    ),
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "WARNING")},
+}
