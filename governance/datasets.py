@@ -109,11 +109,17 @@ def read_table(path: Path | str, fmt: str, columns: list[str] | None = None) -> 
     """Read a stored table with Arrow (vectorised; no Python object per row)."""
     try:
         if fmt == "parquet":
-            return pq.read_table(path, columns=columns)
-        opts = pacsv.ConvertOptions(include_columns=columns) if columns else None
-        return pacsv.read_csv(path, convert_options=opts)
+            table = pq.read_table(path, columns=columns)
+        else:
+            opts = pacsv.ConvertOptions(include_columns=columns) if columns else None
+            table = pacsv.read_csv(path, convert_options=opts)
+        names = table.schema.names  # Arrow decodes names lazily: a binary file fails here
     except (pa.ArrowException, OSError, ValueError, UnicodeDecodeError) as e:
         raise InvalidDataset(f"The file is not a readable {fmt.upper()} table: {str(e)[:300]}") from e
+    if len(set(names)) != len(names):
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        raise InvalidDataset(f"The table has duplicate column names: {', '.join(dupes)[:300]}")
+    return table
 
 
 def dataset_path(ds: Dataset) -> Path:
@@ -228,6 +234,8 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
                 errors[name] = "domain values must be strings, numbers or booleans"
             elif len({(type(v).__name__, v) for v in dom}) != len(dom):
                 errors[name] = "domain values must be distinct"
+        if typ != "numeric" and name not in errors and (c.get("lower") is not None or c.get("upper") is not None):
+            errors[name] = f"bounds apply only to numeric columns; this column is {typ}"
         allowed_keys = {"name", "type", "lower", "upper", "integer", "domain", "domain_from_data", "description"}
         extra = set(c) - allowed_keys
         if extra and name not in errors:

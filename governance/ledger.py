@@ -153,10 +153,23 @@ def _lock(dataset_id: int, analyst, *, require_grant: bool):
     return budget, ds, grant
 
 
+# Under the RDP policy per-release deltas only feed the basic/advanced columns of the
+# report; once approximate-DP events have used the whole delta there, Gaussian events
+# are stated at this tiny share of the budget's delta rather than refused.
+REPORT_ONLY_DELTA_FLOOR = 1e-12
+
+
 def _stamp(event: ev.Event, limits: list[tuple[Limit, Cost]]) -> ev.Event:
+    """State a per-release delta on Gaussian-type parts that give none (see module doc)."""
     if unstated_weight(event) == 0:
         return event
     pool = min(limit.pool(state) for limit, state in limits) / 2 - stated_delta(event)
+    if not pool > 0:
+        limit, state = limits[0]
+        if limit.policy == "rdp" and limit.delta > 0:
+            pool = limit.delta * REPORT_ONLY_DELTA_FLOOR
+        else:
+            return None  # no delta left: the caller refuses
     try:
         return resolve(event, pool)
     except ev.EventError as e:
@@ -172,6 +185,13 @@ def _plan(event, ds: Dataset, budget: Budget, grant: Grant | None):
         if glimit is not None:
             limits.append((glimit, Cost.from_json(grant.state)))
     stamped = _stamp(event, limits)
+    if stamped is None:
+        limit, state = limits[0]
+        raise BudgetExceeded(
+            f"Refused: no delta is left in the {limit.scope} budget to charge a Gaussian-type release "
+            f"under the {limit.policy} policy.", scope=limit.scope, policy=limit.policy, reason="delta",
+            budget={"epsilon": limit.epsilon, "delta": limit.delta},
+            spent_epsilon=_num(limit.spent(state)), remaining_epsilon=_num(max(0.0, limit.epsilon - limit.spent(state))))
     try:
         cost = cost_of(stamped)
     except ev.EventError as e:

@@ -5,6 +5,7 @@ Production sets DATABASE_URL (PostgreSQL), SECRET_KEY (or SECRET_KEY_FILE), DEBU
 and ALLOWED_HOSTS; the system checks in ``governance.checks`` refuse unsafe mixes.
 """
 
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -72,8 +73,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    # Tests run threads against the database: a file, not a shared in-memory cache.
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-governance.sqlite3")}
+    # Tests run threads against the database: a file, not a shared in-memory cache; one per
+    # test process so that parallel test runs never share it.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-governance-{os.getpid()}.sqlite3")}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -1,6 +1,7 @@
 import math
 
 from django.contrib.auth import get_user_model
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..accounting import POLICIES
@@ -21,7 +22,16 @@ class FiniteFloatField(serializers.FloatField):
         return value
 
 
+@extend_schema_field({"type": "string", "enum": list(Dataset.Status.values)}, component_name="DatasetStatusEnum")
+class DatasetStatusField(serializers.ChoiceField):
+    """A dataset's status, named apart from the ledger entries' ``status`` in the OpenAPI schema."""
+
+    def __init__(self, **kwargs):
+        super().__init__(choices=Dataset.Status.choices, **kwargs)
+
+
 class DatasetSerializer(serializers.ModelSerializer):
+    status = DatasetStatusField(read_only=True)
     budget = serializers.SerializerMethodField(help_text="epsilon/delta of the budget and what is spent under each accountant")
     columns = serializers.SerializerMethodField()
 

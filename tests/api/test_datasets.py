@@ -1,0 +1,469 @@
+"""Registering, reviewing and activating datasets through /api/datasets/."""
+
+import json
+import random
+
+import pytest
+
+from governance.models import Dataset
+from tests.conftest import small_frame
+
+from .conftest import assert_error, parquet_bytes, stored_files, text, upload
+
+URL = "/api/datasets/"
+pytestmark = pytest.mark.django_db
+
+
+def form(data: bytes, filename="table.csv", **fields):
+    return {"name": "clinic", "budget_epsilon": "1.0", "file": upload(data, filename), **fields}
+
+
+def columns(body) -> dict:
+    return {c["name"]: c for c in body["columns"]}
+
+
+# --------------------------------------------------------------------------- registering
+
+
+def test_it_registers_a_csv_upload_as_a_draft(api, officer, csv_bytes):
+    r = api(officer).post(URL, form(csv_bytes), format="multipart")
+    assert r.status_code == 201, r.json()
+    body = r.json()
+    frame = small_frame()
+    assert body["name"] == "clinic"
+    assert body["status"] == "draft"
+    assert body["file_format"] == "csv"
+    assert body["n_rows"] == len(frame)
+    assert body["n_units"] == len(frame)  # no unit column: one row, one unit
+    assert body["delta_auto"] is True
+    assert body["budget_delta"] == pytest.approx(1 / len(frame) ** 1.2)
+    cols = columns(body)
+    assert [c["name"] for c in body["columns"]] == ["patient_id", "age", "income", "site"]
+    assert cols["age"] == {"name": "age", "type": "numeric", "lower": None, "upper": None, "integer": True}
+    assert cols["income"]["type"] == "numeric" and cols["income"]["integer"] is False
+    assert cols["income"]["lower"] is None and cols["income"]["upper"] is None
+    assert cols["site"]["type"] == "categorical"
+    assert cols["site"]["domain"] == ["east", "north", "south"]
+    assert cols["site"]["domain_from_data"] is True
+    ds = Dataset.objects.get(name="clinic")
+    assert (ds.budget_epsilon, ds.policy, ds.status) == (1.0, "rdp", "draft")
+    assert len(stored_files()) == 1
+
+
+def test_it_registers_a_parquet_upload(api, officer):
+    r = api(officer).post(URL, form(parquet_bytes(), "table.parquet", unit_column="patient_id"),
+                          format="multipart")
+    assert r.status_code == 201, r.json()
+    body = r.json()
+    frame = small_frame()
+    assert body["file_format"] == "parquet"
+    assert body["n_rows"] == len(frame)
+    assert body["n_units"] == frame["patient_id"].nunique()
+    cols = columns(body)
+    assert cols["patient_id"] == {"name": "patient_id", "type": "unit"}
+    assert cols["age"]["type"] == "numeric" and cols["age"]["lower"] is None
+    assert cols["site"]["domain"] == ["east", "north", "south"]
+
+
+def test_it_detects_parquet_by_content_whatever_the_file_name(api, officer):
+    r = api(officer).post(URL, form(parquet_bytes(), "upload.bin"), format="multipart")
+    assert r.status_code == 201, r.json()
+    assert r.json()["file_format"] == "parquet"
+
+
+def test_it_registers_a_server_path_inside_the_import_dir(api, officer, import_dir):
+    small_frame().to_csv(import_dir / "visits.csv", index=False)
+    r = api(officer).post(URL, {"name": "visits", "path": str(import_dir / "visits.csv"), "budget_epsilon": 2,
+                                "unit_column": "patient_id"}, format="json")
+    assert r.status_code == 201, r.json()
+    body = r.json()
+    n_units = small_frame()["patient_id"].nunique()
+    assert body["n_units"] == n_units < body["n_rows"]
+    assert body["budget_delta"] == pytest.approx(1 / n_units ** 1.2)
+    assert body["max_rows_per_unit"] >= 2
+    assert (import_dir / "visits.csv").exists()  # copied, not moved
+
+
+def test_it_counts_distinct_unit_ids(api, officer, csv_bytes):
+    r = api(officer).post(URL, form(csv_bytes, unit_column="patient_id"), format="multipart")
+    assert r.status_code == 201, r.json()
+    frame = small_frame()
+    assert r.json()["n_units"] == frame["patient_id"].nunique()
+    assert r.json()["max_rows_per_unit"] == frame["patient_id"].value_counts().max()
+
+
+def test_it_keeps_a_declared_delta_and_policy(api, officer, csv_bytes):
+    r = api(officer).post(URL, form(csv_bytes, budget_delta="1e-6", policy="basic", activate="true"),
+                          format="multipart")
+    assert r.status_code == 201, r.json()
+    body = r.json()
+    assert body["budget_delta"] == 1e-6 and body["delta_auto"] is False
+    assert body["policy"] == "basic"
+    assert body["status"] == "active"
+
+
+def test_it_applies_a_schema_given_at_registration(api, officer, csv_bytes):
+    schema = {"age": {"lower": 18, "upper": 90}, "site": {"domain": ["north", "south", "east", "west"]}}
+    r = api(officer).post(URL, form(csv_bytes, schema=json.dumps(schema)), format="multipart")
+    assert r.status_code == 201, r.json()
+    cols = columns(r.json())
+    assert (cols["age"]["lower"], cols["age"]["upper"]) == (18, 90)
+    assert cols["site"]["domain"] == ["north", "south", "east", "west"]
+    assert "domain_from_data" not in cols["site"]
+    assert cols["income"]["lower"] is None  # untouched columns keep the inferred draft
+
+
+# --------------------------------------------------------------------------- review
+
+
+def test_it_sets_bounds_and_domains_by_patch(api, officer, csv_bytes):
+    client = api(officer)
+    assert client.post(URL, form(csv_bytes), format="multipart").status_code == 201
+    r = client.patch(f"{URL}clinic/", {"schema": {"columns": [
+        {"name": "age", "lower": 18, "upper": 90},
+        {"name": "income", "lower": 0, "upper": 200_000},
+        {"name": "site", "domain": ["north", "south", "east", "west"]},
+    ]}}, format="json")
+    assert r.status_code == 200, r.json()
+    cols = columns(r.json())
+    assert (cols["age"]["lower"], cols["age"]["upper"]) == (18, 90)
+    assert (cols["income"]["lower"], cols["income"]["upper"]) == (0, 200_000)
+    assert cols["site"]["domain"] == ["north", "south", "east", "west"]
+    assert "domain_from_data" not in cols["site"]
+    assert columns(client.get(f"{URL}clinic/").json())["age"]["upper"] == 90
+    assert Dataset.objects.get(name="clinic").columns["income"]["upper"] == 200_000
+
+
+def test_it_patches_a_parquet_dataset(api, officer):
+    client = api(officer)
+    assert client.post(URL, form(parquet_bytes(), "t.parquet"), format="multipart").status_code == 201
+    r = client.patch(f"{URL}clinic/", {"schema": {"age": {"lower": 0, "upper": 120}}}, format="json")
+    assert r.status_code == 200, r.json()
+    assert columns(r.json())["age"]["upper"] == 120
+
+
+def test_it_patches_texts_and_budget(api, officer, csv_bytes):
+    client = api(officer)
+    assert client.post(URL, form(csv_bytes), format="multipart").status_code == 201
+    r = client.patch(f"{URL}clinic/", {"title": "Clinic visits", "budget_epsilon": 3, "budget_delta": "1e-5",
+                                       "policy": "advanced"}, format="json")
+    assert r.status_code == 200, r.json()
+    body = r.json()
+    assert (body["title"], body["budget_epsilon"], body["budget_delta"], body["policy"]) == (
+        "Clinic visits", 3.0, 1e-5, "advanced")
+    assert body["delta_auto"] is False
+
+
+@pytest.mark.parametrize("schema, column", [
+    ({"age": {"lower": 90, "upper": 18}}, "age"),
+    ({"age": {"lower": 18, "upper": 18}}, "age"),
+    ({"age": {"lower": 18}}, "age"),
+    ({"age": {"lower": "a", "upper": "b"}}, "age"),
+    ({"site": {"lower": 0, "upper": 1}}, "site"),
+    ({"site": {"type": "numeric", "lower": 0, "upper": 1}}, "site"),
+    ({"site": {"domain": []}}, "site"),
+    ({"site": {"domain": ["a", "a"]}}, "site"),
+    ({"age": {"type": "unit"}}, "age"),
+    ({"age": {"type": "float"}}, "age"),
+    ({"age": {"colour": "red"}}, "age"),
+    ({"no_such_column": {"lower": 0, "upper": 1}}, "no_such_column"),
+])
+def test_it_refuses_a_bad_schema_patch_and_keeps_the_old_one(api, officer, csv_bytes, schema, column):
+    client = api(officer)
+    assert client.post(URL, form(csv_bytes), format="multipart").status_code == 201
+    before = Dataset.objects.get(name="clinic").schema
+    body = assert_error(client.patch(f"{URL}clinic/", {"schema": schema}, format="json"), 400, "dataset.invalid")
+    assert column in body["errors"]
+    assert Dataset.objects.get(name="clinic").schema == before
+
+
+@pytest.mark.parametrize("schema", ["not a list", 7, [1, 2], [{"lower": 0}], {"columns": "x"}])
+def test_it_refuses_a_malformed_schema_patch(api, officer, csv_bytes, schema):
+    client = api(officer)
+    assert client.post(URL, form(csv_bytes), format="multipart").status_code == 201
+    assert_error(client.patch(f"{URL}clinic/", {"schema": schema}, format="json"), 400)
+
+
+@pytest.mark.parametrize("fields", [{"budget_epsilon": 0}, {"budget_epsilon": "NaN"}, {"budget_delta": "1"},
+                                    {"budget_delta": "-0.1"}, {"budget_delta": "lots"}, {"policy": "zcdp"}])
+def test_it_refuses_a_bad_budget_patch(api, officer, csv_bytes, fields):
+    client = api(officer)
+    assert client.post(URL, form(csv_bytes), format="multipart").status_code == 201
+    assert_error(client.patch(f"{URL}clinic/", fields, format="json"), 400)
+    ds = Dataset.objects.get(name="clinic")
+    assert (ds.budget_epsilon, ds.policy, ds.delta_auto) == (1.0, "rdp", True)
+
+
+def test_it_activates_a_draft(api, officer, csv_bytes):
+    client = api(officer)
+    assert client.post(URL, form(csv_bytes), format="multipart").status_code == 201
+    r = client.post(f"{URL}clinic/activate/")
+    assert r.status_code == 200, r.json()
+    assert r.json()["status"] == "active"
+    assert Dataset.objects.get(name="clinic").status == "active"
+
+
+@pytest.mark.parametrize("policy", ["basic", "advanced", "rdp"])
+def test_it_reports_the_budget_under_all_three_accountants(api, officer, csv_bytes, policy):
+    client = api(officer)
+    assert client.post(URL, form(csv_bytes, policy=policy), format="multipart").status_code == 201
+    budget = client.get(f"{URL}clinic/").json()["budget"]
+    assert budget["epsilon"] == 1.0 and budget["policy"] == policy
+    assert budget["active_entries"] == 0
+    accountants = budget["accountants"]
+    assert set(accountants) == {"basic", "advanced", "rdp"}
+    for name, report in accountants.items():
+        assert report["gates"] is (name == policy)
+        assert report["epsilon"] == 0
+        assert report["remaining_epsilon"] == pytest.approx(1.0)
+        assert {"delta", "filter_epsilon"} <= set(report)
+
+
+# --------------------------------------------------------------------------- permissions
+
+
+def test_it_forbids_analysts_to_register(api, analyst, csv_bytes):
+    assert_error(api(analyst).post(URL, form(csv_bytes), format="multipart"), 403, "permission.denied")
+    assert Dataset.objects.count() == 0
+    assert stored_files() == []
+
+
+def test_it_forbids_analysts_to_patch_or_activate(api, analyst, make_dataset, grant):
+    ds = make_dataset(activate=False)
+    grant(analyst, ds)
+    client = api(analyst)
+    assert_error(client.patch(f"{URL}clinic/", {"title": "mine"}, format="json"), 403)
+    assert_error(client.post(f"{URL}clinic/activate/"), 403)
+    ds.refresh_from_db()
+    assert (ds.title, ds.status) == ("clinic", "draft")
+
+
+def test_it_forbids_analysts_to_patch_an_active_dataset_they_hold(api, analyst, make_dataset, grant):
+    grant(analyst, make_dataset())
+    assert_error(api(analyst).patch(f"{URL}clinic/", {"budget_epsilon": 100}, format="json"), 403)
+    assert Dataset.objects.get(name="clinic").budget_epsilon == 1.0
+
+
+def test_it_never_returns_raw_rows(api, officer, analyst, csv_bytes, income_values, grant):
+    client = api(officer)
+    assert client.post(URL, form(csv_bytes, activate="true"), format="multipart").status_code == 201
+    grant(analyst, Dataset.objects.get(name="clinic"))
+    responses = [client.get(URL), client.get(f"{URL}clinic/"), api(analyst).get(URL),
+                 api(analyst).get(f"{URL}clinic/")]
+    for r in responses:
+        assert r.status_code == 200
+        body = text(r)
+        leaked = [v for v in income_values if v in body]
+        assert leaked == []
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture
+def nothing_written(officer):
+    before = Dataset.objects.count()
+    yield
+    assert Dataset.objects.count() == before
+    assert stored_files() == []
+
+
+@pytest.mark.parametrize("fields", [
+    {"budget_epsilon": "-1"},
+    {"budget_epsilon": "0"},
+    {"budget_epsilon": "NaN"},
+    {"budget_epsilon": "nan"},
+    {"budget_epsilon": "Infinity"},
+    {"budget_epsilon": "-Infinity"},
+    {"budget_epsilon": "a lot"},
+    {"budget_delta": "1"},
+    {"budget_delta": "1.5"},
+    {"budget_delta": "-0.001"},
+    {"budget_delta": "NaN"},
+    {"budget_delta": "Infinity"},
+    {"budget_delta": "soon"},
+    {"policy": "zcdp"},
+    {"name": "Bad Name"},
+    {"name": "../etc"},
+    {"name": "_leading"},
+    {"name": ""},
+    {"name": "x" * 101},
+    {"unit_column": "no_such_column"},
+    {"format": "xlsx"},
+    {"schema": "{not json"},
+    {"schema": json.dumps({"age": {"lower": 90, "upper": 18}})},
+    {"schema": json.dumps({"age": {"lower": 18, "upper": 18}})},
+    {"schema": json.dumps({"site": {"lower": 0, "upper": 10}})},
+    {"schema": json.dumps({"site": {"type": "numeric", "lower": 0, "upper": 10}})},
+    {"schema": json.dumps({"nope": {"lower": 0, "upper": 10}})},
+    {"schema": json.dumps({"age": {"lower": 0, "upper": 1e309}})},
+])
+def test_it_refuses_bad_form_fields_and_writes_nothing(api, officer, csv_bytes, fields, nothing_written):
+    assert_error(api(officer).post(URL, form(csv_bytes, **fields), format="multipart"), 400)
+
+
+@pytest.mark.parametrize("fields", [
+    {"budget_epsilon": -1},
+    {"budget_epsilon": 0},
+    {"budget_epsilon": "NaN"},
+    {"budget_epsilon": "Infinity"},
+    {"budget_epsilon": None},
+    {"budget_epsilon": [1]},
+    {"budget_delta": 1},
+    {"budget_delta": "-1e-9"},
+    {"budget_delta": "Infinity"},
+    {"policy": "zcdp"},
+    {"unit_column": "no_such_column"},
+    {"schema": {"age": {"lower": 5, "upper": 1}}},
+    {"schema": {"unknown": {"type": "numeric"}}},
+    {"schema": {"site": {"lower": 0, "upper": 1}}},
+    {"name": "Clinic!"},
+    {"name": ["clinic"]},
+])
+def test_it_refuses_bad_json_fields_and_writes_nothing(api, officer, import_dir, fields, nothing_written):
+    small_frame().to_csv(import_dir / "t.csv", index=False)
+    data = {"name": "clinic", "path": str(import_dir / "t.csv"), "budget_epsilon": 1, **fields}
+    assert_error(api(officer).post(URL, data, format="json"), 400)
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_it_refuses_non_standard_json_numbers(api, officer, import_dir, literal, nothing_written):
+    small_frame().to_csv(import_dir / "t.csv", index=False)
+    raw = '{"name": "clinic", "path": "%s", "budget_epsilon": %s}' % (import_dir / "t.csv", literal)
+    r = api(officer).post(URL, raw, content_type="application/json")
+    assert_error(r, 400, "request.malformed")
+
+
+@pytest.mark.parametrize("field", ["budget_epsilon", "budget_delta"])
+def test_it_refuses_json_numbers_that_overflow_to_infinity(api, officer, import_dir, field, nothing_written):
+    small_frame().to_csv(import_dir / "t.csv", index=False)
+    raw = '{"name": "clinic", "path": "%s", "budget_epsilon": 1, "%s": 1e999}' % (import_dir / "t.csv", field)
+    assert_error(api(officer).post(URL, raw, content_type="application/json"), 400)
+
+
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\x06\x00\x00\x00\x1f\xf3\xffa"
+
+
+def noise(n, seed=0) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+@pytest.mark.parametrize("data, name, fields", [
+    *[(noise(4096, seed), "table.csv", {}) for seed in range(5)],
+    (noise(4096), "table.bin", {}),
+    (noise(4096), "table.parquet", {}),
+    (noise(4096), "table.csv", {"format": "parquet"}),
+    (b"PAR1" + noise(100) + b"PAR1", "table.parquet", {}),
+    (b"name\n\xff\xfe\n", "table.csv", {}),
+    (b"\xff\xfe,ok\n1,2\n", "table.csv", {}),
+    (b"", "table.csv", {}),
+    (PNG, "image.png", {}),
+    (PNG, "image.csv", {}),
+    (b"just one header line\n", "table.csv", {}),
+    (b"a,b\n", "table.csv", {}),
+    (b"a,b\n1,2,3,4\n", "table.csv", {}),
+    (b"\n\n\n", "table.csv", {}),
+])
+def test_it_refuses_a_file_that_is_not_a_table(api, officer, data, name, fields, nothing_written):
+    assert_error(api(officer).post(URL, form(data, name, **fields), format="multipart"), 400)
+
+
+def test_it_refuses_a_request_without_file_or_path(api, officer, nothing_written):
+    assert_error(api(officer).post(URL, {"name": "clinic", "budget_epsilon": 1}, format="json"), 400)
+
+
+def test_it_refuses_both_file_and_path(api, officer, csv_bytes, import_dir, nothing_written):
+    small_frame().to_csv(import_dir / "t.csv", index=False)
+    data = form(csv_bytes, path=str(import_dir / "t.csv"))
+    assert_error(api(officer).post(URL, data, format="multipart"), 400)
+
+
+def test_it_refuses_a_missing_epsilon(api, officer, csv_bytes, nothing_written):
+    data = form(csv_bytes)
+    del data["budget_epsilon"]
+    assert_error(api(officer).post(URL, data, format="multipart"), 400)
+
+
+@pytest.fixture
+def outside_file(tmp_path):
+    path = tmp_path / "secret.csv"
+    small_frame().to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize("make_path", [
+    lambda imp, out: "/etc/passwd",
+    lambda imp, out: "/etc",
+    lambda imp, out: str(out),
+    lambda imp, out: f"{imp}/../{out.name}",
+    lambda imp, out: f"{imp}/../../../../../../../etc/passwd",
+    lambda imp, out: "../" + out.name,
+    lambda imp, out: str(imp),
+    lambda imp, out: f"{imp}/missing.csv",
+    lambda imp, out: f"{imp}2/x.csv",
+    lambda imp, out: "",
+])
+def test_it_refuses_a_path_outside_the_import_dir(api, officer, import_dir, outside_file, make_path, nothing_written):
+    data = {"name": "clinic", "path": make_path(import_dir, outside_file), "budget_epsilon": 1}
+    assert_error(api(officer).post(URL, data, format="json"), 400)
+
+
+def test_it_refuses_a_symlink_leading_out_of_the_import_dir(api, officer, import_dir, outside_file, nothing_written):
+    (import_dir / "link.csv").symlink_to(outside_file)
+    data = {"name": "clinic", "path": str(import_dir / "link.csv"), "budget_epsilon": 1}
+    assert_error(api(officer).post(URL, data, format="json"), 400, "dataset.invalid")
+
+
+def test_it_refuses_a_duplicate_name(api, officer, csv_bytes):
+    client = api(officer)
+    assert client.post(URL, form(csv_bytes), format="multipart").status_code == 201
+    files = stored_files()
+    other = small_frame(seed=1).to_csv(index=False).encode()
+    body = assert_error(client.post(URL, form(other), format="multipart"), 400, "dataset.invalid")
+    assert body.get("field") == "name"
+    assert Dataset.objects.count() == 1
+    assert stored_files() == files
+
+
+@pytest.mark.parametrize("data, fields", [
+    (b"age,age,site\n1,2,x\n3,4,y\n", {}),
+    (b"site,site\nx,y\nz,w\n", {}),
+    (b"patient_id,patient_id,age\n1,2,30\n3,4,40\n", {"unit_column": "patient_id"}),
+])
+def test_it_refuses_duplicate_column_names(api, officer, data, fields, nothing_written):
+    assert_error(api(officer).post(URL, form(data, **fields), format="multipart"), 400, "dataset.invalid")
+
+
+def test_it_refuses_a_unit_column_with_empty_values(api, officer, nothing_written):
+    frame = small_frame().astype({"patient_id": "float"})
+    frame.loc[3, "patient_id"] = None
+    data = form(frame.to_csv(index=False).encode(), unit_column="patient_id")
+    assert_error(api(officer).post(URL, data, format="multipart"), 400, "dataset.invalid")
+
+
+def test_it_refuses_an_unknown_dataset(api, officer):
+    assert_error(api(officer).get(f"{URL}nope/"), 404, "not_found")
+    assert_error(api(officer).patch(f"{URL}nope/", {"title": "x"}, format="json"), 404)
+    assert_error(api(officer).post(f"{URL}nope/activate/"), 404)
+
+
+def test_it_refuses_put(api, officer, make_dataset):
+    make_dataset()
+    assert_error(api(officer).put(f"{URL}clinic/", {"title": "x"}, format="json"), 405, "method.not_allowed")
+
+
+def test_it_refuses_delete(api, officer, make_dataset):
+    make_dataset()
+    assert_error(api(officer).delete(f"{URL}clinic/"), 405)
+    assert Dataset.objects.filter(name="clinic").exists()
+
+
+def test_it_lists_with_filters(api, officer, make_dataset):
+    make_dataset("a-draft", activate=False)
+    make_dataset("b-live", policy="basic")
+    client = api(officer)
+    assert [d["name"] for d in client.get(URL).json()["results"]] == ["a-draft", "b-live"]
+    assert [d["name"] for d in client.get(URL, {"status": "draft"}).json()["results"]] == ["a-draft"]
+    assert [d["name"] for d in client.get(URL, {"policy": "basic"}).json()["results"]] == ["b-live"]
+    assert_error(client.get(URL, {"status": "bogus"}), 400)
+
