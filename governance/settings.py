@@ -131,4 +131,6 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "WARNING")},
+    # 4xx answers are the API working as designed (a refused request is a 409): log 5xx only.
+    "loggers": {"django.request": {"level": "ERROR"}},
 }
