@@ -5,11 +5,39 @@ Datasets are registered through the API or ``manage.py registerdataset``; the ad
 texts and shows the schema and budget.
 """
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.shortcuts import redirect, render
+from django.urls import path, reverse
 
+from . import datasets
 from .accounting.costs import Cost
+from .admin_forms import DatasetChangeForm, DatasetRegisterForm
+from .errors import InvalidDataset
 from .ledger import Limit
 from .models import Budget, Dataset, Grant, LedgerEntry
+
+
+class OfficerPermissions:
+    """Privacy officers are staff: they may see and edit governance objects without
+    per-model permissions; nothing is ever deleted from here (the ledger needs it)."""
+
+    def _officer(self, request):
+        return request.user.is_active and request.user.is_staff
+
+    def has_module_permission(self, request):
+        return self._officer(request)
+
+    def has_view_permission(self, request, obj=None):
+        return self._officer(request)
+
+    def has_change_permission(self, request, obj=None):
+        return self._officer(request)
+
+    def has_add_permission(self, request):
+        return self._officer(request)
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 def _spent(state, limit: Limit) -> str:
@@ -18,16 +46,52 @@ def _spent(state, limit: Limit) -> str:
 
 
 @admin.register(Dataset)
-class DatasetAdmin(admin.ModelAdmin):
+class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
+    """Registering (upload or server path) infers the schema; edits go through datasets.update."""
+
+    form = DatasetChangeForm
     list_display = ("name", "status", "policy", "n_units", "budget_epsilon", "budget_delta", "spent", "remaining")
     list_filter = ("status", "policy")
     search_fields = ("name", "title")
-    readonly_fields = ("file", "file_format", "sha256", "n_rows", "n_units", "max_rows_per_unit", "created_by",
-                       "created_at", "budget_epsilon", "budget_delta", "delta_auto", "policy", "schema", "unit_column")
-    fields = ("name", "title", "description", "status") + readonly_fields
+    readonly_fields = ("name", "status", "policy", "unit_column", "n_rows", "n_units", "max_rows_per_unit",
+                       "file", "file_format", "sha256", "budget_delta", "delta_auto", "created_by", "created_at")
+    fields = ("name", "title", "description", "status", "schema", "budget_epsilon", "budget_delta_text",
+              "policy", "unit_column", "n_rows", "n_units", "max_rows_per_unit", "budget_delta", "delta_auto",
+              "file", "file_format", "sha256", "created_by", "created_at")
+    actions = ["activate"]
 
-    def has_add_permission(self, request):
-        return False  # register through the API or `manage.py registerdataset` (schema inference)
+    def get_urls(self):
+        return [path("register/", self.admin_site.admin_view(self.register_view),
+                     name="governance_dataset_register")] + super().get_urls()
+
+    def add_view(self, request, form_url="", extra_context=None):
+        return redirect("admin:governance_dataset_register")
+
+    def register_view(self, request):
+        if not self.has_add_permission(request):
+            return redirect("admin:index")
+        form = DatasetRegisterForm(request.POST or None, request.FILES or None)
+        if request.method == "POST" and form.is_valid():
+            ds = form.register(request.user)
+            if ds is not None:
+                messages.success(request, f"Registered {ds.name} as a draft: review the schema, then activate it.")
+                return redirect(reverse("admin:governance_dataset_change", args=[ds.pk]))
+        context = {**self.admin_site.each_context(request), "form": form, "opts": self.model._meta}
+        return render(request, "admin/governance/dataset/register.html", context)
+
+    def save_model(self, request, obj, form, change):
+        try:
+            datasets.update(obj, schema=form.cleaned_data["schema"], title=obj.title, description=obj.description,
+                            budget_epsilon=form.cleaned_data["budget_epsilon"],
+                            budget_delta=form.cleaned_data["budget_delta_text"])
+        except InvalidDataset as e:
+            errors = e.extra.get("errors") or {}
+            messages.error(request, e.detail + (" " + "; ".join(f"{k}: {v}" for k, v in errors.items())))
+
+    @admin.action(description="Activate (schema reviewed)")
+    def activate(self, request, queryset):
+        n = queryset.update(status=Dataset.Status.ACTIVE)
+        messages.success(request, f"Activated {n} dataset(s).")
 
     @admin.display(description="epsilon spent (policy filter)")
     def spent(self, ds):
@@ -40,7 +104,7 @@ class DatasetAdmin(admin.ModelAdmin):
 
 
 @admin.register(Budget)
-class BudgetAdmin(admin.ModelAdmin):
+class BudgetAdmin(OfficerPermissions, admin.ModelAdmin):
     list_display = ("dataset", "active_entries", "spent", "updated_at")
     readonly_fields = ("dataset", "state", "active_entries", "updated_at")
 
@@ -56,15 +120,34 @@ class BudgetAdmin(admin.ModelAdmin):
 
 
 @admin.register(Grant)
-class GrantAdmin(admin.ModelAdmin):
+class GrantAdmin(OfficerPermissions, admin.ModelAdmin):
     list_display = ("analyst", "dataset", "cap_epsilon", "cap_delta", "spent", "revoked_at")
     list_filter = ("dataset",)
-    readonly_fields = ("state", "created_by", "created_at")
+    fields = ("analyst", "dataset", "cap_epsilon", "cap_delta", "revoked_at", "created_by", "created_at")
+    readonly_fields = ("revoked_at", "created_by", "created_at")
+    actions = ["revoke"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # Who and what a grant is for never changes; only the cap does.
+        return self.readonly_fields + (("analyst", "dataset") if obj else ())
+
+    @admin.action(description="Revoke (keeps the grant's history)")
+    def revoke(self, request, queryset):
+        from django.utils import timezone
+
+        n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        messages.success(request, f"Revoked {n} grant(s).")
 
     def save_model(self, request, obj, form, change):
         if not change:
             obj.created_by = request.user
-        super().save_model(request, obj, form, change)
+            super().save_model(request, obj, form, change)
+        else:  # only the cap changes, under the grant's row lock
+            from django.db import transaction
+
+            with transaction.atomic():
+                Grant.objects.select_for_update().filter(pk=obj.pk).update(
+                    cap_epsilon=obj.cap_epsilon, cap_delta=obj.cap_delta)
 
     @admin.display(description="epsilon spent by analyst")
     def spent(self, g):
@@ -74,7 +157,7 @@ class GrantAdmin(admin.ModelAdmin):
 
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(admin.ModelAdmin):
+class LedgerEntryAdmin(OfficerPermissions, admin.ModelAdmin):
     list_display = ("id", "dataset", "analyst", "status", "reference", "created_at", "committed_at")
     list_filter = ("status", "dataset")
     search_fields = ("reference",)

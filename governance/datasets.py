@@ -119,11 +119,24 @@ def read_table(path: Path | str, fmt: str, columns: list[str] | None = None) -> 
     if len(set(names)) != len(names):
         dupes = sorted({n for n in names if names.count(n) > 1})
         raise InvalidDataset(f"The table has duplicate column names: {', '.join(dupes)[:300]}")
+    if fmt == "csv":
+        # Arrow reads cells that are not UTF-8 as a binary column: the file is not CSV text.
+        binary = [f.name for f in table.schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+        if binary:
+            raise InvalidDataset(f"The file is not UTF-8 CSV text (column(s) {', '.join(binary)[:300]} "
+                                 "hold binary data).")
     return table
 
 
 def dataset_path(ds: Dataset) -> Path:
     return settings.DATA_DIR / ds.file
+
+
+def table_schema(ds: Dataset) -> pa.Schema:
+    """The stored table's Arrow schema (Parquet: from the footer, without reading rows)."""
+    if ds.file_format == "parquet":
+        return pq.read_schema(dataset_path(ds))
+    return read_table(dataset_path(ds), ds.file_format).schema
 
 
 # --------------------------------------------------------------------------- schema
@@ -334,9 +347,7 @@ def update(ds: Dataset, *, schema=None, **fields) -> Dataset:
         ds = Dataset.objects.get(pk=ds.pk)
         has_entries = ds.ledger.exists()
         if schema is not None:
-            table_schema = (pq.read_schema(dataset_path(ds)) if ds.file_format == "parquet"
-                            else read_table(dataset_path(ds), ds.file_format).schema)
-            ds.schema = validate_schema(schema, table_schema, ds.unit_column, base=ds.schema)
+            ds.schema = validate_schema(schema, table_schema(ds), ds.unit_column, base=ds.schema)
         if "policy" in fields and fields["policy"] != ds.policy:
             if fields["policy"] not in POLICIES:
                 raise InvalidDataset(f"policy must be one of {', '.join(POLICIES)}", field="policy")

@@ -1,0 +1,91 @@
+"""The Django admin, as a privacy officer uses it: list views with budgets, registering a
+table by upload, editing the schema, granting."""
+
+import pytest
+
+from governance import ledger
+from governance.models import Dataset, Grant
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def officer_client(client, officer):
+    client.force_login(officer)
+    return client
+
+
+def test_it_lists_every_model_with_budget_columns(officer_client, make_dataset, analyst, grant):
+    ds = make_dataset(epsilon=2.0)
+    grant(analyst, ds)
+    ledger.commit(ledger.admit(ds, analyst, {"kind": "laplace", "epsilon": 0.5}))
+    page = officer_client.get("/admin/governance/dataset/")
+    assert page.status_code == 200
+    assert b"0.5 / 2" in page.content  # spent / budget
+    for model in ("grant", "ledgerentry", "budget"):
+        assert officer_client.get(f"/admin/governance/{model}/").status_code == 200
+    entry_page = officer_client.get(f"/admin/governance/ledgerentry/{ds.ledger.first().pk}/change/")
+    assert entry_page.status_code == 200 and b"laplace" in entry_page.content
+
+
+def test_it_registers_an_uploaded_table_as_a_draft(officer_client, csv_bytes):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    r = officer_client.post("/admin/governance/dataset/register/", {
+        "name": "clinic", "upload": SimpleUploadedFile("clinic.csv", csv_bytes), "unit_column": "patient_id",
+        "budget_epsilon": "1.5", "budget_delta": "auto", "policy": "rdp",
+        "schema": '{"age": {"lower": 18, "upper": 90}}'})
+    assert r.status_code == 302, r.content[:2000]
+    ds = Dataset.objects.get(name="clinic")
+    assert ds.status == "draft" and ds.unit_column == "patient_id" and ds.columns["age"]["upper"] == 90
+
+
+def test_it_shows_errors_and_writes_nothing_for_a_bad_table(officer_client):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    r = officer_client.post("/admin/governance/dataset/register/", {
+        "name": "junk", "upload": SimpleUploadedFile("junk.csv", b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe"),
+        "budget_epsilon": "1", "budget_delta": "auto", "policy": "rdp"})
+    assert r.status_code == 200 and b"errornote" in r.content or b"errorlist" in r.content
+    assert not Dataset.objects.exists()
+
+
+def test_it_edits_bounds_and_refuses_bad_ones(officer_client, make_dataset):
+    ds = make_dataset()
+    url = f"/admin/governance/dataset/{ds.pk}/change/"
+    schema = ds.schema
+    for c in schema["columns"]:
+        if c["name"] == "age":
+            c["lower"], c["upper"] = 90, 18
+    import json
+
+    r = officer_client.post(url, {"title": "t", "description": "", "schema": json.dumps(schema),
+                                  "budget_epsilon": "1.0", "budget_delta_text": "auto"})
+    assert r.status_code == 200 and b"lower bound 90" in r.content
+    ds.refresh_from_db()
+    assert ds.columns["age"]["lower"] == 18
+    for c in schema["columns"]:
+        if c["name"] == "age":
+            c["lower"], c["upper"] = 0, 120
+    r = officer_client.post(url, {"title": "t", "description": "", "schema": json.dumps(schema),
+                                  "budget_epsilon": "2.0", "budget_delta_text": "auto"})
+    assert r.status_code == 302
+    ds.refresh_from_db()
+    assert ds.columns["age"]["upper"] == 120 and ds.budget_epsilon == 2.0
+
+
+def test_it_grants_and_revokes(officer_client, make_dataset, analyst):
+    ds = make_dataset()
+    r = officer_client.post("/admin/governance/grant/add/", {"analyst": analyst.pk, "dataset": ds.pk,
+                                                             "cap_epsilon": "0.5", "cap_delta": ""})
+    assert r.status_code == 302
+    g = Grant.objects.get()
+    assert g.cap_epsilon == 0.5 and g.active
+    officer_client.post("/admin/governance/grant/", {"action": "revoke", "_selected_action": [g.pk]})
+    g.refresh_from_db()
+    assert not g.active
+
+
+def test_analysts_cannot_use_the_admin(client, analyst):
+    client.force_login(analyst)
+    assert client.get("/admin/governance/dataset/").status_code == 302  # to the login page
