@@ -8,3 +8,5 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("api/", include("governance.api.urls")),
 ]
+
+handler404 = "governance.api.errors.page_not_found"

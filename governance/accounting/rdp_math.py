@@ -38,7 +38,8 @@ def _sanitise(curve: np.ndarray) -> np.ndarray:
 
 def gaussian_curve(noise_multiplier: float) -> np.ndarray:
     """Gaussian mechanism: alpha / (2 z^2) (Mironov 2017, Prop. 7); infinite at alpha = inf."""
-    return np.append(_A / (2.0 * noise_multiplier**2), math.inf)
+    z2 = noise_multiplier * noise_multiplier  # float product: inf rather than OverflowError
+    return np.append(_A / (2.0 * z2), math.inf)
 
 
 def laplace_curve(epsilon: float) -> np.ndarray:

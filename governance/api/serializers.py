@@ -106,6 +106,9 @@ class GrantSerializer(serializers.ModelSerializer):
         model = Grant
         fields = ["id", "analyst", "dataset", "cap_epsilon", "cap_delta", "active", "spent", "created_at", "revoked_at"]
         read_only_fields = ["id", "active", "spent", "created_at", "revoked_at"]
+        # No unique-together validator: a revoked grant is re-activated by a new POST and a
+        # duplicate active one is refused, both in GrantViewSet.perform_create.
+        validators = []
 
     def get_spent(self, grant) -> dict:
         ds = grant.dataset

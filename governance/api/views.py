@@ -7,6 +7,8 @@
 - estimate: anyone who can see the dataset; charges: officers only.
 """
 
+from contextlib import contextmanager
+
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Q
@@ -32,6 +34,18 @@ from .permissions import IsOfficer, OfficerWritesOnly, is_officer
 User = get_user_model()
 
 
+@contextmanager
+def event_maths():
+    """An event whose numbers the accountants cannot compute with (e.g. a noise multiplier
+    of 1e300 overflows ``z**2``) is a bad request, not a server error. Ledger writes are
+    atomic, so nothing is left behind."""
+    try:
+        yield
+    except ArithmeticError as e:
+        raise InvalidEvent(f"event: its numbers are outside the range the accountants can compute with ({e})",
+                           path="event") from e
+
+
 def visible_datasets(user):
     qs = Dataset.objects.select_related("budget")
     if is_officer(user):
@@ -53,6 +67,14 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         if getattr(self, "swagger_fake_view", False):  # schema generation: no user
             return Dataset.objects.none()
         return visible_datasets(self.request.user)
+
+    def filter_queryset(self, queryset):
+        # The dataset filters (?status=, ?policy=) are for the list only: on a detail route
+        # get_object() would apply them too, and ?status=reserved on .../ledger/ means the
+        # ledger's status, not the dataset's.
+        if self.action != "list":
+            return queryset
+        return super().filter_queryset(queryset)
 
     def get_serializer_class(self):
         return s.OfficerDatasetSerializer if is_officer(self.request.user) else s.DatasetSerializer
@@ -102,7 +124,11 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         data = s.EventsInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         events = data.validated_data.get("events", data.validated_data.get("event"))
-        return Response(ledger.estimate(ds, request.user, events))
+        with event_maths():
+            result = ledger.estimate(ds, request.user, events)
+        if ds.status != Dataset.Status.ACTIVE:
+            result["would_admit"] = False  # the gate refuses every request on a draft
+        return Response(result)
 
     @extend_schema(request=s.ChargeInputSerializer, responses={201: s.LedgerEntrySerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated, IsOfficer])
@@ -112,8 +138,9 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         ds = self.get_object()
         data = s.ChargeInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        entry = ledger.charge(ds, request.user, data.validated_data["event"],
-                              reference=data.validated_data["reference"])
+        with event_maths():
+            entry = ledger.charge(ds, request.user, data.validated_data["event"],
+                                  reference=data.validated_data["reference"])
         return Response(s.LedgerEntrySerializer(entry).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(parameters=[OpenApiParameter("sensitivity", enum=list(RANGES), default="medium")],
@@ -220,7 +247,7 @@ class AnalystViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cr
 
     serializer_class = s.AnalystSerializer
     permission_classes = [IsAuthenticated, IsOfficer]
-    queryset = User.objects.order_by("id")
+    queryset = User.objects.filter(is_staff=False).order_by("id")  # officers' tokens are not managed here
 
     @extend_schema(request=s.AnalystCreateSerializer, responses={201: inline_serializer(
         "AnalystCreated", {"id": serializers.IntegerField(), "username": serializers.CharField(),
@@ -267,7 +294,8 @@ def compose(request):
 
     try:
         events = parse_events(data.validated_data["events"])
-        return Response({name: acc.compose(events, data.validated_data["delta"]).as_dict()
-                         for name, acc in ACCOUNTANTS.items()})
+        with event_maths():
+            return Response({name: acc.compose(events, data.validated_data["delta"]).as_dict()
+                             for name, acc in ACCOUNTANTS.items()})
     except EventError as e:
         raise InvalidEvent(str(e), path=e.path) from e

@@ -246,12 +246,15 @@ def test_it_forbids_analysts_to_patch_an_active_dataset_they_hold(api, analyst, 
 
 def test_it_never_returns_raw_rows(api, officer, analyst, csv_bytes, income_values, grant):
     client = api(officer)
-    assert client.post(URL, form(csv_bytes, activate="true"), format="multipart").status_code == 201
+    created = client.post(URL, form(csv_bytes, activate="true", unit_column="patient_id"), format="multipart")
+    assert created.status_code == 201
     grant(analyst, Dataset.objects.get(name="clinic"))
-    responses = [client.get(URL), client.get(f"{URL}clinic/"), api(analyst).get(URL),
-                 api(analyst).get(f"{URL}clinic/")]
+    patched = client.patch(f"{URL}clinic/", {"schema": {"income": {"lower": 0, "upper": 1e6}}}, format="json")
+    responses = [created, patched, client.get(URL), client.get(f"{URL}clinic/"), api(analyst).get(URL),
+                 api(analyst).get(f"{URL}clinic/"), client.get(f"{URL}clinic/recommendation/"),
+                 client.post(f"{URL}clinic/estimate/", {"event": {"kind": "no_op"}}, format="json")]
     for r in responses:
-        assert r.status_code == 200
+        assert r.status_code in (200, 201)
         body = text(r)
         leaked = [v for v in income_values if v in body]
         assert leaked == []
@@ -439,6 +442,31 @@ def test_it_refuses_a_unit_column_with_empty_values(api, officer, nothing_writte
     frame.loc[3, "patient_id"] = None
     data = form(frame.to_csv(index=False).encode(), unit_column="patient_id")
     assert_error(api(officer).post(URL, data, format="multipart"), 400, "dataset.invalid")
+
+
+def test_it_refuses_a_file_over_the_upload_limit(api, officer, csv_bytes, settings, nothing_written):
+    settings.MAX_UPLOAD_BYTES = len(csv_bytes) - 1
+    body = assert_error(api(officer).post(URL, form(csv_bytes), format="multipart"), 400, "dataset.invalid")
+    assert "MAX_UPLOAD_BYTES" in body["detail"]
+
+
+def test_it_refuses_a_policy_change_once_the_ledger_has_entries(api, officer, make_dataset):
+    make_dataset("clinic")
+    client = api(officer)
+    assert client.post(f"{URL}clinic/charges/", {"event": {"kind": "laplace", "epsilon": 0.5}},
+                       format="json").status_code == 201
+    body = assert_error(client.patch(f"{URL}clinic/", {"policy": "basic"}, format="json"), 400, "dataset.invalid")
+    assert body["field"] == "policy"
+    body = assert_error(client.patch(f"{URL}clinic/", {"budget_epsilon": 0.3}, format="json"), 400, "dataset.invalid")
+    assert body["spent_epsilon"] == pytest.approx(0.5, rel=0.05)
+    ds = Dataset.objects.get(name="clinic")
+    assert (ds.policy, ds.budget_epsilon) == ("rdp", 1.0)
+    assert client.patch(f"{URL}clinic/", {"budget_epsilon": 2.0}, format="json").status_code == 200
+
+
+def test_it_ignores_list_filters_on_a_detail_route(api, officer, make_dataset):
+    make_dataset("clinic")
+    assert api(officer).get(f"{URL}clinic/", {"status": "draft"}).status_code == 200
 
 
 def test_it_refuses_an_unknown_dataset(api, officer):

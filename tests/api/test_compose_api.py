@@ -1,0 +1,87 @@
+"""Pure composition maths: POST /api/compose/ (no ledger)."""
+
+import pytest
+
+from governance.models import LedgerEntry
+
+from .conftest import assert_error
+
+URL = "/api/compose/"
+pytestmark = pytest.mark.django_db
+
+
+def test_it_composes_under_every_accountant(api, analyst):
+    events = [{"kind": "laplace", "epsilon": 0.1}] * 10
+    r = api(analyst).post(URL, {"events": events, "delta": 1e-6}, format="json")
+    assert r.status_code == 200, r.json()
+    body = r.json()
+    assert set(body) == {"basic", "advanced", "rdp"}
+    assert body["basic"]["epsilon"] == pytest.approx(1.0)
+    for name in body:
+        assert 0 < body[name]["epsilon"] <= 1.0 + 1e-9
+        assert 0 <= body[name]["delta"] <= 1e-6 + 1e-18
+    assert "order" in body["rdp"]
+
+
+def test_it_composes_one_event(api, officer):
+    body = api(officer).post(URL, {"events": {"kind": "laplace", "epsilon": 0.5}, "delta": 0}, format="json").json()
+    assert body["basic"] == {"epsilon": 0.5, "delta": 0}
+
+
+def test_it_composes_gaussians(api, analyst):
+    events = [{"kind": "gaussian", "noise_multiplier": 2.0}, {"kind": "subsampled_gaussian", "sample_rate": 0.01,
+                                                            "noise_multiplier": 1.1, "steps": 1000}]
+    r = api(analyst).post(URL, {"events": events, "delta": 1e-5}, format="json")
+    assert r.status_code == 200, r.json()
+    body = r.json()
+    assert body["rdp"]["epsilon"] <= body["basic"]["epsilon"]
+
+
+def test_it_composes_nothing_to_zero(api, analyst):
+    body = api(analyst).post(URL, {"events": [], "delta": 1e-6}, format="json").json()
+    assert all(v["epsilon"] == 0 for v in body.values())
+
+
+def test_it_reports_a_non_private_release_as_infinite(api, analyst):
+    r = api(analyst).post(URL, {"events": [{"kind": "non_private"}], "delta": 1e-6}, format="json")
+    assert r.status_code == 200, r.json()
+    assert all(v["epsilon"] == "inf" for v in r.json().values())
+
+
+def test_it_writes_nothing(api, officer, make_dataset):
+    make_dataset("clinic")
+    api(officer).post(URL, {"events": [{"kind": "laplace", "epsilon": 5}], "delta": 1e-6}, format="json")
+    assert LedgerEntry.objects.count() == 0
+
+
+@pytest.mark.parametrize("events", [
+    [{"kind": "cauchy"}],
+    [{"kind": "laplace", "epsilon": "NaN"}],
+    [{"kind": "laplace", "epsilon": -1}],
+    [{"kind": "laplace"}],
+    [{"kind": "laplace", "epsilon": 0.1}, "laplace"],
+    [{"kind": "gaussian", "noise_multiplier": 1, "delta": 2}],
+    "laplace",
+    7,
+    None,
+    [{"kind": "laplace", "epsilon": 0.1}] * 2001,
+])
+def test_it_refuses_bad_events(api, analyst, events):
+    r = api(analyst).post(URL, {"events": events, "delta": 1e-6}, format="json")
+    assert_error(r, 400, "request.invalid" if events is None else "event.invalid")
+
+
+@pytest.mark.parametrize("data", [
+    {"events": [{"kind": "no_op"}]},
+    {"events": [{"kind": "no_op"}], "delta": 1},
+    {"events": [{"kind": "no_op"}], "delta": -1e-6},
+    {"events": [{"kind": "no_op"}], "delta": "NaN"},
+    {"events": [{"kind": "no_op"}], "delta": "tiny"},
+    {"delta": 1e-6},
+])
+def test_it_refuses_a_bad_request(api, analyst, data):
+    assert_error(api(analyst).post(URL, data, format="json"), 400, "request.invalid")
+
+
+def test_it_refuses_get(api, analyst):
+    assert_error(api(analyst).get(URL), 405, "method.not_allowed")

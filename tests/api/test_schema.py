@@ -1,0 +1,91 @@
+"""The OpenAPI document and its UI: /api/schema/, /api/docs/, ``manage.py spectacular``."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from django.conf import settings
+from django.urls import URLPattern, URLResolver, get_resolver
+
+pytestmark = pytest.mark.django_db
+
+
+def api_paths() -> set[str]:
+    """Every path the URLconf routes under /api/, in OpenAPI form (``{name}``)."""
+    out = set()
+
+    def walk(patterns, prefix):
+        for p in patterns:
+            regex = p.pattern.regex.pattern if hasattr(p.pattern, "regex") else str(p.pattern)
+            if isinstance(p, URLResolver):
+                walk(p.url_patterns, prefix + regex)
+            elif isinstance(p, URLPattern):
+                full = (prefix + regex).replace("^", "").replace("$", "").replace("\\Z", "")
+                if "format" in full or full == "api/" or not full.startswith("api/"):
+                    continue  # format suffixes, the router's browsable root, admin
+                full = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", full)
+                full = full.replace("{pk}", "{id}")  # drf-spectacular's SCHEMA_COERCE_PATH_PK
+                out.add("/" + full)
+
+    walk(get_resolver().url_patterns, "")
+    return out - {"/api/schema/", "/api/docs/"}
+
+
+def test_it_serves_an_openapi_document_listing_every_endpoint(api, officer):
+    r = api(officer).get("/api/schema/", {"format": "json"})
+    assert r.status_code == 200
+    doc = r.json()
+    assert doc["openapi"].startswith("3.")
+    assert doc["info"]["title"] == settings.SPECTACULAR_SETTINGS["TITLE"]
+    expected = api_paths()
+    assert len(expected) >= 16
+    assert set(doc["paths"]) == expected
+    for path in ("/api/datasets/{name}/estimate/", "/api/datasets/{name}/charges/", "/api/compose/",
+                 "/api/grants/{id}/", "/api/analysts/{id}/token/", "/api/me/"):
+        assert path in doc["paths"]
+    assert doc["components"]["securitySchemes"]["tokenAuth"]["type"] == "apiKey"
+
+
+def test_it_documents_the_request_bodies(api, officer):
+    doc = api(officer).get("/api/schema/", {"format": "json"}).json()
+    create = doc["paths"]["/api/datasets/"]["post"]["requestBody"]["content"]
+    assert "multipart/form-data" in create and "application/json" in create
+    schemas = doc["components"]["schemas"]
+    assert {"name", "budget_epsilon"} <= set(schemas["DatasetCreateRequest"]["required"])
+    assert schemas["DatasetStatusEnum"]["enum"] == ["draft", "active"]
+    assert schemas["StatusEnum"]["enum"] == ["reserved", "committed", "released"]
+
+
+def test_it_serves_the_schema_to_anonymous_users(api):
+    # drf-spectacular's default SERVE_PERMISSIONS: the document describes, it reveals no data
+    r = api().get("/api/schema/", {"format": "json"})
+    assert r.status_code == 200
+    assert "/api/datasets/" in r.json()["paths"]
+
+
+def test_it_renders_the_docs(api, officer):
+    for client in (api(officer), api()):
+        r = client.get("/api/docs/")
+        assert r.status_code == 200
+        assert b"swagger" in r.content.lower()
+        assert b"/api/schema/" in r.content
+
+
+def test_it_generates_a_valid_schema_without_warnings(tmp_path):
+    out = tmp_path / "schema.yml"
+    proc = subprocess.run(
+        [sys.executable, "manage.py", "spectacular", "--validate", "--fail-on-warn", "--file", str(out)],
+        cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "GOVERNANCE_VAR_DIR": str(tmp_path / "var")})
+    assert proc.returncode == 0, proc.stderr
+    assert "Warning" not in proc.stderr
+    assert "/api/datasets/{name}/estimate/" in out.read_text()
+
+
+@pytest.mark.django_db
+def test_it_answers_unknown_api_urls_with_json(api, officer, settings):
+    settings.DEBUG = False
+    r = api(officer).get("/api/no-such-thing/")
+    assert r.status_code == 404 and r.json()["code"] == "not_found"
