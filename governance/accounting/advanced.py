@@ -29,6 +29,7 @@ from .base import Spent, compose_events
 from .costs import Cost
 
 NAME = "advanced"
+NEEDS_RELEASE_DELTAS = True  # per-release deltas of Gaussian events enter its totals
 THEOREM = ("Advanced composition, heterogeneous (Kairouz-Oh-Viswanath 2015, Thm. 3.5); "
            "filter: Whitehouse-Ramdas-Rogers-Wu 2023")
 

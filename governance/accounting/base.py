@@ -9,6 +9,10 @@ from . import events as ev
 from .costs import Cost, cost_of, resolve, stated_delta
 
 
+# The per-release delta stated on Gaussian events for accountants that do not use it.
+REPORT_ONLY_DELTA = 1e-300
+
+
 @dataclass(frozen=True)
 class Spent:
     """epsilon and delta of a composition; ``order`` is the RDP order that attained it."""
@@ -40,4 +44,6 @@ def compose_events(accountant, events, delta: float) -> Spent:
         return accountant.spent(Cost.zero(), delta)
     event = ev.compose(events)
     pool = accountant.report_pool(delta) - stated_delta(event)
+    if not pool > 0 and not accountant.NEEDS_RELEASE_DELTAS:
+        pool = REPORT_ONLY_DELTA  # only the (unused) basic fields of the cost depend on it
     return accountant.spent(cost_of(resolve(event, pool)), delta)

@@ -19,6 +19,7 @@ from .base import Spent, compose_events
 from .costs import Cost
 
 NAME = "basic"
+NEEDS_RELEASE_DELTAS = True  # per-release deltas of Gaussian events enter its totals
 THEOREM = "Basic composition (Dwork-Roth 2014, Thm. 3.16); filter: Rogers et al. 2016, Thm. 3.6"
 
 

@@ -69,14 +69,26 @@ class Cost:
         inf = np.isinf(v)
         return cls(np.where(inf, 0.0, v), inf.astype(np.int64))
 
+    @staticmethod
+    def _counted(finite: np.ndarray, infs: np.ndarray) -> "Cost":
+        # A finite sum that overflows becomes a counted infinity: conservative (it never
+        # comes back down by a refund) and never NaN.
+        over = ~np.isfinite(finite)
+        if over.any():
+            finite, infs = np.where(over, 0.0, finite), infs + over
+        return Cost(finite, infs)
+
     def __add__(self, other: "Cost") -> "Cost":
-        return Cost(self.finite + other.finite, self.infs + other.infs)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return Cost._counted(self.finite + other.finite, self.infs + other.infs)
 
     def __sub__(self, other: "Cost") -> "Cost":
-        return Cost(self.finite - other.finite, self.infs - other.infs)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return Cost._counted(self.finite - other.finite, self.infs - other.infs)
 
     def times(self, k: int) -> "Cost":
-        return Cost(self.finite * k, self.infs * k)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return Cost._counted(self.finite * k, self.infs * k)
 
     @property
     def values(self) -> np.ndarray:

@@ -189,7 +189,10 @@ def _number(d: dict, key: str, path: str, *, required=True, positive=True, upper
     v = d[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise EventError(f"'{key}' must be a number, got {type(v).__name__}", path)
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:  # an int beyond float range, e.g. 10**400 from JSON
+        v = math.inf if v > 0 else -math.inf
     if not math.isfinite(v):
         raise EventError(f"'{key}' must be finite, got {v}", path)
     if positive and (v < 0 or (v == 0 and not allow_zero)):
@@ -251,7 +254,7 @@ def _parse(data: Any, path: str, depth: int, counter: list[int]) -> Event:
     if not isinstance(data, dict):
         raise EventError(f"an event must be a JSON object, got {type(data).__name__}", path)
     kind = data.get("kind")
-    if kind not in _FIELDS:
+    if not isinstance(kind, str) or kind not in _FIELDS:  # a list or dict kind is unhashable
         raise EventError(f"unknown kind {kind!r}; known kinds: {', '.join(KINDS)}", path)
     extra = set(data) - _FIELDS[kind] - {"kind"}
     if extra:

@@ -31,6 +31,7 @@ from .costs import Cost
 from .rdp_math import FINITE_ORDERS, ORDERS, conversion_terms, epsilon_from_curve
 
 NAME = "rdp"
+NEEDS_RELEASE_DELTAS = False  # its curve does not depend on per-release deltas
 THEOREM = ("Rényi DP (Mironov 2017) with the conversion of Balle et al. 2020, Thm. 21; "
            "filter: Feldman-Zrnic 2021 over a fixed grid, delta split across orders")
 APPROX_SHARE = 0.1

@@ -1,0 +1,132 @@
+"""``manage.py compose``: events from a file or standard input, JSON out, CommandError for
+anything wrong with the input."""
+
+import io
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from governance.accounting import ACCOUNTANTS, parse_events
+
+ROOT = Path(__file__).resolve().parents[2]
+EVENTS = [
+    {"kind": "laplace", "epsilon": 0.5},
+    {"kind": "self_composed", "event": {"kind": "laplace", "epsilon": 0.05}, "count": 10},
+    {"kind": "gaussian", "noise_multiplier": 8.0},
+    {"kind": "epsilon_delta", "epsilon": 0.1, "delta": 1e-8},
+    {"kind": "no_op"},
+]
+
+
+def run(*args, stdin=None, monkeypatch=None):
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    out = io.StringIO()
+    call_command("compose", *args, stdout=out)
+    return json.loads(out.getvalue())
+
+
+@pytest.fixture
+def events_file(tmp_path):
+    path = tmp_path / "events.json"
+    path.write_text(json.dumps(EVENTS))
+    return path
+
+
+@pytest.mark.parametrize("accountant", sorted(ACCOUNTANTS))
+def test_it_prints_the_composition_of_a_file(events_file, accountant):
+    got = run(str(events_file), "--delta", "1e-5", "--accountant", accountant)
+    expected = ACCOUNTANTS[accountant].compose(parse_events(EVENTS), 1e-5)
+    assert got == {"epsilon": expected.epsilon, "delta": expected.delta}
+    assert 1.0 < got["epsilon"] < math.inf
+
+
+@pytest.mark.parametrize("accountant", sorted(ACCOUNTANTS))
+def test_it_reads_standard_input(monkeypatch, accountant):
+    got = run("-", "--delta", "1e-5", "--accountant", accountant, stdin=json.dumps(EVENTS), monkeypatch=monkeypatch)
+    expected = ACCOUNTANTS[accountant].compose(parse_events(EVENTS), 1e-5)
+    assert got == {"epsilon": expected.epsilon, "delta": expected.delta}
+
+
+def test_the_default_accountant_is_rdp(events_file):
+    assert run(str(events_file), "--delta", "1e-5") == run(str(events_file), "--delta", "1e-5", "--accountant", "rdp")
+
+
+def test_basic_composition_of_ten_tenths_is_one(monkeypatch):
+    data = json.dumps({"kind": "self_composed", "event": {"kind": "laplace", "epsilon": 0.1}, "count": 10})
+    assert run("-", "--delta", "0", "--accountant", "basic", stdin=data, monkeypatch=monkeypatch) == {
+        "epsilon": 1.0, "delta": 0.0}
+
+
+@pytest.mark.parametrize("accountant", sorted(ACCOUNTANTS))
+def test_a_non_private_release_prints_inf(monkeypatch, accountant):
+    got = run("-", "--delta", "1e-5", "--accountant", accountant,
+              stdin='[{"kind": "non_private"}]', monkeypatch=monkeypatch)
+    assert got["epsilon"] == "inf"
+
+
+def test_a_missing_file_is_a_command_error(tmp_path):
+    with pytest.raises(CommandError, match="cannot read"):
+        run(str(tmp_path / "nope.json"), "--delta", "1e-5")
+
+
+def test_a_directory_is_a_command_error(tmp_path):
+    with pytest.raises(CommandError, match="cannot read"):
+        run(str(tmp_path), "--delta", "1e-5")
+
+
+@pytest.mark.parametrize("text", ["", "[{", "{'kind': 'no_op'}", "not json"])
+def test_bad_json_is_a_command_error(tmp_path, text):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(CommandError, match="is not JSON"):
+        run(str(path), "--delta", "1e-5")
+
+
+@pytest.mark.parametrize("data, message", [
+    ([{"kind": "exponential"}], "unknown kind 'exponential'"),
+    ([{"kind": "laplace", "epsilon": -1}], "'epsilon' must be > 0"),
+    ([{"kind": "no_op"}, {"kind": "gaussian"}], "events[1]: 'noise_multiplier' is required"),
+    ("laplace", "expected an event object or a list of events"),
+])
+def test_a_bad_event_is_a_command_error(monkeypatch, data, message):
+    with pytest.raises(CommandError) as e:
+        run("-", "--delta", "1e-5", stdin=json.dumps(data), monkeypatch=monkeypatch)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("delta", ["1", "1.5", "-0.1", "nan"])
+def test_a_delta_outside_zero_one_is_a_command_error(events_file, delta):
+    with pytest.raises(CommandError, match="delta must be in"):
+        run(str(events_file), "--delta", delta)
+
+
+def test_bad_arguments_are_command_errors(events_file):
+    with pytest.raises(CommandError):
+        run(str(events_file))  # --delta is required
+    with pytest.raises(CommandError):
+        run(str(events_file), "--delta", "1e-5", "--accountant", "moments")
+
+
+def test_help_shows_the_event_format():
+    result = subprocess.run([sys.executable, "manage.py", "compose", "--help"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "Event format" in result.stdout
+    for kind in ("laplace", "gaussian", "subsampled_gaussian", "epsilon_delta", "self_composed",
+                 "composed", "no_op", "non_private"):
+        assert f'"kind": "{kind}"' in result.stdout
+    assert "--accountant {advanced,basic,rdp}" in result.stdout
+
+
+def test_it_runs_as_a_pipe():
+    result = subprocess.run([sys.executable, "manage.py", "compose", "-", "--delta", "0", "--accountant", "basic"],
+                            cwd=ROOT, input='[{"kind": "laplace", "epsilon": 0.25}, {"kind": "laplace", "epsilon": 0.5}]',
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"epsilon": 0.75, "delta": 0.0}
