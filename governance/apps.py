@@ -1,3 +1,5 @@
+import os
+
 from django.apps import AppConfig
 
 
@@ -12,3 +14,6 @@ class GovernanceConfig(AppConfig):
         from django.conf import settings
 
         settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
+        if settings.CELERY_BROKER_URL.startswith("filesystem://"):
+            for key in ("data_folder_in", "processed_folder", "control_folder"):
+                os.makedirs(settings.CELERY_BROKER_TRANSPORT_OPTIONS[key], exist_ok=True)

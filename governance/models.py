@@ -129,3 +129,49 @@ class LedgerEntry(models.Model):
 
     def delete(self, *args, **kwargs):
         raise ValidationError("Ledger entries are never deleted.")
+
+
+class Request(models.Model):
+    """An analyst's request to an engine. Status moves forward only:
+    queued -> running -> succeeded | failed | cancelled (or queued -> cancelled)."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    FINAL = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+    import uuid as _uuid
+
+    id = models.UUIDField(primary_key=True, default=_uuid.uuid4, editable=False)
+    analyst = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="requests")
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="requests")
+    engine = models.CharField(max_length=100)
+    kind = models.CharField(max_length=100)
+    params = models.JSONField(default=dict)
+    fingerprint = models.CharField(max_length=64, db_index=True,
+                                   help_text="Hash of dataset version, engine, kind and parameters (for replays).")
+    plan = models.JSONField(help_text="The engine's plan: event, columns, details.")
+    ledger_entry = models.OneToOneField(LedgerEntry, on_delete=models.PROTECT, null=True, blank=True,
+                                        related_name="request")
+    replay_of = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="replays")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    progress = models.JSONField(default=dict)
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    data_read = models.BooleanField(default=False, help_text="The worker has started reading the data.")
+    cancel_requested = models.BooleanField(default=False)
+    worker = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["analyst", "fingerprint", "status"])]
+
+    def __str__(self):
+        return f"{self.engine}.{self.kind} on {self.dataset_id} ({self.status})"

@@ -126,6 +126,47 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
 }
 
+# ---------------------------------------------------------------------------- Celery
+# Production: Redis (REDIS_URL). Embedded default: kombu's filesystem transport, which needs
+# no server -- producers and a real worker process exchange messages as files in var/broker.
+REDIS_URL = envstr("REDIS_URL")
+CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL or "filesystem://"
+BROKER_DIR = VAR_DIR / "broker"
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(BROKER_DIR),
+        "data_folder_out": str(BROKER_DIR),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "control_folder": str(BROKER_DIR / "control"),
+        "store_processed": False,
+        "polling_interval": 0.05,  # seconds: a DP count should not wait a whole second
+    }
+else:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # Redis re-delivers a message not acknowledged within this time. With acks_late a
+        # task is acknowledged when it ends, so this must exceed the longest task (the hard
+        # time limit below), or a long training run would be delivered twice while running.
+        "visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT", 4 * 3600),
+    }
+# Acknowledge after the task ran: a worker that dies mid-task leaves the message to be
+# delivered again (the claim in governance.execution makes the second delivery harmless).
+CELERY_TASK_ACKS_LATE = True
+# One message at a time per worker process: training runs are long, and a prefetched
+# message would wait behind one while another worker sits idle.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Soft limit raises inside the task so it can record a failure (the charge stands once data
+# was read); the hard limit kills a task that ignores it. DP-SGD runs need hours, not days.
+CELERY_TASK_SOFT_TIME_LIMIT = envint("CELERY_TASK_SOFT_TIME_LIMIT", 3 * 3600)
+CELERY_TASK_TIME_LIMIT = envint("CELERY_TASK_TIME_LIMIT", 3 * 3600 + 300)
+# Results live in the database (Request rows), not in a Celery result backend.
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = "cpu"
+# Tests run tasks in-process (CELERY_TASK_ALWAYS_EAGER=true) unless they start a real worker.
+CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

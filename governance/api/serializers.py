@@ -7,7 +7,7 @@ from rest_framework import serializers
 from ..accounting import POLICIES
 from ..accounting.costs import Cost
 from ..ledger import Limit, budget_report
-from ..models import Dataset, Grant, LedgerEntry
+from ..models import Dataset, Grant, LedgerEntry, Request
 
 User = get_user_model()
 
@@ -173,3 +173,52 @@ class AnalystCreateSerializer(serializers.Serializer):
         if User.objects.filter(username=value).exists():
             raise serializers.ValidationError("A user with this username already exists.")
         return value
+
+
+class RequestCreateSerializer(serializers.Serializer):
+    dataset = serializers.CharField(help_text="dataset name")
+    engine = serializers.CharField(max_length=100, help_text="engine name (GET /api/engines/)")
+    kind = serializers.CharField(max_length=100, help_text="a kind the engine serves")
+    params = serializers.JSONField(default=dict, help_text="the kind's parameters (see the engine's params_schema)")
+
+
+class RequestSerializer(serializers.ModelSerializer):
+    dataset = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    analyst = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    event = serializers.SerializerMethodField(help_text="the mechanism event reserved for this request")
+    charge = serializers.SerializerMethodField(
+        help_text="epsilon/delta charged under each accountant: reserved while queued or running, "
+                  "what was committed when done, zero when refunded or replayed")
+    result = serializers.SerializerMethodField()
+    replayed = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Request
+        fields = ["id", "dataset", "analyst", "engine", "kind", "params", "status", "progress", "event", "charge",
+                  "result", "error", "replayed", "replay_of", "created_at", "started_at", "finished_at"]
+        read_only_fields = fields
+
+    def get_event(self, req) -> dict:
+        return req.plan.get("event")
+
+    def get_charge(self, req) -> dict:
+        from ..accounting.costs import Cost
+        from ..ledger import charge_summary
+
+        entry = req.ledger_entry
+        if entry is None or entry.status == LedgerEntry.Status.RELEASED:
+            return {**charge_summary(Cost.zero(), req.dataset.budget_delta), "ledger_status": entry and entry.status}
+        if entry.committed_cost:
+            return {**charge_summary(Cost.from_json(entry.committed_cost), req.dataset.budget_delta),
+                    "ledger_status": entry.status}
+        return {**entry.charge, "ledger_status": entry.status}
+
+    def get_result(self, req):
+        # Results go to the analyst who asked, and to no one else.
+        request = self.context.get("request")
+        if request is not None and request.user.pk == req.analyst_id:
+            return req.result
+        return None
+
+    def get_replayed(self, req) -> bool:
+        return req.replay_of_id is not None

@@ -8,9 +8,11 @@ router.register("datasets", views.DatasetViewSet, basename="dataset")
 router.register("grants", views.GrantViewSet, basename="grant")
 router.register("ledger", views.LedgerViewSet, basename="ledger")
 router.register("analysts", views.AnalystViewSet, basename="analyst")
+router.register("requests", views.RequestViewSet, basename="request")
 
 urlpatterns = [
     path("me/", views.me, name="me"),
     path("compose/", views.compose, name="compose"),
+    path("engines/", views.engines_list, name="engines"),
     *router.urls,
 ]

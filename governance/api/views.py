@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
-from rest_framework import mixins, serializers, status, viewsets
+from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import action, api_view, permission_classes
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -26,7 +26,7 @@ from .. import ledger
 from ..accounting import ACCOUNTANTS
 from ..accounting.events import EventError
 from ..errors import InvalidEvent, InvalidRequest
-from ..models import Dataset, Grant, LedgerEntry
+from ..models import Dataset, Grant, LedgerEntry, Request
 from ..recommendations import RANGES, recommend
 from . import serializers as s
 from .permissions import IsOfficer, OfficerWritesOnly, is_officer
@@ -299,3 +299,63 @@ def compose(request):
                              for name, acc in ACCOUNTANTS.items()})
     except EventError as e:
         raise InvalidEvent(str(e), path=e.path) from e
+
+
+class RequestViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                     viewsets.GenericViewSet):
+    """Requests to engines. An analyst sees only their own; results only ever go to the
+    analyst who asked. POST plans, gates and queues; GET shows status, progress, the charge
+    under each accountant and, when ready, the result."""
+
+    serializer_class = s.RequestSerializer
+    filterset_fields = {"status": ["exact"], "dataset__name": ["exact"], "engine": ["exact"], "kind": ["exact"]}
+    ordering_fields = ["created_at"]
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Request.objects.none()
+        qs = Request.objects.select_related("dataset", "analyst", "ledger_entry").order_by("-created_at")
+        if is_officer(self.request.user):
+            return qs
+        return qs.filter(analyst=self.request.user)
+
+    @extend_schema(request=s.RequestCreateSerializer,
+                   responses={202: s.RequestSerializer, 200: s.RequestSerializer})
+    def create(self, request):
+        """Plan the request (no data read), pass its event through the gate (409 with the
+        numbers if it does not fit) and queue it (202). An identical request you already got
+        answered is replayed from the stored release at no cost (200, ``replayed: true``)."""
+        from ..submission import submit
+
+        data = s.RequestCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        ds = visible_datasets(request.user).filter(name=v["dataset"]).first()
+        if ds is None:
+            raise InvalidRequest(f"No dataset {v['dataset']!r} that you may use.", errors={"dataset": "not found"})
+        req, replayed = submit(request.user, ds, v["engine"], v["kind"], v["params"])
+        req = self.get_queryset().get(pk=req.pk)
+        return Response(s.RequestSerializer(req, context={"request": request}).data,
+                        status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses=s.RequestSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Cancel: a queued request is cancelled and refunded; a running one is asked to stop
+        (its data was read, the charge stands); a finished one gives 409."""
+        from ..submission import cancel
+
+        req = self.get_object()
+        if req.analyst_id != request.user.pk and not is_officer(request.user):
+            raise exceptions.NotFound()
+        req = cancel(req)
+        return Response(s.RequestSerializer(self.get_queryset().get(pk=req.pk), context={"request": request}).data)
+
+
+@extend_schema(responses={200: inline_serializer("Engines", {"results": serializers.ListField()})})
+@api_view(["GET"])
+def engines_list(request):
+    """The loaded engines: name, request kinds, queue and a JSON schema of each kind's parameters."""
+    from engines import plugins
+
+    return Response({"results": sorted(plugins.engines().values(), key=lambda e: e["name"])})

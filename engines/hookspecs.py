@@ -1,0 +1,21 @@
+"""The engine contract: hook specifications only (see engines/README.md)."""
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("privacy_engines")
+hookimpl = pluggy.HookimplMarker("privacy_engines")
+
+
+@hookspec
+def engine_info():
+    """Describe this engine: a dict with ``name``, ``kinds`` (request kinds it serves), ``queue`` ("cpu" or "gpu"), ``description`` and ``params_schema`` (a JSON schema per kind)."""
+
+
+@hookspec(firstresult=True)
+def plan(engine, request, dataset):
+    """If ``engine`` names this plugin, validate ``request`` against ``dataset`` (a DatasetMeta) and return the Plan -- the mechanism event the run will cost -- without reading any data; raise PlanError for bad parameters; otherwise return None."""
+
+
+@hookspec(firstresult=True)
+def run(engine, request, dataset, data, plan, progress):
+    """If ``engine`` names this plugin, compute the Release from ``data`` (a pyarrow Table of the planned columns) using only the noise ``plan`` paid for, calling ``progress`` as it goes; otherwise return None."""

@@ -1,0 +1,73 @@
+"""The one plugin manager: built-in engines plus installed packages that declare the entry
+point group ``privacy_engines``.
+
+Operators can limit plugins with environment variables:
+
+- ``PRIVACY_ENGINES_DISABLE_ENTRYPOINTS=1``: load only the built-in engines;
+- ``PRIVACY_ENGINES_BLOCK=name1,name2``: never load these plugins (by plugin name).
+
+Tests may ``pm.register(plugin)`` for one test and ``pm.unregister(plugin)`` after.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pluggy
+
+from . import hookspecs
+from .types import DatasetMeta, EngineRequest, Plan, PlanError, Release, UnknownEngine
+
+GROUP = "privacy_engines"
+BUILTINS = ("engines.aggregates",)
+
+pm = pluggy.PluginManager(GROUP)
+pm.add_hookspecs(hookspecs)
+
+for _name in filter(None, os.environ.get("PRIVACY_ENGINES_BLOCK", "").split(",")):
+    pm.set_blocked(_name.strip())
+if os.environ.get("PRIVACY_ENGINES_DISABLE_ENTRYPOINTS", "") not in ("1", "true"):
+    pm.load_setuptools_entrypoints(GROUP)
+for _module in BUILTINS:
+    if not pm.is_blocked(_module):
+        import importlib
+
+        pm.register(importlib.import_module(_module), name=_module)
+
+
+def engines() -> dict[str, dict]:
+    """Every loaded engine's info, by engine name."""
+    out = {}
+    for info in pm.hook.engine_info():
+        if info and info.get("name"):
+            out[info["name"]] = info
+    return out
+
+
+def info(engine: str) -> dict:
+    found = engines().get(engine)
+    if found is None:
+        raise UnknownEngine(f"unknown engine {engine!r}; available: {', '.join(sorted(engines()))}",
+                            {"engine": "unknown engine"})
+    return found
+
+
+def plan(engine: str, request: EngineRequest, dataset: DatasetMeta) -> Plan:
+    """Ask the engine for the plan of ``request``; raises PlanError/UnknownEngine."""
+    meta = info(engine)
+    if request.kind not in meta["kinds"]:
+        raise PlanError(f"engine {engine!r} does not serve kind {request.kind!r}; it serves: "
+                        f"{', '.join(meta['kinds'])}", {"kind": "unknown kind"})
+    result = pm.hook.plan(engine=engine, request=request, dataset=dataset)
+    if result is None:  # pragma: no cover - an engine that lists itself but does not plan
+        raise UnknownEngine(f"engine {engine!r} did not plan the request")
+    return result
+
+
+def run(engine: str, request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, progress) -> Release:
+    """Run a planned request on its data through the engine."""
+    info(engine)
+    result = pm.hook.run(engine=engine, request=request, dataset=dataset, data=data, plan=plan, progress=progress)
+    if result is None:  # pragma: no cover
+        raise UnknownEngine(f"engine {engine!r} did not run the request")
+    return result

@@ -1,0 +1,89 @@
+"""Values passed between the governance service and engines (plain data, no Django)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+Progress = Callable[[dict], None]
+"""``progress({"phase": ..., "fraction": 0..1, ...})``: report progress; may raise ``Cancelled``."""
+
+
+@dataclass(frozen=True)
+class DatasetMeta:
+    """The public metadata of a dataset: what an engine may use without charge.
+
+    ``columns`` maps each column name to its declared spec (``type`` numeric,
+    categorical, text or unit; ``lower``/``upper`` for numeric; ``domain`` for
+    categorical). ``n_units`` is the number of privacy units (rows when there is no
+    unit column), treated as public; ``delta`` is the dataset's budget delta.
+    """
+
+    name: str
+    columns: dict[str, dict]
+    unit_column: str | None
+    n_rows: int
+    n_units: int
+    delta: float
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """What the analyst asked: a ``kind`` the engine serves and its parameters (JSON)."""
+
+    kind: str
+    params: dict[str, Any]
+
+
+@dataclass
+class Plan:
+    """What a run will cost and read, decided before any data is read.
+
+    ``event`` is the mechanism event (JSON, see governance.accounting.events) the run
+    costs at most; ``columns`` the columns it reads (the unit column is added by the
+    host when the dataset has one); ``details`` anything ``run`` needs (noise scales,
+    sensitivities), JSON-serialisable because it is stored with the request.
+    """
+
+    event: dict
+    columns: list[str]
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class Release:
+    """The output of a run: the answer (JSON) and, if it cost less than planned, the event
+    actually spent (e.g. training that stopped early)."""
+
+    result: dict
+    actual_event: dict | None = None
+
+
+class EngineError(Exception):
+    """Base class of errors raised by engines."""
+
+    code = "engine.error"
+
+
+class PlanError(EngineError):
+    """The request is invalid for this engine (a user error: 400, nothing charged).
+
+    ``errors`` maps a parameter name to what is wrong with it.
+    """
+
+    code = "request.invalid"
+
+    def __init__(self, message: str, errors: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.errors = errors or {}
+
+
+class UnknownEngine(PlanError):
+    code = "engine.unknown"
+
+
+class Cancelled(EngineError):
+    """Raised from ``progress`` when the request was cancelled while running."""
+
+    code = "request.cancelled"

@@ -1,0 +1,95 @@
+"""Running an admitted request on a worker (called by the Celery task).
+
+Idempotent: the run claims the request with a compare-and-set ``queued -> running``; a
+second delivery of the same task finds it claimed (or finished) and does nothing.
+
+Charging rule: a failure *before* the data is read refunds the reservation; once the
+worker has started reading the data the charge stays, whatever happens next, because the
+failure itself may depend on the data. Errors after the read are reported to the analyst
+without their message (which could depend on the data); the worker log keeps it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.db import transaction
+from django.utils import timezone
+
+from engines import plugins
+from engines.types import Cancelled, EngineRequest, Plan
+
+from . import ledger
+from .data import load_columns
+from .engine_meta import dataset_meta
+from .models import Request
+
+log = logging.getLogger(__name__)
+PROGRESS_INTERVAL = 0.5  # seconds between progress writes
+
+
+def execute(request_id: str, worker: str = "") -> str:
+    """Run one request to a final state; returns its final (or current) status."""
+    claimed = Request.objects.filter(pk=request_id, status=Request.Status.QUEUED).update(
+        status=Request.Status.RUNNING, started_at=timezone.now(), worker=worker[:200],
+        progress={"phase": "starting", "fraction": 0.0})
+    if not claimed:
+        return Request.objects.filter(pk=request_id).values_list("status", flat=True).first() or "missing"
+    req = Request.objects.select_related("dataset").get(pk=request_id)
+    ds = req.dataset
+    plan = Plan(**req.plan)
+    engine_request = EngineRequest(kind=req.kind, params=req.params)
+
+    try:
+        meta = dataset_meta(ds)
+        plugins.info(req.engine)  # the engine may have been removed since planning
+        Request.objects.filter(pk=req.pk).update(data_read=True, progress={"phase": "reading data", "fraction": 0.0})
+        data = load_columns(ds, list(plan.columns))
+    except Exception as e:  # noqa: BLE001 - any failure here happened before rows reached the engine
+        # The rows never reached the engine: nothing was released, refund.
+        log.exception("request %s failed before reading data", req.pk)
+        return _finish(req, Request.Status.FAILED, error={"code": "request.failed_before_read",
+                                                          "detail": f"Failed before the data was read: {e}"},
+                       charge=False)
+
+    try:
+        release = plugins.run(req.engine, engine_request, meta, data, plan, _progress(req.pk))
+    except Cancelled:
+        return _finish(req, Request.Status.CANCELLED, error={
+            "code": "request.cancelled", "detail": "Cancelled while running; the data was read, the charge stands."},
+            charge=True)
+    except Exception:  # noqa: BLE001 - the message may depend on the data: keep it in the log only
+        log.exception("request %s failed after reading data", req.pk)
+        return _finish(req, Request.Status.FAILED, error={
+            "code": "request.failed_after_read",
+            "detail": "The engine failed after reading the data; the charge stands (a failure can depend on the data)."},
+            charge=True)
+    return _finish(req, Request.Status.SUCCEEDED, result=release.result, actual_event=release.actual_event,
+                   charge=True)
+
+
+def _finish(req: Request, status: str, *, result=None, error=None, actual_event=None, charge: bool) -> str:
+    with transaction.atomic():
+        if req.ledger_entry_id:
+            if charge:
+                ledger.commit(req.ledger_entry_id, actual_event)
+            else:
+                ledger.release(req.ledger_entry_id)
+        Request.objects.filter(pk=req.pk, status=Request.Status.RUNNING).update(
+            status=status, result=result, error=error, finished_at=timezone.now(),
+            progress={"phase": status, "fraction": 1.0})
+    return status
+
+
+def _progress(request_id):
+    last = [0.0]
+
+    def report(update: dict):
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_INTERVAL or update.get("fraction") == 1.0:
+            last[0] = now
+            Request.objects.filter(pk=request_id).update(progress=update)
+        if Request.objects.filter(pk=request_id, cancel_requested=True).exists():
+            raise Cancelled("cancelled by the analyst")
+    return report

@@ -1,0 +1,100 @@
+"""Submitting and cancelling requests: validate, plan, gate, queue.
+
+``submit`` runs the engine's ``plan`` (no data read), then in one transaction stores the
+request as ``queued``, reserves its event through the gate and schedules the Celery task
+with ``transaction.on_commit`` (so a worker never sees a request that was rolled back).
+A refused request leaves nothing behind. An identical request (same dataset version,
+engine, kind and parameters) that the same analyst already got answered is answered from
+the stored release at no cost: it is the same noisy value, post-processing is free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from django.db import transaction
+from django.utils import timezone
+
+from engines import plugins
+from engines.types import EngineRequest, PlanError
+
+from . import ledger
+from .engine_meta import dataset_meta
+from .errors import DatasetNotActive, InvalidRequest, LedgerConflict, UserError
+from .models import Dataset, Request
+
+
+class EngineRequestInvalid(UserError):
+    code = "request.invalid"
+
+
+def fingerprint(ds: Dataset, engine: str, kind: str, params: dict) -> str:
+    canonical = json.dumps({"dataset": ds.pk, "version": ds.sha256, "engine": engine, "kind": kind,
+                            "params": params}, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def plan_request(ds: Dataset, engine: str, kind: str, params: dict):
+    try:
+        return plugins.plan(engine, EngineRequest(kind=kind, params=params), dataset_meta(ds))
+    except PlanError as e:
+        err = EngineRequestInvalid(e.message, errors=e.errors)
+        err.code = e.code
+        raise err from e
+
+
+def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict) -> tuple[Request, bool]:
+    """Plan, gate and queue a request. Returns (request, replayed)."""
+    if ds.status != Dataset.Status.ACTIVE:
+        raise DatasetNotActive(f"Dataset {ds.name} is not active.", dataset=ds.name)
+    if not isinstance(params, dict):
+        raise InvalidRequest("params must be a JSON object", errors={"params": "must be an object"})
+    plan = plan_request(ds, engine, kind, params)
+    fp = fingerprint(ds, engine, kind, params)
+    queue = plugins.info(engine)["queue"]
+    with transaction.atomic():
+        prior = (Request.objects.filter(analyst=analyst, fingerprint=fp, status=Request.Status.SUCCEEDED)
+                 .order_by("created_at").first())
+        if prior is not None:
+            now = timezone.now()
+            replay = Request.objects.create(
+                analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
+                plan=prior.plan, replay_of=prior, status=Request.Status.SUCCEEDED, result=prior.result,
+                progress={"phase": "replayed", "fraction": 1.0}, started_at=now, finished_at=now)
+            return replay, True
+        req = Request.objects.create(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params,
+                                     fingerprint=fp, plan=_plan_json(plan), progress={"phase": "queued"})
+        entry = ledger.admit(ds, analyst, plan.event, reference=f"request {req.pk}")
+        Request.objects.filter(pk=req.pk).update(ledger_entry=entry)
+        req.ledger_entry = entry
+        transaction.on_commit(lambda: enqueue(req.pk, queue))
+    return req, False
+
+
+def _plan_json(plan) -> dict:
+    return {"event": plan.event, "columns": list(plan.columns), "details": plan.details}
+
+
+def enqueue(request_id, queue: str):
+    from workers.tasks import run_request
+
+    run_request.apply_async(args=[str(request_id)], queue=queue)
+
+
+def cancel(req: Request) -> Request:
+    """Queued: cancelled and refunded. Running: cancellation requested (the charge stands,
+    the data is being read). Finished: a conflict."""
+    with transaction.atomic():
+        n = Request.objects.filter(pk=req.pk, status=Request.Status.QUEUED).update(
+            status=Request.Status.CANCELLED, finished_at=timezone.now(),
+            progress={"phase": "cancelled"}, error={"code": "request.cancelled", "detail": "Cancelled before it ran."})
+        if n:
+            if req.ledger_entry_id:
+                ledger.release(req.ledger_entry_id)
+            return Request.objects.get(pk=req.pk)
+        if Request.objects.filter(pk=req.pk, status=Request.Status.RUNNING).update(cancel_requested=True):
+            return Request.objects.get(pk=req.pk)
+    current = Request.objects.get(pk=req.pk)
+    raise LedgerConflict(f"Request {req.pk} is {current.status}; it can no longer be cancelled.",
+                         status_now=current.status)

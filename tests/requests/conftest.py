@@ -1,0 +1,70 @@
+"""A small engine registered for these tests only, and Celery in eager mode."""
+
+import pyarrow.compute as pc
+import pytest
+
+from engines import plugins
+from engines.hookspecs import hookimpl
+from engines.types import Plan, PlanError, Release
+
+
+class ProbeEngine:
+    """Counts rows (no noise: a test double of the flow, never a release engine).
+
+    kinds: ``count`` (costs Laplace(epsilon)), ``fail`` (raises after reading the data),
+    ``stepwise`` (reports progress, so a cancellation can land mid-run; commits less than planned).
+    """
+
+    NAME = "probe"
+
+    @hookimpl
+    def engine_info(self):
+        return {"name": self.NAME, "kinds": ["count", "fail", "stepwise"], "queue": "cpu",
+                "description": "test engine", "params_schema": {}}
+
+    @hookimpl
+    def plan(self, engine, request, dataset):
+        if engine != self.NAME:
+            return None
+        eps = request.params.get("epsilon")
+        if not isinstance(eps, (int, float)) or eps <= 0:
+            raise PlanError("epsilon must be > 0", {"epsilon": "must be > 0"})
+        if request.kind == "stepwise":
+            event = {"kind": "self_composed", "event": {"kind": "laplace", "epsilon": eps}, "count": 4}
+        else:
+            event = {"kind": "laplace", "epsilon": eps}
+        return Plan(event=event, columns=["age"], details={"epsilon": eps})
+
+    @hookimpl
+    def run(self, engine, request, dataset, data, plan, progress):
+        if engine != self.NAME:
+            return None
+        progress({"phase": "counting", "fraction": 0.5})
+        if request.kind == "fail":
+            raise RuntimeError(f"secret value {pc.max(data.column('age')).as_py()}")
+        if request.kind == "stepwise":
+            for step in range(2):
+                progress({"phase": "step", "step": step, "fraction": step / 4})
+            return Release(result={"steps": 2},
+                           actual_event={"kind": "self_composed", "event": {"kind": "laplace",
+                                                                             "epsilon": plan.details["epsilon"]},
+                                         "count": 2})
+        return Release(result={"rows": data.num_rows})
+
+
+@pytest.fixture(autouse=True)
+def probe_engine():
+    engine = ProbeEngine()
+    plugins.pm.register(engine, name="probe-engine")
+    yield engine
+    plugins.pm.unregister(engine)
+
+
+@pytest.fixture(autouse=True)
+def eager_celery():
+    from workers import app
+
+    old = app.conf.task_always_eager
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = old

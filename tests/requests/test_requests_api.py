@@ -1,0 +1,165 @@
+"""Requests end to end through the REST API, with Celery eager: admitted, refused,
+cancelled, failed before and after the read, replayed, and hidden from other analysts."""
+
+import pytest
+
+from governance.models import LedgerEntry, Request
+
+pytestmark = pytest.mark.django_db
+URL = "/api/requests/"
+
+
+@pytest.fixture
+def clinic(make_dataset, analyst, grant):
+    ds = make_dataset(epsilon=1.0)
+    grant(analyst, ds)
+    return ds
+
+
+def post(client, params, kind="count", engine="probe", dataset="clinic"):
+    return client.post(URL, {"dataset": dataset, "engine": engine, "kind": kind, "params": params}, format="json")
+
+
+def test_it_runs_an_admitted_request_and_commits_its_charge(api, analyst, clinic, django_capture_on_commit_callbacks):
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=True):
+        r = post(client, {"epsilon": 0.25})
+    assert r.status_code == 202 and r.json()["status"] == "queued"
+    body = client.get(f"{URL}{r.json()['id']}/").json()
+    assert body["status"] == "succeeded" and body["result"] == {"rows": 200}
+    assert body["charge"]["ledger_status"] == "committed"
+    assert body["charge"]["basic"]["epsilon"] == pytest.approx(0.25)
+    assert body["progress"]["fraction"] == 1.0
+    assert LedgerEntry.objects.get().status == "committed"
+
+
+def test_it_refuses_with_409_and_writes_nothing(api, analyst, clinic):
+    r = post(api(analyst), {"epsilon": 1.5})
+    assert r.status_code == 409
+    body = r.json()
+    assert body["code"] == "budget.exceeded" and body["remaining_epsilon"] == pytest.approx(1.0)
+    assert not Request.objects.exists() and not LedgerEntry.objects.exists()
+
+
+def test_it_cancels_a_queued_request_and_refunds(api, analyst, clinic, django_capture_on_commit_callbacks):
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        r = post(client, {"epsilon": 0.5})
+    rid = r.json()["id"]
+    c = client.post(f"{URL}{rid}/cancel/")
+    assert c.status_code == 200 and c.json()["status"] == "cancelled"
+    assert c.json()["charge"]["rdp"]["epsilon"] == 0
+    for callback in callbacks:  # the task arrives after the cancellation: nothing happens
+        callback()
+    assert Request.objects.get(pk=rid).status == "cancelled"
+    assert LedgerEntry.objects.get().status == "released"
+    assert client.post(f"{URL}{rid}/cancel/").status_code == 409
+
+
+def test_a_cancellation_while_running_stops_the_run_and_keeps_the_charge(api, analyst, clinic,
+                                                                        django_capture_on_commit_callbacks):
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        rid = post(client, {"epsilon": 0.1}, kind="stepwise").json()["id"]
+    Request.objects.filter(pk=rid).update(cancel_requested=True)  # as if asked during the run
+    for callback in callbacks:
+        callback()
+    req = Request.objects.get(pk=rid)
+    assert req.status == "cancelled" and req.data_read
+    assert LedgerEntry.objects.get().status == "committed"
+
+
+def test_it_refunds_a_failure_before_the_data_is_read(api, analyst, clinic, settings,
+                                                      django_capture_on_commit_callbacks):
+    (settings.DATA_DIR / clinic.file).unlink()
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(api(analyst), {"epsilon": 0.5}).json()["id"]
+    req = Request.objects.get(pk=rid)
+    assert req.status == "failed" and req.error["code"] == "request.failed_before_read"
+    assert LedgerEntry.objects.get().status == "released"
+
+
+def test_it_keeps_the_charge_of_a_failure_after_the_read_and_hides_its_message(
+        api, analyst, clinic, django_capture_on_commit_callbacks):
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(client, {"epsilon": 0.5}, kind="fail").json()["id"]
+    body = client.get(f"{URL}{rid}/").json()
+    assert body["status"] == "failed" and body["error"]["code"] == "request.failed_after_read"
+    assert "secret" not in str(body)
+    assert LedgerEntry.objects.get().status == "committed"
+
+
+def test_it_commits_the_smaller_event_a_run_reports(api, analyst, clinic, django_capture_on_commit_callbacks):
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(client, {"epsilon": 0.1}, kind="stepwise").json()["id"]
+    body = client.get(f"{URL}{rid}/").json()
+    assert body["status"] == "succeeded"
+    assert body["event"]["count"] == 4  # reserved
+    assert body["charge"]["basic"]["epsilon"] == pytest.approx(0.2)  # committed: 2 of 4 steps
+
+
+def test_it_replays_an_identical_request_for_free_with_the_same_answer(api, analyst, clinic,
+                                                                       django_capture_on_commit_callbacks):
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=True):
+        first = post(client, {"epsilon": 0.5}).json()
+    again = post(client, {"epsilon": 0.5})
+    assert again.status_code == 200
+    body = again.json()
+    assert body["replayed"] and body["replay_of"] == first["id"] and body["status"] == "succeeded"
+    assert body["result"] == client.get(f"{URL}{first['id']}/").json()["result"]
+    assert body["charge"]["rdp"]["epsilon"] == 0
+    assert LedgerEntry.objects.count() == 1
+
+
+def test_another_analysts_request_is_not_found(api, analyst, analyst2, clinic, grant,
+                                               django_capture_on_commit_callbacks):
+    grant(analyst2, clinic)
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(api(analyst), {"epsilon": 0.2}).json()["id"]
+    other = api(analyst2)
+    assert other.get(f"{URL}{rid}/").status_code == 404
+    assert other.post(f"{URL}{rid}/cancel/").status_code == 404
+    assert other.get(URL).json()["count"] == 0
+    # ...and replays are per analyst: bob pays for his own copy.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert post(other, {"epsilon": 0.2}).status_code == 202
+
+
+def test_an_officer_sees_requests_but_not_their_results(api, officer, analyst, clinic,
+                                                        django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(api(analyst), {"epsilon": 0.2}).json()["id"]
+    body = api(officer).get(f"{URL}{rid}/").json()
+    assert body["status"] == "succeeded" and body["result"] is None
+
+
+@pytest.mark.parametrize("payload,code", [
+    ({"dataset": "clinic", "engine": "nope", "kind": "count", "params": {"epsilon": 0.1}}, "engine.unknown"),
+    ({"dataset": "clinic", "engine": "probe", "kind": "nope", "params": {"epsilon": 0.1}}, "request.invalid"),
+    ({"dataset": "clinic", "engine": "probe", "kind": "count", "params": {"epsilon": -1}}, "request.invalid"),
+    ({"dataset": "clinic", "engine": "probe", "kind": "count", "params": [1, 2]}, "request.invalid"),
+    ({"dataset": "elsewhere", "engine": "probe", "kind": "count", "params": {"epsilon": 0.1}}, "request.invalid"),
+    ({"engine": "probe", "kind": "count"}, "request.invalid"),
+])
+def test_it_refuses_bad_requests_and_charges_nothing(api, analyst, clinic, payload, code):
+    r = api(analyst).post(URL, payload, format="json")
+    assert r.status_code == 400 and r.json()["code"] == code, r.content
+    assert not Request.objects.exists() and not LedgerEntry.objects.exists()
+
+
+def test_an_analyst_without_a_grant_cannot_request(api, outsider, clinic):
+    r = post(api(outsider), {"epsilon": 0.1})
+    assert r.status_code == 400 and not LedgerEntry.objects.exists()
+
+
+def test_a_task_delivered_twice_changes_nothing(api, analyst, clinic, django_capture_on_commit_callbacks):
+    from governance.execution import execute
+
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(api(analyst), {"epsilon": 0.3}).json()["id"]
+    before = (Request.objects.get(pk=rid).finished_at, LedgerEntry.objects.get().committed_at)
+    assert execute(rid) == "succeeded"
+    assert (Request.objects.get(pk=rid).finished_at, LedgerEntry.objects.get().committed_at) == before
