@@ -19,4 +19,8 @@ def load_columns(ds: Dataset, columns: list[str]) -> pa.Table:
 @functools.lru_cache(maxsize=16)
 def _load(path: str, sha256: str, fmt: str, columns: tuple[str, ...]) -> pa.Table:
     # Keyed by the file's digest: a re-registered table never serves stale rows.
+    if not columns:  # no columns, but the row count: read the narrowest thing and drop it
+        first = read_table(path, fmt).column_names[0] if fmt == "csv" else None
+        table = read_table(path, fmt, columns=[first] if first else None)
+        return table.select([])
     return read_table(path, fmt, columns=list(columns))

@@ -124,6 +124,11 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Three models have a `status`: name each enum after its model.
+    "ENUM_NAME_OVERRIDES": {
+        "LedgerStatusEnum": "governance.models.LedgerEntry.Status",
+        "RequestStatusEnum": "governance.models.Request.Status",
+    },
 }
 
 # ---------------------------------------------------------------------------- Celery

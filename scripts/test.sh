@@ -4,16 +4,27 @@
 #   scripts/test.sh [pytest args...]
 #
 # 1. creates .venv and installs requirements (first run only);
-# 2. runs the suite on the embedded SQLite default;
-# 3. installs (apt-get) and starts a local PostgreSQL in .services/ and runs the suite
+# 2. installs (apt-get) and starts a local Redis in .services/ for the tests that run a
+#    real Celery worker;
+# 3. runs the suite on the embedded SQLite default;
+# 4. installs (apt-get) and starts a local PostgreSQL in .services/ and runs the suite
 #    again on it, where row locks make the concurrency tests real.
-# On a machine where PostgreSQL cannot be installed the second run is skipped with a
-# warning, except under CI (CI=true) where that is a failure.
+# On a machine where Redis or PostgreSQL cannot be installed, what needs them is skipped
+# with a warning, except under CI (CI=true) where that is a failure.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 scripts/bootstrap.sh
 mkdir -p var artifacts
+
+echo "== services" >&2
+if ! scripts/services.sh redis-start; then
+    if [ "${CI:-}" = "true" ]; then
+        echo "Redis could not be started; CI requires it" >&2
+        exit 1
+    fi
+    echo "WARNING: Redis could not be started; real-worker tests will be skipped" >&2
+fi
 
 echo "== tests on SQLite" >&2
 env -u DATABASE_URL .venv/bin/python -m pytest "$@"

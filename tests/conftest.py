@@ -105,3 +105,12 @@ def grant(officer):
 
 def is_postgres() -> bool:
     return settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _celery_eager():
+    """Tasks run in-process unless a test starts a real worker (tests/workers)."""
+    from workers import app
+
+    app.conf.task_always_eager = True
+    yield

@@ -110,7 +110,7 @@ class Cost:
         return bool(np.all((a <= b) | np.isclose(a, b, rtol=rtol, atol=1e-15)))
 
     def to_json(self) -> dict:
-        return {"finite": [float(x) for x in self.finite], "infs": [int(x) for x in self.infs]}
+        return {"finite": self.finite.tolist(), "infs": self.infs.tolist()}
 
     @classmethod
     def from_json(cls, data) -> "Cost":

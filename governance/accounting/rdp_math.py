@@ -107,6 +107,7 @@ def _one_step_curve(q: float, z: float) -> np.ndarray:
     return curve
 
 
+@functools.lru_cache(maxsize=1024)
 def conversion_terms(delta: float) -> np.ndarray:
     """epsilon - rho at each order when converting (alpha, rho)-RDP to (epsilon, delta)-DP.
 
@@ -118,7 +119,9 @@ def conversion_terms(delta: float) -> np.ndarray:
     with np.errstate(divide="ignore"):
         logd = math.log(delta) if delta > 0 else -math.inf
     terms = np.log1p(-1.0 / a) - (logd + np.log(a)) / (a - 1)
-    return np.append(terms, 0.0)
+    terms = np.append(terms, 0.0)
+    terms.setflags(write=False)  # cached per delta: shared, so read-only
+    return terms
 
 
 def epsilon_from_curve(curve: np.ndarray, delta: float) -> float:

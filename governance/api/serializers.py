@@ -213,6 +213,8 @@ class RequestSerializer(serializers.ModelSerializer):
                     "ledger_status": entry.status}
         return {**entry.charge, "ledger_status": entry.status}
 
+    @extend_schema_field({"type": "object", "nullable": True,
+                          "description": "the release, shown only to the analyst who asked"})
     def get_result(self, req):
         # Results go to the analyst who asked, and to no one else.
         request = self.context.get("request")

@@ -55,7 +55,9 @@ def test_it_documents_the_request_bodies(api, officer):
     schemas = doc["components"]["schemas"]
     assert {"name", "budget_epsilon"} <= set(schemas["DatasetCreateRequest"]["required"])
     assert schemas["DatasetStatusEnum"]["enum"] == ["draft", "active"]
-    assert schemas["StatusEnum"]["enum"] == ["reserved", "committed", "released"]
+    assert schemas["LedgerStatusEnum"]["enum"] == ["reserved", "committed", "released"]
+    assert schemas["RequestStatusEnum"]["enum"] == ["queued", "running", "succeeded", "failed", "cancelled"]
+    assert "/api/requests/" in doc["paths"] and "/api/engines/" in doc["paths"]
 
 
 def test_it_serves_the_schema_to_anonymous_users(api):

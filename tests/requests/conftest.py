@@ -1,4 +1,4 @@
-"""A small engine registered for these tests only, and Celery in eager mode."""
+"""A small engine registered for these tests only (Celery runs eagerly: tests/conftest.py)."""
 
 import pyarrow.compute as pc
 import pytest
@@ -58,13 +58,3 @@ def probe_engine():
     plugins.pm.register(engine, name="probe-engine")
     yield engine
     plugins.pm.unregister(engine)
-
-
-@pytest.fixture(autouse=True)
-def eager_celery():
-    from workers import app
-
-    old = app.conf.task_always_eager
-    app.conf.task_always_eager = True
-    yield
-    app.conf.task_always_eager = old

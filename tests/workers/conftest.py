@@ -1,0 +1,87 @@
+"""A real Redis and a real Celery worker process, against the test database.
+
+The worker is `manage.py worker` in a subprocess, pointed at the same database (the
+SQLite test file or the PostgreSQL test database) and data directory as the test.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_PORT = int(os.environ.get("REDIS_PORT", "63799"))
+REDIS_URL = f"redis://127.0.0.1:{REDIS_PORT}/7"
+
+
+def redis_up() -> bool:
+    import redis
+
+    try:
+        return redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    if not redis_up():
+        subprocess.run([str(ROOT / "scripts" / "services.sh"), "redis-start"], check=False)
+    if not redis_up():
+        if os.environ.get("CI") == "true":
+            pytest.fail("Redis could not be started (scripts/services.sh redis-start)")
+        pytest.skip("no Redis server (scripts/services.sh redis-start)")
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    return REDIS_URL
+
+
+def database_url() -> str:
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    return f"postgres://{s['USER']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
+
+
+@pytest.fixture
+def real_worker(redis_server, settings, tmp_path):
+    """Start a worker process on Redis; route this process's tasks to Redis too."""
+    from workers import app
+
+    env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": redis_server,
+           "DATA_DIR": str(settings.DATA_DIR), "DATASET_IMPORT_DIRS": ",".join(map(str, settings.DATASET_IMPORT_DIRS)),
+           "GOVERNANCE_VAR_DIR": str(tmp_path / "worker-var"), "CELERY_TASK_ALWAYS_EAGER": "false"}
+    log = open(tmp_path / "worker.log", "w")
+    proc = subprocess.Popen([sys.executable, "manage.py", "worker", "-Q", "cpu,gpu", "-c", "1", "--pool", "solo",
+                             "--loglevel", "INFO"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    old = (app.conf.broker_url, app.conf.broker_transport_options, app.conf.task_always_eager)
+    app.conf.update(broker_url=redis_server, broker_transport_options={"visibility_timeout": 3600},
+                    task_always_eager=False)
+    app.close()  # drop connections to the old broker
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        app.conf.update(broker_url=old[0], broker_transport_options=old[1], task_always_eager=old[2])
+        app.close()
+        print((tmp_path / "worker.log").read_text()[-3000:])
+
+
+def wait_for(predicate, timeout=90.0, interval=0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s")
