@@ -135,7 +135,7 @@ SPECTACULAR_SETTINGS = {
 # Production: Redis (REDIS_URL). Embedded default: kombu's filesystem transport, which needs
 # no server -- producers and a real worker process exchange messages as files in var/broker.
 REDIS_URL = envstr("REDIS_URL")
-CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL or "filesystem://"
+CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL or "filesystem://localhost/"
 BROKER_DIR = VAR_DIR / "broker"
 if CELERY_BROKER_URL.startswith("filesystem://"):
     CELERY_BROKER_TRANSPORT_OPTIONS = {

@@ -1,8 +1,11 @@
-"""The demo: a real dataset registered, analysts granted, charges recorded, the budget
-under all three accountants, and a refused request -- all through the REST API."""
+"""The demo: real datasets registered, analysts granted, questions answered by a real worker,
+the budget under all three accountants, and refused requests -- all through the REST API."""
 
 import json
-import tempfile
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from django.conf import settings
@@ -11,8 +14,6 @@ from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from governance import ledger
-from governance.errors import BudgetExceeded
 from governance.models import Dataset
 
 User = get_user_model()
@@ -120,50 +121,111 @@ class Command(BaseCommand):
                  f"basic {est['total']['basic']['epsilon']:.3g}; would be admitted: {est['would_admit']}; "
                  f"{est['fits']} such queries still fit within her cap")
 
-        self.heading("6. Releases pass the gate and are recorded as mechanism events")
-        a = User.objects.get(username="alice")
-        b = User.objects.get(username="bob")
-        for who, event, ref in [
-            (a, {"kind": "laplace", "epsilon": 0.1}, "count of respondents by gender"),
-            (a, {"kind": "self_composed", "event": {"kind": "gaussian", "noise_multiplier": 20.0}, "count": 4},
-             "mean real income by gender and degree, 4 Gaussian releases"),
-            (b, {"kind": "subsampled_gaussian", "sample_rate": 256 / 61697, "noise_multiplier": 1.1, "steps": 2410},
-             "DP-SGD wage classifier, 10 epochs"),
-        ]:
-            entry = ledger.admit(Dataset.objects.get(name="gss-wages"), who, event, reference=ref)
-            if who == b:  # training stopped early after 6 epochs: commit the steps really taken
-                entry = ledger.commit(entry, {**event, "steps": 1446})
-                self.out(f"   {who.username:<6} {ref}: reserved 2410 steps, committed 1446 (early stop; rest refunded)")
-            else:
-                ledger.commit(entry)
-                self.out(f"   {who.username:<6} {ref}: charged rdp epsilon {entry.charge['rdp']['epsilon']:.3g}")
+        self.heading("6. The officer records a release made outside the service (POST /charges/)")
         r = self.call(off, "post", "/api/datasets/gss-wages/charges/", {
             "event": {"kind": "epsilon_delta", "epsilon": 0.3, "delta": 1e-9},
             "reference": "table published by the statistics office in 2019 (outside this service)"})
-        self.out("   officer recorded an outside release (epsilon 0.3, delta 1e-9)")
+        self.out(f"   charged through the gate as an epsilon_delta event: ledger entry #{r.json()['id']}, "
+                 f"rdp epsilon {r.json()['charge']['rdp']['epsilon']:.3g}")
 
-        self.heading("7. Budget of gss-wages under all three accountants (GET /api/datasets/gss-wages/)")
+        self.heading("7. Analysts ask questions through the REST API; a Celery worker answers them")
+        worker = self.start_worker()
+        try:
+            self.ask_questions(alice, bob)
+        finally:
+            self.stop_worker(worker)
+
+        self.heading("8. Budget of gss-wages under all three accountants (GET /api/datasets/gss-wages/)")
         self.budget_table(self.call(off, "get", "/api/datasets/gss-wages/").json())
 
-        self.heading("8. A request that does not fit is refused before any data is touched")
-        big = {"kind": "subsampled_gaussian", "sample_rate": 0.01, "noise_multiplier": 0.7, "steps": 3000}
-        try:
-            ledger.admit(Dataset.objects.get(name="gss-wages"), b, big, reference="big training run")
-            raise CommandError("the gate admitted a request that does not fit")
-        except BudgetExceeded as e:
-            body = {"code": e.code, "detail": e.detail, "spent_epsilon": e.extra["spent_epsilon"],
-                    "remaining_epsilon": e.extra["remaining_epsilon"],
-                    "would_cost_epsilon": e.extra["would_cost_epsilon"]}
-            self.out("HTTP 409 " + json.dumps(body, indent=2))
-        r = off.post("/api/datasets/gss-wages/charges/", {"event": {"kind": "laplace", "epsilon": 2.5}}, format="json")
-        self.out(f"the same through the API (officer charge of epsilon 2.5): HTTP {r.status_code} {r.json()['code']}")
+        self.heading("9. A request that does not fit is refused before any data is touched")
+        r = bob.post("/api/requests/", {"dataset": "gss-wages", "engine": "aggregates", "kind": "mean",
+                                        "params": {"column": "realrinc", "epsilon": 2.5}}, format="json")
+        body = r.json()
+        self.out(f"HTTP {r.status_code} " + json.dumps({k: body.get(k) for k in (
+            "code", "detail", "spent_epsilon", "remaining_epsilon", "would_cost_epsilon")}, indent=2))
+        est = self.call(bob, "post", "/api/datasets/gss-wages/estimate/", {"event": {
+            "kind": "subsampled_gaussian", "sample_rate": 0.01, "noise_multiplier": 0.7, "steps": 3000}}).json()
+        self.out(f"and the estimate for a DP-SGD run of 3,000 steps at noise 0.7: would_admit {est['would_admit']} "
+                 f"(rdp epsilon {est['total']['rdp']['epsilon']:.3g})")
 
-        self.heading("9. The ledger (GET /api/datasets/gss-wages/ledger/)")
+        self.heading("10. The ledger (GET /api/datasets/gss-wages/ledger/)")
         for e in self.call(off, "get", "/api/datasets/gss-wages/ledger/").json()["results"]:
             self.out(f"   #{e['id']:<3} {e['analyst']:<8} {e['status']:<10} {e['event']['kind']:<20} {e['reference'][:60]}")
         if quiet:
             self.quiet = False
             self.budget_table(self.call(off, "get", "/api/datasets/gss-wages/").json())
+
+    def start_worker(self):
+        """A real Celery worker process on the configured broker (embedded: files in var/broker)."""
+        env = {**os.environ, "CELERY_TASK_ALWAYS_EAGER": "false"}
+        proc = subprocess.Popen([sys.executable, "manage.py", "worker", "--pool", "solo", "-c", "1"],
+                                cwd=settings.BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.out(f"started a worker (pid {proc.pid}) on {settings.CELERY_BROKER_URL.split('@')[-1]}")
+        return proc
+
+    def stop_worker(self, proc):
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        self.out(f"stopped the worker (exit {proc.returncode})")
+
+    def wait(self, client, rid, timeout=120):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            body = client.get(f"/api/requests/{rid}/").json()
+            if body["status"] in ("succeeded", "failed", "cancelled"):
+                return body
+            time.sleep(0.05)
+        raise CommandError(f"request {rid} did not finish in {timeout}s (is the worker running?)")
+
+    def ask(self, who, client, dataset, kind, params, question):
+        t0 = time.monotonic()
+        r = client.post("/api/requests/", {"dataset": dataset, "engine": "aggregates", "kind": kind,
+                                           "params": params}, format="json")
+        if r.status_code not in (200, 202):
+            raise CommandError(f"request refused: {r.status_code} {r.content[:400]!r}")
+        body = r.json() if r.status_code == 200 else self.wait(client, r.json()["id"])
+        if body["status"] != "succeeded":
+            raise CommandError(f"request failed: {body['error']}")
+        seconds = time.monotonic() - t0
+        res = body["result"]
+        self.out(f"   {who}: {question}")
+        if "groups" in res:
+            for g in res["groups"]:
+                ci = g.get("ci95")
+                interval = f"   95% [{_fmt_value(ci[0])}, {_fmt_value(ci[1])}]" if ci else ""
+                self.out(f"        {str(g['key']):<28} {_fmt_value(g['value']):>12}{interval}")
+        else:
+            ci = res.get("ci95")
+            interval = f"   95% [{_fmt_value(ci[0])}, {_fmt_value(ci[1])}]" if ci else ""
+            self.out(f"        {_fmt_value(res['value']):>12}{interval}")
+        ds = client.get(f"/api/datasets/{dataset}/").json()["budget"]
+        rdp = ds["accountants"][ds["policy"]]
+        note = "replayed from the stored release: free" if body["replayed"] else \
+            f"charged rdp epsilon {body['charge']['rdp']['epsilon']:.3g}"
+        self.out(f"        ({note}; {seconds:.2f}s; {dataset} has epsilon {rdp['remaining_epsilon']:.3g} "
+                 f"of {ds['epsilon']} left)")
+        return body
+
+    def ask_questions(self, alice, bob):
+        self.ask("alice", alice, "gss-wages", "count",
+                 {"where": [{"column": "age", "op": ">=", "value": 65}], "group_by": "gender", "epsilon": 0.1},
+                 "how many respondents are 65 or older, by gender? (Laplace, epsilon 0.1)")
+        self.ask("alice", alice, "gss-wages", "quantile", {"column": "age", "q": 0.5, "epsilon": 0.1},
+                 "the median age (exponential mechanism, epsilon 0.1)")
+        self.ask("bob", bob, "gss-wages", "mean", {"column": "realrinc", "group_by": "gender", "epsilon": 0.2},
+                 "mean real income by gender (Laplace, epsilon 0.2 split over sum and count)")
+        self.ask("bob", bob, "gss-wages", "histogram", {"column": "wrkstat", "epsilon": 0.1},
+                 "respondents by work status (histogram, epsilon 0.1)")
+        self.ask("alice", alice, "gss-wages", "count",
+                 {"where": [{"column": "age", "op": ">=", "value": 65}], "group_by": "gender", "epsilon": 0.1},
+                 "the same count again")
+        self.ask("bob", bob, "nafld2", "count",
+                 {"where": [{"column": "test", "op": "==", "value": "hdl"}], "max_rows_per_unit": 10, "epsilon": 0.2},
+                 "how many HDL results? (privacy unit = patient: at most 10 rows per patient, sensitivity 10)")
 
     def budget_table(self, ds):
         b = ds["budget"]
@@ -172,6 +234,10 @@ class Command(BaseCommand):
         for name, row in b["accountants"].items():
             self.out(f"   {name:<10} {_f(row['epsilon']):>9} {_f(row['delta']):>10} {_f(row['filter_epsilon']):>11} "
                      f"{_f(row['remaining_epsilon']):>10}  {'<- policy' if row['gates'] else ''}")
+
+
+def _fmt_value(x):
+    return f"{x:,.1f}" if isinstance(x, (int, float)) else str(x)
 
 
 def _f(x):
