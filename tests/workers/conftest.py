@@ -49,9 +49,14 @@ def database_url() -> str:
 
 
 @pytest.fixture
-def real_worker(redis_server, settings, tmp_path):
-    """Start a worker process on Redis; route this process's tasks to Redis too."""
+def real_worker(redis_server, settings, tmp_path, monkeypatch):
+    """Start a worker process on Redis and send this process's tasks there.
+
+    Yields ``send(request_id)``, which delivers a task for a request once more.
+    """
+    from governance import submission
     from workers import app
+    from workers.tasks import run_request
 
     env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": redis_server,
            "DATA_DIR": str(settings.DATA_DIR), "DATASET_IMPORT_DIRS": ",".join(map(str, settings.DATASET_IMPORT_DIRS)),
@@ -59,21 +64,25 @@ def real_worker(redis_server, settings, tmp_path):
     log = open(tmp_path / "worker.log", "w")
     proc = subprocess.Popen([sys.executable, "manage.py", "worker", "-Q", "cpu,gpu", "-c", "1", "--pool", "solo",
                              "--loglevel", "INFO"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    old = (app.conf.broker_url, app.conf.broker_transport_options, app.conf.task_always_eager)
-    app.conf.update(broker_url=redis_server, broker_transport_options={"visibility_timeout": 3600},
-                    task_always_eager=False)
-    app.close()  # drop connections to the old broker
+
+    def send(request_id, queue="cpu"):
+        # An explicit connection: the app's own pool may still hold the embedded broker.
+        with app.connection_for_write(redis_server) as conn:
+            run_request.apply_async(args=[str(request_id)], queue=queue, connection=conn)
+
+    eager = app.conf.task_always_eager
+    app.conf.task_always_eager = False
+    monkeypatch.setattr(submission, "enqueue", send)
     try:
-        yield proc
+        yield send
     finally:
+        app.conf.task_always_eager = eager
         proc.terminate()
         try:
             proc.wait(20)
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
-        app.conf.update(broker_url=old[0], broker_transport_options=old[1], task_always_eager=old[2])
-        app.close()
         print((tmp_path / "worker.log").read_text()[-3000:])
 
 

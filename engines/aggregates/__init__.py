@@ -1,0 +1,49 @@
+"""The built-in DP aggregates engine: count, sum, mean, variance, histogram, quantile.
+
+Modules: ``params`` (validation), ``planner`` (sensitivities, budget split, events; the
+sensitivity statement is its docstring), ``noise`` (the only code that draws released
+noise, all through OpenDP), ``compute`` (vectorised exact aggregates and contribution
+bounding), ``report`` (result JSON and 95% intervals), ``execute`` (a run),
+``schema`` (JSON schemas). No Django here.
+"""
+
+from __future__ import annotations
+
+from engines.hookspecs import hookimpl
+
+from .params import KINDS
+from .schema import params_schema
+
+NAME = "aggregates"
+
+DESCRIPTION = (
+    "Differentially private aggregates over a dataset's declared columns: count, sum, mean, "
+    "variance, histogram and quantile, optionally filtered (where) and grouped by a categorical "
+    "column's declared domain. Laplace (pure epsilon) or Gaussian (zCDP rho) noise from OpenDP's "
+    "floating-point-safe samplers; quantiles by the exponential mechanism. Values are clamped to "
+    "the declared bounds; each privacy unit contributes at most max_rows_per_unit rows."
+)
+
+
+@hookimpl
+def engine_info():
+    return {"name": NAME, "kinds": list(KINDS), "queue": "cpu", "description": DESCRIPTION,
+            "params_schema": params_schema()}
+
+
+@hookimpl
+def plan(engine, request, dataset):
+    if engine != NAME:
+        return None
+    from .planner import make_plan
+
+    return make_plan(request, dataset)
+
+
+@hookimpl
+def run(engine, request, dataset, data, plan, progress):
+    if engine != NAME:
+        return None
+    from .execute import execute
+
+    return execute(request, dataset, data, plan, progress)

@@ -1,0 +1,329 @@
+"""Validation of an aggregates request against the dataset's public metadata.
+
+``validate(kind, params, dataset)`` returns a normalised ``Query`` or raises ``PlanError``
+with every problem found, keyed by parameter (``{"epsilon": "must be > 0", ...}``).
+Nothing here reads data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from engines.types import DatasetMeta, PlanError
+
+KINDS = ("count", "sum", "mean", "variance", "histogram", "quantile")
+VALUE_KINDS = ("sum", "mean", "variance", "quantile")  # need a bounded numeric column
+MECHANISMS = ("laplace", "gaussian")
+OPS = ("==", "!=", "<", "<=", ">", ">=", "in", "not_in")
+EQUALITY_OPS = ("==", "!=", "in", "not_in")
+MAX_PREDICATES = 50
+MAX_IN_VALUES = 1000
+MAX_K = 1000
+DEFAULT_CANDIDATES = 1024
+MAX_CANDIDATES = 100_000
+MAX_BINS = 10_000
+MAX_SCORE_CELLS = 20_000_000  # groups x (candidates + 1) for a grouped quantile
+
+COMMON_KEYS = {"where", "group_by", "mechanism", "epsilon", "rho", "accuracy", "max_rows_per_unit"}
+KIND_KEYS = {
+    "count": set(),
+    "sum": {"column"},
+    "mean": {"column"},
+    "variance": {"column"},
+    "histogram": {"column", "bins"},
+    "quantile": {"column", "q", "candidates"},
+}
+ACCURACY_KINDS = ("count", "sum", "histogram")
+
+
+@dataclass
+class Query:
+    """A validated request (plain data)."""
+
+    kind: str
+    mechanism: str  # laplace | gaussian | exponential
+    budget: tuple[str, float]  # ("epsilon" | "rho" | "halfwidth", value)
+    k: int = 1
+    column: str | None = None
+    bounds: tuple[float, float] | None = None
+    where: list[dict] = field(default_factory=list)
+    group_by: str | None = None
+    domain: list | None = None  # group_by's declared domain
+    hist: dict | None = None  # {"type": "categorical", "labels"} | {"type": "numeric", "edges"}
+    q: float | None = None
+    candidates: int | None = None
+
+
+def is_number(v: Any) -> bool:
+    """A finite JSON number (bool is not a number)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def _positive(v: Any) -> str | None:
+    if not is_number(v):
+        return f"must be a finite number, got {v!r}"
+    if float(v) <= 0:
+        return f"must be > 0, got {v!r}"
+    return None
+
+
+def _scalar_ok(v: Any) -> bool:
+    return isinstance(v, (str, bool)) or is_number(v)
+
+
+def _column_spec(dataset: DatasetMeta, name: Any) -> tuple[dict | None, str | None]:
+    if not isinstance(name, str) or not name:
+        return None, "must be a column name"
+    spec = dataset.columns.get(name)
+    if spec is None:
+        return None, f"unknown column {name!r}"
+    if name == dataset.unit_column or spec.get("type") == "unit":
+        return None, f"{name!r} is the privacy-unit column: it cannot be queried"
+    return spec, None
+
+
+def _bounds(spec: dict) -> tuple[float, float] | None:
+    lo, hi = spec.get("lower"), spec.get("upper")
+    if spec.get("type") != "numeric" or not is_number(lo) or not is_number(hi) or not float(lo) < float(hi):
+        return None
+    return float(lo), float(hi)
+
+
+def _domain(spec: dict) -> list | None:
+    dom = spec.get("domain")
+    if spec.get("type") != "categorical" or not isinstance(dom, list) or not dom:
+        return None
+    return list(dom)
+
+
+def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict) -> dict | None:
+    key = f"where[{i}]"
+    if not isinstance(p, dict):
+        errors[key] = 'must be an object {"column", "op", "value"}'
+        return None
+    extra = set(p) - {"column", "op", "value"}
+    if extra:
+        errors[key] = f"unknown key(s): {', '.join(sorted(map(str, extra)))}"
+        return None
+    if not {"column", "op", "value"} <= set(p):
+        errors[key] = 'needs "column", "op" and "value"'
+        return None
+    spec, err = _column_spec(dataset, p["column"])
+    if err:
+        errors[key] = err
+        return None
+    ctype = spec.get("type")
+    if ctype not in ("numeric", "categorical"):
+        errors[key] = (f"column {p['column']!r} is of type {ctype!r}: predicates apply only to declared "
+                       "numeric or categorical columns")
+        return None
+    op = p["op"]
+    if not isinstance(op, str) or op not in OPS:
+        errors[key] = f"op must be one of {', '.join(OPS)}, got {op!r}"
+        return None
+    if ctype == "categorical" and op not in EQUALITY_OPS:
+        errors[key] = f"op {op!r} needs a numeric column; categorical columns take ==, !=, in, not_in"
+        return None
+    ok = is_number if ctype == "numeric" else _scalar_ok
+    value = p["value"]
+    if op in ("in", "not_in"):
+        if not isinstance(value, list) or not value or len(value) > MAX_IN_VALUES:
+            errors[key] = f"value of {op!r} must be a list of 1 to {MAX_IN_VALUES} values"
+            return None
+        if not all(ok(v) for v in value):
+            errors[key] = f"every value must be a {'finite number' if ctype == 'numeric' else 'string, number or boolean'}"
+            return None
+        value = [float(v) for v in value] if ctype == "numeric" else list(value)
+    else:
+        if not ok(value):
+            errors[key] = f"value must be a {'finite number' if ctype == 'numeric' else 'string, number or boolean'}"
+            return None
+        value = float(value) if ctype == "numeric" else value
+    return {"column": p["column"], "op": op, "value": value, "type": ctype}
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
+
+
+def bin_labels(edges: list[float]) -> list[str]:
+    """``[a, b)`` for every bin, the last one closed: ``[a, b]``."""
+    out = [f"[{_fmt(a)}, {_fmt(b)})" for a, b in zip(edges[:-1], edges[1:])]
+    out[-1] = out[-1][:-1] + "]"
+    return out
+
+
+def validate(kind: str, params: Any, dataset: DatasetMeta) -> Query:
+    if kind not in KINDS:
+        raise PlanError(f"unknown kind {kind!r}; the aggregates engine serves {', '.join(KINDS)}",
+                        {"kind": "unknown kind"})
+    if not isinstance(params, dict):
+        raise PlanError("params must be a JSON object", {"params": "must be an object"})
+    errors: dict[str, str] = {}
+    allowed = COMMON_KEYS | KIND_KEYS[kind]
+    for key in sorted(set(params) - allowed, key=str):
+        errors[str(key)] = f"unknown parameter for {kind}; allowed: {', '.join(sorted(allowed))}"
+
+    # ---- mechanism and privacy budget
+    mech = params.get("mechanism")
+    if kind == "quantile":
+        if mech not in (None, "exponential"):
+            errors["mechanism"] = "quantiles always use the exponential mechanism ('exponential')"
+        mech = "exponential"
+    elif mech is None:
+        mech = "laplace"
+    elif mech not in MECHANISMS:
+        errors["mechanism"] = f"must be one of {', '.join(MECHANISMS)}, got {mech!r}"
+        mech = "laplace"
+    given = [k for k in ("epsilon", "rho", "accuracy") if params.get(k) is not None]
+    budget = ("epsilon", 1.0)
+    if not given:
+        errors["epsilon"] = "give exactly one of epsilon, rho (gaussian) or accuracy"
+    elif len(given) > 1:
+        for k in given:
+            errors[k] = f"give exactly one of {', '.join(given)}"
+    else:
+        which = given[0]
+        v = params[which]
+        if which == "accuracy":
+            if kind not in ACCURACY_KINDS:
+                errors["accuracy"] = (f"accuracy targets are supported for {', '.join(ACCURACY_KINDS)}; "
+                                      f"give {'epsilon' if mech != 'gaussian' else 'rho'} for {kind}")
+            elif not isinstance(v, dict) or set(v) != {"halfwidth"}:
+                errors["accuracy"] = 'must be {"halfwidth": h} (95% confidence half-width)'
+            elif (err := _positive(v["halfwidth"])):
+                errors["accuracy"] = f"halfwidth {err}"
+            else:
+                budget = ("halfwidth", float(v["halfwidth"]))
+        elif which == "epsilon" and mech == "gaussian":
+            errors["epsilon"] = "the gaussian mechanism is calibrated by rho (zCDP): give rho or accuracy"
+        elif which == "rho" and mech != "gaussian":
+            errors["rho"] = f"rho (zCDP) applies to the gaussian mechanism; the {mech} mechanism takes epsilon"
+        elif (err := _positive(v)):
+            errors[which] = err
+        else:
+            budget = (which, float(v))
+
+    # ---- contribution bound
+    k = params.get("max_rows_per_unit", 1)
+    if isinstance(k, float) and k.is_integer():
+        k = int(k)
+    if isinstance(k, bool) or not isinstance(k, int):
+        errors["max_rows_per_unit"] = f"must be an integer between 1 and {MAX_K}, got {k!r}"
+        k = 1
+    elif not 1 <= k <= MAX_K:
+        errors["max_rows_per_unit"] = f"must be between 1 and {MAX_K}, got {k}"
+        k = 1
+    elif k != 1 and not dataset.unit_column:
+        errors["max_rows_per_unit"] = "this dataset has no privacy-unit column: each row is a unit (k = 1)"
+        k = 1
+
+    q = Query(kind=kind, mechanism=mech, budget=budget, k=k)
+
+    # ---- the value column
+    if kind in VALUE_KINDS or kind == "histogram":
+        if "column" not in params:
+            errors["column"] = f"{kind} needs a column"
+        else:
+            spec, err = _column_spec(dataset, params["column"])
+            if err:
+                errors["column"] = err
+            elif kind in VALUE_KINDS:
+                q.bounds = _bounds(spec)
+                if q.bounds is None:
+                    errors["column"] = (f"{kind} needs a numeric column with declared lower and upper bounds; "
+                                        f"{params['column']!r} is {spec.get('type')!r}"
+                                        + (" without bounds" if spec.get("type") == "numeric" else ""))
+                q.column = params["column"]
+            else:
+                q.column = params["column"]
+                _histogram(q, spec, params, errors)
+    if kind == "quantile":
+        qv = params.get("q", 0.5)
+        if not is_number(qv) or not 0 < float(qv) < 1:
+            errors["q"] = f"must be a number strictly between 0 and 1, got {qv!r}"
+        else:
+            q.q = float(qv)
+        m = params.get("candidates", DEFAULT_CANDIDATES)
+        if isinstance(m, float) and m.is_integer():
+            m = int(m)
+        if isinstance(m, bool) or not isinstance(m, int) or not 2 <= m <= MAX_CANDIDATES:
+            errors["candidates"] = f"must be an integer between 2 and {MAX_CANDIDATES}, got {m!r}"
+        else:
+            q.candidates = m
+
+    # ---- where
+    where = params.get("where")
+    if where is not None:
+        if not isinstance(where, list):
+            errors["where"] = 'must be a list of {"column", "op", "value"}'
+        elif len(where) > MAX_PREDICATES:
+            errors["where"] = f"at most {MAX_PREDICATES} predicates"
+        else:
+            q.where = [p for p in (_predicate(i, p, dataset, errors) for i, p in enumerate(where)) if p]
+
+    # ---- group_by
+    gb = params.get("group_by")
+    if gb is not None:
+        if kind == "histogram":
+            errors["group_by"] = "histograms cannot be grouped; use where, or a grouped count"
+        else:
+            spec, err = _column_spec(dataset, gb)
+            if err:
+                errors["group_by"] = err
+            elif (dom := _domain(spec)) is None:
+                errors["group_by"] = (f"group_by needs a categorical column with a declared domain; "
+                                      f"{gb!r} is {spec.get('type')!r}")
+            else:
+                q.group_by, q.domain = gb, dom
+                if kind == "quantile" and q.candidates and len(dom) * (q.candidates + 1) > MAX_SCORE_CELLS:
+                    errors["candidates"] = (f"{len(dom)} groups x {q.candidates} candidates is too many; "
+                                            f"keep groups x candidates under {MAX_SCORE_CELLS:,}")
+
+    if errors:
+        detail = "; ".join(f"{k}: {v}" for k, v in errors.items())
+        raise PlanError(f"invalid {kind} request: {detail}", errors)
+    return q
+
+
+def _histogram(q: Query, spec: dict, params: dict, errors: dict) -> None:
+    ctype = spec.get("type")
+    bins = params.get("bins")
+    if ctype == "categorical":
+        dom = _domain(spec)
+        if dom is None:
+            errors["column"] = f"categorical column {q.column!r} has no declared domain"
+        elif bins is not None:
+            errors["bins"] = "bins apply to numeric columns; a categorical histogram's bins are its declared domain"
+        else:
+            q.hist = {"type": "categorical", "labels": dom}
+        return
+    if ctype != "numeric":
+        errors["column"] = f"histogram needs a categorical or a bounded numeric column; {q.column!r} is {ctype!r}"
+        return
+    q.bounds = _bounds(spec)
+    if q.bounds is None:
+        errors["column"] = f"numeric column {q.column!r} has no declared bounds: it cannot be binned"
+        return
+    if bins is None:
+        errors["bins"] = "a numeric histogram needs bins: a sorted list of edges inside the column's bounds"
+        return
+    if not isinstance(bins, list) or not 2 <= len(bins) <= MAX_BINS + 1 or not all(is_number(b) for b in bins):
+        errors["bins"] = f"must be a list of 2 to {MAX_BINS + 1} finite numbers (bin edges)"
+        return
+    edges = [float(b) for b in bins]
+    if any(a >= b for a, b in zip(edges[:-1], edges[1:])):
+        errors["bins"] = "edges must be strictly increasing"
+        return
+    lo, hi = q.bounds
+    if edges[0] < lo or edges[-1] > hi:
+        errors["bins"] = f"edges must lie inside the column's bounds [{_fmt(lo)}, {_fmt(hi)}]"
+        return
+    q.hist = {"type": "numeric", "edges": edges, "labels": bin_labels(edges)}

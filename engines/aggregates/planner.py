@@ -1,0 +1,157 @@
+"""Sensitivity and cost: from a validated query to the mechanism event, before any data.
+
+Neighbouring datasets differ by one privacy unit (add/remove), which holds at most
+``k = max_rows_per_unit`` rows after contribution bounding (k = 1 when every row is its
+own unit). Numeric values are clamped to the declared [lower, upper]; M = max(|lower|,
+|upper|); mean and variance work on centred values y = x - (lower + upper) / 2, clamped
+to [-R, R] with R = (upper - lower) / 2. Sensitivities (L1 and L2 alike, since a unit's
+rows can only add up):
+
+- count / histogram / grouped count: k. A unit changes at most k cells by 1 each, so the
+  L1 norm is k and the L2 norm is at most k (sqrt(k) if its rows fell in k distinct
+  cells, but k is the bound for every split, so both are stated as k).
+- sum (grouped or not): k * M. A unit's rows split across groups still move the sum
+  vector by at most k * M in L1, hence also in L2.
+- mean: count (k) and centred sum (k * R), each with half of the budget.
+- variance: count (k), centred sum (k * R), centred sum of squares (k * R^2), each
+  with a third of the budget.
+- quantile: the exponential mechanism over a grid of candidates in [lower, upper], on
+  OpenDP's integer scores; a unit is k rows of symmetric distance, and OpenDP's map of
+  ``make_quantile_score_candidates >> make_noisy_max`` at d_in = k is the charge. Grouped
+  quantiles reuse that scale per group: a unit with k_g rows in group g costs
+  sum_g 2 k_g c / s <= 2 k c / s, the ungrouped charge.
+
+Costs come from OpenDP's privacy maps of the exact measurements the run builds
+(noise.py). Events (governance.accounting.events):
+
+- laplace:  ``{"kind": "laplace", "epsilon": map(d_in)}``
+- gaussian: ``{"kind": "gaussian", "noise_multiplier": 1 / sqrt(2 * rho)}`` with
+  rho = map(d_in) (zCDP; noise std = multiplier x L2 sensitivity)
+- quantile: ``{"kind": "epsilon_delta", "epsilon": map(k), "delta": 0}``
+- mean / variance: ``{"kind": "composed", "events": [...]}`` of their components.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from engines.types import DatasetMeta, EngineRequest, Plan, PlanError
+
+from . import noise
+from .params import Query, validate
+
+DETAILS_VERSION = 1
+MAX_INTEGER_SCALE = 1e12  # count noise beyond this says nothing and nears the int64 range
+
+
+def _times(k: int, x: float) -> float:
+    """k * x rounded up (a sensitivity must never be understated)."""
+    out = k * x
+    if Fraction(out) < k * Fraction(x):
+        out = math.nextafter(out, math.inf)
+    return out
+
+
+def components(q: Query) -> list[tuple[str, float | int, bool]]:
+    """(name, sensitivity, integer) of every noisy quantity the query releases."""
+    k = q.k
+    if q.kind in ("count", "histogram"):
+        return [("count", k, True)]
+    lo, hi = q.bounds
+    if q.kind == "sum":
+        return [("sum", _times(k, max(abs(lo), abs(hi))), False)]
+    r = (hi - lo) / 2
+    out = [("count", k, True), ("sum", _times(k, r), False)]
+    if q.kind == "variance":
+        out.append(("sum_of_squares", _times(k, r * r), False))
+    return out
+
+
+def _event(mechanism: str, cost: float) -> dict:
+    if mechanism == "laplace":
+        return {"kind": "laplace", "epsilon": cost}
+    return {"kind": "gaussian", "noise_multiplier": 1.0 / math.sqrt(2.0 * cost)}
+
+
+def _budget_error(q: Query, e: Exception) -> PlanError:
+    which = {"halfwidth": "accuracy"}.get(q.budget[0], q.budget[0])
+    return PlanError(f"cannot calibrate the noise to {which}={q.budget[1]!r}: {e}",
+                     {which: "out of the range the mechanism can calibrate to"})
+
+
+def make_plan(request: EngineRequest, dataset: DatasetMeta) -> Plan:
+    q = validate(request.kind, request.params, dataset)
+    columns = list(dict.fromkeys(c for c in [q.column, q.group_by, *(p["column"] for p in q.where)] if c))
+    details = {
+        "version": DETAILS_VERSION,
+        "kind": q.kind,
+        "mechanism": q.mechanism,
+        "max_rows_per_unit": q.k,
+        "unit_column": dataset.unit_column,
+        "n_rows": int(dataset.n_rows),
+        "column": q.column,
+        "bounds": list(q.bounds) if q.bounds else None,
+        "where": q.where,
+        "group_by": q.group_by,
+        "domain": q.domain,
+        "histogram": q.hist,
+    }
+    grouped = q.group_by is not None or q.kind == "histogram"
+    try:
+        if q.kind == "quantile":
+            event = _plan_quantile(q, details)
+        else:
+            event = _plan_noise(q, details, grouped)
+    except (ValueError, noise.OpenDPError) as e:
+        raise _budget_error(q, e) from None
+    return Plan(event=event, columns=columns, details=details)
+
+
+def _plan_noise(q: Query, details: dict, vector: bool) -> dict:
+    comps = components(q)
+    which, amount = q.budget
+    plans = {}
+    for name, sens, integer in comps:
+        if which == "halfwidth":
+            nz, cost = noise.for_accuracy(q.mechanism, sens, amount, integer=integer, vector=vector)
+        else:
+            nz, cost = noise.calibrate(q.mechanism, sens, amount / len(comps), integer=integer, vector=vector)
+        if not (math.isfinite(cost) and cost > 0):
+            raise ValueError(f"OpenDP maps this noise to a cost of {cost}")
+        if integer and nz.scale > MAX_INTEGER_SCALE:
+            raise ValueError(f"the noise scale would be {nz.scale:.3g}: counts would be pure noise "
+                             "(and overflow 64-bit integers)")
+        plans[name] = {**nz.to_dict(), "cost": cost, "event": _event(q.mechanism, cost)}
+    total = sum(p["cost"] for p in plans.values())
+    details["components"] = plans
+    details["cost"] = {"epsilon" if q.mechanism == "laplace" else "rho": total}
+    if q.bounds and q.kind in ("mean", "variance"):
+        lo, hi = q.bounds
+        details["center"], details["radius"] = (lo + hi) / 2, (hi - lo) / 2
+    events = [p["event"] for p in plans.values()]
+    return events[0] if len(events) == 1 else {"kind": "composed", "events": events}
+
+
+def candidate_grid(lower: float, upper: float, count: int) -> np.ndarray:
+    return np.linspace(lower, upper, count)
+
+
+def _plan_quantile(q: Query, details: dict) -> dict:
+    lo, hi = q.bounds
+    grid = candidate_grid(lo, hi, q.candidates)
+    if not np.all(np.diff(grid) > 0):
+        raise PlanError("the candidate grid is not strictly increasing: the bounds are too close for "
+                        f"{q.candidates} candidates", {"candidates": "too many for the column's range"})
+    epsilon = q.budget[1]
+    scale, score_sens, cost = noise.quantile_chain_cost(grid.tolist(), q.q, q.k, epsilon)
+    num, den = noise.quantile_alpha(q.q)
+    details["quantile"] = {
+        "q": q.q, "alpha_num": num, "alpha_den": den,
+        "grid": {"lower": lo, "upper": hi, "count": q.candidates},
+        "scale": scale, "score_sensitivity": score_sens, "epsilon": cost,
+    }
+    details["cost"] = {"epsilon": cost}
+    return {"kind": "epsilon_delta", "epsilon": cost, "delta": 0.0}

@@ -1,0 +1,79 @@
+"""JSON schemas of each kind's parameters (shown by ``GET /api/engines/``).
+
+The schemas describe the shape; params.py checks everything against the dataset
+(columns, bounds, domains) and is the authority.
+"""
+
+from __future__ import annotations
+
+from .params import (DEFAULT_CANDIDATES, KIND_KEYS, MAX_BINS, MAX_CANDIDATES, MAX_IN_VALUES, MAX_K,
+                     MAX_PREDICATES, OPS)
+
+_POSITIVE = {"type": "number", "exclusiveMinimum": 0}
+_SCALAR = {"type": ["string", "number", "boolean"]}
+
+_COMMON = {
+    "where": {
+        "type": "array", "maxItems": MAX_PREDICATES,
+        "description": "predicates ANDed; only on declared numeric or categorical columns; "
+                       "a null never matches",
+        "items": {
+            "type": "object", "additionalProperties": False, "required": ["column", "op", "value"],
+            "properties": {
+                "column": {"type": "string"},
+                "op": {"enum": list(OPS)},
+                "value": {"oneOf": [_SCALAR, {"type": "array", "items": _SCALAR, "minItems": 1,
+                                              "maxItems": MAX_IN_VALUES}]},
+            },
+        },
+    },
+    "group_by": {"type": "string", "description": "a categorical column with a declared domain: one output "
+                                                  "per domain value, in domain order"},
+    "mechanism": {"enum": ["laplace", "gaussian"], "default": "laplace",
+                  "description": "laplace: pure epsilon-DP; gaussian: zCDP (rho)"},
+    "epsilon": {**_POSITIVE, "description": "pure-DP budget (laplace); give exactly one of epsilon, rho, accuracy"},
+    "rho": {**_POSITIVE, "description": "zCDP budget (gaussian)"},
+    "accuracy": {"type": "object", "additionalProperties": False, "required": ["halfwidth"],
+                 "properties": {"halfwidth": _POSITIVE},
+                 "description": "95% half-width the engine turns into the cost (count, sum, histogram)"},
+    "max_rows_per_unit": {"type": "integer", "minimum": 1, "maximum": MAX_K, "default": 1,
+                          "description": "rows kept per privacy unit (datasets with a unit column); "
+                                         "sensitivity scales with it"},
+}
+
+_COLUMN = {"type": "string", "description": "a numeric column with declared lower and upper bounds"}
+
+_EXTRA = {
+    "count": {},
+    "sum": {"column": _COLUMN},
+    "mean": {"column": _COLUMN},
+    "variance": {"column": _COLUMN},
+    "histogram": {
+        "column": {"type": "string", "description": "a categorical column (bins = declared domain) or a "
+                                                    "bounded numeric column with bins"},
+        "bins": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": MAX_BINS + 1,
+                 "description": "strictly increasing edges inside [lower, upper]: bins [a, b), the last closed"},
+    },
+    "quantile": {
+        "column": _COLUMN,
+        "q": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1, "default": 0.5},
+        "candidates": {"type": "integer", "minimum": 2, "maximum": MAX_CANDIDATES, "default": DEFAULT_CANDIDATES,
+                       "description": "size of the evenly spaced grid in [lower, upper]"},
+    },
+}
+
+
+def params_schema() -> dict:
+    out = {}
+    for kind, extra in _EXTRA.items():
+        assert set(extra) == KIND_KEYS[kind]
+        props = {**_COMMON, **extra}
+        required = ["column"] if "column" in extra else []
+        if kind == "quantile":
+            props = {k: v for k, v in props.items() if k not in ("rho", "accuracy", "mechanism")}
+            props["mechanism"] = {"enum": ["exponential"], "default": "exponential"}
+            required.append("epsilon")
+        if kind == "histogram":
+            props.pop("group_by")
+        out[kind] = {"type": "object", "additionalProperties": False, "properties": props, "required": required}
+    return out

@@ -1,0 +1,374 @@
+"""Running the aggregates engine on synthetic tables: answers near the truth, where /
+group_by / histogram correctness, declared domains never leak other keys, clamping and
+per-unit contribution bounds hold, progress and cancellation, a pandas reference."""
+
+import json
+from dataclasses import asdict
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engines import plugins
+from engines.aggregates import compute
+from engines.types import Cancelled, DatasetMeta, EngineError, EngineRequest, Plan
+
+HUGE = 1e9  # epsilon (or rho) at which the noise is negligible
+N = 20_000
+DOMAIN = ["north", "south", "east"]
+
+
+def make_frame(n=N, seed=1):
+    rng = np.random.default_rng(seed)
+    income = rng.normal(50_000, 15_000, n)
+    income[rng.random(n) < 0.05] = np.nan  # nulls
+    return pd.DataFrame({
+        "pid": rng.integers(0, n // 4, n),
+        "age": rng.integers(18, 91, n),
+        "income": income,
+        "site": rng.choice(DOMAIN + ["secret-site"], n, p=[0.3, 0.3, 0.3, 0.1]),
+        "code": rng.integers(1, 5, n),  # categorical with an int domain [1, 2, 3]; 4 is outside
+        "flag": rng.random(n) < 0.3,
+    })
+
+
+COLUMNS = {
+    "pid": {"type": "unit"},
+    "age": {"type": "numeric", "lower": 18, "upper": 90},
+    "income": {"type": "numeric", "lower": 0, "upper": 100_000},
+    "site": {"type": "categorical", "domain": DOMAIN},
+    "code": {"type": "categorical", "domain": [3, 1, 2]},
+    "flag": {"type": "categorical", "domain": [False, True]},
+}
+
+
+def meta(frame, unit=True):
+    cols = COLUMNS if unit else {k: v for k, v in COLUMNS.items() if k != "pid"}
+    n_units = frame["pid"].nunique() if unit else len(frame)
+    return DatasetMeta(name="t", columns=cols, unit_column="pid" if unit else None, n_rows=len(frame),
+                       n_units=n_units, delta=1e-6)
+
+
+@pytest.fixture(scope="module")
+def frame():
+    return make_frame()
+
+
+@pytest.fixture(scope="module")
+def table(frame):
+    return pa.Table.from_pandas(frame, preserve_index=False)
+
+
+def run(kind, params, frame_or_table, ds, progress=None):
+    """plan -> JSON round trip (as the service stores it) -> run on the planned columns."""
+    table = frame_or_table if isinstance(frame_or_table, pa.Table) else pa.Table.from_pandas(
+        frame_or_table, preserve_index=False)
+    req = EngineRequest(kind, params)
+    plan = plugins.plan("aggregates", req, ds)
+    plan = Plan(**json.loads(json.dumps(asdict(plan))))
+    cols = list(dict.fromkeys(plan.columns + ([ds.unit_column] if ds.unit_column else [])))
+    release = plugins.run("aggregates", req, ds, table.select(cols), plan, progress or (lambda p: None))
+    json.dumps(release.result)  # always JSON
+    return release.result
+
+
+def groups(result):
+    return {g["key"]: g["value"] for g in result["groups"]}
+
+
+def assert_quantile(rows, value, q, tol=0.02):
+    """``value`` is a q-quantile of ``rows`` up to ``tol`` in rank (ties make any value
+    between two data points equally right)."""
+    rows = np.asarray(rows, dtype=float)
+    assert (rows < value).mean() <= q + tol and (rows <= value).mean() >= q - tol, (value, q)
+
+
+# --------------------------------------------------------------------------- near the truth
+
+
+def test_ungrouped_answers_are_near_the_truth(frame, table):
+    ds = meta(frame, unit=False)
+    inc = frame["income"].dropna().clip(0, 100_000)
+    r = run("count", {"epsilon": 5.0}, table, ds)
+    assert r["kind"] == "count" and r["mechanism"] == "laplace" and r["epsilon"] == pytest.approx(5.0)
+    assert isinstance(r["value"], int) and abs(r["value"] - N) <= 20
+    assert r["ci95"][0] <= r["value"] <= r["ci95"][1] and r["max_rows_per_unit"] == 1
+    r = run("sum", {"column": "income", "epsilon": 50.0}, table, ds)
+    assert r["value"] == pytest.approx(inc.sum(), abs=30_000)
+    r = run("mean", {"column": "income", "epsilon": 50.0}, table, ds)
+    assert r["value"] == pytest.approx(inc.mean(), abs=50) and r["ci95"][0] < r["value"] < r["ci95"][1]
+    r = run("variance", {"column": "age", "epsilon": 50.0}, table, ds)
+    assert r["value"] == pytest.approx(frame["age"].var(ddof=0), rel=0.02)
+    r = run("quantile", {"column": "age", "q": 0.25, "epsilon": 20.0}, table, ds)
+    assert_quantile(frame["age"], r["value"], 0.25)
+    assert r["ci95"] is None and r["rank_error95"] > 0 and r["mechanism"] == "exponential"
+
+
+def test_gaussian_answers_are_near_the_truth(frame, table):
+    ds = meta(frame, unit=False)
+    r = run("count", {"rho": 10.0, "mechanism": "gaussian"}, table, ds)
+    assert r["mechanism"] == "gaussian" and r["rho"] == pytest.approx(10.0) and abs(r["value"] - N) < 10
+    r = run("mean", {"column": "age", "rho": 100.0, "mechanism": "gaussian", "group_by": "site"}, table, ds)
+    truth = frame[frame.site.isin(DOMAIN)].groupby("site")["age"].mean()
+    for key, value in groups(r).items():
+        assert value == pytest.approx(truth[key], abs=0.5)
+
+
+def test_exact_at_huge_epsilon(frame, table):
+    ds = meta(frame, unit=False)
+    inc = frame["income"].dropna().clip(0, 100_000)
+    assert run("count", {"epsilon": HUGE}, table, ds)["value"] == N
+    assert run("sum", {"column": "income", "epsilon": HUGE}, table, ds)["value"] == pytest.approx(inc.sum(), abs=1)
+    centred = inc - 50_000
+    assert run("variance", {"column": "income", "epsilon": HUGE}, table, ds)["value"] == pytest.approx(
+        centred.var(ddof=0), rel=1e-6)
+
+
+# --------------------------------------------------------------------------- where / group_by
+
+
+WHERES = [
+    [{"column": "age", "op": ">=", "value": 40}],
+    [{"column": "age", "op": "<", "value": 30}, {"column": "site", "op": "==", "value": "north"}],
+    [{"column": "income", "op": "!=", "value": 3}],  # nulls never match, not even !=
+    [{"column": "income", "op": "<=", "value": 40_000}],
+    [{"column": "age", "op": "in", "value": [20, 21, 22.0]}],
+    [{"column": "age", "op": "not_in", "value": [20, 21]}],
+    [{"column": "site", "op": "!=", "value": "east"}],
+    [{"column": "site", "op": "not_in", "value": ["east", "north"]}],
+    [{"column": "site", "op": "in", "value": ["secret-site"]}],  # filtering on any value is fine
+    [{"column": "code", "op": "in", "value": [1, "2"]}],  # JSON "2" matches the int 2
+    [{"column": "flag", "op": "==", "value": True}],
+]
+
+
+def pandas_where(frame, where):
+    keep = pd.Series(True, index=frame.index)
+    for p in where:
+        col, op, v = frame[p["column"]], p["op"], p["value"]
+        valid = col.notna()
+        if op in ("in", "not_in"):
+            vals = set(v) | {int(x) for x in v if isinstance(x, str) and x.isdigit()}
+            hit = col.isin(vals)
+            m = hit if op == "in" else ~hit & valid
+        else:
+            m = {"==": col == v, "!=": (col != v) & valid, "<": col < v, "<=": col <= v, ">": col > v,
+                 ">=": col >= v}[op]
+        keep &= m.fillna(False).astype(bool)
+    return frame[keep]
+
+
+@pytest.mark.parametrize("where", WHERES)
+def test_where_matches_pandas(frame, table, where):
+    ds = meta(frame, unit=False)
+    ref = pandas_where(frame, where)
+    assert run("count", {"epsilon": HUGE, "where": where}, table, ds)["value"] == len(ref)
+    r = run("sum", {"column": "age", "epsilon": HUGE, "where": where}, table, ds)
+    assert r["value"] == pytest.approx(ref["age"].sum(), abs=0.01)
+
+
+@pytest.mark.parametrize("by", ["site", "code", "flag"])
+def test_group_by_matches_pandas_in_domain_order_and_never_reveals_other_keys(frame, table, by):
+    ds = meta(frame, unit=False)
+    where = [{"column": "age", "op": ">", "value": 50}]
+    ref = pandas_where(frame, where)
+    domain = COLUMNS[by]["domain"]
+    for kind in ("count", "sum", "mean", "quantile"):
+        params = {"epsilon": HUGE if kind != "quantile" else 1e4, "group_by": by, "where": where}
+        if kind != "count":
+            params["column"] = "age"
+        r = run(kind, params, table, ds)
+        assert [g["key"] for g in r["groups"]] == domain, kind
+        assert "secret" not in json.dumps(r) and "4" not in [str(g["key"]) for g in r["groups"]]
+        got = groups(r)
+        for key in domain:
+            rows = ref[ref[by] == key]["age"]
+            if kind == "quantile":
+                assert_quantile(rows, got[key], 0.5)
+                continue
+            expected = {"count": len(rows), "sum": rows.sum(), "mean": rows.mean()}[kind]
+            assert got[key] == pytest.approx(expected, abs=1e-3), (kind, key)
+
+
+def test_a_domain_value_absent_from_the_data_still_gets_its_entry(frame, table):
+    ds = meta(frame, unit=False)
+    cols = dict(ds.columns, site={"type": "categorical", "domain": ["east", "atlantis", "north"]})
+    ds = DatasetMeta(**{**asdict(ds), "columns": cols})
+    r = run("count", {"epsilon": HUGE, "group_by": "site"}, table, ds)
+    assert groups(r) == {"east": (frame.site == "east").sum(), "atlantis": 0, "north": (frame.site == "north").sum()}
+
+
+def test_categorical_histogram_uses_the_declared_domain_only(frame, table):
+    ds = meta(frame, unit=False)
+    r = run("histogram", {"column": "site", "epsilon": HUGE}, table, ds)
+    assert groups(r) == {k: (frame.site == k).sum() for k in DOMAIN}
+    assert "secret" not in json.dumps(r)
+    dict_table = table.set_column(table.schema.get_field_index("site"), "site",
+                                  table.column("site").dictionary_encode())
+    assert groups(run("histogram", {"column": "site", "epsilon": HUGE}, dict_table, ds)) == groups(r)
+
+
+def test_numeric_histogram_clamps_then_bins_with_a_closed_last_bin():
+    frame = pd.DataFrame({"age": [18, 19, 29.99, 30, 60, 89, 90, 150, -5, None]})
+    ds = DatasetMeta("h", {"age": {"type": "numeric", "lower": 0, "upper": 90}}, None, 10, 10, 1e-6)
+    r = run("histogram", {"column": "age", "bins": [0, 30, 60, 90], "epsilon": HUGE}, frame, ds)
+    # -5 -> 0 and 150 -> 90 by clamping; 90 falls in the closed last bin; None is dropped
+    assert groups(r) == {"[0, 30)": 4, "[30, 60)": 1, "[60, 90]": 4}
+    r = run("histogram", {"column": "age", "bins": [20, 40], "epsilon": HUGE}, frame, ds)
+    assert groups(r) == {"[20, 40]": 2}  # values outside the edges are not counted
+
+
+# --------------------------------------------------------------------------- clamping and nulls
+
+
+def test_clamping_holds_whatever_the_values():
+    frame = pd.DataFrame({"x": [1e12, -1e12, 5.0, 1e300, np.inf, -np.inf]})
+    ds = DatasetMeta("c", {"x": {"type": "numeric", "lower": -10, "upper": 10}}, None, 6, 6, 1e-6)
+    assert run("sum", {"column": "x", "epsilon": HUGE}, frame, ds)["value"] == pytest.approx(10 - 10 + 5 + 10 + 10 - 10)
+    assert -10 <= run("mean", {"column": "x", "epsilon": HUGE}, frame, ds)["value"] <= 10
+    assert run("quantile", {"column": "x", "q": 0.99, "epsilon": 1e3}, frame, ds)["value"] <= 10
+
+
+def test_nulls_are_excluded_from_values_but_rows_still_count(frame, table):
+    ds = meta(frame, unit=False)
+    assert run("count", {"epsilon": HUGE}, table, ds)["value"] == N
+    r = run("mean", {"column": "income", "epsilon": HUGE}, table, ds)
+    assert r["value"] == pytest.approx(frame["income"].dropna().clip(0, 100_000).mean(), rel=1e-6)
+    assert r["noisy_count"] == frame["income"].notna().sum()
+
+
+# --------------------------------------------------------------------------- contribution bounding
+
+
+def heavy_unit_frame(k_rows=1000, others=200):
+    return pd.DataFrame({
+        "pid": [0] * k_rows + list(range(1, others + 1)),
+        "x": [100.0] * k_rows + [0.0] * others,
+        "site": ["north"] * k_rows + ["south"] * others,
+    })
+
+
+HEAVY_META = DatasetMeta("u", {"pid": {"type": "unit"}, "x": {"type": "numeric", "lower": 0, "upper": 100},
+                               "site": {"type": "categorical", "domain": ["north", "south"]}},
+                         "pid", 1200, 201, 1e-6)
+
+
+@pytest.mark.parametrize("k", [1, 3, 1000])
+def test_a_unit_with_1000_rows_contributes_at_most_k(k):
+    frame = heavy_unit_frame()
+    assert run("count", {"epsilon": HUGE, "max_rows_per_unit": k}, frame, HEAVY_META)["value"] == 200 + k
+    assert run("sum", {"column": "x", "epsilon": HUGE, "max_rows_per_unit": k}, frame, HEAVY_META)[
+        "value"] == pytest.approx(100 * k)
+    r = run("count", {"epsilon": HUGE, "max_rows_per_unit": k, "group_by": "site"}, frame, HEAVY_META)
+    assert groups(r) == {"north": k, "south": 200}
+
+
+def test_bounding_applies_after_where_and_chooses_rows_at_random():
+    frame = pd.DataFrame({"pid": [7, 7, 7], "x": [0.0, 100.0, 50.0], "site": ["north", "north", "east"]})
+    where = [{"column": "site", "op": "==", "value": "north"}]
+    seen = {run("sum", {"column": "x", "epsilon": HUGE, "where": where}, frame, HEAVY_META)["value"]
+            for _ in range(60)}
+    assert {round(v) for v in seen} == {0, 100}  # either north row, never the filtered-out one
+
+
+@pytest.mark.parametrize("k", [1, 2, 7])
+def test_bound_contributions_keeps_min_of_count_and_k_per_unit(k):
+    rng = np.random.default_rng(3)
+    units = rng.integers(0, 500, 50_000).astype(np.int32)
+    mask = rng.random(50_000) < 0.7
+    kept, dropped = compute.bound_contributions(mask, units, 500, k, np.random.default_rng())
+    assert not (kept & ~mask).any()
+    per_unit = np.bincount(units[kept], minlength=500)
+    assert np.array_equal(per_unit, np.minimum(np.bincount(units[mask], minlength=500), k))
+    assert dropped == mask.sum() - kept.sum()
+
+
+def test_string_and_sparse_unit_ids_are_bounded_too():
+    frame = heavy_unit_frame(50, 10)
+    for ids in (frame["pid"].map(lambda i: f"patient-{i}"), frame["pid"] * 10**12):
+        assert run("count", {"epsilon": HUGE, "max_rows_per_unit": 2}, frame.assign(pid=ids), HEAVY_META)[
+            "value"] == 12
+
+
+# --------------------------------------------------------------------------- the run contract
+
+
+def test_progress_is_reported_in_phases_and_cancellation_propagates(frame, table):
+    ds = meta(frame)
+    seen = []
+    run("mean", {"column": "age", "epsilon": 1.0}, table, ds, seen.append)
+    fractions = [p["fraction"] for p in seen]
+    assert len(seen) >= 4 and fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert all(isinstance(p["phase"], str) for p in seen)
+
+    def cancel(p):
+        if p["fraction"] >= 0.5:
+            raise Cancelled("stop")
+    with pytest.raises(Cancelled):
+        run("count", {"epsilon": 1.0}, table, ds, cancel)
+
+
+def test_a_run_refuses_noise_weaker_than_the_plan_paid_for(frame, table):
+    ds = meta(frame, unit=False)
+    req = EngineRequest("count", {"epsilon": 1.0})
+    plan = plugins.plan("aggregates", req, ds)
+    plan.details["components"]["count"]["scale"] /= 2
+    with pytest.raises(EngineError):
+        plugins.run("aggregates", req, ds, table, plan, lambda p: None)
+
+
+def test_results_never_hold_rows(frame, table):
+    ds = meta(frame)
+    for kind, extra in [("count", {}), ("sum", {"column": "income"}), ("histogram", {"column": "code"}),
+                        ("variance", {"column": "age", "group_by": "site"})]:
+        r = run(kind, {"epsilon": 1.0, **extra}, table, ds)
+        assert len(json.dumps(r)) < 2_000
+
+
+# --------------------------------------------------------------------------- a pandas reference
+
+
+small_frames = st.integers(0, 40).flatmap(lambda n: st.fixed_dictionaries({
+    "x": st.lists(st.one_of(st.none(), st.floats(-50, 150, allow_nan=False)), min_size=n, max_size=n),
+    "c": st.lists(st.one_of(st.none(), st.sampled_from(["a", "b", "c", "z"])), min_size=n, max_size=n),
+}))
+predicates = st.one_of(
+    st.fixed_dictionaries({"column": st.just("x"), "op": st.sampled_from(["==", "!=", "<", "<=", ">", ">="]),
+                           "value": st.sampled_from([-10.0, 0.0, 25.5, 50.0, 120.0])}),
+    st.fixed_dictionaries({"column": st.just("x"), "op": st.sampled_from(["in", "not_in"]),
+                           "value": st.lists(st.sampled_from([0.0, 50.0, 1.5]), min_size=1, max_size=3)}),
+    st.fixed_dictionaries({"column": st.just("c"), "op": st.sampled_from(["==", "!="]),
+                           "value": st.sampled_from(["a", "b", "z", "q"])}),
+    st.fixed_dictionaries({"column": st.just("c"), "op": st.sampled_from(["in", "not_in"]),
+                           "value": st.lists(st.sampled_from(["a", "c", "z"]), min_size=1, max_size=3)}),
+)
+SMALL_META = DatasetMeta("s", {"x": {"type": "numeric", "lower": 0, "upper": 100},
+                               "c": {"type": "categorical", "domain": ["a", "b", "c"]}}, None, 40, 40, 1e-6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=small_frames, where=st.lists(predicates, max_size=3), grouped=st.booleans(),
+       kind=st.sampled_from(["count", "sum"]))
+def test_predicates_and_grouping_equal_a_pandas_reference(data, where, grouped, kind):
+    frame = pd.DataFrame({"x": pd.array(data["x"], dtype="Float64"), "c": pd.array(data["c"], dtype="string")})
+    table = pa.table({"x": pa.array(data["x"], pa.float64()), "c": pa.array(data["c"], pa.string())})
+    params = {"epsilon": HUGE, "where": where}
+    if kind == "sum":
+        params["column"] = "x"
+    if grouped:
+        params["group_by"] = "c"
+    r = run(kind, params, table, SMALL_META)
+
+    ref = pandas_where(frame, where)
+    if kind == "sum":
+        ref = ref[ref["x"].notna()]
+    value = (lambda rows: len(rows)) if kind == "count" else (lambda rows: float(rows["x"].clip(0, 100).sum()))
+    if grouped:
+        assert [g["key"] for g in r["groups"]] == ["a", "b", "c"]
+        for g in r["groups"]:
+            assert g["value"] == pytest.approx(value(ref[ref["c"] == g["key"]]), abs=1e-3)
+    else:
+        assert r["value"] == pytest.approx(value(ref), abs=1e-3)
