@@ -24,7 +24,8 @@ What is measured (all with time.perf_counter_ns, after warm-up, medians and p95)
 * fill       every admission of the fill is timed too: its wall-clock rate is the
              single-client admissions/s, and medians per tenth of the fill show drift;
 * gaussian / subsampled_gaussian admissions (no delta stated: the ledger stamps one), each
-  on its own dataset.
+  on its own dataset; DP-SGD both with a (q, sigma) never seen before in the run ("new",
+  sigma = 1.1 + k*1e-9, so no curve cache can answer) and with the same event repeated.
 * compute    the pure-Python part of an admission without any SQL (_plan, filter check,
              charge_summary, to_dict/to_json), and the number of SQL statements per admit.
 
@@ -55,6 +56,13 @@ RESULT_TAG = "BENCH_RESULT_JSON "
 LAPLACE = {"kind": "laplace", "epsilon": 1e-7}
 GAUSSIAN = {"kind": "gaussian", "noise_multiplier": 1.0}
 SGD = {"kind": "subsampled_gaussian", "sample_rate": 0.004, "noise_multiplier": 1.1, "steps": 3000}
+_cold = iter(range(1, 10**9))
+
+
+def sgd_cold() -> dict:
+    """The DP-SGD event with a noise multiplier never seen before in this run (1.1 + k * 1e-9),
+    so that no cache of RDP curves keyed on the parameters can answer it."""
+    return {**SGD, "noise_multiplier": 1.1 + next(_cold) * 1e-9}
 
 
 # --------------------------------------------------------------------------- stats
@@ -183,6 +191,15 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
     perf = time.perf_counter_ns
     log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.quiet else (lambda *a: None)
     t_start = time.monotonic()
+    load_start = os.getloadavg()
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "governance"],
+                               capture_output=True, text=True).stdout.strip()
+        code = f"{head}{' + uncommitted changes in governance/' if dirty else ''}"
+    except OSError:
+        code = "unknown"
     log(f"[{backend}] {where}")
     call_command("migrate", verbosity=0, interactive=False)
     assert settings.DATA_DIR == tmp / "data" and settings.DATASET_IMPORT_DIRS == [tmp / "import"]
@@ -261,9 +278,9 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
     d = Dataset.objects.get(pk=ds_ledger.pk)
     g = Grant.objects.get(dataset=ds_ledger, analyst=analyst)
 
-    def compute_once():
+    def compute_once(event):
         t0 = perf()
-        stamped, cost, limits = ledger._plan(dict(LAPLACE), d, b, g)
+        stamped, cost, limits = ledger._plan(dict(event), d, b, g)
         for limit, state in limits:
             limit.admits(state + cost)
         stamped.to_dict(), cost.to_json(), ledger.charge_summary(cost, d.budget_delta)
@@ -272,7 +289,11 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
         (ledger.Cost.from_json(g.state) + cost).to_json()
         return perf() - t0
 
-    compute = [compute_once() for _ in range(args.window + 50)][50:]
+    compute = [compute_once(LAPLACE) for _ in range(args.window + 50)][50:]
+    compute_gauss = [compute_once(GAUSSIAN) for _ in range(args.gauss_samples)]
+    compute_sgd = [compute_once(sgd_cold()) for _ in range(args.sgd_samples)]
+    compute_once(SGD)
+    compute_sgd_warm = [compute_once(SGD) for _ in range(args.gauss_samples)]
 
     # ---- window around admission #10
     W, N = args.window, args.n
@@ -288,7 +309,7 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
         first = admitted + 1
         gc.collect()
         for i in range(W):
-            rot = order[i % 3:] + order[:i % 3]
+            rot = order[i % len(order):] + order[:i % len(order)]
             for k in rot:
                 out[k].append(fns[k]())
         admitted += W
@@ -313,7 +334,8 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
 
     # ---- gaussian and DP-SGD admissions
     gauss = [admit_once(ds_gauss, GAUSSIAN) for _ in range(args.gauss_samples)]
-    sgd = [admit_once(ds_sgd, SGD) for _ in range(args.sgd_samples)]
+    sgd = [admit_once(ds_sgd, sgd_cold()) for _ in range(args.sgd_samples)]
+    sgd_warm = [admit_once(ds_sgd, SGD) for _ in range(args.gauss_samples)]
 
     # ---- sanity: the ledger holds N admissions and its running state matches a recompute
     count = LedgerEntry.objects.filter(dataset=ds_ledger).count()
@@ -349,8 +371,9 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
         "query_kinds": query_kinds, "early": early, "late": late,
         "fill": {"admissions": len(fill), "wall_s": fill_wall, **(stats(fill) if fill else {}),
                  "per_s": len(fill) / fill_wall if fill_wall else None, "decile_medians_us": chunks},
-        "compute": stats(compute), "gaussian": stats(gauss), "sgd": stats(sgd),
-        "elapsed_s": time.monotonic() - t_start, "profile": prof,
+        "compute": stats(compute), "compute_gauss": stats(compute_gauss), "compute_sgd": stats(compute_sgd),
+        "compute_sgd_warm": stats(compute_sgd_warm), "sgd_warm": stats(sgd_warm), "gaussian": stats(gauss), "sgd": stats(sgd),
+        "elapsed_s": time.monotonic() - t_start, "loadavg": [load_start[0], os.getloadavg()[0]], "code": code, "profile": prof,
     }
 
 
@@ -361,11 +384,12 @@ def report(results: list[dict]) -> str:
     lines = []
     add = lines.append
     for r in results:
-        add(f"== {r['backend']}: {r['where']}")
+        add(f"== {r['backend']}: {r['where']}; code at git {r['code']}")
         add(f"   ledger entries {r['ledger_entries']:,} (table rows {r['table_rows']:,}); running state == recompute: "
             f"{r['state_matches_recompute']}; payload bytes event/cost/charge "
             f"{r['payload_bytes']['event']}/{r['payload_bytes']['cost']}/{r['payload_bytes']['charge']}; "
-            f"SQL per admit {r['queries_per_admit']} ({' '.join(r['query_kinds'])}); run {r['elapsed_s']:.0f}s")
+            f"SQL per admit {r['queries_per_admit']} ({' '.join(r['query_kinds'])}); run {r['elapsed_s']:.0f}s; "
+            f"1-min load avg start/end {r['loadavg'][0]:.2f}/{r['loadavg'][1]:.2f} ({os.cpu_count()} CPUs)")
     hdr = f"{'measure (us)':<44}" + "".join(f"{r['backend'] + ' median':>16}{'p95':>10}" for r in results)
     add("")
     add(hdr)
@@ -396,8 +420,12 @@ def report(results: list[dict]) -> str:
     ratio_row("admit @#N / admit @#10 (goal: ~1)", lambda r: r["late"]["admit"], lambda r: r["early"]["admit"])
     row("admit during fill (all fill admissions)", lambda r: r["fill"] if r["fill"].get("n") else None)
     row("admit gaussian (z=1, delta stamped)", lambda r: r["gaussian"])
-    row("admit subsampled_gaussian (q=.004,s=1.1,T=3000)", lambda r: r["sgd"])
-    row("compute only (no SQL) of a laplace admit", lambda r: r["compute"])
+    row("admit subsampled_gaussian, new (q,sigma)", lambda r: r["sgd"])
+    row("admit subsampled_gaussian, repeated (q,sigma)", lambda r: r["sgd_warm"])
+    row("compute only (no SQL): laplace admit", lambda r: r["compute"])
+    row("compute only (no SQL): gaussian admit", lambda r: r["compute_gauss"])
+    row("compute only (no SQL): DP-SGD, new (q,sigma)", lambda r: r["compute_sgd"])
+    row("compute only (no SQL): DP-SGD, repeated", lambda r: r["compute_sgd_warm"])
     add("")
     for r in results:
         f = r["fill"]

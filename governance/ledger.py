@@ -21,11 +21,11 @@ Rules:
 from __future__ import annotations
 
 import functools
-import json
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import orjson
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -224,15 +224,23 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "") -> Led
                 raise _refusal(limit, before, before + cost, cost)
         now = timezone.now()
         fields = {"event": stamped.to_dict(), "cost": cost.to_json(), "charge": charge_summary(cost, b_delta)}
-        adapt = connection.ops.adapt_datetimefield_value
-        cur.execute(sql.insert, [dataset_id, analyst.pk, grant.pk if grant else None, reference[:200],
-                                 json.dumps(fields["event"]), json.dumps(fields["cost"]),
-                                 json.dumps(fields["charge"]), LedgerEntry.Status.RESERVED, adapt(now)])
-        entry_id = cur.fetchone()[0]
-        cur.execute(sql.update_budget, [json.dumps((limits[0][1] + cost).to_json()), adapt(now), dataset_id])
+        when = connection.ops.adapt_datetimefield_value(now)
+        entry_row = [dataset_id, analyst.pk, grant.pk if grant else None, reference[:200], _dumps(fields["event"]),
+                     _dumps(fields["cost"]), _dumps(fields["charge"]), LedgerEntry.Status.RESERVED, when]
+        budget_row = [_dumps((limits[0][1] + cost).to_json()), when, dataset_id]
+        grant_row = None
         if grant is not None:
             grant_state = limits[1][1] if len(limits) > 1 else Cost.from_json(grant.state)
-            cur.execute(sql.update_grant, [json.dumps((grant_state + cost).to_json()), grant.pk])
+            grant_row = [_dumps((grant_state + cost).to_json()), grant.pk]
+        if sql.write_all is not None:  # PostgreSQL: the three writes in one round trip
+            cur.execute(sql.write_all, entry_row + budget_row + (grant_row or [None, None]))
+            entry_id = cur.fetchone()[0]
+        else:
+            cur.execute(sql.insert, entry_row)
+            entry_id = cur.fetchone()[0]
+            cur.execute(sql.update_budget, budget_row)
+            if grant_row is not None:
+                cur.execute(sql.update_grant, grant_row)
     return LedgerEntry(id=entry_id, dataset_id=dataset_id, analyst=analyst, grant_id=grant.pk if grant else None,
                        reference=reference[:200], status=LedgerEntry.Status.RESERVED, created_at=now, **fields)
 
@@ -262,7 +270,11 @@ class _GrantRow:
 
 
 def _json(value):
-    return json.loads(value) if isinstance(value, (str, bytes)) else (value or {})
+    return orjson.loads(value) if isinstance(value, (str, bytes)) else (value or {})
+
+
+def _dumps(value) -> str:
+    return orjson.dumps(value).decode()
 
 
 @functools.cache
@@ -283,6 +295,15 @@ def _sql_for(vendor: str) -> SimpleNamespace:
         update_budget=(f"UPDATE {budget} SET state = %s{js}, active_entries = active_entries + 1, "
                        f"updated_at = %s WHERE dataset_id = %s"),
         update_grant=f"UPDATE {grant} SET state = %s{js} WHERE id = %s",
+        # Data-modifying CTEs (PostgreSQL): insert the entry and update both running states
+        # in one statement; a NULL grant id updates no grant row.
+        write_all=(f"WITH e AS (INSERT INTO {entry} (dataset_id, analyst_id, grant_id, reference, event, cost, "
+                   f"charge, status, created_at) VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s) "
+                   f"RETURNING id), "
+                   f"b AS (UPDATE {budget} SET state = %s::jsonb, active_entries = active_entries + 1, "
+                   f"updated_at = %s WHERE dataset_id = %s), "
+                   f"g AS (UPDATE {grant} SET state = %s::jsonb WHERE id = %s) "
+                   f"SELECT id FROM e") if pg else None,
     )
 
 
