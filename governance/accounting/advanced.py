@@ -24,6 +24,7 @@ delta' = delta'' = delta_g / 2. (It improves the constants of Rogers et al. 2016
 from __future__ import annotations
 
 import math
+import sys
 
 from .base import Spent, compose_events
 from .costs import Cost
@@ -72,4 +73,4 @@ def report_pool(delta: float) -> float:
 
 
 def compose(events, delta: float) -> Spent:
-    return compose_events(__import__(__name__, fromlist=["x"]), events, delta)
+    return compose_events(sys.modules[__name__], events, delta)

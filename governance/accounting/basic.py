@@ -14,6 +14,7 @@ composed outside the ledger shares the target delta equally among them.
 from __future__ import annotations
 
 import math
+import sys
 
 from .base import Spent, compose_events
 from .costs import Cost
@@ -44,4 +45,4 @@ def report_pool(delta: float) -> float:
 
 
 def compose(events, delta: float) -> Spent:
-    return compose_events(__import__(__name__, fromlist=["x"]), events, delta)
+    return compose_events(sys.modules[__name__], events, delta)

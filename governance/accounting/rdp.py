@@ -23,6 +23,7 @@ APPROX_SHARE * delta_g in total.
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -83,7 +84,7 @@ def report_pool(delta: float) -> float:
 
 
 def compose(events, delta: float) -> Spent:
-    return compose_events(__import__(__name__, fromlist=["x"]), events, delta)
+    return compose_events(sys.modules[__name__], events, delta)
 
 
 __all__ = ["spent", "filter_epsilon", "compose", "epsilon_from_curve"]
