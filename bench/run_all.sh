@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Run every benchmark in bench/ (for now: bench_admission.py on SQLite and PostgreSQL).
+# Run every benchmark in bench/: admission (SQLite and PostgreSQL), DP aggregates on 10M
+# rows (vs numpy/pyarrow, diffprivlib, OpenDP), and DP counts through REST + Celery + Redis.
 #
 # Usage:
 #   bench/run_all.sh                 # N = 100,000 (default of the benchmarks; ~15 min)
 #   BENCH_N=2000 bench/run_all.sh    # smaller ledger, e.g. a CI smoke run
+#   BENCH_QUICK=1 bench/run_all.sh   # aggregates on 1M rows, REST at 1 and 8 clients, 5 s each
 # Extra arguments are passed to bench_admission.py (e.g. --profile 1000).
 # PostgreSQL is started with scripts/services.sh (idempotent; must run as root).
 set -euo pipefail
@@ -20,4 +22,11 @@ fi
 scripts/services.sh postgres-start
 eval "$(scripts/services.sh env)"
 
+quick=()
+if [ -n "${BENCH_QUICK:-}" ]; then
+    quick=(--quick)
+fi
+
 "$PY" bench/bench_admission.py --both "${n_args[@]}" "$@"
+"$PY" bench/bench_aggregates.py "${quick[@]}"
+"$PY" bench/bench_requests.py "${quick[@]}"

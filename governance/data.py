@@ -19,8 +19,10 @@ def load_columns(ds: Dataset, columns: list[str]) -> pa.Table:
 @functools.lru_cache(maxsize=16)
 def _load(path: str, sha256: str, fmt: str, columns: tuple[str, ...]) -> pa.Table:
     # Keyed by the file's digest: a re-registered table never serves stale rows.
-    if not columns:  # no columns, but the row count: read the narrowest thing and drop it
-        first = read_table(path, fmt).column_names[0] if fmt == "csv" else None
-        table = read_table(path, fmt, columns=[first] if first else None)
-        return table.select([])
+    if not columns:  # no columns, but the row count
+        if fmt == "parquet":  # from the footer: reads no column data
+            return read_table(path, fmt, columns=[])
+        # CSV: read the narrowest thing and drop it
+        first = read_table(path, fmt).column_names[0]
+        return read_table(path, fmt, columns=[first]).select([])
     return read_table(path, fmt, columns=list(columns))

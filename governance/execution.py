@@ -83,13 +83,17 @@ def _finish(req: Request, status: str, *, result=None, error=None, actual_event=
 
 
 def _progress(request_id):
+    """The engine's ``progress``: writes the update at most every PROGRESS_INTERVAL seconds
+    (and always the first and the final one), and checks for a cancellation in the same
+    statement: the write only matches a row whose cancellation was not requested. So a
+    cancellation is seen at the next write, within about PROGRESS_INTERVAL seconds of a
+    running engine's progress reports (one statement per write, none in between)."""
     last = [0.0]
 
     def report(update: dict):
         now = time.monotonic()
         if now - last[0] >= PROGRESS_INTERVAL or update.get("fraction") == 1.0:
             last[0] = now
-            Request.objects.filter(pk=request_id).update(progress=update)
-        if Request.objects.filter(pk=request_id, cancel_requested=True).exists():
-            raise Cancelled("cancelled by the analyst")
+            if not Request.objects.filter(pk=request_id, cancel_requested=False).update(progress=update):
+                raise Cancelled("cancelled by the analyst")
     return report

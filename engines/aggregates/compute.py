@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["numeric_values", "predicate_mask", "category_codes", "bin_codes", "unit_codes",
+__all__ = ["numeric_values", "clamped_values", "predicate_mask", "category_codes", "bin_codes", "unit_codes",
            "bound_contributions", "exact_sum", "exact_count", "quantile_scores"]
 
 
@@ -50,6 +50,46 @@ def numeric_values(table: pa.Table, name: str) -> np.ndarray:
         col = col.cast(pa.float64())
     arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     return arr.to_numpy(zero_copy_only=False)
+
+
+def clamped_values(table: pa.Table, name: str, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray | None]:
+    """The column as float64 clamped to [lo, hi], in a new array (chunk by chunk: no
+    intermediate copy of the whole column), and the mask of its null/NaN rows, or None
+    when there are none. Nulls and NaN stay NaN (np.clip keeps NaN); infinities clamp."""
+    col = _column(table, name)
+    out = np.empty(table.num_rows, dtype=np.float64)
+    off = 0
+    for chunk in col.chunks:
+        if chunk.type != pa.float64():
+            chunk = chunk.cast(pa.float64())
+        a = chunk.to_numpy(zero_copy_only=False)
+        np.clip(a, lo, hi, out=out[off:off + len(a)])
+        off += len(a)
+    nan = np.isnan(out)
+    return out, (nan if nan.any() else None)
+
+
+_COMPARE = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal, ">": np.greater,
+            ">=": np.greater_equal}
+
+
+def _compare(table: pa.Table, name: str, op: str, value: float) -> np.ndarray:
+    """``column op value`` compared as float64, chunk by chunk; null/NaN rows never match.
+    float64 and integer chunks are compared as numpy holds them (numpy compares an integer
+    array with a Python float in float64, as the cast would), anything else is cast first."""
+    col = _column(table, name)
+    out = np.empty(table.num_rows, dtype=bool)
+    off = 0
+    for chunk in col.chunks:
+        if not (chunk.type == pa.float64() or pa.types.is_integer(chunk.type)):
+            chunk = chunk.cast(pa.float64())
+        a = chunk.to_numpy(zero_copy_only=False)  # integers with nulls come as float64 with NaN
+        seg = out[off:off + len(a)]
+        _COMPARE[op](a, value, out=seg)
+        if op == "!=" and a.dtype.kind == "f":
+            seg &= ~np.isnan(a)
+        off += len(a)
+    return out
 
 
 def _as_str(v) -> str:
@@ -84,22 +124,12 @@ def predicate_mask(table: pa.Table, where: list[dict]) -> np.ndarray:
     for p in where:
         name, op, value = p["column"], p["op"], p["value"]
         if p["type"] == "numeric":
-            v = cache.get(name)
-            if v is None:
-                v = cache[name] = numeric_values(table, name)
-            if op == "==":
-                m = v == value
-            elif op == "!=":
-                m = (v != value) & ~np.isnan(v)
-            elif op == "<":
-                m = v < value
-            elif op == "<=":
-                m = v <= value
-            elif op == ">":
-                m = v > value
-            elif op == ">=":
-                m = v >= value
+            if op in _COMPARE:
+                m = _compare(table, name, op, value)
             else:
+                v = cache.get(name)
+                if v is None:
+                    v = cache[name] = numeric_values(table, name)
                 # + 0.0 turns -0.0 into 0.0: Arrow hashes them apart, comparisons do not
                 hit = _to_bool(pc.is_in(pa.array(v + 0.0), value_set=pa.array([x + 0.0 for x in value],
                                                                              type=pa.float64())))
@@ -210,10 +240,14 @@ def bound_contributions(mask: np.ndarray, units: np.ndarray, n_units: int, k: in
 # --------------------------------------------------------------------------- aggregates
 
 
-def exact_count(mask: np.ndarray, codes: np.ndarray | None = None, groups: int = 0):
+def exact_count(mask: np.ndarray, codes: np.ndarray | None = None, groups: int = 0,
+                selected_codes: np.ndarray | None = None):
+    """Rows in ``mask``, or per group; ``selected_codes`` (= ``codes[mask]``) saves the copy
+    when the caller already has it."""
     if codes is None:
         return int(np.count_nonzero(mask))
-    return np.bincount(codes[mask], minlength=groups).astype(np.int64)
+    sel = selected_codes if selected_codes is not None else codes[mask]
+    return np.bincount(sel, minlength=groups).astype(np.int64)
 
 
 def _grid_exponent(n: int, bound: float) -> int:
@@ -222,11 +256,22 @@ def _grid_exponent(n: int, bound: float) -> int:
 
 
 def exact_sum(values: np.ndarray, bound: float, n_max: int, codes: np.ndarray | None = None,
-              groups: int = 0):
+              groups: int = 0, *, overwrite: bool = False):
     """Exact sum (or per-group sums) of ``values`` already clipped into [-bound, bound];
-    ``n_max`` bounds the number of values (the table's row count)."""
+    ``n_max`` bounds the number of values (the table's row count). ``overwrite=True`` lets
+    it use ``values`` as its scratch buffer (a caller that no longer needs them).
+
+    Scaling by 2^e is a multiplication by the float 2^e, which is exact and equal to
+    ``ldexp(values, e)`` (both are the correctly rounded x * 2^e) whenever 2^e is a normal
+    float; ldexp is kept for exponents outside that range. Truncation is in place."""
     e = _grid_exponent(max(n_max, len(values)), bound)
-    q = np.trunc(np.ldexp(values, e))
+    own = overwrite and values.dtype == np.float64 and values.flags.writeable
+    out = values if own else None
+    if -1022 <= e <= 1023:
+        q = np.multiply(values, math.ldexp(1.0, e), out=out)
+    else:
+        q = np.ldexp(values, e, out=out)
+    np.trunc(q, out=q)
     if codes is None:
         return float(np.ldexp(q.sum(), -e))
     return np.ldexp(np.bincount(codes, weights=q, minlength=groups), -e)

@@ -33,9 +33,9 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data: pa.Table, plan: 
     values = None
     if kind in ("sum", "mean", "variance", "quantile") or (kind == "histogram" and d["histogram"]["type"] == "numeric"):
         lo, hi = d["bounds"]
-        raw = compute.numeric_values(data, d["column"])
-        mask &= ~np.isnan(raw)
-        values = np.clip(raw, lo, hi)
+        values, nan = compute.clamped_values(data, d["column"], lo, hi)  # a new array, owned by this run
+        if nan is not None:
+            mask &= ~nan
     codes, groups = None, 0
     if kind == "histogram":
         hist = d["histogram"]
@@ -56,21 +56,34 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data: pa.Table, plan: 
         mask, _ = compute.bound_contributions(mask, units, n_units, int(d["max_rows_per_unit"]), rng)
 
     progress({"phase": "aggregating", "fraction": 0.5})
-    sel_codes = codes[mask] if codes is not None else None
+    # Every row selected (no where, no nulls, no out-of-domain group): use the arrays as
+    # they are instead of copying them through the mask. Either way ``selected(values)``
+    # is an array this run owns, so the steps below may overwrite it.
+    every = bool(mask.all())
+
+    def selected(a):
+        return a if every else a[mask]
+
+    sel_codes = selected(codes) if codes is not None else None
     if kind == "quantile":
-        return Release(result=_quantile(d, values[mask], sel_codes, groups, progress))
+        return Release(result=_quantile(d, selected(values), sel_codes, groups, progress))
     exact = {}
     if kind in ("count", "histogram", "mean", "variance"):
-        exact["count"] = compute.exact_count(mask, codes, groups)
+        exact["count"] = (n if every and codes is None
+                          else compute.exact_count(mask, codes, groups, selected_codes=sel_codes))
     if kind == "sum":
         m = max(abs(d["bounds"][0]), abs(d["bounds"][1]))
-        exact["sum"] = compute.exact_sum(values[mask], m, n, sel_codes, groups)
+        exact["sum"] = compute.exact_sum(selected(values), m, n, sel_codes, groups, overwrite=True)
     elif kind in ("mean", "variance"):
         r = d["radius"]
-        y = np.clip(values[mask] - d["center"], -r, r)
-        exact["sum"] = compute.exact_sum(y, r, n, sel_codes, groups)
+        y = selected(values)
+        np.subtract(y, d["center"], out=y)
+        np.clip(y, -r, r, out=y)
         if kind == "variance":
-            exact["sum_of_squares"] = compute.exact_sum(np.clip(y * y, 0.0, r * r), r * r, n, sel_codes, groups)
+            sq = np.multiply(y, y)
+            np.clip(sq, 0.0, r * r, out=sq)
+            exact["sum_of_squares"] = compute.exact_sum(sq, r * r, n, sel_codes, groups, overwrite=True)
+        exact["sum"] = compute.exact_sum(y, r, n, sel_codes, groups, overwrite=True)
 
     progress({"phase": "adding noise", "fraction": 0.8})
     nzs, noisy = {}, {}
