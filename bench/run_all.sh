@@ -19,6 +19,8 @@ if [ -n "${BENCH_N:-}" ]; then
     n_args=(--n "$BENCH_N")
 fi
 
+scripts/bootstrap.sh
+"$PY" -m pip install -q -r bench/requirements.txt
 scripts/services.sh postgres-start
 eval "$(scripts/services.sh env)"
 
