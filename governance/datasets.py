@@ -14,7 +14,6 @@ import hashlib
 import math
 import os
 import re
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -144,12 +143,6 @@ def table_schema(ds: Dataset) -> pa.Schema:
 
 def _is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
-
-
-def _scalar(v):
-    if isinstance(v, float) and v.is_integer():
-        return v
-    return v
 
 
 def infer_schema(table: pa.Table, unit_column: str = "") -> dict:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -37,13 +38,20 @@ from .errors import BudgetExceeded, DatasetNotActive, InvalidEvent, LedgerConfli
 from .models import Budget, Dataset, Grant, LedgerEntry
 
 
+@contextmanager
+def event_errors():
+    """A malformed event, or one the accountants cannot compute with, is a 400 (``event.invalid``)."""
+    try:
+        yield
+    except ev.EventError as e:
+        raise InvalidEvent(str(e), path=e.path) from e
+
+
 def to_event(data) -> ev.Event:
     if isinstance(data, ev.Event):
         return data
-    try:
+    with event_errors():
         return ev.parse_event(data)
-    except ev.EventError as e:
-        raise InvalidEvent(str(e), path=e.path) from e
 
 
 def _num(x: float):
@@ -160,10 +168,8 @@ def _stamp(event: ev.Event, limits: list[tuple[Limit, Cost]]) -> ev.Event:
             pool = limit.delta * REPORT_ONLY_DELTA_FLOOR
         else:
             return None  # no delta left: the caller refuses
-    try:
+    with event_errors():
         return resolve(event, pool)
-    except ev.EventError as e:
-        raise InvalidEvent(str(e), path=e.path) from e
 
 
 def _plan(event, ds: Dataset, budget: Budget, grant: Grant | None):
@@ -182,10 +188,8 @@ def _plan(event, ds: Dataset, budget: Budget, grant: Grant | None):
             f"under the {limit.policy} policy.", scope=limit.scope, policy=limit.policy, reason="delta",
             budget={"epsilon": limit.epsilon, "delta": limit.delta},
             spent_epsilon=_num(limit.spent(state)), remaining_epsilon=_num(max(0.0, limit.epsilon - limit.spent(state))))
-    try:
+    with event_errors():
         cost = cost_of(stamped)
-    except ev.EventError as e:
-        raise InvalidEvent(str(e), path=e.path) from e
     return stamped, cost, limits
 
 
@@ -352,12 +356,10 @@ def commit(entry: LedgerEntry | int, actual_event=None) -> LedgerEntry:
         committed_event = committed_cost = None
         if actual_event is not None:
             actual = to_event(actual_event)
-            if unstated_weight(actual):
-                actual = resolve(actual, max(reserved.delta - stated_delta(actual), 0.0) or 1e-300)
-            try:
+            with event_errors():
+                if unstated_weight(actual):
+                    actual = resolve(actual, max(reserved.delta - stated_delta(actual), 0.0) or 1e-300)
                 actual_cost = cost_of(actual)
-            except ev.EventError as e:
-                raise InvalidEvent(str(e), path=e.path) from e
             if not actual_cost.dominated_by(reserved):
                 raise InvalidEvent("The committed event costs more than the reservation in some accountant; "
                                    "a reservation can only shrink.", reserved=entry.event, actual=actual.to_dict())
@@ -400,10 +402,8 @@ def estimate(dataset: Dataset, user, events) -> dict:
     Reads the budget without locking or writing: the answer can be stale by the time a
     request is sent, the gate is what decides.
     """
-    try:
+    with event_errors():
         parsed = ev.parse_events(events)
-    except ev.EventError as e:
-        raise InvalidEvent(str(e), path=e.path) from e
     budget = Budget.objects.get(pk=dataset.pk)
     grant = None
     if user is not None:
@@ -416,8 +416,8 @@ def estimate(dataset: Dataset, user, events) -> dict:
         total = total + cost
         items.append({"event": stamped.to_dict(), "charge": charge_summary(cost, dataset.budget_delta)})
     admitted = all(limit.admits(state + total) for limit, state in limits) if limits else True
-    if grant is None and not getattr(user, "is_staff", False):
-        admitted = False
+    if dataset.status != Dataset.Status.ACTIVE or (grant is None and not getattr(user, "is_staff", False)):
+        admitted = False  # the gate refuses every request on a draft, and analysts without a grant
     return {
         "events": items,
         "total": charge_summary(total, dataset.budget_delta),
@@ -449,7 +449,7 @@ def _how_many_fit(cost: Cost, limits, cap: int = 10**7) -> int | None:
 def recompute_state(dataset_id: int) -> Cost:
     """The running state re-derived from the ledger (for verification; O(history))."""
     total = Cost.zero()
-    for cost, committed_cost, status in LedgerEntry.objects.filter(dataset_id=dataset_id).exclude(
-            status=LedgerEntry.Status.RELEASED).values_list("cost", "committed_cost", "status"):
+    for cost, committed_cost in LedgerEntry.objects.filter(dataset_id=dataset_id).exclude(
+            status=LedgerEntry.Status.RELEASED).values_list("cost", "committed_cost"):
         total = total + Cost.from_json(committed_cost or cost)
     return total

@@ -7,6 +7,8 @@ edited once written, and its status only moves forward by compare-and-set.
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -144,9 +146,7 @@ class Request(models.Model):
 
     FINAL = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 
-    import uuid as _uuid
-
-    id = models.UUIDField(primary_key=True, default=_uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     analyst = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="requests")
     dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="requests")
     engine = models.CharField(max_length=100)

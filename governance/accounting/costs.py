@@ -145,8 +145,15 @@ def _leaf(eps_i: float, delta_i: float, curve: np.ndarray, approx: float = 0.0) 
 
 
 def cost_of(event: ev.Event) -> Cost:
-    """The cost vector of one event. Gaussian-type events must state their delta."""
-    return _cost(normalise(event))
+    """The cost vector of one event. Gaussian-type events must state their delta.
+
+    Numbers the maths cannot handle (an overflow, a division by zero) are the event's
+    fault: they raise ``EventError`` like any other malformed event.
+    """
+    try:
+        return _cost(normalise(event))
+    except ArithmeticError as e:
+        raise ev.EventError(f"its numbers are outside the range the accountants can compute with ({e})") from e
 
 
 def _cost(e: ev.Event) -> Cost:

@@ -29,7 +29,7 @@ import numpy as np
 
 from .base import Spent, compose_events
 from .costs import Cost
-from .rdp_math import FINITE_ORDERS, ORDERS, conversion_terms, epsilon_from_curve
+from .rdp_math import FINITE_ORDERS, ORDERS, conversion_terms
 
 NAME = "rdp"
 NEEDS_RELEASE_DELTAS = False  # its curve does not depend on per-release deltas
@@ -86,5 +86,3 @@ def report_pool(delta: float) -> float:
 def compose(events, delta: float) -> Spent:
     return compose_events(sys.modules[__name__], events, delta)
 
-
-__all__ = ["spent", "filter_epsilon", "compose", "epsilon_from_curve"]
