@@ -17,5 +17,5 @@ def plan(engine, request, dataset):
 
 
 @hookspec(firstresult=True)
-def run(engine, request, dataset, data, plan, progress):
-    """If ``engine`` names this plugin, compute the Release from ``data`` (a pyarrow Table of the planned columns) using only the noise ``plan`` paid for, calling ``progress`` as it goes; otherwise return None."""
+def run(engine, request, dataset, data, plan, progress, workdir):
+    """If ``engine`` names this plugin, compute the Release from ``data`` (a pyarrow Table of the planned columns) using only the noise ``plan`` paid for, calling ``progress`` as it goes; files the analyst may download (a model, a table) go into ``workdir`` (a pathlib.Path, empty, private to the request; an implementation may leave the argument out); otherwise return None."""

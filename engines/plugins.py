@@ -19,7 +19,7 @@ from . import hookspecs
 from .types import DatasetMeta, EngineRequest, Plan, PlanError, Release, UnknownEngine
 
 GROUP = "privacy_engines"
-BUILTINS = ("engines.aggregates",)
+BUILTINS = ("engines.aggregates", "engines.dpsgd")
 
 pm = pluggy.PluginManager(GROUP)
 pm.add_hookspecs(hookspecs)
@@ -64,10 +64,12 @@ def plan(engine: str, request: EngineRequest, dataset: DatasetMeta) -> Plan:
     return result
 
 
-def run(engine: str, request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, progress) -> Release:
-    """Run a planned request on its data through the engine."""
+def run(engine: str, request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, progress,
+        workdir=None) -> Release:
+    """Run a planned request on its data through the engine; its files go to ``workdir``."""
     info(engine)
-    result = pm.hook.run(engine=engine, request=request, dataset=dataset, data=data, plan=plan, progress=progress)
+    result = pm.hook.run(engine=engine, request=request, dataset=dataset, data=data, plan=plan, progress=progress,
+                         workdir=workdir)
     if result is None:  # pragma: no cover
         raise UnknownEngine(f"engine {engine!r} did not run the request")
     return result

@@ -84,6 +84,11 @@ class UnknownEngine(PlanError):
 
 
 class Cancelled(EngineError):
-    """Raised from ``progress`` when the request was cancelled while running."""
+    """Raised from ``progress`` when the request was cancelled while running.
+
+    An engine that stops part-way may set ``actual_event`` (the event of the work done
+    so far, e.g. the training steps taken) before re-raising; the host then commits that
+    instead of the whole reservation."""
 
     code = "request.cancelled"
+    actual_event: dict | None = None

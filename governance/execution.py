@@ -11,9 +11,13 @@ without their message (which could depend on the data); the worker log keeps it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import shutil
 import time
+from pathlib import Path
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -53,20 +57,48 @@ def execute(request_id: str, worker: str = "") -> str:
                                                           "detail": f"Failed before the data was read: {e}"},
                        charge=False)
 
+    workdir = results_dir(req.pk)
+    shutil.rmtree(workdir, ignore_errors=True)  # a previous delivery's partial files
+    workdir.mkdir(parents=True)
     try:
-        release = plugins.run(req.engine, engine_request, meta, data, plan, _progress(req.pk))
-    except Cancelled:
+        release = plugins.run(req.engine, engine_request, meta, data, plan, _progress(req.pk), workdir)
+    except Cancelled as c:
+        shutil.rmtree(workdir, ignore_errors=True)
         return _finish(req, Request.Status.CANCELLED, error={
-            "code": "request.cancelled", "detail": "Cancelled while running; the data was read, the charge stands."},
-            charge=True)
+            "code": "request.cancelled",
+            "detail": "Cancelled while running; the data was read, the charge for the work done stands."},
+            actual_event=c.actual_event, charge=True)
     except Exception:  # noqa: BLE001 - the message may depend on the data: keep it in the log only
         log.exception("request %s failed after reading data", req.pk)
+        shutil.rmtree(workdir, ignore_errors=True)
         return _finish(req, Request.Status.FAILED, error={
             "code": "request.failed_after_read",
             "detail": "The engine failed after reading the data; the charge stands (a failure can depend on the data)."},
             charge=True)
-    return _finish(req, Request.Status.SUCCEEDED, result=release.result, actual_event=release.actual_event,
-                   charge=True)
+    result = dict(release.result)
+    files = _describe_files(workdir)
+    if files:
+        result["files"] = files
+    else:
+        workdir.rmdir()
+    return _finish(req, Request.Status.SUCCEEDED, result=result, actual_event=release.actual_event, charge=True)
+
+
+def results_dir(request_id) -> Path:
+    """Where a request's files live (a replay serves the files of the request it replays)."""
+    return Path(settings.RESULTS_DIR) / str(request_id)
+
+
+def _describe_files(workdir: Path) -> list[dict]:
+    out = []
+    for path in sorted(workdir.iterdir()):
+        if path.is_file():
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+            out.append({"name": path.name, "bytes": path.stat().st_size, "sha256": digest.hexdigest()})
+    return out
 
 
 def _finish(req: Request, status: str, *, result=None, error=None, actual_event=None, charge: bool) -> str:

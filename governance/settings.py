@@ -97,6 +97,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Where registered tables are stored, and the server directories a privacy officer may
 # register a table from by path (anything outside them is refused).
 DATA_DIR = Path(envstr("DATA_DIR", str(VAR_DIR / "data")))
+# Files a request releases (trained models, synthetic tables, plots), one directory per request.
+RESULTS_DIR = Path(envstr("RESULTS_DIR", str(VAR_DIR / "results")))
 DATASET_IMPORT_DIRS = [Path(p) for p in envlist("DATASET_IMPORT_DIRS", str(DATA_DIR / "import"))]
 MAX_UPLOAD_BYTES = envint("MAX_UPLOAD_BYTES", 2 * 1024**3)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2

@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 def _data_dirs(tmp_path, settings):
     settings.DATA_DIR = tmp_path / "data"
     settings.DATASET_IMPORT_DIRS = [tmp_path / "import"]
+    settings.RESULTS_DIR = tmp_path / "results"
     (tmp_path / "import").mkdir()
     return tmp_path
 

@@ -7,10 +7,14 @@
 - estimate: anyone who can see the dataset; charges: officers only.
 """
 
+import mimetypes
+
 from django.contrib.auth import get_user_model
+from django.http import FileResponse
 from django.db import transaction
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import action, api_view, permission_classes
@@ -333,6 +337,26 @@ class RequestViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
             raise exceptions.NotFound()
         req = cancel(req)
         return Response(s.RequestSerializer(self.get_queryset().get(pk=req.pk), context={"request": request}).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("name", str, OpenApiParameter.PATH, description="a name from result.files")],
+        responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description="the file"),
+                   404: OpenApiResponse(description="no such file, or not your request")})
+    @action(detail=True, methods=["get"], url_path=r"files/(?P<name>[^/]+)")
+    def files(self, request, pk=None, name=None):
+        """Download a file the request released (a trained model, a plot, a table): listed
+        with its size and SHA-256 in ``result.files``. Only the analyst who asked may."""
+        from ..execution import results_dir
+
+        req = self.get_object()
+        listed = {f["name"] for f in ((req.result or {}).get("files") or [])}
+        if req.analyst_id != request.user.pk or req.status != Request.Status.SUCCEEDED or name not in listed:
+            raise exceptions.NotFound("No such file for this request.")
+        path = results_dir(req.replay_of_id or req.pk) / name
+        if not path.is_file():
+            raise exceptions.NotFound("The file is no longer stored.")
+        kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        return FileResponse(open(path, "rb"), as_attachment=True, filename=name, content_type=kind)
 
 
 @extend_schema(responses={200: inline_serializer("Engines", {"results": serializers.ListField()})})

@@ -59,7 +59,8 @@ def real_worker(redis_server, settings, tmp_path, monkeypatch):
     from workers.tasks import run_request
 
     env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": redis_server,
-           "DATA_DIR": str(settings.DATA_DIR), "DATASET_IMPORT_DIRS": ",".join(map(str, settings.DATASET_IMPORT_DIRS)),
+           "DATA_DIR": str(settings.DATA_DIR), "RESULTS_DIR": str(settings.RESULTS_DIR),
+           "DATASET_IMPORT_DIRS": ",".join(map(str, settings.DATASET_IMPORT_DIRS)),
            "GOVERNANCE_VAR_DIR": str(tmp_path / "worker-var"), "CELERY_TASK_ALWAYS_EAGER": "false"}
     log = open(tmp_path / "worker.log", "w")
     proc = subprocess.Popen([sys.executable, "manage.py", "worker", "-Q", "cpu,gpu", "-c", "1", "--pool", "solo",

@@ -1,0 +1,145 @@
+"""A run: prepare tensors, train each planned model, evaluate, audit, save, report.
+
+Files written to ``workdir`` (the host serves them to the analyst who asked):
+``model.pt`` (``torch.save`` of ``{"format", "layers", "state_dict", "preprocessing"}``,
+loadable with ``torch.load(..., weights_only=True)``), ``preprocessing.json``; a sweep
+writes ``model-eps<e>.pt`` per run, ``sweep.png`` and ``sweep.csv``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from engines.types import Cancelled, DatasetMeta, EngineError, EngineRequest, Plan, Release
+
+from . import audit, features
+from .params import Spec
+from .planner import DETAILS_VERSION
+from .train import Trainer, device, prepare, secure_generator
+
+MODEL_FORMAT = "governance.dpsgd/1"
+
+
+def _save_model(trainer: Trainer, spec: Spec, path: Path) -> None:
+    state = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
+    torch.save({"format": MODEL_FORMAT, "layers": spec.layers, "state_dict": state,
+                "preprocessing": features.preprocessing(spec)}, path)
+
+
+def _finite(x):
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _run_result(trainer: Trainer, run: dict, reason: str, planned_steps: int, audit_result: dict | None) -> dict:
+    last = trainer.history[-1] if trainer.history else {}
+    test = {k: v for k, v in last.items() if k.startswith("val_")}
+    return {
+        "label": run["label"] or None,
+        "noise_multiplier": run["noise_multiplier"],
+        "target_epsilon": run["target_epsilon"],
+        "epsilon_spent": _finite(trainer.epsilon()),
+        "planned_epsilon": run["planned_epsilon"],
+        "steps": trainer.steps,
+        "planned_steps": planned_steps,
+        "epochs_completed": len(trainer.history),
+        "stopped": reason,
+        "test": {k.removeprefix("val_"): v for k, v in test.items()},
+        "history": trainer.history,
+        "audit": audit_result,
+    }
+
+
+def _plot(rows: list[dict], metric: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
+    pts = [(r["target_epsilon"], r["test"].get(metric)) for r in rows if r["target_epsilon"] is not None]
+    pts = [(e, v) for e, v in pts if v is not None]
+    if pts:
+        ax.plot([e for e, _ in pts], [v for _, v in pts], "o-", label="DP-SGD")
+    for r in rows:
+        if r["target_epsilon"] is None and r["test"].get(metric) is not None:
+            ax.axhline(r["test"][metric], ls="--", color="grey", label="non-private baseline")
+    ax.set_xscale("log")
+    ax.set_xlabel("epsilon")
+    ax.set_ylabel(f"held-out {metric} (DP estimate)")
+    ax.set_title("Privacy-utility sweep")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+
+
+def execute(request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, progress, workdir) -> Release:
+    d = plan.details
+    if d.get("version") != DETAILS_VERSION:
+        raise EngineError("plan details from an unknown version of the dpsgd engine")
+    spec = Spec.from_dict(d["spec"])
+    workdir = Path(workdir)
+    dev = device()
+    gen = secure_generator(dev)
+    progress({"phase": "preparing data", "fraction": 0.0})
+    prep = prepare(data, spec, gen, dev)
+
+    from engines.aggregates.noise import Noise
+
+    runs, events, results = d["runs"], [], []
+    planned_steps = d["steps"]
+    for i, run in enumerate(runs):
+        eval_noise = Noise.from_dict(run["eval_noise"]) if run["eval_noise"] else None
+        trainer = Trainer(spec, prep, q=d["sample_rate"], z=run["noise_multiplier"],
+                          steps_per_epoch=d["steps_per_epoch"], gen=gen, eval_noise=eval_noise,
+                          eval_epsilon_each=run["eval_epsilon_each"])
+        try:
+            reason = trainer.fit(spec.epochs, progress, label=run["label"] and f"epsilon {run['label']}",
+                                 max_epsilon=spec.max_epsilon, patience=spec.early_stopping_patience,
+                                 base_fraction=i / len(runs), span=1 / len(runs))
+        except Cancelled as c:
+            if len(runs) > 1:
+                c.actual_event = {"kind": "composed", "events": events + [trainer.event()]}
+            raise
+        events.append(trainer.event())
+        progress({"phase": f"auditing{' epsilon ' + run['label'] if run['label'] else ''}",
+                  "fraction": round((i + 0.99) / len(runs), 4)})
+        audit_result = None
+        if spec.canaries:
+            audit_result = audit.audit(trainer.canary_losses(), prep.canary_in, spec.delta,
+                                       _finite(trainer.epsilon()))
+        name = "model.pt" if spec.kind == "train" else f"model-eps{run['label']}.pt"
+        _save_model(trainer, spec, workdir / name)
+        results.append({**_run_result(trainer, run, reason, planned_steps, audit_result), "model_file": name})
+
+    (workdir / "preprocessing.json").write_text(json.dumps(features.preprocessing(spec), indent=2))
+    common = {"task": spec.task, "target": spec.target["column"], "features": [f["column"] for f in spec.features],
+              "model": d["model"], "n_parameters": d["n_parameters"], "model_fixes": d["model_fixes"],
+              "sample_rate": d["sample_rate"], "expected_batch_size": spec.batch_size,
+              "max_grad_norm": spec.max_grad_norm, "delta": spec.delta, "train_units": prep.n_train_units,
+              "test_units": prep.n_test_units, "device": dev.type,
+              "metrics_note": "held-out metrics are DP estimates (OpenDP Laplace noise), charged with the run"}
+    metric = "mae" if spec.task == "regression" else "accuracy"
+    if spec.kind == "train":
+        r = results[0]
+        actual = events[0] if r["steps"] < planned_steps or trainer.evals < runs[0]["evals"] else None
+        return Release(result={**common, **r}, actual_event=actual)
+    _plot(results, metric, workdir / "sweep.png")
+    with open(workdir / "sweep.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["epsilon", "noise_multiplier", "epsilon_spent", f"test_{metric}", "audit_epsilon_lower_bound"])
+        for r in results:
+            w.writerow([r["label"], r["noise_multiplier"], r["epsilon_spent"], r["test"].get(metric),
+                        (r["audit"] or {}).get("empirical_epsilon_lower_bound")])
+    table = [{"epsilon": r["label"], "noise_multiplier": r["noise_multiplier"], "epsilon_spent": r["epsilon_spent"],
+              f"test_{metric}": r["test"].get(metric),
+              "audit_epsilon_lower_bound": (r["audit"] or {}).get("empirical_epsilon_lower_bound")} for r in results]
+    shrunk = any(r["steps"] < planned_steps for r in results)
+    return Release(result={**common, "table": table, "runs": results, "plot": "sweep.png"},
+                   actual_event={"kind": "composed", "events": events} if shrunk else None)

@@ -1,0 +1,79 @@
+"""Rows to tensors, using only the declared schema (public): never a statistic of the data.
+
+- numeric feature: clamped to its declared [lower, upper] and scaled to [-1, 1]; a null
+  becomes 0 (the middle of the range);
+- categorical feature: one-hot over its declared domain; a null or a value outside the
+  domain becomes all zeros;
+- target: binary 0/1 (value > threshold, or value in the positive set), a class index
+  over the declared domain, or (regression) the value scaled to [0, 1] by its declared
+  bounds. Rows whose target is null or outside the domain are not used.
+
+The same spec is saved with the model (``preprocessing``) so that anyone holding the
+model can prepare new rows identically.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+
+def _values(table: pa.Table, name: str):
+    return table.column(name).to_pandas()
+
+
+def encode_features(table: pa.Table, features: list[dict]) -> np.ndarray:
+    n = table.num_rows
+    width = sum(1 if f["type"] == "numeric" else len(f["domain"]) for f in features)
+    out = np.zeros((n, width), dtype=np.float32)
+    j = 0
+    for f in features:
+        col = _values(table, f["column"])
+        if f["type"] == "numeric":
+            lo, hi = f["lower"], f["upper"]
+            x = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+            x = (np.clip(x, lo, hi) - lo) / (hi - lo) * 2.0 - 1.0
+            out[:, j] = np.nan_to_num(x, nan=0.0)
+            j += 1
+        else:
+            codes = pd.Categorical(col, categories=f["domain"]).codes
+            ok = codes >= 0
+            out[np.nonzero(ok)[0], j + codes[ok]] = 1.0
+            j += len(f["domain"])
+    return out
+
+
+def encode_target(table: pa.Table, task: str, target: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, usable-row mask)."""
+    col = _values(table, target["column"])
+    if target["type"] == "numeric":
+        x = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+        ok = ~np.isnan(x)
+        if task == "binary":
+            return (np.nan_to_num(x) > target["threshold"]).astype(np.float32), ok
+        lo, hi = target["lower"], target["upper"]
+        return ((np.clip(np.nan_to_num(x, nan=lo), lo, hi) - lo) / (hi - lo)).astype(np.float32), ok
+    codes = pd.Categorical(col, categories=target["domain"]).codes.astype(np.int64)
+    ok = codes >= 0
+    if task == "binary":
+        positive = pd.Categorical(col, categories=target["domain"]).isin(target["positive"])
+        return np.asarray(positive, dtype=np.float32), ok
+    return np.where(ok, codes, 0), ok
+
+
+def unit_codes(table: pa.Table, unit_column: str | None) -> np.ndarray:
+    if not unit_column:
+        return np.arange(table.num_rows, dtype=np.int64)
+    codes, _ = pd.factorize(_values(table, unit_column), use_na_sentinel=False)
+    return codes.astype(np.int64)
+
+
+def preprocessing(spec) -> dict:
+    """What a model user needs to prepare rows (saved with the model)."""
+    return {"features": spec.features, "task": spec.task, "target": spec.target,
+            "scaling": "numeric: clamp to [lower, upper], then 2 (x - lower) / (upper - lower) - 1, null -> 0; "
+                       "categorical: one-hot over domain in order, null or unknown -> zeros",
+            "output": {"binary": "one logit; P(positive) = sigmoid(logit)",
+                       "multiclass": "one logit per class, in target.classes order",
+                       "regression": "prediction in [0, 1] scaled: lower + y (upper - lower)"}[spec.task]}

@@ -1,0 +1,78 @@
+"""Planning a training request: validate, fix the sampling, calibrate the noise, state the
+event the whole run will cost. No torch, no data.
+
+A ``train`` request is one run; a ``sweep`` is one run per epsilon (``"inf"``: a
+non-private baseline, event ``non_private``), charged as the composition of its runs.
+Held-out evaluations (one per epoch) take ``eval_epsilon`` of each run's budget, split
+evenly over the epochs, each released through OpenDP's Laplace mechanism (L1
+sensitivity 2: a unit moves the metric sum and the loss sum by at most 1 each).
+"""
+
+from __future__ import annotations
+
+from engines.aggregates import noise as opendp_noise
+from engines.types import DatasetMeta, EngineRequest, Plan, PlanError
+
+from . import calibrate
+from .model_spec import describe, n_parameters
+from .params import DEFAULT_EVAL_SHARE, Spec, validate
+
+DETAILS_VERSION = 1
+EVAL_SENSITIVITY = 2.0
+
+
+def _eval_noise(eval_epsilon: float, evals: int):
+    """(Noise dict or None, OpenDP's epsilon of each evaluation)."""
+    if eval_epsilon <= 0 or evals == 0:
+        return None, 0.0
+    noise, cost = opendp_noise.calibrate("laplace", EVAL_SENSITIVITY, eval_epsilon / evals, integer=False, vector=True)
+    return noise.to_dict(), cost
+
+
+def _run(spec: Spec, q: float, steps: int, *, label: str, target: float | None, z: float | None,
+         eval_epsilon: float, field: str) -> dict:
+    noise, each = _eval_noise(eval_epsilon, spec.epochs)
+    if target is not None:
+        try:
+            z = calibrate.noise_multiplier(target, spec.delta, q, steps, each, spec.epochs if noise else 0)
+        except calibrate.CalibrationError as e:
+            raise PlanError(str(e), {field: str(e)}) from None
+    evals = spec.epochs if noise else 0
+    return {"label": label, "target_epsilon": target, "noise_multiplier": z, "eval_noise": noise,
+            "eval_epsilon_each": each, "evals": evals,
+            "planned_epsilon": calibrate.epsilon(q, z, steps, each, evals, spec.delta),
+            "event": calibrate.run_event(q, z, steps, each, evals)}
+
+
+def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
+    spec = validate(request.kind, request.params, ds)
+    q, per_epoch = calibrate.sampling(spec.n_train_units, spec.batch_size, spec.epochs)
+    steps = per_epoch * spec.epochs
+    runs = []
+    if spec.kind == "train":
+        runs.append(_run(spec, q, steps, label="", target=spec.target_epsilon, z=spec.noise_multiplier,
+                         eval_epsilon=spec.eval_epsilon, field="target_epsilon"))
+        run = runs[0]
+        if spec.max_epsilon is not None:
+            first = calibrate.epsilon(q, run["noise_multiplier"], per_epoch, run["eval_epsilon_each"],
+                                      int(run["evals"] > 0), spec.delta)
+            if first > spec.max_epsilon:
+                raise PlanError(f"max_epsilon {spec.max_epsilon:g} is below the cost of one epoch ({first:.4g})",
+                                {"max_epsilon": f"below the cost of one epoch ({first:.4g})"})
+        event = run["event"]
+    else:
+        for eps in spec.epsilons:
+            if eps == "inf":
+                runs.append({"label": "inf", "target_epsilon": None, "noise_multiplier": None, "eval_noise": None,
+                             "eval_epsilon_each": 0.0, "evals": 0, "planned_epsilon": None,
+                             "event": {"kind": "non_private"}})
+            else:
+                share = spec.eval_epsilon if spec.eval_epsilon >= 0 else DEFAULT_EVAL_SHARE * eps
+                runs.append(_run(spec, q, steps, label=f"{eps:g}", target=eps, z=None, eval_epsilon=share,
+                                 field="epsilons"))
+        event = {"kind": "composed", "events": [r["event"] for r in runs]}
+    columns = [f["column"] for f in spec.features] + [spec.target["column"]]
+    details = {"version": DETAILS_VERSION, "spec": spec.to_dict(), "sample_rate": q, "steps_per_epoch": per_epoch,
+               "steps": steps, "runs": runs, "model": describe(spec.layers), "n_parameters": n_parameters(spec.layers),
+               "model_fixes": spec.model_fixes}
+    return Plan(event=event, columns=columns, details=details)
