@@ -56,7 +56,7 @@ class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
     readonly_fields = ("name", "status", "policy", "unit_column", "n_rows", "n_units", "max_rows_per_unit",
                        "file", "file_format", "sha256", "budget_delta", "delta_auto", "created_by", "created_at")
     fields = ("name", "title", "description", "status", "schema", "budget_epsilon", "budget_delta_text",
-              "policy", "unit_column", "n_rows", "n_units", "max_rows_per_unit", "budget_delta", "delta_auto",
+              "policy", "allow_non_private", "unit_column", "n_rows", "n_units", "max_rows_per_unit", "budget_delta", "delta_auto",
               "file", "file_format", "sha256", "created_by", "created_at")
     actions = ["activate"]
 
@@ -83,7 +83,8 @@ class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
         try:
             datasets.update(obj, schema=form.cleaned_data["schema"], title=obj.title, description=obj.description,
                             budget_epsilon=form.cleaned_data["budget_epsilon"],
-                            budget_delta=form.cleaned_data["budget_delta_text"])
+                            budget_delta=form.cleaned_data["budget_delta_text"],
+                            allow_non_private=form.cleaned_data["allow_non_private"])
         except InvalidDataset as e:
             errors = e.extra.get("errors") or {}
             messages.error(request, e.detail + (" " + "; ".join(f"{k}: {v}" for k, v in errors.items())))

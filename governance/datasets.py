@@ -331,7 +331,7 @@ def register(*, name: str, created_by, upload=None, path: str | None = None, fil
 
 
 def update(ds: Dataset, *, schema=None, **fields) -> Dataset:
-    """Officer edits: schema, budget, policy, texts. Budget changes lock the budget row."""
+    """Officer edits: schema, budget, policy, texts, allow_non_private. Budget changes lock the budget row."""
     from .ledger import Limit  # local: ledger imports models
     from .accounting.costs import Cost
 
@@ -358,7 +358,7 @@ def update(ds: Dataset, *, schema=None, **fields) -> Dataset:
             if (eps, delta) != old and not Limit.of_dataset(ds).admits(state):
                 raise InvalidDataset("the new budget is below what the ledger has already spent", field="budget_epsilon",
                                      spent_epsilon=Limit.of_dataset(ds).spent(state))
-        for key in ("title", "description"):
+        for key in ("title", "description", "allow_non_private"):
             if key in fields:
                 setattr(ds, key, fields[key])
         ds.save()

@@ -45,6 +45,13 @@ class BudgetExceeded(UserError):
     status = 409
 
 
+class NonPrivateRefused(UserError):
+    """A non-private release on a dataset whose officer does not allow them."""
+
+    code = "budget.non_private"
+    status = 409
+
+
 class NoGrant(UserError):
     code = "grant.missing"
     status = 403

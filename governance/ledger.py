@@ -16,6 +16,12 @@ Rules:
   than the reserved one in every field (e.g. training that stopped early) and the
   difference is refunded. Committing twice is a no-op.
 - ``release``: ``reserved -> released``; the reservation is refunded.
+- Non-private releases (events with a ``non_private`` part, e.g. the epsilon = inf
+  baseline of a DP-SGD sweep) are refused (``budget.non_private``, 409) unless the
+  officer set the dataset's ``allow_non_private``. When allowed, the entry stores the
+  whole event, is flagged ``non_private`` and counted apart; the non-private part is not
+  charged against the epsilon budget (it would make every later request infinite), and
+  the dataset's DP guarantee does not cover it.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from django.utils import timezone
 from .accounting import ACCOUNTANTS
 from .accounting import events as ev
 from .accounting.costs import Cost, cost_of, resolve, stated_delta, unstated_weight
-from .errors import BudgetExceeded, DatasetNotActive, InvalidEvent, LedgerConflict, NoGrant
+from .errors import BudgetExceeded, DatasetNotActive, InvalidEvent, LedgerConflict, NoGrant, NonPrivateRefused
 from .models import Budget, Dataset, Grant, LedgerEntry
 
 
@@ -172,9 +178,20 @@ def _stamp(event: ev.Event, limits: list[tuple[Limit, Cost]]) -> ev.Event:
         return resolve(event, pool)
 
 
+def _charged(event: ev.Event) -> Cost:
+    """The cost drawn from the epsilon budget (non-private parts excepted, see the module doc)."""
+    with event_errors():
+        return cost_of(ev.without_non_private(event) if ev.has_non_private(event) else event)
+
+
 def _plan(event, ds: Dataset, budget: Budget, grant: Grant | None):
     """(stamped event, its cost, [(limit, state before)]) for an event on a locked budget."""
     event = to_event(event)
+    if ev.has_non_private(event) and not ds.allow_non_private:
+        raise NonPrivateRefused(
+            f"Refused: this request includes a non-private release (no DP guarantee) and dataset {ds.name} does "
+            "not allow them; a privacy officer can allow non-private baselines (allow_non_private).",
+            dataset=ds.name)
     limits = [(Limit.of_dataset(ds), Cost.from_json(budget.state))]
     if grant is not None:
         glimit = Limit.of_grant(grant, ds)
@@ -188,9 +205,7 @@ def _plan(event, ds: Dataset, budget: Budget, grant: Grant | None):
             f"under the {limit.policy} policy.", scope=limit.scope, policy=limit.policy, reason="delta",
             budget={"epsilon": limit.epsilon, "delta": limit.delta},
             spent_epsilon=_num(limit.spent(state)), remaining_epsilon=_num(max(0.0, limit.epsilon - limit.spent(state))))
-    with event_errors():
-        cost = cost_of(stamped)
-    return stamped, cost, limits
+    return stamped, _charged(stamped), limits
 
 
 def admit(dataset: Dataset | int, analyst, event, *, reference: str = "") -> LedgerEntry:
@@ -210,8 +225,8 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "") -> Led
         row = cur.fetchone()
         if row is None:
             raise Budget.DoesNotExist(f"no budget row for dataset {dataset_id}")
-        state, name, status, b_eps, b_delta, policy = row
-        ds = _DatasetRow(dataset_id, name, status, b_eps, b_delta, policy)
+        state, name, status, b_eps, b_delta, policy, allow_np = row
+        ds = _DatasetRow(dataset_id, name, status, b_eps, b_delta, policy, bool(allow_np))
         budget = _StateRow(dataset_id, _json(state))
         grant = None
         cur.execute(sql.grant, [dataset_id, analyst.pk])
@@ -229,8 +244,10 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "") -> Led
         now = timezone.now()
         fields = {"event": stamped.to_dict(), "cost": cost.to_json(), "charge": charge_summary(cost, b_delta)}
         when = connection.ops.adapt_datetimefield_value(now)
+        fields["non_private"] = ev.has_non_private(stamped)
         entry_row = [dataset_id, analyst.pk, grant.pk if grant else None, reference[:200], _dumps(fields["event"]),
-                     _dumps(fields["cost"]), _dumps(fields["charge"]), LedgerEntry.Status.RESERVED, when]
+                     _dumps(fields["cost"]), _dumps(fields["charge"]), LedgerEntry.Status.RESERVED, when,
+                     fields["non_private"]]
         budget_row = [_dumps((limits[0][1] + cost).to_json()), when, dataset_id]
         grant_row = None
         if grant is not None:
@@ -257,6 +274,7 @@ class _DatasetRow:
     budget_epsilon: float
     budget_delta: float
     policy: str
+    allow_non_private: bool
 
 
 @dataclass(frozen=True)
@@ -288,21 +306,22 @@ def _sql_for(vendor: str) -> SimpleNamespace:
     budget, dataset = Budget._meta.db_table, Dataset._meta.db_table
     grant, entry = Grant._meta.db_table, LedgerEntry._meta.db_table
     return SimpleNamespace(
-        budget=(f"SELECT b.state, d.name, d.status, d.budget_epsilon, d.budget_delta, d.policy "
+        budget=(f"SELECT b.state, d.name, d.status, d.budget_epsilon, d.budget_delta, d.policy, d.allow_non_private "
                 f"FROM {budget} b JOIN {dataset} d ON d.id = b.dataset_id WHERE b.dataset_id = %s"
                 + (" FOR UPDATE OF b" if pg else "")),  # SQLite: BEGIN IMMEDIATE holds the write lock
         grant=(f"SELECT id, cap_epsilon, cap_delta, state FROM {grant} "
                f"WHERE dataset_id = %s AND analyst_id = %s AND revoked_at IS NULL LIMIT 1"
                + (" FOR UPDATE" if pg else "")),
         insert=(f"INSERT INTO {entry} (dataset_id, analyst_id, grant_id, reference, event, cost, charge, status, "
-                f"created_at) VALUES (%s, %s, %s, %s, %s{js}, %s{js}, %s{js}, %s, %s) RETURNING id"),
+                f"created_at, non_private) VALUES (%s, %s, %s, %s, %s{js}, %s{js}, %s{js}, %s, %s, %s) RETURNING id"),
         update_budget=(f"UPDATE {budget} SET state = %s{js}, active_entries = active_entries + 1, "
                        f"updated_at = %s WHERE dataset_id = %s"),
         update_grant=f"UPDATE {grant} SET state = %s{js} WHERE id = %s",
         # Data-modifying CTEs (PostgreSQL): insert the entry and update both running states
         # in one statement; a NULL grant id updates no grant row.
         write_all=(f"WITH e AS (INSERT INTO {entry} (dataset_id, analyst_id, grant_id, reference, event, cost, "
-                   f"charge, status, created_at) VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s) "
+                   f"charge, status, created_at, non_private) "
+                   f"VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s, %s) "
                    f"RETURNING id), "
                    f"b AS (UPDATE {budget} SET state = %s::jsonb, active_entries = active_entries + 1, "
                    f"updated_at = %s WHERE dataset_id = %s), "
@@ -356,10 +375,13 @@ def commit(entry: LedgerEntry | int, actual_event=None) -> LedgerEntry:
         committed_event = committed_cost = None
         if actual_event is not None:
             actual = to_event(actual_event)
+            if ev.has_non_private(actual) and not entry.non_private:
+                raise InvalidEvent("The committed event has a non-private part the reservation did not have.",
+                                   reserved=entry.event, actual=actual.to_dict())
             with event_errors():
                 if unstated_weight(actual):
                     actual = resolve(actual, max(reserved.delta - stated_delta(actual), 0.0) or 1e-300)
-                actual_cost = cost_of(actual)
+            actual_cost = _charged(actual)
             if not actual_cost.dominated_by(reserved):
                 raise InvalidEvent("The committed event costs more than the reservation in some accountant; "
                                    "a reservation can only shrink.", reserved=entry.event, actual=actual.to_dict())
@@ -411,11 +433,17 @@ def estimate(dataset: Dataset, user, events) -> dict:
     items = []
     total = Cost.zero()
     limits = None
+    refused = False
     for event in parsed:
-        stamped, cost, limits = _plan(event, dataset, budget, grant)
+        try:
+            stamped, cost, limits = _plan(event, dataset, budget, grant)
+        except NonPrivateRefused:  # the gate would refuse it whatever the budget
+            refused, stamped = True, event
+            with event_errors():
+                cost = cost_of(event)
         total = total + cost
         items.append({"event": stamped.to_dict(), "charge": charge_summary(cost, dataset.budget_delta)})
-    admitted = all(limit.admits(state + total) for limit, state in limits) if limits else True
+    admitted = not refused and (all(limit.admits(state + total) for limit, state in limits) if limits else True)
     if dataset.status != Dataset.Status.ACTIVE or (grant is None and not getattr(user, "is_staff", False)):
         admitted = False  # the gate refuses every request on a draft, and analysts without a grant
     return {

@@ -42,6 +42,10 @@ class Dataset(models.Model):
     budget_delta = models.FloatField()
     delta_auto = models.BooleanField(default=False, help_text="delta = 1 / n_units^1.2")
     policy = models.CharField(max_length=10, choices=[(p, p) for p in POLICIES], default="rdp")
+    allow_non_private = models.BooleanField(
+        default=False, help_text="Admit non-private releases (e.g. the epsilon = inf baseline of a DP-SGD sweep). "
+        "They are recorded in the ledger as non_private and counted apart; they do not draw on the epsilon "
+        "budget, and the dataset's DP guarantee does not cover them.")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -110,6 +114,7 @@ class LedgerEntry(models.Model):
     cost = models.JSONField(help_text="Cost vector of the event (derived; see accounting.costs).")
     charge = models.JSONField(help_text="epsilon/delta of this event alone under each accountant.")
     committed_event = models.JSONField(null=True, blank=True, help_text="Event actually spent, if smaller.")
+    non_private = models.BooleanField(default=False, help_text="The event includes a non-private release.")
     committed_cost = models.JSONField(null=True, blank=True)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.RESERVED, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -177,6 +177,22 @@ class NonPrivateEvent(Event):
         return {"kind": self.kind}
 
 
+def has_non_private(event: Event) -> bool:
+    return any(isinstance(leaf, NonPrivateEvent) for leaf in event.leaves())
+
+
+def without_non_private(event: Event) -> Event:
+    """``event`` with each non-private part replaced by ``no_op``: what a ledger that
+    admits non-private releases charges against the epsilon budget (see the ledger)."""
+    if isinstance(event, NonPrivateEvent):
+        return NoOpEvent()
+    if isinstance(event, SelfComposedEvent):
+        return SelfComposedEvent(without_non_private(event.event), event.count)
+    if isinstance(event, ComposedEvent):
+        return ComposedEvent(tuple(without_non_private(e) for e in event.events))
+    return event
+
+
 # --------------------------------------------------------------------------- parsing
 
 

@@ -38,8 +38,8 @@ class DatasetSerializer(serializers.ModelSerializer):
     class Meta:
         model = Dataset
         fields = ["id", "name", "title", "description", "status", "file_format", "unit_column", "n_rows",
-                  "n_units", "policy", "budget_epsilon", "budget_delta", "delta_auto", "columns", "budget",
-                  "created_at"]
+                  "n_units", "policy", "allow_non_private", "budget_epsilon", "budget_delta", "delta_auto", "columns",
+                  "budget", "created_at"]
         read_only_fields = fields
 
     def get_columns(self, ds) -> list:
@@ -55,7 +55,9 @@ class DatasetSerializer(serializers.ModelSerializer):
         state = Cost.from_json(ds.budget.state)
         limit = Limit.of_dataset(ds)
         return {"epsilon": ds.budget_epsilon, "delta": ds.budget_delta, "policy": ds.policy,
-                "active_entries": ds.budget.active_entries, "accountants": budget_report(state, limit)}
+                "active_entries": ds.budget.active_entries, "accountants": budget_report(state, limit),
+                "non_private_releases": ds.ledger.filter(non_private=True).exclude(
+                    status=LedgerEntry.Status.RELEASED).count()}
 
 
 class OfficerDatasetSerializer(DatasetSerializer):
@@ -92,6 +94,9 @@ class DatasetUpdateSerializer(serializers.Serializer):
     budget_epsilon = FiniteFloatField(required=False, min_value=1e-9)
     budget_delta = serializers.CharField(required=False)
     policy = serializers.ChoiceField(choices=POLICIES, required=False)
+    allow_non_private = serializers.BooleanField(
+        required=False, help_text="admit non-private releases (sweep baselines at epsilon = inf); they are recorded "
+                                  "and counted apart, outside the DP guarantee")
 
 
 class GrantSerializer(serializers.ModelSerializer):

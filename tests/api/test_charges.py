@@ -86,11 +86,28 @@ def test_it_refuses_a_charge_over_budget_with_the_numbers(api, officer, clinic):
 
 def test_it_refuses_a_non_private_release(api, officer, clinic):
     before = snapshot(clinic)
-    body = assert_error(api(officer).post(url(), {"event": {"kind": "non_private"}}, format="json"),
-                        409, "budget.exceeded")
-    assert body["would_cost_epsilon"] == "inf"
-    assert body["request_charge"]["basic"]["epsilon"] == "inf"
+    for event in ({"kind": "non_private"},
+                  {"kind": "composed", "events": [{"kind": "laplace", "epsilon": 0.1}, {"kind": "non_private"}]}):
+        body = assert_error(api(officer).post(url(), {"event": event}, format="json"), 409, "budget.non_private")
+        assert "allow_non_private" in body["detail"]
     assert snapshot(clinic) == before
+
+
+def test_an_allowed_non_private_release_is_recorded_apart(api, officer, clinic):
+    r = api(officer).patch(f"/api/datasets/{clinic.name}/", {"allow_non_private": True}, format="json")
+    assert r.status_code == 200, r.content
+    assert r.json()["allow_non_private"] is True
+    event = {"kind": "composed", "events": [{"kind": "laplace", "epsilon": 0.25}, {"kind": "non_private"}]}
+    r = api(officer).post(url(), {"event": event}, format="json")
+    assert r.status_code == 201, r.content
+    entry = LedgerEntry.objects.get(dataset=clinic)
+    assert entry.non_private and entry.event["events"][1] == {"kind": "non_private"}
+    budget = api(officer).get(f"/api/datasets/{clinic.name}/").json()["budget"]
+    assert budget["non_private_releases"] == 1
+    # Only the private part draws on the budget: the ledger stays usable.
+    assert budget["accountants"]["basic"]["epsilon"] == pytest.approx(0.25)
+    r = api(officer).post(url(), {"event": {"kind": "laplace", "epsilon": 0.25}}, format="json")
+    assert r.status_code == 201, r.content
 
 
 def test_it_refuses_charges_on_a_draft(api, officer, make_dataset):

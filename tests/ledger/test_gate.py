@@ -8,7 +8,8 @@ from django.core.exceptions import ValidationError
 
 from governance import ledger
 from governance.accounting.costs import Cost
-from governance.errors import BudgetExceeded, DatasetNotActive, InvalidEvent, LedgerConflict, NoGrant
+from governance.errors import (BudgetExceeded, DatasetNotActive, InvalidEvent, LedgerConflict, NoGrant,
+                               NonPrivateRefused)
 from governance.models import Budget, LedgerEntry
 
 LAP = {"kind": "laplace", "epsilon": 0.25}
@@ -188,11 +189,25 @@ def test_a_pure_dp_budget_refuses_gaussian_noise(make_dataset, analyst, grant):
     ledger.admit(ds, analyst, LAP)
 
 
-def test_non_private_releases_are_always_refused(make_dataset, analyst, grant):
+def test_non_private_releases_are_refused_unless_the_officer_allows_them(make_dataset, analyst, grant):
     ds = make_dataset(epsilon=1000.0)
     grant(analyst, ds)
-    with pytest.raises(BudgetExceeded):
+    with pytest.raises(NonPrivateRefused):
         ledger.admit(ds, analyst, {"kind": "non_private"})
+    assert not LedgerEntry.objects.filter(dataset=ds).exists()
+    ds.allow_non_private = True
+    ds.save()
+    sweep = {"kind": "composed", "events": [DPSGD, {"kind": "non_private"}]}
+    entry = ledger.admit(ds, analyst, sweep)
+    assert entry.non_private
+    assert_state_matches_ledger(ds)
+    assert math.isfinite(spent(ds))
+    # The commit may shrink the private part; it may not add a non-private part elsewhere.
+    ledger.commit(entry, {"kind": "composed", "events": [{**DPSGD, "steps": 10}, {"kind": "non_private"}]})
+    assert_state_matches_ledger(ds)
+    other = ledger.admit(ds, analyst, LAP)
+    with pytest.raises(InvalidEvent):
+        ledger.commit(other, {"kind": "composed", "events": [{"kind": "no_op"}, {"kind": "non_private"}]})
 
 
 def test_running_state_equals_the_ledger_after_random_traffic(make_dataset, analyst, grant):
