@@ -20,11 +20,19 @@ import math
 
 import numpy as np
 
-from governance.accounting.rdp_math import epsilon_from_curve, laplace_curve, subsampled_gaussian_curve
+from governance.accounting.rdp_math import (FINITE_ORDERS, conversion_terms, epsilon_from_curve, gaussian_curve,
+                                            laplace_curve, subsampled_gaussian_curve)
 
 MIN_NOISE = 0.3  # below this one step alone costs more than any sensible target
 MAX_NOISE = 500.0  # above it the model learns nothing: "epsilon too small to train"
 REL_TOL = 1e-4
+REFINE_STEPS = 5  # full-grid bisection steps after the coarse search: z to within 0.1 / 2^5 = 0.3%
+
+# The coarse search uses the integer orders up to 256, where Opacus's analysis is a short
+# closed sum (the full grid's fractional and very large orders cost 10-100x more). Fewer
+# orders can only give a larger epsilon, so the coarse noise multiplier is safe; the
+# refinement then tightens it on the full grid.
+_COARSE = np.array([i for i, a in enumerate(FINITE_ORDERS) if float(a).is_integer() and a <= 256])
 
 
 class CalibrationError(ValueError):
@@ -60,21 +68,54 @@ def epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals: int
     return epsilon_from_curve(curve, delta)
 
 
+def _coarse_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals: int, delta: float) -> float:
+    """An upper bound on ``epsilon``: the same curve on the coarse orders only."""
+    orders = [float(FINITE_ORDERS[i]) for i in _COARSE]
+    if q >= 1.0:
+        rdp = gaussian_curve(z)[_COARSE] * steps
+    else:
+        import warnings
+
+        from opacus.accountants.analysis.rdp import compute_rdp
+
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rdp = np.asarray(compute_rdp(q=q, noise_multiplier=z, steps=steps, orders=orders), dtype=float)
+    if evals and eval_epsilon_each > 0:
+        rdp = rdp + laplace_curve(eval_epsilon_each)[_COARSE] * evals
+    eps = np.where(np.isnan(rdp), np.inf, rdp) + conversion_terms(delta)[_COARSE]
+    return max(0.0, float(np.min(eps)))
+
+
 def noise_multiplier(target: float, delta: float, q: float, steps: int, eval_epsilon_each: float = 0.0,
                      evals: int = 0) -> float:
-    """The smallest noise multiplier (to REL_TOL) whose run costs at most ``target``."""
+    """The smallest noise multiplier (to about 0.3%) whose run costs at most ``target``
+    on the ledger's full grid of orders."""
     def eps(z):
         return epsilon(q, z, steps, eval_epsilon_each, evals, delta)
+
+    def coarse(z):
+        return _coarse_epsilon(q, z, steps, eval_epsilon_each, evals, delta)
 
     if eps(MAX_NOISE) > target:
         raise CalibrationError(
             f"epsilon {target:g} is too small to train: even noise multiplier {MAX_NOISE:g} (a model that learns "
             f"nothing) would cost {eps(MAX_NOISE):.3g} for {steps} steps at sampling rate {q:.3g}; raise the "
             "epsilon, train fewer epochs or use a larger batch")
-    lo, hi = math.log(MIN_NOISE), math.log(MAX_NOISE)
     if eps(MIN_NOISE) <= target:
         return MIN_NOISE
-    while hi - lo > REL_TOL:  # eps is decreasing in z: keep eps(e^lo) > target >= eps(e^hi)
+    lo, hi = math.log(MIN_NOISE), math.log(MAX_NOISE)
+    if coarse(MAX_NOISE) <= target:
+        while hi - lo > REL_TOL:  # coarse eps decreases in z: keep coarse(e^lo) > target >= coarse(e^hi)
+            mid = (lo + hi) / 2
+            if coarse(math.exp(mid)) > target:
+                lo = mid
+            else:
+                hi = mid
+        lo = max(math.log(MIN_NOISE), hi + math.log(0.9))
+        if eps(math.exp(lo)) <= target:
+            return math.exp(lo)
+    for _ in range(REFINE_STEPS if coarse(MAX_NOISE) <= target else 60):  # full grid: eps(e^hi) <= target
         mid = (lo + hi) / 2
         if eps(math.exp(mid)) > target:
             lo = mid

@@ -110,6 +110,7 @@ def _unit_sq_norms_linear(x, g, pad, n_units):
     return w + b
 
 
+@torch.no_grad()  # the recorded inputs of inner layers require grad: keep norms and .grad off the graph
 def clipped_sum(tape: Tape, max_norm: float, units: torch.Tensor | None = None, pad: torch.Tensor | None = None,
                 n_units: int | None = None) -> torch.Tensor:
     """Write sum over units of clip(unit gradient, max_norm) into each parameter's ``.grad``.

@@ -23,6 +23,11 @@ def _values(table: pa.Table, name: str):
     return table.column(name).to_pandas()
 
 
+def _codes(col, domain: list) -> np.ndarray:
+    """Index of each value in the declared domain; -1 for a null or an undeclared value."""
+    return pd.Categorical(col.where(col.isin(domain)), categories=domain).codes.astype(np.int64)
+
+
 def encode_features(table: pa.Table, features: list[dict]) -> np.ndarray:
     n = table.num_rows
     width = sum(1 if f["type"] == "numeric" else len(f["domain"]) for f in features)
@@ -37,7 +42,7 @@ def encode_features(table: pa.Table, features: list[dict]) -> np.ndarray:
             out[:, j] = np.nan_to_num(x, nan=0.0)
             j += 1
         else:
-            codes = pd.Categorical(col, categories=f["domain"]).codes
+            codes = _codes(col, f["domain"])
             ok = codes >= 0
             out[np.nonzero(ok)[0], j + codes[ok]] = 1.0
             j += len(f["domain"])
@@ -54,11 +59,10 @@ def encode_target(table: pa.Table, task: str, target: dict) -> tuple[np.ndarray,
             return (np.nan_to_num(x) > target["threshold"]).astype(np.float32), ok
         lo, hi = target["lower"], target["upper"]
         return ((np.clip(np.nan_to_num(x, nan=lo), lo, hi) - lo) / (hi - lo)).astype(np.float32), ok
-    codes = pd.Categorical(col, categories=target["domain"]).codes.astype(np.int64)
+    codes = _codes(col, target["domain"])
     ok = codes >= 0
     if task == "binary":
-        positive = pd.Categorical(col, categories=target["domain"]).isin(target["positive"])
-        return np.asarray(positive, dtype=np.float32), ok
+        return np.asarray(col.isin(target["positive"]), dtype=np.float32), ok
     return np.where(ok, codes, 0), ok
 
 

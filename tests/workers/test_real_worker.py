@@ -50,3 +50,31 @@ def test_a_task_delivered_twice_by_the_broker_changes_nothing(real_worker, api, 
     again = client.get(f"/api/requests/{rid}/").json()
     assert again["result"] == first["result"] and again["finished_at"] == first["finished_at"]
     assert LedgerEntry.objects.filter(status="committed").count() == 2
+
+
+def test_a_model_is_trained_on_the_gpu_queue_by_a_real_worker(real_worker, api, analyst, make_dataset, grant):
+    from tests.real_data import GSS_SCHEMA, GSS_TRAIN, gss_wages
+
+    grant(analyst, make_dataset("gss", epsilon=10.0, frame=gss_wages(), schema=GSS_SCHEMA))
+    client = api(analyst)
+    r = client.post("/api/requests/", {"dataset": "gss", "engine": "dpsgd", "kind": "train", "params": {
+        **GSS_TRAIN, "target_epsilon": 3.0, "epochs": 2, "batch_size": 1024, "canaries": 100}}, format="json")
+    assert r.status_code == 202, r.content
+    rid = r.json()["id"]
+    seen = []
+
+    def done():
+        body = client.get(f"/api/requests/{rid}/").json()
+        seen.append(body["progress"])
+        return body if body["status"] in ("succeeded", "failed", "cancelled") else None
+
+    body = wait_for(done, timeout=180)
+    assert body["status"] == "succeeded", body
+    res = body["result"]
+    assert len(res["history"]) == 2 and res["epsilon_spent"] == pytest.approx(3.0, rel=0.01)
+    assert res["test"]["accuracy"] > 0.6 and res["audit"]["canaries"] == 100
+    assert body["charge"]["ledger_status"] == "committed"
+    assert any(p.get("phase", "").startswith("training") for p in seen)  # progress was visible while it ran
+    model = client.get(f"/api/requests/{rid}/files/model.pt/")
+    assert model.status_code == 200
+    assert len(b"".join(model.streaming_content)) == {f["name"]: f for f in res["files"]}["model.pt"]["bytes"]
