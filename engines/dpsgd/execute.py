@@ -86,9 +86,9 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, prog
     spec = Spec.from_dict(d["spec"])
     workdir = Path(workdir)
     dev = device()
-    gen = secure_generator(dev)
+    gen = secure_generator(dev)  # sampling and noise, on the training device
     progress({"phase": "preparing data", "fraction": 0.0})
-    prep = prepare(data, spec, gen, dev)
+    prep = prepare(data, spec, secure_generator(torch.device("cpu")), dev)  # split, bounding, canaries
 
     from engines.aggregates.noise import Noise
 

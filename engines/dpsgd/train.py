@@ -80,6 +80,8 @@ def _random_canaries(spec, m: int, gen: torch.Generator) -> tuple[torch.Tensor, 
 
 
 def prepare(table, spec, gen: torch.Generator, dev: torch.device) -> Prepared:
+    """Tensors on ``dev`` from the rows; ``gen`` (a CPU generator) draws the held-out split,
+    the rows kept per unit, the canaries and their coin flips."""
     x = features.encode_features(table, spec.features)
     y, ok = features.encode_target(table, spec.task, spec.target)
     units = features.unit_codes(table, spec.unit_column)
