@@ -20,8 +20,14 @@ import math
 
 import numpy as np
 
-from governance.accounting.rdp_math import (FINITE_ORDERS, conversion_terms, epsilon_from_curve, gaussian_curve,
-                                            laplace_curve, subsampled_gaussian_curve)
+from governance.accounting.rdp_math import (
+    FINITE_ORDERS,
+    conversion_terms,
+    epsilon_from_curve,
+    gaussian_curve,
+    laplace_curve,
+    subsampled_gaussian_curve,
+)
 
 MIN_NOISE = 0.3  # below this one step alone costs more than any sensible target
 MAX_NOISE = 500.0  # above it the model learns nothing: "epsilon too small to train"

@@ -4,8 +4,16 @@ checks everything against the dataset and is the authority."""
 from __future__ import annotations
 
 from .model_spec import ACTIVATIONS, DEFAULT_MODEL, MAX_WIDTH
-from .params import (DEFAULT_ROWS_PER_UNIT, DEFAULT_SWEEP, MAX_CANARIES, MAX_EPOCHS, MAX_ROWS_PER_UNIT, MAX_SWEEP,
-                     OPTIMIZERS, TASKS)
+from .params import (
+    DEFAULT_ROWS_PER_UNIT,
+    DEFAULT_SWEEP,
+    MAX_CANARIES,
+    MAX_EPOCHS,
+    MAX_ROWS_PER_UNIT,
+    MAX_SWEEP,
+    OPTIMIZERS,
+    TASKS,
+)
 
 _POS = {"type": "number", "exclusiveMinimum": 0}
 _LAYER = {"type": "object", "required": ["type"], "properties": {

@@ -10,8 +10,8 @@
 import mimetypes
 
 from django.contrib.auth import get_user_model
-from django.http import FileResponse
 from django.db import transaction
+from django.http import FileResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
