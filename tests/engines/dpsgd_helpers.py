@@ -57,3 +57,10 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# A training request at a generous epsilon on the rows dataset (q = 64 / 1600, 25 steps
+# per epoch); planning and training tests use the same one, so its noise calibration
+# (cached per sampling rate and noise multiplier by the accountant) is paid once.
+GENEROUS = {"target": "y", "features": ["x1", "x2", "c"], "target_epsilon": 8.0, "eval_epsilon": 2.0, "epochs": 3,
+            "batch_size": 64, "model": {"hidden": [16]}, "learning_rate": 0.02, "canaries": 20}

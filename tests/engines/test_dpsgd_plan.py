@@ -1,0 +1,96 @@
+"""Plans of DP-SGD requests (engines/dpsgd/planner.py): the event is the subsampled
+Gaussian of the run composed with the evaluations' Laplace releases, the sampling rate
+counts privacy units (not rows), and the ledger's own composition of the planned event
+is the target epsilon. No data read, no torch."""
+
+import json
+from dataclasses import asdict, replace
+
+import pytest
+
+from engines import plugins
+from engines.dpsgd import calibrate
+from engines.types import EngineRequest, Plan
+from governance.accounting import rdp
+from governance.accounting.events import parse_event
+from tests.engines.dpsgd_helpers import DELTA, GENEROUS, rows_meta, units_meta
+
+FIXED = {"target": "y", "features": ["x1", "x2", "c"], "noise_multiplier": 1.3, "epochs": 4, "batch_size": 32}
+
+
+def plan(params, ds=None, kind="train") -> Plan:
+    p = plugins.plan("dpsgd", EngineRequest(kind, params), ds or rows_meta())
+    return Plan(**json.loads(json.dumps(asdict(p))))  # stored as JSON by the service
+
+
+def ledger_epsilon(event, delta=DELTA):
+    return rdp.compose([parse_event(event)], delta).epsilon
+
+
+def test_the_event_is_the_subsampled_gaussian_composed_with_the_evaluations():
+    p = plan(FIXED)
+    q = 32 / 1600  # batch / training units (2000 rows, 20% held out)
+    steps = round(1 / q) * 4
+    sg, evals = p.event["events"]
+    assert p.event["kind"] == "composed"
+    assert sg == {"kind": "subsampled_gaussian", "sample_rate": pytest.approx(q, rel=1e-12), "noise_multiplier": 1.3,
+                  "steps": steps}
+    assert evals["kind"] == "self_composed" and evals["count"] == 4 and evals["event"]["kind"] == "laplace"
+    # Default evaluation budget with a given noise multiplier: 0.1 over the 4 epochs (OpenDP may round down).
+    assert 0.025 * 0.99 <= evals["event"]["epsilon"] <= 0.025
+    d = p.details
+    assert d["sample_rate"] == pytest.approx(q) and d["steps"] == steps and d["steps_per_epoch"] == steps // 4
+    assert p.columns == ["x1", "x2", "c", "y"]
+    run = d["runs"][0]
+    assert run["noise_multiplier"] == 1.3 and run["evals"] == 4
+    assert run["planned_epsilon"] == pytest.approx(calibrate.epsilon(q, 1.3, steps, run["eval_epsilon_each"], 4, DELTA))
+    assert run["planned_epsilon"] == pytest.approx(ledger_epsilon(p.event), rel=1e-9)
+
+
+def test_no_evaluation_budget_plans_the_subsampled_gaussian_alone():
+    p = plan({**FIXED, "eval_epsilon": 0})
+    assert p.event["kind"] == "subsampled_gaussian" and p.details["runs"][0]["evals"] == 0
+
+
+def test_the_planned_epsilon_is_the_target_in_the_ledger():
+    p = plan(GENEROUS)
+    eps = ledger_epsilon(p.event)
+    assert 0.99 * 8.0 <= eps <= 8.0 * (1 + 1e-9)
+    run = p.details["runs"][0]
+    assert run["target_epsilon"] == 8.0 and run["planned_epsilon"] == pytest.approx(eps, rel=1e-9)
+    # The evaluations take their share (2.0 over 3 epochs) inside the target.
+    sg, ev = p.event["events"]
+    assert ev["count"] == 3 and ev["event"]["epsilon"] == pytest.approx(2.0 / 3, rel=0.01)
+    assert ledger_epsilon(sg) < eps
+    assert sg["sample_rate"] == pytest.approx(64 / 1600) and sg["steps"] == 75
+
+
+def test_the_sampling_rate_counts_privacy_units_not_rows():
+    params = {**FIXED, "max_rows_per_unit": 4}
+    few = plan(params, units_meta(n_units=500))
+    many = plan(params, units_meta(n_units=1000))  # the same 2,000 rows, more units
+    assert few.details["sample_rate"] == pytest.approx(32 / 400)
+    assert many.details["sample_rate"] == pytest.approx(32 / 800)
+    assert few.event["events"][0]["sample_rate"] != many.event["events"][0]["sample_rate"]
+    assert few.details["steps_per_epoch"] == round(400 / 32) and many.details["steps_per_epoch"] == 25
+    # Rows do not matter once units are given.
+    assert plan(params, replace(units_meta(n_units=500), n_rows=10_000)).event == few.event
+    # The spec records units and the bound on rows per unit.
+    spec = few.details["spec"]
+    assert (spec["n_units"], spec["n_train_units"], spec["unit_column"], spec["max_rows_per_unit"]) == (
+        500, 400, "pid", 4)
+
+
+def test_with_a_target_more_units_need_less_noise():
+    # Same target, same batch: a smaller sampling rate amplifies privacy more.
+    params = {**{k: v for k, v in FIXED.items() if k != "noise_multiplier"}, "target_epsilon": 3.0, "epochs": 1}
+    z_few = plan(params, units_meta(n_units=500)).details["runs"][0]["noise_multiplier"]
+    z_many = plan(params, units_meta(n_units=1000)).details["runs"][0]["noise_multiplier"]
+    assert z_many < z_few
+
+
+def test_the_plan_describes_the_model_and_its_fixes():
+    p = plan({**FIXED, "model": {"hidden": [8], "norm": "batchnorm"}})
+    assert p.details["model"] == "Linear(5->8) GroupNorm(4) relu Linear(8->1)"
+    assert p.details["n_parameters"] == 5 * 8 + 8 + 2 * 8 + 8 + 1
+    assert len(p.details["model_fixes"]) == 1 and "BatchNorm" in p.details["model_fixes"][0]

@@ -1,0 +1,267 @@
+"""Training end to end on a tiny synthetic table (engines/dpsgd/train.py, execute.py)
+through ``engines.plugins.plan`` and ``engines.plugins.run``: a learnable task is
+learnt at a generous epsilon, the epsilon history ends at the planned epsilon, the cap
+stops training and reports the cheaper event, cancellation carries the steps done,
+privacy units are bounded and sampled whole, the noise has the planned scale, and the
+saved model reloads with ``weights_only=True`` and predicts the same.
+
+The engine seeds its generator from os.urandom; the tests replace it by a seeded one
+(``seeded``) so a run is reproducible (OpenDP's evaluation noise stays random, and every
+threshold leaves it a wide margin)."""
+
+import json
+from dataclasses import asdict, replace
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from engines import plugins
+from engines.dpsgd import calibrate, execute, features, train
+from engines.dpsgd.model_spec import build
+from engines.dpsgd.params import validate
+from engines.types import Cancelled, EngineRequest, Plan
+from governance.accounting import rdp
+from governance.accounting.events import parse_event
+from tests.engines.dpsgd_helpers import DELTA, GENEROUS, make_table, rows_meta, units_meta
+from tests.engines.dpsgd_helpers import one_thread  # noqa: F401  (autouse)
+
+FIXED = {"target": "y", "features": ["x1", "x2", "c"], "noise_multiplier": 1.0, "epochs": 5, "batch_size": 64,
+         "model": {"hidden": [16]}, "learning_rate": 0.02, "canaries": 0}
+
+
+@pytest.fixture(scope="module")
+def table():
+    return make_table()
+
+
+@pytest.fixture
+def seeded(monkeypatch):
+    seeds = iter(range(1000, 2000))
+    monkeypatch.setattr(execute, "secure_generator", lambda dev: torch.Generator(device=dev).manual_seed(next(seeds)))
+
+
+@pytest.fixture
+def trainers(monkeypatch):
+    """The Trainer objects a run creates (to compare the saved model with the trained one)."""
+    made = []
+
+    class Recording(train.Trainer):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(execute, "Trainer", Recording)
+    return made
+
+
+def plan_of(params, ds, kind="train") -> Plan:
+    p = plugins.plan("dpsgd", EngineRequest(kind, params), ds)
+    return Plan(**json.loads(json.dumps(asdict(p))))  # stored as JSON by the service
+
+
+def run(params, ds, table, workdir, progress=None, kind="train"):
+    p = plan_of(params, ds, kind)
+    cols = list(dict.fromkeys(p.columns + ([ds.unit_column] if ds.unit_column else [])))
+    release = plugins.run("dpsgd", EngineRequest(kind, params), ds, table.select(cols), p,
+                          progress or (lambda _: None), workdir=workdir)
+    json.dumps(release.result)  # always JSON
+    return p, release
+
+
+def ledger_epsilon(event):
+    return rdp.compose([parse_event(event)], DELTA).epsilon
+
+
+def test_a_learnable_task_is_learnt_and_the_saved_model_reloads(table, tmp_path, seeded, trainers):
+    ds = rows_meta()
+    p, release = run(GENEROUS, ds, table, tmp_path)
+    r = release.result
+    assert release.actual_event is None and r["stopped"] == "completed"
+    # Clearly better than chance (the classes are about balanced) on the DP held-out metric.
+    assert r["test"]["accuracy"] > 0.75
+    assert r["task"] == "binary" and r["train_units"] == 1600 + r["audit"]["canaries_included"]
+
+    # One history row per epoch; epsilon grows and ends at the planned epsilon.
+    hist = r["history"]
+    assert [h["epoch"] for h in hist] == [1, 2, 3] and [h["steps"] for h in hist] == [25, 50, 75]
+    eps = [h["epsilon"] for h in hist]
+    assert all(a < b for a, b in zip(eps, eps[1:]))
+    planned = p.details["runs"][0]["planned_epsilon"]
+    assert eps[-1] == pytest.approx(planned, rel=1e-12) and r["epsilon_spent"] == pytest.approx(planned, rel=1e-12)
+    assert planned == pytest.approx(ledger_epsilon(p.event), rel=1e-9) and planned <= 8.0 * (1 + 1e-9)
+    assert r["audit"]["claimed_epsilon"] == pytest.approx(planned) and r["audit"]["consistent"]
+
+    # The saved model: plain tensors (weights_only), rebuilt from its layers, same predictions.
+    saved = torch.load(tmp_path / "model.pt", weights_only=True)
+    model = build(saved["layers"])
+    model.load_state_dict(saved["state_dict"])
+    model.eval()
+    x = torch.from_numpy(features.encode_features(table, saved["preprocessing"]["features"]))
+    trained = trainers[0].model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(x), trained(x))
+        pred = (model(x)[:, 0] > 0).numpy()
+    assert saved["preprocessing"] == json.loads((tmp_path / "preprocessing.json").read_text())
+    truth = np.asarray(table.column("y").to_pylist()) == "yes"
+    assert (pred == truth).mean() > 0.8  # on every row (not a DP number): it did learn
+
+
+def test_max_epsilon_stops_training_and_reports_the_cheaper_event(table, tmp_path, seeded):
+    ds = rows_meta()
+    uncapped = plan_of(FIXED, ds)
+    q, each = uncapped.details["sample_rate"], uncapped.details["runs"][0]["eval_epsilon_each"]
+    e2 = calibrate.epsilon(q, 1.0, 50, each, 2, DELTA)
+    e3 = calibrate.epsilon(q, 1.0, 75, each, 3, DELTA)
+    cap = (e2 + e3) / 2  # two epochs fit, the third would cross it
+    p, release = run({**FIXED, "max_epsilon": cap}, ds, table, tmp_path)
+    r = release.result
+    assert p.event == uncapped.event  # the reservation is the whole run
+    assert r["stopped"] == "max_epsilon" and r["steps"] == 50 and r["epochs_completed"] == 2
+    assert r["planned_steps"] == 125 and len(r["history"]) == 2
+    actual = release.actual_event
+    sg, ev = actual["events"]
+    assert sg["steps"] == 50 < p.event["events"][0]["steps"] and ev["count"] == 2
+    assert ledger_epsilon(actual) <= cap
+    assert ledger_epsilon(actual) == pytest.approx(e2, rel=1e-9) == r["epsilon_spent"]
+    assert ledger_epsilon(actual) < ledger_epsilon(p.event)
+
+
+def test_cancellation_carries_the_event_of_the_steps_done(table, tmp_path, seeded):
+    seen = []
+
+    def progress(info):
+        if info["phase"].startswith("training"):
+            seen.append(info["steps"])
+            if info["steps"] > 25:  # first report in the second epoch
+                raise Cancelled("stop")
+
+    with pytest.raises(Cancelled) as exc:
+        run(FIXED, rows_meta(), table, tmp_path, progress)
+    done = seen[-1]
+    assert 25 < done < 125
+    actual = exc.value.actual_event
+    sg, ev = actual["events"]
+    assert sg["kind"] == "subsampled_gaussian" and sg["steps"] == done and sg["noise_multiplier"] == 1.0
+    assert ev["count"] == 1  # the first epoch's evaluation was released
+    assert not (tmp_path / "model.pt").exists()
+
+
+# ---------------------------------------------------------------- privacy units
+
+
+@pytest.fixture(scope="module")
+def unit_setup():
+    """The table with a numeric feature equal to the unit id, so rows can be traced to units."""
+    t = make_table()
+    t = t.append_column("pidf", pa.array(np.asarray(t.column("pid"), dtype=float)))
+    meta = units_meta()
+    meta = replace(meta, columns={**meta.columns, "pidf": {"type": "numeric", "lower": 0, "upper": 499}})
+    spec = validate("train", {**FIXED, "features": ["x1", "x2", "c", "pidf"], "max_rows_per_unit": 3, "canaries": 30},
+                    meta)
+    prep = train.prepare(t, spec, torch.Generator().manual_seed(7), torch.device("cpu"))
+    return t, spec, prep
+
+
+def pid_of(x):
+    return np.rint((x[:, -1].numpy().astype(float) + 1) / 2 * 499).astype(int)
+
+
+def test_prepare_bounds_rows_per_unit_and_tables_them(unit_setup):
+    t, spec, prep = unit_setup
+    k = 3
+    units, pad = prep.units.numpy(), prep.pad.numpy()
+    n = prep.n_train_units
+    assert pad.shape == (n, k) and len(units) == len(prep.x_train)
+    # pad lists each training row exactly once, under its own unit; no unit is empty.
+    valid = pad >= 0
+    assert sorted(pad[valid]) == list(range(len(units)))
+    assert all(units[r] == u for u, row in enumerate(pad) for r in row if r >= 0)
+    assert valid.any(1).all() and valid.sum(1).max() <= k
+
+    # Real units: rows of one person each, at most k of them (all of them if fewer).
+    n_canaries = int(prep.canary_in.sum())
+    n_real = n - n_canaries
+    counts = np.bincount(np.asarray(t.column("pid")), minlength=500)
+    real_rows = units < n_real
+    pids = pid_of(prep.x_train[torch.from_numpy(np.nonzero(real_rows)[0])])
+    owner = {}
+    for u, pid in zip(units[real_rows], pids):
+        assert owner.setdefault(u, pid) == pid
+    assert len(set(owner.values())) == n_real  # distinct units are distinct people
+    for u, pid in owner.items():
+        assert valid[u].sum() == min(k, counts[pid])
+    assert max(counts) > k  # the bound did bite
+
+    # Held-out split: whole people, disjoint from training, all their rows.
+    test_pids = set(pid_of(prep.x_test))
+    assert len(test_pids) == prep.n_test_units == round(500 * spec.test_fraction)
+    assert not test_pids & set(owner.values())
+    assert len(prep.x_test) == sum(counts[p] for p in test_pids)
+
+    # Included canaries: one unit and one row each, the canary itself.
+    canary_units = np.arange(n_real, n)
+    assert (valid[canary_units].sum(1) == 1).all()
+    torch.testing.assert_close(prep.x_train[torch.from_numpy(pad[canary_units, 0])],
+                               prep.x_canary[torch.from_numpy(np.nonzero(prep.canary_in)[0])])
+
+
+def test_the_trainer_samples_whole_units(unit_setup):
+    _, spec, prep = unit_setup
+    gen = torch.Generator().manual_seed(3)
+    trainer = train.Trainer(spec, prep, q=0.3, z=1.0, steps_per_epoch=1, gen=gen)
+    unit_rows = {frozenset(r for r in row if r >= 0) for row in prep.pad.tolist()}
+    sizes = []
+    for _ in range(5):
+        rows, unit_of_row, pad, s = trainer._sample()
+        assert pad.shape == (s, spec.max_rows_per_unit) and len(unit_of_row) == len(rows)
+        for i in range(s):
+            local = [j for j in pad[i].tolist() if j >= 0]
+            assert all(int(unit_of_row[j]) == i for j in local)
+            assert frozenset(int(rows[j]) for j in local) in unit_rows  # a whole unit, as tabled
+        assert len(set(rows.tolist())) == len(rows)
+        sizes.append(s)
+    # Poisson sampling of units at q = 0.3: about 0.3 n units per step.
+    assert abs(np.mean(sizes) - 0.3 * prep.n_train_units) < 0.1 * prep.n_train_units
+
+
+def test_a_unit_dataset_trains_end_to_end(table, tmp_path, seeded):
+    ds = units_meta()
+    params = {**FIXED, "epochs": 1, "max_rows_per_unit": 2}
+    p, release = run(params, ds, table, tmp_path)
+    r = release.result
+    assert p.details["sample_rate"] == pytest.approx(64 / 400)
+    assert r["train_units"] == 400 and r["test_units"] == 100 and r["steps"] == round(400 / 64)
+    assert 0 <= r["test"]["accuracy"] <= 1
+
+
+# ---------------------------------------------------------------- the noise
+
+
+def test_each_step_adds_noise_of_the_planned_scale():
+    # z * C / (expected batch) per coordinate; the clipped sum is negligible beside it.
+    spec = validate("train", {**FIXED, "model": {"hidden": [64, 64]}, "max_grad_norm": 0.5}, rows_meta())
+    prep = train.prepare(make_table(), spec, torch.Generator().manual_seed(0), torch.device("cpu"))
+    q, z = 64 / 1600, 40.0
+    trainer = train.Trainer(spec, prep, q=q, z=z, steps_per_epoch=1, gen=torch.Generator().manual_seed(1))
+    trainer.step()
+    g = torch.cat([p.grad.flatten() for p in trainer.model.parameters()]).double()
+    expected = q * prep.n_train_units
+    assert len(g) > 4000
+    assert float(g.std() * expected) == pytest.approx(z * 0.5, rel=0.05)
+    assert abs(float(g.mean() * expected)) < 0.1 * z * 0.5
+
+
+@pytest.mark.parametrize("target, metric, better_than", [
+    ("klass", "accuracy", lambda v: v > 0.6),  # three classes, chance 1/3 (about 0.33-0.36 here)
+    ("r", "mae", lambda v: v < 2.5),  # predicting the middle of [-10, 10] gives an MAE of about 3.8
+])
+def test_multiclass_and_regression_tasks_train(table, tmp_path, seeded, target, metric, better_than):
+    params = {**FIXED, "target": target, "features": ["x1", "x2"], "epochs": 3, "eval_epsilon": 1.0}
+    _, release = run(params, rows_meta(), table, tmp_path)
+    r = release.result
+    assert r["task"] == ("multiclass" if target == "klass" else "regression")
+    assert better_than(r["test"][metric]), r["test"]
+    saved = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert saved["layers"][-1]["out"] == (3 if target == "klass" else 1)
