@@ -28,6 +28,7 @@ from governance.accounting.rdp_math import (
     epsilon_from_curve,
     gaussian_curve,
     laplace_curve,
+    opacus_compute_rdp,
     subsampled_gaussian_curve,
 )
 
@@ -58,10 +59,14 @@ def run_event(q: float, z: float | None, steps: int, eval_epsilon_each: float, e
     """The event of ``steps`` DP-SGD steps and ``evals`` evaluations (z None: non-private)."""
     if z is None:
         return {"kind": "non_private"}
-    parts = [{"kind": "subsampled_gaussian", "sample_rate": q, "noise_multiplier": z, "steps": steps}]
+    parts = []
+    if steps:
+        parts.append({"kind": "subsampled_gaussian", "sample_rate": q, "noise_multiplier": z, "steps": steps})
     if evals and eval_epsilon_each > 0:
         parts.append({"kind": "self_composed", "event": {"kind": "laplace", "epsilon": eval_epsilon_each},
                       "count": evals})
+    if not parts:
+        return {"kind": "no_op"}
     return parts[0] if len(parts) == 1 else {"kind": "composed", "events": parts}
 
 
@@ -85,8 +90,7 @@ def _coarse_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, ev
     else:
         import warnings
 
-        from opacus.accountants.analysis.rdp import compute_rdp
-
+        compute_rdp = opacus_compute_rdp()
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             rdp = np.asarray(compute_rdp(q=q, noise_multiplier=z, steps=steps, orders=orders), dtype=float)

@@ -94,36 +94,39 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, prog
 
     runs, events, results = d["runs"], [], []
     planned_steps = d["steps"]
-    for i, run in enumerate(runs):
-        eval_noise = Noise.from_dict(run["eval_noise"]) if run["eval_noise"] else None
-        trainer = Trainer(spec, prep, q=d["sample_rate"], z=run["noise_multiplier"],
-                          steps_per_epoch=d["steps_per_epoch"], gen=gen, eval_noise=eval_noise,
-                          eval_epsilon_each=run["eval_epsilon_each"])
-        try:
+    trainers: list[Trainer] = []
+    try:
+        for i, run in enumerate(runs):
+            eval_noise = Noise.from_dict(run["eval_noise"]) if run["eval_noise"] else None
+            trainer = Trainer(spec, prep, q=d["sample_rate"], z=run["noise_multiplier"],
+                              steps_per_epoch=d["steps_per_epoch"], gen=gen, eval_noise=eval_noise,
+                              eval_epsilon_each=run["eval_epsilon_each"])
+            trainers.append(trainer)
             reason = trainer.fit(spec.epochs, progress, label=run["label"] and f"epsilon {run['label']}",
                                  max_epsilon=spec.max_epsilon, patience=spec.early_stopping_patience,
                                  base_fraction=i / len(runs), span=1 / len(runs))
-        except Cancelled as c:
-            if len(runs) > 1:
-                c.actual_event = {"kind": "composed", "events": events + [trainer.event()]}
-            raise
-        events.append(trainer.event())
-        progress({"phase": f"auditing{' epsilon ' + run['label'] if run['label'] else ''}",
-                  "fraction": round((i + 0.99) / len(runs), 4)})
-        audit_result = None
-        if spec.canaries:
-            audit_result = audit.audit(trainer.canary_losses(), prep.canary_in, spec.delta,
-                                       _finite(trainer.epsilon()))
-        name = "model.pt" if spec.kind == "train" else f"model-eps{run['label']}.pt"
-        _save_model(trainer, spec, workdir / name)
-        results.append({**_run_result(trainer, run, reason, planned_steps, audit_result), "model_file": name})
+            events.append(trainer.event())
+            progress({"phase": f"auditing{' epsilon ' + run['label'] if run['label'] else ''}",
+                      "fraction": round((i + 0.99) / len(runs), 4)})
+            audit_result = None
+            if spec.canaries:
+                audit_result = audit.audit(trainer.canary_losses(), prep.canary_in, spec.delta,
+                                           _finite(trainer.epsilon()))
+            name = "model.pt" if spec.kind == "train" else f"model-eps{run['label']}.pt"
+            _save_model(trainer, spec, workdir / name)
+            results.append({**_run_result(trainer, run, reason, planned_steps, audit_result), "model_file": name})
+    except Cancelled as c:  # charge the steps and evaluations that ran, in every run so far
+        spent = [t.event() for t in trainers]
+        c.actual_event = spent[0] if len(spent) == 1 else {"kind": "composed", "events": spent}
+        raise
 
     (workdir / "preprocessing.json").write_text(json.dumps(features.preprocessing(spec), indent=2))
     common = {"task": spec.task, "target": spec.target["column"], "features": [f["column"] for f in spec.features],
               "model": d["model"], "n_parameters": d["n_parameters"], "model_fixes": d["model_fixes"],
               "sample_rate": d["sample_rate"], "expected_batch_size": spec.batch_size,
-              "max_grad_norm": spec.max_grad_norm, "delta": spec.delta, "train_units": prep.n_train_units,
-              "test_units": prep.n_test_units, "device": dev.type,
+              "max_grad_norm": spec.max_grad_norm, "delta": spec.delta,
+              # public counts (from the dataset's n_units): the exact counts of usable rows would leak
+              "train_units": spec.n_train_units, "test_units": spec.n_test_units, "device": dev.type,
               "metrics_note": "held-out metrics are DP estimates (OpenDP Laplace noise), charged with the run"}
     metric = "mae" if spec.task == "regression" else "accuracy"
     if spec.kind == "train":

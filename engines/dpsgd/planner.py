@@ -5,7 +5,8 @@ A ``train`` request is one run; a ``sweep`` is one run per epsilon (``"inf"``: a
 non-private baseline, event ``non_private``), charged as the composition of its runs.
 Held-out evaluations (one per epoch) take ``eval_epsilon`` of each run's budget, split
 evenly over the epochs, each released through OpenDP's Laplace mechanism (L1
-sensitivity 2: a unit moves the metric sum and the loss sum by at most 1 each).
+sensitivity 3: a unit moves the metric sum, the loss sum and the unit count by at most 1
+each).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .model_spec import describe, n_parameters
 from .params import DEFAULT_EVAL_SHARE, Spec, validate
 
 DETAILS_VERSION = 1
-EVAL_SENSITIVITY = 2.0
+EVAL_SENSITIVITY = 3.0
 
 
 def _eval_noise(eval_epsilon: float, evals: int):

@@ -23,8 +23,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engines.types import Cancelled
-
 from . import calibrate, clipping, features
 from .model_spec import build
 
@@ -233,8 +231,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def _exact_metrics(self) -> tuple[float, float]:
-        """Sums over held-out units of each unit's mean metric and mean loss, both in [0, 1]."""
+    def _exact_metrics(self) -> tuple[float, float, float]:
+        """Over held-out units: the sums of each unit's mean metric and mean loss (both in
+        [0, 1]) and the number of units."""
         p, task = self.prep, self.spec.task
         self.model.eval()
         metric, loss = [], []
@@ -250,22 +249,25 @@ class Trainer:
                 metric.append((pred == y).float())
                 loss.append(row_losses(task, out, y).clamp(max=LOSS_CAP) / LOSS_CAP)
         metric, loss = torch.cat(metric).double(), torch.cat(loss).double()
-        counts = torch.bincount(p.test_units, minlength=p.n_test_units).double().clamp(min=1)
-        per_unit_metric = torch.bincount(p.test_units, weights=metric, minlength=p.n_test_units) / counts
-        per_unit_loss = torch.bincount(p.test_units, weights=loss, minlength=p.n_test_units) / counts
-        return float(per_unit_metric.sum()), float(per_unit_loss.sum())
+        counts = torch.bincount(p.test_units, minlength=p.n_test_units).double()
+        per_unit_metric = torch.bincount(p.test_units, weights=metric, minlength=p.n_test_units) / counts.clamp(min=1)
+        per_unit_loss = torch.bincount(p.test_units, weights=loss, minlength=p.n_test_units) / counts.clamp(min=1)
+        return float(per_unit_metric.sum()), float(per_unit_loss.sum()), float((counts >= 1).sum())
 
     def evaluate(self) -> dict:
         """Held-out metric and loss, released with OpenDP Laplace noise (or exact for a
-        non-private baseline). Each unit moves each sum by at most 1: L1 sensitivity 2."""
-        sums = self._exact_metrics()
+        non-private baseline): the noisy sums over units divided by the noisy number of
+        units (how many held-out units have a usable target depends on the data, so it is
+        released too). A unit moves each of the three by at most 1: L1 sensitivity 3."""
+        values = self._exact_metrics()
         if self.z is not None:
             if self.eval_noise is None:
                 return {}
-            sums = self.eval_noise.release(list(sums))
+            values = self.eval_noise.release(list(values))
         self.evals += 1
-        n = self.prep.n_test_units
-        metric, loss = (min(max(v / n, 0.0), 1.0) for v in sums)
+        metric_sum, loss_sum, n = values
+        n = max(n, 1.0)
+        metric, loss = (min(max(v / n, 0.0), 1.0) for v in (metric_sum, loss_sum))
         if self.spec.task == "regression":
             span = self.spec.target["upper"] - self.spec.target["lower"]
             return {"val_mae": metric * span, "val_mse_scaled": loss}
@@ -275,36 +277,32 @@ class Trainer:
     def fit(self, epochs: int, progress, *, label: str = "", max_epsilon: float | None = None,
             patience: int | None = None, base_fraction: float = 0.0, span: float = 1.0) -> str:
         """Train up to ``epochs``; returns why it stopped (completed, max_epsilon, early_stopping).
-        ``Cancelled`` from ``progress`` is re-raised carrying the event actually spent."""
+        ``Cancelled`` from ``progress`` propagates; ``event()`` is then what was spent."""
         with_eval = self.z is None or self.eval_noise is not None
         best, since = -math.inf, 0
         total = epochs * self.steps_per_epoch
-        try:
-            for epoch in range(1, epochs + 1):
-                if max_epsilon is not None:
-                    nxt = self.epsilon(self.steps + self.steps_per_epoch, self.evals + int(with_eval))
-                    if nxt > max_epsilon:
-                        return "max_epsilon"
-                for s in range(self.steps_per_epoch):
-                    self.step()
-                    if s % PROGRESS_EVERY == 0:
-                        progress(self._progress(label, base_fraction + span * self.steps / total))
-                row = {"epoch": epoch, "steps": self.steps, **self.evaluate()}
-                row["epsilon"] = self.epsilon() if self.z is not None else None
-                self.history.append(row)
-                progress(self._progress(label, base_fraction + span * self.steps / total))
-                score = row.get("val_accuracy", -row.get("val_mae", 0.0))
-                if patience is not None and with_eval:
-                    if score > best:
-                        best, since = score, 0
-                    else:
-                        since += 1
-                        if since >= patience:
-                            return "early_stopping"
-            return "completed"
-        except Cancelled as c:
-            c.actual_event = self.event()
-            raise
+        for epoch in range(1, epochs + 1):
+            if max_epsilon is not None:
+                nxt = self.epsilon(self.steps + self.steps_per_epoch, self.evals + int(with_eval))
+                if nxt > max_epsilon:
+                    return "max_epsilon"
+            for s in range(self.steps_per_epoch):
+                self.step()
+                if s % PROGRESS_EVERY == 0:
+                    progress(self._progress(label, base_fraction + span * self.steps / total))
+            row = {"epoch": epoch, "steps": self.steps, **self.evaluate()}
+            row["epsilon"] = self.epsilon() if self.z is not None else None
+            self.history.append(row)
+            progress(self._progress(label, base_fraction + span * self.steps / total))
+            score = row.get("val_accuracy", -row.get("val_mae", 0.0))
+            if patience is not None and with_eval:
+                if score > best:
+                    best, since = score, 0
+                else:
+                    since += 1
+                    if since >= patience:
+                        return "early_stopping"
+        return "completed"
 
     def _progress(self, label: str, fraction: float) -> dict:
         out = {"phase": f"training{' ' + label if label else ''}", "fraction": round(min(fraction, 0.99), 4),

@@ -85,9 +85,30 @@ def subsampled_gaussian_curve(sample_rate: float, noise_multiplier: float, steps
 _FRACTIONAL_MAX_RATE = 0.4
 
 
+@functools.cache
+def opacus_compute_rdp():
+    """Opacus's ``accountants.analysis.rdp.compute_rdp`` without importing the ``opacus``
+    package, whose ``__init__`` imports torch (seconds and hundreds of MB in every web
+    process that plans a DP-SGD request). The module itself needs only numpy and scipy,
+    so it is loaded from its file; a process that has imported Opacus uses that copy."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    loaded = sys.modules.get("opacus.accountants.analysis.rdp")
+    if loaded is not None:
+        return loaded.compute_rdp
+    package = importlib.util.find_spec("opacus")  # locates the package without running it
+    path = Path(package.origin).parent / "accountants" / "analysis" / "rdp.py"
+    spec = importlib.util.spec_from_file_location("governance.accounting._opacus_rdp", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.compute_rdp
+
+
 @functools.lru_cache(maxsize=4096)
 def _one_step_curve(q: float, z: float) -> np.ndarray:
-    from opacus.accountants.analysis.rdp import compute_rdp  # heavy import: only when needed
+    compute_rdp = opacus_compute_rdp()
 
     # Without subsampling the Gaussian's curve is a valid upper bound at every order:
     # subsampling never costs privacy (joint convexity of exp((a-1) D_a)).

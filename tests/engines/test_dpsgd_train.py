@@ -81,7 +81,8 @@ def test_a_learnable_task_is_learnt_and_the_saved_model_reloads(table, tmp_path,
     assert release.actual_event is None and r["stopped"] == "completed"
     # Clearly better than chance (the classes are about balanced) on the DP held-out metric.
     assert r["test"]["accuracy"] > 0.75
-    assert r["task"] == "binary" and r["train_units"] == 1600 + r["audit"]["canaries_included"]
+    # The counts shown are the public ones (from n_units), never the exact counts of usable rows.
+    assert r["task"] == "binary" and (r["train_units"], r["test_units"]) == (1600, 400)
 
     # One history row per epoch; epsilon grows and ends at the planned epsilon.
     hist = r["history"]
@@ -146,6 +147,21 @@ def test_cancellation_carries_the_event_of_the_steps_done(table, tmp_path, seede
     assert sg["kind"] == "subsampled_gaussian" and sg["steps"] == done and sg["noise_multiplier"] == 1.0
     assert ev["count"] == 1  # the first epoch's evaluation was released
     assert not (tmp_path / "model.pt").exists()
+
+
+def test_a_cancellation_after_an_early_stop_charges_only_the_steps_taken(table, tmp_path, seeded):
+    ds = rows_meta()
+    q, each = plan_of(FIXED, ds).details["sample_rate"], plan_of(FIXED, ds).details["runs"][0]["eval_epsilon_each"]
+    cap = (calibrate.epsilon(q, 1.0, 50, each, 2, DELTA) + calibrate.epsilon(q, 1.0, 75, each, 3, DELTA)) / 2
+
+    def progress(info):
+        if info["phase"].startswith("auditing"):  # training stopped at the cap; cancelled while auditing
+            raise Cancelled("stop")
+
+    with pytest.raises(Cancelled) as exc:
+        run({**FIXED, "max_epsilon": cap, "canaries": 20}, ds, table, tmp_path, progress)
+    sg, ev = exc.value.actual_event["events"]
+    assert sg["steps"] == 50 and ev["count"] == 2  # not the 125 steps reserved
 
 
 # ---------------------------------------------------------------- privacy units
