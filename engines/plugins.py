@@ -19,7 +19,7 @@ from . import hookspecs
 from .types import DatasetMeta, EngineRequest, Plan, PlanError, Release, UnknownEngine
 
 GROUP = "privacy_engines"
-BUILTINS = ("engines.aggregates", "engines.dpsgd")
+BUILTINS = ("engines.aggregates", "engines.dpsgd", "engines.synthesis")
 
 pm = pluggy.PluginManager(GROUP)
 pm.add_hookspecs(hookspecs)

@@ -53,10 +53,14 @@ class Plan:
 @dataclass
 class Release:
     """The output of a run: the answer (JSON) and, if it cost less than planned, the event
-    actually spent (e.g. training that stopped early)."""
+    actually spent (e.g. training that stopped early). ``officer_report`` (JSON) holds
+    diagnostics computed on the private rows (e.g. a synthetic table's quality report):
+    shown to privacy officers only, never to the analyst; its files go in
+    ``workdir/officer``."""
 
     result: dict
     actual_event: dict | None = None
+    officer_report: dict | None = None
 
 
 class EngineError(Exception):

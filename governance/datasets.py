@@ -242,7 +242,10 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
                 errors[name] = "domain values must be distinct"
         if typ != "numeric" and name not in errors and (c.get("lower") is not None or c.get("upper") is not None):
             errors[name] = f"bounds apply only to numeric columns; this column is {typ}"
-        allowed_keys = {"name", "type", "lower", "upper", "integer", "domain", "domain_from_data", "description"}
+        if "sensitive" in c and not isinstance(c["sensitive"], bool):
+            errors[name] = "sensitive must be true or false"
+        allowed_keys = {"name", "type", "lower", "upper", "integer", "domain", "domain_from_data", "description",
+                        "sensitive"}
         extra = set(c) - allowed_keys
         if extra and name not in errors:
             errors[name] = f"unknown key(s): {', '.join(sorted(extra))}"

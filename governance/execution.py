@@ -79,9 +79,13 @@ def execute(request_id: str, worker: str = "") -> str:
     files = _describe_files(workdir)
     if files:
         result["files"] = files
-    else:
+    officer = dict(release.officer_report) if release.officer_report is not None else None
+    if officer is not None and (workdir / "officer").is_dir():
+        officer["files"] = _describe_files(workdir / "officer")
+    if not any(workdir.iterdir()):
         workdir.rmdir()
-    return _finish(req, Request.Status.SUCCEEDED, result=result, actual_event=release.actual_event, charge=True)
+    return _finish(req, Request.Status.SUCCEEDED, result=result, actual_event=release.actual_event, charge=True,
+                   officer_report=officer)
 
 
 def results_dir(request_id) -> Path:
@@ -101,7 +105,8 @@ def _describe_files(workdir: Path) -> list[dict]:
     return out
 
 
-def _finish(req: Request, status: str, *, result=None, error=None, actual_event=None, charge: bool) -> str:
+def _finish(req: Request, status: str, *, result=None, error=None, actual_event=None, charge: bool,
+            officer_report=None) -> str:
     with transaction.atomic():
         if req.ledger_entry_id:
             if charge:
@@ -109,7 +114,7 @@ def _finish(req: Request, status: str, *, result=None, error=None, actual_event=
             else:
                 ledger.release(req.ledger_entry_id)
         Request.objects.filter(pk=req.pk, status=Request.Status.RUNNING).update(
-            status=status, result=result, error=error, finished_at=timezone.now(),
+            status=status, result=result, error=error, finished_at=timezone.now(), officer_report=officer_report,
             progress={"phase": status, "fraction": 1.0})
     return status
 

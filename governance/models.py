@@ -166,6 +166,9 @@ class Request(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
     progress = models.JSONField(default=dict)
     result = models.JSONField(null=True, blank=True)
+    officer_report = models.JSONField(
+        null=True, blank=True, help_text="Diagnostics computed on the private rows (e.g. a synthetic table's quality "
+        "and privacy reports): privacy officers only, never the analyst.")
     error = models.JSONField(null=True, blank=True)
     data_read = models.BooleanField(default=False, help_text="The worker has started reading the data.")
     cancel_requested = models.BooleanField(default=False)

@@ -195,12 +195,14 @@ class RequestSerializer(serializers.ModelSerializer):
         help_text="epsilon/delta charged under each accountant: reserved while queued or running, "
                   "what was committed when done, zero when refunded or replayed")
     result = serializers.SerializerMethodField()
+    officer_report = serializers.SerializerMethodField()
     replayed = serializers.SerializerMethodField()
 
     class Meta:
         model = Request
         fields = ["id", "dataset", "analyst", "engine", "kind", "params", "status", "progress", "event", "charge",
-                  "result", "error", "replayed", "replay_of", "created_at", "started_at", "finished_at"]
+                  "result", "officer_report", "error", "replayed", "replay_of", "created_at", "started_at",
+                  "finished_at"]
         read_only_fields = fields
 
     def get_event(self, req) -> dict:
@@ -225,6 +227,15 @@ class RequestSerializer(serializers.ModelSerializer):
         request = self.context.get("request")
         if request is not None and request.user.pk == req.analyst_id:
             return req.result
+        return None
+
+    @extend_schema_field({"type": "object", "nullable": True,
+                          "description": "diagnostics computed on the private rows (a synthetic table's quality and "
+                                         "privacy reports), shown to privacy officers only"})
+    def get_officer_report(self, req):
+        request = self.context.get("request")
+        if request is not None and request.user.is_staff:
+            return req.officer_report
         return None
 
     def get_replayed(self, req) -> bool:

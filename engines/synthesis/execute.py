@@ -1,0 +1,106 @@
+"""A synthesis run: hold out units for the reports, bound each unit's rows, synthesize
+(MST or the DP-VAE), write the table, and compute the quality and privacy reports.
+
+The reports compare the synthetic table with the private rows (the training rows and a
+held-out sample), so they are **not** released to the analyst: they go to the privacy
+officer only (``Release.officer_report`` and files in ``workdir/officer``). Releasing
+them would be a second, unaccounted release of statistics of the private data; making
+dozens of such statistics DP would cost more budget than the synthetic table itself. The
+officer, the custodian of the data, reads them and decides whether the table may go out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engines.types import EngineError, Release
+
+from . import encoding
+from .params import Spec
+from .planner import DETAILS_VERSION
+
+
+def secure_rng() -> np.random.Generator:
+    return np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
+
+
+def split(df: pd.DataFrame, spec: Spec, rng: np.random.Generator) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(training rows, at most k per unit; held-out rows of a random fraction of the units)."""
+    from engines.aggregates.compute import bound_contributions
+
+    if spec.unit_column:
+        units, _ = pd.factorize(df[spec.unit_column], use_na_sentinel=False)
+    else:
+        units = np.arange(len(df))
+    n_units = int(units.max()) + 1 if len(units) else 0
+    held = np.zeros(n_units, dtype=bool)
+    held[rng.permutation(n_units)[:int(round(n_units * spec.holdout_fraction))]] = True
+    train_mask = ~held[units]
+    if spec.unit_column:
+        train_mask, _ = bound_contributions(train_mask, units, n_units, spec.max_rows_per_unit, rng)
+    cols = spec.names
+    return df.loc[train_mask, cols].reset_index(drop=True), df.loc[held[units], cols].reset_index(drop=True)
+
+
+def _schema(spec: Spec) -> dict:
+    return {c["column"]: {k: v for k, v in c.items() if k != "column"} for c in spec.columns}
+
+
+def execute(request, dataset, data, plan, progress, workdir) -> Release:
+    d = plan.details
+    if d.get("version") != DETAILS_VERSION:
+        raise EngineError("plan details from an unknown version of the synthesis engine")
+    spec = Spec.from_dict(d["spec"])
+    workdir = Path(workdir)
+    rng = secure_rng()
+    progress({"phase": "preparing data", "fraction": 0.0})
+    train, holdout = split(data.to_pandas(), spec, rng)
+    info: dict = {}
+    if spec.method == "mst":
+        from . import mst
+
+        sizes = {c["column"]: encoding.size(c) for c in spec.columns}
+        codes, info = mst.synthesize(encoding.encode(train, spec.columns), sizes, d["mst"], spec.rows, progress)
+        synthetic = encoding.decode(codes, spec.columns, rng)
+    else:
+        from . import vae
+
+        synthetic, info = vae.synthesize(train, spec, d["vae"], progress)
+    synthetic = synthetic[spec.names]
+
+    progress({"phase": "writing the table", "fraction": 0.9})
+    synthetic.to_csv(workdir / "synthetic.csv", index=False)
+    synthetic.to_parquet(workdir / "synthetic.parquet", index=False)
+
+    officer = None
+    if len(holdout):
+        progress({"phase": "quality and privacy reports", "fraction": 0.93})
+        officer = reports(train, synthetic, holdout, spec, workdir / "officer")
+    result = {
+        "method": spec.method, "rows": int(len(synthetic)), "columns": spec.names, "epsilon": spec.epsilon,
+        "delta": spec.delta, "planned_epsilon": d["planned_epsilon"], "max_rows_per_unit": spec.max_rows_per_unit,
+        "numeric_bins": {c["column"]: c["bins"] for c in spec.columns if c["type"] == "numeric"}, **info,
+        "reports": ("computed and shown to the privacy officer only: they compare the table with the private rows"
+                    if officer else "none (holdout_fraction 0)"),
+    }
+    return Release(result=result, officer_report=officer)
+
+
+def reports(train: pd.DataFrame, synthetic: pd.DataFrame, holdout: pd.DataFrame, spec: Spec, outdir: Path) -> dict:
+    from . import report
+
+    schema = _schema(spec)
+    quality = report.quality_report(train, synthetic, holdout, schema, target=spec.target)
+    privacy = report.privacy_report(train, synthetic, holdout, schema, sensitive=spec.sensitive)
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "quality.json").write_text(json.dumps(quality, indent=2))
+    (outdir / "privacy.json").write_text(json.dumps(privacy, indent=2))
+    (outdir / "report.html").write_text(report.html_report(quality, privacy, train, synthetic, schema,
+                                                           title=f"Synthetic data report ({spec.method}, "
+                                                                 f"epsilon {spec.epsilon:g})"))
+    return {"quality": quality, "privacy": privacy}

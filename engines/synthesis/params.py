@@ -1,0 +1,179 @@
+"""Validation of a synthesis request against the dataset's public metadata (no data read,
+no torch, no JAX)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engines.types import DatasetMeta, PlanError
+
+KINDS = ("synthesize",)
+METHODS = ("mst", "vae")
+MAX_ROWS = 5_000_000
+MAX_BINS = 256
+DEFAULT_BINS = 20
+DEFAULT_ROWS_PER_UNIT = 4
+MAX_ROWS_PER_UNIT = 1000
+KEYS = {"method", "epsilon", "delta", "rows", "columns", "bins", "max_rows_per_unit", "holdout_fraction", "target",
+        "epochs", "batch_size", "latent_dim", "hidden", "learning_rate"}
+
+
+@dataclass
+class Spec:
+    method: str
+    epsilon: float
+    delta: float
+    rows: int
+    columns: list[dict]  # declared specs with "column" and "type"; numeric ones with "bins"
+    n_units: int
+    n_holdout_units: int
+    n_train_units: int
+    unit_column: str | None
+    max_rows_per_unit: int
+    holdout_fraction: float
+    target: str | None
+    sensitive: list[str] = field(default_factory=list)
+    vae: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Spec":
+        return cls(**d)
+
+    @property
+    def names(self) -> list[str]:
+        return [c["column"] for c in self.columns]
+
+
+def _finite(v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def _column(name: str, col: dict, bins: int) -> dict | str:
+    typ = col.get("type")
+    if typ == "numeric":
+        lo, hi = col.get("lower"), col.get("upper")
+        if not (_finite(lo) and _finite(hi) and lo < hi):
+            return (f"numeric column {name!r} has no declared bounds: the officer must declare lower and upper "
+                    "(bounds read from the data would leak)")
+        return {"column": name, "type": "numeric", "lower": float(lo), "upper": float(hi), "bins": bins,
+                "integer": bool(col.get("integer", False))}
+    if typ == "categorical":
+        domain = col.get("domain")
+        if not isinstance(domain, list) or not domain:
+            return f"categorical column {name!r} has no declared domain"
+        return {"column": name, "type": "categorical", "domain": list(domain)}
+    return f"column {name!r} is of type {typ!r}: only numeric and categorical columns can be synthesized"
+
+
+def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
+    if not isinstance(params, dict):
+        raise PlanError("params must be an object", {"params": "must be an object"})
+    errors: dict[str, str] = {}
+    unknown = sorted(set(params) - KEYS)
+    if unknown:
+        errors["params"] = f"unknown parameter(s): {', '.join(unknown)}"
+    method = params.get("method", "mst")
+    if method not in METHODS:
+        errors["method"] = f"must be one of {', '.join(METHODS)}, got {method!r}"
+    eps = params.get("epsilon")
+    if not _finite(eps) or eps <= 0 or eps > 100:
+        errors["epsilon"] = f"required: a number in (0, 100], got {eps!r}"
+    delta = params.get("delta", ds.delta)
+    if not _finite(delta) or not 0 < delta < 0.1:
+        errors["delta"] = f"must be a number in (0, 0.1), got {delta!r}"
+    rows = params.get("rows", ds.n_rows)
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_ROWS:
+        errors["rows"] = f"must be an integer from 1 to {MAX_ROWS:,}, got {rows!r}"
+    bins = params.get("bins", DEFAULT_BINS)
+    if isinstance(bins, bool) or not isinstance(bins, int) or not 2 <= bins <= MAX_BINS:
+        errors["bins"] = f"must be an integer from 2 to {MAX_BINS}, got {bins!r}"
+        bins = DEFAULT_BINS
+    k = 1
+    if ds.unit_column:
+        k = params.get("max_rows_per_unit", DEFAULT_ROWS_PER_UNIT)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_ROWS_PER_UNIT:
+            errors["max_rows_per_unit"] = f"must be an integer from 1 to {MAX_ROWS_PER_UNIT}, got {k!r}"
+            k = 1
+    elif "max_rows_per_unit" in params:
+        errors["max_rows_per_unit"] = "this dataset has no privacy-unit column: each row is a unit"
+    hf = params.get("holdout_fraction", 0.2)
+    if not _finite(hf) or not 0 <= hf <= 0.5:
+        errors["holdout_fraction"] = f"must be a number in [0, 0.5], got {hf!r}"
+        hf = 0.2
+
+    names = params.get("columns")
+    columns: list[dict] = []
+    if names is None:
+        for c, spec in ds.columns.items():
+            if c != ds.unit_column and spec.get("type") in ("numeric", "categorical"):
+                col = _column(c, spec, bins)
+                if isinstance(col, dict):
+                    columns.append(col)
+        if not columns:
+            errors["columns"] = "the dataset has no column that can be synthesized (bounded numeric or categorical)"
+    elif not isinstance(names, list) or not names or not all(isinstance(c, str) for c in names) \
+            or len(set(names)) != len(names):
+        errors["columns"] = "must be a non-empty list of distinct column names"
+    else:
+        problems = []
+        for c in names:
+            if c not in ds.columns:
+                problems.append(f"unknown column {c!r}")
+            elif c == ds.unit_column:
+                problems.append(f"{c!r} is the privacy-unit column (it is never synthesized)")
+            else:
+                col = _column(c, ds.columns[c], bins)
+                (problems.append(col) if isinstance(col, str) else columns.append(col))
+        if problems:
+            errors["columns"] = "; ".join(problems)
+    if columns and len(columns) < 2 and method == "mst":
+        errors["columns"] = "MST needs at least two columns"
+    target = params.get("target")
+    if target is not None and target not in [c["column"] for c in columns]:
+        errors["target"] = "must be one of the synthesized columns (used for train-synthetic-test-real utility)"
+    vae = {}
+    if method == "vae":
+        vae = {"epochs": params.get("epochs", 10), "batch_size": params.get("batch_size", 256),
+               "latent_dim": params.get("latent_dim", 8), "hidden": params.get("hidden", [128, 64]),
+               "learning_rate": params.get("learning_rate", 2e-3)}
+        if isinstance(vae["epochs"], bool) or not isinstance(vae["epochs"], int) or not 1 <= vae["epochs"] <= 500:
+            errors["epochs"] = f"must be an integer from 1 to 500, got {vae['epochs']!r}"
+        if isinstance(vae["batch_size"], bool) or not isinstance(vae["batch_size"], int) or vae["batch_size"] < 1:
+            errors["batch_size"] = f"must be a positive integer, got {vae['batch_size']!r}"
+        if isinstance(vae["latent_dim"], bool) or not isinstance(vae["latent_dim"], int) \
+                or not 1 <= vae["latent_dim"] <= 256:
+            errors["latent_dim"] = f"must be an integer from 1 to 256, got {vae['latent_dim']!r}"
+        h = vae["hidden"]
+        if not isinstance(h, list) or not 1 <= len(h) <= 8 or not all(
+                isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= 4096 for w in h):
+            errors["hidden"] = "must be a list of 1 to 8 layer widths from 1 to 4096"
+        if not _finite(vae["learning_rate"]) or not 0 < vae["learning_rate"] <= 1:
+            errors["learning_rate"] = "must be a number in (0, 1]"
+    else:
+        for key in ("epochs", "batch_size", "latent_dim", "hidden", "learning_rate"):
+            if key in params:
+                errors[key] = "only for method vae"
+    n_units = int(ds.n_units or ds.n_rows)
+    n_holdout = int(round(n_units * (hf or 0.0)))
+    n_train = n_units - n_holdout
+    if n_train < 10:
+        errors["dataset"] = f"too small to synthesize: {n_units} privacy units"
+    if method == "vae" and "batch_size" not in errors and vae["batch_size"] > n_train:
+        errors["batch_size"] = f"{vae['batch_size']} is larger than the training split ({n_train} units)"
+    if errors:
+        first = next(iter(errors.items()))
+        raise PlanError(f"invalid synthesis request: {first[0]}: {first[1]}", errors)
+    sensitive = [c["column"] for c in columns if ds.columns[c["column"]].get("sensitive")]
+    return Spec(method=method, epsilon=float(eps), delta=float(delta), rows=rows, columns=columns, n_units=n_units,
+                n_holdout_units=n_holdout, n_train_units=n_train, unit_column=ds.unit_column, max_rows_per_unit=k,
+                holdout_fraction=float(hf), target=target, sensitive=sensitive, vae=vae)

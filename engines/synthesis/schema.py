@@ -1,0 +1,33 @@
+"""JSON schema of the synthesis parameters (shown by ``GET /api/engines/``); params.py checks
+everything against the dataset and is the authority."""
+
+from __future__ import annotations
+
+from .params import DEFAULT_BINS, DEFAULT_ROWS_PER_UNIT, MAX_BINS, MAX_ROWS, MAX_ROWS_PER_UNIT, METHODS
+
+
+def params_schema() -> dict:
+    props = {
+        "method": {"enum": list(METHODS), "default": "mst",
+                   "description": "mst: marginal-based (graphical model); vae: a tabular VAE trained with DP-SGD"},
+        "epsilon": {"type": "number", "exclusiveMinimum": 0, "maximum": 100,
+                    "description": "the whole run's epsilon at delta (the service's RDP accountant)"},
+        "delta": {"type": "number", "exclusiveMinimum": 0, "description": "default: the dataset's"},
+        "rows": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS, "description": "default: the dataset's rows"},
+        "columns": {"type": "array", "items": {"type": "string"},
+                    "description": "default: every bounded numeric and categorical column"},
+        "bins": {"type": "integer", "minimum": 2, "maximum": MAX_BINS, "default": DEFAULT_BINS,
+                 "description": "equal-width bins of each numeric column's declared range (mst)"},
+        "max_rows_per_unit": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS_PER_UNIT,
+                              "default": DEFAULT_ROWS_PER_UNIT, "description": "datasets with a privacy unit"},
+        "holdout_fraction": {"type": "number", "minimum": 0, "maximum": 0.5, "default": 0.2,
+                             "description": "units held out for the officer's quality and privacy reports"},
+        "target": {"type": "string", "description": "a column for train-synthetic-test-real utility in the report"},
+        "epochs": {"type": "integer", "minimum": 1, "maximum": 500, "default": 10, "description": "vae"},
+        "batch_size": {"type": "integer", "minimum": 1, "default": 256, "description": "vae: expected batch"},
+        "latent_dim": {"type": "integer", "minimum": 1, "maximum": 256, "default": 8, "description": "vae"},
+        "hidden": {"type": "array", "items": {"type": "integer"}, "default": [128, 64], "description": "vae"},
+        "learning_rate": {"type": "number", "exclusiveMinimum": 0, "default": 2e-3, "description": "vae"},
+    }
+    return {"synthesize": {"type": "object", "additionalProperties": False, "required": ["epsilon"],
+                           "properties": props}}
