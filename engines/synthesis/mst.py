@@ -22,6 +22,7 @@ def _mbi():
     import jax
 
     jax.config.update("jax_enable_x64", True)  # mbi's estimators stall in float32 on large tables
+    jax.config.update("jax_enable_compilation_cache", False)  # mbi compiles many small programs (its advice)
     import mbi
     from mbi.estimation import MirrorDescent
 

@@ -136,7 +136,7 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
                 (problems.append(col) if isinstance(col, str) else columns.append(col))
         if problems:
             errors["columns"] = "; ".join(problems)
-    if columns and len(columns) < 2 and method == "mst":
+    if columns and len(columns) < 2 and method == "mst" and "columns" not in errors:
         errors["columns"] = "MST needs at least two columns"
     target = params.get("target")
     if target is not None and target not in [c["column"] for c in columns]:
