@@ -1,0 +1,974 @@
+"""Quality and privacy reports for a synthetic table, and their HTML page (pure functions).
+
+Every report compares three tables with the schema's columns: ``train`` (the real rows the
+synthesizer was fitted on), ``synthetic`` (what it generated) and ``holdout`` (real rows
+it never saw). The holdout is the yardstick: it is what a perfect synthesizer, one that
+draws fresh rows from the true distribution, would produce, so each quality metric is
+reported for the synthetic table *and* for the holdout in its place (the "ceiling"), and
+each privacy metric next to the same attack run on the holdout (the "baseline").
+
+Encodings use only the declared schema (public), never a statistic of the data:
+
+- ``discretise``: numeric -> ``bins`` equal-width bins between the declared bounds
+  (values clamped), categorical -> index in the declared domain; null or undeclared ->
+  one extra code;
+- models (discriminator, TSTR, attribute inference): numeric clamped to the bounds (null
+  kept as missing), categorical as its domain index (a native categorical feature of
+  scikit-learn's histogram gradient boosting);
+- distances (DCR, membership and nearest-neighbour attribute inference): numeric scaled
+  to [0, 1] by the declared range (null -> 0.5 plus a null indicator), categorical
+  one-hot over domain + "null/other", scaled by 1/sqrt(2) so that a different category
+  counts as much as a full-range numeric difference; Euclidean distance.
+
+Large tables are sampled (row caps below) with a generator seeded by ``seed``; each metric
+draws from its own stream, so results do not depend on which metrics ran before.
+
+These reports read the real data (train and holdout) and are *not* differentially
+private: they are for the data owner (privacy officer) judging a synthesizer, not for
+release to analysts.
+
+scikit-learn and matplotlib are imported only when a report is computed.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from itertools import combinations, pairwise
+
+import numpy as np
+import pandas as pd
+
+UNIVARIATE_BINS = 20
+BIVARIATE_BINS = 10
+MARGINAL_ROWS = 200_000  # rows per table for histograms and associations
+DISCRIMINATOR_ROWS = 20_000  # rows per class
+MIN_DISCRIMINATOR_ROWS = 10
+MODEL_ROWS = 20_000  # training rows for TSTR / TRTR and attribute-inference models
+TEST_ROWS = 20_000  # holdout rows TSTR / TRTR are scored on
+DCR_QUERY_ROWS = 10_000  # synthetic rows and holdout rows whose DCR is measured
+DCR_REFERENCE_ROWS = 50_000  # train rows they are measured against
+MIA_ROWS = 5_000  # members (train) and as many non-members (holdout)
+SYNTHETIC_REFERENCE_ROWS = 50_000  # synthetic rows the attacks search
+HISTOGRAM_BINS = 30
+MAX_NATIVE_CATEGORIES = 250  # larger domains go to the gradient boosting as ordinal codes
+DENSE_WIDTH = 256  # distance encodings wider than this stay sparse
+
+ASSOCIATION = ("bias-corrected Cramér's V (Bergsma 2013) between the discretised codes (10 equal-width bins "
+               "over the declared range for numeric columns, the declared domain for categorical ones, "
+               "null/undeclared as one more code); in [0, 1], the same measure for every pair of column "
+               "types, and it sees non-linear dependence, but not its sign")
+
+QUALITY_NOTES = {
+    "univariate_accuracy": "1 - total variation distance between the train and the synthetic marginal of each "
+                           "column over its discretised codes (20 bins), averaged over columns. 1 = identical "
+                           "histograms. 'holdout' is the same with the holdout in place of the synthetic table: "
+                           "the sampling-noise ceiling (a synthetic table larger than the holdout can exceed it).",
+    "bivariate_accuracy": "1 - total variation distance between the 2-D histograms (10 x 10 bins) of each pair of "
+                          "columns in train and in synthetic, averaged over pairs: how well pairwise dependence is "
+                          "kept. 'pairs' gives each pair.",
+    "overall_accuracy": "Mean of univariate and bivariate accuracy.",
+    "correlation_difference": "Mean absolute difference, over pairs of columns, between the association matrices "
+                              "of train and synthetic. Association = " + ASSOCIATION + ". 0 = same dependence "
+                              "structure; lower is better.",
+    "discriminator_auc": "A gradient-boosted classifier is trained to tell train rows from synthetic rows "
+                         "(balanced samples, 70/30 split) and its ROC AUC is measured on the held-out 30%. 0.5 = "
+                         "indistinguishable, 1 = trivially told apart. Both comparisons use the same train rows and "
+                         "the same number of rows. Well below 0.5 is not better than 0.5: it happens when synthetic "
+                         "rows are copies of train rows (the classifier learns a train row and meets its copy, "
+                         "labelled synthetic, in the test part); see the privacy report.",
+    "tstr": "Train on synthetic, test on real: a gradient-boosted model predicts the target from the other columns, "
+            "trained on synthetic rows and scored on the holdout (ROC AUC, macro one-vs-rest over the classes "
+            "present in the holdout, for a categorical target; R^2 for a numeric one), next to the same model "
+            "trained on as many train rows (TRTR). gap = trtr - tstr: the utility lost by using the synthetic data.",
+}
+
+PRIVACY_NOTES = {
+    "dcr": "Distance to closest record: for each synthetic row, the Euclidean distance to the nearest train row "
+           "(numeric scaled to [0, 1] by the declared range, categoricals one-hot; a different category counts "
+           "1). The baseline is the same for holdout rows, which are real rows never trained on. ratio = median "
+           "synthetic DCR / median holdout DCR: >= 1 means synthetic rows are no closer to the training rows than "
+           "fresh real rows are; well below 1 means the synthesizer reproduces training rows.",
+    "exact_copy_share": "Share of synthetic rows equal to some train row on every column (numeric values exactly, "
+                        "categoricals by declared value), next to the share of holdout rows that equal a train "
+                        "row (natural duplicates: the level a synthesizer cannot be blamed for).",
+    "membership_inference": "Distance attack: each train row (member) and holdout row (non-member) of equal-size "
+                            "samples is scored by its distance to the nearest synthetic row; closer = guessed "
+                            "member. ROC AUC 0.5 = no membership leak. tpr_at_1pct_fpr / tpr_at_10pct_fpr: the "
+                            "share of members caught when only 1% / 10% of non-members are wrongly accused "
+                            "(chance: 0.01 / 0.10).",
+    "attribute_inference": "For each sensitive column, an attacker who knows the other columns of a person "
+                           "predicts the sensitive value using only the synthetic data: 'model' is a "
+                           "gradient-boosted classifier/regressor trained on the synthetic rows, "
+                           "'nearest_neighbour' copies the value of the closest synthetic row. Scored (accuracy, "
+                           "or R^2 for a numeric column) on train rows and on holdout rows: what is inferable for "
+                           "anyone is the distribution (the holdout score); a higher score on train rows (gap > 0) "
+                           "means the synthetic data leaks members' own values. 'baseline' predicts the synthetic "
+                           "data's most common value (mean for numeric).",
+}
+
+
+# --- encodings (declared schema only) -------------------------------------------------
+
+def _spec(schema: dict, column) -> dict:
+    spec = schema[column]
+    kind = spec.get("type")
+    if kind == "numeric":
+        if spec.get("lower") is None or spec.get("upper") is None or not spec["upper"] >= spec["lower"]:
+            raise ValueError(f"column {column!r}: numeric spec needs lower <= upper")
+    elif kind == "categorical":
+        if not isinstance(spec.get("domain"), (list, tuple)):
+            raise ValueError(f"column {column!r}: categorical spec needs a domain list")
+    else:
+        raise ValueError(f"column {column!r}: unknown type {kind!r}")
+    return spec
+
+
+def _numeric_values(col: pd.Series) -> np.ndarray:
+    return pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _clamped(col: pd.Series, spec: dict) -> np.ndarray:
+    """Numeric values clamped to the declared bounds; null (or non-numeric) -> NaN."""
+    return np.clip(_numeric_values(col), float(spec["lower"]), float(spec["upper"]))
+
+
+def _categorical_codes(col: pd.Series, domain) -> np.ndarray:
+    """Index of each value in the declared domain; len(domain) for a null or an undeclared value."""
+    domain = list(domain)
+    try:
+        codes = pd.Categorical(col.where(col.isin(domain)), categories=domain).codes.astype(np.int64)
+    except (TypeError, ValueError):  # unhashable or duplicated domain entries
+        index = {}
+        for i, v in enumerate(domain):
+            index.setdefault(v, i)
+        codes = np.array([index.get(v, -1) if not pd.isna(v) else -1 for v in col.tolist()], dtype=np.int64)
+    codes[codes < 0] = len(domain)
+    return codes
+
+
+def _n_codes(spec: dict, bins: int) -> int:
+    return bins + 1 if spec["type"] == "numeric" else len(spec["domain"]) + 1
+
+
+def _column_codes(col: pd.Series, spec: dict, bins: int) -> np.ndarray:
+    if spec["type"] == "categorical":
+        return _categorical_codes(col, spec["domain"])
+    lo, hi = float(spec["lower"]), float(spec["upper"])
+    x = _numeric_values(col)
+    null = np.isnan(x)
+    if hi > lo:
+        c = np.floor((np.clip(np.where(null, lo, x), lo, hi) - lo) / (hi - lo) * bins)
+        c = np.minimum(c, bins - 1)
+    else:
+        c = np.zeros(len(x))
+    return np.where(null, bins, c).astype(np.int64)
+
+
+def discretise(df: pd.DataFrame, schema: dict[str, dict], bins: int = 20) -> pd.DataFrame:
+    """Integer codes per schema column (see the module docstring); same index as ``df``.
+
+    Numeric: code ``i`` in 0..bins-1 is ``[lower + i w, lower + (i+1) w)`` with
+    ``w = (upper - lower) / bins`` (the last bin includes ``upper``; values outside the
+    bounds are clamped into the first / last bin), code ``bins`` = null or non-numeric.
+    Categorical: index in ``domain``, code ``len(domain)`` = null or undeclared value.
+    """
+    if bins < 1:
+        raise ValueError("bins must be >= 1")
+    _require_columns(df, schema, "df")
+    return pd.DataFrame({c: _column_codes(df[c], _spec(schema, c), bins) for c in schema}, index=df.index)
+
+
+def code_labels(spec: dict, bins: int = 20) -> list[str]:
+    """Readable label of each code ``discretise`` gives a column with this spec."""
+    if spec["type"] == "categorical":
+        return [str(v) for v in spec["domain"]] + ["null / other"]
+    lo, hi = float(spec["lower"]), float(spec["upper"])
+    edges = np.linspace(lo, hi, bins + 1)
+    return [f"{_short(a)}–{_short(b)}" for a, b in pairwise(edges)] + ["null"]
+
+
+def _short(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _model_matrix(df: pd.DataFrame, schema: dict, columns: list) -> tuple[np.ndarray, np.ndarray]:
+    """Features for gradient boosting: clamped numeric (NaN = missing), categorical codes."""
+    X = np.zeros((len(df), max(len(columns), 1)))
+    categorical = np.zeros(X.shape[1], dtype=bool)
+    for j, c in enumerate(columns):
+        spec = schema[c]
+        if spec["type"] == "numeric":
+            X[:, j] = _clamped(df[c], spec)
+        else:
+            X[:, j] = _categorical_codes(df[c], spec["domain"])
+            categorical[j] = len(spec["domain"]) + 1 <= MAX_NATIVE_CATEGORIES
+    return X, categorical
+
+
+def _distance_matrix(df: pd.DataFrame, schema: dict, columns: list):
+    """Standardised encoding for distances (dense array, or CSR when wide)."""
+    from scipy import sparse
+
+    n = len(df)
+    blocks = []
+    for c in columns:
+        spec = schema[c]
+        if spec["type"] == "numeric":
+            lo, hi = float(spec["lower"]), float(spec["upper"])
+            x = _clamped(df[c], spec)
+            null = np.isnan(x)
+            scaled = (x - lo) / (hi - lo) if hi > lo else np.zeros(n)
+            blocks.append(sparse.csr_matrix(np.column_stack([np.where(null, 0.5, scaled), null.astype(float)])))
+        else:
+            codes = _categorical_codes(df[c], spec["domain"])
+            k = len(spec["domain"]) + 1
+            blocks.append(sparse.csr_matrix((np.full(n, math.sqrt(0.5)), (np.arange(n), codes)), shape=(n, k)))
+    if not blocks:
+        return np.zeros((n, 1))
+    out = sparse.hstack(blocks, format="csr")
+    return out.toarray() if out.shape[1] <= DENSE_WIDTH else out
+
+
+def _nearest(reference, query) -> tuple[np.ndarray, np.ndarray]:
+    """(distance, index) of each query row's nearest reference row; the distance is recomputed
+    exactly (brute-force search uses |a|^2 + |b|^2 - 2ab, which is not exactly 0 for a copy)."""
+    from scipy import sparse
+    from sklearn.neighbors import NearestNeighbors
+
+    is_sparse = sparse.issparse(reference)
+    nn = NearestNeighbors(n_neighbors=1, algorithm="brute" if is_sparse else "auto").fit(reference)
+    _, idx = nn.kneighbors(query)
+    idx = idx[:, 0]
+    diff = query - reference[idx]
+    if is_sparse:
+        sq = np.asarray(diff.multiply(diff).sum(axis=1)).ravel()
+    else:
+        sq = np.einsum("ij,ij->i", diff, diff)
+    return np.sqrt(sq), idx
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+def _require_columns(df: pd.DataFrame, schema: dict, name: str) -> None:
+    missing = [c for c in schema if c not in df.columns]
+    if missing:
+        raise ValueError(f"{name} lacks the schema's columns {missing}")
+
+
+def _rng(seed: int, stream: int) -> np.random.Generator:
+    return np.random.default_rng([int(seed), stream])
+
+
+def _sample(df: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFrame:
+    if len(df) <= n:
+        return df
+    return df.iloc[np.sort(rng.choice(len(df), size=n, replace=False))]
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.mean(values)) if values else None
+
+
+def _clean(obj):
+    """JSON-ready: Python scalars, NaN / inf -> None, string keys."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _clean(obj.tolist())
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        f = float(obj)
+        return f if math.isfinite(f) else None
+    return obj
+
+
+def _hist(codes: np.ndarray, k: int) -> np.ndarray | None:
+    if len(codes) == 0:
+        return None
+    return np.bincount(codes, minlength=k) / len(codes)
+
+
+def _accuracy(p: np.ndarray | None, q: np.ndarray | None) -> float | None:
+    if p is None or q is None:
+        return None
+    return float(1.0 - 0.5 * np.abs(p - q).sum())
+
+
+def _cramers_v(table: np.ndarray) -> float | None:
+    """Bias-corrected Cramér's V (Bergsma 2013) of a contingency table; 0 if a variable is constant."""
+    n = table.sum()
+    if n < 2:
+        return None
+    table = table[table.sum(axis=1) > 0][:, table.sum(axis=0) > 0]
+    r, k = table.shape
+    if r < 2 or k < 2:
+        return 0.0
+    expected = np.outer(table.sum(axis=1), table.sum(axis=0)) / n
+    phi2 = float(((table - expected) ** 2 / expected).sum() / n)
+    phi2c = max(0.0, phi2 - (k - 1) * (r - 1) / (n - 1))
+    rc, kc = r - (r - 1) ** 2 / (n - 1), k - (k - 1) ** 2 / (n - 1)
+    denom = min(rc - 1, kc - 1)
+    return float(min(1.0, math.sqrt(phi2c / denom))) if denom > 0 else 0.0
+
+
+def _association_matrix(codes: dict, ks: dict, columns: list) -> list[list]:
+    m = [[1.0 if i == j else None for j in range(len(columns))] for i in range(len(columns))]
+    for i, j in combinations(range(len(columns)), 2):
+        a, b = columns[i], columns[j]
+        t = np.bincount(codes[a] * ks[b] + codes[b], minlength=ks[a] * ks[b]).reshape(ks[a], ks[b])
+        m[i][j] = m[j][i] = _cramers_v(t.astype(np.float64))
+    return m
+
+
+# --- models -------------------------------------------------------------------------------
+
+EARLY_STOPPING_ROWS = 500  # below this, no validation split (and nothing slow to stop)
+
+
+def _fit_classifier(X: np.ndarray, y: np.ndarray, categorical: np.ndarray, seed: int):
+    """Gradient boosting; early stopping on a stratified 10% only when every class can be split."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    counts = np.bincount(y)
+    counts = counts[counts > 0]
+    early = len(y) >= EARLY_STOPPING_ROWS and counts.min() >= 2 and len(counts) <= 0.1 * len(y)
+    return HistGradientBoostingClassifier(categorical_features=categorical if categorical.any() else None,
+                                          early_stopping=bool(early), random_state=seed).fit(X, y)
+
+
+def _fit_regressor(X: np.ndarray, y: np.ndarray, categorical: np.ndarray, seed: int):
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    return HistGradientBoostingRegressor(categorical_features=categorical if categorical.any() else None,
+                                         early_stopping=len(y) >= EARLY_STOPPING_ROWS, random_state=seed).fit(X, y)
+
+
+def _class_probabilities(X_fit, y_fit, X_pred, categorical, k: int, seed: int) -> np.ndarray:
+    """P(class) for classes 0..k-1 (columns for classes never seen in training are 0)."""
+    out = np.zeros((len(X_pred), k))
+    classes = np.unique(y_fit)
+    if len(classes) == 1:
+        out[:, classes[0]] = 1.0
+    elif len(classes) > 1:
+        model = _fit_classifier(X_fit, y_fit, categorical, seed)
+        out[:, model.classes_.astype(np.int64)] = model.predict_proba(X_pred)
+    return out
+
+
+def _macro_auc(y: np.ndarray, proba: np.ndarray) -> float | None:
+    """Macro one-vs-rest ROC AUC over the classes present in y (for 2 classes: the binary AUC)."""
+    from sklearn.metrics import roc_auc_score
+
+    aucs = []
+    for c in np.unique(y):
+        positive = y == c
+        if 0 < positive.sum() < len(y):
+            aucs.append(roc_auc_score(positive, proba[:, c]))
+    return float(np.mean(aucs)) if aucs else None
+
+
+def _r2(y: np.ndarray, pred: np.ndarray) -> float | None:
+    if len(y) < 2:
+        return None
+    ss = float(((y - y.mean()) ** 2).sum())
+    if ss == 0:
+        return None
+    return 1.0 - float(((y - pred) ** 2).sum()) / ss
+
+
+def _target(df: pd.DataFrame, spec: dict, column) -> tuple[np.ndarray, np.ndarray]:
+    """(values, usable mask): clamped numeric values, or domain codes (null/undeclared unusable)."""
+    if spec["type"] == "numeric":
+        y = _clamped(df[column], spec)
+        return y, ~np.isnan(y)
+    y = _categorical_codes(df[column], spec["domain"])
+    return y, y < len(spec["domain"])
+
+
+def _usable(df: pd.DataFrame, spec: dict, column) -> pd.DataFrame:
+    return df[_target(df, spec, column)[1]]
+
+
+# --- quality -----------------------------------------------------------------------------
+
+def _discriminator(real: pd.DataFrame, fake: pd.DataFrame, schema: dict, columns: list, seed: int) -> float | None:
+    from sklearn.metrics import roc_auc_score
+    from sklearn.model_selection import train_test_split
+
+    if min(len(real), len(fake)) < MIN_DISCRIMINATOR_ROWS:
+        return None
+    X_real, categorical = _model_matrix(real, schema, columns)
+    X_fake, _ = _model_matrix(fake, schema, columns)
+    X = np.vstack([X_real, X_fake])
+    y = np.r_[np.ones(len(X_real), dtype=int), np.zeros(len(X_fake), dtype=int)]
+    X_fit, X_test, y_fit, y_test = train_test_split(X, y, test_size=0.3, stratify=y, random_state=seed)
+    model = _fit_classifier(X_fit, y_fit, categorical, seed)
+    return float(roc_auc_score(y_test, model.predict_proba(X_test)[:, 1]))
+
+
+def _tstr(train, synthetic, holdout, schema, columns, target, seed) -> dict:
+    spec = schema[target]
+    features = [c for c in columns if c != target]
+    train, synthetic, holdout = (_usable(df, spec, target) for df in (train, synthetic, holdout))
+    n = min(len(train), len(synthetic), MODEL_ROWS)
+    test = _sample(holdout, TEST_ROWS, _rng(seed, 10))
+    X_test, categorical = _model_matrix(test, schema, features)
+    y_test, _ = _target(test, spec, target)
+    out = {"target": target, "metric": "r2" if spec["type"] == "numeric" else "auc_macro_ovr",
+           "training_rows": n, "test_rows": len(test), "tstr": None, "trtr": None, "gap": None}
+    if n < 2 or len(test) < 2:
+        return out
+    for key, source, stream in (("tstr", synthetic, 11), ("trtr", train, 12)):
+        fit = _sample(source, n, _rng(seed, stream))
+        X_fit, _ = _model_matrix(fit, schema, features)
+        y_fit, _ = _target(fit, spec, target)
+        if spec["type"] == "numeric":
+            pred = _fit_regressor(X_fit, y_fit, categorical, seed).predict(X_test)
+            out[key] = _r2(y_test, pred)
+        else:
+            proba = _class_probabilities(X_fit, y_fit, X_test, categorical, len(spec["domain"]), seed)
+            out[key] = _macro_auc(y_test, proba)
+    if out["tstr"] is not None and out["trtr"] is not None:
+        out["gap"] = out["trtr"] - out["tstr"]
+    return out
+
+
+def quality_report(train: pd.DataFrame, synthetic: pd.DataFrame, holdout: pd.DataFrame,
+                   schema: dict[str, dict], target: str | None = None, seed: int = 0) -> dict:
+    """Fidelity and utility of ``synthetic``, each metric next to the holdout ceiling (see QUALITY_NOTES)."""
+    for name, df in (("train", train), ("synthetic", synthetic), ("holdout", holdout)):
+        _require_columns(df, schema, name)
+    columns = list(schema)
+    for c in columns:
+        _spec(schema, c)
+    if target is not None and target not in schema:
+        raise ValueError(f"target {target!r} is not a schema column")
+
+    frames = {name: _sample(df, MARGINAL_ROWS, _rng(seed, i))
+              for i, (name, df) in enumerate((("train", train), ("synthetic", synthetic), ("holdout", holdout)))}
+
+    # univariate
+    per_column = {}
+    for c in columns:
+        k = _n_codes(schema[c], UNIVARIATE_BINS)
+        h = {name: _hist(_column_codes(df[c], schema[c], UNIVARIATE_BINS), k) for name, df in frames.items()}
+        per_column[c] = {"synthetic": _accuracy(h["train"], h["synthetic"]),
+                         "holdout": _accuracy(h["train"], h["holdout"])}
+    univariate = {"synthetic": _mean(v["synthetic"] for v in per_column.values()),
+                  "holdout": _mean(v["holdout"] for v in per_column.values()),
+                  "bins": UNIVARIATE_BINS, "columns": per_column}
+
+    # bivariate and associations, from the same 10-bin codes
+    ks = {c: _n_codes(schema[c], BIVARIATE_BINS) for c in columns}
+    codes = {name: {c: _column_codes(df[c], schema[c], BIVARIATE_BINS) for c in columns}
+             for name, df in frames.items()}
+    pairs = []
+    for a, b in combinations(columns, 2):
+        h = {name: _hist(codes[name][a] * ks[b] + codes[name][b], ks[a] * ks[b]) for name in frames}
+        pairs.append({"columns": [a, b], "synthetic": _accuracy(h["train"], h["synthetic"]),
+                      "holdout": _accuracy(h["train"], h["holdout"])})
+    bivariate = {"synthetic": _mean(p["synthetic"] for p in pairs), "holdout": _mean(p["holdout"] for p in pairs),
+                 "bins": BIVARIATE_BINS, "pairs": pairs}
+    overall = {key: _mean([univariate[key]] + ([bivariate[key]] if pairs else [])) for key in ("synthetic", "holdout")}
+
+    matrices = {name: _association_matrix(codes[name], ks, columns) for name in frames}
+
+    def _difference(name):
+        diffs = [abs(matrices["train"][i][j] - matrices[name][i][j]) for i, j in combinations(range(len(columns)), 2)
+                 if matrices["train"][i][j] is not None and matrices[name][i][j] is not None]
+        return _mean(diffs)
+
+    correlation = {"synthetic": _difference("synthetic"), "holdout": _difference("holdout"),
+                   "measure": "bias-corrected Cramér's V over discretised codes (10 bins)",
+                   "columns": columns, "matrices": matrices}
+
+    # discriminator: the same train sample and the same number of rows for both comparisons
+    n = min(len(train), len(synthetic), DISCRIMINATOR_ROWS)
+    if len(holdout) >= MIN_DISCRIMINATOR_ROWS:  # else there is no ceiling: do not shrink the synthetic test
+        n = min(n, len(holdout))
+    real = _sample(train, n, _rng(seed, 3))
+    discriminator = {"synthetic": _discriminator(real, _sample(synthetic, n, _rng(seed, 4)), schema, columns, seed),
+                     "holdout": _discriminator(real, _sample(holdout, n, _rng(seed, 5)), schema, columns, seed),
+                     "rows_per_class": n}
+
+    tstr = _tstr(train, synthetic, holdout, schema, columns, target, seed) if target is not None else None
+
+    summary = {
+        "univariate_accuracy": univariate["synthetic"], "univariate_accuracy_ceiling": univariate["holdout"],
+        "bivariate_accuracy": bivariate["synthetic"], "bivariate_accuracy_ceiling": bivariate["holdout"],
+        "overall_accuracy": overall["synthetic"], "overall_accuracy_ceiling": overall["holdout"],
+        "correlation_difference": correlation["synthetic"], "correlation_difference_ceiling": correlation["holdout"],
+        "discriminator_auc": discriminator["synthetic"], "discriminator_auc_ceiling": discriminator["holdout"],
+    }
+    if tstr is not None:
+        summary.update({"tstr": tstr["tstr"], "trtr": tstr["trtr"], "tstr_gap": tstr["gap"]})
+    return _clean({
+        "rows": {"train": len(train), "synthetic": len(synthetic), "holdout": len(holdout)},
+        "univariate_accuracy": univariate,
+        "bivariate_accuracy": bivariate,
+        "overall_accuracy": overall,
+        "correlation_difference": correlation,
+        "discriminator_auc": discriminator,
+        "tstr": tstr,
+        "summary": summary,
+        "notes": QUALITY_NOTES,
+    })
+
+
+# --- privacy -----------------------------------------------------------------------------
+
+def _row_keys(df: pd.DataFrame, schema: dict, columns: list) -> np.ndarray:
+    """One 64-bit hash per row of its exact values (numeric as float64, categorical as domain code)."""
+    cols = {}
+    for c in columns:
+        spec = schema[c]
+        if spec["type"] == "numeric":
+            cols[c] = _numeric_values(df[c]) + 0.0  # -0.0 -> 0.0
+        else:
+            cols[c] = _categorical_codes(df[c], spec["domain"])
+    return pd.util.hash_pandas_object(pd.DataFrame(cols), index=False).to_numpy()
+
+
+def _tpr_at(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
+    return float(tpr[fpr <= target + 1e-12].max())
+
+
+def _quantiles(d: np.ndarray) -> dict:
+    if len(d) == 0:
+        return {"median": None, "p05": None, "mean": None}
+    return {"median": float(np.median(d)), "p05": float(np.percentile(d, 5)), "mean": float(d.mean())}
+
+
+def _dcr(train, synthetic, holdout, schema, columns, seed) -> dict:
+    reference = _sample(train, DCR_REFERENCE_ROWS, _rng(seed, 20))
+    syn = _sample(synthetic, DCR_QUERY_ROWS, _rng(seed, 21))
+    hold = _sample(holdout, DCR_QUERY_ROWS, _rng(seed, 22))
+    out = {"reference_rows": len(reference), "query_rows": {"synthetic": len(syn), "holdout": len(hold)}}
+    d = {}
+    ref = _distance_matrix(reference, schema, columns)
+    for name, df in (("synthetic", syn), ("holdout", hold)):
+        if len(reference) and len(df):
+            d[name], _ = _nearest(ref, _distance_matrix(df, schema, columns))
+        else:
+            d[name] = np.zeros(0)
+        out[name] = _quantiles(d[name])
+    ms, mh = out["synthetic"]["median"], out["holdout"]["median"]
+    out["ratio"] = ms / mh if ms is not None and mh else None
+    both = np.concatenate([d["synthetic"], d["holdout"]])
+    top = float(np.percentile(both, 99)) if len(both) else 0.0
+    top = top if top > 0 else (float(both.max()) if len(both) and both.max() > 0 else 1.0)
+    edges = np.linspace(0.0, top, HISTOGRAM_BINS + 1)
+    out["histogram"] = {"edges": edges, "note": "share of rows per distance bin; the last bin holds everything beyond"}
+    for name in ("synthetic", "holdout"):
+        counts = np.histogram(np.minimum(d[name], top), bins=edges)[0]
+        out["histogram"][name] = counts / max(len(d[name]), 1)
+    return out
+
+
+def _membership(train, synthetic, holdout, schema, columns, seed) -> dict:
+    from sklearn.metrics import roc_auc_score, roc_curve
+
+    m = min(len(train), len(holdout), MIA_ROWS)
+    reference = _sample(synthetic, SYNTHETIC_REFERENCE_ROWS, _rng(seed, 30))
+    out = {"members": m, "non_members": m, "synthetic_reference_rows": len(reference),
+           "auc": None, "tpr_at_1pct_fpr": None, "tpr_at_10pct_fpr": None}
+    if m < 2 or len(reference) == 0:
+        return out
+    members = _sample(train, m, _rng(seed, 31))
+    non_members = _sample(holdout, m, _rng(seed, 32))
+    ref = _distance_matrix(reference, schema, columns)
+    d_in, _ = _nearest(ref, _distance_matrix(members, schema, columns))
+    d_out, _ = _nearest(ref, _distance_matrix(non_members, schema, columns))
+    labels = np.r_[np.ones(m), np.zeros(m)]
+    scores = -np.r_[d_in, d_out]
+    fpr, tpr, _ = roc_curve(labels, scores)
+    out.update({"auc": float(roc_auc_score(labels, scores)), "tpr_at_1pct_fpr": _tpr_at(fpr, tpr, 0.01),
+                "tpr_at_10pct_fpr": _tpr_at(fpr, tpr, 0.10),
+                "median_distance": {"members": float(np.median(d_in)), "non_members": float(np.median(d_out))}})
+    return out
+
+
+def _score(spec: dict, y: np.ndarray, pred: np.ndarray) -> float | None:
+    if len(y) == 0:
+        return None
+    if spec["type"] == "numeric":
+        return _r2(y, pred)
+    return float((y == pred).mean())
+
+
+def _with_gap(train_score, holdout_score) -> dict:
+    gap = train_score - holdout_score if train_score is not None and holdout_score is not None else None
+    return {"train": train_score, "holdout": holdout_score, "gap": gap}
+
+
+def _attribute(train, synthetic, holdout, schema, columns, column, seed, stream) -> dict:
+    spec = schema[column]
+    known = [c for c in columns if c != column]
+    syn = _sample(_usable(synthetic, spec, column), MODEL_ROWS, _rng(seed, stream))
+    train_ok, holdout_ok = _usable(train, spec, column), _usable(holdout, spec, column)
+    m = min(len(train_ok), len(holdout_ok), MIA_ROWS)
+    targets = {"train": _sample(train_ok, m, _rng(seed, stream + 1)),
+               "holdout": _sample(holdout_ok, m, _rng(seed, stream + 2))}
+    out = {"metric": "r2" if spec["type"] == "numeric" else "accuracy", "known_columns": known,
+           "rows": {"synthetic": len(syn), "train": m, "holdout": m},
+           "model": _with_gap(None, None), "nearest_neighbour": _with_gap(None, None),
+           "baseline": {"train": None, "holdout": None}, "max_gap": None}
+    if len(syn) == 0 or m == 0:
+        return out
+    y_syn, _ = _target(syn, spec, column)
+    y = {name: _target(df, spec, column)[0] for name, df in targets.items()}
+
+    # baseline: the synthetic data's most common value (mean for numeric)
+    guess = y_syn.mean() if spec["type"] == "numeric" else np.bincount(y_syn).argmax()
+    out["baseline"] = {name: _score(spec, y[name], np.full(m, guess)) for name in targets}
+
+    # model attacker
+    X_syn, categorical = _model_matrix(syn, schema, known)
+    X = {name: _model_matrix(df, schema, known)[0] for name, df in targets.items()}
+    if spec["type"] == "numeric":
+        model = _fit_regressor(X_syn, y_syn, categorical, seed)
+        pred = {name: model.predict(X[name]) for name in targets}
+    else:
+        k = len(spec["domain"])
+        X_all = np.vstack([X["train"], X["holdout"]])
+        proba = _class_probabilities(X_syn, y_syn, X_all, categorical, k, seed)
+        labels = proba.argmax(axis=1)
+        pred = {"train": labels[:m], "holdout": labels[m:]}
+    out["model"] = _with_gap(_score(spec, y["train"], pred["train"]), _score(spec, y["holdout"], pred["holdout"]))
+
+    # nearest-neighbour attacker: the sensitive value of the closest synthetic row on the known columns
+    if known:
+        ref = _distance_matrix(syn, schema, known)
+        scores = {}
+        for name, df in targets.items():
+            _, idx = _nearest(ref, _distance_matrix(df, schema, known))
+            scores[name] = _score(spec, y[name], y_syn[idx])
+        out["nearest_neighbour"] = _with_gap(scores["train"], scores["holdout"])
+    gaps = [a["gap"] for a in (out["model"], out["nearest_neighbour"]) if a["gap"] is not None]
+    out["max_gap"] = max(gaps) if gaps else None
+    return out
+
+
+def privacy_report(train: pd.DataFrame, synthetic: pd.DataFrame, holdout: pd.DataFrame,
+                   schema: dict[str, dict], sensitive: list[str] = (), seed: int = 0) -> dict:
+    """Empirical leakage of ``train`` through ``synthetic``, each attack next to its baseline (PRIVACY_NOTES)."""
+    for name, df in (("train", train), ("synthetic", synthetic), ("holdout", holdout)):
+        _require_columns(df, schema, name)
+    columns = list(schema)
+    for c in columns:
+        _spec(schema, c)
+    unknown = [c for c in sensitive if c not in schema]
+    if unknown:
+        raise ValueError(f"sensitive columns {unknown} are not schema columns")
+
+    dcr = _dcr(train, synthetic, holdout, schema, columns, seed)
+
+    train_keys = _row_keys(train, schema, columns)
+
+    def _copies(df):
+        return float(np.isin(_row_keys(df, schema, columns), train_keys).mean()) if len(df) else None
+
+    copies = {"synthetic": _copies(synthetic), "holdout": _copies(holdout)}
+    membership = _membership(train, synthetic, holdout, schema, columns, seed)
+    attribute = {c: _attribute(train, synthetic, holdout, schema, columns, c, seed, 40 + 3 * i)
+                 for i, c in enumerate(sensitive)}
+    gaps = [a["max_gap"] for a in attribute.values() if a["max_gap"] is not None]
+    summary = {
+        "dcr_ratio": dcr["ratio"],
+        "dcr_median_synthetic": dcr["synthetic"]["median"], "dcr_median_holdout": dcr["holdout"]["median"],
+        "exact_copy_share": copies["synthetic"], "exact_copy_share_holdout": copies["holdout"],
+        "membership_auc": membership["auc"], "membership_tpr_at_1pct_fpr": membership["tpr_at_1pct_fpr"],
+        "attribute_inference_max_gap": max(gaps) if gaps else None,
+    }
+    return _clean({
+        "rows": {"train": len(train), "synthetic": len(synthetic), "holdout": len(holdout)},
+        "dcr": dcr,
+        "exact_copy_share": copies,
+        "membership_inference": membership,
+        "attribute_inference": attribute,
+        "summary": summary,
+        "notes": PRIVACY_NOTES,
+    })
+
+
+# --- HTML --------------------------------------------------------------------------------
+
+CSS = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #222; margin: 2em auto;
+       max-width: 1200px; padding: 0 1em; line-height: 1.45; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
+.meta { color: #666; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.92em; }
+th, td { border: 1px solid #ddd; padding: 0.3em 0.7em; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #f4f4f4; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 1em; }
+figure { margin: 0; } figure img { max-width: 100%; } figcaption { color: #555; font-size: 0.9em; }
+img.wide { max-width: 100%; }
+dl dt { font-weight: 600; margin-top: 0.6em; } dl dd { margin-left: 1.2em; color: #333; }
+"""
+
+_MAX_BARS = 30
+
+
+def _e(x) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+    return str(v)
+
+
+def _td(v) -> str:
+    cls = ' class="num"' if isinstance(v, (int, float)) or v is None else ""
+    return f"<td{cls}>{_e(_fmt(v))}</td>"
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(_td(v) for v in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _png(fig) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _img(src: str, alt: str, cls: str = "") -> str:
+    c = f' class="{cls}"' if cls else ""
+    return f'<img{c} src="{src}" alt="{_e(alt)}">'
+
+
+def _clip_label(s: str, n: int = 22) -> str:
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def _marginal_figure(column, spec: dict, train: pd.DataFrame, synthetic: pd.DataFrame) -> str:
+    from matplotlib.figure import Figure
+
+    bins = UNIVARIATE_BINS
+    k = _n_codes(spec, bins)
+    labels = code_labels(spec, bins)
+    p = _hist(_column_codes(train[column], spec, bins), k)
+    q = _hist(_column_codes(synthetic[column], spec, bins), k)
+    p = np.zeros(k) if p is None else p
+    q = np.zeros(k) if q is None else q
+    keep = list(range(k))
+    if p[-1] == 0 and q[-1] == 0:
+        keep = keep[:-1]  # no null / other values: no bar
+    if spec["type"] == "categorical" and len(keep) > _MAX_BARS:
+        order = sorted(keep, key=lambda i: -max(p[i], q[i]))
+        top, rest = sorted(order[: _MAX_BARS - 1]), order[_MAX_BARS - 1:]
+        labels = [labels[i] for i in top] + [f"({len(rest)} others)"]
+        p = np.r_[p[top], p[rest].sum()]
+        q = np.r_[q[top], q[rest].sum()]
+    else:
+        labels, p, q = [labels[i] for i in keep], p[keep], q[keep]
+    fig = Figure(figsize=(6.2, 3.2))
+    ax = fig.add_subplot()
+    x = np.arange(len(labels))
+    ax.bar(x - 0.2, p, width=0.4, label="train", color="#4c72b0")
+    ax.bar(x + 0.2, q, width=0.4, label="synthetic", color="#dd8452")
+    ax.set_xticks(x)
+    ax.set_xticklabels([_clip_label(s) for s in labels], rotation=60 if len(labels) > 6 else 0, ha="right"
+                       if len(labels) > 6 else "center", fontsize=7)
+    ax.set_ylabel("share of rows")
+    ax.set_title(_clip_label(str(column), 60), fontsize=10)
+    ax.legend(fontsize=8, frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    return _png(fig)
+
+
+def _heatmap_figure(columns: list, matrices: dict) -> str:
+    from matplotlib.figure import Figure
+
+    def arr(m):
+        return np.array([[np.nan if v is None else v for v in row] for row in m], dtype=float)
+
+    t, s = arr(matrices["train"]), arr(matrices["synthetic"])
+    n = len(columns)
+    size = min(max(3.2, 0.35 * n + 1.5), 7.0)
+    fig = Figure(figsize=(3 * size + 1.5, size))
+    names = [_clip_label(str(c), 16) for c in columns]
+    for i, (title, m, cmap) in enumerate((("train", t, "viridis"), ("synthetic", s, "viridis"),
+                                          ("|train − synthetic|", np.abs(t - s), "magma"))):
+        ax = fig.add_subplot(1, 3, i + 1)
+        im = ax.imshow(m, vmin=0, vmax=1, cmap=cmap)
+        ax.set_title(title, fontsize=10)
+        if n <= 12:
+            for (r, c), v in np.ndenumerate(m):
+                if np.isfinite(v):
+                    ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                            color="black" if v > 0.6 else "white")
+        if n <= 40:
+            ax.set_xticks(range(n))
+            ax.set_yticks(range(n))
+            ax.set_xticklabels(names, rotation=90, fontsize=7)
+            ax.set_yticklabels(names if i == 0 else [""] * n, fontsize=7)
+        else:
+            ax.set_xticks([])
+            ax.set_yticks([])
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    return _png(fig)
+
+
+def _dcr_figure(hist: dict) -> str:
+    from matplotlib.figure import Figure
+
+    edges = np.asarray(hist["edges"], dtype=float)
+    width = np.diff(edges)
+    fig = Figure(figsize=(7, 3.2))
+    ax = fig.add_subplot()
+    for name, color in (("holdout", "#4c72b0"), ("synthetic", "#dd8452")):
+        ax.bar(edges[:-1], np.asarray(hist[name], dtype=float), width=width, align="edge", alpha=0.55,
+               label=f"{name} → train", color=color)
+    ax.set_xlabel("distance to the closest train row (standardised)")
+    ax.set_ylabel("share of rows")
+    ax.legend(fontsize=8, frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    return _png(fig)
+
+
+def _notes(notes: dict) -> str:
+    return "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in notes.items()) + "</dl>"
+
+
+def html_report(quality: dict, privacy: dict, train: pd.DataFrame, synthetic: pd.DataFrame,
+                schema: dict[str, dict], title: str) -> str:
+    """A standalone HTML page (inline CSS, PNG plots embedded as base64) of both reports."""
+    from matplotlib import rc_context
+
+    with rc_context({"text.parse_math": False, "text.usetex": False}):  # column names are not LaTeX
+        return _html(quality, privacy, train, synthetic, schema, title)
+
+
+def _html(quality, privacy, train, synthetic, schema, title) -> str:
+    q, p = quality or {}, privacy or {}
+    qs, ps = q.get("summary", {}), p.get("summary", {})
+    rows = q.get("rows") or p.get("rows") or {}
+    parts = [f"<h1>{_e(title)}</h1>",
+             (f'<p class="meta">rows: train {_e(_fmt(rows.get("train")))}, synthetic '
+              f'{_e(_fmt(rows.get("synthetic")))}, holdout {_e(_fmt(rows.get("holdout")))}. '
+              "The holdout is real data the synthesizer never saw: the quality a perfect synthesizer would reach "
+              "and the privacy baseline of fresh real rows. This report reads real data and is not differentially "
+              "private.</p>")]
+
+    parts.append("<h2>Quality</h2>")
+    quality_rows = [[label, qs.get(key), qs.get(key + "_ceiling"), ideal] for label, key, ideal in (
+        ("univariate accuracy", "univariate_accuracy", "high, near the ceiling"),
+        ("bivariate accuracy", "bivariate_accuracy", "high, near the ceiling"),
+        ("overall accuracy", "overall_accuracy", "high, near the ceiling"),
+        ("correlation difference", "correlation_difference", "low, near the ceiling"),
+        ("discriminator AUC", "discriminator_auc", "0.5"),
+    )]
+    parts.append(_table(["metric", "synthetic", "holdout (ceiling)", "ideal"], quality_rows))
+    tstr = q.get("tstr")
+    if tstr:
+        parts.append(f"<h3>Train on synthetic, test on real: target {_e(tstr.get('target'))}</h3>")
+        parts.append(_table(["metric", "TSTR (trained on synthetic)", "TRTR (trained on train)", "gap",
+                             "training rows", "test rows"],
+                            [[tstr.get("metric"), tstr.get("tstr"), tstr.get("trtr"), tstr.get("gap"),
+                              tstr.get("training_rows"), tstr.get("test_rows")]]))
+
+    parts.append("<h2>Privacy</h2>")
+    privacy_rows = [
+        ["median DCR", ps.get("dcr_median_synthetic"), ps.get("dcr_median_holdout"), "synthetic ≥ holdout"],
+        ["DCR ratio (synthetic / holdout)", ps.get("dcr_ratio"), 1.0, "≥ 1"],
+        ["exact copies of train rows", ps.get("exact_copy_share"), ps.get("exact_copy_share_holdout"),
+         "no more than holdout"],
+        ["membership inference AUC", ps.get("membership_auc"), 0.5, "0.5"],
+        ["membership TPR at 1% FPR", ps.get("membership_tpr_at_1pct_fpr"), 0.01, "0.01"],
+        ["attribute inference: largest gap", ps.get("attribute_inference_max_gap"), 0.0, "≤ 0"],
+    ]
+    parts.append(_table(["metric", "synthetic", "baseline", "ideal"], privacy_rows))
+    attribute = p.get("attribute_inference") or {}
+    if attribute:
+        parts.append("<h3>Attribute inference</h3>")
+        arows = []
+        for col, a in attribute.items():
+            for attacker in ("model", "nearest_neighbour"):
+                r = a.get(attacker) or {}
+                arows.append([col, attacker.replace("_", " "), a.get("metric"), r.get("train"), r.get("holdout"),
+                              r.get("gap"), (a.get("baseline") or {}).get("holdout")])
+        parts.append(_table(["sensitive column", "attacker", "metric", "on train rows", "on holdout rows", "gap",
+                             "baseline (most common)"], arows))
+    mia = p.get("membership_inference") or {}
+    if mia:
+        parts.append("<h3>Membership inference (distance to the closest synthetic row)</h3>")
+        parts.append(_table(["members", "non-members", "AUC", "TPR at 1% FPR", "TPR at 10% FPR"],
+                            [[mia.get("members"), mia.get("non_members"), mia.get("auc"),
+                              mia.get("tpr_at_1pct_fpr"), mia.get("tpr_at_10pct_fpr")]]))
+
+    dcr = p.get("dcr") or {}
+    if dcr:
+        parts.append("<h2>Distance to closest record</h2>")
+        parts.append(_table(["rows → train", "median", "5th percentile", "mean", "rows"],
+                            [[name, (dcr.get(name) or {}).get("median"), (dcr.get(name) or {}).get("p05"),
+                              (dcr.get(name) or {}).get("mean"), (dcr.get("query_rows") or {}).get(name)]
+                             for name in ("synthetic", "holdout")]))
+        if dcr.get("histogram"):
+            parts.append(_img(_dcr_figure(dcr["histogram"]), "DCR histograms", "wide"))
+
+    parts.append("<h2>Columns</h2>")
+    per_column = (q.get("univariate_accuracy") or {}).get("columns") or {}
+    if per_column:
+        parts.append(_table(["column", "type", "accuracy (synthetic)", "accuracy (holdout)"],
+                            [[c, schema.get(c, {}).get("type"), v.get("synthetic"), v.get("holdout")]
+                             for c, v in per_column.items()]))
+    figures = []
+    for c, spec in schema.items():
+        if c in train.columns and c in synthetic.columns:
+            figures.append(f"<figure>{_img(_marginal_figure(c, spec, train, synthetic), f'marginal of {c}')}"
+                           f"<figcaption>{_e(c)}: train vs synthetic, share of rows per "
+                           f"{'bin of the declared range' if spec['type'] == 'numeric' else 'category'}"
+                           "</figcaption></figure>")
+    parts.append('<div class="grid">' + "".join(figures) + "</div>")
+
+    corr = q.get("correlation_difference") or {}
+    matrices, columns = corr.get("matrices"), corr.get("columns")
+    if (not matrices or not columns) and len(schema) > 1:
+        columns = list(schema)
+        ks = {c: _n_codes(schema[c], BIVARIATE_BINS) for c in columns}
+        matrices = {name: _association_matrix({c: _column_codes(df[c], schema[c], BIVARIATE_BINS) for c in columns},
+                                              ks, columns)
+                    for name, df in (("train", train), ("synthetic", synthetic))}
+    if matrices and columns and len(columns) > 1:
+        parts.append("<h2>Associations</h2>")
+        parts.append(f"<p>{_e(ASSOCIATION)}.</p>")
+        parts.append(_img(_heatmap_figure(columns, matrices), "association heatmaps", "wide"))
+        pairs = (q.get("bivariate_accuracy") or {}).get("pairs") or []
+        worst = sorted((x for x in pairs if x.get("synthetic") is not None), key=lambda x: x["synthetic"])[:10]
+        if worst:
+            parts.append("<h3>Least faithful pairs</h3>")
+            parts.append(_table(["pair", "bivariate accuracy (synthetic)", "holdout"],
+                                [[" × ".join(str(c) for c in x["columns"]), x["synthetic"], x.get("holdout")]
+                                 for x in worst]))
+
+    parts.append("<h2>What the numbers mean</h2>")
+    parts.append(_notes(q.get("notes") or {}))
+    parts.append(_notes(p.get("notes") or {}))
+    body = "\n".join(parts)
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_e(title)}</title>\n'
+            f"<style>{CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")

@@ -1,0 +1,265 @@
+"""Quality and privacy reports of synthetic data (engines/synthesis/report.py).
+
+A generator with known structure (x ~ N(50, 12); y = x + noise, strongly correlated; a
+3-level category driven by x; an independent 4-level category whose column is named
+``<script>`` so that the HTML page has something to escape) gives the real table (train
++ holdout) and three "synthesizers": a fresh sample from the same generator (perfect:
+scores at the holdout ceiling and leaks nothing), every column shuffled independently
+(right marginals, no dependence) and a copy of the training rows (perfect fidelity, total
+leak)."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from threadpoolctl import threadpool_limits
+
+from engines.synthesis import report
+
+SCRIPT = "<script>"
+SCHEMA = {
+    "x": {"type": "numeric", "lower": 0, "upper": 100},
+    "y": {"type": "numeric", "lower": 0, "upper": 100},
+    "grp": {"type": "categorical", "domain": ["low", "mid", "high"]},
+    SCRIPT: {"type": "categorical", "domain": ["red", "green", "blue", "yellow"]},
+}
+
+
+def generate(n: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(50, 12, n)
+    y = x + rng.normal(0, 5, n)
+    z = x + rng.normal(0, 6, n)
+    grp = np.where(z < 43, "low", np.where(z < 57, "mid", "high"))
+    colour = rng.choice(["red", "green", "blue", "yellow"], n, p=[0.4, 0.3, 0.2, 0.1])
+    return pd.DataFrame({"x": x, "y": y, "grp": grp, SCRIPT: colour})
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    # Gradient boosting uses OpenMP; on a small busy machine one thread is far faster than several
+    # fighting over the cores. The limit reaches only libraries already loaded: import sklearn's first.
+    import sklearn.ensemble  # noqa: F401
+
+    with threadpool_limits(limits=1, user_api="openmp"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def data():
+    real = generate(4000, 1)
+    train, holdout = real.iloc[:2000].reset_index(drop=True), real.iloc[2000:].reset_index(drop=True)
+    rng = np.random.default_rng(3)
+    return {
+        "train": train,
+        "holdout": holdout,
+        "fresh": generate(2000, 2),
+        "independent": pd.DataFrame({c: rng.permutation(train[c].to_numpy()) for c in train.columns}),
+        "copy": train.copy(),
+    }
+
+
+@pytest.fixture(scope="module")
+def fresh_quality(data, one_thread):
+    return report.quality_report(data["train"], data["fresh"], data["holdout"], SCHEMA, target="grp")
+
+
+@pytest.fixture(scope="module")
+def independent_quality(data, one_thread):
+    return report.quality_report(data["train"], data["independent"], data["holdout"], SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def fresh_privacy(data, one_thread):
+    return report.privacy_report(data["train"], data["fresh"], data["holdout"], SCHEMA, sensitive=["grp", "y"])
+
+
+@pytest.fixture(scope="module")
+def copy_privacy(data, one_thread):
+    return report.privacy_report(data["train"], data["copy"], data["holdout"], SCHEMA, sensitive=["grp", "y"])
+
+
+def _leaves(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _leaves(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _leaves(v)
+    else:
+        yield obj
+
+
+def assert_json_ready(rep: dict):
+    json.dumps(rep, allow_nan=False)
+    for leaf in _leaves(rep):
+        assert leaf is None or type(leaf) in (bool, int, float, str), type(leaf)
+        if isinstance(leaf, float):
+            assert math.isfinite(leaf)
+
+
+# --- discretise ---------------------------------------------------------------------------
+
+def test_discretise_uses_the_declared_bounds_and_clamps():
+    schema = {"v": {"type": "numeric", "lower": 0, "upper": 100}}
+    df = pd.DataFrame({"v": np.array([-5, 0, 4.99, 5, 42, 99.99, 100, 150, np.nan, "abc"], dtype=object)},
+                      index=list("abcdefghij"))
+    codes = report.discretise(df, schema)
+    assert codes["v"].tolist() == [0, 0, 0, 1, 8, 19, 19, 19, 20, 20]  # 20 bins of width 5; null code 20
+    assert codes.index.tolist() == list("abcdefghij")
+    assert codes["v"].dtype == np.int64
+    assert report.discretise(df, schema, bins=10)["v"].tolist() == [0, 0, 0, 0, 4, 9, 9, 9, 10, 10]
+
+
+def test_a_columns_codes_do_not_depend_on_the_datas_range():
+    schema = {"x": SCHEMA["x"]}
+    df = pd.DataFrame({"x": np.linspace(-20, 120, 281)})
+    whole = report.discretise(df, schema)["x"]
+    for part in (df.iloc[:50], df.iloc[140:150], df[(df.x > 40) & (df.x < 60)]):  # narrower min / max
+        assert report.discretise(part, schema)["x"].tolist() == whole.loc[part.index].tolist()
+    narrow = pd.DataFrame({"x": [41.0, 43.0, 47.0]})
+    assert report.discretise(narrow, schema)["x"].tolist() == [8, 8, 9]  # not spread over 0..19
+
+
+def test_discretise_categoricals_by_domain_index_with_one_code_for_null_and_undeclared():
+    schema = {"c": {"type": "categorical", "domain": ["a", "b", "c"]},
+              "n": {"type": "categorical", "domain": [1, 2, 3]},
+              "k": {"type": "numeric", "lower": 5, "upper": 5}}
+    df = pd.DataFrame({"c": ["b", "a", None, "zzz", "c"], "n": [3.0, 1.0, 2.0, np.nan, 7.0], "k": [5, 4, 6, None, 5]})
+    codes = report.discretise(df, schema)
+    assert codes["c"].tolist() == [1, 0, 3, 3, 2]
+    assert codes["n"].tolist() == [2, 0, 1, 3, 3]
+    assert codes["k"].tolist() == [0, 0, 0, 20, 0]  # a degenerate range is one bin
+    assert report.code_labels(schema["c"]) == ["a", "b", "c", "null / other"]
+    assert len(report.code_labels(SCHEMA["x"], 20)) == 21
+
+
+def test_inputs_are_checked(data):
+    with pytest.raises(ValueError, match="lacks"):
+        report.discretise(data["train"].drop(columns=["y"]), SCHEMA)
+    with pytest.raises(ValueError, match="target"):
+        report.quality_report(data["train"], data["fresh"], data["holdout"], SCHEMA, target="nope")
+    with pytest.raises(ValueError, match="sensitive"):
+        report.privacy_report(data["train"], data["fresh"], data["holdout"], SCHEMA, sensitive=["nope"])
+    with pytest.raises(ValueError, match="unknown type"):
+        report.discretise(data["train"], {"x": {"type": "text"}})
+
+
+# --- quality ------------------------------------------------------------------------------
+
+def test_a_fresh_sample_scores_at_the_ceiling(fresh_quality):
+    s = fresh_quality["summary"]
+    for metric in ("univariate_accuracy", "bivariate_accuracy", "overall_accuracy"):
+        assert s[metric] > 0.9
+        assert s[metric] == pytest.approx(s[metric + "_ceiling"], abs=0.03)
+    assert s["overall_accuracy"] == pytest.approx((s["univariate_accuracy"] + s["bivariate_accuracy"]) / 2)
+    assert s["correlation_difference"] < 0.05
+    assert s["discriminator_auc"] < 0.6 and s["discriminator_auc_ceiling"] < 0.6
+    assert set(fresh_quality["univariate_accuracy"]["columns"]) == set(SCHEMA)
+    assert len(fresh_quality["bivariate_accuracy"]["pairs"]) == 6
+    matrix = fresh_quality["correlation_difference"]["matrices"]["train"]
+    cols = fresh_quality["correlation_difference"]["columns"]
+    assert matrix[cols.index("x")][cols.index("y")] > 0.5  # strong dependence seen
+    assert matrix[cols.index("x")][cols.index(SCRIPT)] < 0.1  # independence seen
+
+
+def test_tstr_of_a_fresh_sample_is_close_to_trtr(fresh_quality):
+    t = fresh_quality["tstr"]
+    assert t["target"] == "grp" and t["metric"] == "auc_macro_ovr"
+    assert t["trtr"] > 0.8  # grp is predictable from x and y
+    assert t["tstr"] == pytest.approx(t["trtr"], abs=0.05)
+    assert t["gap"] == pytest.approx(t["trtr"] - t["tstr"])
+    assert t["test_rows"] == 2000
+
+
+def test_independent_columns_keep_the_marginals_but_lose_the_dependence(independent_quality):
+    s = independent_quality["summary"]
+    assert s["univariate_accuracy"] > 0.95
+    assert s["bivariate_accuracy"] < s["bivariate_accuracy_ceiling"] - 0.1
+    assert s["correlation_difference"] > 0.2
+    assert s["discriminator_auc"] > 0.75
+    pairs = {tuple(p["columns"]): p["synthetic"] for p in independent_quality["bivariate_accuracy"]["pairs"]}
+    assert pairs[("x", "y")] < 0.7
+    assert pairs[("x", SCRIPT)] > 0.9  # was independent anyway
+    assert independent_quality["tstr"] is None
+
+
+# --- privacy ------------------------------------------------------------------------------
+
+def test_a_fresh_sample_leaks_nothing(fresh_privacy):
+    s = fresh_privacy["summary"]
+    assert 0.8 < s["dcr_ratio"] < 1.25
+    assert s["exact_copy_share"] == 0 and s["exact_copy_share_holdout"] == 0
+    assert s["membership_auc"] == pytest.approx(0.5, abs=0.06)
+    assert s["membership_tpr_at_1pct_fpr"] < 0.05
+    assert fresh_privacy["membership_inference"]["tpr_at_10pct_fpr"] < 0.2
+    for column in ("grp", "y"):
+        a = fresh_privacy["attribute_inference"][column]
+        assert abs(a["model"]["gap"]) < 0.06 and abs(a["nearest_neighbour"]["gap"]) < 0.06
+        assert a["model"]["holdout"] > a["baseline"]["holdout"] + 0.1  # the distribution is learnt
+    assert fresh_privacy["attribute_inference"]["y"]["metric"] == "r2"
+
+
+def test_a_copy_leaks_everything(copy_privacy):
+    s = copy_privacy["summary"]
+    assert s["exact_copy_share"] == 1.0 and s["exact_copy_share_holdout"] == 0.0
+    assert s["dcr_median_synthetic"] == 0.0 and copy_privacy["dcr"]["synthetic"]["p05"] == 0.0
+    assert s["dcr_median_holdout"] > 0 and s["dcr_ratio"] == 0.0
+    assert s["membership_auc"] > 0.95
+    assert s["membership_tpr_at_1pct_fpr"] > 0.9
+    for column in ("grp", "y"):
+        nn = copy_privacy["attribute_inference"][column]["nearest_neighbour"]
+        assert nn["train"] == pytest.approx(1.0)  # each member finds itself
+        assert nn["gap"] > 0.2
+    assert s["attribute_inference_max_gap"] > 0.2
+
+
+def test_exact_copies_are_exact_values_and_natural_duplicates_count_for_the_holdout(one_thread):
+    schema = {"c": SCHEMA["grp"], "d": SCHEMA[SCRIPT], "v": {"type": "numeric", "lower": 0, "upper": 1}}
+    rng = np.random.default_rng(5)
+    train = pd.DataFrame({"c": rng.choice(["low", "mid"], 200), "d": rng.choice(["red", "blue"], 200),
+                          "v": rng.integers(0, 2, 200).astype(float)})
+    holdout = train.sample(frac=1.0, random_state=1).reset_index(drop=True)  # same few distinct rows
+    nudged = train.assign(v=train["v"] + 1e-9)
+    rep = report.privacy_report(train, nudged, holdout, schema)
+    assert rep["exact_copy_share"] == {"synthetic": 0.0, "holdout": 1.0}
+    assert rep["dcr"]["synthetic"]["median"] < 1e-6  # near, but not equal
+    assert rep["dcr"]["ratio"] is None  # holdout median DCR is 0: no ratio
+    assert rep["attribute_inference"] == {}
+    assert_json_ready(rep)
+
+
+# --- JSON and HTML ------------------------------------------------------------------------
+
+def test_every_number_is_json_ready(fresh_quality, independent_quality, fresh_privacy, copy_privacy):
+    for rep in (fresh_quality, independent_quality, fresh_privacy, copy_privacy):
+        assert_json_ready(rep)
+        assert set(rep["notes"]) <= set(rep)  # every note explains a key
+
+
+def test_degenerate_synthetic_tables_give_none_not_nan(data, one_thread):
+    train, holdout = data["train"].iloc[:300], data["holdout"].iloc[:200]
+    constant = pd.DataFrame({"x": [np.nan] * 40, "y": [5.0] * 40, "grp": ["zzz"] * 40, SCRIPT: [None] * 40})
+    rare = data["fresh"].iloc[:600].assign(grp="mid")
+    rare.loc[rare.index[0], "grp"] = "low"  # a class seen once: no stratified validation split possible
+    for synthetic in (rare, constant, constant.iloc[:0]):
+        q = report.quality_report(train, synthetic, holdout, SCHEMA, target="grp")
+        p = report.privacy_report(train, synthetic, holdout, SCHEMA, sensitive=["y", "grp"])
+        assert_json_ready(q)
+        assert_json_ready(p)
+    assert q["summary"]["univariate_accuracy"] is None and q["summary"]["univariate_accuracy_ceiling"] > 0.8
+    assert p["summary"]["membership_auc"] is None
+
+
+def test_html_report_is_a_standalone_escaped_page(data, fresh_quality, fresh_privacy):
+    page = report.html_report(fresh_quality, fresh_privacy, data["train"], data["fresh"], SCHEMA,
+                              title="Synthetic <b>survey</b> & co")
+    assert page.startswith("<!DOCTYPE html>")
+    assert page.count('<img src="data:image/png;base64,') >= len(SCHEMA)  # one marginal per column
+    assert page.count('src="data:image/png;base64,') >= len(SCHEMA) + 2  # + heatmaps + DCR histogram
+    assert "<script" not in page.lower()
+    assert "&lt;script&gt;" in page
+    assert "<title>Synthetic &lt;b&gt;survey&lt;/b&gt; &amp; co</title>" in page
+    assert "discriminator AUC" in page and "membership inference AUC" in page
