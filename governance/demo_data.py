@@ -31,3 +31,8 @@ NAFLD_SCHEMA = {
     "days": {"lower": -5000, "upper": 8000},
     "value": {"lower": 0, "upper": 1000},
 }
+# A synthetic copy of the survey's declared columns (MST); gender is the target of the
+# report's train-synthetic-test-real utility.
+GSS_SYNTHESIS = {"method": "mst", "epsilon": 1.0, "rows": 20_000, "target": "gender",
+                 "columns": ["year", "realrinc", "age", "prestg10", "childs", "occrecode", "wrkstat", "gender",
+                             "educcat", "maritalcat"]}

@@ -78,3 +78,23 @@ def test_a_model_is_trained_on_the_gpu_queue_by_a_real_worker(real_worker, api, 
     model = client.get(f"/api/requests/{rid}/files/model.pt/")
     assert model.status_code == 200
     assert len(b"".join(model.streaming_content)) == {f["name"]: f for f in res["files"]}["model.pt"]["bytes"]
+
+
+def test_a_synthetic_table_is_made_on_the_gpu_queue_by_a_real_worker(real_worker, api, analyst, officer,
+                                                                      make_dataset, grant):
+    from tests.real_data import GSS_SCHEMA, gss_wages
+
+    grant(analyst, make_dataset("gss", epsilon=10.0, frame=gss_wages(), schema=GSS_SCHEMA))
+    client = api(analyst)
+    r = client.post("/api/requests/", {"dataset": "gss", "engine": "synthesis", "kind": "synthesize", "params": {
+        "epsilon": 1.0, "rows": 2000, "holdout_fraction": 0.1}}, format="json")
+    assert r.status_code == 202, r.content
+    rid = r.json()["id"]
+    body = wait_for(finished(client, rid), timeout=300)
+    assert body["status"] == "succeeded", body
+    assert body["result"]["rows"] == 2000 and body["charge"]["ledger_status"] == "committed"
+    assert body["charge"]["rdp"]["epsilon"] == pytest.approx(1.0, rel=1e-6)
+    table = client.get(f"/api/requests/{rid}/files/synthetic.parquet/")
+    assert table.status_code == 200 and b"".join(table.streaming_content)[:4] == b"PAR1"
+    report = api(officer).get(f"/api/requests/{rid}/").json()["officer_report"]
+    assert report["quality"]["summary"] and report["privacy"]["summary"]

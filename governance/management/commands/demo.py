@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from governance.demo_data import GSS_SCHEMA, GSS_TRAINING, NAFLD_SCHEMA
+from governance.demo_data import GSS_SCHEMA, GSS_SYNTHESIS, GSS_TRAINING, NAFLD_SCHEMA
 from governance.models import Dataset
 
 User = get_user_model()
@@ -119,6 +119,8 @@ class Command(BaseCommand):
             self.ask_questions(alice, bob)
             self.heading("7b. bob trains a model with DP-SGD (engine dpsgd, gpu queue; CPU here)")
             self.train_model(bob)
+            self.heading("7c. bob asks for a synthetic copy (engine synthesis, MST, epsilon 1)")
+            self.synthesize(bob, off)
         finally:
             self.stop_worker(worker)
 
@@ -254,6 +256,35 @@ class Command(BaseCommand):
         blob = bob.get(f"/api/requests/{rid}/files/model.pt/")
         path.write_bytes(b"".join(blob.streaming_content))
         self.out(f"   model downloaded to {path} ({path.stat().st_size:,} bytes; torch.load(path, weights_only=True))")
+
+    def synthesize(self, bob, off):
+        """A synthetic table for the analyst; its quality and privacy reports for the officer."""
+        r = self.call(bob, "post", "/api/requests/", {"dataset": "gss-wages", "engine": "synthesis",
+                                                      "kind": "synthesize", "params": GSS_SYNTHESIS}, expect=(202,))
+        rid = r.json()["id"]
+        d = len(GSS_SYNTHESIS["columns"])
+        self.out(f"   admitted: {d} one-way and {d - 1} two-way marginals (discrete Gaussian) and {d - 1} "
+                 f"selections, reserved at epsilon {r.json()['charge']['rdp']['epsilon']:.3f}")
+        body = self.wait(bob, rid, timeout=900)
+        if body["status"] != "succeeded":
+            raise CommandError(f"synthesis did not succeed: {body['status']} {body.get('error')}")
+        res = body["result"]
+        self.out(f"   {res['rows']:,} synthetic rows of {len(res['columns'])} columns; pairs modelled: "
+                 + ", ".join("-".join(p) for p in res["selected_pairs"]))
+        path = Path(settings.VAR_DIR) / "demo-synthetic.csv"
+        blob = bob.get(f"/api/requests/{rid}/files/synthetic.csv/")
+        path.write_bytes(b"".join(blob.streaming_content))
+        self.out(f"   downloaded to {path}; first rows:")
+        for line in path.read_text().splitlines()[:4]:
+            self.out(f"     {line[:110]}")
+        self.out(f"   bob sees no report: {res['reports']}")
+        report = self.call(off, "get", f"/api/requests/{rid}/").json()["officer_report"]
+        q, p = report["quality"]["summary"], report["privacy"]["summary"]
+        self.out("   the officer's quality report (synthetic vs. the real training rows; ceiling = a real holdout):")
+        self.out("     " + json.dumps(q))
+        self.out("   the officer's privacy report:")
+        self.out("     " + json.dumps(p))
+        self.out(f"   HTML report with plots: GET /api/requests/{rid}/officer-files/report.html/ (officers only)")
 
     def budget_table(self, ds):
         b = ds["budget"]
