@@ -5,12 +5,12 @@ rows. Plain data, no Django: tests and benchmarks import it too."""
 GSS_SCHEMA = {
     # Bounds and domains are public knowledge (the GSS codebook), never read from the data.
     "rownames": {"type": "text"},
-    "year": {"lower": 1974, "upper": 2018},
+    "year": {"lower": 1974, "upper": 2018, "integer": True},
     "realrinc": {"lower": 0, "upper": 500_000},
-    "age": {"lower": 18, "upper": 89},
+    "age": {"lower": 18, "upper": 89, "integer": True},
     "occ10": {"type": "text"},
-    "prestg10": {"lower": 16, "upper": 80},
-    "childs": {"lower": 0, "upper": 8},
+    "prestg10": {"lower": 16, "upper": 80, "integer": True},
+    "childs": {"lower": 0, "upper": 8, "integer": True},
     "occrecode": {"type": "categorical", "domain": [
         "Office and Administrative Support", "Professional", "Business/Finance", "Construction/Extraction", "Sales",
         "Service", "Transportation", "Production", "Farming, Fishing, and Forestry",

@@ -66,7 +66,10 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
 
         sizes = {c["column"]: encoding.size(c) for c in spec.columns}
         codes, info = mst.synthesize(encoding.encode(train, spec.columns), sizes, d["mst"], spec.rows, progress)
-        synthetic = encoding.decode(codes, spec.columns, rng)
+        numeric = [c for c in spec.columns if c["type"] == "numeric"]
+        fine = mst.measure_fine({c["column"]: encoding.fine_encode(train, c) for c in numeric},
+                                {c["column"]: encoding.fine_size(c) for c in numeric}, d["mst"])
+        synthetic = encoding.decode(codes, spec.columns, rng, fine)
     else:
         from . import vae
 

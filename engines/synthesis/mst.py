@@ -89,8 +89,18 @@ def synthesize(codes: dict[str, np.ndarray], sizes: dict[str, int], details: dic
                                                   stddev=two.scale))
 
     progress({"phase": "fitting the graphical model", "fraction": 0.45, "marginals_measured": len(measurements)})
+    # (the numeric columns' fine histograms are measured by measure_fine, before decoding)
     domain = mbi.Domain(cols, [sizes[c] for c in cols])
     model = MirrorDescent().estimate(domain, measurements, known_total=total, iters=iters)
     progress({"phase": "sampling", "fraction": 0.8, "marginals_measured": len(measurements)})
     data = model.synthetic_data(rows).to_dict()
     return {c: np.asarray(data[c], dtype=np.int64) for c in cols}, {"selected_pairs": [list(p) for p in tree]}
+
+
+def measure_fine(fine_codes: dict[str, np.ndarray], sizes: dict[str, int], details: dict) -> dict[str, np.ndarray]:
+    """Each numeric column's noisy fine histogram (the plan's ``fine`` measurements)."""
+    if not fine_codes:
+        return {}
+    noise = Noise.from_dict(details["fine"])
+    return {c: np.asarray(noise.release(np.bincount(x, minlength=sizes[c])), dtype=float)
+            for c, x in fine_codes.items()}

@@ -8,16 +8,20 @@ declared domain plus an "other/null" cell):
 2. select d - 1 pairs forming a maximum spanning tree, each round by report-noisy-max
    with exponential noise (the exponential mechanism; pure epsilon each) over the L1
    error of the independence model on the pairs still joining two components;
-3. measure the selected two-way marginals with the discrete Gaussian (d - 1 releases).
+3. measure the selected two-way marginals with the discrete Gaussian (d - 1 releases);
+4. measure each numeric column's fine histogram (one cell per integer, or 10 per bin)
+   with the discrete Gaussian (one release per numeric column): decoding draws values
+   inside a bin from it (see encoding.py).
 
 A privacy unit adds or removes at most k = ``max_rows_per_unit`` rows, so each marginal
 vector moves by at most k in L2 and each selection score by at most k. The event is
 
     composed[ self_composed(gaussian(z1), d), self_composed(epsilon_delta(e_sel), d - 1),
-              self_composed(gaussian(z2), d - 1) ]
+              self_composed(gaussian(z2), d - 1), self_composed(gaussian(zf), m) ]
 
-with the budget split 20% / 10% / 70% of a zCDP rho (the selection's pure epsilon is
-counted at its randomised-response RDP curve, which is conservative), and rho the
+(m numeric columns) with the budget split 20% / 10% / 60% / 10% of a zCDP rho (without
+numeric columns the fine share goes to the two-way marginals; the selection's pure
+epsilon is counted at its randomised-response RDP curve, which is conservative), and rho the
 largest for which the service's RDP accountant charges at most the requested epsilon
 at delta. Every noise scale and its cost come from OpenDP (its privacy maps).
 
@@ -35,7 +39,7 @@ from engines.types import DatasetMeta, EngineRequest, Plan, PlanError
 from .params import Spec, validate
 
 DETAILS_VERSION = 1
-SHARES = {"one_way": 0.2, "select": 0.1, "two_way": 0.7}
+SHARES = {"one_way": 0.2, "select": 0.1, "two_way": 0.6, "fine": 0.1}
 MIN_SIGNAL = 10.0  # refuse when the one-way noise exceeds a tenth of the table
 
 
@@ -45,28 +49,38 @@ def _rdp_epsilon(event: dict, delta: float) -> float:
     return rdp.compose([parse_event(event)], delta).epsilon
 
 
-def _mst_parts(rho: float, d: int, k: int) -> dict:
+def _mst_parts(rho: float, d: int, m: int, k: int) -> dict:
     """Noise scales for a total zCDP ``rho`` (before OpenDP's nudging)."""
+    fine = SHARES["fine"] if m else 0.0
     rho1 = SHARES["one_way"] * rho / d
-    rho2 = SHARES["two_way"] * rho / (d - 1)
+    rho2 = (SHARES["two_way"] + SHARES["fine"] - fine) * rho / (d - 1)
     eps_sel = math.sqrt(2.0 * SHARES["select"] * rho / (d - 1))
-    return {"sigma1": k / math.sqrt(2 * rho1), "sigma2": k / math.sqrt(2 * rho2), "eps_sel": eps_sel}
+    sigma_f = k / math.sqrt(2 * fine * rho / m) if m else None
+    return {"sigma1": k / math.sqrt(2 * rho1), "sigma2": k / math.sqrt(2 * rho2), "eps_sel": eps_sel,
+            "sigma_f": sigma_f}
 
 
-def _mst_event(z1: float, eps_sel: float, z2: float, d: int) -> dict:
-    return {"kind": "composed", "events": [
-        {"kind": "self_composed", "event": {"kind": "gaussian", "noise_multiplier": z1}, "count": d},
-        {"kind": "self_composed", "event": {"kind": "epsilon_delta", "epsilon": eps_sel, "delta": 0.0},
-         "count": d - 1},
-        {"kind": "self_composed", "event": {"kind": "gaussian", "noise_multiplier": z2}, "count": d - 1}]}
+def _gaussians(z: float, count: int) -> dict:
+    return {"kind": "self_composed", "event": {"kind": "gaussian", "noise_multiplier": z}, "count": count}
+
+
+def _mst_event(z1: float, eps_sel: float, z2: float, zf: float | None, d: int, m: int) -> dict:
+    parts = [_gaussians(z1, d),
+             {"kind": "self_composed", "event": {"kind": "epsilon_delta", "epsilon": eps_sel, "delta": 0.0},
+              "count": d - 1},
+             _gaussians(z2, d - 1)]
+    if m:
+        parts.append(_gaussians(zf, m))
+    return {"kind": "composed", "events": parts}
 
 
 def _plan_mst(spec: Spec) -> tuple[dict, dict]:
     d, k = len(spec.columns), spec.max_rows_per_unit
+    m = sum(1 for c in spec.columns if c["type"] == "numeric")
 
     def event_of(rho):
-        p = _mst_parts(rho, d, k)
-        return _mst_event(p["sigma1"] / k, p["eps_sel"], p["sigma2"] / k, d)
+        p = _mst_parts(rho, d, m, k)
+        return _mst_event(p["sigma1"] / k, p["eps_sel"], p["sigma2"] / k, p["sigma_f"] and p["sigma_f"] / k, d, m)
 
     lo, hi = 1e-8, 1e4  # rho: eps(lo) <= target < eps(hi)
     if _rdp_epsilon(event_of(lo), spec.delta) > spec.epsilon:
@@ -77,20 +91,24 @@ def _plan_mst(spec: Spec) -> tuple[dict, dict]:
             lo = mid
         else:
             hi = mid
-    parts = _mst_parts(lo, d, k)
-    one, c1 = opendp_noise.calibrate("gaussian", k, (k / parts["sigma1"]) ** 2 / 2, integer=True, vector=True)
-    two, c2 = opendp_noise.calibrate("gaussian", k, (k / parts["sigma2"]) ** 2 / 2, integer=True, vector=True)
+    parts = _mst_parts(lo, d, m, k)
+
+    def noise(sigma):
+        return opendp_noise.calibrate("gaussian", k, (k / sigma) ** 2 / 2, integer=True, vector=True)
+
+    (one, c1), (two, c2) = noise(parts["sigma1"]), noise(parts["sigma2"])
+    fine, cf = noise(parts["sigma_f"]) if m else (None, None)
     select_scale = 2.0 * k / parts["eps_sel"]
     eps_sel = select_cost(select_scale, k)
-    event = _mst_event(1 / math.sqrt(2 * c1), eps_sel, 1 / math.sqrt(2 * c2), d)
+    event = _mst_event(1 / math.sqrt(2 * c1), eps_sel, 1 / math.sqrt(2 * c2), cf and 1 / math.sqrt(2 * cf), d, m)
     if one.scale > spec.n_train_units / MIN_SIGNAL:
         raise PlanError(
             f"epsilon {spec.epsilon:g} is too small for MST on {spec.n_train_units:,} privacy units and {d} columns: "
             f"the noise on each one-way marginal (sd {one.scale:,.0f}) would exceed a tenth of the table; raise "
             "epsilon, synthesize fewer columns or use fewer bins",
             {"epsilon": f"too small for MST here (one-way noise sd {one.scale:,.0f})"})
-    details = {"one_way": one.to_dict(), "two_way": two.to_dict(), "select_scale": select_scale,
-               "select_epsilon": eps_sel, "shares": SHARES}
+    details = {"one_way": one.to_dict(), "two_way": two.to_dict(), "fine": fine and fine.to_dict(),
+               "select_scale": select_scale, "select_epsilon": eps_sel, "shares": SHARES}
     return event, details
 
 
