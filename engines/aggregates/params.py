@@ -7,11 +7,11 @@ Nothing here reads data.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from engines.types import DatasetMeta, PlanError
+from engines.validation import is_number
 
 KINDS = ("count", "sum", "mean", "variance", "histogram", "quantile")
 VALUE_KINDS = ("sum", "mean", "variance", "quantile")  # need a bounded numeric column
@@ -55,15 +55,6 @@ class Query:
     q: float | None = None
     candidates: int | None = None
 
-
-def is_number(v: Any) -> bool:
-    """A finite JSON number (bool is not a number)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(v))
-    except OverflowError:
-        return False
 
 
 def _positive(v: Any) -> str | None:

@@ -6,8 +6,7 @@ The schemas describe the shape; params.py checks everything against the dataset
 
 from __future__ import annotations
 
-from .params import (DEFAULT_CANDIDATES, KIND_KEYS, MAX_BINS, MAX_CANDIDATES, MAX_IN_VALUES, MAX_K,
-                     MAX_PREDICATES, OPS)
+from .params import DEFAULT_CANDIDATES, KIND_KEYS, MAX_BINS, MAX_CANDIDATES, MAX_IN_VALUES, MAX_K, MAX_PREDICATES, OPS
 
 _POSITIVE = {"type": "number", "exclusiveMinimum": 0}
 _SCALAR = {"type": ["string", "number", "boolean"]}

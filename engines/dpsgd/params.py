@@ -7,11 +7,11 @@ data and nothing here imports torch: planning happens in the web process.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engines.types import DatasetMeta, PlanError
+from engines.validation import is_number
 
 from .model_spec import ModelSpecError, expand_model
 
@@ -82,14 +82,6 @@ class Spec:
     def n_outputs(self) -> int:
         return len(self.target["classes"]) if self.task == "multiclass" else 1
 
-
-def is_number(v: Any) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(v))
-    except OverflowError:
-        return False
 
 
 def _is_int(v: Any) -> bool:

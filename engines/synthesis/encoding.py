@@ -20,7 +20,6 @@ import math
 import numpy as np
 import pandas as pd
 
-
 FINE = 10  # fine cells per bin (non-integer or wide integer columns)
 MAX_INTEGER_CELLS = 1000
 

@@ -3,11 +3,10 @@ no torch, no JAX)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from engines.types import DatasetMeta, PlanError
+from engines.validation import is_number as _finite
 
 KINDS = ("synthesize",)
 METHODS = ("mst", "vae")
@@ -47,15 +46,6 @@ class Spec:
     @property
     def names(self) -> list[str]:
         return [c["column"] for c in self.columns]
-
-
-def _finite(v: Any) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(v))
-    except OverflowError:
-        return False
 
 
 def _column(name: str, col: dict, bins: int) -> dict | str:
