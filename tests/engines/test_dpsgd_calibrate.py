@@ -80,8 +80,9 @@ def test_evaluation_releases_are_inside_the_target(target, delta, steps, evals, 
     each = share * target / evals
     z = noise_multiplier(target, delta, 1.0, steps, each, evals)
     assert_calibrated(z, target, 1.0, steps, delta, each, evals)
-    # The evaluations cost something: without them no more noise is needed.
-    assert z >= noise_multiplier(target, delta, 1.0, steps)
+    # The evaluations cost something: without them no more noise is needed (up to the
+    # search's precision, about 0.04% of z).
+    assert z >= noise_multiplier(target, delta, 1.0, steps) * (1 - 1e-3)
 
 
 def test_subsampled_run_with_evaluations_meets_the_target_in_the_ledger():
