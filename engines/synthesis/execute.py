@@ -29,8 +29,9 @@ def secure_rng() -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
 
 
-def split(df: pd.DataFrame, spec: Spec, rng: np.random.Generator) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(training rows, at most k per unit; held-out rows of a random fraction of the units)."""
+def split(df: pd.DataFrame, spec: Spec, rng: np.random.Generator) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+    """(training rows, at most k per unit; held-out rows of a random fraction of the units;
+    the unit of each training row)."""
     from engines.aggregates.compute import bound_contributions
 
     if spec.unit_column:
@@ -44,7 +45,8 @@ def split(df: pd.DataFrame, spec: Spec, rng: np.random.Generator) -> tuple[pd.Da
     if spec.unit_column:
         train_mask, _ = bound_contributions(train_mask, units, n_units, spec.max_rows_per_unit, rng)
     cols = spec.names
-    return df.loc[train_mask, cols].reset_index(drop=True), df.loc[held[units], cols].reset_index(drop=True)
+    return (df.loc[train_mask, cols].reset_index(drop=True), df.loc[held[units], cols].reset_index(drop=True),
+            units[train_mask])
 
 
 def _schema(spec: Spec) -> dict:
@@ -59,7 +61,7 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
     workdir = Path(workdir)
     rng = secure_rng()
     progress({"phase": "preparing data", "fraction": 0.0})
-    train, holdout = split(data.to_pandas(), spec, rng)
+    train, holdout, train_units = split(data.to_pandas(), spec, rng)
     info: dict = {}
     if spec.method == "mst":
         from . import mst
@@ -73,7 +75,8 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
     else:
         from . import vae
 
-        synthetic, info = vae.synthesize(train, spec, d["vae"], progress)
+        synthetic, info = vae.synthesize(train, spec, d["vae"], progress,
+                                         units=train_units if spec.unit_column else None)
     synthetic = synthetic[spec.names]
 
     progress({"phase": "writing the table", "fraction": 0.9})

@@ -3,7 +3,7 @@ everything against the dataset and is the authority."""
 
 from __future__ import annotations
 
-from .params import DEFAULT_BINS, DEFAULT_ROWS_PER_UNIT, MAX_BINS, MAX_ROWS, MAX_ROWS_PER_UNIT, METHODS
+from .params import DEFAULT_BINS, DEFAULT_ROWS_PER_UNIT, MAX_BINS, MAX_ROWS, MAX_ROWS_PER_UNIT, METHODS, VAE_DEFAULTS
 
 
 def params_schema() -> dict:
@@ -17,17 +17,22 @@ def params_schema() -> dict:
         "columns": {"type": "array", "items": {"type": "string"},
                     "description": "default: every bounded numeric and categorical column"},
         "bins": {"type": "integer", "minimum": 2, "maximum": MAX_BINS, "default": DEFAULT_BINS,
-                 "description": "equal-width bins of each numeric column's declared range (mst)"},
+                 "description": "equal-width bins of each numeric column's declared range"},
         "max_rows_per_unit": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS_PER_UNIT,
                               "default": DEFAULT_ROWS_PER_UNIT, "description": "datasets with a privacy unit"},
         "holdout_fraction": {"type": "number", "minimum": 0, "maximum": 0.5, "default": 0.2,
                              "description": "units held out for the officer's quality and privacy reports"},
         "target": {"type": "string", "description": "a column for train-synthetic-test-real utility in the report"},
-        "epochs": {"type": "integer", "minimum": 1, "maximum": 500, "default": 10, "description": "vae"},
-        "batch_size": {"type": "integer", "minimum": 1, "default": 256, "description": "vae: expected batch"},
-        "latent_dim": {"type": "integer", "minimum": 1, "maximum": 256, "default": 8, "description": "vae"},
-        "hidden": {"type": "array", "items": {"type": "integer"}, "default": [128, 64], "description": "vae"},
-        "learning_rate": {"type": "number", "exclusiveMinimum": 0, "default": 2e-3, "description": "vae"},
+        "epochs": {"type": "integer", "minimum": 1, "maximum": 500, "default": VAE_DEFAULTS["epochs"],
+                   "description": "vae"},
+        "batch_size": {"type": "integer", "minimum": 1, "default": VAE_DEFAULTS["batch_size"],
+                       "description": "vae: expected batch (at most a quarter of the training units by default)"},
+        "latent_dim": {"type": "integer", "minimum": 1, "maximum": 256, "default": VAE_DEFAULTS["latent_dim"],
+                       "description": "vae"},
+        "hidden": {"type": "array", "items": {"type": "integer"}, "default": VAE_DEFAULTS["hidden"],
+                   "description": "vae: encoder and decoder widths"},
+        "learning_rate": {"type": "number", "exclusiveMinimum": 0, "default": VAE_DEFAULTS["learning_rate"],
+                          "description": "vae"},
     }
     return {"synthesize": {"type": "object", "additionalProperties": False, "required": ["epsilon"],
                            "properties": props}}

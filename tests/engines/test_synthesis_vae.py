@@ -166,20 +166,22 @@ def test_a_cancellation_before_the_first_step_charges_nothing(plan, table, tmp_p
     assert exc.value.actual_event == {"kind": "no_op"}
 
 
-def test_a_dataset_with_a_unit_column_is_refused_without_the_rows_units(table, tmp_path):
+def test_a_dataset_with_a_unit_column_trains_on_units(table, tmp_path):
     ds = meta(unit=True)
     params = {**GENEROUS, "batch_size": 25}  # q = 25 / 500 units: the same calibration as ``plan``
     p = plugins.plan("synthesis", EngineRequest("synthesize", params), ds)
-    with pytest.raises(EngineError, match="privacy unit"):
-        plugins.run("synthesis", EngineRequest("synthesize", params), ds, table, p, lambda info: None,
-                    workdir=tmp_path)
-    # Given each row's unit, it trains with units sampled and clipped whole.
     spec = Spec.from_dict(p.details["spec"])
     df = table.to_pandas()
+    # Without each row's unit the VAE cannot clip per unit: it refuses.
+    with pytest.raises(EngineError, match="privacy unit"):
+        vae.synthesize(df[spec.names], spec, p.details["vae"], lambda info: None)
+    # The engine passes the units (execute.split): units are sampled and clipped whole.
+    release = plugins.run("synthesis", EngineRequest("synthesize", params), ds, table, p, lambda info: None,
+                          workdir=tmp_path)
+    assert release.result["rows"] == spec.rows and release.result["vae"]["steps"] == p.details["vae"]["steps"]
     synthetic, info = vae.synthesize(df[spec.names], spec, p.details["vae"], lambda info: None,
                                      units=df["pid"].to_numpy())
     assert len(synthetic) == spec.rows and list(synthetic.columns) == spec.names
-    assert info["vae"]["steps"] == p.details["vae"]["steps"]
 
 
 # ---------------------------------------------------------------- clipping and noise, by definition

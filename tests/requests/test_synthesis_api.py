@@ -145,3 +145,20 @@ def test_a_numeric_column_without_declared_bounds_is_refused(api, analyst, make_
     r = synthesize(api(analyst), {"epsilon": 1.0, "columns": ["age", "income"]}, dataset="clinic")
     assert r.status_code == 400 and "no declared bounds" in r.json()["errors"]["columns"], r.content
     assert not LedgerEntry.objects.exists()
+
+
+def test_the_dp_vae_clips_per_privacy_unit_on_a_group_level_dataset(api, analyst, make_dataset, grant,
+                                                                     django_capture_on_commit_callbacks):
+    ds = make_dataset("clinic", epsilon=10.0, unit_column="patient_id", schema={
+        "age": {"lower": 18, "upper": 90, "integer": True}, "income": {"lower": 0, "upper": 200_000},
+        "site": {"type": "categorical", "domain": ["north", "south", "east"]}})
+    grant(analyst, ds)
+    client = api(analyst)
+    body = run(client, {"method": "vae", "epsilon": 5.0, "rows": 300, "epochs": 2, "holdout_fraction": 0},
+               django_capture_on_commit_callbacks, dataset="clinic")
+    event = body["event"]
+    assert event["kind"] == "subsampled_gaussian"
+    assert event["sample_rate"] == pytest.approx(body["result"]["vae"]["expected_batch_size"] / ds.n_units)
+    table = pd.read_parquet(io.BytesIO(download(client, body["id"], "synthetic.parquet")))
+    assert len(table) == 300 and set(table["site"].dropna()) <= {"north", "south", "east"}
+    assert "patient_id" not in table.columns  # the unit column is never synthesized
