@@ -3,8 +3,8 @@
 1.6 (per-sample hooks and ghost clipping), and a training request's latency from the
 gate to its first epoch through the real service, in one run.
 
-    .venv/bin/python bench/bench_dpsgd.py                 # full (~3-4 min on 2 CPUs)
-    .venv/bin/python bench/bench_dpsgd.py --quick         # fewer steps and repeats (CI smoke, ~40 s)
+    .venv/bin/python bench/bench_dpsgd.py                 # full (~3-4 min on 2 quiet CPUs)
+    .venv/bin/python bench/bench_dpsgd.py --quick         # fewer steps and repeats (CI smoke, 30-75 s)
     .venv/bin/python bench/bench_dpsgd.py --only throughput --threads 2
 
 **Throughput.** 50,000 synthetic training rows: 40 standard-normal features, binary
@@ -12,7 +12,7 @@ labels drawn from a fixed random logistic model (seeded). Only speed is measured
 The engine gets a 62,500-row table, holds out its usual 20% (``test_fraction`` 0.2) and
 trains on the remaining 50,000; every other variant trains on those same 50,000 tensors
 (``engines.dpsgd.train.prepare``'s ``x_train``/``y_train``), with the same model built by
-``engines.dpsgd.model_spec.build`` from the same spec:
+``engines.dpsgd.model_spec.build`` from the same spec (``--variants`` picks the Opacus ones):
 
 * click-predictor: 40 -> 128 -> 64 -> 32 -> 1, each hidden Linear followed by LayerNorm and
   ReLU (the engine's default model, 16,065 parameters);
@@ -38,13 +38,18 @@ Opacus runs with its default ``secure_mode=False`` (one normal draw per coordina
 mode needs ``torchcsprng``, not installed), so its noise is ~4x cheaper than the engine's.
 Opacus's time includes its DataLoader (per-row ``__getitem__`` + collation), shown apart.
 
+Each variant lives in its own (spawned) process, as a training run lives in a worker
+process, so that the variants share no allocator, thread pool or torch state. Every process
+builds the same table and the same held-out split (seeded): all train on the same 50,000 rows.
+
 Timing: ``time.perf_counter``; every variant is warmed up first; then each repeat runs every
 variant once, in rotating order (machine noise hits them alike), for one epoch (the
 click-predictor) or ``--wide-steps`` steps (wide model), stopping a repeat early after
 ``--repeat-seconds`` once ``--min-steps`` steps are done. Time per sample = the repeat's
 time / the rows it trained on (Poisson batches counted as drawn); medians over repeats.
 Ratio ("x non-priv") = variant time per sample / non-private time per sample within each
-round, median over rounds ("x excl.ldr": Opacus without its DataLoader's time). Opacus
+round, median (and range) over rounds ("x excl.ldr": Opacus without its DataLoader;
+"faults/st": minor page faults per step, i.e. freshly zeroed 4 KB pages). Opacus
 hooks is skipped when its per-sample gradients (batch x parameters x 4 bytes) exceed
 ``--hooks-max-gb``.
 The engine step's split: ``Trainer._sample`` and the engine's ``_noise`` for every
@@ -65,7 +70,9 @@ Measured: the POST round trip (planning incl. noise calibration, the gate, the q
 POST sent -> ``started_at`` (server clock, same machine), POST sent -> the first GET that
 shows ``progress.epochs`` non-empty, POST sent -> ``finished_at``. The first request after
 the worker starts is reported apart (its process imports torch and Opacus); the median is
-over the following ones. Only measured numbers are printed.
+over the following ones. ``--worker-threads N`` sets the worker's OMP_NUM_THREADS (default:
+unset, so torch uses one thread per CPU; 1 with ``--quick``). Only measured numbers are
+printed.
 """
 
 from __future__ import annotations
@@ -121,9 +128,9 @@ def git_code() -> str:
         return f"{CODE} (--code)"
     try:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip()
+                              text=True, check=False).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "engines", "governance",
-                                "workers"], capture_output=True, text=True).stdout.strip()
+                                "workers"], capture_output=True, text=True, check=False).stdout.strip()
         return head + (" + uncommitted changes in engines/, governance/ or workers/" if dirty else "")
     except OSError:
         return "unknown"
@@ -268,9 +275,12 @@ class EngineVariant:
 
 def run_repeat(variant, steps: int, min_steps: int, max_seconds: float) -> dict:
     """``steps`` steps (or fewer after ``max_seconds``, at least ``min_steps``)."""
+    import resource
+
     perf = time.perf_counter
     rows = done = 0
     load = 0.0
+    faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = perf()
     while done < steps:
         n, t_load = variant.step()
@@ -278,7 +288,8 @@ def run_repeat(variant, steps: int, min_steps: int, max_seconds: float) -> dict:
         if done >= min_steps and perf() - t0 > max_seconds:
             break
     elapsed = perf() - t0
-    return {"seconds": elapsed, "rows": rows, "steps": done, "load": load}
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0  # pages first touched (zeroed)
+    return {"seconds": elapsed, "rows": rows, "steps": done, "load": load, "faults": faults}
 
 
 def engine_split(ev: EngineVariant, reps: int) -> dict:
@@ -293,7 +304,7 @@ def engine_split(ev: EngineVariant, reps: int) -> dict:
     std = tr.z * tr.spec.max_grad_norm
     perf = time.perf_counter
     out = {"sample": [], "noise": [], "noise_plain": []}
-    for _ in range(reps + 2):
+    for _ in range(reps + 2):  # the first two are a warm-up
         t0 = perf()
         ev._draw()
         t1 = perf()
@@ -309,91 +320,156 @@ def engine_split(ev: EngineVariant, reps: int) -> dict:
     return {k: med(v[2:]) for k, v in out.items()}
 
 
-def throughput(args) -> tuple[list[str], dict]:
-    import gc
+def _variant_process(conn, name: str, cfg: dict):
+    """A child process that owns one variant (as a worker process owns one training run):
+    it builds the variant for each (model, batch) the parent asks for and times repeats
+    on request, so that variants never share an allocator or a thread pool."""
+    try:
+        import torch
 
-    import torch
+        from engines.dpsgd.train import prepare, secure_generator
+
+        torch.set_num_threads(cfg["threads"])
+        table = synthetic_table(cfg["n_table"], cfg["seed"])
+        meta = synthetic_meta(cfg["n_table"])
+        variant = None
+        while True:
+            cmd, *a = conn.recv()
+            if cmd == "setup":
+                model_key, batch = a
+                variant = None
+                spec, details = engine_plan(meta, MODELS[model_key][1], batch)
+                # The same held-out split in every process (a seeded generator), so that every
+                # variant trains on the same 50,000 rows; the engine trains with a secure one.
+                prep = prepare(table, spec, torch.Generator().manual_seed(cfg["seed"]), torch.device("cpu"))
+                assert prep.n_train_units == cfg["rows"] == len(prep.x_train), prep.n_train_units
+                if name == "non-private":
+                    variant = Plain(spec, prep.x_train, prep.y_train, batch)
+                elif name == "engine":
+                    variant = EngineVariant(spec, prep, details, secure_generator(torch.device("cpu")))
+                else:
+                    variant = OpacusVariant(spec, prep.x_train, prep.y_train, batch, name.split()[1])
+                # warm-up: allocations, first-call paths, page faults
+                run_repeat(variant, cfg["warmup_steps"], 1, cfg["repeat_seconds"])
+                conn.send(("ok", None))
+            elif cmd == "repeat":
+                conn.send(("ok", run_repeat(variant, *a)))
+            elif cmd == "split":
+                conn.send(("ok", engine_split(variant, cfg["split_reps"])))
+            elif cmd == "stop":
+                return
+    except BaseException as e:  # noqa: BLE001 - reported by the parent
+        import traceback
+
+        conn.send(("error", f"{name}: {e!r}\n{traceback.format_exc()}"))
+
+
+class Child:
+    def __init__(self, ctx, name: str, cfg: dict):
+        self.name = name
+        self.conn, theirs = ctx.Pipe()
+        self.proc = ctx.Process(target=_variant_process, args=(theirs, name, cfg), daemon=True)
+        self.proc.start()
+
+    def call(self, *cmd):
+        self.conn.send(cmd)
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(value)
+        return value
+
+    def close(self):
+        try:
+            self.conn.send(("stop",))
+        except OSError:
+            pass
+        self.proc.join(30)
+        if self.proc.is_alive():  # pragma: no cover - only a stuck child
+            self.proc.kill()
+
+
+def throughput(args) -> tuple[list[str], dict]:
+    import multiprocessing as mp
 
     from engines.dpsgd.model_spec import n_parameters
-    from engines.dpsgd.train import prepare, secure_generator
 
-    torch.set_num_threads(args.threads)
     load0 = os.getloadavg()
     t_start = time.monotonic()
     n_train = args.rows
     n_table = round(n_train / 0.8)  # the engine holds out 20%: 62,500 rows -> 50,000 to train
-    table = synthetic_table(n_table, args.seed)
     meta = synthetic_meta(n_table)
-    cpu = torch.device("cpu")
+    cfg = {"threads": args.threads, "n_table": n_table, "rows": n_train, "seed": args.seed,
+           "warmup_steps": args.warmup_steps, "repeat_seconds": args.repeat_seconds, "split_reps": args.split_reps}
+    names = ["non-private"] + [v for v in VARIANTS[1:3] if v in args.variants] + ["engine"]
+    ctx = mp.get_context("spawn")  # fresh interpreters: no torch state inherited from this one
+    children = {name: Child(ctx, name, cfg) for name in names}
     results = []
-    for model_key in args.models:
-        label, hidden = MODELS[model_key]
-        for batch in args.batches:
-            spec, details = engine_plan(meta, hidden, batch)
-            gen = secure_generator(cpu)
-            prep = prepare(table, spec, gen, cpu)
-            assert prep.n_train_units == n_train and len(prep.x_train) == n_train, prep.n_train_units
-            x, y = prep.x_train, prep.y_train
-            n_par = n_parameters(spec.layers)
-            epoch_steps = -(-n_train // batch)
-            steps = epoch_steps if model_key == "click" else min(args.wide_steps, epoch_steps)
-            if args.quick and model_key == "click":
-                steps = min(steps, args.click_steps_quick)
-            variants = {"non-private": Plain(spec, x, y, batch)}
-            skipped = {}
-            grad_sample_gb = batch * n_par * 4 / 1e9
-            if grad_sample_gb <= args.hooks_max_gb:
-                variants["opacus hooks"] = OpacusVariant(spec, x, y, batch, "hooks")
-            else:
-                skipped["opacus hooks"] = (f"skipped: per-sample gradients {batch} x {n_par:,} x 4 bytes = "
-                                           f"{grad_sample_gb:.1f} GB > --hooks-max-gb {args.hooks_max_gb:g}")
-            variants["opacus ghost"] = OpacusVariant(spec, x, y, batch, "ghost")
-            ev = EngineVariant(spec, prep, details, gen)
-            variants["engine"] = ev
-            names = list(variants)
-            for name in names:  # warm-up: allocations, first-call paths, page faults
-                run_repeat(variants[name], args.warmup_steps, 1, args.repeat_seconds)
-            reps = {name: [] for name in names}
-            for r in range(args.repeats):
-                order = names[r % len(names):] + names[:r % len(names)]
-                for name in order:
-                    reps[name].append(run_repeat(variants[name], steps, args.min_steps, args.repeat_seconds))
-            split = engine_split(ev, args.split_reps)
-            row = {"model": label, "key": model_key, "batch": batch, "params": n_par, "steps": steps,
-                   "q": details["sample_rate"], "variants": {}, "skipped": skipped, "split": split}
-            base = [x["seconds"] / x["rows"] for x in reps["non-private"]]
-            for name in names:
-                rs = reps[name]
-                row["variants"][name] = {
-                    "per_sample": med([x["seconds"] / x["rows"] for x in rs]),
-                    # the ratio within each round (variants run back to back), then the median
-                    "ratio": med([x["seconds"] / x["rows"] / b for x, b in zip(rs, base)]),
-                    "ratio_excl_loader": med([(x["seconds"] - x["load"]) / x["rows"] / b for x, b in zip(rs, base)]),
-                    "per_step": med([x["seconds"] / x["steps"] for x in rs]),
-                    "load_per_step": med([x["load"] / x["steps"] for x in rs]),
-                    "rows_per_step": med([x["rows"] / x["steps"] for x in rs]),
-                    "steps": med([x["steps"] for x in rs]),
-                }
-            results.append(row)
-            log(f"{label} @ {batch}: " + ", ".join(f"{n} {v['ratio']:.2f}x" for n, v in row["variants"].items()))
-            del variants, ev, prep
-            gc.collect()
+    try:
+        for model_key in args.models:
+            label, hidden = MODELS[model_key]
+            for batch in args.batches:
+                spec, _ = engine_plan(meta, hidden, batch)
+                n_par = n_parameters(spec.layers)
+                epoch_steps = -(-n_train // batch)
+                steps = epoch_steps if model_key == "click" else min(args.wide_steps, epoch_steps)
+                if args.quick and model_key == "click":
+                    steps = min(steps, args.click_steps_quick)
+                skipped = {v: "not run (--variants)" for v in VARIANTS if v not in names}
+                grad_sample_gb = batch * n_par * 4 / 1e9
+                active = list(names)
+                if "opacus hooks" in active and grad_sample_gb > args.hooks_max_gb:
+                    active.remove("opacus hooks")
+                    skipped["opacus hooks"] = (f"skipped: per-sample gradients {batch} x {n_par:,} x 4 bytes = "
+                                               f"{grad_sample_gb:.1f} GB > --hooks-max-gb {args.hooks_max_gb:g}")
+                for name in active:  # one at a time: the others wait on their pipe
+                    children[name].call("setup", model_key, batch)
+                reps = {name: [] for name in active}
+                for r in range(args.repeats):  # rotating order: machine noise hits every variant alike
+                    for name in active[r % len(active):] + active[:r % len(active)]:
+                        reps[name].append(children[name].call("repeat", steps, args.min_steps, args.repeat_seconds))
+                split = children["engine"].call("split")
+                row = {"model": label, "batch": batch, "params": n_par, "variants": {}, "skipped": skipped,
+                       "split": split}
+                base = [x["seconds"] / x["rows"] for x in reps["non-private"]]
+                for name in active:
+                    rs = reps[name]
+                    row["variants"][name] = {
+                        "per_sample": med([x["seconds"] / x["rows"] for x in rs]),
+                        # the ratio within each round (variants run back to back), then the median
+                        "ratios": [x["seconds"] / x["rows"] / b for x, b in zip(rs, base)],
+                        "ratio_excl_loader": med([(x["seconds"] - x["load"]) / x["rows"] / b
+                                                  for x, b in zip(rs, base)]),
+                        "per_step": med([x["seconds"] / x["steps"] for x in rs]),
+                        "load_per_step": med([x["load"] / x["steps"] for x in rs]),
+                        "rows_per_step": med([x["rows"] / x["steps"] for x in rs]),
+                        "steps": med([x["steps"] for x in rs]),
+                        "faults_per_step": med([x["faults"] / x["steps"] for x in rs]),
+                    }
+                for m in row["variants"].values():
+                    m["ratio"] = med(m["ratios"])
+                results.append(row)
+                log(f"{label} @ {batch}: " + ", ".join(f"{n} {v['ratio']:.2f}x" for n, v in row["variants"].items()))
+    finally:
+        for child in children.values():
+            child.close()
     load1 = os.getloadavg()
 
     # ---------------------------------------------------------------- report
     lines = [
-        f"== DP-SGD training throughput: {n_train:,} synthetic training rows ({N_FEATURES} standard-normal features, "
-        f"labels from a fixed random logistic model, seed {args.seed}; only speed is measured on them)",
-        f"   code at git {git_code()}; Python {sys.version.split()[0]}, torch {torch.__version__}, "
-        f"opacus {_version('opacus')}; torch threads {torch.get_num_threads()} ({os.cpu_count()} CPUs)",
-        f"   Adam lr 1e-3, BCE-with-logits, max_grad_norm 1.0, noise multiplier 1.0; engine noise secure-mode "
-        f"(4 draws/coordinate), Opacus secure_mode=False (1 draw)",
-        f"   medians of {args.repeats} interleaved repeats after warm-up; 1-min load avg start/end "
-        f"{load0[0]:.2f}/{load1[0]:.2f}; run {time.monotonic() - t_start:.0f}s",
+        (f"== DP-SGD training throughput: {n_train:,} synthetic training rows ({N_FEATURES} standard-normal "
+         f"features, labels from a fixed random logistic model, seed {args.seed}; only speed is measured on them)"),
+        (f"   code at git {git_code()}; Python {sys.version.split()[0]}, torch {_version('torch')}, "
+         f"opacus {_version('opacus')}; torch threads {args.threads} ({os.cpu_count()} CPUs); each variant in its "
+         "own process"),
+        ("   Adam lr 1e-3, BCE-with-logits, max_grad_norm 1.0, noise multiplier 1.0; engine noise secure-mode "
+         "(4 draws/coordinate), Opacus secure_mode=False (1 draw)"),
+        (f"   medians of {args.repeats} interleaved repeats after warm-up; 1-min load avg start/end "
+         f"{load0[0]:.2f}/{load1[0]:.2f}; run {time.monotonic() - t_start:.0f}s"),
         "",
     ]
     hdr = (f"{'model':<31}{'params':>10}{'batch':>6}  {'variant':<13}{'steps/rep':>9}{'rows/step':>10}"
-           f"{'ms/step':>9}{'samples/s':>11}{'x non-priv':>11}{'loader ms':>10}{'x excl.ldr':>11}")
+           f"{'ms/step':>9}{'samples/s':>11}{'x non-priv':>11}{'(range)':>14}{'faults/st':>10}{'loader ms':>10}"
+           f"{'x excl.ldr':>11}")
     lines += [hdr, "-" * len(hdr)]
     verdicts = []
     for row in results:
@@ -404,14 +480,16 @@ def throughput(args) -> tuple[list[str], dict]:
                              f"{row['skipped'][name]}")
                 continue
             m = v[name]
-            lines.append(
-                f"{row['model']:<31}{row['params']:>10,}{row['batch']:>6}  {name:<13}{m['steps']:>9.0f}"
-                f"{m['rows_per_step']:>10.1f}{m['per_step'] * 1e3:>9.2f}{1 / m['per_sample']:>11,.0f}"
-                f"{m['ratio']:>10.2f}x"
-                + (f"{m['load_per_step'] * 1e3:>10.2f}{m['ratio_excl_loader']:>10.2f}x" if m["load_per_step"] else ""))
+            spread = f"({min(m['ratios']):.2f}-{max(m['ratios']):.2f})"  # over the rounds
+            line = (f"{row['model']:<31}{row['params']:>10,}{row['batch']:>6}  {name:<13}{m['steps']:>9.0f}"
+                    f"{m['rows_per_step']:>10.1f}{m['per_step'] * 1e3:>9.2f}{1 / m['per_sample']:>11,.0f}"
+                    f"{m['ratio']:>10.2f}x{spread:>14}{m['faults_per_step']:>10,.0f}")
+            if m["load_per_step"]:  # Opacus: its DataLoader's share, and the ratio without it
+                line += f"{m['load_per_step'] * 1e3:>10.2f}{m['ratio_excl_loader']:>10.2f}x"
+            lines.append(line)
         verdicts.append((row, v["engine"]["ratio"]))
-    lines += ["", "engine step split (ms/step, medians; rest = step - sampling - noise = forward, backward, "
-                  "clipping, Adam):"]
+    lines += ["", ("engine step split (ms/step, medians; rest = step - sampling - noise = forward, backward, "
+                   "clipping, Adam):")]
     for row in results:
         s, v = row["split"], row["variants"]
         step = v["engine"]["per_step"]
@@ -581,7 +659,7 @@ def one_request(client: Client, params: dict, poll: float, max_wait: float) -> d
         raise RuntimeError(f"request {rid} {out['status']}: {out.get('error')}")
 
     def since(stamp):
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() - wall0
+        return datetime.fromisoformat(stamp).timestamp() - wall0  # ISO 8601 with Z (Python >= 3.11)
 
     res = out["result"]
     return {"id": rid, "post": t_post, "started": since(out["started_at"]), "seen_running": seen_running,
@@ -610,8 +688,9 @@ def latency(args) -> list[str]:
     try:
         env, token, ds = setup_django(tmp, redis_url)
         port = free_port()
+        worker_env = {**env, **({"OMP_NUM_THREADS": str(args.worker_threads)} if args.worker_threads else {})}
         worker, f1 = start([PY, "manage.py", "worker", "-Q", "cpu,gpu", "-c", "1", "--pool", "prefork",
-                            "--loglevel", "WARNING"], env, tmp / "worker.log")
+                            "--loglevel", "WARNING"], worker_env, tmp / "worker.log")
         server, f2 = start([str(Path(PY).parent / "gunicorn"), "governance.wsgi", "--bind", f"127.0.0.1:{port}",
                             "--workers", "1", "--threads", "4", "--worker-class", "gthread", "--log-level",
                             "warning"], env, tmp / "gunicorn.log")
@@ -628,11 +707,12 @@ def latency(args) -> list[str]:
 
         base = {"target": "realrinc", "target_threshold": 20000, "epochs": args.epochs}
         plan_times = []
-        for k in range(3):
+        for k in range(4):  # the first one imports what planning needs (Opacus's RDP analysis: torch)
             req = EngineRequest(kind="train", params={**base, "target_epsilon": 2.0 + k * 1e-6})
             t0 = time.perf_counter()
-            plan = plugins.plan("dpsgd", req, dataset_meta(ds))
+            plugins.plan("dpsgd", req, dataset_meta(ds))
             plan_times.append(time.perf_counter() - t0)
+        plan_times = plan_times[1:]
 
         rows = []
         for k in range(1 + args.latency_repeats):
@@ -660,22 +740,25 @@ def latency(args) -> list[str]:
 
     r0 = rows[0]
     lines = [
-        f"== DP-SGD request latency through REST + Celery + Redis: stevedata/gss_wages ({ds.n_rows:,} rows), "
-        f"dpsgd train, target realrinc > 20000, target_epsilon ~1.0, {args.epochs} epochs, other parameters default",
-        f"   model {r0['model']} ({r0['n_parameters']:,} params); q {r0['sample_rate']:.5f} "
-        f"({round(1 / r0['sample_rate'])} steps/epoch); noise multiplier {r0['noise_multiplier']:.3f}; "
-        f"{r0['train_units']:,} training units (rows with a target); run epsilon {r0['epsilon']:.3f}",
-        f"   SQLite (throwaway), Redis db {args.redis_db}, gunicorn gthread 1x4, Celery prefork -c 1 (torch default "
-        f"threads); polls every {args.poll * 1e3:.0f} ms; the worker writes progress at most every 0.5 s",
-        f"   {os.cpu_count()} CPUs; 1-min load avg start/end {load0[0]:.2f}/{load1[0]:.2f}; run "
-        f"{time.monotonic() - t_start:.0f}s; planning alone (in-process, median of 3): "
-        f"{med(plan_times) * 1e3:.0f} ms",
+        (f"== DP-SGD request latency through REST + Celery + Redis: stevedata/gss_wages ({ds.n_rows:,} rows), "
+         f"dpsgd train, target realrinc > 20000, target_epsilon ~1.0, {args.epochs} epochs, other parameters "
+         "default"),
+        (f"   code at git {git_code()}; model {r0['model']} ({r0['n_parameters']:,} params); q "
+         f"{r0['sample_rate']:.5f} ({round(1 / r0['sample_rate'])} steps/epoch); noise multiplier "
+         f"{r0['noise_multiplier']:.3f}; train_units {r0['train_units']:,} (as released); run epsilon "
+         f"{r0['epsilon']:.3f}"),
+        (f"   SQLite (throwaway), Redis db {args.redis_db}, gunicorn gthread 1x4, Celery prefork -c 1 (torch "
+         + (f"threads {args.worker_threads} by OMP_NUM_THREADS" if args.worker_threads else "default threads")
+         + f"); polls every {args.poll * 1e3:.0f} ms; the worker writes progress at most every 0.5 s"),
+        (f"   {os.cpu_count()} CPUs; 1-min load avg start/end {load0[0]:.2f}/{load1[0]:.2f}; run "
+         f"{time.monotonic() - t_start:.0f}s; planning alone (in this process, imports warm, median of 3): "
+         f"{med(plan_times) * 1e3:.0f} ms"),
         "",
     ]
     hdr = (f"{'request':<24}{'POST ms':>9}{'-> running s':>14}{'-> 1st epoch s':>16}{'-> done s':>11}"
            f"{'worker run s':>14}{'steps':>7}")
-    lines += ["times from the moment the POST was sent; running and done from the Request's started_at / "
-              "finished_at, first epoch as first seen by a poll", hdr, "-" * len(hdr)]
+    lines += [("times from the moment the POST was sent; running and done from the Request's started_at / "
+               "finished_at, first epoch as first seen by a poll"), hdr, "-" * len(hdr)]
 
     def fmt(name, r):
         return (f"{name:<24}{r['post'] * 1e3:>9.0f}{r['started']:>14.2f}{r['first_epoch']:>16.2f}"
@@ -706,6 +789,8 @@ def main():
     ap.add_argument("--seed", type=int, default=20261121)
     ap.add_argument("--models", default="click,wide", help="click,wide")
     ap.add_argument("--batches", default="256,1024", help="expected batch sizes (256,1024)")
+    ap.add_argument("--variants", default=",".join(VARIANTS[1:3]),
+                    help="Opacus variants to run besides non-private and the engine (opacus hooks,opacus ghost)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads for the throughput part (1)")
     ap.add_argument("--repeats", type=int, default=5, help="timed repeats per variant (5)")
     ap.add_argument("--warmup-steps", type=int, default=5, help="warm-up steps per variant (5)")
@@ -718,8 +803,11 @@ def main():
     ap.add_argument("--split-reps", type=int, default=20, help="timings of the engine's sampling and noise (20)")
     ap.add_argument("--latency-repeats", type=int, default=3, help="requests after the cold one (3)")
     ap.add_argument("--epochs", type=int, default=2, help="epochs of each latency request (2)")
-    ap.add_argument("--poll", type=float, default=0.02, help="seconds between status polls (0.02)")
+    ap.add_argument("--poll", type=float, default=0.1, help="seconds between status polls (0.1)")
     ap.add_argument("--max-wait", type=float, default=300.0, help="give up on one request after this (300 s)")
+    ap.add_argument("--worker-threads", type=int, default=None,
+                    help="OMP_NUM_THREADS for the latency part's worker (default: unset, torch's default; "
+                         "1 with --quick)")
     ap.add_argument("--redis-db", type=int, default=12)
     ap.add_argument("--keep", action="store_true", help="keep the latency part's temp dir and logs")
     ap.add_argument("--code", type=Path, default=REPO, help="run the engine and the service from this tree")
@@ -728,7 +816,11 @@ def main():
     if args.quick:
         args.repeats, args.warmup_steps, args.wide_steps, args.repeat_seconds = 2, 2, 3, 1.0
         args.hooks_max_gb, args.split_reps, args.latency_repeats = 0.5, 5, 1
+        args.click_steps_quick = 30
+        if args.worker_threads is None:  # a smoke run should not hang on a busy machine's thread stalls
+            args.worker_threads = 1
     args.models = [m for m in args.models.split(",") if m]
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     args.batches = [int(b) for b in args.batches.split(",")]
     t_start = time.monotonic()
     out = []

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Run every benchmark in bench/: admission (SQLite and PostgreSQL), DP aggregates on 10M
-# rows (vs numpy/pyarrow, diffprivlib, OpenDP), and DP counts through REST + Celery + Redis.
+# rows (vs numpy/pyarrow, diffprivlib, OpenDP), DP counts through REST + Celery + Redis, and
+# DP-SGD (training throughput vs non-private PyTorch and Opacus; gate-to-first-epoch latency).
 #
 # Usage:
 #   bench/run_all.sh                 # N = 100,000 (default of the benchmarks; ~15 min)
 #   BENCH_N=2000 bench/run_all.sh    # smaller ledger, e.g. a CI smoke run
-#   BENCH_QUICK=1 bench/run_all.sh   # aggregates on 1M rows, REST at 1 and 8 clients, 5 s each
+#   BENCH_QUICK=1 bench/run_all.sh   # aggregates on 1M rows, REST at 1 and 8 clients, 5 s each,
+#                                    # DP-SGD with fewer steps and repeats
 # Extra arguments are passed to bench_admission.py (e.g. --profile 1000).
 # PostgreSQL is started with scripts/services.sh (idempotent; must run as root).
 set -euo pipefail
@@ -32,3 +34,4 @@ fi
 "$PY" bench/bench_admission.py --both "${n_args[@]}" "$@"
 "$PY" bench/bench_aggregates.py "${quick[@]}"
 "$PY" bench/bench_requests.py "${quick[@]}"
+"$PY" bench/bench_dpsgd.py "${quick[@]}"
