@@ -223,7 +223,9 @@ class Trainer:
             for prm in params:
                 prm.grad = torch.zeros_like(prm)
         std = self.z * spec.max_grad_norm
-        expected = self.q * p.n_train_units
+        # The expected batch from public counts only: the number of rows with a usable
+        # target (p.n_train_units) depends on the private data.
+        expected = self.q * (spec.n_train_units + spec.canaries / 2)
         for prm in params:
             prm.grad.add_(_noise(std, prm.grad, self.gen)).div_(expected)
         self.opt.step()
