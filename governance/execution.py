@@ -24,7 +24,7 @@ from django.utils import timezone
 from engines import plugins
 from engines.types import Cancelled, EngineRequest, Plan
 
-from . import ledger
+from . import audit, ledger
 from .data import load_columns
 from .engine_meta import dataset_meta
 from .models import Request
@@ -50,7 +50,7 @@ def execute(request_id: str, worker: str = "") -> str:
         plugins.info(req.engine)  # the engine may have been removed since planning
         Request.objects.filter(pk=req.pk).update(data_read=True, progress={"phase": "reading data", "fraction": 0.0})
         data = load_columns(ds, list(plan.columns))
-    except Exception as e:  # noqa: BLE001 - any failure here happened before rows reached the engine
+    except Exception as e:
         # The rows never reached the engine: nothing was released, refund.
         log.exception("request %s failed before reading data", req.pk)
         return _finish(req, Request.Status.FAILED, error={"code": "request.failed_before_read",
@@ -68,7 +68,7 @@ def execute(request_id: str, worker: str = "") -> str:
             "code": "request.cancelled",
             "detail": "Cancelled while running; the data was read, the charge for the work done stands."},
             actual_event=c.actual_event, charge=True)
-    except Exception:  # noqa: BLE001 - the message may depend on the data: keep it in the log only
+    except Exception:
         log.exception("request %s failed after reading data", req.pk)
         shutil.rmtree(workdir, ignore_errors=True)
         return _finish(req, Request.Status.FAILED, error={
@@ -107,12 +107,14 @@ def _describe_files(workdir: Path) -> list[dict]:
 
 def _finish(req: Request, status: str, *, result=None, error=None, actual_event=None, charge: bool,
             officer_report=None) -> str:
+    ctx = audit.Context.of_request(req, outcome=status, reason=(error or {}).get("code", ""),
+                                   detail=(error or {}).get("detail", ""), result_sha256=audit.result_digest(result))
     with transaction.atomic():
         if req.ledger_entry_id:
             if charge:
-                ledger.commit(req.ledger_entry_id, actual_event)
+                ledger.commit(req.ledger_entry_id, actual_event, audit_ctx=ctx)
             else:
-                ledger.release(req.ledger_entry_id)
+                ledger.release(req.ledger_entry_id, audit_ctx=ctx)
         Request.objects.filter(pk=req.pk, status=Request.Status.RUNNING).update(
             status=status, result=result, error=error, finished_at=timezone.now(), officer_report=officer_report,
             progress={"phase": status, "fraction": 1.0})

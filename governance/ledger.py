@@ -37,10 +37,18 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from . import audit
 from .accounting import ACCOUNTANTS
 from .accounting import events as ev
 from .accounting.costs import Cost, cost_of, resolve, stated_delta, unstated_weight
-from .errors import BudgetExceeded, DatasetNotActive, InvalidEvent, LedgerConflict, NoGrant, NonPrivateRefused
+from .errors import (
+    BudgetExceeded,
+    DatasetNotActive,
+    InvalidEvent,
+    LedgerConflict,
+    NoGrant,
+    NonPrivateRefused,
+)
 from .models import Budget, Dataset, Grant, LedgerEntry
 
 
@@ -83,11 +91,11 @@ class Limit:
     policy: str
 
     @classmethod
-    def of_dataset(cls, ds: Dataset) -> "Limit":
+    def of_dataset(cls, ds: Dataset) -> Limit:
         return cls("dataset", ds.budget_epsilon, ds.budget_delta, ds.policy)
 
     @classmethod
-    def of_grant(cls, grant: Grant, ds: Dataset) -> "Limit | None":
+    def of_grant(cls, grant: Grant, ds: Dataset) -> Limit | None:
         if grant.cap_epsilon is None and grant.cap_delta is None:
             return None
         eps = grant.cap_epsilon if grant.cap_epsilon is not None else ds.budget_epsilon
@@ -169,7 +177,7 @@ def _stamp(event: ev.Event, limits: list[tuple[Limit, Cost]]) -> ev.Event:
         return event
     pool = min(limit.pool(state) for limit, state in limits) / 2 - stated_delta(event)
     if not pool > 0:
-        limit, state = limits[0]
+        limit, _state = limits[0]
         if limit.policy == "rdp" and limit.delta > 0:
             pool = limit.delta * REPORT_ONLY_DELTA_FLOOR
         else:
@@ -359,11 +367,12 @@ def _lock_entry(entry_id: int):
     entry = LedgerEntry.objects.only("dataset_id", "grant_id").get(pk=entry_id)
     budget = Budget.objects.select_for_update().get(pk=entry.dataset_id)
     grant = Grant.objects.select_for_update().get(pk=entry.grant_id) if entry.grant_id else None
-    return LedgerEntry.objects.get(pk=entry_id), budget, grant
+    return LedgerEntry.objects.select_related("dataset", "analyst").get(pk=entry_id), budget, grant
 
 
-def commit(entry: LedgerEntry | int, actual_event=None) -> LedgerEntry:
-    """``reserved -> committed``, optionally with a cheaper actual event (refunding the rest)."""
+def commit(entry: LedgerEntry | int, actual_event=None, *, audit_ctx: audit.Context | None = None) -> LedgerEntry:
+    """``reserved -> committed``, optionally with a cheaper actual event (refunding the
+    rest), and the release's audit record written in the same transaction."""
     entry_id = entry if isinstance(entry, int) else entry.pk
     with transaction.atomic():
         entry, budget, grant = _lock_entry(entry_id)
@@ -393,11 +402,19 @@ def commit(entry: LedgerEntry | int, actual_event=None) -> LedgerEntry:
             raise LedgerConflict(f"Ledger entry {entry_id} changed under the lock.")
         if committed_cost is not None:
             _apply(budget, grant, Cost.from_json(committed_cost) - reserved)
+        spent = Cost.from_json(committed_cost) if committed_cost is not None else reserved
+        ds = entry.dataset
+        audit.append(budget, ds.name, ds.budget_delta, action="commit", actor=entry.analyst.get_username(),
+                     ctx=audit_ctx or audit.Context(outcome="charged"), entry=entry,
+                     event=committed_event or entry.event, reserved_event=entry.event if committed_event else None,
+                     charge=charge_summary(spent, ds.budget_delta), committed_cost=spent,
+                     non_private=entry.non_private)
         return LedgerEntry.objects.get(pk=entry_id)
 
 
-def release(entry: LedgerEntry | int) -> LedgerEntry:
-    """``reserved -> released``: refund the reservation. Releasing twice is a no-op."""
+def release(entry: LedgerEntry | int, *, audit_ctx: audit.Context | None = None) -> LedgerEntry:
+    """``reserved -> released``: refund the reservation, with its audit record. Releasing
+    twice is a no-op."""
     entry_id = entry if isinstance(entry, int) else entry.pk
     with transaction.atomic():
         entry, budget, grant = _lock_entry(entry_id)
@@ -408,6 +425,9 @@ def release(entry: LedgerEntry | int) -> LedgerEntry:
         LedgerEntry.objects.filter(pk=entry_id, status=LedgerEntry.Status.RESERVED).update(
             status=LedgerEntry.Status.RELEASED, released_at=timezone.now())
         _apply(budget, grant, Cost.zero() - Cost.from_json(entry.cost), entries=-1)
+        ds = entry.dataset
+        audit.append(budget, ds.name, ds.budget_delta, action="release", actor=entry.analyst.get_username(),
+                     ctx=audit_ctx or audit.Context(outcome="released"), entry=entry, event=entry.event)
         return LedgerEntry.objects.get(pk=entry_id)
 
 

@@ -66,6 +66,10 @@ class Budget(models.Model):
     dataset = models.OneToOneField(Dataset, on_delete=models.CASCADE, primary_key=True, related_name="budget")
     state = models.JSONField(default=dict)
     active_entries = models.BigIntegerField(default=0)
+    committed = models.JSONField(default=dict, help_text="Cost vector of the committed entries only (the audit "
+                                 "trail's running totals).")
+    audit_seq = models.BigIntegerField(default=0, help_text="Number of audit records in this dataset's chain.")
+    audit_head = models.CharField(max_length=64, blank=True, help_text="Hash of the chain's last record.")
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self):
@@ -183,3 +187,61 @@ class Request(models.Model):
 
     def __str__(self):
         return f"{self.engine}.{self.kind} on {self.dataset_id} ({self.status})"
+
+
+class AuditRecord(models.Model):
+    """One link of a dataset's hash chain: a release, a refund, a refusal or a replay.
+
+    Written by ``governance.audit.append`` in the transaction (and under the budget row
+    lock) of the ledger action it records; never edited or deleted. ``hash`` is the
+    SHA-256 of the record's canonical JSON (``governance.audit.body``), which includes
+    ``prev_hash``, the hash of the record before it (64 zeros for the first).
+    """
+
+    class Action(models.TextChoices):
+        COMMIT = "commit", "commit (a release, charged)"
+        RELEASE = "release", "release (reservation refunded)"
+        REFUSE = "refuse", "refuse (the gate said no)"
+        REPLAY = "replay", "replay (a stored release served again, no charge)"
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="audit_records")
+    seq = models.BigIntegerField(help_text="Position in the dataset's chain, from 1.")
+    action = models.CharField(max_length=10, choices=Action.choices)
+    at = models.DateTimeField()
+    actor = models.CharField(max_length=150, help_text="Username of the analyst (or officer) it was for.")
+    request_id = models.UUIDField(null=True, blank=True)
+    ledger_entry_id = models.BigIntegerField(null=True, blank=True)
+    reference = models.CharField(max_length=200, blank=True)
+    engine = models.CharField(max_length=100, blank=True)
+    kind = models.CharField(max_length=100, blank=True)
+    params = models.JSONField(null=True, blank=True)
+    outcome = models.CharField(max_length=20, help_text="succeeded, failed, cancelled, charged, refused, replayed")
+    reason = models.CharField(max_length=100, blank=True, help_text="Error code of a refusal or failure.")
+    detail = models.TextField(blank=True)
+    event = models.JSONField(null=True, blank=True, help_text="The event spent (commit), refunded (release) or "
+                             "refused (refuse).")
+    reserved_event = models.JSONField(null=True, blank=True, help_text="The event reserved, if more than spent.")
+    charge = models.JSONField(null=True, blank=True, help_text="epsilon/delta of this record alone per accountant.")
+    totals = models.JSONField(help_text="Committed epsilon/delta of the dataset after this record, per accountant.")
+    non_private = models.BooleanField(default=False)
+    result_sha256 = models.CharField(max_length=64, blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    requested_at = models.DateTimeField(null=True, blank=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        ordering = ["dataset_id", "seq"]
+        constraints = [models.UniqueConstraint(fields=["dataset", "seq"], name="one_audit_record_per_seq")]
+        indexes = [models.Index(fields=["dataset", "action", "seq"]), models.Index(fields=["actor", "dataset"])]
+
+    def __str__(self):
+        return f"{self.dataset_id}#{self.seq} {self.action}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None and not kwargs.get("force_insert"):
+            raise ValidationError("Audit records are never edited.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ValidationError("Audit records are never deleted.")

@@ -3,7 +3,8 @@
 ``submit`` runs the engine's ``plan`` (no data read), then in one transaction stores the
 request as ``queued``, reserves its event through the gate and schedules the Celery task
 with ``transaction.on_commit`` (so a worker never sees a request that was rolled back).
-A refused request leaves nothing behind. An identical request (same dataset version,
+A refused request leaves no request and no reservation; its refusal is written to the
+audit trail after the rollback (who asked for what, and why not). An identical request (same dataset version,
 engine, kind and parameters) that the same analyst already got answered is answered from
 the stored release at no cost: it is the same noisy value, post-processing is free.
 """
@@ -19,9 +20,17 @@ from django.utils import timezone
 from engines import plugins
 from engines.types import EngineRequest, PlanError
 
-from . import ledger
+from . import audit, ledger
 from .engine_meta import dataset_meta
-from .errors import DatasetNotActive, InvalidRequest, LedgerConflict, UserError
+from .errors import (
+    BudgetExceeded,
+    DatasetNotActive,
+    InvalidRequest,
+    LedgerConflict,
+    NoGrant,
+    NonPrivateRefused,
+    UserError,
+)
 from .models import Dataset, Request
 
 
@@ -53,23 +62,32 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict) -> tuple[
     plan = plan_request(ds, engine, kind, params)
     fp = fingerprint(ds, engine, kind, params)
     queue = plugins.info(engine)["queue"]
-    with transaction.atomic():
-        prior = (Request.objects.filter(analyst=analyst, fingerprint=fp, status=Request.Status.SUCCEEDED)
-                 .order_by("created_at").first())
-        if prior is not None:
-            now = timezone.now()
-            replay = Request.objects.create(
-                analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
-                plan=prior.plan, replay_of=prior, status=Request.Status.SUCCEEDED, result=prior.result,
-                progress={"phase": "replayed", "fraction": 1.0}, started_at=now, finished_at=now)
-            return replay, True
-        req = Request.objects.create(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params,
-                                     fingerprint=fp, plan=_plan_json(plan), progress={"phase": "queued"})
-        entry = ledger.admit(ds, analyst, plan.event, reference=f"request {req.pk}")
-        Request.objects.filter(pk=req.pk).update(ledger_entry=entry)
-        req.ledger_entry = entry
-        transaction.on_commit(lambda: enqueue(req.pk, queue))
+    try:
+        with transaction.atomic():
+            prior = (Request.objects.filter(analyst=analyst, fingerprint=fp, status=Request.Status.SUCCEEDED)
+                     .order_by("created_at").first())
+            if prior is not None:
+                now = timezone.now()
+                replay = Request.objects.create(
+                    analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
+                    plan=prior.plan, replay_of=prior, status=Request.Status.SUCCEEDED, result=prior.result,
+                    progress={"phase": "replayed", "fraction": 1.0}, started_at=now, finished_at=now)
+                audit.record_replay(ds, analyst, audit.Context.of_request(
+                    replay, result_sha256=audit.result_digest(prior.result), detail=f"replay of request {prior.pk}"))
+                return replay, True
+            req = Request.objects.create(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params,
+                                         fingerprint=fp, plan=_plan_json(plan), progress={"phase": "queued"})
+            entry = ledger.admit(ds, analyst, plan.event, reference=f"request {req.pk}")
+            Request.objects.filter(pk=req.pk).update(ledger_entry=entry)
+            req.ledger_entry = entry
+            transaction.on_commit(lambda: enqueue(req.pk, queue))
+    except GATE_REFUSALS as e:
+        audit.record_refusal(ds, analyst, plan.event, e, audit.Context(engine=engine, kind=kind, params=params))
+        raise
     return req, False
+
+
+GATE_REFUSALS = (BudgetExceeded, NonPrivateRefused, NoGrant, DatasetNotActive)
 
 
 def _plan_json(plan) -> dict:
@@ -91,7 +109,8 @@ def cancel(req: Request) -> Request:
             progress={"phase": "cancelled"}, error={"code": "request.cancelled", "detail": "Cancelled before it ran."})
         if n:
             if req.ledger_entry_id:
-                ledger.release(req.ledger_entry_id)
+                ledger.release(req.ledger_entry_id, audit_ctx=audit.Context.of_request(
+                    req, outcome="cancelled", reason="request.cancelled", detail="Cancelled before it ran."))
             return Request.objects.get(pk=req.pk)
         if Request.objects.filter(pk=req.pk, status=Request.Status.RUNNING).update(cancel_requested=True):
             return Request.objects.get(pk=req.pk)

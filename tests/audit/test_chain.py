@@ -1,0 +1,192 @@
+"""The hash chain: written with every ledger change, and any tampering is found by
+``manage.py audit verify`` (which names the first broken record)."""
+
+import io
+import itertools
+import json
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from governance import audit
+from governance.accounting import ACCOUNTANTS
+from governance.accounting.costs import Cost
+from governance.models import AuditRecord, Budget, LedgerEntry
+
+pytestmark = pytest.mark.django_db
+
+
+def run_verify(*args):
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        call_command("audit", "verify", *args, stdout=out, stderr=err)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def sql(statement, params=()):
+    with connection.cursor() as cur:
+        cur.execute(statement, params)
+
+
+T = AuditRecord._meta.db_table
+
+
+def test_every_final_ledger_change_has_one_record(history):
+    ds, counts = history
+    recs = list(AuditRecord.objects.filter(dataset=ds).order_by("seq"))
+    assert [r.seq for r in recs] == list(range(1, len(recs) + 1))
+    assert {a: sum(r.action == a for r in recs) for a in counts} == counts
+    finals = LedgerEntry.objects.filter(dataset=ds).exclude(status="reserved")
+    assert sorted(r.ledger_entry_id for r in recs if r.ledger_entry_id) == sorted(e.pk for e in finals)
+    assert recs[0].prev_hash == audit.GENESIS
+    assert all(b.prev_hash == a.hash for a, b in itertools.pairwise(recs))
+    budget = Budget.objects.get(pk=ds.pk)
+    assert budget.audit_seq == len(recs) and budget.audit_head == recs[-1].hash
+
+
+def test_records_carry_who_what_and_the_running_totals(history, analyst):
+    ds, _ = history
+    commits = list(AuditRecord.objects.filter(dataset=ds, action="commit").order_by("seq"))
+    state = Cost.zero()
+    for rec in commits:
+        entry = LedgerEntry.objects.get(pk=rec.ledger_entry_id)
+        assert rec.actor == entry.analyst.username and rec.event == (entry.committed_event or entry.event)
+        state = state + Cost.from_json(entry.committed_cost or entry.cost)
+        assert rec.totals["rdp"]["epsilon"] == pytest.approx(
+            ACCOUNTANTS["rdp"].spent(state, ds.budget_delta).epsilon, rel=1e-12)
+    smaller = [r for r in commits if r.reserved_event]
+    assert smaller and all(r.event["steps"] == 120 and r.reserved_event["steps"] == 300 for r in smaller)
+    refusal = AuditRecord.objects.filter(dataset=ds, action="refuse").first()
+    assert refusal.reason == "budget.exceeded" and "epsilon" in refusal.detail and refusal.charge is None
+    assert refusal.params["note"] == "ü<b>&"
+
+
+def test_intact_chain_verifies(history):
+    code, out, err = run_verify()
+    assert code == 0, err
+    assert "ok:" in out and Budget.objects.get(pk=history[0].pk).audit_head in out
+
+
+def test_one_byte_of_parameters_changed_is_found(history):
+    ds, _ = history
+    rec = AuditRecord.objects.get(dataset=ds, seq=7)
+    tampered = json.dumps({**rec.params, "column": "agf"})
+    sql(f"UPDATE {T} SET params = %s WHERE id = %s", [tampered, rec.pk])
+    code, _, err = run_verify()
+    assert code == 1
+    assert "record 7 " in err and "hash does not match its content" in err
+
+
+@pytest.mark.parametrize("field,value", [("actor", "mallory"), ("outcome", "failed"), ("result_sha256", "cd" * 32)])
+def test_any_edited_field_is_found(history, field, value):
+    ds, _ = history
+    rec = AuditRecord.objects.filter(dataset=ds, action="commit").order_by("seq")[3]
+    sql(f"UPDATE {T} SET {field} = %s WHERE id = %s", [value, rec.pk])
+    code, _, err = run_verify()
+    assert code == 1 and f"record {rec.seq} " in err
+
+
+def test_edited_charge_with_a_recomputed_hash_disagrees_with_the_ledger(history):
+    """Someone rewrites a record *and* its hash: the link to the next record breaks."""
+    ds, _ = history
+    rec = AuditRecord.objects.filter(dataset=ds, action="commit").order_by("seq")[2]
+    rec.charge = {k: {**v, "epsilon": 0.0} for k, v in rec.charge.items()}
+    new_hash = audit.digest(audit.body(rec, ds.name))
+    sql(f"UPDATE {T} SET charge = %s, hash = %s WHERE id = %s", [json.dumps(rec.charge), new_hash, rec.pk])
+    code, _, err = run_verify()
+    assert code == 1 and f"record {rec.seq} " in err and "charge differs" in err
+
+
+def test_a_rewritten_tail_is_found_by_the_ledger_agreement(history):
+    """Re-hashing the whole chain after an edit keeps the links, not the ledger's agreement."""
+    ds, _ = history
+    recs = list(AuditRecord.objects.filter(dataset=ds).order_by("seq"))
+    target = next(r for r in recs if r.action == "commit" and r.seq > 3)
+    prev = recs[target.seq - 2].hash
+    for rec in recs[target.seq - 1:]:
+        if rec.pk == target.pk:
+            rec.event = {"kind": "laplace", "epsilon": 1e-6}
+        rec.prev_hash = prev
+        rec.hash = audit.digest(audit.body(rec, ds.name))
+        sql(f"UPDATE {T} SET event = %s, prev_hash = %s, hash = %s WHERE id = %s",
+            [json.dumps(rec.event), rec.prev_hash, rec.hash, rec.pk])
+        prev = rec.hash
+    sql(f"UPDATE {Budget._meta.db_table} SET audit_head = %s WHERE dataset_id = %s", [prev, ds.pk])
+    code, _, err = run_verify()
+    assert code == 1 and f"record {target.seq} " in err and "event differs" in err
+
+
+def test_a_deleted_record_is_found(history):
+    ds, _ = history
+    sql(f"DELETE FROM {T} WHERE dataset_id = %s AND seq = 5", [ds.pk])
+    code, _, err = run_verify()
+    assert code == 1 and "record 6 " in err and "expected record 5" in err
+
+
+def test_a_deleted_last_record_is_found(history):
+    ds, _ = history
+    last = Budget.objects.get(pk=ds.pk).audit_seq
+    sql(f"DELETE FROM {T} WHERE dataset_id = %s AND seq = %s", [ds.pk, last])
+    code, _, err = run_verify()
+    assert code == 1 and f"budget row records {last} records" in err
+
+
+def test_reordered_records_are_found(history):
+    ds, _ = history
+    a, b = (AuditRecord.objects.get(dataset=ds, seq=s) for s in (3, 4))
+    sql(f"UPDATE {T} SET seq = -1 WHERE id = %s", [a.pk])
+    sql(f"UPDATE {T} SET seq = 3 WHERE id = %s", [b.pk])
+    sql(f"UPDATE {T} SET seq = 4 WHERE id = %s", [a.pk])
+    code, _, err = run_verify()
+    assert code == 1 and "record 3 " in err and "prev_hash" in err
+
+
+def test_a_tampered_ledger_entry_is_found(history):
+    ds, _ = history
+    entry = LedgerEntry.objects.filter(dataset=ds, status="committed", committed_event__isnull=True).last()
+    sql(f"UPDATE {LedgerEntry._meta.db_table} SET event = %s WHERE id = %s",
+        [json.dumps({"kind": "laplace", "epsilon": 1e-9}), entry.pk])
+    rec = AuditRecord.objects.get(ledger_entry_id=entry.pk)
+    code, _, err = run_verify()
+    assert code == 1 and f"record {rec.seq} " in err
+
+
+def test_a_committed_entry_without_record_is_found(history):
+    ds, _ = history
+    entry = LedgerEntry.objects.filter(dataset=ds, status="committed").order_by("-id").first()
+    rec = AuditRecord.objects.get(ledger_entry_id=entry.pk)
+    # drop the record and re-link the chain around it: only the ledger can tell
+    recs = list(AuditRecord.objects.filter(dataset=ds, seq__gt=rec.seq).order_by("seq"))
+    sql(f"DELETE FROM {T} WHERE id = %s", [rec.pk])
+    prev = rec.prev_hash
+    for r in recs:
+        r.seq -= 1
+        r.prev_hash = prev
+        r.hash = audit.digest(audit.body(r, ds.name))
+        sql(f"UPDATE {T} SET seq = %s, prev_hash = %s, hash = %s WHERE id = %s", [r.seq, r.prev_hash, r.hash, r.pk])
+        prev = r.hash
+    sql(f"UPDATE {Budget._meta.db_table} SET audit_head = %s, audit_seq = audit_seq - 1 WHERE dataset_id = %s",
+        [prev, ds.pk])
+    code, _, err = run_verify("--all")
+    assert code == 1 and ("has no audit record" in err or "re-compose" in err)
+
+
+def test_records_cannot_be_edited_or_deleted_through_the_orm(history):
+    from django.core.exceptions import ValidationError
+
+    rec = AuditRecord.objects.filter(dataset=history[0]).first()
+    with pytest.raises(ValidationError):
+        rec.save()
+    with pytest.raises(ValidationError):
+        rec.delete()
+
+
+def test_verify_names_an_unknown_dataset():
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="no dataset named nope"):
+        call_command("audit", "verify", "--dataset", "nope")

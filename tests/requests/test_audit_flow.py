@@ -1,0 +1,106 @@
+"""Each request's audit record, written by the path that commits or refunds its charge:
+a release, a failure after the read, a refund, a cancellation, a refusal and a replay."""
+
+import pytest
+
+from governance import audit
+from governance.models import AuditRecord, Request
+from tests.requests.test_requests_api import post
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def clinic(make_dataset, analyst, grant):
+    ds = make_dataset(epsilon=1.0)
+    grant(analyst, ds)
+    return ds
+
+
+def only_record(**filters):
+    (rec,) = AuditRecord.objects.filter(**filters)
+    return rec
+
+
+def test_a_release_is_recorded_with_its_request_result_and_worker(api, analyst, clinic,
+                                                                  django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(api(analyst), {"epsilon": 0.25}).json()["id"]
+    req = Request.objects.get(pk=rid)
+    rec = only_record(dataset=clinic)
+    assert (rec.action, rec.outcome, rec.actor, str(rec.request_id)) == ("commit", "succeeded", "ann", rid)
+    assert (rec.engine, rec.kind, rec.params) == ("probe", "count", {"epsilon": 0.25})
+    assert rec.ledger_entry_id == req.ledger_entry_id and rec.event == {"kind": "laplace", "epsilon": 0.25}
+    assert rec.result_sha256 == audit.result_digest(req.result) and len(rec.result_sha256) == 64
+    assert rec.worker == req.worker and rec.requested_at == req.created_at
+    assert rec.charge["basic"]["epsilon"] == pytest.approx(0.25)
+    assert rec.totals["basic"]["epsilon"] == pytest.approx(0.25)
+    assert audit.verify().ok
+
+
+def test_a_failure_after_the_read_is_a_charged_record_without_result(api, analyst, clinic,
+                                                                      django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        post(api(analyst), {"epsilon": 0.5}, kind="fail")
+    rec = only_record(dataset=clinic)
+    assert (rec.action, rec.outcome, rec.reason) == ("commit", "failed", "request.failed_after_read")
+    assert rec.result_sha256 == "" and "secret" not in rec.detail
+
+
+def test_a_failure_before_the_read_is_a_refund_record(api, analyst, clinic, settings,
+                                                      django_capture_on_commit_callbacks):
+    (settings.DATA_DIR / clinic.file).unlink()
+    with django_capture_on_commit_callbacks(execute=True):
+        post(api(analyst), {"epsilon": 0.5})
+    rec = only_record(dataset=clinic)
+    assert (rec.action, rec.outcome, rec.reason) == ("release", "failed", "request.failed_before_read")
+    assert rec.charge is None and rec.totals["rdp"]["epsilon"] == 0
+
+
+def test_a_cancelled_queued_request_is_a_refund_record(api, analyst, clinic, django_capture_on_commit_callbacks):
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=False):
+        rid = post(client, {"epsilon": 0.5}).json()["id"]
+    assert not AuditRecord.objects.exists()  # a reservation is not a release
+    client.post(f"/api/requests/{rid}/cancel/")
+    rec = only_record(dataset=clinic)
+    assert (rec.action, rec.outcome, str(rec.request_id)) == ("release", "cancelled", rid)
+
+
+def test_a_smaller_committed_event_is_recorded_next_to_the_reserved_one(api, analyst, clinic,
+                                                                        django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        post(api(analyst), {"epsilon": 0.1}, kind="stepwise")
+    rec = only_record(dataset=clinic)
+    assert rec.event["count"] == 2 and rec.reserved_event["count"] == 4
+    assert rec.charge["basic"]["epsilon"] == pytest.approx(0.2)
+
+
+def test_a_refusal_is_recorded_though_nothing_else_is_written(api, analyst, clinic):
+    r = post(api(analyst), {"epsilon": 1.5})
+    assert r.status_code == 409 and not Request.objects.exists()
+    rec = only_record(dataset=clinic)
+    assert (rec.action, rec.outcome, rec.reason, rec.actor) == ("refuse", "refused", "budget.exceeded", "ann")
+    assert rec.event == {"kind": "laplace", "epsilon": 1.5} and rec.params == {"epsilon": 1.5}
+    assert "limit 1" in rec.detail and rec.ledger_entry_id is None
+    assert audit.verify().ok
+
+
+def test_a_refused_external_charge_is_recorded(api, officer, clinic):
+    r = api(officer).post(f"/api/datasets/{clinic.name}/charges/",
+                          {"event": {"kind": "laplace", "epsilon": 2.0}, "reference": "census table 3"},
+                          format="json")
+    assert r.status_code == 409
+    rec = only_record(dataset=clinic)
+    assert rec.action == "refuse" and rec.actor == "olivia" and "census table 3" in rec.detail
+
+
+def test_a_replay_is_recorded_at_no_charge(api, analyst, clinic, django_capture_on_commit_callbacks):
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=True):
+        first = post(client, {"epsilon": 0.5}).json()
+    again = post(client, {"epsilon": 0.5}).json()
+    rec = only_record(dataset=clinic, action="replay")
+    assert str(rec.request_id) == again["id"] and first["id"] in rec.detail
+    assert rec.charge is None and rec.result_sha256 == only_record(action="commit").result_sha256
+    assert audit.verify().ok
