@@ -121,8 +121,12 @@ class GrantSerializer(serializers.ModelSerializer):
         return budget_report(Cost.from_json(grant.state), limit)
 
     def validate_analyst(self, user):
+        from ..audit import is_auditor
+
         if user.is_staff:
             raise serializers.ValidationError("Privacy officers need no grant.")
+        if is_auditor(user):
+            raise serializers.ValidationError("Auditors read the audit trail only; they cannot hold grants.")
         return user
 
 
@@ -164,15 +168,24 @@ class ComposeInputSerializer(serializers.Serializer):
 
 
 class AnalystSerializer(serializers.ModelSerializer):
+    role = serializers.SerializerMethodField()
+
     class Meta:
         model = User
-        fields = ["id", "username", "email", "is_staff", "date_joined"]
+        fields = ["id", "username", "email", "role", "is_staff", "date_joined"]
         read_only_fields = ["id", "is_staff", "date_joined"]
+
+    def get_role(self, user) -> str:
+        from ..audit import is_auditor
+
+        return "auditor" if is_auditor(user) else "analyst"
 
 
 class AnalystCreateSerializer(serializers.Serializer):
     username = serializers.RegexField(r"^[\w.@+-]{1,150}$")
     email = serializers.EmailField(required=False, allow_blank=True)
+    role = serializers.ChoiceField(["analyst", "auditor"], default="analyst",
+                                   help_text="auditor: reads the audit trail and exports only")
 
     def validate_username(self, value):
         if User.objects.filter(username=value).exists():

@@ -22,8 +22,8 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
+from .. import audit, ledger
 from .. import datasets as ds_actions
-from .. import ledger
 from ..accounting import ACCOUNTANTS
 from ..errors import InvalidRequest
 from ..models import Dataset, Grant, LedgerEntry, Request
@@ -122,8 +122,15 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         ds = self.get_object()
         data = s.ChargeInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        entry = ledger.charge(ds, request.user, data.validated_data["event"],
-                              reference=data.validated_data["reference"])
+        from ..submission import GATE_REFUSALS
+
+        try:
+            entry = ledger.charge(ds, request.user, data.validated_data["event"],
+                                  reference=data.validated_data["reference"])
+        except GATE_REFUSALS as e:
+            audit.record_refusal(ds, request.user, data.validated_data["event"], e, audit.Context(
+                kind="external charge", detail=data.validated_data["reference"]))
+            raise
         return Response(s.LedgerEntrySerializer(entry).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(parameters=[OpenApiParameter("sensitivity", enum=list(RANGES), default="medium")],
@@ -226,7 +233,7 @@ class LedgerViewSet(viewsets.ReadOnlyModelViewSet):
 
 class AnalystViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                      viewsets.GenericViewSet):
-    """Analyst accounts and their API tokens (privacy officers only)."""
+    """Analyst and auditor accounts and their API tokens (privacy officers only)."""
 
     serializer_class = s.AnalystSerializer
     permission_classes = [IsAuthenticated, IsOfficer]
@@ -234,14 +241,20 @@ class AnalystViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cr
 
     @extend_schema(request=s.AnalystCreateSerializer, responses={201: inline_serializer(
         "AnalystCreated", {"id": serializers.IntegerField(), "username": serializers.CharField(),
-                           "token": serializers.CharField()})})
+                           "role": serializers.CharField(), "token": serializers.CharField()})})
     def create(self, request):
         data = s.AnalystCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        user = User.objects.create_user(username=data.validated_data["username"],
-                                        email=data.validated_data.get("email", ""))
-        token = Token.objects.create(user=user)
-        return Response({"id": user.pk, "username": user.username, "token": token.key}, status=201)
+        with transaction.atomic():
+            user = User.objects.create_user(username=data.validated_data["username"],
+                                            email=data.validated_data.get("email", ""))
+            if data.validated_data["role"] == "auditor":
+                from django.contrib.auth.models import Group
+
+                user.groups.add(Group.objects.get_or_create(name=audit.AUDITORS_GROUP)[0])
+            token = Token.objects.create(user=user)
+        return Response({"id": user.pk, "username": user.username, "role": data.validated_data["role"],
+                         "token": token.key}, status=201)
 
     @extend_schema(request=None, responses={200: inline_serializer("NewToken", {"token": serializers.CharField()})})
     @action(detail=True, methods=["post"])
@@ -252,6 +265,12 @@ class AnalystViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cr
         return Response({"token": Token.objects.create(user=user).key})
 
 
+def role_of(user) -> str:
+    if is_officer(user):
+        return "privacy_officer"
+    return "auditor" if audit.is_auditor(user) else "analyst"
+
+
 @extend_schema(responses={200: inline_serializer("Me", {
     "username": serializers.CharField(), "role": serializers.CharField(), "grants": serializers.ListField()})})
 @api_view(["GET"])
@@ -260,7 +279,7 @@ def me(request):
     grants = Grant.objects.filter(analyst=request.user, revoked_at__isnull=True).select_related("dataset", "analyst")
     return Response({
         "username": request.user.username,
-        "role": "privacy_officer" if is_officer(request.user) else "analyst",
+        "role": role_of(request.user),
         "grants": s.GrantSerializer(grants, many=True).data,
     })
 

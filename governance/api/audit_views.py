@@ -1,0 +1,113 @@
+"""The audit API: records, the chain's verification and exports. Privacy officers and
+auditors only; auditors see nothing else (no datasets' rows, no results, no requests)."""
+
+from types import SimpleNamespace
+
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
+from rest_framework import mixins, serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.response import Response
+
+from .. import audit, audit_export
+from ..errors import InvalidRequest
+from ..models import AuditRecord, Dataset
+
+
+class CanAudit(BasePermission):
+    message = "Only privacy officers and auditors may read the audit trail."
+
+    def has_permission(self, request, view):
+        return audit.can_audit(request.user)
+
+
+class AuditRecordSerializer(serializers.ModelSerializer):
+    dataset = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = AuditRecord
+        fields = ["id", "dataset", "seq", "action", "at", "actor", "request_id", "ledger_entry_id", "reference",
+                  "engine", "kind", "params", "outcome", "reason", "detail", "event", "reserved_event", "charge",
+                  "totals", "non_private", "result_sha256", "worker", "requested_at", "prev_hash", "hash"]
+        read_only_fields = fields
+
+
+FORMATS = ("json", "csv", "pdf")
+
+
+class ExportNegotiation(DefaultContentNegotiation):
+    """``?format=`` names the export's format here, not DRF's renderer."""
+
+    settings = SimpleNamespace(URL_FORMAT_OVERRIDE=None)
+
+
+class AuditViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Audit records: one per release, refund, refusal and replay, hash-chained per dataset.
+    Filter with ``?dataset__name=``, ``?action=``, ``?actor=``, ``?outcome=``."""
+
+    serializer_class = AuditRecordSerializer
+    permission_classes = [IsAuthenticated, CanAudit]
+    content_negotiation_class = ExportNegotiation
+    filterset_fields = {"dataset__name": ["exact"], "action": ["exact"], "actor": ["exact"],
+                        "outcome": ["exact"], "at": ["gte", "lte"]}
+    ordering_fields = ["seq", "at", "id"]
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return AuditRecord.objects.none()
+        return AuditRecord.objects.select_related("dataset").order_by("dataset__name", "seq")
+
+    @extend_schema(parameters=[OpenApiParameter("dataset", str, description="a dataset name (repeatable); default all")],
+                   responses={200: inline_serializer("AuditVerification", {
+                       "ok": serializers.BooleanField(), "datasets": serializers.IntegerField(),
+                       "records": serializers.IntegerField(), "heads": serializers.DictField(),
+                       "first_broken": serializers.DictField(allow_null=True),
+                       "problems": serializers.ListField()})})
+    @action(detail=False, methods=["get"])
+    def verify(self, request):
+        """Re-hash the chains and check them against the ledger (``manage.py audit verify``)."""
+        return Response(audit.verify(_datasets(request), stop_at_first=False).as_dict())
+
+    @extend_schema(
+        parameters=[OpenApiParameter("dataset", str, required=True,
+                                     description="a dataset name (repeatable), or all"),
+                    OpenApiParameter("format", str, enum=list(FORMATS), default="json")],
+        responses={(200, "application/json"): OpenApiResponse(OpenApiTypes.OBJECT, description="JSON export"),
+                   (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="CSV, one row per record"),
+                   (200, "application/pdf"): OpenApiResponse(OpenApiTypes.BINARY, description="PDF report")})
+    @action(detail=False, methods=["get"])
+    def export(self, request):
+        """The audit export of a dataset: JSON (re-verifiable with tools/recompose_audit.py),
+        CSV or a PDF report with the burn-down chart (``manage.py audit export``)."""
+        fmt = request.query_params.get("format", "json")
+        if fmt not in FORMATS:
+            raise InvalidRequest(f"format must be one of {', '.join(FORMATS)}", errors={"format": fmt[:50]})
+        if not request.query_params.getlist("dataset"):
+            raise InvalidRequest("name a dataset (?dataset=NAME, repeatable, or ?dataset=all)",
+                                 errors={"dataset": "required"})
+        datasets = _datasets(request)
+        data, content_type = audit_export.render(audit_export.build(datasets, request.user), fmt)
+        name = datasets[0].name if len(datasets) == 1 else "all"
+        response = HttpResponse(data, content_type=content_type)
+        response["Content-Disposition"] = f'attachment; filename="audit-{name}.{fmt}"'
+        return response
+
+
+def _datasets(request) -> list:
+    names = request.query_params.getlist("dataset")
+    if not names or names == ["all"]:
+        return list(Dataset.objects.order_by("name"))
+    found = {d.name: d for d in Dataset.objects.filter(name__in=names)}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise InvalidRequest(f"no dataset named {', '.join(n[:100] for n in missing[:5])}",
+                             errors={"dataset": "not found"})
+    return [found[n] for n in names]

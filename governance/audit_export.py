@@ -1,0 +1,144 @@
+"""Audit exports: JSON (re-verifiable), CSV (one row per record) and PDF (for people).
+
+The JSON export (``FORMAT``) is what a third party needs to check the service without
+trusting it: every record with its mechanism event, charge, running totals and hashes,
+the dataset's budget and policy, the accounting rules, and the chain's verification
+result as the service saw it. ``tools/recompose_audit.py`` re-composes the events with an
+independent accountant and re-hashes the chain. Shape::
+
+    {"format": "privacy-audit/1", "generated_at": ISO, "generated_by": username,
+     "hashing": {"algorithm": "sha256", "canonical": "...", "genesis": "000..."},
+     "accounting": {"basic": {"theorem": ...}, "advanced": {...}, "rdp": {...}},
+     "verification": {"ok", "datasets", "records", "heads", "first_broken", "problems"},
+     "datasets": [{"name", "title", "unit_column", "n_units", "sha256",
+                   "budget": {"epsilon", "delta", "policy", "delta_auto"},
+                   "head": {"seq", "hash"},
+                   "totals": {"at_delta", "basic": {"epsilon", "delta"}, ...},   # committed, now
+                   "spent_filter": {"basic": eps, ...},  # what each accountant's filter charges
+                   "counts": {"commit", "release", "refuse", "replay", "non_private"},
+                   "records": [{...record body..., "hash"}]}]}
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from datetime import UTC, datetime
+
+from . import audit
+from .accounting import ACCOUNTANTS
+from .accounting.costs import Cost
+from .models import AuditRecord, Budget, Dataset
+
+CSV_COLUMNS = ("dataset", "seq", "at", "action", "outcome", "actor", "engine", "kind", "request", "ledger_entry",
+               "reference", "reason", "epsilon_basic", "epsilon_advanced", "epsilon_rdp", "total_epsilon_basic",
+               "total_epsilon_advanced", "total_epsilon_rdp", "non_private", "event", "params", "result_sha256",
+               "worker", "requested_at", "prev_hash", "hash")
+
+
+def accounting_rules() -> dict:
+    return {name: {"theorem": acc.THEOREM, "gates_with": "filter_epsilon", "doc": (acc.__doc__ or "").strip()}
+            for name, acc in ACCOUNTANTS.items()}
+
+
+def dataset_export(ds: Dataset, budget: Budget, *, with_records: bool = True) -> dict:
+    counts = {a: 0 for a in AuditRecord.Action.values} | {"non_private": 0}
+    records = []
+    last_totals = None
+    for rec in AuditRecord.objects.filter(dataset=ds).order_by("seq").iterator(chunk_size=2000):
+        counts[rec.action] += 1
+        counts["non_private"] += rec.action == "commit" and rec.non_private
+        last_totals = rec.totals
+        if with_records:
+            records.append(audit.body(rec, ds.name) | {"hash": rec.hash})
+    committed = Cost.from_json(budget.committed)
+    return {
+        "name": ds.name, "title": ds.title, "unit_column": ds.unit_column or None, "n_units": ds.n_units,
+        "sha256": ds.sha256,
+        "budget": {"epsilon": ds.budget_epsilon, "delta": ds.budget_delta, "policy": ds.policy,
+                   "delta_auto": ds.delta_auto},
+        "head": {"seq": budget.audit_seq, "hash": budget.audit_head or audit.GENESIS},
+        "totals": last_totals or audit.totals_of(committed, ds.budget_delta),
+        "spent_filter": {name: _num(acc.filter_epsilon(committed, ds.budget_delta))
+                         for name, acc in ACCOUNTANTS.items()},
+        "counts": counts,
+        "records": records,
+    }
+
+
+def _num(x: float):
+    return x if math.isfinite(x) else str(x)
+
+
+def build(datasets, user=None, *, with_records: bool = True) -> dict:
+    """The export of ``datasets`` (a queryset or list), verified first."""
+    datasets = list(datasets)
+    verification = audit.verify(datasets, stop_at_first=False)
+    budgets = {b.pk: b for b in Budget.objects.filter(pk__in=[d.pk for d in datasets])}
+    return {
+        "format": audit.FORMAT,
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "generated_by": user.get_username() if user is not None else "",
+        "hashing": {"algorithm": "sha256", "genesis": audit.GENESIS,
+                    "canonical": 'json.dumps(record without "hash", sort_keys=True, separators=(",", ":"), '
+                                 "ensure_ascii=False).encode()"},
+        "accounting": accounting_rules(),
+        "verification": verification.as_dict(),
+        "datasets": [dataset_export(d, budgets[d.pk], with_records=with_records) for d in datasets],
+    }
+
+
+def to_json(export: dict) -> bytes:
+    return json.dumps(export, indent=1, ensure_ascii=False, allow_nan=False).encode()
+
+
+def _cell(value) -> str:
+    """A CSV cell that a spreadsheet will not run: formula-like text gets a leading quote."""
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        value = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    text = str(value)
+    if text[:1] in ("=", "+", "-", "@", "\t", "\r") and not _is_number(text):
+        return "'" + text
+    return text
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def to_csv(export: dict) -> bytes:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for ds in export["datasets"]:
+        for r in ds["records"]:
+            charge, totals = r.get("charge") or {}, r.get("totals") or {}
+            w.writerow([_cell(v) for v in (
+                ds["name"], r["seq"], r["at"], r["action"], r["outcome"], r["actor"], r["engine"], r["kind"],
+                r["request"], r["ledger_entry"], r["reference"], r["reason"],
+                *((charge.get(a) or {}).get("epsilon") for a in ("basic", "advanced", "rdp")),
+                *((totals.get(a) or {}).get("epsilon") for a in ("basic", "advanced", "rdp")),
+                r["non_private"], r["event"], r["params"], r["result_sha256"], r["worker"], r["requested_at"],
+                r["prev_hash"], r["hash"])])
+    return buf.getvalue().encode()
+
+
+FORMATS = {"json": ("application/json", to_json), "csv": ("text/csv", to_csv)}
+
+
+def render(export: dict, fmt: str) -> tuple[bytes, str]:
+    """(bytes, content type) of the export in ``fmt`` (json, csv or pdf)."""
+    if fmt == "pdf":
+        from .reports.pdf import render_pdf
+
+        return render_pdf(export), "application/pdf"
+    content_type, fn = FORMATS[fmt]
+    return fn(export), content_type

@@ -1,0 +1,90 @@
+"""``manage.py audit verify`` and ``manage.py audit export``."""
+
+import sys
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from governance import audit, audit_export
+from governance.models import Dataset
+
+HELP = """
+Check and export the audit trail (one hash-chained record per release, refund, refusal
+and replay; see governance/audit.py).
+
+  audit verify [--dataset D ...] [--all]
+      Re-hash every record, check each links to the one before, and check the chain
+      agrees with the ledger (each final ledger entry has its record with the same event
+      and charge; running totals re-compose from the ledger). Prints each chain's head
+      hash (file it elsewhere to anchor the chain) and exits 1 naming the first broken
+      record, or 0.
+
+  audit export --dataset D [--dataset E ...] --format {json,csv,pdf} [--output FILE]
+      The dataset's records, budget, totals, accounting rules and verification result.
+      JSON is re-verifiable by a third party: python tools/recompose_audit.py FILE.
+      --dataset all exports every dataset. Without --output, JSON and CSV go to standard
+      output; PDF needs --output.
+"""
+
+
+class Command(BaseCommand):
+    help = HELP.strip().splitlines()[0]
+
+    def create_parser(self, prog_name, subcommand, **kwargs):
+        from argparse import RawDescriptionHelpFormatter
+
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.description = HELP
+        parser.formatter_class = RawDescriptionHelpFormatter
+        return parser
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True)
+        v = sub.add_parser("verify", help="check the hash chains and their agreement with the ledger")
+        v.add_argument("--dataset", action="append", help="a dataset name (repeatable; default: all)")
+        v.add_argument("--all", action="store_true", help="list every problem, not only the first")
+        e = sub.add_parser("export", help="export records as JSON, CSV or PDF")
+        e.add_argument("--dataset", action="append", required=True, help="a dataset name (repeatable), or all")
+        e.add_argument("--format", choices=["json", "csv", "pdf"], default="json")
+        e.add_argument("--output", "-o", type=Path, help="file to write (default: standard output; PDF needs it)")
+
+    def handle(self, *args, **opts):
+        datasets = _datasets(opts.get("dataset"))
+        if opts["action"] == "verify":
+            return self.verify(datasets, opts["all"])
+        return self.export(datasets, opts["format"], opts.get("output"))
+
+    def verify(self, datasets, show_all: bool):
+        result = audit.verify(datasets, stop_at_first=not show_all)
+        for name, head in result.heads.items():
+            self.stdout.write(f"{name}: {head['seq']} records, head {head['hash']}")
+        if result.ok:
+            self.stdout.write(self.style.SUCCESS(
+                f"ok: {result.records} records in {result.datasets} chain(s) verify and agree with the ledger"))
+            return
+        first = result.first_broken
+        self.stderr.write(f"BROKEN: {first}")
+        for problem in result.findings[1:]:
+            self.stderr.write(f"also: {problem}")
+        sys.exit(1)
+
+    def export(self, datasets, fmt: str, output: Path | None):
+        if fmt == "pdf" and output is None:
+            raise CommandError("--format pdf needs --output FILE")
+        data, _ = audit_export.render(audit_export.build(datasets), fmt)
+        if output is None:
+            self.stdout.write(data.decode(), ending="")
+            return
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_bytes(data)
+        self.stdout.write(f"wrote {output} ({len(data):,} bytes, {fmt})")
+
+
+def _datasets(names):
+    if not names or names == ["all"]:
+        return list(Dataset.objects.order_by("name"))
+    found = {d.name: d for d in Dataset.objects.filter(name__in=names)}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise CommandError(f"no dataset named {', '.join(missing)}")
+    return [found[n] for n in names]
