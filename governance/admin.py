@@ -8,13 +8,14 @@ texts and shows the schema and budget.
 from django.contrib import admin, messages
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
+from django.utils.html import format_html
 
 from . import datasets
 from .accounting.costs import Cost
 from .admin_forms import DatasetChangeForm, DatasetRegisterForm
 from .errors import InvalidDataset
 from .ledger import Limit
-from .models import Budget, Dataset, Grant, LedgerEntry
+from .models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
 
 
 class OfficerPermissions:
@@ -50,7 +51,8 @@ class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
     """Registering (upload or server path) infers the schema; edits go through datasets.update."""
 
     form = DatasetChangeForm
-    list_display = ("name", "status", "policy", "n_units", "budget_epsilon", "budget_delta", "spent", "remaining")
+    list_display = ("name", "overview", "status", "policy", "n_units", "budget_epsilon", "budget_delta", "spent",
+                    "remaining")
     list_filter = ("status", "policy")
     search_fields = ("name", "title")
     readonly_fields = ("name", "status", "policy", "unit_column", "n_rows", "n_units", "max_rows_per_unit",
@@ -93,6 +95,10 @@ class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
     def activate(self, request, queryset):
         n = queryset.update(status=Dataset.Status.ACTIVE)
         messages.success(request, f"Activated {n} dataset(s).")
+
+    @admin.display(description="overview")
+    def overview(self, ds):
+        return format_html('<a href="{}">budget, ledger, audit</a>', reverse("admin:governance_overview", args=[ds.pk]))
 
     @admin.display(description="epsilon spent (policy filter)")
     def spent(self, ds):
@@ -171,3 +177,42 @@ class LedgerEntryAdmin(OfficerPermissions, admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class ReadOnly(OfficerPermissions):
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Request)
+class RequestAdmin(ReadOnly, admin.ModelAdmin):
+    """Requests with status and progress. Results are the analyst's: not shown here."""
+
+    list_display = ("created_at", "analyst", "dataset", "engine", "kind", "status", "phase", "finished_at")
+    list_filter = ("status", "engine", "dataset")
+    search_fields = ("id", "analyst__username")
+    fields = ("id", "analyst", "dataset", "engine", "kind", "params", "status", "progress", "error", "worker",
+              "ledger_entry", "replay_of", "created_at", "started_at", "finished_at")
+
+    @admin.display(description="progress")
+    def phase(self, r):
+        p = r.progress or {}
+        frac = p.get("fraction")
+        return f"{p.get('phase', '')} {frac:.0%}" if isinstance(frac, (int, float)) else p.get("phase", "")
+
+
+@admin.register(AuditRecord)
+class AuditRecordAdmin(ReadOnly, admin.ModelAdmin):
+    list_display = ("dataset", "seq", "at", "action", "outcome", "actor", "engine", "kind", "short_hash")
+    list_filter = ("action", "outcome", "dataset")
+    search_fields = ("actor", "reference", "request_id")
+
+    @admin.display(description="hash")
+    def short_hash(self, rec):
+        return rec.hash[:12]

@@ -1,9 +1,18 @@
 import os
 
 from django.apps import AppConfig
+from django.contrib.admin import apps as admin_apps
+
+
+class GovernanceAdminConfig(admin_apps.AdminConfig):
+    """The admin, with the privacy officer's dashboard as its index (governance.admin_site)."""
+
+    default = False
+    default_site = "governance.admin_site.GovernanceAdminSite"
 
 
 class GovernanceConfig(AppConfig):
+    default = True
     name = "governance"
     verbose_name = "Privacy governance"
     default_auto_field = "django.db.models.BigAutoField"

@@ -21,7 +21,7 @@ DEBUG = envbool("DEBUG", True)
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,testserver")
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "governance.apps.GovernanceAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

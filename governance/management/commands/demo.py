@@ -141,9 +141,39 @@ class Command(BaseCommand):
         self.heading("10. The ledger (GET /api/datasets/gss-wages/ledger/)")
         for e in self.call(off, "get", "/api/datasets/gss-wages/ledger/").json()["results"]:
             self.out(f"   #{e['id']:<3} {e['analyst']:<8} {e['status']:<10} {e['event']['kind']:<20} {e['reference'][:60]}")
+        self.audit(off)
         if quiet:
             self.quiet = False
             self.budget_table(self.call(off, "get", "/api/datasets/gss-wages/").json())
+        self.stdout.write(f"audit report (PDF): {self.report_path}")
+
+    def audit(self, off):
+        self.heading("11. The audit trail: an auditor verifies the chain and exports the report")
+        r = self.call(off, "post", "/api/analysts/", {"username": "audrey", "role": "auditor"})
+        auditor = APIClient()
+        auditor.credentials(HTTP_AUTHORIZATION=f"Token {r.json()['token']}")
+        self.out("   audrey (auditor) sees no datasets or results: GET /api/datasets/ -> "
+                 f"{self.call(auditor, 'get', '/api/datasets/').json()['count']} datasets")
+        for rec in self.call(auditor, "get", "/api/audit/", {"dataset__name": "gss-wages", "page_size": 6}
+                             ).json()["results"]:
+            rdp = (rec["charge"] or {}).get("rdp", {}).get("epsilon")
+            self.out(f"   #{rec['seq']:<3} {rec['action']:<8} {rec['outcome']:<10} {rec['actor']:<8} "
+                     f"{rec['engine'] + ' ' + rec['kind']:<24} eps(rdp) {_f(rdp) if rdp is not None else '-':<8} "
+                     f"total {_f(rec['totals']['rdp']['epsilon']):<8} {rec['hash'][:12]}")
+        v = self.call(auditor, "get", "/api/audit/verify/").json()
+        self.out(f"   GET /api/audit/verify/: ok={v['ok']}, {v['records']} records in {v['datasets']} chains; "
+                 f"gss-wages head {v['heads']['gss-wages']['hash'][:16]}...")
+        out_dir = Path(settings.VAR_DIR)
+        for fmt in ("json", "pdf"):
+            resp = self.call(auditor, "get", "/api/audit/export/", {"dataset": "all", "format": fmt})
+            (out_dir / f"demo-audit.{fmt}").write_bytes(resp.content)
+        check = subprocess.run([sys.executable, str(Path(settings.BASE_DIR) / "tools" / "recompose_audit.py"),
+                                str(out_dir / "demo-audit.json")], capture_output=True, text=True)
+        self.out(f"   third-party check (tools/recompose_audit.py var/demo-audit.json): exit {check.returncode}")
+        for line in check.stdout.strip().splitlines()[-4:]:
+            self.out(f"     {line}")
+        self.report_path = out_dir / "demo-audit.pdf"
+        self.out(f"   PDF audit report: {self.report_path}")
 
     def start_worker(self):
         """A real Celery worker process on the configured broker (embedded: files in var/broker)."""
