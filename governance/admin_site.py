@@ -12,9 +12,9 @@ from django.core.paginator import Paginator
 from django.db.models import Count, F, Q
 from django.db.models.functions import Greatest, Mod
 from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import mark_safe
 
 from . import audit, audit_export, charts, ledger
@@ -139,11 +139,10 @@ class GovernanceAdminSite(admin.AdminSite):
             messages.success(request, f"Audit chain verified: {result.records} records agree with the ledger.")
         else:
             messages.error(request, f"Audit chain BROKEN: {result.first_broken}")
-        target = request.GET.get("next") or reverse("admin:index")
-        if not target.startswith("/"):
+        target = request.GET.get("next", "")
+        if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
+                                               require_https=request.is_secure()):
             target = reverse("admin:index")
-        from django.shortcuts import redirect
-
         return redirect(target)
 
 
@@ -185,6 +184,3 @@ def _page(request, param: str, qs, per_page: int = 25):
         number = 1
     return Paginator(qs, per_page).get_page(number)
 
-
-def link(url: str, text: str):
-    return format_html('<a href="{}">{}</a>', url, text)

@@ -48,8 +48,8 @@ def burndown(series: list[tuple[float, dict]], cap: float, *, width: int = 640, 
         v = top if not math.isfinite(v) else min(v, top)
         return pad_t + h - v / top * h
 
-    parts = [f'<svg class="burndown" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-             f'role="img" aria-label="epsilon spent over time, cap {cap:g}">',
+    parts = [(f'<svg class="burndown" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+              f'role="img" aria-label="epsilon spent over time, cap {cap:g}">'),
              f'<rect x="{pad_l}" y="{pad_t}" width="{w}" height="{h}" fill="#fafbfc" stroke="#d0d7de"/>']
     for name in accountants:
         pts, last = [], None
