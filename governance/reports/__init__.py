@@ -1,0 +1,1 @@
+"""Human-readable reports built from the audit export (see ``governance.audit_export``)."""

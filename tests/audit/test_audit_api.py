@@ -1,0 +1,147 @@
+"""The audit API and exports: who may read them, and that the JSON export re-composes to
+the totals it states (with this service's accountants; tools/recompose_audit.py does it
+with independent ones)."""
+
+import csv
+import io
+import json
+
+import pytest
+from django.contrib.auth.models import Group
+from django.core.management import call_command
+
+from governance import audit
+from governance.accounting import ACCOUNTANTS, parse_event
+from governance.accounting.costs import cost_of, resolve
+from governance.models import AuditRecord
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def auditor(django_user_model):
+    user = django_user_model.objects.create_user("audrey")
+    user.groups.add(Group.objects.get_or_create(name=audit.AUDITORS_GROUP)[0])
+    return user
+
+
+ENDPOINTS = [
+    ("get", "/api/audit/"),
+    ("get", "/api/audit/verify/"),
+    ("get", "/api/audit/export/?dataset=survey&format=json"),
+    ("get", "/api/audit/export/?dataset=survey&format=csv"),
+]
+
+
+@pytest.mark.parametrize("method,url", ENDPOINTS)
+@pytest.mark.parametrize("role,expected", [("officer", 200), ("auditor", 200), ("analyst", 403),
+                                           ("outsider", 403), ("anonymous", 401)])
+def test_audit_endpoints_by_role(history, api, officer, auditor, analyst, outsider, role, expected, method, url):
+    user = {"officer": officer, "auditor": auditor, "analyst": analyst, "outsider": outsider,
+            "anonymous": None}[role]
+    r = getattr(api(user), method)(url)
+    assert r.status_code == expected, (role, url, r.content[:300])
+
+
+@pytest.mark.parametrize("method,url", [
+    ("get", "/api/datasets/"), ("get", "/api/requests/"), ("get", "/api/ledger/"), ("get", "/api/grants/"),
+])
+def test_auditors_see_no_data_results_or_requests(history, api, auditor, method, url):
+    r = getattr(api(auditor), method)(url)
+    assert r.status_code == 200 and r.json()["results"] == []
+
+
+def test_auditors_cannot_change_or_ask(history, api, auditor):
+    ds, _ = history
+    c = api(auditor)
+    assert c.get(f"/api/datasets/{ds.name}/").status_code == 404
+    assert c.post("/api/requests/", {"dataset": ds.name, "engine": "aggregates", "kind": "count",
+                                     "params": {"epsilon": 0.1}}, format="json").status_code == 400
+    assert c.post(f"/api/datasets/{ds.name}/charges/", {"event": {"kind": "laplace", "epsilon": 0.1}},
+                  format="json").status_code in (403, 404)
+    assert c.post("/api/grants/", {"analyst": "audrey", "dataset": ds.name}, format="json").status_code == 403
+    assert c.get("/api/me/").json()["role"] == "auditor"
+
+
+def test_officers_create_auditors_who_cannot_hold_grants(history, api, officer):
+    ds, _ = history
+    r = api(officer).post("/api/analysts/", {"username": "ivy", "role": "auditor"}, format="json")
+    assert r.status_code == 201 and r.json()["role"] == "auditor"
+    r = api(officer).post("/api/grants/", {"analyst": "ivy", "dataset": ds.name}, format="json")
+    assert r.status_code == 400 and "Auditors" in json.dumps(r.json())
+
+
+def test_records_list_filters(history, api, auditor):
+    ds, counts = history
+    r = api(auditor).get("/api/audit/", {"dataset__name": ds.name, "action": "refuse", "page_size": 1000})
+    body = r.json()
+    assert body["count"] == counts["refuse"] and all(x["action"] == "refuse" for x in body["results"])
+    r = api(auditor).get("/api/audit/", {"actor": "ann", "page_size": 1000})
+    assert r.json()["count"] > 0 and all(x["actor"] == "ann" for x in r.json()["results"])
+
+
+def test_json_export_recomposes_to_its_totals(history, api, auditor):
+    ds, counts = history
+    r = api(auditor).get("/api/audit/export/", {"dataset": ds.name, "format": "json"})
+    assert r.status_code == 200 and r["Content-Type"] == "application/json"
+    assert r["Content-Disposition"] == f'attachment; filename="audit-{ds.name}.json"'
+    export = json.loads(r.content)
+    assert export["format"] == "privacy-audit/1" and export["verification"]["ok"] is True
+    (d,) = export["datasets"]
+    assert len(d["records"]) == sum(counts.values()) and d["counts"]["refuse"] == counts["refuse"]
+    # re-hash
+    prev = export["hashing"]["genesis"]
+    for rec in d["records"]:
+        body = {k: v for k, v in rec.items() if k != "hash"}
+        assert rec["prev_hash"] == prev and audit.digest(body) == rec["hash"]
+        prev = rec["hash"]
+    assert prev == d["head"]["hash"]
+    # re-compose the committed events from the export alone
+    events = [parse_event(rec["event"]) for rec in d["records"] if rec["action"] == "commit"]
+    delta = d["totals"]["at_delta"]
+    for name, acc in ACCOUNTANTS.items():
+        total = None
+        for e in events:
+            c = cost_of(resolve(e, 1e-300))
+            total = c if total is None else total + c
+        assert acc.spent(total, delta).epsilon == pytest.approx(d["totals"][name]["epsilon"], rel=1e-9)
+    assert d["spent_filter"][d["budget"]["policy"]] <= d["budget"]["epsilon"]
+
+
+def test_csv_export_neutralises_formulas(history, api, officer):
+    ds, _ = history
+    rec = AuditRecord.objects.filter(dataset=ds).first()
+    from django.db import connection
+
+    with connection.cursor() as cur:  # a reference an attacker chose, e.g. through a request parameter
+        cur.execute(f"UPDATE {AuditRecord._meta.db_table} SET reference = %s WHERE id = %s",
+                    ['=HYPERLINK("http://evil")', rec.pk])
+    r = api(officer).get("/api/audit/export/", {"dataset": ds.name, "format": "csv"})
+    rows = list(csv.DictReader(io.StringIO(r.content.decode())))
+    assert len(rows) == AuditRecord.objects.filter(dataset=ds).count()
+    assert rows[0]["reference"] == "'=HYPERLINK(\"http://evil\")"
+    assert all(not row["reference"].startswith("=") for row in rows)
+
+
+def test_pdf_export(history, api, auditor):
+    r = api(auditor).get("/api/audit/export/", {"dataset": history[0].name, "format": "pdf"})
+    assert r.status_code == 200 and r["Content-Type"] == "application/pdf" and r.content[:5] == b"%PDF-"
+
+
+@pytest.mark.parametrize("query,fragment", [({"format": "json"}, "name a dataset"),
+                                            ({"dataset": "nope"}, "no dataset named nope"),
+                                            ({"dataset": "survey", "format": "xls"}, "format must be")])
+def test_export_bad_input_is_a_400(history, api, officer, query, fragment):
+    r = api(officer).get("/api/audit/export/", query)
+    assert r.status_code == 400 and fragment in r.json()["detail"]
+
+
+def test_export_command_writes_each_format(history, tmp_path):
+    ds, _ = history
+    for fmt in ("json", "csv", "pdf"):
+        out = tmp_path / f"a.{fmt}"
+        call_command("audit", "export", "--dataset", ds.name, "--format", fmt, "--output", str(out),
+                     stdout=io.StringIO())
+        assert out.stat().st_size > 500
+    assert json.loads((tmp_path / "a.json").read_text())["datasets"][0]["name"] == ds.name
+    assert (tmp_path / "a.pdf").read_bytes()[:5] == b"%PDF-"
