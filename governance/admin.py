@@ -55,9 +55,9 @@ class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
                     "remaining")
     list_filter = ("status", "policy")
     search_fields = ("name", "title")
-    readonly_fields = ("name", "status", "policy", "unit_column", "n_rows", "n_units", "max_rows_per_unit",
+    readonly_fields = ("overview", "name", "status", "policy", "unit_column", "n_rows", "n_units", "max_rows_per_unit",
                        "file", "file_format", "sha256", "budget_delta", "delta_auto", "created_by", "created_at")
-    fields = ("name", "title", "description", "status", "schema", "budget_epsilon", "budget_delta_text",
+    fields = ("overview", "name", "title", "description", "status", "schema", "budget_epsilon", "budget_delta_text",
               "policy", "allow_non_private", "unit_column", "n_rows", "n_units", "max_rows_per_unit", "budget_delta", "delta_auto",
               "file", "file_format", "sha256", "created_by", "created_at")
     actions = ["activate"]

@@ -76,8 +76,8 @@ class GovernanceAdminSite(admin.AdminSite):
         limit = ledger.Limit.of_dataset(ds)
         report = ledger.budget_report(state, limit)
         gauges = [{"name": name, "gates": r["gates"], "theorem": ACCOUNTANTS[name].THEOREM,
-                   "svg": mark_safe(charts.gauge(_float(r["filter_epsilon"]), ds.budget_epsilon, width=220,
-                                                 label=name))} for name, r in report.items()]
+                   "svg": mark_safe(charts.gauge(_float(r["filter_epsilon"]), ds.budget_epsilon, width=260,
+                                                 label=name, alarm=r["gates"]))} for name, r in report.items()]
         chart = mark_safe(charts.burndown(_series([ds], CHART_POINTS).get(ds.pk, []), ds.budget_epsilon))
         grants = [{"g": g, "spent": ledger.Limit.of_grant(g, ds) or limit} for g in
                   Grant.objects.filter(dataset=ds).select_related("analyst").order_by("revoked_at", "analyst__username")]
@@ -106,7 +106,7 @@ class GovernanceAdminSite(admin.AdminSite):
         if not raw:
             return {"raw": '{"kind": "laplace", "epsilon": 0.1}'}
         try:
-            result = ledger.estimate(ds, None, json.loads(raw))
+            result = ledger.estimate(ds, request.user, json.loads(raw))
         except json.JSONDecodeError as e:
             return {"raw": raw, "error": f"not JSON: {e}"}
         except GovernanceError as e:
@@ -136,7 +136,8 @@ class GovernanceAdminSite(admin.AdminSite):
         datasets = list(Dataset.objects.filter(name__in=names)) if names else None
         result = audit.verify(datasets)
         if result.ok:
-            messages.success(request, f"Audit chain verified: {result.records} records agree with the ledger.")
+            messages.success(request, f"Audit chain verified: {result.records} record{'s' * (result.records != 1)} "
+                                      "agree with the ledger.")
         else:
             messages.error(request, f"Audit chain BROKEN: {result.first_broken}")
         target = request.GET.get("next", "")
@@ -166,6 +167,9 @@ def _series(datasets, points: int) -> dict:
     for ds_id, at, totals in qs:
         out.setdefault(ds_id, []).append(
             (at.timestamp(), {k: _float(v["epsilon"]) for k, v in totals.items() if isinstance(v, dict)}))
+    created = {d.pk: d.created_at.timestamp() for d in datasets}
+    for ds_id, points in out.items():  # every line starts at zero when the dataset was registered
+        points.insert(0, (min(created[ds_id], points[0][0]), dict.fromkeys(points[0][1], 0.0)))
     return out
 
 

@@ -13,16 +13,18 @@ def _f(x: float) -> str:
     return f"{x:.1f}"
 
 
-def gauge(spent: float, cap: float, *, width: int = 180, label: str = "") -> str:
-    """A horizontal bar: the share of ``cap`` spent (red past 90%), with the numbers."""
+def gauge(spent: float, cap: float, *, width: int = 180, label: str = "", alarm: bool = True) -> str:
+    """A bar of the share of ``cap`` spent, the numbers beside it. ``alarm``: colour it by
+    how full it is (for the gating accountant; the others are drawn grey-blue)."""
     share = 1.0 if not math.isfinite(spent) else (min(1.0, spent / cap) if cap > 0 else 1.0)
-    color = "#c0392b" if share >= 0.9 else ("#e6a23c" if share >= 0.6 else "#2e8b57")
+    color = ("#c0392b" if share >= 0.9 else ("#e6a23c" if share >= 0.6 else "#2e8b57")) if alarm else "#7a8fa6"
     text = f"{spent:.3g} / {cap:g}" if math.isfinite(spent) else f"inf / {cap:g}"
+    bar = width - 96
     return (f'<svg class="gauge" role="img" aria-label="{escape(label)} epsilon spent {escape(text)}" '
-            f'width="{width}" height="22" viewBox="0 0 {width} 22">'
-            f'<rect x="0" y="2" width="{width}" height="14" rx="3" fill="#e8ecef"/>'
-            f'<rect x="0" y="2" width="{_f(width * share)}" height="14" rx="3" fill="{color}"/>'
-            f'<text x="4" y="13" font-size="10" fill="#111">{escape(text)} ({share:.0%})</text></svg>')
+            f'width="{width}" height="20" viewBox="0 0 {width} 20">'
+            f'<rect x="0" y="3" width="{bar}" height="14" rx="3" fill="#e8ecef"/>'
+            f'<rect x="0" y="3" width="{_f(bar * share)}" height="14" rx="3" fill="{color}"/>'
+            f'<text x="{bar + 6}" y="14" font-size="11" fill="currentColor">{escape(text)} ({share:.0%})</text></svg>')
 
 
 def burndown(series: list[tuple[float, dict]], cap: float, *, width: int = 640, height: int = 240,
@@ -34,8 +36,9 @@ def burndown(series: list[tuple[float, dict]], cap: float, *, width: int = 640, 
     pad_l, pad_r, pad_t, pad_b = (2, 2, 2, 2) if compact else (44, 10, 10, 28)
     w, h = width - pad_l - pad_r, height - pad_t - pad_b
     if not series:
+        height = min(height, 36)
         return (f'<svg class="burndown" width="{width}" height="{height}" role="img" aria-label="no releases yet">'
-                f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" font-size="11" fill="#777">'
+                f'<text x="{width / 2}" y="{height / 2 + 4}" text-anchor="middle" font-size="11" fill="#777">'
                 'no releases yet</text></svg>')
     t0, t1 = series[0][0], series[-1][0]
     span = (t1 - t0) or 1.0

@@ -6,6 +6,7 @@
 #   scripts/services.sh postgres-stop
 #   scripts/services.sh redis-start      # install (apt) if needed, start redis
 #   scripts/services.sh redis-stop
+#   scripts/services.sh chromium-install # install Debian's chromium (apt) if missing
 #   scripts/services.sh env              # print export lines:
 #   eval "$(scripts/services.sh env)"    #   DATABASE_URL and REDIS_URL
 #
@@ -247,6 +248,38 @@ redis_stop() {
     die "redis did not stop within 10s"
 }
 
+# ------------------------------------------------------------------- chromium
+
+# Debian's chromium, driven by Playwright in tests/browser (chromium-driver is not
+# needed: Playwright speaks the DevTools protocol itself).
+CHROMIUM_BIN=/usr/bin/chromium
+
+apt_has_candidate() {
+    local c
+    c="$(apt-cache policy "$1" 2>/dev/null | awk '/Candidate:/ {print $2}')"
+    [ -n "$c" ] && [ "$c" != "(none)" ]
+}
+
+chromium_install() {
+    if [ ! -x "$CHROMIUM_BIN" ]; then
+        [ "$(id -u)" -eq 0 ] || die "$CHROMIUM_BIN is missing and installing it needs root"
+        ensure_services_dir
+        if ! apt_has_candidate chromium; then
+            # Package lists may be recent but lack chromium (e.g. a trimmed image).
+            log "package chromium not found in the apt lists; apt-get update"
+            if ! apt-get update >>"$APT_LOG" 2>&1; then
+                tail -n 20 "$APT_LOG" >&2
+                die "apt-get update failed (full log: $APT_LOG)"
+            fi
+            APT_UPDATED=1
+            apt_has_candidate chromium || die "no installable chromium package in the apt sources"
+        fi
+        apt_install chromium
+        [ -x "$CHROMIUM_BIN" ] || die "no $CHROMIUM_BIN after installing chromium"
+    fi
+    log "chromium ready: $("$CHROMIUM_BIN" --version 2>/dev/null || echo "$CHROMIUM_BIN (version unknown)")"
+}
+
 # ------------------------------------------------------------------------ env
 
 print_env() {
@@ -255,7 +288,7 @@ print_env() {
 }
 
 usage() {
-    sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
 }
 
 case "${1:-}" in
@@ -263,6 +296,7 @@ case "${1:-}" in
     postgres-stop)  postgres_stop ;;
     redis-start)    redis_start ;;
     redis-stop)     redis_stop ;;
+    chromium-install) chromium_install ;;
     env)            print_env ;;
     -h|--help|help) usage ;;
     *)              usage; exit 2 ;;

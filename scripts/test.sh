@@ -5,11 +5,12 @@
 #
 # 1. creates .venv and installs requirements (first run only);
 # 2. installs (apt-get) and starts a local Redis in .services/ for the tests that run a
-#    real Celery worker;
+#    real Celery worker, and installs (apt-get) Debian's chromium for the Playwright
+#    browser tests in tests/browser;
 # 3. runs the suite on the embedded SQLite default;
 # 4. installs (apt-get) and starts a local PostgreSQL in .services/ and runs the suite
 #    again on it, where row locks make the concurrency tests real.
-# On a machine where Redis or PostgreSQL cannot be installed, what needs them is skipped
+# On a machine where Redis, Chromium or PostgreSQL cannot be installed, what needs them is skipped
 # with a warning, except under CI (CI=true) where that is a failure.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,6 +25,13 @@ if ! scripts/services.sh redis-start; then
         exit 1
     fi
     echo "WARNING: Redis could not be started; real-worker tests will be skipped" >&2
+fi
+if ! scripts/services.sh chromium-install; then
+    if [ "${CI:-}" = "true" ]; then
+        echo "Chromium could not be installed; CI requires it" >&2
+        exit 1
+    fi
+    echo "WARNING: Chromium could not be installed; browser tests will be skipped" >&2
 fi
 
 echo "== tests on SQLite" >&2
