@@ -39,8 +39,12 @@ CSV_COLUMNS = ("dataset", "seq", "at", "action", "outcome", "actor", "engine", "
 
 
 def accounting_rules() -> dict:
-    return {name: {"theorem": acc.THEOREM, "gates_with": "filter_epsilon", "doc": (acc.__doc__ or "").strip()}
-            for name, acc in ACCOUNTANTS.items()}
+    from .accounting.rdp_math import ORDERS
+
+    rules = {name: {"theorem": acc.THEOREM, "gates_with": "filter_epsilon", "doc": (acc.__doc__ or "").strip()}
+             for name, acc in ACCOUNTANTS.items()}
+    rules["rdp"]["orders"] = [_num(float(a)) for a in ORDERS]
+    return rules
 
 
 def dataset_export(ds: Dataset, budget: Budget, *, with_records: bool = True) -> dict:
