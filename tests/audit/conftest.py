@@ -1,6 +1,7 @@
 """A small real history: commits (one with a smaller actual event), refunds, refusals."""
 
 import pytest
+from django.db import connection
 
 from governance import audit, ledger
 from governance.submission import GATE_REFUSALS
@@ -50,3 +51,15 @@ def history(make_dataset, grant, analyst, analyst2):
     counts = build_history(ds, [analyst, analyst2])
     assert counts["refuse"] > 0 and counts["release"] > 0 and counts["commit"] > 5, counts
     return ds, counts
+
+
+@pytest.fixture
+def tamperer():
+    """Someone with the rights to drop the append-only triggers (migration 0006)."""
+    from importlib import import_module
+
+    migration = import_module("governance.migrations.0006_audit_append_only")
+    pg = connection.vendor == "postgresql"
+    for statement in migration.POSTGRES_REVERSE if pg else migration.SQLITE_REVERSE:
+        with connection.cursor() as cur:
+            cur.execute(statement)

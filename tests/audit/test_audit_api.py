@@ -108,7 +108,7 @@ def test_json_export_recomposes_to_its_totals(history, api, auditor):
     assert d["spent_filter"][d["budget"]["policy"]] <= d["budget"]["epsilon"]
 
 
-def test_csv_export_neutralises_formulas(history, api, officer):
+def test_csv_export_neutralises_formulas(history, tamperer, api, officer):
     ds, _ = history
     rec = AuditRecord.objects.filter(dataset=ds).first()
     from django.db import connection

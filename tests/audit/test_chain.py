@@ -65,13 +65,22 @@ def test_records_carry_who_what_and_the_running_totals(history, analyst):
     assert refusal.params["note"] == "ü<b>&"
 
 
+@pytest.mark.parametrize("statement", [f"UPDATE {T} SET actor = 'mallory'", f"DELETE FROM {T}"])
+def test_the_database_refuses_to_edit_or_delete_records(history, statement):
+    from django.db import DatabaseError, transaction
+
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        sql(statement)
+    assert AuditRecord.objects.filter(actor="mallory").count() == 0
+
+
 def test_intact_chain_verifies(history):
     code, out, err = run_verify()
     assert code == 0, err
     assert "ok:" in out and Budget.objects.get(pk=history[0].pk).audit_head in out
 
 
-def test_one_byte_of_parameters_changed_is_found(history):
+def test_one_byte_of_parameters_changed_is_found(history, tamperer):
     ds, _ = history
     rec = AuditRecord.objects.get(dataset=ds, seq=7)
     tampered = json.dumps({**rec.params, "column": "agf"})
@@ -82,7 +91,7 @@ def test_one_byte_of_parameters_changed_is_found(history):
 
 
 @pytest.mark.parametrize("field,value", [("actor", "mallory"), ("outcome", "failed"), ("result_sha256", "cd" * 32)])
-def test_any_edited_field_is_found(history, field, value):
+def test_any_edited_field_is_found(history, tamperer, field, value):
     ds, _ = history
     rec = AuditRecord.objects.filter(dataset=ds, action="commit").order_by("seq")[3]
     sql(f"UPDATE {T} SET {field} = %s WHERE id = %s", [value, rec.pk])
@@ -90,7 +99,7 @@ def test_any_edited_field_is_found(history, field, value):
     assert code == 1 and f"record {rec.seq} " in err
 
 
-def test_edited_charge_with_a_recomputed_hash_disagrees_with_the_ledger(history):
+def test_edited_charge_with_a_recomputed_hash_disagrees_with_the_ledger(history, tamperer):
     """Someone rewrites a record *and* its hash: the link to the next record breaks."""
     ds, _ = history
     rec = AuditRecord.objects.filter(dataset=ds, action="commit").order_by("seq")[2]
@@ -101,7 +110,7 @@ def test_edited_charge_with_a_recomputed_hash_disagrees_with_the_ledger(history)
     assert code == 1 and f"record {rec.seq} " in err and "charge differs" in err
 
 
-def test_a_rewritten_tail_is_found_by_the_ledger_agreement(history):
+def test_a_rewritten_tail_is_found_by_the_ledger_agreement(history, tamperer):
     """Re-hashing the whole chain after an edit keeps the links, not the ledger's agreement."""
     ds, _ = history
     recs = list(AuditRecord.objects.filter(dataset=ds).order_by("seq"))
@@ -120,14 +129,14 @@ def test_a_rewritten_tail_is_found_by_the_ledger_agreement(history):
     assert code == 1 and f"record {target.seq} " in err and "event differs" in err
 
 
-def test_a_deleted_record_is_found(history):
+def test_a_deleted_record_is_found(history, tamperer):
     ds, _ = history
     sql(f"DELETE FROM {T} WHERE dataset_id = %s AND seq = 5", [ds.pk])
     code, _, err = run_verify()
     assert code == 1 and "record 6 " in err and "expected record 5" in err
 
 
-def test_a_deleted_last_record_is_found(history):
+def test_a_deleted_last_record_is_found(history, tamperer):
     ds, _ = history
     last = Budget.objects.get(pk=ds.pk).audit_seq
     sql(f"DELETE FROM {T} WHERE dataset_id = %s AND seq = %s", [ds.pk, last])
@@ -135,7 +144,7 @@ def test_a_deleted_last_record_is_found(history):
     assert code == 1 and f"budget row records {last} records" in err
 
 
-def test_reordered_records_are_found(history):
+def test_reordered_records_are_found(history, tamperer):
     ds, _ = history
     a, b = (AuditRecord.objects.get(dataset=ds, seq=s) for s in (3, 4))
     sql(f"UPDATE {T} SET seq = -1 WHERE id = %s", [a.pk])
@@ -145,7 +154,7 @@ def test_reordered_records_are_found(history):
     assert code == 1 and "record 3 " in err and "prev_hash" in err
 
 
-def test_a_tampered_ledger_entry_is_found(history):
+def test_a_tampered_ledger_entry_is_found(history, tamperer):
     ds, _ = history
     entry = LedgerEntry.objects.filter(dataset=ds, status="committed", committed_event__isnull=True).last()
     sql(f"UPDATE {LedgerEntry._meta.db_table} SET event = %s WHERE id = %s",
@@ -155,7 +164,7 @@ def test_a_tampered_ledger_entry_is_found(history):
     assert code == 1 and f"record {rec.seq} " in err
 
 
-def test_a_committed_entry_without_record_is_found(history):
+def test_a_committed_entry_without_record_is_found(history, tamperer):
     ds, _ = history
     entry = LedgerEntry.objects.filter(dataset=ds, status="committed").order_by("-id").first()
     rec = AuditRecord.objects.get(ledger_entry_id=entry.pk)
