@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Run every benchmark in bench/: admission (SQLite and PostgreSQL), DP aggregates on 10M
-# rows (vs numpy/pyarrow, diffprivlib, OpenDP), DP counts through REST + Celery + Redis, and
-# DP-SGD (training throughput vs non-private PyTorch and Opacus; gate-to-first-epoch latency).
+# rows (vs numpy/pyarrow, diffprivlib, OpenDP), DP counts through REST + Celery + Redis,
+# DP-SGD (training throughput vs non-private PyTorch and Opacus; gate-to-first-epoch latency)
+# and synthetic data (the synthesis engine vs smartnoise-synth MST and AIM on gss_wages).
 #
 # Usage:
 #   bench/run_all.sh                 # N = 100,000 (default of the benchmarks; ~15 min)
 #   BENCH_N=2000 bench/run_all.sh    # smaller ledger, e.g. a CI smoke run
 #   BENCH_QUICK=1 bench/run_all.sh   # aggregates on 1M rows, REST at 1 and 8 clients, 5 s each,
-#                                    # DP-SGD with fewer steps and repeats
+#                                    # DP-SGD with fewer steps and repeats, synthesis at epsilon 1
+#                                    # only (engine MST vs smartnoise MST)
 # Extra arguments are passed to bench_admission.py (e.g. --profile 1000).
 # PostgreSQL is started with scripts/services.sh (idempotent; must run as root).
+# bench/setup_smartnoise.sh creates bench/.venv-smartnoise (smartnoise-synth's own venv;
+# idempotent, ~2.5 min and ~1.8 GB the first time).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,3 +39,5 @@ fi
 "$PY" bench/bench_aggregates.py "${quick[@]}"
 "$PY" bench/bench_requests.py "${quick[@]}"
 "$PY" bench/bench_dpsgd.py "${quick[@]}"
+bench/setup_smartnoise.sh
+"$PY" bench/bench_synthesis.py "${quick[@]}"
