@@ -170,7 +170,7 @@ class Command(BaseCommand):
         check = subprocess.run([sys.executable, str(Path(settings.BASE_DIR) / "tools" / "recompose_audit.py"),
                                 str(out_dir / "demo-audit.json")], capture_output=True, text=True)
         self.out(f"   third-party check (tools/recompose_audit.py var/demo-audit.json): exit {check.returncode}")
-        for line in check.stdout.strip().splitlines()[-4:]:
+        for line in [x.strip() for x in check.stdout.splitlines() if x.strip()][-3:]:
             self.out(f"     {line}")
         self.report_path = out_dir / "demo-audit.pdf"
         self.out(f"   PDF audit report: {self.report_path}")
