@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -35,11 +36,54 @@ PROGRESS_INTERVAL = 0.5  # seconds between progress writes
 
 def execute(request_id: str, worker: str = "") -> str:
     """Run one request to a final state; returns its final (or current) status."""
+    now = timezone.now()
     claimed = Request.objects.filter(pk=request_id, status=Request.Status.QUEUED).update(
-        status=Request.Status.RUNNING, started_at=timezone.now(), worker=worker[:200],
+        status=Request.Status.RUNNING, started_at=now, heartbeat_at=now, worker=worker[:200],
         progress={"phase": "starting", "fraction": 0.0})
     if not claimed:
         return Request.objects.filter(pk=request_id).values_list("status", flat=True).first() or "missing"
+    with Heartbeat(request_id):
+        return _run(request_id)
+
+
+class Heartbeat:
+    """Writes the running request's ``heartbeat_at`` every REQUEST_HEARTBEAT_SECONDS from a
+    thread, so that the recovery sweep (governance.recovery) can tell a long, silent
+    engine from a dead worker. Not started for tasks run eagerly in-process (tests)."""
+
+    def __init__(self, request_id):
+        self.request_id = request_id
+        self.stop = threading.Event()
+        self.thread = None
+
+    def __enter__(self):
+        from workers import app
+
+        if not app.conf.task_always_eager and settings.REQUEST_HEARTBEAT_SECONDS > 0:
+            self.thread = threading.Thread(target=self.beat, name=f"heartbeat-{self.request_id}", daemon=True)
+            self.thread.start()
+        return self
+
+    def beat(self):
+        from django.db import connection
+
+        try:
+            while not self.stop.wait(settings.REQUEST_HEARTBEAT_SECONDS):
+                try:
+                    Request.objects.filter(pk=self.request_id, status=Request.Status.RUNNING).update(
+                        heartbeat_at=timezone.now())
+                except Exception:  # noqa: BLE001 - a missed beat is retried; the sweep has a grace period
+                    log.warning("heartbeat of request %s failed", self.request_id, exc_info=True)
+        finally:
+            connection.close()
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+
+
+def _run(request_id) -> str:
     req = Request.objects.select_related("dataset").get(pk=request_id)
     ds = req.dataset
     plan = Plan(**req.plan)
@@ -110,14 +154,19 @@ def _finish(req: Request, status: str, *, result=None, error=None, actual_event=
     ctx = audit.Context.of_request(req, outcome=status, reason=(error or {}).get("code", ""),
                                    detail=(error or {}).get("detail", ""), result_sha256=audit.result_digest(result))
     with transaction.atomic():
+        # The request row first (as the recovery sweep does), then the ledger: a request the
+        # sweep already declared lost is left as it is and this run's result is dropped.
+        finished = Request.objects.filter(pk=req.pk, status=Request.Status.RUNNING).update(
+            status=status, result=result, error=error, finished_at=timezone.now(), officer_report=officer_report,
+            progress={"phase": status, "fraction": 1.0})
+        if not finished:
+            log.warning("request %s was finished elsewhere (recovery sweep); its run's outcome is dropped", req.pk)
+            return Request.objects.filter(pk=req.pk).values_list("status", flat=True).first()
         if req.ledger_entry_id:
             if charge:
                 ledger.commit(req.ledger_entry_id, actual_event, audit_ctx=ctx)
             else:
                 ledger.release(req.ledger_entry_id, audit_ctx=ctx)
-        Request.objects.filter(pk=req.pk, status=Request.Status.RUNNING).update(
-            status=status, result=result, error=error, finished_at=timezone.now(), officer_report=officer_report,
-            progress={"phase": status, "fraction": 1.0})
     return status
 
 
@@ -133,6 +182,7 @@ def _progress(request_id):
         now = time.monotonic()
         if now - last[0] >= PROGRESS_INTERVAL or update.get("fraction") == 1.0:
             last[0] = now
-            if not Request.objects.filter(pk=request_id, cancel_requested=False).update(progress=update):
+            if not Request.objects.filter(pk=request_id, cancel_requested=False).update(
+                    progress=update, heartbeat_at=timezone.now()):
                 raise Cancelled("cancelled by the analyst")
     return report

@@ -177,6 +177,8 @@ class Request(models.Model):
     data_read = models.BooleanField(default=False, help_text="The worker has started reading the data.")
     cancel_requested = models.BooleanField(default=False)
     worker = models.CharField(max_length=200, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True, help_text="Last sign of life of the worker running it "
+                                        "(governance.recovery sweeps requests whose worker went silent).")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -168,6 +168,15 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # was read); the hard limit kills a task that ignores it. DP-SGD runs need hours, not days.
 CELERY_TASK_SOFT_TIME_LIMIT = envint("CELERY_TASK_SOFT_TIME_LIMIT", 3 * 3600)
 CELERY_TASK_TIME_LIMIT = envint("CELERY_TASK_TIME_LIMIT", 3 * 3600 + 300)
+# Recovery (governance/recovery.py): a running request's worker writes a heartbeat every
+# REQUEST_HEARTBEAT_SECONDS; one silent for REQUEST_LOST_AFTER_SECONDS is declared lost by
+# the sweep (the periodic task workers.sweep, or manage.py recover). A queued request not
+# picked up within REQUEST_REQUEUE_AFTER_SECONDS has its task sent again.
+REQUEST_HEARTBEAT_SECONDS = envint("REQUEST_HEARTBEAT_SECONDS", 15)
+REQUEST_LOST_AFTER_SECONDS = envint("REQUEST_LOST_AFTER_SECONDS", 120)
+REQUEST_REQUEUE_AFTER_SECONDS = envint("REQUEST_REQUEUE_AFTER_SECONDS", 900)
+CELERY_BEAT_SCHEDULE = {"sweep-lost-requests": {"task": "workers.sweep", "schedule": 60.0,
+                                                "options": {"queue": "cpu", "expires": 55}}}
 # Results live in the database (Request rows), not in a Celery result backend.
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "cpu"

@@ -10,3 +10,11 @@ def run_request(self, request_id: str) -> str:
     from governance.execution import execute
 
     return execute(request_id, worker=self.request.hostname or "")
+
+
+@shared_task(name="workers.sweep", ignore_result=True)
+def sweep() -> dict:
+    """The recovery sweep (governance.recovery), run every minute by Celery beat."""
+    from governance.recovery import sweep as run_sweep
+
+    return run_sweep()

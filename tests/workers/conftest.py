@@ -61,7 +61,8 @@ def real_worker(redis_server, settings, tmp_path, monkeypatch):
     env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": redis_server,
            "DATA_DIR": str(settings.DATA_DIR), "RESULTS_DIR": str(settings.RESULTS_DIR),
            "DATASET_IMPORT_DIRS": ",".join(map(str, settings.DATASET_IMPORT_DIRS)),
-           "GOVERNANCE_VAR_DIR": str(tmp_path / "worker-var"), "CELERY_TASK_ALWAYS_EAGER": "false"}
+           "GOVERNANCE_VAR_DIR": str(tmp_path / "worker-var"), "CELERY_TASK_ALWAYS_EAGER": "false",
+           "REQUEST_HEARTBEAT_SECONDS": "1"}
     log = open(tmp_path / "worker.log", "w")
     proc = subprocess.Popen([sys.executable, "manage.py", "worker", "-Q", "cpu,gpu", "-c", "1", "--pool", "solo",
                              "--loglevel", "INFO"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -74,6 +75,7 @@ def real_worker(redis_server, settings, tmp_path, monkeypatch):
     eager = app.conf.task_always_eager
     app.conf.task_always_eager = False
     monkeypatch.setattr(submission, "enqueue", send)
+    send.process = proc  # for the tests that kill it
     try:
         yield send
     finally:

@@ -98,3 +98,42 @@ def test_a_synthetic_table_is_made_on_the_gpu_queue_by_a_real_worker(real_worker
     assert table.status_code == 200 and b"".join(table.streaming_content)[:4] == b"PAR1"
     report = api(officer).get(f"/api/requests/{rid}/").json()["officer_report"]
     assert report["quality"]["summary"] and report["privacy"]["summary"]
+
+
+def test_a_worker_killed_mid_training_is_recovered_by_the_sweep(real_worker, api, analyst, make_dataset, grant):
+    """kill -9 while a DP-SGD run trains: its heartbeat stops, the sweep finishes the request
+    as failed and commits the reservation in full (the data was read), once; the chain verifies."""
+    import os
+    import signal
+    import time
+
+    from governance import audit
+    from governance.models import AuditRecord
+    from governance.recovery import sweep
+    from tests.real_data import GSS_SCHEMA, GSS_TRAIN, gss_wages
+
+    grant(analyst, make_dataset("gss", epsilon=10.0, frame=gss_wages(), schema=GSS_SCHEMA))
+    client = api(analyst)
+    rid = client.post("/api/requests/", {"dataset": "gss", "engine": "dpsgd", "kind": "train", "params": {
+        **GSS_TRAIN, "target_epsilon": 3.0, "epochs": 20, "batch_size": 256}}, format="json").json()["id"]
+
+    def training():
+        req = Request.objects.get(pk=rid)
+        return req.status == "running" and req.data_read and req.progress.get("phase", "").startswith("training")
+
+    wait_for(training, timeout=120)
+    reserved = LedgerEntry.objects.get(request__id=rid).cost
+    time.sleep(1.5)  # a heartbeat or two
+    beat = Request.objects.get(pk=rid).heartbeat_at
+    assert beat is not None
+    os.kill(real_worker.process.pid, signal.SIGKILL)
+    real_worker.process.wait(10)
+    assert sweep(lost_after=30)["lost"] == []  # within the grace period: left alone
+    time.sleep(3)
+    assert sweep(lost_after=2)["lost"] == [rid]
+    req = Request.objects.get(pk=rid)
+    entry = LedgerEntry.objects.get(pk=req.ledger_entry_id)
+    assert req.status == "failed" and req.error["code"] == "request.worker_lost" and req.result is None
+    assert entry.status == "committed" and entry.committed_cost is None and entry.cost == reserved
+    assert AuditRecord.objects.filter(request_id=rid).count() == 1
+    assert sweep(lost_after=2)["lost"] == [] and audit.verify().ok

@@ -12,10 +12,16 @@ class Command(BaseCommand):
         parser.add_argument("--pool", default="prefork", choices=["prefork", "solo", "threads"],
                             help="Celery pool (default prefork)")
         parser.add_argument("--loglevel", default="WARNING")
+        parser.add_argument("--beat", action="store_true",
+                            help="also run Celery beat in this worker (the recovery sweep every minute); "
+                                 "exactly one process of a deployment should")
 
-    def handle(self, *args, queues, concurrency, pool, loglevel, **options):
+    def handle(self, *args, queues, concurrency, pool, loglevel, beat=False, **options):
         from workers import app
 
         self.stderr.write(f"worker: broker {settings.CELERY_BROKER_URL.split('@')[-1]}, queues {queues}")
-        app.worker_main(["worker", "-Q", queues, "-c", str(concurrency), "--pool", pool, "--loglevel", loglevel,
-                         "--without-gossip", "--without-mingle", "--without-heartbeat"])
+        argv = ["worker", "-Q", queues, "-c", str(concurrency), "--pool", pool, "--loglevel", loglevel,
+                "--without-gossip", "--without-mingle", "--without-heartbeat"]
+        if beat:
+            argv += ["--beat", "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")]
+        app.worker_main(argv)

@@ -1,0 +1,19 @@
+from django.core.management.base import BaseCommand
+
+from governance.recovery import sweep
+
+
+class Command(BaseCommand):
+    help = ("Finish requests whose worker died (silent for REQUEST_LOST_AFTER_SECONDS: failed; the reservation "
+            "committed if the data was read, else released) and re-send queued requests not picked up within "
+            "REQUEST_REQUEUE_AFTER_SECONDS. The same sweep Celery beat runs every minute (workers.sweep).")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--lost-after", type=float, help="seconds of silence (default REQUEST_LOST_AFTER_SECONDS)")
+        parser.add_argument("--requeue-after", type=float,
+                            help="seconds in the queue (default REQUEST_REQUEUE_AFTER_SECONDS)")
+
+    def handle(self, *args, lost_after=None, requeue_after=None, **options):
+        result = sweep(lost_after=lost_after, requeue_after=requeue_after)
+        self.stdout.write(f"lost: {len(result['lost'])} {' '.join(result['lost'])}".rstrip())
+        self.stdout.write(f"requeued: {len(result['requeued'])} {' '.join(result['requeued'])}".rstrip())

@@ -1,0 +1,92 @@
+"""Recovery of requests whose worker died (killed, OOM, a lost node).
+
+A running request's worker writes ``heartbeat_at`` when it claims the request, with every
+progress report, and from a heartbeat thread every ``REQUEST_HEARTBEAT_SECONDS``. The
+sweep (``sweep()``: the periodic task ``workers.sweep`` run by Celery beat, or
+``manage.py recover``) applies two documented rules:
+
+1. **Lost**: a request ``running`` whose heartbeat is older than
+   ``REQUEST_LOST_AFTER_SECONDS`` (grace period, default 120 s) is finished as ``failed``
+   with ``request.worker_lost``. Its reservation follows the charging rule of
+   ``governance.execution``: if the worker had started reading the data (``data_read``)
+   the reservation is **committed in full** (the engine may have released something, or
+   failed in a data-dependent way; the steps it took are not known, so the whole reserved
+   event is charged); otherwise it is **released**. One audit record either way.
+2. **Not picked up**: a request ``queued`` for longer than
+   ``REQUEST_REQUEUE_AFTER_SECONDS`` (a message lost by a broker restart without
+   persistence) has its task sent again. A second delivery is harmless: the claim is a
+   compare-and-set.
+
+Each step is a compare-and-set on the request's status and heartbeat inside the ledger's
+transaction, so a sweep racing a worker that comes back, or another sweep, changes
+nothing twice: a worker whose request was swept finds it no longer ``running`` and its
+result is dropped (never shown). Both take the request row before the budget row.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from . import audit, ledger
+from .models import Request
+
+log = logging.getLogger(__name__)
+LOST = {"code": "request.worker_lost",
+        "detail": "The worker running this request stopped answering; see the charging rule in the README."}
+
+
+def _stale(cutoff):
+    return Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
+
+
+def sweep(*, now=None, lost_after: float | None = None, requeue_after: float | None = None) -> dict:
+    """Apply both rules once; returns ``{"lost": [ids], "requeued": [ids]}``."""
+    now = now or timezone.now()
+    lost_after = settings.REQUEST_LOST_AFTER_SECONDS if lost_after is None else lost_after
+    requeue_after = settings.REQUEST_REQUEUE_AFTER_SECONDS if requeue_after is None else requeue_after
+    cutoff = now - timedelta(seconds=lost_after)
+    lost = []
+    for pk in Request.objects.filter(_stale(cutoff), status=Request.Status.RUNNING).values_list("pk", flat=True):
+        if _finish_lost(pk, cutoff, now):
+            lost.append(str(pk))
+    requeued = []
+    from .submission import enqueue
+    from engines import plugins
+
+    stale_queued = Request.objects.filter(status=Request.Status.QUEUED,
+                                          created_at__lt=now - timedelta(seconds=requeue_after))
+    for pk, engine in stale_queued.values_list("pk", "engine"):
+        try:
+            queue = plugins.info(engine)["queue"]
+        except Exception:  # noqa: BLE001 - an engine removed since: the cpu queue will fail it cleanly
+            queue = "cpu"
+        enqueue(pk, queue)
+        requeued.append(str(pk))
+    if lost or requeued:
+        log.warning("recovery sweep: %d lost, %d requeued", len(lost), len(requeued))
+    return {"lost": lost, "requeued": requeued}
+
+
+def _finish_lost(pk, cutoff, now) -> bool:
+    with transaction.atomic():
+        # the request row first, then the ledger: the order governance.execution uses
+        done = Request.objects.filter(_stale(cutoff), pk=pk, status=Request.Status.RUNNING).update(
+            status=Request.Status.FAILED, error=LOST, finished_at=now)
+        if not done:
+            return False
+        req = Request.objects.get(pk=pk)
+        Request.objects.filter(pk=pk).update(progress={**(req.progress or {}), "phase": "failed"})
+        if req.ledger_entry_id:
+            ctx = audit.Context.of_request(req, outcome=Request.Status.FAILED, reason=LOST["code"],
+                                           detail=LOST["detail"])
+            if req.data_read:
+                ledger.commit(req.ledger_entry_id, audit_ctx=ctx)
+            else:
+                ledger.release(req.ledger_entry_id, audit_ctx=ctx)
+    return True

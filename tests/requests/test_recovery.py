@@ -1,0 +1,93 @@
+"""The recovery sweep: a running request whose worker went silent is finished by the
+documented rule (data read: the reservation is committed; not read: released), exactly
+once, with its audit record; a queued request never picked up is sent again."""
+
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from governance import audit
+from governance.execution import execute
+from governance.models import AuditRecord, LedgerEntry, Request
+from governance.recovery import sweep
+from tests.requests.test_requests_api import post
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def clinic(make_dataset, analyst, grant):
+    ds = make_dataset(epsilon=1.0)
+    grant(analyst, ds)
+    return ds
+
+
+def queued(client, eps=0.25, capture=None):
+    with capture(execute=False):
+        return post(client, {"epsilon": eps}).json()["id"]
+
+
+def as_if_a_worker_died(rid, *, data_read: bool, silent_for=600):
+    then = timezone.now() - timedelta(seconds=silent_for)
+    Request.objects.filter(pk=rid).update(status="running", started_at=then, heartbeat_at=then, data_read=data_read,
+                                          worker="cpu@dead")
+
+
+@pytest.mark.parametrize("data_read,ledger_status,action", [(True, "committed", "commit"),
+                                                            (False, "released", "release")])
+def test_a_lost_request_is_finished_by_the_rule(api, analyst, clinic, django_capture_on_commit_callbacks,
+                                                data_read, ledger_status, action):
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    as_if_a_worker_died(rid, data_read=data_read)
+    assert sweep()["lost"] == [rid]
+    req = Request.objects.get(pk=rid)
+    assert req.status == "failed" and req.error["code"] == "request.worker_lost"
+    assert LedgerEntry.objects.get().status == ledger_status
+    rec = AuditRecord.objects.get(dataset=clinic)
+    assert (rec.action, rec.outcome, rec.reason, rec.worker) == (action, "failed", "request.worker_lost", "cpu@dead")
+    assert sweep()["lost"] == []  # nothing happens twice
+    assert AuditRecord.objects.count() == 1 and audit.verify().ok
+
+
+def test_a_request_with_a_recent_heartbeat_is_left_alone(api, analyst, clinic, django_capture_on_commit_callbacks):
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    as_if_a_worker_died(rid, data_read=True, silent_for=30)
+    assert sweep(lost_after=120)["lost"] == []
+    assert Request.objects.get(pk=rid).status == "running"
+
+
+def test_a_worker_that_comes_back_after_the_sweep_changes_nothing(api, analyst, clinic,
+                                                                   django_capture_on_commit_callbacks):
+    client = api(analyst)
+    rid = queued(client, capture=django_capture_on_commit_callbacks)
+    as_if_a_worker_died(rid, data_read=True)
+    sweep()
+    # the task is delivered again (Redis redelivers unacknowledged messages): the claim refuses
+    assert execute(rid, worker="cpu@back") == "failed"
+    # and a run that was still going finds its request finished: its result is dropped
+    from governance.execution import _finish
+
+    req = Request.objects.get(pk=rid)
+    assert _finish(req, "succeeded", result={"rows": 1}, charge=True) == "failed"
+    body = client.get(f"/api/requests/{rid}/").json()
+    assert body["status"] == "failed" and body["result"] is None
+    assert AuditRecord.objects.count() == 1 and audit.verify().ok
+
+
+def test_a_queued_request_never_picked_up_is_sent_again(api, analyst, clinic, django_capture_on_commit_callbacks):
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    assert sweep(requeue_after=900)["requeued"] == []
+    Request.objects.filter(pk=rid).update(created_at=timezone.now() - timedelta(hours=1))
+    assert sweep(requeue_after=900)["requeued"] == [rid]  # Celery is eager here: it ran
+    assert Request.objects.get(pk=rid).status == "succeeded"
+    assert LedgerEntry.objects.get().status == "committed"
+
+
+def test_the_recover_command(api, analyst, clinic, django_capture_on_commit_callbacks, capsys):
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    as_if_a_worker_died(rid, data_read=False)
+    call_command("recover")
+    out = capsys.readouterr().out
+    assert f"lost: 1 {rid}" in out and "requeued: 0" in out
