@@ -23,6 +23,7 @@ class GovernanceConfig(AppConfig):
         from django.conf import settings
 
         settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
+        settings.STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise serves from here (collectstatic)
         if settings.CELERY_BROKER_URL.startswith("filesystem://"):
             for key in ("data_folder_in", "processed_folder", "control_folder"):
                 os.makedirs(settings.CELERY_BROKER_TRANSPORT_OPTIONS[key], exist_ok=True)

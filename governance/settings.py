@@ -36,6 +36,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # static files (the admin's CSS) served by the app itself when DEBUG is off
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -62,7 +64,7 @@ TEMPLATES = [
     },
 ]
 
-DATABASE_URL = envstr("DATABASE_URL", f"sqlite:///{VAR_DIR / 'governance.sqlite3'}")
+DATABASE_URL = envsecret("DATABASE_URL", f"sqlite:///{VAR_DIR / 'governance.sqlite3'}")
 # Persistent connections: a new PostgreSQL connection per HTTP request or task cost ~35 ms
 # of CPU per DP request in bench/bench_requests.py; health checks drop broken ones.
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", 60),
@@ -92,6 +94,12 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+
+# Behind TLS (production): cookies only over HTTPS, HSTS and the HTTPS redirect when asked.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = envbool("SECURE_COOKIES", not DEBUG)
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0)
+SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", False)
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Where registered tables are stored, and the server directories a privacy officer may
@@ -192,5 +200,7 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "WARNING")},
     # 4xx answers are the API working as designed (a refused request is a 409): log 5xx only.
-    "loggers": {"django.request": {"level": "ERROR"}},
+    "loggers": {"django.request": {"level": "ERROR"},
+                # a request for another host name is answered 400; no traceback per probe
+                "django.security.DisallowedHost": {"handlers": [], "propagate": False}},
 }
