@@ -124,7 +124,7 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):  # a redirect (SECURE_SSL_
         return None
 
 
-url = f"http://127.0.0.1:{os.environ.get('PORT', '8000')}{os.environ.get('HEALTHCHECK_PATH', '/api/schema/')}"
+url = f"http://127.0.0.1:{os.environ.get('PORT', '8000')}{os.environ.get('HEALTHCHECK_PATH', '/healthz')}"
 req = urllib.request.Request(url, headers={"Host": os.environ.get("HEALTHCHECK_HOST", "localhost")})
 try:
     opener = urllib.request.build_opener(NoRedirect)

@@ -44,6 +44,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "governance.security.SecurityHeaders",
 ]
 
 ROOT_URLCONF = "governance.urls"
@@ -100,6 +101,14 @@ SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = envbool("SECURE_COOKIES", not DEBUG
 SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0)
 SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", False)
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
+X_FRAME_OPTIONS = "DENY"
+
+# API tokens expire this many days after they are issued (0: never); new requests per
+# analyst are limited to REQUEST_RATE_LIMIT ("N/sec|min|hour|day"; empty: no limit),
+# counted in the cache: Redis when REDIS_URL is set (shared by every web process), else
+# this process's memory.
+API_TOKEN_TTL_DAYS = envint("API_TOKEN_TTL_DAYS", 90)
+REQUEST_RATE_LIMIT = envstr("REQUEST_RATE_LIMIT", "600/min")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Where registered tables are stored, and the server directories a privacy officer may
@@ -114,7 +123,7 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "governance.security.ExpiringTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -148,6 +157,9 @@ SPECTACULAR_SETTINGS = {
 # Production: Redis (REDIS_URL). Embedded default: kombu's filesystem transport, which needs
 # no server -- producers and a real worker process exchange messages as files in var/broker.
 REDIS_URL = envstr("REDIS_URL")
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                      "KEY_PREFIX": "governance"}} if REDIS_URL else \
+    {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL or "filesystem://localhost/"
 BROKER_DIR = VAR_DIR / "broker"
 if CELERY_BROKER_URL.startswith("filesystem://"):

@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.http import HttpResponse
+from django.http import HttpResponse, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
@@ -9,8 +9,21 @@ def no_favicon(request):
     return HttpResponse(status=204)
 
 
+def healthz(request):
+    """Liveness and readiness: the process answers and its database does (no login)."""
+    from django.db import connection
+
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SELECT 1")
+    except Exception:  # noqa: BLE001 - any database failure means not ready
+        return JsonResponse({"status": "unavailable", "database": "unreachable"}, status=503)
+    return JsonResponse({"status": "ok", "database": "ok"})
+
+
 urlpatterns = [
     path("favicon.ico", no_favicon),
+    path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),

@@ -17,8 +17,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.authtoken.models import Token
-from rest_framework.decorators import action, api_view, permission_classes
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.decorators import action, api_view, parser_classes, permission_classes
+from rest_framework.parsers import FormParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
@@ -29,6 +29,7 @@ from ..errors import InvalidRequest
 from ..models import Dataset, Grant, LedgerEntry, Request
 from ..recommendations import RANGES, recommend
 from . import serializers as s
+from .parsers import PARSERS, JSONParser, MultiPartParser
 from .permissions import IsOfficer, OfficerWritesOnly, is_officer
 
 User = get_user_model()
@@ -171,6 +172,7 @@ class GrantViewSet(viewsets.ModelViewSet):
 
     serializer_class = s.GrantSerializer
     permission_classes = [IsAuthenticated, OfficerWritesOnly]
+    parser_classes = PARSERS
     filterset_fields = {"dataset__name": ["exact"], "analyst__username": ["exact"], "revoked_at": ["isnull"]}
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
@@ -237,6 +239,7 @@ class AnalystViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cr
 
     serializer_class = s.AnalystSerializer
     permission_classes = [IsAuthenticated, IsOfficer]
+    parser_classes = PARSERS
     queryset = User.objects.filter(is_staff=False).order_by("id")  # officers' tokens are not managed here
 
     @extend_schema(request=s.AnalystCreateSerializer, responses={201: inline_serializer(
@@ -256,12 +259,16 @@ class AnalystViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cr
         return Response({"id": user.pk, "username": user.username, "role": data.validated_data["role"],
                          "token": token.key}, status=201)
 
-    @extend_schema(request=None, responses={200: inline_serializer("NewToken", {"token": serializers.CharField()})})
-    @action(detail=True, methods=["post"])
+    @extend_schema(request=None, responses={200: inline_serializer("NewToken", {"token": serializers.CharField()}),
+                                            204: None})
+    @action(detail=True, methods=["post", "delete"])
     def token(self, request, pk=None):
-        """Issue a new API token for the analyst; the old one stops working."""
+        """POST: issue a new API token for the analyst (the old one stops working; tokens
+        expire API_TOKEN_TTL_DAYS after issue). DELETE: revoke it, issuing none."""
         user = self.get_object()
         Token.objects.filter(user=user).delete()
+        if request.method == "DELETE":
+            return Response(status=status.HTTP_204_NO_CONTENT)
         return Response({"token": Token.objects.create(user=user).key})
 
 
@@ -288,6 +295,7 @@ def me(request):
     name: serializers.DictField() for name in ACCOUNTANTS})})
 @api_view(["POST"])
 @permission_classes([IsAuthenticated])
+@parser_classes(PARSERS)
 def compose(request):
     """Compose a list of events under every accountant at a target delta (pure maths; no ledger)."""
     data = s.ComposeInputSerializer(data=request.data)
@@ -307,7 +315,13 @@ class RequestViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
     under each accountant and, when ready, the result."""
 
     serializer_class = s.RequestSerializer
+    parser_classes = PARSERS
     filterset_fields = {"status": ["exact"], "dataset__name": ["exact"], "engine": ["exact"], "kind": ["exact"]}
+
+    def get_throttles(self):
+        from ..security import RequestCreationThrottle
+
+        return [RequestCreationThrottle()] if self.action == "create" else []
     ordering_fields = ["created_at"]
 
     def filter_queryset(self, queryset):

@@ -668,7 +668,7 @@ def test_kubernetes_web_probes_and_migrations():
     allowed = objs[("ConfigMap", "governance-config")]["data"]["ALLOWED_HOSTS"].split(",")
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         get = c[probe]["httpGet"]
-        assert get["path"] == "/api/schema/" and get["port"] == "http"
+        assert get["path"] == "/healthz" and get["port"] == "http"
         assert {"name": "Host", "value": "localhost"} in get["httpHeaders"] and "localhost" in allowed
     assert c["ports"] == [{"name": "http", "containerPort": 8000}]
     service = objs[("Service", "web")]

@@ -170,10 +170,10 @@ def test_web_migrates_then_serves_with_gunicorn_and_stops_on_sigterm(entrypoint,
     try:
         web.wait_for(lambda: health(entrypoint, "web", env).returncode == 0, 60, "healthy web service")
         out = health(entrypoint, "web", env)
-        assert f"http://127.0.0.1:{port}/api/schema/: 200" in out.stdout
+        assert f"http://127.0.0.1:{port}/healthz: 200" in out.stdout
         # the image's HEALTHCHECK: no role given, read from the process's command line
         out = health(entrypoint, None, {**env, "HEALTHCHECK_PID": str(web.proc.pid)})
-        assert out.returncode == 0 and "/api/schema/: 200" in out.stdout, out.stderr
+        assert out.returncode == 0 and "/healthz: 200" in out.stdout, out.stderr
         assert http_status(port, "/api/datasets/") == 401  # the API answers, and wants a token
         assert http_status(port, "/no-such-page/") == 404
         assert officer_login_behind_tls_proxy(port) == 200  # the form again ("wrong password"), not 403 (CSRF)

@@ -1,0 +1,65 @@
+"""Security plumbing for the web side: response headers, expiring API tokens, and the
+per-analyst rate limit on request creation."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+from rest_framework import exceptions
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.throttling import UserRateThrottle
+
+# The officer's and analyst's pages use only their own origin; styles are inline <style>
+# blocks and SVG attributes. /api/docs/ (Swagger UI) loads its assets from a CDN and is left
+# without a policy.
+CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; script-src 'self'; "
+       "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'")
+PERMISSIONS_POLICY = "camera=(), microphone=(), geolocation=(), payment=(), usb=()"
+
+
+class SecurityHeaders:
+    """Content-Security-Policy and Permissions-Policy on every response but the API docs
+    (Django's SecurityMiddleware and XFrameOptionsMiddleware add nosniff, Referrer-Policy,
+    HSTS when configured, and X-Frame-Options)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if not request.path.startswith("/api/docs"):
+            response.headers.setdefault("Content-Security-Policy", CSP)
+        response.headers.setdefault("Permissions-Policy", PERMISSIONS_POLICY)
+        response.headers.setdefault("Cross-Origin-Opener-Policy", "same-origin")
+        return response
+
+
+class ExpiringTokenAuthentication(TokenAuthentication):
+    """DRF tokens that expire ``API_TOKEN_TTL_DAYS`` after they were issued (0: never).
+    An officer issues a new one with ``POST /api/analysts/{id}/token/`` (the old one stops
+    working at once) and revokes one with ``DELETE`` on the same URL."""
+
+    def authenticate_credentials(self, key):
+        user, token = super().authenticate_credentials(key)
+        ttl = settings.API_TOKEN_TTL_DAYS
+        if ttl and token.created < timezone.now() - timedelta(days=ttl):
+            raise exceptions.AuthenticationFailed(
+                f"This token expired ({ttl} days after it was issued); ask a privacy officer for a new one.")
+        return user, token
+
+
+class RequestCreationThrottle(UserRateThrottle):
+    """At most ``REQUEST_RATE_LIMIT`` new requests per analyst (e.g. ``120/min``); a 429
+    with ``Retry-After`` past it. Counted in the default cache (Redis in production)."""
+
+    scope = "request_creation"
+
+    def get_rate(self):
+        return settings.REQUEST_RATE_LIMIT or None
+
+    def allow_request(self, request, view):
+        if self.rate is None:
+            return True
+        return super().allow_request(request, view)

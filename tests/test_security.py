@@ -1,0 +1,79 @@
+"""Security headers, the health endpoint, expiring and revocable API tokens, and the
+per-analyst rate limit on request creation."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize("url", ["/admin/login/", "/analyst/login/", "/api/me/", "/healthz"])
+def test_security_headers(client, url):
+    r = client.get(url)
+    assert "default-src 'self'" in r["Content-Security-Policy"] and "frame-ancestors 'none'" in \
+        r["Content-Security-Policy"]
+    assert r["X-Content-Type-Options"] == "nosniff" and r["Referrer-Policy"] == "same-origin"
+    assert r["X-Frame-Options"] == "DENY" and "camera=()" in r["Permissions-Policy"]
+
+
+def test_the_officer_ui_forms_carry_csrf_protection(client, officer):
+    from django.test import Client
+
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(officer)
+    r = strict.post("/admin/governance/dataset/register/", {"name": "x"})
+    assert r.status_code == 403  # no CSRF token
+
+
+def test_healthz(client):
+    r = client.get("/healthz")
+    assert r.status_code == 200 and r.json() == {"status": "ok", "database": "ok"}
+
+
+def test_an_expired_token_is_refused(api, analyst, settings):
+    settings.API_TOKEN_TTL_DAYS = 30
+    client = api(analyst)
+    assert client.get("/api/me/").status_code == 200
+    Token.objects.filter(user=analyst).update(created=timezone.now() - timedelta(days=31))
+    r = client.get("/api/me/")
+    assert r.status_code == 401 and r.json()["code"] == "auth.failed" and "expired" in r.json()["detail"]
+    settings.API_TOKEN_TTL_DAYS = 0  # never expire
+    assert client.get("/api/me/").status_code == 200
+
+
+def test_an_officer_revokes_and_reissues_a_token(api, officer, analyst):
+    client = api(analyst)
+    assert client.get("/api/me/").status_code == 200
+    assert api(officer).delete(f"/api/analysts/{analyst.pk}/token/").status_code == 204
+    assert client.get("/api/me/").status_code == 401
+    new = api(officer).post(f"/api/analysts/{analyst.pk}/token/").json()["token"]
+    from rest_framework.test import APIClient
+
+    fresh = APIClient()
+    fresh.credentials(HTTP_AUTHORIZATION=f"Token {new}")
+    assert fresh.get("/api/me/").status_code == 200
+    assert api(analyst).delete(f"/api/analysts/{analyst.pk}/token/").status_code == 403  # not an officer
+
+
+def test_request_creation_is_rate_limited_per_analyst(api, analyst, analyst2, make_dataset, grant, settings):
+    from django.core.cache import cache
+
+    cache.clear()
+    settings.REQUEST_RATE_LIMIT = "3/min"
+    ds = make_dataset(epsilon=100.0)
+    grant(analyst, ds)
+    grant(analyst2, ds)
+
+    def ask(user, i):
+        return api(user).post("/api/requests/", {"dataset": ds.name, "engine": "aggregates", "kind": "count",
+                                                 "params": {"epsilon": 0.01 + i / 1000}}, format="json")
+    codes = [ask(analyst, i).status_code for i in range(4)]
+    assert codes[:3] != [429] * 3 and codes[3] == 429
+    r = ask(analyst, 5)
+    assert r.json()["code"] == "rate.limited" and int(r["Retry-After"]) > 0
+    assert ask(analyst2, 0).status_code != 429  # per analyst
+    assert api(analyst).get("/api/requests/").status_code == 200  # reading is not limited
+    cache.clear()
