@@ -121,15 +121,11 @@ class GovernanceAdminSite(admin.AdminSite):
         if fmt not in ("json", "csv", "pdf") or not names:
             return HttpResponse("name a dataset and a format (json, csv or pdf)", status=400,
                                 content_type="text/plain")
-        datasets = list(Dataset.objects.order_by("name")) if names == ["all"] else \
-            list(Dataset.objects.filter(name__in=names).order_by("name"))
-        if not datasets:
-            return HttpResponse("no such dataset", status=404, content_type="text/plain")
-        data, content_type = audit_export.render(audit_export.build(datasets, request.user), fmt)
-        response = HttpResponse(data, content_type=content_type)
-        name = datasets[0].name if len(datasets) == 1 else "all"
-        response["Content-Disposition"] = f'attachment; filename="audit-{name}.{fmt}"'
-        return response
+        try:
+            datasets = audit_export.datasets_named(names)
+        except LookupError as e:
+            return HttpResponse(str(e), status=404, content_type="text/plain")
+        return audit_export.http_response(datasets, request.user, fmt)
 
     def audit_verify(self, request):
         names = request.GET.getlist("dataset")

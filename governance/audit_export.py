@@ -138,6 +138,29 @@ def to_csv(export: dict) -> bytes:
 FORMATS = {"json": ("application/json", to_json), "csv": ("text/csv", to_csv)}
 
 
+def datasets_named(names) -> list:
+    """The datasets ``names`` (all of them for none or ``["all"]``), in name order;
+    ``LookupError`` naming the ones that do not exist."""
+    if not names or list(names) == ["all"]:
+        return list(Dataset.objects.order_by("name"))
+    found = {d.name: d for d in Dataset.objects.filter(name__in=names)}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise LookupError(f"no dataset named {', '.join(str(n)[:100] for n in missing[:5])}")
+    return [found[n] for n in names]
+
+
+def http_response(datasets, user, fmt: str):
+    """The export as a download (``audit-<dataset or all>.<fmt>``)."""
+    from django.http import HttpResponse
+
+    data, content_type = render(build(datasets, user), fmt)
+    response = HttpResponse(data, content_type=content_type)
+    name = datasets[0].name if len(datasets) == 1 else "all"
+    response["Content-Disposition"] = f'attachment; filename="audit-{name}.{fmt}"'
+    return response
+
+
 def render(export: dict, fmt: str) -> tuple[bytes, str]:
     """(bytes, content type) of the export in ``fmt`` (json, csv or pdf)."""
     if fmt == "pdf":

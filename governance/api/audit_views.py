@@ -3,7 +3,6 @@ auditors only; auditors see nothing else (no datasets' rows, no results, no requ
 
 from types import SimpleNamespace
 
-from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -19,7 +18,7 @@ from rest_framework.response import Response
 
 from .. import audit, audit_export
 from ..errors import InvalidRequest
-from ..models import AuditRecord, Dataset
+from ..models import AuditRecord
 
 
 class CanAudit(BasePermission):
@@ -93,21 +92,11 @@ class AuditViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         if not request.query_params.getlist("dataset"):
             raise InvalidRequest("name a dataset (?dataset=NAME, repeatable, or ?dataset=all)",
                                  errors={"dataset": "required"})
-        datasets = _datasets(request)
-        data, content_type = audit_export.render(audit_export.build(datasets, request.user), fmt)
-        name = datasets[0].name if len(datasets) == 1 else "all"
-        response = HttpResponse(data, content_type=content_type)
-        response["Content-Disposition"] = f'attachment; filename="audit-{name}.{fmt}"'
-        return response
+        return audit_export.http_response(_datasets(request), request.user, fmt)
 
 
 def _datasets(request) -> list:
-    names = request.query_params.getlist("dataset")
-    if not names or names == ["all"]:
-        return list(Dataset.objects.order_by("name"))
-    found = {d.name: d for d in Dataset.objects.filter(name__in=names)}
-    missing = [n for n in names if n not in found]
-    if missing:
-        raise InvalidRequest(f"no dataset named {', '.join(n[:100] for n in missing[:5])}",
-                             errors={"dataset": "not found"})
-    return [found[n] for n in names]
+    try:
+        return audit_export.datasets_named(request.query_params.getlist("dataset"))
+    except LookupError as e:
+        raise InvalidRequest(str(e), errors={"dataset": "not found"}) from e

@@ -6,7 +6,6 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from governance import audit, audit_export
-from governance.models import Dataset
 
 HELP = """
 Check and export the audit trail (one hash-chained record per release, refund, refusal
@@ -81,10 +80,7 @@ class Command(BaseCommand):
 
 
 def _datasets(names):
-    if not names or names == ["all"]:
-        return list(Dataset.objects.order_by("name"))
-    found = {d.name: d for d in Dataset.objects.filter(name__in=names)}
-    missing = [n for n in names if n not in found]
-    if missing:
-        raise CommandError(f"no dataset named {', '.join(missing)}")
-    return [found[n] for n in names]
+    try:
+        return audit_export.datasets_named(names)
+    except LookupError as e:
+        raise CommandError(str(e)) from e
