@@ -17,8 +17,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.authtoken.models import Token
-from rest_framework.decorators import action, api_view, parser_classes, permission_classes
-from rest_framework.parsers import FormParser
+from rest_framework.decorators import action, api_view, permission_classes
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
@@ -29,7 +29,6 @@ from ..errors import InvalidRequest
 from ..models import Dataset, Grant, LedgerEntry, Request
 from ..recommendations import RANGES, recommend
 from . import serializers as s
-from .parsers import PARSERS, JSONParser, MultiPartParser
 from .permissions import IsOfficer, OfficerWritesOnly, is_officer
 
 User = get_user_model()
@@ -172,7 +171,6 @@ class GrantViewSet(viewsets.ModelViewSet):
 
     serializer_class = s.GrantSerializer
     permission_classes = [IsAuthenticated, OfficerWritesOnly]
-    parser_classes = PARSERS
     filterset_fields = {"dataset__name": ["exact"], "analyst__username": ["exact"], "revoked_at": ["isnull"]}
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
@@ -239,7 +237,6 @@ class AnalystViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cr
 
     serializer_class = s.AnalystSerializer
     permission_classes = [IsAuthenticated, IsOfficer]
-    parser_classes = PARSERS
     queryset = User.objects.filter(is_staff=False).order_by("id")  # officers' tokens are not managed here
 
     @extend_schema(request=s.AnalystCreateSerializer, responses={201: inline_serializer(
@@ -295,7 +292,6 @@ def me(request):
     name: serializers.DictField() for name in ACCOUNTANTS})})
 @api_view(["POST"])
 @permission_classes([IsAuthenticated])
-@parser_classes(PARSERS)
 def compose(request):
     """Compose a list of events under every accountant at a target delta (pure maths; no ledger)."""
     data = s.ComposeInputSerializer(data=request.data)
@@ -315,7 +311,6 @@ class RequestViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
     under each accountant and, when ready, the result."""
 
     serializer_class = s.RequestSerializer
-    parser_classes = PARSERS
     filterset_fields = {"status": ["exact"], "dataset__name": ["exact"], "engine": ["exact"], "kind": ["exact"]}
 
     def get_throttles(self):
