@@ -13,9 +13,10 @@ sweep (``sweep()``: the periodic task ``workers.sweep`` run by Celery beat, or
    failed in a data-dependent way; the steps it took are not known, so the whole reserved
    event is charged); otherwise it is **released**. One audit record either way.
 2. **Not picked up**: a request ``queued`` for longer than
-   ``REQUEST_REQUEUE_AFTER_SECONDS`` (a message lost by a broker restart without
-   persistence) has its task sent again. A second delivery is harmless: the claim is a
-   compare-and-set.
+   ``REQUEST_REQUEUE_AFTER_SECONDS`` (default 6 h, past Redis's visibility timeout: a
+   message lost by a broker restart without persistence) has its task sent again, once
+   per such period (``progress.requeued_at``), so a backlog that is only slow is not
+   flooded with copies. A second delivery is harmless: the claim is a compare-and-set.
 
 Each step is a compare-and-set on the request's status and heartbeat inside the ledger's
 transaction, so a sweep racing a worker that comes back, or another sweep, changes
@@ -59,9 +60,16 @@ def sweep(*, now=None, lost_after: float | None = None, requeue_after: float | N
     from .submission import enqueue
     from engines import plugins
 
+    # Once per period per request: a backlog that is merely slow is not flooded with copies.
     stale_queued = Request.objects.filter(status=Request.Status.QUEUED,
                                           created_at__lt=now - timedelta(seconds=requeue_after))
-    for pk, engine in stale_queued.values_list("pk", "engine"):
+    for pk, engine, progress in stale_queued.values_list("pk", "engine", "progress"):
+        last = (progress or {}).get("requeued_at")
+        if last is not None and last > (now - timedelta(seconds=requeue_after)).timestamp():
+            continue
+        if not Request.objects.filter(pk=pk, status=Request.Status.QUEUED).update(
+                progress={**(progress or {}), "requeued_at": now.timestamp()}):
+            continue
         try:
             queue = plugins.info(engine)["queue"]
         except Exception:  # noqa: BLE001 - an engine removed since: the cpu queue will fail it cleanly

@@ -85,6 +85,20 @@ def test_a_queued_request_never_picked_up_is_sent_again(api, analyst, clinic, dj
     assert LedgerEntry.objects.get().status == "committed"
 
 
+def test_a_slow_backlog_is_sent_again_once_per_period(api, analyst, clinic, django_capture_on_commit_callbacks,
+                                                      monkeypatch):
+    from governance import submission
+
+    sent = []
+    monkeypatch.setattr(submission, "enqueue", lambda pk, queue: sent.append(str(pk)))
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    Request.objects.filter(pk=rid).update(created_at=timezone.now() - timedelta(hours=7))
+    for _ in range(3):
+        sweep(requeue_after=3600)
+    assert sent == [rid]  # not once per sweep
+    assert sweep(requeue_after=3600, now=timezone.now() + timedelta(hours=2))["requeued"] == [rid]
+
+
 def test_the_recover_command(api, analyst, clinic, django_capture_on_commit_callbacks, capsys):
     rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
     as_if_a_worker_died(rid, data_read=False)
