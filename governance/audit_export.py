@@ -25,6 +25,7 @@ import csv
 import io
 import json
 import math
+import re
 from datetime import UTC, datetime
 
 from . import audit
@@ -110,12 +111,13 @@ def _cell(value) -> str:
     return text
 
 
+_PLAIN_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+
+
 def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
+    """A plain decimal number, which a spreadsheet reads as a number (float() would also
+    accept "-inf", "+nan" and "-1_0", which a spreadsheet runs as formulas)."""
+    return _PLAIN_NUMBER.fullmatch(text) is not None
 
 
 def to_csv(export: dict) -> bytes:

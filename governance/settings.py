@@ -127,6 +127,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # DRF's parsers with limits on nesting, NUL, lone surrogates and upload size (parsers.py)
+    "DEFAULT_PARSER_CLASSES": [
+        "governance.api.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "governance.api.parsers.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "governance.api.pagination.Pagination",
     "DEFAULT_FILTER_BACKENDS": [

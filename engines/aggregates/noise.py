@@ -134,6 +134,8 @@ def _fit(make, scale: float, target: float) -> tuple[float, float]:
 def calibrate(mechanism: str, sensitivity, target: float, *, integer: bool, vector: bool) -> tuple[Noise, float]:
     """The smallest (up to float nudging) noise whose OpenDP map at ``sensitivity`` is at
     most ``target`` (epsilon for laplace, rho for gaussian). Returns (noise, its cost)."""
+    if not (math.isfinite(target) and target > 0):  # e.g. 5e-324 split over three components is 0
+        raise ValueError(f"the budget per measurement ({target!r}) is not a positive number")
     if mechanism == "laplace":
         scale = sensitivity / target
     else:  # zCDP: rho = sensitivity^2 / (2 sigma^2)

@@ -25,6 +25,7 @@ DEFAULT_CANDIDATES = 1024
 MAX_CANDIDATES = 100_000
 MAX_BINS = 10_000
 MAX_SCORE_CELLS = 20_000_000  # groups x (candidates + 1) for a grouped quantile
+MAX_UNKNOWN_REPORTED = 10
 
 COMMON_KEYS = {"where", "group_by", "mechanism", "epsilon", "rho", "accuracy", "max_rows_per_unit"}
 KIND_KEYS = {
@@ -66,7 +67,18 @@ def _positive(v: Any) -> str | None:
 
 
 def _scalar_ok(v: Any) -> bool:
-    return isinstance(v, (str, bool)) or is_number(v)
+    if isinstance(v, str):
+        return _valid_unicode(v)
+    return isinstance(v, bool) or is_number(v)
+
+
+def _valid_unicode(s: str) -> bool:
+    """False for a string holding a lone surrogate (JSON allows "\\ud800"; Arrow and UTF-8 do not)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _column_spec(dataset: DatasetMeta, name: Any) -> tuple[dict | None, str | None]:
@@ -123,18 +135,19 @@ def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict) -> dict | Non
         errors[key] = f"op {op!r} needs a numeric column; categorical columns take ==, !=, in, not_in"
         return None
     ok = is_number if ctype == "numeric" else _scalar_ok
+    what = "finite number" if ctype == "numeric" else "string (valid Unicode), number or boolean"
     value = p["value"]
     if op in ("in", "not_in"):
         if not isinstance(value, list) or not value or len(value) > MAX_IN_VALUES:
             errors[key] = f"value of {op!r} must be a list of 1 to {MAX_IN_VALUES} values"
             return None
         if not all(ok(v) for v in value):
-            errors[key] = f"every value must be a {'finite number' if ctype == 'numeric' else 'string, number or boolean'}"
+            errors[key] = f"every value must be a {what}"
             return None
         value = [float(v) for v in value] if ctype == "numeric" else list(value)
     else:
         if not ok(value):
-            errors[key] = f"value must be a {'finite number' if ctype == 'numeric' else 'string, number or boolean'}"
+            errors[key] = f"value must be a {what}"
             return None
         value = float(value) if ctype == "numeric" else value
     return {"column": p["column"], "op": op, "value": value, "type": ctype}
@@ -159,8 +172,11 @@ def validate(kind: str, params: Any, dataset: DatasetMeta) -> Query:
         raise PlanError("params must be a JSON object", {"params": "must be an object"})
     errors: dict[str, str] = {}
     allowed = COMMON_KEYS | KIND_KEYS[kind]
-    for key in sorted(set(params) - allowed, key=str):
-        errors[str(key)] = f"unknown parameter for {kind}; allowed: {', '.join(sorted(allowed))}"
+    unknown = sorted(set(params) - allowed, key=str)
+    for key in unknown[:MAX_UNKNOWN_REPORTED]:  # a hostile request may send a million
+        errors[str(key)[:100]] = f"unknown parameter for {kind}; allowed: {', '.join(sorted(allowed))}"
+    if len(unknown) > MAX_UNKNOWN_REPORTED:
+        errors["params"] = f"{len(unknown)} unknown parameters in all"
 
     # ---- mechanism and privacy budget
     mech = params.get("mechanism")

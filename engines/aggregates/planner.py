@@ -45,11 +45,17 @@ from .params import Query, validate
 
 DETAILS_VERSION = 1
 MAX_INTEGER_SCALE = 1e12  # count noise beyond this says nothing and nears the int64 range
+# Every released number (and, for a variance, its square) must stay finite in float64: an
+# answer of inf or NaN is not JSON and would fail the run after the data was read (charged).
+# So no noise scale beyond this, and no sum that could exceed it (rows x sensitivity).
+MAX_MAGNITUDE = 1e150
 
 
 def _times(k: int, x: float) -> float:
     """k * x rounded up (a sensitivity must never be understated)."""
     out = k * x
+    if not math.isfinite(out):  # bounds near the float range: r * r overflows (refused by make_plan)
+        return math.inf
     if Fraction(out) < k * Fraction(x):
         out = math.nextafter(out, math.inf)
     return out
@@ -84,6 +90,13 @@ def _budget_error(q: Query, e: Exception) -> PlanError:
 
 def make_plan(request: EngineRequest, dataset: DatasetMeta) -> Plan:
     q = validate(request.kind, request.params, dataset)
+    if q.bounds is not None and q.kind != "quantile":
+        largest = max(dataset.n_rows, 1) * max(sens for _, sens, _ in components(q))
+        if not largest <= MAX_MAGNITUDE:
+            raise PlanError(f"the declared bounds of {q.column!r} are too wide: {dataset.n_rows} rows could sum "
+                            f"to {largest:.3g}, too close to the range of 64-bit floats (rows x bound, squared "
+                            f"for a variance, must stay under {MAX_MAGNITUDE:.0e})",
+                            {"column": "declared bounds too wide"})
     columns = list(dict.fromkeys(c for c in [q.column, q.group_by, *(p["column"] for p in q.where)] if c))
     details = {
         "version": DETAILS_VERSION,
@@ -105,7 +118,7 @@ def make_plan(request: EngineRequest, dataset: DatasetMeta) -> Plan:
             event = _plan_quantile(q, details)
         else:
             event = _plan_noise(q, details, grouped)
-    except (ValueError, noise.OpenDPError) as e:
+    except (ValueError, ArithmeticError, noise.OpenDPError) as e:  # overflow, underflow to zero
         raise _budget_error(q, e) from None
     return Plan(event=event, columns=columns, details=details)
 
@@ -124,8 +137,13 @@ def _plan_noise(q: Query, details: dict, vector: bool) -> dict:
         if integer and nz.scale > MAX_INTEGER_SCALE:
             raise ValueError(f"the noise scale would be {nz.scale:.3g}: counts would be pure noise "
                              "(and overflow 64-bit integers)")
+        if not nz.scale <= MAX_MAGNITUDE:
+            raise ValueError(f"the noise scale would be {nz.scale:.3g}: the answer would be pure noise "
+                             "(and overflow 64-bit floats)")
         plans[name] = {**nz.to_dict(), "cost": cost, "event": _event(q.mechanism, cost)}
     total = sum(p["cost"] for p in plans.values())
+    if not math.isfinite(total):
+        raise ValueError(f"the components' costs add up to {total}")
     details["components"] = plans
     details["cost"] = {"epsilon" if q.mechanism == "laplace" else "rho": total}
     if q.bounds and q.kind in ("mean", "variance"):
@@ -147,6 +165,8 @@ def _plan_quantile(q: Query, details: dict) -> dict:
                         f"{q.candidates} candidates", {"candidates": "too many for the column's range"})
     epsilon = q.budget[1]
     scale, score_sens, cost = noise.quantile_chain_cost(grid.tolist(), q.q, q.k, epsilon)
+    if not scale <= MAX_MAGNITUDE:  # the pick would be uniform, and its rank error overflow
+        raise ValueError(f"the noise scale would be {scale:.3g}: the pick would be pure noise")
     num, den = noise.quantile_alpha(q.q)
     details["quantile"] = {
         "q": q.q, "alpha_num": num, "alpha_den": den,

@@ -1,16 +1,26 @@
 """One exception handler: every error is ``{"code", "detail", ...}`` with a stable code."""
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.db import IntegrityError
-from django.http import Http404, JsonResponse
+from django.http import Http404, JsonResponse, UnreadablePostError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 from rest_framework.views import set_rollback
 
 from ..errors import GovernanceError
+from .parsers import RequestTooLarge
+
+# An error body is for people: a hostile request (a million unknown parameters) must not
+# get itself echoed back a million times.
+MAX_DETAIL_CHARS = 2_000
+MAX_ERROR_ENTRIES = 50
+
 
 DRF_CODES = {
+    RequestTooLarge: "request.too_large",
     exceptions.ValidationError: "request.invalid",
     exceptions.ParseError: "request.malformed",
     exceptions.UnsupportedMediaType: "request.unsupported_media_type",
@@ -25,6 +35,22 @@ DRF_CODES = {
 
 
 def exception_handler(exc, context):
+    response = _handle(exc, context)
+    if response is not None and isinstance(response.data, dict):
+        response.data = _bounded(response.data)
+    return response
+
+
+def _handle(exc, context):
+    if isinstance(exc, RequestDataTooBig):
+        # Django's DATA_UPLOAD_MAX_MEMORY_SIZE: without this, Django's HTML 400 page.
+        exc = RequestTooLarge(f"The request body is larger than DATA_UPLOAD_MAX_MEMORY_SIZE "
+                              f"({settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes).")
+    elif isinstance(exc, SuspiciousOperation):
+        # e.g. more than DATA_UPLOAD_MAX_NUMBER_FIELDS form fields or DATA_UPLOAD_MAX_NUMBER_FILES files
+        exc = exceptions.ParseError(f"The request was refused: {str(exc)[:300]}")
+    elif isinstance(exc, UnreadablePostError):
+        exc = exceptions.ParseError("The request body could not be read (the client went away?).")
     if isinstance(exc, IntegrityError):
         # Two concurrent creations of the same thing (a grant, a dataset name): one wins.
         set_rollback()
@@ -51,6 +77,24 @@ def exception_handler(exc, context):
     if response.status_code == status.HTTP_401_UNAUTHORIZED:
         response["WWW-Authenticate"] = 'Token realm="api"'
     return response
+
+
+def _bounded(body: dict) -> dict:
+    """The error body with long texts cut and at most MAX_ERROR_ENTRIES entries per mapping."""
+    out = {}
+    for key, value in body.items():
+        if isinstance(value, str) and len(value) > MAX_DETAIL_CHARS:
+            value = value[:MAX_DETAIL_CHARS] + f"... ({len(value) - MAX_DETAIL_CHARS} more characters)"
+        elif isinstance(value, dict) and len(value) > MAX_ERROR_ENTRIES:
+            kept = dict(list(value.items())[:MAX_ERROR_ENTRIES])
+            kept["..."] = f"{len(value) - MAX_ERROR_ENTRIES} more"
+            value = _bounded(kept)
+        elif isinstance(value, dict):
+            value = _bounded(value)
+        elif isinstance(value, list) and len(value) > MAX_ERROR_ENTRIES:
+            value = value[:MAX_ERROR_ENTRIES] + [f"... {len(value) - MAX_ERROR_ENTRIES} more"]
+        out[key] = value
+    return out
 
 
 def page_not_found(request, exception=None):

@@ -22,6 +22,25 @@ class FiniteFloatField(serializers.FloatField):
         return value
 
 
+class SafeJSONField(serializers.JSONField):
+    """A JSON field whose value is safe to store, hash and render. A JSON body was checked
+    by the parser (parsers.py); JSON text sent as a form field (multipart, urlencoded) is
+    parsed here, so it gets the same limits: at most MAX_JSON_DEPTH deep, no NUL
+    characters, no lone surrogates."""
+
+    def to_internal_value(self, data):
+        from .parsers import json_problem
+
+        from_text = self.binary or getattr(data, "is_json_string", False)
+        try:
+            value = super().to_internal_value(data)
+        except RecursionError:
+            raise serializers.ValidationError("Value must be valid JSON: it is nested too deeply.") from None
+        if from_text and (problem := json_problem(value)):
+            raise serializers.ValidationError(f"Value must be valid JSON: {problem}.")
+        return value
+
+
 @extend_schema_field({"type": "string", "enum": list(Dataset.Status.values)}, component_name="DatasetStatusEnum")
 class DatasetStatusField(serializers.ChoiceField):
     """A dataset's status, named apart from the ledger entries' ``status`` in the OpenAPI schema."""
@@ -75,7 +94,7 @@ class DatasetCreateSerializer(serializers.Serializer):
                                  help_text="A table on the server, inside DATASET_IMPORT_DIRS")
     format = serializers.ChoiceField(choices=["csv", "parquet"], required=False)
     unit_column = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
-    schema = serializers.JSONField(required=False, help_text="Column specs overriding the inferred schema")
+    schema = SafeJSONField(required=False, help_text="Column specs overriding the inferred schema")
     budget_epsilon = FiniteFloatField(min_value=1e-9)
     budget_delta = serializers.CharField(required=False, default="auto", help_text='a number in [0, 1) or "auto"')
     policy = serializers.ChoiceField(choices=POLICIES, default="rdp")
@@ -90,7 +109,7 @@ class DatasetCreateSerializer(serializers.Serializer):
 class DatasetUpdateSerializer(serializers.Serializer):
     title = serializers.CharField(required=False, allow_blank=True, max_length=200)
     description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
-    schema = serializers.JSONField(required=False)
+    schema = SafeJSONField(required=False)
     budget_epsilon = FiniteFloatField(required=False, min_value=1e-9)
     budget_delta = serializers.CharField(required=False)
     policy = serializers.ChoiceField(choices=POLICIES, required=False)
@@ -147,8 +166,8 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
 
 
 class EventsInputSerializer(serializers.Serializer):
-    event = serializers.JSONField(required=False, help_text="One mechanism event (see the README for the format)")
-    events = serializers.JSONField(required=False, help_text="A list of events")
+    event = SafeJSONField(required=False, help_text="One mechanism event (see the README for the format)")
+    events = SafeJSONField(required=False, help_text="A list of events")
 
     def validate(self, attrs):
         if ("event" in attrs) == ("events" in attrs):
@@ -157,13 +176,13 @@ class EventsInputSerializer(serializers.Serializer):
 
 
 class ChargeInputSerializer(serializers.Serializer):
-    event = serializers.JSONField(help_text="The mechanism event of the release")
+    event = SafeJSONField(help_text="The mechanism event of the release")
     reference = serializers.CharField(required=False, allow_blank=True, default="", max_length=200,
                                       help_text="What was released and where")
 
 
 class ComposeInputSerializer(serializers.Serializer):
-    events = serializers.JSONField(help_text="A list of events (or one event)")
+    events = SafeJSONField(help_text="A list of events (or one event)")
     delta = FiniteFloatField(min_value=0.0, max_value=0.999999, help_text="Target total delta")
 
 
@@ -197,7 +216,7 @@ class RequestCreateSerializer(serializers.Serializer):
     dataset = serializers.CharField(help_text="dataset name")
     engine = serializers.CharField(max_length=100, help_text="engine name (GET /api/engines/)")
     kind = serializers.CharField(max_length=100, help_text="a kind the engine serves")
-    params = serializers.JSONField(default=dict, help_text="the kind's parameters (see the engine's params_schema)")
+    params = SafeJSONField(default=dict, help_text="the kind's parameters (see the engine's params_schema)")
 
 
 class RequestSerializer(serializers.ModelSerializer):

@@ -14,11 +14,16 @@ from django.db import transaction
 from django.http import FileResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
 from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import action, api_view, permission_classes
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
@@ -29,6 +34,7 @@ from ..errors import InvalidRequest
 from ..models import Dataset, Grant, LedgerEntry, Request
 from ..recommendations import RANGES, recommend
 from . import serializers as s
+from .parsers import JSONParser, MultiPartParser
 from .permissions import IsOfficer, OfficerWritesOnly, is_officer
 
 User = get_user_model()
