@@ -62,6 +62,13 @@ class DatasetNotActive(UserError):
     status = 409
 
 
+class IdempotencyKeyReused(UserError):
+    """An Idempotency-Key sent again with a different request."""
+
+    code = "idempotency.key_reused"
+    status = 422
+
+
 class LedgerConflict(UserError):
     """A status change that is not allowed (e.g. committing a released entry)."""
 

@@ -163,6 +163,9 @@ class Request(models.Model):
     params = models.JSONField(default=dict)
     fingerprint = models.CharField(max_length=64, db_index=True,
                                    help_text="Hash of dataset version, engine, kind and parameters (for replays).")
+    idempotency_key = models.CharField(
+        max_length=200, blank=True, default="",
+        help_text="The client's Idempotency-Key header: a retried POST with the same key gets this request back.")
     plan = models.JSONField(help_text="The engine's plan: event, columns, details.")
     ledger_entry = models.OneToOneField(LedgerEntry, on_delete=models.PROTECT, null=True, blank=True,
                                         related_name="request")
@@ -186,6 +189,9 @@ class Request(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["analyst", "fingerprint", "status"])]
+        constraints = [models.UniqueConstraint(fields=["analyst", "idempotency_key"],
+                                               condition=~models.Q(idempotency_key=""),
+                                               name="request_idempotency_key_per_analyst")]
 
     def __str__(self):
         return f"{self.engine}.{self.kind} on {self.dataset_id} ({self.status})"

@@ -3,10 +3,12 @@
 ``submit`` runs the engine's ``plan`` (no data read), then in one transaction stores the
 request as ``queued``, reserves its event through the gate and schedules the Celery task
 with ``transaction.on_commit`` (so a worker never sees a request that was rolled back).
-A refused request leaves no request and no reservation; its refusal is written to the
-audit trail after the rollback (who asked for what, and why not). An identical request (same dataset version,
-engine, kind and parameters) that the same analyst already got answered is answered from
-the stored release at no cost: it is the same noisy value, post-processing is free.
+A refused request leaves no request and no reservation (a savepoint is rolled back); its
+refusal is written to the audit trail in the same transaction (who asked for what, and why
+not). An identical request (same dataset version, engine, kind and parameters) that the
+same analyst already got answered is answered from the stored release at no cost: it is
+the same noisy value, post-processing is free. A POST retried with the same
+``Idempotency-Key`` gets the first request back, whatever its state, and is not charged again.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from engines import plugins
@@ -25,6 +27,7 @@ from .engine_meta import dataset_meta
 from .errors import (
     BudgetExceeded,
     DatasetNotActive,
+    IdempotencyKeyReused,
     InvalidRequest,
     LedgerConflict,
     NoGrant,
@@ -53,8 +56,16 @@ def plan_request(ds: Dataset, engine: str, kind: str, params: dict):
         raise err from e
 
 
-def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict) -> tuple[Request, bool]:
-    """Plan, gate and queue a request. Returns (request, replayed)."""
+def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
+           idempotency_key: str = "") -> tuple[Request, bool]:
+    """Plan, gate and queue a request. Returns (request, replayed).
+
+    With an ``idempotency_key`` the analyst used before, nothing is planned, gated or
+    charged again: the earlier request comes back as it is now, with ``repeated = True``
+    (a retry of a POST whose answer was lost, while the first may still be queued or
+    running). The same key with a different request is refused (422)."""
+    if idempotency_key and (earlier := _repeat_of(analyst, idempotency_key, ds, engine, kind, params)):
+        return earlier, False
     if ds.status != Dataset.Status.ACTIVE:
         raise DatasetNotActive(f"Dataset {ds.name} is not active.", dataset=ds.name)
     if not isinstance(params, dict):
@@ -62,29 +73,65 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict) -> tuple[
     plan = plan_request(ds, engine, kind, params)
     fp = fingerprint(ds, engine, kind, params)
     queue = plugins.info(engine)["queue"]
+    refusal = None
     try:
         with transaction.atomic():
-            prior = (Request.objects.filter(analyst=analyst, fingerprint=fp, status=Request.Status.SUCCEEDED)
-                     .order_by("created_at").first())
-            if prior is not None:
-                now = timezone.now()
-                replay = Request.objects.create(
-                    analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
-                    plan=prior.plan, replay_of=prior, status=Request.Status.SUCCEEDED, result=prior.result,
-                    progress={"phase": "replayed", "fraction": 1.0}, started_at=now, finished_at=now)
-                audit.record_replay(ds, analyst, audit.Context.of_request(
-                    replay, result_sha256=audit.result_digest(prior.result), detail=f"replay of request {prior.pk}"))
-                return replay, True
-            req = Request.objects.create(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params,
-                                         fingerprint=fp, plan=_plan_json(plan), progress={"phase": "queued"})
-            entry = ledger.admit(ds, analyst, plan.event, reference=f"request {req.pk}")
-            Request.objects.filter(pk=req.pk).update(ledger_entry=entry)
-            req.ledger_entry = entry
-            transaction.on_commit(lambda: enqueue(req.pk, queue))
-    except GATE_REFUSALS as e:
-        audit.record_refusal(ds, analyst, plan.event, e, audit.Context(engine=engine, kind=kind, params=params))
+            try:
+                # A savepoint: a refusal undoes the request row, and its audit record is
+                # written in the same transaction, so a 409 never goes out without its record.
+                with transaction.atomic():
+                    out = _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key)
+            except GATE_REFUSALS as e:
+                audit.record_refusal(ds, analyst, plan.event, e,
+                                     audit.Context(engine=engine, kind=kind, params=params))
+                refusal = e
+    except IntegrityError:
+        # The same Idempotency-Key in two concurrent POSTs: the other one won (PostgreSQL
+        # made this insert wait for its commit); answer with its request.
+        if idempotency_key and (earlier := _repeat_of(analyst, idempotency_key, ds, engine, kind, params)):
+            return earlier, False
         raise
+    if refusal is not None:
+        raise refusal
+    return out
+
+
+def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) -> tuple[Request, bool]:
+    prior = (Request.objects.filter(analyst=analyst, fingerprint=fp, status=Request.Status.SUCCEEDED)
+             .order_by("created_at").first())
+    if prior is not None:
+        now = timezone.now()
+        replay = Request.objects.create(
+            analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
+            idempotency_key=idempotency_key, plan=prior.plan, replay_of=prior, status=Request.Status.SUCCEEDED,
+            result=prior.result, progress={"phase": "replayed", "fraction": 1.0}, started_at=now, finished_at=now)
+        audit.record_replay(ds, analyst, audit.Context.of_request(
+            replay, result_sha256=audit.result_digest(prior.result), detail=f"replay of request {prior.pk}"))
+        return replay, True
+    req = Request.objects.create(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params,
+                                 fingerprint=fp, idempotency_key=idempotency_key, plan=_plan_json(plan),
+                                 progress={"phase": "queued"})
+    entry = ledger.admit(ds, analyst, plan.event, reference=f"request {req.pk}")
+    Request.objects.filter(pk=req.pk).update(ledger_entry=entry)
+    req.ledger_entry = entry
+    transaction.on_commit(lambda: enqueue(req.pk, queue))
     return req, False
+
+
+def _repeat_of(analyst, key: str, ds: Dataset, engine: str, kind: str, params) -> Request | None:
+    """The analyst's earlier request sent with ``key``, if it is this same request."""
+    earlier = Request.objects.filter(analyst=analyst, idempotency_key=key).first()
+    if earlier is None:
+        return None
+    same = (earlier.dataset_id == ds.pk and earlier.engine == engine and earlier.kind == kind
+            and isinstance(params, dict) and earlier.fingerprint == fingerprint(ds, engine, kind, params))
+    if not same:
+        raise IdempotencyKeyReused(
+            f"Idempotency-Key {key!r} was already used for request {earlier.pk} "
+            f"({earlier.engine}.{earlier.kind} on {earlier.dataset.name}) with other parameters; "
+            "use a new key for a new request.", request=str(earlier.pk))
+    earlier.repeated = True
+    return earlier
 
 
 GATE_REFUSALS = (BudgetExceeded, NonPrivateRefused, NoGrant, DatasetNotActive)

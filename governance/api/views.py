@@ -8,6 +8,7 @@
 """
 
 import mimetypes
+import re
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -341,6 +342,12 @@ class RequestViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
         return qs.filter(analyst=self.request.user)
 
     @extend_schema(request=s.RequestCreateSerializer,
+                   parameters=[OpenApiParameter(
+                       "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+                       description="Any 1 to 200 printable ASCII characters, new for each request (e.g. a UUID). "
+                                   "A POST retried with the same key (the first answer was lost) returns the "
+                                   "first request as it is now, with the header Idempotent-Replayed: true, and "
+                                   "is not charged again; the same key with other parameters gives 422.")],
                    responses={202: s.RequestSerializer, 200: s.RequestSerializer})
     def create(self, request):
         """Plan the request (no data read), pass its event through the gate (409 with the
@@ -348,16 +355,22 @@ class RequestViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
         answered is replayed from the stored release at no cost (200, ``replayed: true``)."""
         from ..submission import submit
 
+        key = _idempotency_key(request)
         data = s.RequestCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
         ds = visible_datasets(request.user).filter(name=v["dataset"]).first()
         if ds is None:
             raise InvalidRequest(f"No dataset {v['dataset']!r} that you may use.", errors={"dataset": "not found"})
-        req, replayed = submit(request.user, ds, v["engine"], v["kind"], v["params"])
+        req, replayed = submit(request.user, ds, v["engine"], v["kind"], v["params"], idempotency_key=key)
+        repeated = getattr(req, "repeated", False)
         req = self.get_queryset().get(pk=req.pk)
-        return Response(s.RequestSerializer(req, context={"request": request}).data,
-                        status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED)
+        replayed = replayed or (repeated and req.replay_of_id is not None)
+        response = Response(s.RequestSerializer(req, context={"request": request}).data,
+                            status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED)
+        if repeated:
+            response["Idempotent-Replayed"] = "true"
+        return response
 
     @extend_schema(request=None, responses=s.RequestSerializer)
     @action(detail=True, methods=["post"])
@@ -410,6 +423,19 @@ class RequestViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retr
         if not path.is_file():
             raise exceptions.NotFound("The file is no longer stored.")
         return _file_response(path, name)
+
+
+IDEMPOTENCY_KEY_RE = re.compile(r"[\x20-\x7e]{1,200}")
+
+
+def _idempotency_key(request) -> str:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return ""
+    if not IDEMPOTENCY_KEY_RE.fullmatch(key):
+        raise InvalidRequest("The Idempotency-Key header must be 1 to 200 printable ASCII characters.",
+                             errors={"Idempotency-Key": "1 to 200 printable ASCII characters"})
+    return key
 
 
 def _file_response(path, name: str) -> FileResponse:
