@@ -1028,13 +1028,15 @@ def main():
                     "GUNICORN_THREADS": str(args.threads), "MIGRATE_ON_START": "false",
                     "GUNICORN_WORKER_TMP_DIR": "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp),
                     "WORKER_QUEUES": "cpu,gpu", "WORKER_CONCURRENCY": str(args.celery), "WORKER_POOL": "prefork",
-                    "WORKER_LOGLEVEL": "WARNING"}
+                    "WORKER_LOGLEVEL": "WARNING",
+                    # the workers' ticks (README, side channels) only pace the drain, not admission
+                    "RELEASE_QUANTUM_MS": os.environ.get("RELEASE_QUANTUM_MS", "0")}
         proc_env.pop("DJANGO_SETTINGS_MODULE", None)
         worker = services["worker"] = Service("worker", proc_env, tmp / "worker.log").start()
         web = services["web"] = Service("web", proc_env, tmp / "web.log").start()
         up_s = wait_http(port, setup["tokens"][0], proc=web)
         log(f"web (deploy/entrypoint.sh web) answering on 127.0.0.1:{port} after {up_s:.1f}s; "
-            f"{args.clients} clients, {args.requests:,} POSTs")
+            f"{args.clients} clients, {args.requests:,} POSTs; workers' RELEASE_QUANTUM_MS {proc_env['RELEASE_QUANTUM_MS']}")
         meter = CpuMeter(args.db)
         meter.groups = {web.pgid: "web", worker.pgid: "worker", os.getpgid(0): "clients"}
         meter.sample()

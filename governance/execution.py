@@ -6,16 +6,18 @@ second delivery of the same task finds it claimed (or finished) and does nothing
 Charging rule: a failure *before* the data is read refunds the reservation; once the
 worker has started reading the data the charge stays, whatever happens next, because the
 failure itself may depend on the data. Errors after the read are reported to the analyst
-without their message (which could depend on the data); the worker log keeps it.
+without their message (which could depend on the data), and logged without it too.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import shutil
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from django.conf import settings
@@ -31,7 +33,7 @@ from .engine_meta import dataset_meta
 from .models import Request
 
 log = logging.getLogger(__name__)
-PROGRESS_INTERVAL = 0.5  # seconds between progress writes
+PROGRESS_INTERVAL = 0.5  # seconds between progress writes when there are no ticks (eager runs)
 
 
 def execute(request_id: str, worker: str = "") -> str:
@@ -42,48 +44,111 @@ def execute(request_id: str, worker: str = "") -> str:
         progress={"phase": "starting", "fraction": 0.0})
     if not claimed:
         return Request.objects.filter(pk=request_id).values_list("status", flat=True).first() or "missing"
-    with Heartbeat(request_id):
-        return _run(request_id)
+    with RunClock(request_id) as clock:
+        return _run(request_id, clock)
 
 
-class Heartbeat:
-    """Writes the running request's ``heartbeat_at`` every REQUEST_HEARTBEAT_SECONDS from a
-    thread, so that the recovery sweep (governance.recovery) can tell a long, silent
-    engine from a dead worker. Not started for tasks run eagerly in-process (tests)."""
+class RunClock:
+    """The clock of one run, started when the worker claims the request. What the analyst
+    can observe of a run that reads data changes only on its ticks, every
+    ``RELEASE_QUANTUM_MS`` (README, "Release-path side channels"): the time a sampler
+    takes depends on the noise it draws, and the time a query takes on the data.
+
+    - Progress: the engine's reports are kept in memory; a thread writes the latest one on
+      the next tick, with the heartbeat. A cancellation is noticed at such a write and
+      raised (``Cancelled``) at the engine's next report.
+    - The final state: ``hold()`` sleeps until the next tick; then ``_finish`` writes it.
+    - Heartbeat: written at least every ``REQUEST_HEARTBEAT_SECONDS`` (governance.recovery
+      tells a long, silent engine from a dead worker by it).
+
+    Run eagerly in-process (tests) there is no thread: a report is written at once, at most
+    every PROGRESS_INTERVAL seconds (and always the final one); ``hold()`` still waits."""
 
     def __init__(self, request_id):
         self.request_id = request_id
+        self.quantum = max(settings.RELEASE_QUANTUM_MS, 0) / 1000
+        self.t0 = time.monotonic()
         self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.pending: dict | None = None
+        self.cancelled = False
         self.thread = None
+        self.last_direct = 0.0
 
     def __enter__(self):
         from workers import app
 
-        if not app.conf.task_always_eager and settings.REQUEST_HEARTBEAT_SECONDS > 0:
-            self.thread = threading.Thread(target=self.beat, name=f"heartbeat-{self.request_id}", daemon=True)
+        if not app.conf.task_always_eager:
+            self.thread = threading.Thread(target=self._ticks, name=f"clock-{self.request_id}", daemon=True)
             self.thread.start()
         return self
-
-    def beat(self):
-        from django.db import connection
-
-        try:
-            while not self.stop.wait(settings.REQUEST_HEARTBEAT_SECONDS):
-                try:
-                    Request.objects.filter(pk=self.request_id, status=Request.Status.RUNNING).update(
-                        heartbeat_at=timezone.now())
-                except Exception:  # noqa: BLE001 - a missed beat is retried; the sweep has a grace period
-                    log.warning("heartbeat of request %s failed", self.request_id, exc_info=True)
-        finally:
-            connection.close()
 
     def __exit__(self, *exc):
         self.stop.set()
         if self.thread is not None:
             self.thread.join(timeout=30)
 
+    def next_tick(self, now: float) -> float:
+        """The first tick at or after ``now`` (monotonic seconds); ticks start one quantum in."""
+        if self.quantum <= 0:
+            return now
+        return self.t0 + max(1, math.ceil((now - self.t0) / self.quantum)) * self.quantum
 
-def _run(request_id) -> str:
+    def hold(self) -> None:
+        """Sleep until the next tick: the final state of a run is written on a tick."""
+        delay = self.next_tick(time.monotonic()) - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def report(self, update: dict) -> None:
+        """The engine's ``progress`` callback."""
+        if self.thread is None:
+            now = time.monotonic()
+            if now - self.last_direct >= PROGRESS_INTERVAL or update.get("fraction") == 1.0:
+                self.last_direct = now
+                if not self._write(update):
+                    raise Cancelled("cancelled by the analyst")
+            return
+        if self.cancelled:
+            raise Cancelled("cancelled by the analyst")
+        with self.lock:
+            self.pending = update
+
+    def _write(self, update: dict) -> bool:
+        """Write a progress report (and the heartbeat) unless a cancellation was requested."""
+        return bool(Request.objects.filter(pk=self.request_id, cancel_requested=False).update(
+            progress=update, heartbeat_at=timezone.now()))
+
+    def _ticks(self):
+        from django.db import connection
+
+        period = self.quantum or PROGRESS_INTERVAL
+        beat = settings.REQUEST_HEARTBEAT_SECONDS
+        last_beat = time.monotonic()
+        try:
+            while True:
+                now = time.monotonic()
+                wake = self.t0 + (math.floor((now - self.t0) / period) + 1) * period
+                if self.stop.wait(wake - now):
+                    return
+                with self.lock:
+                    update, self.pending = self.pending, None
+                try:
+                    if update is not None and self._write(update):
+                        last_beat = time.monotonic()
+                    elif update is not None:
+                        self.cancelled = True  # the engine raises Cancelled at its next report
+                    if beat > 0 and time.monotonic() - last_beat >= beat:
+                        Request.objects.filter(pk=self.request_id, status=Request.Status.RUNNING).update(
+                            heartbeat_at=timezone.now())
+                        last_beat = time.monotonic()
+                except Exception:  # noqa: BLE001 - retried on the next tick; the sweep has a grace period
+                    log.warning("progress or heartbeat of request %s failed", self.request_id, exc_info=True)
+        finally:
+            connection.close()
+
+
+def _run(request_id, clock: RunClock) -> str:
     req = Request.objects.select_related("dataset").get(pk=request_id)
     ds = req.dataset
     plan = Plan(**req.plan)
@@ -105,20 +170,20 @@ def _run(request_id) -> str:
     shutil.rmtree(workdir, ignore_errors=True)  # a previous delivery's partial files
     workdir.mkdir(parents=True)
     try:
-        release = plugins.run(req.engine, engine_request, meta, data, plan, _progress(req.pk), workdir)
+        release = plugins.run(req.engine, engine_request, meta, data, plan, clock.report, workdir)
     except Cancelled as c:
         shutil.rmtree(workdir, ignore_errors=True)
         return _finish(req, Request.Status.CANCELLED, error={
             "code": "request.cancelled",
             "detail": "Cancelled while running; the data was read, the charge for the work done stands."},
-            actual_event=c.actual_event, charge=True)
-    except Exception:
-        log.exception("request %s failed after reading data", req.pk)
+            actual_event=c.actual_event, charge=True, clock=clock)
+    except Exception as e:
+        _log_failure_after_read(req.pk, e)
         shutil.rmtree(workdir, ignore_errors=True)
         return _finish(req, Request.Status.FAILED, error={
             "code": "request.failed_after_read",
             "detail": "The engine failed after reading the data; the charge stands (a failure can depend on the data)."},
-            charge=True)
+            charge=True, clock=clock)
     result = dict(release.result)
     files = _describe_files(workdir)
     if files:
@@ -129,7 +194,16 @@ def _run(request_id) -> str:
     if not any(workdir.iterdir()):
         workdir.rmdir()
     return _finish(req, Request.Status.SUCCEEDED, result=result, actual_event=release.actual_event, charge=True,
-                   officer_report=officer)
+                   officer_report=officer, clock=clock)
+
+
+def _log_failure_after_read(request_id, e: Exception) -> None:
+    """The worker log gets the failure's type and where it happened, not its message: a
+    message raised after the read can quote the data (a value, a row), and logs are no place
+    for raw rows. Run the engine on public or synthetic data to see the message."""
+    stack = "".join(traceback.format_tb(e.__traceback__))
+    log.error("request %s failed after reading data: %s (message withheld: it may quote the data)\n%s",
+              request_id, type(e).__name__, stack)
 
 
 def results_dir(request_id) -> Path:
@@ -150,7 +224,9 @@ def _describe_files(workdir: Path) -> list[dict]:
 
 
 def _finish(req: Request, status: str, *, result=None, error=None, actual_event=None, charge: bool,
-            officer_report=None) -> str:
+            officer_report=None, clock: RunClock | None = None) -> str:
+    if clock is not None:  # the data was read: the outcome is seen on a tick, not when it was ready
+        clock.hold()
     ctx = audit.Context.of_request(req, outcome=status, reason=(error or {}).get("code", ""),
                                    detail=(error or {}).get("detail", ""), result_sha256=audit.result_digest(result))
     with transaction.atomic():
@@ -168,21 +244,3 @@ def _finish(req: Request, status: str, *, result=None, error=None, actual_event=
             else:
                 ledger.release(req.ledger_entry_id, audit_ctx=ctx)
     return status
-
-
-def _progress(request_id):
-    """The engine's ``progress``: writes the update at most every PROGRESS_INTERVAL seconds
-    (and always the first and the final one), and checks for a cancellation in the same
-    statement: the write only matches a row whose cancellation was not requested. So a
-    cancellation is seen at the next write, within about PROGRESS_INTERVAL seconds of a
-    running engine's progress reports (one statement per write, none in between)."""
-    last = [0.0]
-
-    def report(update: dict):
-        now = time.monotonic()
-        if now - last[0] >= PROGRESS_INTERVAL or update.get("fraction") == 1.0:
-            last[0] = now
-            if not Request.objects.filter(pk=request_id, cancel_requested=False).update(
-                    progress=update, heartbeat_at=timezone.now()):
-                raise Cancelled("cancelled by the analyst")
-    return report

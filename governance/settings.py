@@ -201,6 +201,10 @@ CELERY_TASK_TIME_LIMIT = envint("CELERY_TASK_TIME_LIMIT", 3 * 3600 + 300)
 REQUEST_HEARTBEAT_SECONDS = envint("REQUEST_HEARTBEAT_SECONDS", 15)
 REQUEST_LOST_AFTER_SECONDS = envint("REQUEST_LOST_AFTER_SECONDS", 120)
 REQUEST_REQUEUE_AFTER_SECONDS = envint("REQUEST_REQUEUE_AFTER_SECONDS", 6 * 3600)
+# Release-path side channels (governance/execution.py RunClock; README): what an analyst
+# sees of a run that reads data (progress, the outcome) changes only on ticks this many
+# milliseconds apart from the claim, never when a sampler or query happens to finish.
+RELEASE_QUANTUM_MS = envint("RELEASE_QUANTUM_MS", 1000)
 CELERY_BEAT_SCHEDULE = {"sweep-lost-requests": {"task": "workers.sweep", "schedule": 60.0,
                                                 "options": {"queue": "cpu", "expires": 55}}}
 # Results live in the database (Request rows), not in a Celery result backend.

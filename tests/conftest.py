@@ -18,6 +18,7 @@ def _data_dirs(tmp_path, settings):
     settings.DATA_DIR = tmp_path / "data"
     settings.DATASET_IMPORT_DIRS = [tmp_path / "import"]
     settings.RESULTS_DIR = tmp_path / "results"
+    settings.RELEASE_QUANTUM_MS = 0  # no waiting for ticks in-process (tests/workers/test_release_timing.py has them)
     (tmp_path / "import").mkdir()
     return tmp_path
 

@@ -1,0 +1,103 @@
+"""Release-path timing: what an analyst sees of a run changes only on the run's ticks
+(RELEASE_QUANTUM_MS from the claim), never when the sampler or the query happens to finish."""
+
+import time
+
+import pytest
+
+from governance.execution import RunClock
+from governance.models import LedgerEntry, Request
+
+from .conftest import wait_for
+
+QUANTUM_S = 2.0
+ENGINE_PHASES = {"filtering", "bounding contributions", "aggregating", "adding noise", "done"}
+
+
+def test_ticks_start_one_quantum_after_the_claim(settings):
+    settings.RELEASE_QUANTUM_MS = 250
+    clock = RunClock("r")
+    t0 = clock.t0
+    assert clock.next_tick(t0) == pytest.approx(t0 + 0.25)
+    assert clock.next_tick(t0 + 0.01) == pytest.approx(t0 + 0.25)
+    assert clock.next_tick(t0 + 0.25) == pytest.approx(t0 + 0.25)
+    assert clock.next_tick(t0 + 0.2501) == pytest.approx(t0 + 0.5)
+    settings.RELEASE_QUANTUM_MS = 0
+    assert RunClock("r").next_tick(t0 + 7.3) == t0 + 7.3
+
+
+@pytest.mark.django_db
+def test_an_eager_run_is_released_on_its_first_tick(settings, api, analyst, make_dataset, grant,
+                                                    django_capture_on_commit_callbacks):
+    settings.RELEASE_QUANTUM_MS = 700
+    ds = make_dataset(epsilon=5.0)
+    grant(analyst, ds)
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client.post("/api/requests/", {"dataset": ds.name, "engine": "aggregates", "kind": "count",
+                                           "params": {"epsilon": 1.0}}, format="json")
+    assert r.status_code == 202
+    req = Request.objects.get(pk=r.json()["id"])
+    assert req.status == "succeeded"
+    assert (req.finished_at - req.started_at).total_seconds() >= 0.7
+
+
+@pytest.fixture
+def ticks(monkeypatch):
+    monkeypatch.setenv("RELEASE_QUANTUM_MS", str(int(QUANTUM_S * 1000)))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_worker_shows_progress_and_outcome_only_on_ticks(ticks, real_worker, api, analyst, make_dataset,
+                                                                grant):
+    ds = make_dataset(epsilon=5.0)
+    grant(analyst, ds)
+    client = api(analyst)
+    for eps in (0.5, 1.0, 2.0):
+        r = client.post("/api/requests/", {"dataset": ds.name, "engine": "aggregates", "kind": "count",
+                                           "params": {"epsilon": eps, "group_by": "site"}}, format="json")
+        assert r.status_code == 202, r.content
+        rid = r.json()["id"]
+        seen = []  # (wall time, status, phase) as the analyst polls
+
+        def done():
+            body = client.get(f"/api/requests/{rid}/").json()
+            seen.append((time.time(), body["status"], (body["progress"] or {}).get("phase")))
+            return body if body["status"] in ("succeeded", "failed", "cancelled") else None
+
+        body = wait_for(done, interval=0.02)
+        assert body["status"] == "succeeded", body
+        req = Request.objects.get(pk=rid)
+        started = req.started_at.timestamp()
+        # a grouped count takes well under a second here; it is shown on the first tick
+        assert (req.finished_at - req.started_at).total_seconds() >= QUANTUM_S
+        engine_seen = [t for t, status, phase in seen if phase in ENGINE_PHASES or status == "succeeded"]
+        assert engine_seen and min(engine_seen) >= started + QUANTUM_S - 0.05, seen
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancellation_reaches_a_real_training_run_through_the_clock(ticks, real_worker, api, analyst,
+                                                                     make_dataset, grant):
+    """The engine's reports go through the clock thread: a cancellation is seen at its next
+    write and raised at the engine's next report; the steps taken are charged."""
+    from tests.real_data import GSS_SCHEMA, GSS_TRAIN, gss_wages
+
+    grant(analyst, make_dataset("gss", epsilon=10.0, frame=gss_wages(), schema=GSS_SCHEMA))
+    client = api(analyst)
+    r = client.post("/api/requests/", {"dataset": "gss", "engine": "dpsgd", "kind": "train", "params": {
+        **GSS_TRAIN, "target_epsilon": 3.0, "epochs": 30, "batch_size": 256, "canaries": 0}}, format="json")
+    assert r.status_code == 202, r.content
+    rid = r.json()["id"]
+
+    def training():
+        body = client.get(f"/api/requests/{rid}/").json()
+        return (body["progress"] or {}).get("phase", "").startswith("training")
+
+    wait_for(training, timeout=180)
+    assert client.post(f"/api/requests/{rid}/cancel/").status_code == 200
+    body = wait_for(lambda: (b := client.get(f"/api/requests/{rid}/").json())["status"] != "running" and b,
+                    timeout=120)
+    assert body["status"] == "cancelled", body
+    assert body["charge"]["ledger_status"] == "committed"
+    reserved = LedgerEntry.objects.get(request=rid).charge["rdp"]["epsilon"]
+    assert 0 < body["charge"]["rdp"]["epsilon"] < reserved  # the steps taken, not the 30 epochs planned
