@@ -315,6 +315,7 @@ def test_dockerfile_runtime_is_non_root_with_healthcheck_entrypoint_and_collects
     assert env["GOVERNANCE_VAR_DIR"] == "/app/var"  # STATIC_ROOT is GOVERNANCE_VAR_DIR/static
     assert (env["DATA_DIR"], env["RESULTS_DIR"]) == ("/data/datasets", "/data/results")
     assert env["DATASET_IMPORT_DIRS"].startswith(env["DATA_DIR"] + "/")
+    assert env["DEBUG"] == "false"  # the image is production: DEBUG off unless someone turns it on
 
 
 def test_dockerfile_copies_every_runtime_package_and_nothing_missing():
