@@ -162,11 +162,11 @@ SPECTACULAR_SETTINGS = {
 # ---------------------------------------------------------------------------- Celery
 # Production: Redis (REDIS_URL). Embedded default: kombu's filesystem transport, which needs
 # no server -- producers and a real worker process exchange messages as files in var/broker.
-REDIS_URL = envstr("REDIS_URL")
+REDIS_URL = envsecret("REDIS_URL")
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
                       "KEY_PREFIX": "governance"}} if REDIS_URL else \
     {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL or "filesystem://localhost/"
+CELERY_BROKER_URL = envsecret("CELERY_BROKER_URL") or REDIS_URL or "filesystem://localhost/"
 BROKER_DIR = VAR_DIR / "broker"
 if CELERY_BROKER_URL.startswith("filesystem://"):
     CELERY_BROKER_TRANSPORT_OPTIONS = {

@@ -1,7 +1,10 @@
 """Configuration from the environment, and the system checks that refuse unsafe mixes."""
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -65,3 +68,21 @@ def test_a_bad_environment_stops_the_process(tmp_path):
     env.update(DEBUG="false")
     r = subprocess.run([sys.executable, "manage.py", "check"], env=env, capture_output=True, text=True)
     assert r.returncode != 0 and "governance.E003" in r.stderr
+
+
+def test_every_secret_can_come_from_a_file(tmp_path):
+    """Docker and Kubernetes secrets are files: each setting that can hold a password
+    (the secret key, the database URL, the broker URLs) is read from NAME_FILE."""
+    values = {"SECRET_KEY": "k" * 60, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+              "REDIS_URL": "redis://:pw1@127.0.0.1:1/0", "CELERY_BROKER_URL": "redis://:pw2@127.0.0.1:1/1"}
+    env = {k: v for k, v in os.environ.items() if k not in values}
+    for name, value in values.items():
+        (tmp_path / name).write_text(value + "\n")
+        env[f"{name}_FILE"] = str(tmp_path / name)
+    code = ("import django, json; django.setup(); from django.conf import settings as s; "
+            "print(json.dumps([s.SECRET_KEY, s.DATABASES['default']['NAME'], s.REDIS_URL, s.CELERY_BROKER_URL]))")
+    r = subprocess.run([sys.executable, "-c", code], env={**env, "DJANGO_SETTINGS_MODULE": "governance.settings"},
+                       capture_output=True, text=True, cwd=str(Path(__file__).parents[1]))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [values["SECRET_KEY"], str(tmp_path / "db.sqlite3"),
+                                                 values["REDIS_URL"], values["CELERY_BROKER_URL"]]
