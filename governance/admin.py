@@ -41,6 +41,19 @@ class OfficerPermissions:
         return False
 
 
+class ReadOnly(OfficerPermissions):
+    """View only: ledger entries, requests and audit records change through the service."""
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
 def _spent(state, limit: Limit) -> str:
     spent = limit.spent(Cost.from_json(state))
     return f"{spent:.4g} / {limit.epsilon:g}" if spent != float("inf") else f"inf / {limit.epsilon:g}"
@@ -138,6 +151,14 @@ class GrantAdmin(OfficerPermissions, admin.ModelAdmin):
         # Who and what a grant is for never changes; only the cap does.
         return self.readonly_fields + (("analyst", "dataset") if obj else ())
 
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "analyst":  # as the API: officers need no grant, auditors may hold none
+            from .audit import AUDITORS_GROUP
+
+            kwargs["queryset"] = (db_field.remote_field.model.objects.filter(is_staff=False, is_active=True)
+                                  .exclude(groups__name=AUDITORS_GROUP).order_by("username"))
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
     @admin.action(description="Revoke (keeps the grant's history)")
     def revoke(self, request, queryset):
         from django.utils import timezone
@@ -164,30 +185,10 @@ class GrantAdmin(OfficerPermissions, admin.ModelAdmin):
 
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(OfficerPermissions, admin.ModelAdmin):
+class LedgerEntryAdmin(ReadOnly, admin.ModelAdmin):
     list_display = ("id", "dataset", "analyst", "status", "reference", "created_at", "committed_at")
     list_filter = ("status", "dataset")
     search_fields = ("reference",)
-
-    def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in self.model._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
-class ReadOnly(OfficerPermissions):
-    def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in self.model._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Request)

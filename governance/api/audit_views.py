@@ -20,6 +20,7 @@ from .. import audit, audit_export
 from ..datasets import NAME_RE
 from ..errors import InvalidRequest
 from ..models import AuditRecord
+from .views import FormatSuffix
 
 
 class CanAudit(BasePermission):
@@ -49,7 +50,7 @@ class ExportNegotiation(DefaultContentNegotiation):
     settings = SimpleNamespace(URL_FORMAT_OVERRIDE=None)
 
 
-class AuditViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class AuditViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Audit records: one per release, refund, refusal and replay, hash-chained per dataset.
     Filter with ``?dataset__name=``, ``?action=``, ``?actor=``, ``?outcome=``."""
 

@@ -48,7 +48,20 @@ def visible_datasets(user):
     return qs.filter(status=Dataset.Status.ACTIVE, grants__analyst=user, grants__revoked_at__isnull=True).distinct()
 
 
-class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class FormatSuffix:
+    """The router's format-suffix routes (``/api/datasets/x/estimate.json``) pass ``format``
+    to the handler, and the actions here take no such argument (a TypeError: a 500 for any
+    user). Keep the suffix for content negotiation only."""
+
+    def dispatch(self, request, *args, **kwargs):
+        self._format_suffix = kwargs.pop("format", None)
+        return super().dispatch(request, *args, **kwargs)
+
+    def get_format_suffix(self, **kwargs):
+        return getattr(self, "_format_suffix", None)
+
+
+class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Datasets: tables registered with a schema, a privacy unit and a budget."""
 
     lookup_field = "name"
@@ -172,7 +185,7 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         return self.get_paginated_response(s.LedgerEntrySerializer(page, many=True).data)
 
 
-class GrantViewSet(viewsets.ModelViewSet):
+class GrantViewSet(FormatSuffix, viewsets.ModelViewSet):
     """Grants join an analyst to a dataset, optionally with a cap on their share.
     DELETE revokes (the grant and its history are kept for the ledger)."""
 
@@ -238,7 +251,7 @@ class LedgerViewSet(viewsets.ReadOnlyModelViewSet):
         return qs.filter(analyst=self.request.user)
 
 
-class AnalystViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+class AnalystViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                      viewsets.GenericViewSet):
     """Analyst and auditor accounts and their API tokens (privacy officers only)."""
 
@@ -271,6 +284,10 @@ class AnalystViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cr
         expire API_TOKEN_TTL_DAYS after issue). DELETE: revoke it, issuing none."""
         user = self.get_object()
         Token.objects.filter(user=user).delete()
+        # ...and so do web sessions opened with it (/analyst/login/): a new (unusable)
+        # password changes the session hash Django checks on every request.
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
         if request.method == "DELETE":
             return Response(status=status.HTTP_204_NO_CONTENT)
         return Response({"token": Token.objects.create(user=user).key})
@@ -311,7 +328,7 @@ def compose(request):
                          for name, acc in ACCOUNTANTS.items()})
 
 
-class RequestViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                      viewsets.GenericViewSet):
     """Requests to engines. An analyst sees only their own; results only ever go to the
     analyst who asked. POST plans, gates and queues; GET shows status, progress, the charge
