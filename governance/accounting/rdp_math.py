@@ -122,10 +122,30 @@ def _one_step_curve(q: float, z: float) -> np.ndarray:
             # Opacus overflows (z**2) or divides by zero at extreme noise multipliers.
             computed = {}
     finite = np.array([computed.get(a, math.inf) for a in FINITE_ORDERS], dtype=float)
+    for i, a in enumerate(FINITE_ORDERS):
+        if a.is_integer() and not np.isfinite(finite[i]):
+            # Opacus's binomial coefficients overflow at the top orders (NaN at 2048 and
+            # 4096): the same sum, in log space.
+            finite[i] = _log_a_int(q, z, int(a)) / (a - 1)
     finite = np.where(np.isnan(finite), math.inf, finite)
     curve = np.append(np.minimum(finite, plain), math.inf)
     curve.setflags(write=False)
     return curve
+
+
+def _log_a_int(q: float, z: float, alpha: int) -> float:
+    """log A_alpha of the Poisson-subsampled Gaussian at an integer order (Mironov, Talwar
+    and Zhang 2019, Sec. 3.3): log sum_k C(alpha, k) (1-q)^(alpha-k) q^k exp((k^2 - k) / (2 z^2)),
+    every term in log space (no binomial coefficient or power is formed), so it stays
+    finite at any order. The RDP at alpha is this divided by alpha - 1."""
+    from scipy.special import gammaln, logsumexp
+
+    if not (0 < q < 1 and z > 0):
+        return math.inf
+    k = np.arange(alpha + 1, dtype=float)
+    terms = (gammaln(alpha + 1) - gammaln(k + 1) - gammaln(alpha - k + 1)
+             + (alpha - k) * math.log1p(-q) + k * math.log(q) + (k * k - k) / (2 * z * z))
+    return float(logsumexp(terms))
 
 
 @functools.lru_cache(maxsize=1024)
