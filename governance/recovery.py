@@ -3,7 +3,7 @@
 A running request's worker writes ``heartbeat_at`` when it claims the request, with every
 progress report, and from a heartbeat thread every ``REQUEST_HEARTBEAT_SECONDS``. The
 sweep (``sweep()``: the periodic task ``workers.sweep`` run by Celery beat, or
-``manage.py recover``) applies two documented rules:
+``manage.py recover``) applies three documented rules:
 
 1. **Lost**: a request ``running`` whose heartbeat is older than
    ``REQUEST_LOST_AFTER_SECONDS`` (grace period, default 120 s) is finished as ``failed``
@@ -17,6 +17,10 @@ sweep (``sweep()``: the periodic task ``workers.sweep`` run by Celery beat, or
    message lost by a broker restart without persistence) has its task sent again, once
    per such period (``progress.requeued_at``), so a backlog that is only slow is not
    flooded with copies. A second delivery is harmless: the claim is a compare-and-set.
+3. **Not sent**: a request ``queued`` whose task could not be sent after its commit (Redis
+   down or restarting, a broken broker connection: ``workers.tasks.RequestTask`` lets the
+   POST be answered and marks it with ``progress.unsent_at``, ``mark_unsent``) is sent by
+   the next sweep, without waiting for rule 2's period: no copy of its message exists.
 
 Each step is a compare-and-set on the request's status and heartbeat inside the ledger's
 transaction, so a sweep racing a worker that comes back, or another sweep, changes
@@ -47,7 +51,7 @@ def _stale(cutoff):
 
 
 def sweep(*, now=None, lost_after: float | None = None, requeue_after: float | None = None) -> dict:
-    """Apply both rules once; returns ``{"lost": [ids], "requeued": [ids]}``."""
+    """Apply the rules once; returns ``{"lost": [ids], "requeued": [ids]}``."""
     now = now or timezone.now()
     lost_after = settings.REQUEST_LOST_AFTER_SECONDS if lost_after is None else lost_after
     requeue_after = settings.REQUEST_REQUEUE_AFTER_SECONDS if requeue_after is None else requeue_after
@@ -61,14 +65,19 @@ def sweep(*, now=None, lost_after: float | None = None, requeue_after: float | N
     from engines import plugins
 
     # Once per period per request: a backlog that is merely slow is not flooded with copies.
-    stale_queued = Request.objects.filter(status=Request.Status.QUEUED,
-                                          created_at__lt=now - timedelta(seconds=requeue_after))
+    # A request whose message never reached the broker (rule 3) is sent at once.
+    stale_queued = Request.objects.filter(
+        Q(created_at__lt=now - timedelta(seconds=requeue_after)) | Q(progress__has_key="unsent_at"),
+        status=Request.Status.QUEUED)
     for pk, engine, progress in stale_queued.values_list("pk", "engine", "progress"):
-        last = (progress or {}).get("requeued_at")
-        if last is not None and last > (now - timedelta(seconds=requeue_after)).timestamp():
+        progress = progress or {}
+        last = progress.get("requeued_at")
+        if "unsent_at" not in progress and last is not None and \
+                last > (now - timedelta(seconds=requeue_after)).timestamp():
             continue
+        stamped = {k: v for k, v in progress.items() if k != "unsent_at"}
         if not Request.objects.filter(pk=pk, status=Request.Status.QUEUED).update(
-                progress={**(progress or {}), "requeued_at": now.timestamp()}):
+                progress={**stamped, "requeued_at": now.timestamp()}):
             continue
         try:
             queue = plugins.info(engine)["queue"]
@@ -79,6 +88,18 @@ def sweep(*, now=None, lost_after: float | None = None, requeue_after: float | N
     if lost or requeued:
         log.warning("recovery sweep: %d lost, %d requeued", len(lost), len(requeued))
     return {"lost": lost, "requeued": requeued}
+
+
+def mark_unsent(request_id) -> bool:
+    """Rule 3: the broker did not take the task of this queued request; the next sweep sends it."""
+    if request_id is None:
+        return False
+    progress = Request.objects.filter(pk=request_id, status=Request.Status.QUEUED).values_list(
+        "progress", flat=True).first()
+    if progress is None:
+        return False
+    return bool(Request.objects.filter(pk=request_id, status=Request.Status.QUEUED).update(
+        progress={**(progress or {}), "unsent_at": timezone.now().timestamp()}))
 
 
 def _finish_lost(pk, cutoff, now) -> bool:

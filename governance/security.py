@@ -3,6 +3,7 @@ per-analyst rate limit on request creation."""
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from django.conf import settings
@@ -10,6 +11,8 @@ from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.throttling import UserRateThrottle
+
+log = logging.getLogger(__name__)
 
 # The officer's and analyst's pages use only their own origin; styles are inline <style>
 # blocks and SVG attributes. /api/docs/ (Swagger UI) loads its assets from a CDN and is left
@@ -62,4 +65,10 @@ class RequestCreationThrottle(UserRateThrottle):
     def allow_request(self, request, view):
         if self.rate is None:
             return True
-        return super().allow_request(request, view)
+        try:
+            return super().allow_request(request, view)
+        except Exception:  # noqa: BLE001 - the cache (Redis) is down or restarting
+            # Fail open: the limit is against floods, not against overspending (the gate
+            # holds the budget whatever the rate), and a 500 would refuse every request.
+            log.warning("rate limit not applied: the cache is unavailable", exc_info=True)
+            return True
