@@ -230,9 +230,10 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
     sizes = {k: len(json.dumps(v)) for k, v in payload.items()}
 
     table = LedgerEntry._meta.db_table
-    cols = ["dataset_id", "analyst_id", "grant_id", "reference", "event", "cost", "charge", "status", "created_at"]
+    cols = ["dataset_id", "analyst_id", "grant_id", "reference", "event", "cost", "charge", "status", "created_at",
+            "non_private"]
     js = "::jsonb" if connection.vendor == "postgresql" else ""
-    values = ["%s", "%s", "%s", "%s", f"%s{js}", f"%s{js}", f"%s{js}", "%s", "%s"]
+    values = ["%s", "%s", "%s", "%s", f"%s{js}", f"%s{js}", f"%s{js}", "%s", "%s", "%s"]
     raw_sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join(values)})"
 
     def admit_once(ds, event=LAPLACE):
@@ -253,7 +254,7 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
             with connection.cursor() as cur:
                 cur.execute(raw_sql, [ds_bare.pk, analyst.pk, grant_bare.pk, "", json.dumps(payload["event"]),
                                       json.dumps(payload["cost"]), json.dumps(payload["charge"]), "reserved",
-                                      connection.ops.adapt_datetimefield_value(timezone.now())])
+                                      connection.ops.adapt_datetimefield_value(timezone.now()), False])
         return perf() - t0
 
     # ---- warm-up: code paths, statement caches, lazy imports (on a separate dataset).
