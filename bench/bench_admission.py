@@ -48,8 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_PG = "postgres://governance@127.0.0.1:54329/governance"
+from common import REPO, drop_database, pg_base_url, prepare_environment, write_csv
+
 PG_DB = "bench_admission"
 RESULT_TAG = "BENCH_RESULT_JSON "
 
@@ -76,85 +76,13 @@ def stats(samples_ns: list[int]) -> dict:
             "min_us": s[0] / 1e3, "max_us": s[-1] / 1e3}
 
 
-# --------------------------------------------------------------------------- database
-
-
-def prepare_environment(backend: str, tmp: Path) -> str:
-    """Environment for a throwaway database; returns a description of it."""
-    os.environ["DJANGO_SETTINGS_MODULE"] = "governance.settings"
-    os.environ["GOVERNANCE_VAR_DIR"] = str(tmp / "var")
-    os.environ["DATA_DIR"] = str(tmp / "data")
-    os.environ["DATASET_IMPORT_DIRS"] = str(tmp / "import")
-    os.environ["DEBUG"] = "false"  # DEBUG=true would log every SQL statement in memory
-    os.environ["SECRET_KEY"] = "bench-" + os.urandom(16).hex()
-    os.environ["ALLOWED_HOSTS"] = "localhost"
-    os.environ.pop("DB_CONN_MAX_AGE", None)
-    (tmp / "import").mkdir(parents=True)
-    (tmp / "var").mkdir()
-    if backend == "sqlite":
-        path = tmp / "bench.sqlite3"
-        os.environ["DATABASE_URL"] = f"sqlite:///{path}"
-        return f"sqlite file {path}"
-    import psycopg
-
-    base = os.environ.get("DATABASE_URL", "")
-    if not base.startswith(("postgres://", "postgresql://")):
-        base = DEFAULT_PG
-    import dj_database_url
-
-    cfg = dj_database_url.parse(base)
-    conninfo = dict(host=cfg["HOST"] or "127.0.0.1", port=cfg["PORT"] or 5432, user=cfg["USER"],
-                    password=cfg["PASSWORD"] or None, dbname=cfg["NAME"])
-    try:
-        with psycopg.connect(**conninfo, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{PG_DB}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{PG_DB}"')
-            version = conn.execute("SHOW server_version").fetchone()[0]
-            sync = conn.execute("SHOW synchronous_commit").fetchone()[0]
-            fsync = conn.execute("SHOW fsync").fetchone()[0]
-    except psycopg.OperationalError as e:
-        sys.exit(f"cannot reach PostgreSQL at {base} ({e}); start it with scripts/services.sh postgres-start")
-    user = cfg["USER"] + (f":{cfg['PASSWORD']}" if cfg["PASSWORD"] else "")
-    os.environ["DATABASE_URL"] = f"postgres://{user}@{conninfo['host']}:{conninfo['port']}/{PG_DB}"
-    return (f"postgresql {version} db {PG_DB} on {conninfo['host']}:{conninfo['port']} "
-            f"(fsync={fsync}, synchronous_commit={sync})")
-
-
-def drop_pg_database():
-    import psycopg
-    import dj_database_url
-
-    base = os.environ.get("BENCH_PG_BASE_URL") or DEFAULT_PG
-    cfg = dj_database_url.parse(base)
-    try:
-        with psycopg.connect(host=cfg["HOST"], port=cfg["PORT"], user=cfg["USER"], password=cfg["PASSWORD"] or None,
-                             dbname=cfg["NAME"], autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{PG_DB}" WITH (FORCE)')
-    except psycopg.Error as e:  # pragma: no cover - best effort
-        print(f"(could not drop {PG_DB}: {e})", file=sys.stderr)
-
-
 # --------------------------------------------------------------------------- the run
-
-
-def write_csv(path: Path, n: int = 200):
-    import random
-
-    rng = random.Random(0)
-    with open(path, "w") as f:
-        f.write("patient_id,age,income,site\n")
-        for _ in range(n):
-            f.write(f"{rng.randrange(n // 4)},{rng.randrange(18, 90)},{rng.gauss(50_000, 10_000):.2f},"
-                    f"{rng.choice(['north', 'south', 'east'])}\n")
 
 
 def run(backend: str, args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-admission-{backend}-"))
     try:
-        if backend == "postgres":
-            os.environ.setdefault("BENCH_PG_BASE_URL", os.environ.get("DATABASE_URL", "")
-                                  if os.environ.get("DATABASE_URL", "").startswith("postgres") else DEFAULT_PG)
-        where = prepare_environment(backend, tmp)
+        where = prepare_environment(backend, tmp, PG_DB)
         return _run(backend, args, tmp, where)
     finally:
         try:
@@ -164,7 +92,7 @@ def run(backend: str, args) -> dict:
         except Exception:  # pragma: no cover
             pass
         if backend == "postgres" and not args.keep:
-            drop_pg_database()
+            drop_database(pg_base_url(), PG_DB)
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
         else:

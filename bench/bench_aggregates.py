@@ -38,12 +38,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 from importlib.metadata import version as _version
 from pathlib import Path
+
+from common import med
 
 import numpy as np
 import pyarrow as pa
@@ -214,10 +215,6 @@ def opendp_calls(eps: float):
 
 
 # --------------------------------------------------------------------------- timing
-
-
-def med(xs):
-    return statistics.median(xs) if xs else float("nan")
 
 
 def fmt_ms(s):

@@ -56,7 +56,6 @@ import math
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,8 +64,8 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_PG = "postgres://governance@127.0.0.1:54329/governance"
+from common import REPO, drop_database, med, pg_base_url, prepare_environment, write_csv
+
 PG_DB = "bench_audit"
 RESULT_TAG = "BENCH_RESULT_JSON "
 GOAL_EXPORT_S = 60.0  # "seconds, not minutes"
@@ -89,9 +88,6 @@ ANALYSTS = 5
 
 # --------------------------------------------------------------------------- helpers
 
-
-def med(xs):
-    return statistics.median(xs) if xs else float("nan")
 
 
 def git_code() -> str:
@@ -123,64 +119,10 @@ def profile_of(fn, top: int = 25) -> str:
 # --------------------------------------------------------------------------- database
 
 
-def prepare_environment(backend: str, tmp: Path) -> str:
-    """Environment for a throwaway database (as bench_admission.py); returns a description."""
-    os.environ["DJANGO_SETTINGS_MODULE"] = "governance.settings"
-    os.environ["GOVERNANCE_VAR_DIR"] = str(tmp / "var")
-    os.environ["DATA_DIR"] = str(tmp / "data")
-    os.environ["DATASET_IMPORT_DIRS"] = str(tmp / "import")
-    os.environ["DEBUG"] = "false"  # DEBUG=true would keep every SQL statement in memory
-    os.environ["SECRET_KEY"] = "bench-" + os.urandom(16).hex()
-    os.environ["ALLOWED_HOSTS"] = "localhost,testserver"
-    os.environ.pop("DB_CONN_MAX_AGE", None)  # the default (persistent connections), as deployed
-    (tmp / "import").mkdir(parents=True)
-    (tmp / "var").mkdir()
-    if backend == "sqlite":
-        path = tmp / "bench.sqlite3"
-        os.environ["DATABASE_URL"] = f"sqlite:///{path}"
-        return f"sqlite file {path}"
-    import dj_database_url
-    import psycopg
-
-    base = os.environ.get("BENCH_PG_BASE_URL") or DEFAULT_PG
-    cfg = dj_database_url.parse(base)
-    conninfo = dict(host=cfg["HOST"] or "127.0.0.1", port=cfg["PORT"] or 5432, user=cfg["USER"],
-                    password=cfg["PASSWORD"] or None, dbname=cfg["NAME"])
-    try:
-        with psycopg.connect(**conninfo, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{PG_DB}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{PG_DB}"')
-            version = conn.execute("SHOW server_version").fetchone()[0]
-            sync = conn.execute("SHOW synchronous_commit").fetchone()[0]
-            fsync = conn.execute("SHOW fsync").fetchone()[0]
-    except psycopg.OperationalError as e:
-        sys.exit(f"cannot reach PostgreSQL at {base} ({e}); start it with scripts/services.sh postgres-start")
-    user = cfg["USER"] + (f":{cfg['PASSWORD']}" if cfg["PASSWORD"] else "")
-    os.environ["DATABASE_URL"] = f"postgres://{user}@{conninfo['host']}:{conninfo['port']}/{PG_DB}"
-    return (f"postgresql {version} db {PG_DB} on {conninfo['host']}:{conninfo['port']} "
-            f"(fsync={fsync}, synchronous_commit={sync})")
-
-
-def drop_pg_database():
-    import dj_database_url
-    import psycopg
-
-    cfg = dj_database_url.parse(os.environ.get("BENCH_PG_BASE_URL") or DEFAULT_PG)
-    try:
-        with psycopg.connect(host=cfg["HOST"], port=cfg["PORT"], user=cfg["USER"], password=cfg["PASSWORD"] or None,
-                             dbname=cfg["NAME"], autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{PG_DB}" WITH (FORCE)')
-    except psycopg.Error as e:  # pragma: no cover - best effort
-        print(f"(could not drop {PG_DB}: {e})", file=sys.stderr)
-
-
 def run(backend: str, args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-audit-{backend}-"))
     try:
-        if backend == "postgres":
-            url = os.environ.get("DATABASE_URL", "")
-            os.environ.setdefault("BENCH_PG_BASE_URL", url if url.startswith("postgres") else DEFAULT_PG)
-        where = prepare_environment(backend, tmp)
+        where = prepare_environment(backend, tmp, PG_DB)
         return _run(backend, args, tmp, where)
     finally:
         try:
@@ -190,7 +132,7 @@ def run(backend: str, args) -> dict:
         except Exception:  # pragma: no cover
             pass
         if backend == "postgres" and not args.keep:
-            drop_pg_database()
+            drop_database(pg_base_url(), PG_DB)
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
@@ -199,16 +141,6 @@ def run(backend: str, args) -> dict:
 
 # --------------------------------------------------------------------------- the run
 
-
-def write_csv(path: Path, n: int = 200):
-    import random
-
-    rng = random.Random(0)
-    with open(path, "w") as f:
-        f.write("patient_id,age,income,site\n")
-        for _ in range(n):
-            f.write(f"{rng.randrange(n // 4)},{rng.randrange(18, 90)},{rng.gauss(50_000, 10_000):.2f},"
-                    f"{rng.choice(['north', 'south', 'east'])}\n")
 
 
 def _run(backend: str, args, tmp: Path, where: str) -> dict:

@@ -83,8 +83,6 @@ import json
 import os
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,6 +91,8 @@ import warnings
 from datetime import datetime
 from importlib.metadata import version as _version
 from pathlib import Path
+
+from common import free_port, log, med
 
 # Opacus's module hooks warn on every backward pass of a model whose input needs no grad.
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -113,14 +113,6 @@ MODELS = {  # name -> (label, hidden widths); LayerNorm + ReLU after each hidden
     "wide": ("wide 40-1024-1024-1", [1024, 1024]),
 }
 VARIANTS = ("non-private", "opacus hooks", "opacus ghost", "engine")
-
-
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
-
-
-def med(xs):
-    return statistics.median(xs) if xs else float("nan")
 
 
 def git_code() -> str:
@@ -520,12 +512,6 @@ def redis_up() -> bool:
         return bool(redis.Redis(host="127.0.0.1", port=REDIS_PORT, socket_connect_timeout=1).ping())
     except Exception:  # noqa: BLE001
         return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(cmd, env, logfile):

@@ -840,8 +840,7 @@ def main():
     t_start = time.monotonic()
     load0 = os.getloadavg()
     code = bl.git_code()
-    base = os.environ.get("BENCH_PG_BASE_URL") or (
-        os.environ["DATABASE_URL"] if os.environ.get("DATABASE_URL", "").startswith("postgres") else bl.DEFAULT_PG)
+    base = bl.pg_base_url()
     if not bl.pg_up(base):
         subprocess.run([str(REPO / "scripts" / "services.sh"), "postgres-start"])
         if not bl.pg_up(base):

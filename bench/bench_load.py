@@ -60,7 +60,6 @@ import platform
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -68,30 +67,27 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import (  # noqa: F401  (bench_faults.py uses them as bench_load's)
+    DEFAULT_PG,
+    REPO,
+    create_database,
+    drop_database,
+    free_port,
+    log,
+    ms,
+    pg_base_url,
+    pg_conninfo,
+    quantile,
+    write_csv,
+)
+
 PY = sys.executable
-DEFAULT_PG = "postgres://governance@127.0.0.1:54329/governance"
 REDIS_PORT = int(os.environ.get("REDIS_PORT", "63799"))
 DATASET = "load"
 FINAL = ("succeeded", "failed", "cancelled")
 RESULT_TAG = "LOAD_RESULT_JSON "
 BASE_EPSILON = 0.01
 BUDGET_DELTA = 1e-6
-
-
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
-
-
-def quantile(xs, p):
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(round(p * (len(s) - 1)))))]
-
-
-def ms(x):
-    return "-" if x != x else f"{x * 1e3:,.1f}"
 
 
 def epsilon_of(k: int) -> float:
@@ -103,14 +99,6 @@ def k_of(epsilon: float) -> int:
 
 
 # --------------------------------------------------------------------------- services
-
-
-def pg_conninfo(url: str) -> dict:
-    import dj_database_url
-
-    cfg = dj_database_url.parse(url)
-    return dict(host=cfg["HOST"] or "127.0.0.1", port=cfg["PORT"] or 5432, user=cfg["USER"],
-                password=cfg["PASSWORD"] or None, dbname=cfg["NAME"])
 
 
 def pg_up(base: str) -> bool:
@@ -142,12 +130,6 @@ def ensure_services(base: str) -> list[str]:
                 raise SystemExit(f"could not start {name} with scripts/services.sh {name}-start")
             started.append(name)
     return started
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def git_code() -> str:
@@ -482,42 +464,6 @@ def wait_http(port: int, token: str, timeout: float = 120, proc: Service | None 
 # --------------------------------------------------------------------------- setup
 
 
-def write_csv(path: Path, n: int = 200):
-    import random
-
-    rng = random.Random(0)
-    with open(path, "w") as f:
-        f.write("patient_id,age,income,site\n")
-        for _ in range(n):
-            f.write(f"{rng.randrange(n // 4)},{rng.randrange(18, 90)},{rng.gauss(50_000, 10_000):.2f},"
-                    f"{rng.choice(['north', 'south', 'east'])}\n")
-
-
-def create_database(base: str, db: str) -> tuple[str, str]:
-    import psycopg
-
-    info = pg_conninfo(base)
-    with psycopg.connect(**info, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{db}"')
-        version = conn.execute("SHOW server_version").fetchone()[0].split()[0]
-        flags = {k: conn.execute(f"SHOW {k}").fetchone()[0] for k in ("fsync", "synchronous_commit", "max_connections")}
-    user = info["user"] + (f":{info['password']}" if info["password"] else "")
-    url = f"postgres://{user}@{info['host']}:{info['port']}/{db}"
-    return url, f"PostgreSQL {version} db {db} on {info['host']}:{info['port']} " \
-                f"({', '.join(f'{k}={v}' for k, v in flags.items())})"
-
-
-def drop_database(base: str, db: str):
-    import psycopg
-
-    try:
-        with psycopg.connect(**pg_conninfo(base), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-    except Exception as e:  # noqa: BLE001
-        log(f"(could not drop {db}: {e})")
-
-
 def setup_django(args, tmp: Path, db_url: str, redis_url: str) -> dict:
     env = {
         "DJANGO_SETTINGS_MODULE": "governance.settings",
@@ -610,7 +556,6 @@ def pyspy(pids: list[int], seconds: float, out: Path) -> list[subprocess.Popen]:
                               "--format", "raw", "--nonblocking", "--output", str(out / f"pyspy-{p}.txt")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             for p in pids]  # own session: its CPU is not counted as the clients'
-
 
 
 def _frame_key(fr: str) -> str:
@@ -1004,8 +949,7 @@ def main():
     t_start = time.monotonic()
     load0 = os.getloadavg()
     code = git_code()  # what the processes start with (a web restart loads the tree of that moment)
-    base = os.environ.get("BENCH_PG_BASE_URL") or (
-        os.environ["DATABASE_URL"] if os.environ.get("DATABASE_URL", "").startswith("postgres") else DEFAULT_PG)
+    base = pg_base_url()
     ensure_services(base)
     import redis
 

@@ -36,12 +36,10 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import math
 import multiprocessing as mp
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +47,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from common import free_port, log, ms, pg_conninfo, quantile
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -59,30 +59,7 @@ DATASET = "cps1988"
 FINAL = ("succeeded", "failed", "cancelled")
 
 
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
-
-
-def quantile(xs, p):
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(round(p * (len(s) - 1)))))]
-
-
-def ms(x):
-    return "-" if x != x else f"{x * 1e3:,.1f}"
-
-
 # --------------------------------------------------------------------------- services
-
-
-def pg_conninfo(url: str) -> dict:
-    import dj_database_url
-
-    cfg = dj_database_url.parse(url)
-    return dict(host=cfg["HOST"] or "127.0.0.1", port=cfg["PORT"] or 5432, user=cfg["USER"],
-                password=cfg["PASSWORD"] or None, dbname=cfg["NAME"])
 
 
 def pg_up() -> bool:
@@ -106,12 +83,6 @@ def redis_up() -> bool:
 
 def services(action: str):
     subprocess.run([str(REPO / "scripts" / "services.sh"), action], check=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- CPU accounting
