@@ -200,7 +200,7 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
         admit_once(ds_warm)
     n_queries = len(cq.captured_queries)
     query_kinds = [q["sql"].split()[0].upper() for q in cq.captured_queries]
-    from governance.accounting.costs import Cost  # noqa: F401
+    from accounting.costs import Cost  # noqa: F401
     from governance.models import Budget, Dataset
 
     b = Budget.objects.get(pk=ds_ledger.pk)

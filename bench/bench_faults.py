@@ -605,7 +605,7 @@ def checks(args, clients: Clients, faults: list[dict], env: dict, sweep_loop: Sw
     from django.utils import timezone
 
     from governance import ledger
-    from governance.accounting.costs import Cost
+    from accounting.costs import Cost
     from governance.models import (
         AuditRecord,
         Budget,

@@ -505,7 +505,7 @@ def make_principals(args, tmp: Path) -> dict:
     from rest_framework.authtoken.models import Token
 
     from governance import datasets, ledger, submission
-    from governance.accounting import ACCOUNTANTS
+    from accounting import ACCOUNTANTS
     from governance.models import Dataset, Grant
 
     User = get_user_model()
@@ -710,8 +710,8 @@ def reliability(args, setup: dict, records: list, env: dict) -> dict:
     from django.db.models import Count
 
     from governance import ledger
-    from governance.accounting import ACCOUNTANTS
-    from governance.accounting.costs import Cost
+    from accounting import ACCOUNTANTS
+    from accounting.costs import Cost
     from governance.models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
 
     ds_pk = setup["ds_pk"]

@@ -39,7 +39,7 @@ class EngineRequest:
 class Plan:
     """What a run will cost and read, decided before any data is read.
 
-    ``event`` is the mechanism event (JSON, see governance.accounting.events) the run
+    ``event`` is the mechanism event (JSON, see accounting.events) the run
     costs at most; ``columns`` the columns it reads (the unit column is added by the
     host when the dataset has one); ``details`` anything ``run`` needs (noise scales,
     sensitivities), JSON-serialisable because it is stored with the request.

@@ -11,7 +11,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from . import datasets
-from .accounting.costs import Cost
+from accounting.costs import Cost
 from .admin_forms import DatasetChangeForm, DatasetRegisterForm
 from .errors import InvalidDataset
 from .ledger import Limit

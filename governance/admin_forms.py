@@ -5,7 +5,7 @@ import json
 from django import forms
 
 from . import datasets
-from .accounting import POLICIES
+from accounting import POLICIES
 from .errors import InvalidDataset
 
 

@@ -18,8 +18,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import mark_safe
 
 from . import audit, audit_export, charts, ledger
-from .accounting import ACCOUNTANTS
-from .accounting.costs import Cost
+from accounting import ACCOUNTANTS
+from accounting.costs import Cost
 from .errors import GovernanceError
 from .models import AuditRecord, Dataset, Grant, LedgerEntry, Request
 

@@ -14,8 +14,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 from rest_framework.authtoken.models import Token
 
-from .accounting.costs import Cost
-from .api.views import role_of
+from accounting.costs import Cost
+from .api.common import role_of
 from .ledger import Limit, budget_report
 from .models import Dataset, Grant, Request
 
@@ -48,7 +48,7 @@ def token_login(request):
         token = form.cleaned_data["token"]
         login(request, token.user, backend="django.contrib.auth.backends.ModelBackend")
         expires = token_expires(token)
-        if expires is not None:  # the session ends with the token (revoking it ends it too: api/views.py)
+        if expires is not None:  # the session ends with the token (revoking it ends it too: api/access_views.py)
             request.session.set_expiry(min(expires, request.session.get_expiry_date()))
         return redirect("analyst-home")
     return render(request, "governance/analyst_login.html", {"form": form})

@@ -29,8 +29,8 @@ from datetime import UTC, datetime
 
 from django.db import transaction
 
-from .accounting import ACCOUNTANTS
-from .accounting.costs import Cost
+from accounting import ACCOUNTANTS
+from accounting.costs import Cost
 from .models import AuditRecord, Budget, Dataset, LedgerEntry
 
 GENESIS = "0" * 64

@@ -29,8 +29,8 @@ import re
 from datetime import UTC, datetime
 
 from . import audit
-from .accounting import ACCOUNTANTS
-from .accounting.costs import Cost
+from accounting import ACCOUNTANTS
+from accounting.costs import Cost
 from .models import AuditRecord, Budget, Dataset
 
 CSV_COLUMNS = ("dataset", "seq", "at", "action", "outcome", "actor", "engine", "kind", "request", "ledger_entry",
@@ -40,7 +40,7 @@ CSV_COLUMNS = ("dataset", "seq", "at", "action", "outcome", "actor", "engine", "
 
 
 def accounting_rules() -> dict:
-    from .accounting.rdp_math import ORDERS
+    from accounting.rdp_math import ORDERS
 
     rules = {name: {"theorem": acc.THEOREM, "gates_with": "filter_epsilon", "doc": (acc.__doc__ or "").strip()}
              for name, acc in ACCOUNTANTS.items()}

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from django.conf import settings
 from django.db import transaction
 
-from .accounting import POLICIES
+from accounting import POLICIES
 from .errors import InvalidDataset
 from .models import Budget, Dataset
 
@@ -428,7 +428,7 @@ def register(*, name: str, created_by, upload=None, path: str | None = None, fil
 def update(ds: Dataset, *, schema=None, **fields) -> Dataset:
     """Officer edits: schema, budget, policy, texts, allow_non_private. Budget changes lock the budget row."""
     from .ledger import Limit  # local: ledger imports models
-    from .accounting.costs import Cost
+    from accounting.costs import Cost
 
     with transaction.atomic():
         budget = Budget.objects.select_for_update().get(pk=ds.pk)

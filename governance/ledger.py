@@ -38,9 +38,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from . import audit
-from .accounting import ACCOUNTANTS
-from .accounting import events as ev
-from .accounting.costs import Cost, cost_of, resolve, stated_delta, unstated_weight
+from accounting import ACCOUNTANTS
+from accounting import events as ev
+from accounting.costs import Cost, cost_of, resolve, stated_delta, unstated_weight
 from .errors import (
     BudgetExceeded,
     DatasetNotActive,
@@ -344,8 +344,8 @@ def _admit_sql() -> SimpleNamespace:
 
 def warm_caches(event: ev.Event) -> None:
     """Compute the expensive per-mechanism curves (DP-SGD) into their caches."""
-    from .accounting.costs import normalise
-    from .accounting.rdp_math import subsampled_gaussian_curve
+    from accounting.costs import normalise
+    from accounting.rdp_math import subsampled_gaussian_curve
 
     for leaf in normalise(event).leaves():
         if isinstance(leaf, ev.SubsampledGaussianEvent):

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from .accounting import POLICIES
+from accounting import POLICIES
 
 
 class Dataset(models.Model):

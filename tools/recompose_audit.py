@@ -108,7 +108,7 @@ GENESIS = "0" * 64
 ACCOUNTANTS = ("basic", "advanced", "rdp")
 DEFAULT_TOLERANCE = 1e-6
 
-# The service's RDP grid (governance/accounting/rdp_math.py, FINITE_ORDERS) for format
+# The service's RDP grid (accounting/rdp_math.py, FINITE_ORDERS) for format
 # privacy-audit/1; alpha = infinity is handled separately (pure DP). An export that lists
 # its orders in accounting.rdp.orders overrides this.
 SERVICE_ORDERS = (

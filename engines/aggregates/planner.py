@@ -22,7 +22,7 @@ rows can only add up):
   sum_g 2 k_g c / s <= 2 k c / s, the ungrouped charge.
 
 Costs come from OpenDP's privacy maps of the exact measurements the run builds
-(noise.py). Events (governance.accounting.events):
+(noise.py). Events (accounting.events):
 
 - laplace:  ``{"kind": "laplace", "epsilon": map(d_in)}``
 - gaussian: ``{"kind": "gaussian", "noise_multiplier": 1 / sqrt(2 * rho)}`` with

@@ -5,7 +5,7 @@ released by the Laplace mechanism at epsilon e each, is the event
 
     composed[ subsampled_gaussian(q, z, T), self_composed(laplace(e), E) ]
 
-and its epsilon at delta is the service's own RDP accountant (``governance.accounting``,
+and its epsilon at delta is the service's own RDP accountant (``accounting``,
 pure Python, no Django): the one-step subsampled-Gaussian curve of Opacus's analysis on
 56 orders, composed additively, converted by Balle et al. 2020 and never above the
 basic-composition bound. That is the same computation the ledger uses, so the epsilon an
@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from governance.accounting.rdp_math import (
+from accounting.rdp_math import (
     FINITE_ORDERS,
     conversion_terms,
     epsilon_from_curve,

@@ -44,7 +44,7 @@ MIN_SIGNAL = 10.0  # refuse when the one-way noise exceeds a tenth of the table
 
 
 def _rdp_epsilon(event: dict, delta: float) -> float:
-    from governance.accounting import parse_event, rdp
+    from accounting import parse_event, rdp
 
     return rdp.compose([parse_event(event)], delta).epsilon
 

@@ -20,7 +20,7 @@ from .. import audit, audit_export
 from ..datasets import NAME_RE
 from ..errors import InvalidRequest
 from ..models import AuditRecord
-from .views import FormatSuffix
+from .common import FormatSuffix
 
 
 class CanAudit(BasePermission):

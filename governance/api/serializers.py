@@ -4,8 +4,9 @@ from django.contrib.auth import get_user_model
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ..accounting import POLICIES
-from ..accounting.costs import Cost
+from accounting import POLICIES
+from accounting.costs import Cost
+
 from ..ledger import Limit, budget_report
 from ..models import Dataset, Grant, LedgerEntry, Request
 
@@ -241,7 +242,8 @@ class RequestSerializer(serializers.ModelSerializer):
         return req.plan.get("event")
 
     def get_charge(self, req) -> dict:
-        from ..accounting.costs import Cost
+        from accounting.costs import Cost
+
         from ..ledger import charge_summary
 
         entry = req.ledger_entry

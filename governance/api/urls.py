@@ -1,19 +1,19 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from . import audit_views, views
+from . import access_views, audit_views, dataset_views, ledger_views, request_views
 
 router = DefaultRouter()
-router.register("datasets", views.DatasetViewSet, basename="dataset")
-router.register("grants", views.GrantViewSet, basename="grant")
-router.register("ledger", views.LedgerViewSet, basename="ledger")
-router.register("analysts", views.AnalystViewSet, basename="analyst")
-router.register("requests", views.RequestViewSet, basename="request")
+router.register("datasets", dataset_views.DatasetViewSet, basename="dataset")
+router.register("grants", access_views.GrantViewSet, basename="grant")
+router.register("ledger", ledger_views.LedgerViewSet, basename="ledger")
+router.register("analysts", access_views.AnalystViewSet, basename="analyst")
+router.register("requests", request_views.RequestViewSet, basename="request")
 router.register("audit", audit_views.AuditViewSet, basename="audit")
 
 urlpatterns = [
-    path("me/", views.me, name="me"),
-    path("compose/", views.compose, name="compose"),
-    path("engines/", views.engines_list, name="engines"),
+    path("me/", access_views.me, name="me"),
+    path("compose/", ledger_views.compose, name="compose"),
+    path("engines/", request_views.engines_list, name="engines"),
     *router.urls,
 ]

@@ -247,7 +247,7 @@ def test_security_headers_on_api_admin_files_and_error_pages(world, monkeypatch)
         "CSRF 403": world.web("ann", enforce_csrf_checks=True).post("/analyst/logout/"),
     }
     # a server error: the handler's page, without the exception (DEBUG is off under test)
-    from governance.api import views
+    from governance.api import dataset_views as views
 
     def boom(*a, **k):
         raise RuntimeError("SECRET-DETAIL-OF-A-CRASH")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from governance.accounting import ACCOUNTANTS, parse_events
+from accounting import ACCOUNTANTS, parse_events
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = [

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from governance.accounting import ACCOUNTANTS, Cost, Spent, cost_of
-from governance.accounting import events as ev
-from governance.accounting.costs import resolve, stated_delta
+from accounting import ACCOUNTANTS, Cost, Spent, cost_of
+from accounting import events as ev
+from accounting.costs import resolve, stated_delta
 
 MIXED = [
     ev.LaplaceEvent(0.3),

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from governance.accounting import events as ev
-from governance.accounting.events import MAX_COUNT, MAX_DEPTH, MAX_NODES, EventError, parse_event, parse_events
+from accounting import events as ev
+from accounting.events import MAX_COUNT, MAX_DEPTH, MAX_NODES, EventError, parse_event, parse_events
 
 FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from governance.accounting import ACCOUNTANTS, Cost, cost_of
-from governance.accounting import costs as costs_module
-from governance.accounting import events as ev
-from governance.accounting.costs import N_FIELDS, resolve
-from governance.accounting.rdp_math import subsampled_gaussian_curve
+from accounting import ACCOUNTANTS, Cost, cost_of
+from accounting import costs as costs_module
+from accounting import events as ev
+from accounting.costs import N_FIELDS, resolve
+from accounting.rdp_math import subsampled_gaussian_curve
 
 # Opacus is slow on large orders: no deadline, modest example counts. The autouse
 # ``_data_dirs`` fixture in tests/conftest.py is function-scoped but only sets paths, so it

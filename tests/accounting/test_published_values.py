@@ -12,10 +12,10 @@ import pytest
 from scipy import integrate
 from scipy.stats import norm
 
-from governance.accounting import advanced, basic, rdp
-from governance.accounting import events as ev
-from governance.accounting.gaussian import gaussian_delta, gaussian_epsilon
-from governance.accounting.rdp_math import (
+from accounting import advanced, basic, rdp
+from accounting import events as ev
+from accounting.gaussian import gaussian_delta, gaussian_epsilon
+from accounting.rdp_math import (
     FINITE_ORDERS,
     ORDERS,
     gaussian_curve,
@@ -66,7 +66,7 @@ def test_the_top_orders_match_dp_accounting_where_opacus_overflows(q, z):
     whose integer-order expansion is exact there. Before, it fell back to the unsubsampled
     Gaussian (2048 x 1/(2 z^2)), over-charging small DP-SGD runs."""
     dp_accounting = pytest.importorskip("dp_accounting")
-    from governance.accounting.rdp_math import _one_step_curve
+    from accounting.rdp_math import _one_step_curve
 
     top = [1024.0, 2048.0, 4096.0]
     acc = dp_accounting.rdp.RdpAccountant(orders=top)

@@ -11,8 +11,8 @@ from django.contrib.auth.models import Group
 from django.core.management import call_command
 
 from governance import audit
-from governance.accounting import ACCOUNTANTS, parse_event
-from governance.accounting.costs import cost_of, resolve
+from accounting import ACCOUNTANTS, parse_event
+from accounting.costs import cost_of, resolve
 from governance.models import AuditRecord
 
 pytestmark = pytest.mark.django_db

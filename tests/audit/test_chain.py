@@ -10,8 +10,8 @@ from django.core.management import call_command
 from django.db import connection
 
 from governance import audit
-from governance.accounting import ACCOUNTANTS
-from governance.accounting.costs import Cost
+from accounting import ACCOUNTANTS
+from accounting.costs import Cost
 from governance.models import AuditRecord, Budget, LedgerEntry
 
 pytestmark = pytest.mark.django_db

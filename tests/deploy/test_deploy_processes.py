@@ -41,7 +41,7 @@ def app_dir(tmp_path_factory):
     """/app as the image has it: the Dockerfile's COPY sources, then its collectstatic."""
     app = tmp_path_factory.mktemp("image") / "app"
     copies = dockerfile_copies()
-    assert {src for src, _ in copies} >= {"manage.py", "governance", "engines", "workers", "deploy/entrypoint.sh"}
+    assert {src for src, _ in copies} >= {"manage.py", "accounting", "governance", "engines", "workers", "deploy/entrypoint.sh"}
     for src, dest in copies:
         target = app / dest if dest and not dest.endswith("/") else app / dest / os.path.basename(src)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ import pytest
 import engines.aggregates as agg
 from engines import plugins
 from engines.types import DatasetMeta, EngineRequest, PlanError
-from governance.accounting.events import parse_event
+from accounting.events import parse_event
 
 COLUMNS = {
     "pid": {"name": "pid", "type": "unit"},

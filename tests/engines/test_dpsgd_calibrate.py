@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from engines.dpsgd import calibrate
 from engines.dpsgd.calibrate import CalibrationError, epsilon, noise_multiplier
-from governance.accounting import rdp
-from governance.accounting.events import parse_event
+from accounting import rdp
+from accounting.events import parse_event
 
 TIGHT = 0.99  # the calibrated run costs at least 99% of the target
 

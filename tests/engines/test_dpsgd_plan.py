@@ -11,8 +11,8 @@ import pytest
 from engines import plugins
 from engines.dpsgd import calibrate
 from engines.types import EngineRequest, Plan
-from governance.accounting import rdp
-from governance.accounting.events import parse_event
+from accounting import rdp
+from accounting.events import parse_event
 from tests.engines.dpsgd_helpers import DELTA, GENEROUS, rows_meta, units_meta
 
 FIXED = {"target": "y", "features": ["x1", "x2", "c"], "noise_multiplier": 1.3, "epochs": 4, "batch_size": 32}

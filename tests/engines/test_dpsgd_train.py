@@ -22,8 +22,8 @@ from engines.dpsgd import calibrate, execute, features, train
 from engines.dpsgd.model_spec import build
 from engines.dpsgd.params import validate
 from engines.types import Cancelled, EngineRequest, Plan
-from governance.accounting import rdp
-from governance.accounting.events import parse_event
+from accounting import rdp
+from accounting.events import parse_event
 from tests.engines.dpsgd_helpers import DELTA, GENEROUS, make_table, rows_meta, units_meta
 from tests.engines.dpsgd_helpers import one_thread  # noqa: F401  (autouse)
 

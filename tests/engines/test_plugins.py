@@ -49,7 +49,7 @@ def test_hook_engine_info():
 
 def test_hook_plan():
     plan = plugins.plan("aggregates", EngineRequest("count", {"epsilon": 0.5}), META)
-    from governance.accounting.events import parse_event
+    from accounting.events import parse_event
 
     parse_event(plan.event)  # a plan's event is always one the ledger can store
     with pytest.raises(UnknownEngine):

@@ -22,8 +22,8 @@ from engines import plugins
 from engines.synthesis import vae
 from engines.synthesis.params import Spec
 from engines.types import Cancelled, DatasetMeta, EngineError, EngineRequest, PlanError
-from governance.accounting import rdp
-from governance.accounting.events import parse_event
+from accounting import rdp
+from accounting.events import parse_event
 from tests.engines.dpsgd_helpers import one_thread  # noqa: F401  (autouse)
 
 N = 2000

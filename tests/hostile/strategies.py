@@ -113,7 +113,7 @@ def plausible_params(draw, numeric: list[str], categorical: list[str], histogram
 # ------------------------------------------------------------------------------ events
 
 def _event_fields():
-    from governance.accounting import events as ev
+    from accounting import events as ev
 
     return ev.KINDS, ev._FIELDS
 

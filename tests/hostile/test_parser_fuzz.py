@@ -1,5 +1,5 @@
 """Fuzzing the two parsers that take analysts' JSON apart: the mechanism-event parser
-(``governance.accounting.events``) and the aggregates engine's parameter and ``where``
+(``accounting.events``) and the aggregates engine's parameter and ``where``
 predicate parser (``engines.aggregates.params``), with Hypothesis.
 
 The contract: a value comes back, or the documented error (``EventError``; ``PlanError``)
@@ -34,9 +34,9 @@ from engines.aggregates import execute as agg_execute
 from engines.aggregates import params as agg_params
 from engines.aggregates.planner import make_plan
 from engines.types import DatasetMeta, EngineRequest, PlanError
-from governance.accounting import ACCOUNTANTS
-from governance.accounting import events as ev
-from governance.accounting.events import EventError, parse_event, parse_events
+from accounting import ACCOUNTANTS
+from accounting import events as ev
+from accounting.events import EventError, parse_event, parse_events
 
 from .conftest import fuzz_settings
 from .strategies import (

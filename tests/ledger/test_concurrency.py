@@ -11,7 +11,7 @@ from django.db import connection, connections
 
 from governance import ledger
 from governance.errors import BudgetExceeded
-from governance.accounting.costs import Cost
+from accounting.costs import Cost
 from governance.models import LedgerEntry
 
 THREADS = 32

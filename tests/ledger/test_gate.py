@@ -7,7 +7,7 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from governance import ledger
-from governance.accounting.costs import Cost
+from accounting.costs import Cost
 from governance.errors import (BudgetExceeded, DatasetNotActive, InvalidEvent, LedgerConflict, NoGrant,
                                NonPrivateRefused)
 from governance.models import Budget, LedgerEntry

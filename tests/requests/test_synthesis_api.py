@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from governance.accounting import parse_event, rdp
+from accounting import parse_event, rdp
 from governance.models import LedgerEntry, Request
 from tests.real_data import GSS_SCHEMA, gss_wages
 

@@ -3,8 +3,8 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from governance.accounting import ACCOUNTANTS
-from governance.accounting.events import EventError, parse_events
+from accounting import ACCOUNTANTS
+from accounting.events import EventError, parse_events
 
 EVENT_HELP = """
 Compose a JSON list of mechanism events and print {"epsilon": ..., "delta": ...}.

@@ -100,7 +100,7 @@ def opacus_compute_rdp():
         return loaded.compute_rdp
     package = importlib.util.find_spec("opacus")  # locates the package without running it
     path = Path(package.origin).parent / "accountants" / "analysis" / "rdp.py"
-    spec = importlib.util.spec_from_file_location("governance.accounting._opacus_rdp", path)
+    spec = importlib.util.spec_from_file_location("accounting._opacus_rdp", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.compute_rdp

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from . import events as ev
 from .costs import Cost, cost_of, resolve, stated_delta
 
-
 # The per-release delta stated on Gaussian events for accountants that do not use it.
 REPORT_ONLY_DELTA = 1e-300
 

@@ -1,0 +1,129 @@
+"""Who may do what: grants, analyst and auditor accounts and their tokens, ``me``.
+"""
+
+
+from django.db import transaction
+from django.utils import timezone
+from drf_spectacular.utils import (
+    extend_schema,
+    inline_serializer,
+)
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.authtoken.models import Token
+from rest_framework.decorators import action, api_view
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+
+from .. import audit
+from ..errors import InvalidRequest
+from ..models import Grant
+from . import serializers as s
+from .common import FormatSuffix, User, role_of
+from .permissions import IsOfficer, OfficerWritesOnly, is_officer
+
+
+class GrantViewSet(FormatSuffix, viewsets.ModelViewSet):
+    """Grants join an analyst to a dataset, optionally with a cap on their share.
+    DELETE revokes (the grant and its history are kept for the ledger)."""
+
+    serializer_class = s.GrantSerializer
+    permission_classes = [IsAuthenticated, OfficerWritesOnly]
+    filterset_fields = {"dataset__name": ["exact"], "analyst__username": ["exact"], "revoked_at": ["isnull"]}
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation: no user
+            return Grant.objects.none()
+        qs = Grant.objects.select_related("analyst", "dataset").order_by("id")
+        if is_officer(self.request.user):
+            return qs
+        return qs.filter(analyst=self.request.user)
+
+    def perform_create(self, serializer):
+        analyst, dataset = serializer.validated_data["analyst"], serializer.validated_data["dataset"]
+        existing = Grant.objects.filter(analyst=analyst, dataset=dataset).first()
+        if existing is not None:
+            if existing.active:
+                raise InvalidRequest(f"{analyst} already holds a grant on {dataset}; PATCH it to change the cap.")
+            Grant.objects.filter(pk=existing.pk).update(
+                revoked_at=None, cap_epsilon=serializer.validated_data.get("cap_epsilon"),
+                cap_delta=serializer.validated_data.get("cap_delta"))
+            existing.refresh_from_db()
+            serializer.instance = existing
+            return
+        serializer.save(created_by=self.request.user)
+
+    @extend_schema(request=s.GrantUpdateSerializer)
+    def partial_update(self, request, pk=None):
+        grant = self.get_object()
+        data = s.GrantUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        with transaction.atomic():
+            grant = Grant.objects.select_for_update().get(pk=grant.pk)
+            for key, value in data.validated_data.items():
+                setattr(grant, key, value)
+            grant.save(update_fields=list(data.validated_data))
+        return Response(self.get_serializer(grant).data)
+
+    def update(self, request, *args, **kwargs):  # PUT is not offered
+        raise InvalidRequest("Use PATCH to change a grant's cap.")
+
+    def perform_destroy(self, grant):
+        Grant.objects.filter(pk=grant.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+
+class AnalystViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                     viewsets.GenericViewSet):
+    """Analyst and auditor accounts and their API tokens (privacy officers only)."""
+
+    serializer_class = s.AnalystSerializer
+    permission_classes = [IsAuthenticated, IsOfficer]
+    queryset = User.objects.filter(is_staff=False).order_by("id")  # officers' tokens are not managed here
+
+    @extend_schema(request=s.AnalystCreateSerializer, responses={201: inline_serializer(
+        "AnalystCreated", {"id": serializers.IntegerField(), "username": serializers.CharField(),
+                           "role": serializers.CharField(), "token": serializers.CharField()})})
+    def create(self, request):
+        data = s.AnalystCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        with transaction.atomic():
+            user = User.objects.create_user(username=data.validated_data["username"],
+                                            email=data.validated_data.get("email", ""))
+            if data.validated_data["role"] == "auditor":
+                from django.contrib.auth.models import Group
+
+                user.groups.add(Group.objects.get_or_create(name=audit.AUDITORS_GROUP)[0])
+            token = Token.objects.create(user=user)
+        return Response({"id": user.pk, "username": user.username, "role": data.validated_data["role"],
+                         "token": token.key}, status=201)
+
+    @extend_schema(request=None, responses={200: inline_serializer("NewToken", {"token": serializers.CharField()}),
+                                            204: None})
+    @action(detail=True, methods=["post", "delete"])
+    def token(self, request, pk=None):
+        """POST: issue a new API token for the analyst (the old one stops working; tokens
+        expire API_TOKEN_TTL_DAYS after issue). DELETE: revoke it, issuing none."""
+        user = self.get_object()
+        Token.objects.filter(user=user).delete()
+        # ...and so do web sessions opened with it (/analyst/login/): a new (unusable)
+        # password changes the session hash Django checks on every request.
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+        if request.method == "DELETE":
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        return Response({"token": Token.objects.create(user=user).key})
+
+
+@extend_schema(responses={200: inline_serializer("Me", {
+    "username": serializers.CharField(), "role": serializers.CharField(), "grants": serializers.ListField()})})
+@api_view(["GET"])
+def me(request):
+    """Who you are, and your grants with what you have spent under each accountant."""
+    grants = Grant.objects.filter(analyst=request.user, revoked_at__isnull=True).select_related("dataset", "analyst")
+    return Response({
+        "username": request.user.username,
+        "role": role_of(request.user),
+        "grants": s.GrantSerializer(grants, many=True).data,
+    })
+

@@ -1,0 +1,54 @@
+"""What the API's view modules share. Permission rules (privacy officer = staff; analyst = any other user):
+
+- datasets: officers see and change all; analysts see only active datasets they hold an
+  active grant on; nobody gets rows through any endpoint;
+- grants: officers manage; analysts list their own;
+- ledger: officers see every entry; analysts only their own;
+- estimate: anyone who can see the dataset; charges: officers only;
+- requests: an analyst sees only their own, and results go only to the analyst who asked.
+"""
+
+import mimetypes
+
+from django.contrib.auth import get_user_model
+from django.http import FileResponse
+
+from .. import audit
+from ..models import Dataset
+from .permissions import is_officer
+
+User = get_user_model()
+
+
+def visible_datasets(user):
+    qs = Dataset.objects.select_related("budget")
+    if is_officer(user):
+        return qs
+    return qs.filter(status=Dataset.Status.ACTIVE, grants__analyst=user, grants__revoked_at__isnull=True).distinct()
+
+
+class FormatSuffix:
+    """The router's format-suffix routes (``/api/datasets/x/estimate.json``) pass ``format``
+    to the handler, and the actions here take no such argument (a TypeError: a 500 for any
+    user). Keep the suffix for content negotiation only."""
+
+    def dispatch(self, request, *args, **kwargs):
+        self._format_suffix = kwargs.pop("format", None)
+        return super().dispatch(request, *args, **kwargs)
+
+    def get_format_suffix(self, **kwargs):
+        return getattr(self, "_format_suffix", None)
+
+
+
+def role_of(user) -> str:
+    if is_officer(user):
+        return "privacy_officer"
+    return "auditor" if audit.is_auditor(user) else "analyst"
+
+
+
+
+def file_response(path, name: str) -> FileResponse:
+    kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return FileResponse(open(path, "rb"), as_attachment=True, filename=name, content_type=kind)

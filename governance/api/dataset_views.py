@@ -1,0 +1,148 @@
+"""Datasets: register, upload, activate, estimate, recommendation, charges.
+"""
+
+
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    inline_serializer,
+)
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.parsers import FormParser
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+
+from .. import audit, ledger
+from .. import datasets as ds_actions
+from ..errors import InvalidRequest
+from ..models import Dataset, LedgerEntry
+from ..recommendations import RANGES, recommend
+from . import serializers as s
+from .common import FormatSuffix, visible_datasets
+from .parsers import JSONParser, MultiPartParser
+from .permissions import IsOfficer, OfficerWritesOnly, is_officer
+
+
+class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Datasets: tables registered with a schema, a privacy unit and a budget."""
+
+    lookup_field = "name"
+    lookup_value_regex = r"[a-z0-9][a-z0-9_-]*"
+    permission_classes = [IsAuthenticated, OfficerWritesOnly]
+    parser_classes = [JSONParser, MultiPartParser, FormParser]
+    filterset_fields = ["status", "policy"]
+    ordering_fields = ["name", "created_at", "n_units"]
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation: no user
+            return Dataset.objects.none()
+        return visible_datasets(self.request.user)
+
+    def filter_queryset(self, queryset):
+        # The dataset filters (?status=, ?policy=) are for the list only: on a detail route
+        # get_object() would apply them too, and ?status=reserved on .../ledger/ means the
+        # ledger's status, not the dataset's.
+        if self.action != "list":
+            return queryset
+        return super().filter_queryset(queryset)
+
+    def get_serializer_class(self):
+        return s.OfficerDatasetSerializer if is_officer(self.request.user) else s.DatasetSerializer
+
+    @extend_schema(request=s.DatasetCreateSerializer, responses={201: s.OfficerDatasetSerializer})
+    def create(self, request):
+        """Register a table: upload it (multipart ``file``) or name a server ``path``."""
+        data = s.DatasetCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        schema = v.get("schema")
+        ds = ds_actions.register(
+            name=v["name"], created_by=request.user, upload=v.get("file"), path=v.get("path"),
+            file_format=v.get("format"), title=v.get("title", ""), description=v.get("description", ""),
+            unit_column=v.get("unit_column", ""), schema=schema, budget_epsilon=v["budget_epsilon"],
+            budget_delta=v.get("budget_delta", "auto"), policy=v["policy"], activate=v["activate"])
+        return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data,
+                        status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.DatasetUpdateSerializer, responses=s.OfficerDatasetSerializer)
+    def partial_update(self, request, name=None):
+        """Edit the schema (bounds, domains, types), the budget, the policy or the texts."""
+        ds = self.get_object()
+        data = s.DatasetUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        ds = ds_actions.update(ds, **data.validated_data)
+        return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data)
+
+    @extend_schema(request=None, responses=s.OfficerDatasetSerializer)
+    @action(detail=True, methods=["post"])
+    def activate(self, request, name=None):
+        """Confirm the reviewed schema and open the dataset to requests."""
+        ds = self.get_object()
+        Dataset.objects.filter(pk=ds.pk).update(status=Dataset.Status.ACTIVE)
+        ds.refresh_from_db()
+        return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data)
+
+    @extend_schema(request=s.EventsInputSerializer, responses={200: inline_serializer("Estimate", {
+        "events": serializers.ListField(), "total": serializers.DictField(), "would_admit": serializers.BooleanField(),
+        "has_grant": serializers.BooleanField(), "fits": serializers.IntegerField(allow_null=True),
+        "budget": serializers.DictField()})})
+    @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])
+    def estimate(self, request, name=None):
+        """What an event (or list) would cost under each accountant, whether the gate would
+        admit it now, and how many such requests still fit. Charges nothing."""
+        ds = self.get_object()
+        data = s.EventsInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        events = data.validated_data.get("events", data.validated_data.get("event"))
+        return Response(ledger.estimate(ds, request.user, events))
+
+    @extend_schema(request=s.ChargeInputSerializer, responses={201: s.LedgerEntrySerializer})
+    @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated, IsOfficer])
+    def charges(self, request, name=None):
+        """Record a release made outside the service: through the gate (409 if it does not
+        fit) and committed at once. Privacy officers only."""
+        ds = self.get_object()
+        data = s.ChargeInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        from ..submission import GATE_REFUSALS
+
+        try:
+            entry = ledger.charge(ds, request.user, data.validated_data["event"],
+                                  reference=data.validated_data["reference"])
+        except GATE_REFUSALS as e:
+            audit.record_refusal(ds, request.user, data.validated_data["event"], e, audit.Context(
+                kind="external charge", detail=data.validated_data["reference"]))
+            raise
+        return Response(s.LedgerEntrySerializer(entry).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(parameters=[OpenApiParameter("sensitivity", enum=list(RANGES), default="medium")],
+                   responses={200: inline_serializer("Recommendation", {
+                       "sensitivity": serializers.CharField(), "epsilon_range": serializers.ListField(),
+                       "delta_recommended": serializers.FloatField(), "delta_max": serializers.FloatField(),
+                       "warnings": serializers.ListField()})})
+    @action(detail=True, methods=["get"], permission_classes=[IsAuthenticated])
+    def recommendation(self, request, name=None):
+        """Published guidance as numbers for this dataset: epsilon range, delta for its size."""
+        ds = self.get_object()
+        sensitivity = request.query_params.get("sensitivity", "medium")
+        if sensitivity not in RANGES:
+            raise InvalidRequest(f"sensitivity must be one of {', '.join(RANGES)}, got {sensitivity!r}")
+        return Response(recommend(ds.n_units, sensitivity))
+
+    @extend_schema(responses=s.LedgerEntrySerializer(many=True),
+                   parameters=[OpenApiParameter("status", enum=list(LedgerEntry.Status.values))])
+    @action(detail=True, methods=["get"], permission_classes=[IsAuthenticated])
+    def ledger(self, request, name=None):
+        """This dataset's ledger entries (analysts: their own only)."""
+        ds = self.get_object()
+        qs = LedgerEntry.objects.filter(dataset=ds).select_related("dataset", "analyst")
+        if not is_officer(request.user):
+            qs = qs.filter(analyst=request.user)
+        st = request.query_params.get("status")
+        if st:
+            if st not in LedgerEntry.Status.values:
+                raise InvalidRequest(f"status must be one of {', '.join(LedgerEntry.Status.values)}")
+            qs = qs.filter(status=st)
+        page = self.paginate_queryset(qs.order_by("id"))
+        return self.get_paginated_response(s.LedgerEntrySerializer(page, many=True).data)

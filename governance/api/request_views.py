@@ -1,0 +1,158 @@
+"""Requests to engines: submit (plan, gate, queue), status, result files, cancel; the engine list.
+"""
+
+import re
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
+from rest_framework import exceptions, mixins, serializers, status, viewsets
+from rest_framework.decorators import action, api_view
+from rest_framework.response import Response
+
+from ..errors import InvalidRequest
+from ..models import Request
+from . import serializers as s
+from .common import FormatSuffix, file_response, visible_datasets
+from .permissions import is_officer
+
+
+class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                     viewsets.GenericViewSet):
+    """Requests to engines. An analyst sees only their own; results only ever go to the
+    analyst who asked. POST plans, gates and queues; GET shows status, progress, the charge
+    under each accountant and, when ready, the result."""
+
+    serializer_class = s.RequestSerializer
+    filterset_fields = {"status": ["exact"], "dataset__name": ["exact"], "engine": ["exact"], "kind": ["exact"]}
+
+    def get_throttles(self):
+        from ..security import RequestCreationThrottle
+
+        return [RequestCreationThrottle()] if self.action == "create" else []
+    ordering_fields = ["created_at"]
+
+    def filter_queryset(self, queryset):
+        # ?status=, ?kind=, ... filter the list. On a detail route (the status poll, cancel)
+        # they would only build a FilterSet per request (~1 ms) to no purpose, as for datasets.
+        if self.action != "list":
+            return queryset
+        return super().filter_queryset(queryset)
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Request.objects.none()
+        qs = Request.objects.select_related("dataset", "analyst", "ledger_entry").order_by("-created_at")
+        if is_officer(self.request.user):
+            return qs
+        return qs.filter(analyst=self.request.user)
+
+    @extend_schema(request=s.RequestCreateSerializer,
+                   parameters=[OpenApiParameter(
+                       "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+                       description="Any 1 to 200 printable ASCII characters, new for each request (e.g. a UUID). "
+                                   "A POST retried with the same key (the first answer was lost) returns the "
+                                   "first request as it is now, with the header Idempotent-Replayed: true, and "
+                                   "is not charged again; the same key with other parameters gives 422.")],
+                   responses={202: s.RequestSerializer, 200: s.RequestSerializer})
+    def create(self, request):
+        """Plan the request (no data read), pass its event through the gate (409 with the
+        numbers if it does not fit) and queue it (202). An identical request you already got
+        answered is replayed from the stored release at no cost (200, ``replayed: true``)."""
+        from ..submission import submit
+
+        key = _idempotency_key(request)
+        data = s.RequestCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        ds = visible_datasets(request.user).filter(name=v["dataset"]).first()
+        if ds is None:
+            raise InvalidRequest(f"No dataset {v['dataset']!r} that you may use.", errors={"dataset": "not found"})
+        req, replayed = submit(request.user, ds, v["engine"], v["kind"], v["params"], idempotency_key=key)
+        repeated = getattr(req, "repeated", False)
+        req = self.get_queryset().get(pk=req.pk)
+        replayed = replayed or (repeated and req.replay_of_id is not None)
+        response = Response(s.RequestSerializer(req, context={"request": request}).data,
+                            status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED)
+        if repeated:
+            response["Idempotent-Replayed"] = "true"
+        return response
+
+    @extend_schema(request=None, responses=s.RequestSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Cancel: a queued request is cancelled and refunded; a running one is asked to stop
+        (its data was read, the charge stands); a finished one gives 409."""
+        from ..submission import cancel
+
+        req = self.get_object()
+        if req.analyst_id != request.user.pk and not is_officer(request.user):
+            raise exceptions.NotFound()
+        req = cancel(req)
+        return Response(s.RequestSerializer(self.get_queryset().get(pk=req.pk), context={"request": request}).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("name", str, OpenApiParameter.PATH, description="a name from result.files")],
+        responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description="the file"),
+                   404: OpenApiResponse(description="no such file, or not your request")})
+    @action(detail=True, methods=["get"], url_path=r"files/(?P<name>[^/]+)")
+    def files(self, request, pk=None, name=None):
+        """Download a file the request released (a trained model, a plot, a table): listed
+        with its size and SHA-256 in ``result.files``. Only the analyst who asked may."""
+        from ..execution import results_dir
+
+        req = self.get_object()
+        listed = {f["name"] for f in ((req.result or {}).get("files") or [])}
+        if req.analyst_id != request.user.pk or req.status != Request.Status.SUCCEEDED or name not in listed:
+            raise exceptions.NotFound("No such file for this request.")
+        path = results_dir(req.replay_of_id or req.pk) / name
+        if not path.is_file():
+            raise exceptions.NotFound("The file is no longer stored.")
+        return file_response(path, name)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("name", str, OpenApiParameter.PATH,
+                                     description="a name from officer_report.files")],
+        responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description="the file"),
+                   404: OpenApiResponse(description="no such file, or not a privacy officer")})
+    @action(detail=True, methods=["get"], url_path=r"officer-files/(?P<name>[^/]+)")
+    def officer_files(self, request, pk=None, name=None):
+        """Download a file of the officer's report (e.g. a synthetic table's quality and
+        privacy report as HTML): privacy officers only; they are computed on the private rows."""
+        from ..execution import results_dir
+
+        req = self.get_object()
+        listed = {f["name"] for f in ((req.officer_report or {}).get("files") or [])}
+        if not is_officer(request.user) or name not in listed:
+            raise exceptions.NotFound("No such file for this request.")
+        path = results_dir(req.replay_of_id or req.pk) / "officer" / name
+        if not path.is_file():
+            raise exceptions.NotFound("The file is no longer stored.")
+        return file_response(path, name)
+
+
+IDEMPOTENCY_KEY_RE = re.compile(r"[\x20-\x7e]{1,200}")
+
+
+def _idempotency_key(request) -> str:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return ""
+    if not IDEMPOTENCY_KEY_RE.fullmatch(key):
+        raise InvalidRequest("The Idempotency-Key header must be 1 to 200 printable ASCII characters.",
+                             errors={"Idempotency-Key": "1 to 200 printable ASCII characters"})
+    return key
+
+
+
+@extend_schema(responses={200: inline_serializer("Engines", {"results": serializers.ListField()})})
+@api_view(["GET"])
+def engines_list(request):
+    """The loaded engines: name, request kinds, queue and a JSON schema of each kind's parameters."""
+    from engines import plugins
+
+    return Response({"results": sorted(plugins.engines().values(), key=lambda e: e["name"])})
