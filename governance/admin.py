@@ -14,7 +14,7 @@ from . import datasets
 from accounting.costs import Cost
 from .admin_forms import DatasetChangeForm, DatasetRegisterForm
 from .errors import InvalidDataset
-from .ledger import Limit
+from .limits import Limit
 from .models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
 
 

@@ -16,7 +16,7 @@ from rest_framework.authtoken.models import Token
 
 from accounting.costs import Cost
 from .api.common import role_of
-from .ledger import Limit, budget_report
+from .limits import Limit, budget_report
 from .models import Dataset, Grant, Request
 
 

@@ -31,6 +31,7 @@ from django.db import transaction
 
 from accounting import ACCOUNTANTS
 from accounting.costs import Cost
+from .limits import charge_summary
 from .models import AuditRecord, Budget, Dataset, LedgerEntry
 
 GENESIS = "0" * 64
@@ -309,8 +310,6 @@ def _agrees(rec: AuditRecord, entries: dict, seen: set, delta) -> str | None:
 
 def charge_of(entry: LedgerEntry, delta: float) -> dict:
     """What a committed entry charged, per accountant, reported at ``delta``."""
-    from .ledger import charge_summary
-
     return charge_summary(Cost.from_json(entry.committed_cost or entry.cost), delta)
 
 

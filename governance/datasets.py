@@ -427,8 +427,9 @@ def register(*, name: str, created_by, upload=None, path: str | None = None, fil
 
 def update(ds: Dataset, *, schema=None, **fields) -> Dataset:
     """Officer edits: schema, budget, policy, texts, allow_non_private. Budget changes lock the budget row."""
-    from .ledger import Limit  # local: ledger imports models
     from accounting.costs import Cost
+
+    from .limits import Limit
 
     with transaction.atomic():
         budget = Budget.objects.select_for_update().get(pk=ds.pk)

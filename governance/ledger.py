@@ -26,19 +26,13 @@ Rules:
 
 from __future__ import annotations
 
-import functools
-import math
 from contextlib import contextmanager
-from dataclasses import dataclass
-from types import SimpleNamespace
 
-import orjson
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from . import audit
-from accounting import ACCOUNTANTS
+from . import audit, ledger_sql
 from accounting import events as ev
 from accounting.costs import Cost, cost_of, resolve, stated_delta, unstated_weight
 from .errors import (
@@ -49,6 +43,7 @@ from .errors import (
     NoGrant,
     NonPrivateRefused,
 )
+from .limits import Limit, budget_report, charge_summary, num, refusal
 from .models import Budget, Dataset, Grant, LedgerEntry
 
 
@@ -66,100 +61,6 @@ def to_event(data) -> ev.Event:
         return data
     with event_errors():
         return ev.parse_event(data)
-
-
-def _num(x: float):
-    """JSON-safe number: infinities become the strings "inf"/"-inf"."""
-    if x is None:
-        return None
-    x = float(x)
-    if math.isfinite(x):
-        return x
-    return "inf" if x > 0 else "-inf"
-
-
-# --------------------------------------------------------------------------- limits
-
-
-@dataclass(frozen=True)
-class Limit:
-    """A budget to gate against: the dataset's, or an analyst's cap within it."""
-
-    scope: str  # "dataset" or "grant"
-    epsilon: float
-    delta: float
-    policy: str
-
-    @classmethod
-    def of_dataset(cls, ds: Dataset) -> Limit:
-        return cls("dataset", ds.budget_epsilon, ds.budget_delta, ds.policy)
-
-    @classmethod
-    def of_grant(cls, grant: Grant, ds: Dataset) -> Limit | None:
-        if grant.cap_epsilon is None and grant.cap_delta is None:
-            return None
-        eps = grant.cap_epsilon if grant.cap_epsilon is not None else ds.budget_epsilon
-        delta = grant.cap_delta if grant.cap_delta is not None else ds.budget_delta
-        return cls("grant", min(eps, ds.budget_epsilon), min(delta, ds.budget_delta), ds.policy)
-
-    @property
-    def accountant(self):
-        return ACCOUNTANTS[self.policy]
-
-    def spent(self, state: Cost) -> float:
-        return self.accountant.filter_epsilon(state, self.delta)
-
-    def admits(self, state: Cost) -> bool:
-        return self.spent(state) <= self.epsilon
-
-    def pool(self, state: Cost) -> float:
-        return max(0.0, self.accountant.gate_pool(state, self.delta))
-
-
-def charge_summary(cost: Cost, delta: float) -> dict:
-    """epsilon/delta of a cost vector under each accountant, reported at ``delta``."""
-    return {name: acc.spent(cost, delta).as_dict() for name, acc in ACCOUNTANTS.items()}
-
-
-def budget_report(state: Cost, limit: Limit) -> dict:
-    """Spent and remaining under each accountant; ``gates`` marks the policy's filter."""
-    out = {}
-    for name, acc in ACCOUNTANTS.items():
-        filt = acc.filter_epsilon(state, limit.delta)
-        out[name] = {
-            **acc.spent(state, limit.delta).as_dict(),
-            "filter_epsilon": _num(filt),
-            "remaining_epsilon": _num(max(0.0, limit.epsilon - filt)),
-            "gates": name == limit.policy,
-        }
-    return out
-
-
-def _refusal(limit: Limit, before: Cost, after: Cost, event_cost: Cost) -> BudgetExceeded:
-    spent = limit.spent(before)
-    total = limit.spent(after)
-    delta_used = after.approx if limit.policy == "rdp" else after.delta
-    reason = "epsilon" if math.isfinite(total) or not math.isfinite(event_cost.eps) else "delta"
-    what = "dataset budget" if limit.scope == "dataset" else "analyst's cap"
-    return BudgetExceeded(
-        f"Refused: this request would take the {what} to epsilon {_fmt(total)} "
-        f"(limit {limit.epsilon:g}) under the {limit.policy} filter; "
-        f"{_fmt(max(0.0, limit.epsilon - spent))} remains.",
-        scope=limit.scope,
-        policy=limit.policy,
-        reason=reason,
-        budget={"epsilon": limit.epsilon, "delta": limit.delta},
-        spent_epsilon=_num(spent),
-        remaining_epsilon=_num(max(0.0, limit.epsilon - spent)),
-        would_cost_epsilon=_num(total - spent if math.isfinite(total) else math.inf),
-        would_total_epsilon=_num(total),
-        delta_in_use=_num(delta_used),
-        request_charge=charge_summary(event_cost, limit.delta),
-    )
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.4g}" if math.isfinite(x) else "infinity"
 
 
 # --------------------------------------------------------------------------- actions
@@ -212,7 +113,7 @@ def _plan(event, ds: Dataset, budget: Budget, grant: Grant | None):
             f"Refused: no delta is left in the {limit.scope} budget to charge a Gaussian-type release "
             f"under the {limit.policy} policy.", scope=limit.scope, policy=limit.policy, reason="delta",
             budget={"epsilon": limit.epsilon, "delta": limit.delta},
-            spent_epsilon=_num(limit.spent(state)), remaining_epsilon=_num(max(0.0, limit.epsilon - limit.spent(state))))
+            spent_epsilon=num(limit.spent(state)), remaining_epsilon=num(max(0.0, limit.epsilon - limit.spent(state))))
     return stamped, _charged(stamped), limits
 
 
@@ -227,20 +128,20 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "") -> Led
     dataset_id = dataset if isinstance(dataset, int) else dataset.pk
     event = to_event(event)
     warm_caches(event)  # slow curve maths happens before the lock, not while holding it
-    sql = _admit_sql()
+    sql = ledger_sql.admit_sql()
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(sql.budget, [dataset_id])
         row = cur.fetchone()
         if row is None:
             raise Budget.DoesNotExist(f"no budget row for dataset {dataset_id}")
         state, name, status, b_eps, b_delta, policy, allow_np = row
-        ds = _DatasetRow(dataset_id, name, status, b_eps, b_delta, policy, bool(allow_np))
-        budget = _StateRow(dataset_id, _json(state))
+        ds = ledger_sql.DatasetRow(dataset_id, name, status, b_eps, b_delta, policy, bool(allow_np))
+        budget = ledger_sql.StateRow(dataset_id, ledger_sql.loads(state))
         grant = None
         cur.execute(sql.grant, [dataset_id, analyst.pk])
         g = cur.fetchone()
         if g is not None:
-            grant = _GrantRow(g[0], g[1], g[2], _json(g[3]))
+            grant = ledger_sql.GrantRow(g[0], g[1], g[2], ledger_sql.loads(g[3]))
         elif not analyst.is_staff:
             raise NoGrant(f"{analyst} has no grant on dataset {name}.", dataset=name)
         if status != Dataset.Status.ACTIVE:
@@ -248,19 +149,19 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "") -> Led
         stamped, cost, limits = _plan(event, ds, budget, grant)
         for limit, before in limits:
             if not limit.admits(before + cost):
-                raise _refusal(limit, before, before + cost, cost)
+                raise refusal(limit, before, before + cost, cost)
         now = timezone.now()
         fields = {"event": stamped.to_dict(), "cost": cost.to_json(), "charge": charge_summary(cost, b_delta)}
         when = connection.ops.adapt_datetimefield_value(now)
         fields["non_private"] = ev.has_non_private(stamped)
-        entry_row = [dataset_id, analyst.pk, grant.pk if grant else None, reference[:200], _dumps(fields["event"]),
-                     _dumps(fields["cost"]), _dumps(fields["charge"]), LedgerEntry.Status.RESERVED, when,
+        entry_row = [dataset_id, analyst.pk, grant.pk if grant else None, reference[:200], ledger_sql.dumps(fields["event"]),
+                     ledger_sql.dumps(fields["cost"]), ledger_sql.dumps(fields["charge"]), LedgerEntry.Status.RESERVED, when,
                      fields["non_private"]]
-        budget_row = [_dumps((limits[0][1] + cost).to_json()), when, dataset_id]
+        budget_row = [ledger_sql.dumps((limits[0][1] + cost).to_json()), when, dataset_id]
         grant_row = None
         if grant is not None:
             grant_state = limits[1][1] if len(limits) > 1 else Cost.from_json(grant.state)
-            grant_row = [_dumps((grant_state + cost).to_json()), grant.pk]
+            grant_row = [ledger_sql.dumps((grant_state + cost).to_json()), grant.pk]
         if sql.write_all is not None:  # PostgreSQL: the three writes in one round trip
             cur.execute(sql.write_all, entry_row + budget_row + (grant_row or [None, None]))
             entry_id = cur.fetchone()[0]
@@ -272,74 +173,6 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "") -> Led
                 cur.execute(sql.update_grant, grant_row)
     return LedgerEntry(id=entry_id, dataset_id=dataset_id, analyst=analyst, grant_id=grant.pk if grant else None,
                        reference=reference[:200], status=LedgerEntry.Status.RESERVED, created_at=now, **fields)
-
-
-@dataclass(frozen=True)
-class _DatasetRow:
-    pk: int
-    name: str
-    status: str
-    budget_epsilon: float
-    budget_delta: float
-    policy: str
-    allow_non_private: bool
-
-
-@dataclass(frozen=True)
-class _StateRow:
-    pk: int
-    state: dict
-
-
-@dataclass(frozen=True)
-class _GrantRow:
-    pk: int
-    cap_epsilon: float | None
-    cap_delta: float | None
-    state: dict
-
-
-def _json(value):
-    return orjson.loads(value) if isinstance(value, (str, bytes)) else (value or {})
-
-
-def _dumps(value) -> str:
-    return orjson.dumps(value).decode()
-
-
-@functools.cache
-def _sql_for(vendor: str) -> SimpleNamespace:
-    pg = vendor == "postgresql"
-    js = "::jsonb" if pg else ""
-    budget, dataset = Budget._meta.db_table, Dataset._meta.db_table
-    grant, entry = Grant._meta.db_table, LedgerEntry._meta.db_table
-    return SimpleNamespace(
-        budget=(f"SELECT b.state, d.name, d.status, d.budget_epsilon, d.budget_delta, d.policy, d.allow_non_private "
-                f"FROM {budget} b JOIN {dataset} d ON d.id = b.dataset_id WHERE b.dataset_id = %s"
-                + (" FOR UPDATE OF b" if pg else "")),  # SQLite: BEGIN IMMEDIATE holds the write lock
-        grant=(f"SELECT id, cap_epsilon, cap_delta, state FROM {grant} "
-               f"WHERE dataset_id = %s AND analyst_id = %s AND revoked_at IS NULL LIMIT 1"
-               + (" FOR UPDATE" if pg else "")),
-        insert=(f"INSERT INTO {entry} (dataset_id, analyst_id, grant_id, reference, event, cost, charge, status, "
-                f"created_at, non_private) VALUES (%s, %s, %s, %s, %s{js}, %s{js}, %s{js}, %s, %s, %s) RETURNING id"),
-        update_budget=(f"UPDATE {budget} SET state = %s{js}, active_entries = active_entries + 1, "
-                       f"updated_at = %s WHERE dataset_id = %s"),
-        update_grant=f"UPDATE {grant} SET state = %s{js} WHERE id = %s",
-        # Data-modifying CTEs (PostgreSQL): insert the entry and update both running states
-        # in one statement; a NULL grant id updates no grant row.
-        write_all=(f"WITH e AS (INSERT INTO {entry} (dataset_id, analyst_id, grant_id, reference, event, cost, "
-                   f"charge, status, created_at, non_private) "
-                   f"VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s, %s) "
-                   f"RETURNING id), "
-                   f"b AS (UPDATE {budget} SET state = %s::jsonb, active_entries = active_entries + 1, "
-                   f"updated_at = %s WHERE dataset_id = %s), "
-                   f"g AS (UPDATE {grant} SET state = %s::jsonb WHERE id = %s) "
-                   f"SELECT id FROM e") if pg else None,
-    )
-
-
-def _admit_sql() -> SimpleNamespace:
-    return _sql_for(connection.vendor)
 
 
 def warm_caches(event: ev.Event) -> None:

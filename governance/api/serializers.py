@@ -7,7 +7,7 @@ from rest_framework import serializers
 from accounting import POLICIES
 from accounting.costs import Cost
 
-from ..ledger import Limit, budget_report
+from ..limits import Limit, budget_report, charge_summary
 from ..models import Dataset, Grant, LedgerEntry, Request
 
 User = get_user_model()
@@ -243,8 +243,6 @@ class RequestSerializer(serializers.ModelSerializer):
 
     def get_charge(self, req) -> dict:
         from accounting.costs import Cost
-
-        from ..ledger import charge_summary
 
         entry = req.ledger_entry
         if entry is None or entry.status == LedgerEntry.Status.RELEASED:

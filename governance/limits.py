@@ -1,0 +1,112 @@
+"""The limits a request is gated against, and how spending is reported.
+
+``Limit`` is a budget (the dataset's, or an analyst's cap within it) read through the
+dataset's policy: its accountant's privacy filter decides admission. ``charge_summary``
+and ``budget_report`` state a cost under every accountant side by side; ``refusal``
+builds the 409 an analyst sees, with the numbers that explain it. No database access.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from accounting import ACCOUNTANTS
+from accounting.costs import Cost
+
+from .errors import BudgetExceeded
+from .models import Dataset, Grant
+
+
+def num(x: float):
+    """JSON-safe number: infinities become the strings "inf"/"-inf"."""
+    if x is None:
+        return None
+    x = float(x)
+    if math.isfinite(x):
+        return x
+    return "inf" if x > 0 else "-inf"
+
+
+# --------------------------------------------------------------------------- limits
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A budget to gate against: the dataset's, or an analyst's cap within it."""
+
+    scope: str  # "dataset" or "grant"
+    epsilon: float
+    delta: float
+    policy: str
+
+    @classmethod
+    def of_dataset(cls, ds: Dataset) -> Limit:
+        return cls("dataset", ds.budget_epsilon, ds.budget_delta, ds.policy)
+
+    @classmethod
+    def of_grant(cls, grant: Grant, ds: Dataset) -> Limit | None:
+        if grant.cap_epsilon is None and grant.cap_delta is None:
+            return None
+        eps = grant.cap_epsilon if grant.cap_epsilon is not None else ds.budget_epsilon
+        delta = grant.cap_delta if grant.cap_delta is not None else ds.budget_delta
+        return cls("grant", min(eps, ds.budget_epsilon), min(delta, ds.budget_delta), ds.policy)
+
+    @property
+    def accountant(self):
+        return ACCOUNTANTS[self.policy]
+
+    def spent(self, state: Cost) -> float:
+        return self.accountant.filter_epsilon(state, self.delta)
+
+    def admits(self, state: Cost) -> bool:
+        return self.spent(state) <= self.epsilon
+
+    def pool(self, state: Cost) -> float:
+        return max(0.0, self.accountant.gate_pool(state, self.delta))
+
+
+def charge_summary(cost: Cost, delta: float) -> dict:
+    """epsilon/delta of a cost vector under each accountant, reported at ``delta``."""
+    return {name: acc.spent(cost, delta).as_dict() for name, acc in ACCOUNTANTS.items()}
+
+
+def budget_report(state: Cost, limit: Limit) -> dict:
+    """Spent and remaining under each accountant; ``gates`` marks the policy's filter."""
+    out = {}
+    for name, acc in ACCOUNTANTS.items():
+        filt = acc.filter_epsilon(state, limit.delta)
+        out[name] = {
+            **acc.spent(state, limit.delta).as_dict(),
+            "filter_epsilon": num(filt),
+            "remaining_epsilon": num(max(0.0, limit.epsilon - filt)),
+            "gates": name == limit.policy,
+        }
+    return out
+
+
+def refusal(limit: Limit, before: Cost, after: Cost, event_cost: Cost) -> BudgetExceeded:
+    spent = limit.spent(before)
+    total = limit.spent(after)
+    delta_used = after.approx if limit.policy == "rdp" else after.delta
+    reason = "epsilon" if math.isfinite(total) or not math.isfinite(event_cost.eps) else "delta"
+    what = "dataset budget" if limit.scope == "dataset" else "analyst's cap"
+    return BudgetExceeded(
+        f"Refused: this request would take the {what} to epsilon {fmt(total)} "
+        f"(limit {limit.epsilon:g}) under the {limit.policy} filter; "
+        f"{fmt(max(0.0, limit.epsilon - spent))} remains.",
+        scope=limit.scope,
+        policy=limit.policy,
+        reason=reason,
+        budget={"epsilon": limit.epsilon, "delta": limit.delta},
+        spent_epsilon=num(spent),
+        remaining_epsilon=num(max(0.0, limit.epsilon - spent)),
+        would_cost_epsilon=num(total - spent if math.isfinite(total) else math.inf),
+        would_total_epsilon=num(total),
+        delta_in_use=num(delta_used),
+        request_charge=charge_summary(event_cost, limit.delta),
+    )
+
+
+def fmt(x: float) -> str:
+    return f"{x:.4g}" if math.isfinite(x) else "infinity"
