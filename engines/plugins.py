@@ -66,7 +66,15 @@ def plan(engine: str, request: EngineRequest, dataset: DatasetMeta) -> Plan:
 
 def run(engine: str, request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, progress,
         workdir=None) -> Release:
-    """Run a planned request on its data through the engine; its files go to ``workdir``."""
+    """Run a planned request on its data through the engine; its files go to ``workdir``.
+
+    ``data`` is a ``pyarrow.Table``, or for a distributed dataset an
+    ``engines.distributed.PartitionedTable``: passed as it is to an engine whose info says
+    ``"distributed": True``, read into one table for any other engine."""
+    from engines.distributed import PartitionedTable
+
+    if isinstance(data, PartitionedTable) and not info(engine).get("distributed"):
+        data = data.to_arrow()
     info(engine)
     result = pm.hook.run(engine=engine, request=request, dataset=dataset, data=data, plan=plan, progress=progress,
                          workdir=workdir)

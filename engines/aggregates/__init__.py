@@ -28,7 +28,7 @@ DESCRIPTION = (
 @hookimpl
 def engine_info():
     return {"name": NAME, "kinds": list(KINDS), "queue": "cpu", "description": DESCRIPTION,
-            "params_schema": params_schema()}
+            "params_schema": params_schema(), "distributed": True}
 
 
 @hookimpl
@@ -44,6 +44,12 @@ def plan(engine, request, dataset):
 def run(engine, request, dataset, data, plan, progress):
     if engine != NAME:
         return None
+    from engines.distributed import PartitionedTable
+
+    if isinstance(data, PartitionedTable):  # a distributed dataset: exact parts on the Dask cluster
+        from engines.distributed.aggregates import execute as run_distributed
+
+        return run_distributed(request, dataset, data, plan, progress)
     from .execute import execute
 
     return execute(request, dataset, data, plan, progress)

@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["numeric_values", "clamped_values", "predicate_mask", "category_codes", "bin_codes", "unit_codes",
-           "bound_contributions", "exact_sum", "exact_count", "quantile_scores"]
+           "bound_contributions", "exact_sum", "exact_count", "grid_exponent", "grid_sum", "from_grid",
+           "quantile_histograms", "scores_from_histograms", "quantile_scores"]
 
 
 # --------------------------------------------------------------------------- columns
@@ -250,21 +251,23 @@ def exact_count(mask: np.ndarray, codes: np.ndarray | None = None, groups: int =
     return np.bincount(sel, minlength=groups).astype(np.int64)
 
 
-def _grid_exponent(n: int, bound: float) -> int:
+def grid_exponent(n: int, bound: float) -> int:
     """e such that n * bound * 2^e <= 2^51."""
     return 51 - math.ceil(math.log2(max(n, 1))) - math.frexp(bound)[1]
 
 
-def exact_sum(values: np.ndarray, bound: float, n_max: int, codes: np.ndarray | None = None,
-              groups: int = 0, *, overwrite: bool = False):
-    """Exact sum (or per-group sums) of ``values`` already clipped into [-bound, bound];
-    ``n_max`` bounds the number of values (the table's row count). ``overwrite=True`` lets
-    it use ``values`` as its scratch buffer (a caller that no longer needs them).
+def grid_sum(values: np.ndarray, bound: float, n_max: int, codes: np.ndarray | None = None,
+             groups: int = 0, *, overwrite: bool = False):
+    """The sum (or per-group sums) of ``values`` on the grid of multiples of 2^-e, in grid
+    units: an integer-valued float64 (or array), e = ``grid_exponent(n_max, bound)``.
+    Partial grid sums over disjoint parts of a table (partitions) add up exactly: every
+    partial and the total are integers below 2^53 when ``n_max`` bounds the whole table's
+    rows. ``exact_sum`` is ``ldexp(grid_sum, -e)``.
 
     Scaling by 2^e is a multiplication by the float 2^e, which is exact and equal to
     ``ldexp(values, e)`` (both are the correctly rounded x * 2^e) whenever 2^e is a normal
     float; ldexp is kept for exponents outside that range. Truncation is in place."""
-    e = _grid_exponent(max(n_max, len(values)), bound)
+    e = grid_exponent(max(n_max, len(values)), bound)
     own = overwrite and values.dtype == np.float64 and values.flags.writeable
     out = values if own else None
     if -1022 <= e <= 1023:
@@ -273,14 +276,33 @@ def exact_sum(values: np.ndarray, bound: float, n_max: int, codes: np.ndarray | 
         q = np.ldexp(values, e, out=out)
     np.trunc(q, out=q)
     if codes is None:
-        return float(np.ldexp(q.sum(), -e))
-    return np.ldexp(np.bincount(codes, weights=q, minlength=groups), -e)
+        return float(q.sum())
+    return np.bincount(codes, weights=q, minlength=groups)
 
 
-def quantile_scores(values: np.ndarray, candidates: np.ndarray, alpha_num: int, alpha_den: int,
-                    codes: np.ndarray | None = None, groups: int = 1) -> np.ndarray:
-    """OpenDP's quantile scores (``make_quantile_score_candidates``), vectorised, one row
-    per group: for candidate c, ``|(den - num) * #(x < c) - num * #(x > c)|``."""
+def from_grid(total, bound: float, n_max: int):
+    """A grid sum (``grid_sum`` units) back to the value it stands for."""
+    e = grid_exponent(n_max, bound)
+    if isinstance(total, np.ndarray):
+        return np.ldexp(total, -e)
+    return float(np.ldexp(total, -e))
+
+
+def exact_sum(values: np.ndarray, bound: float, n_max: int, codes: np.ndarray | None = None,
+              groups: int = 0, *, overwrite: bool = False):
+    """Exact sum (or per-group sums) of ``values`` already clipped into [-bound, bound];
+    ``n_max`` bounds the number of values (the table's row count). ``overwrite=True`` lets
+    it use ``values`` as its scratch buffer (a caller that no longer needs them)."""
+    n = max(n_max, len(values))
+    return from_grid(grid_sum(values, bound, n, codes, groups, overwrite=overwrite), bound, n)
+
+
+def quantile_histograms(values: np.ndarray, candidates: np.ndarray, codes: np.ndarray | None = None,
+                        groups: int = 1) -> np.ndarray:
+    """Per group, how many values fall at each rank among the candidates, counted twice:
+    ``[0]`` by the number of candidates < x, ``[1]`` by the number <= x (shape
+    (2, groups, m + 1), int64). Additive over disjoint parts of a table: the scores
+    (``scores_from_histograms``) of the whole are those of the summed histograms."""
     m = len(candidates)
     lt_idx = np.searchsorted(candidates, values, side="left")  # number of candidates < x
     safe = np.minimum(lt_idx, m - 1)
@@ -288,8 +310,22 @@ def quantile_scores(values: np.ndarray, candidates: np.ndarray, alpha_num: int, 
     base = codes * (m + 1) if codes is not None else 0
     hist_lo = np.bincount(base + lt_idx, minlength=groups * (m + 1)).reshape(groups, m + 1)
     hist_ro = np.bincount(base + le_idx, minlength=groups * (m + 1)).reshape(groups, m + 1)
+    return np.stack([hist_lo, hist_ro]).astype(np.int64, copy=False)
+
+
+def scores_from_histograms(hists: np.ndarray, alpha_num: int, alpha_den: int) -> np.ndarray:
+    """OpenDP's quantile scores from ``quantile_histograms``, one row per group."""
+    hist_lo, hist_ro = hists[0], hists[1]
+    m = hist_lo.shape[1] - 1
     n = hist_lo.sum(axis=1)
     lt = np.cumsum(hist_ro[:, :m], axis=1)  # #(x < c_i)
     le = np.cumsum(hist_lo[:, :m], axis=1)  # #(x <= c_i)
     gt = n[:, None] - le
     return np.abs((alpha_den - alpha_num) * lt - alpha_num * gt)
+
+
+def quantile_scores(values: np.ndarray, candidates: np.ndarray, alpha_num: int, alpha_den: int,
+                    codes: np.ndarray | None = None, groups: int = 1) -> np.ndarray:
+    """OpenDP's quantile scores (``make_quantile_score_candidates``), vectorised, one row
+    per group: for candidate c, ``|(den - num) * #(x < c) - num * #(x > c)|``."""
+    return scores_from_histograms(quantile_histograms(values, candidates, codes, groups), alpha_num, alpha_den)

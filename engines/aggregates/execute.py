@@ -1,5 +1,7 @@
 """A run: exact aggregate (compute.py), contribution bounding, OpenDP noise (noise.py),
-result JSON (report.py). Uses only the noise the plan paid for: every measurement is
+result JSON (report.py). The exact aggregate comes in additive parts (``exact_parts``,
+``combine``), so a distributed backend (engines/distributed) computes them per partition
+and shares the rest (``finish``: noise once, report). Uses only the noise the plan paid for: every measurement is
 rebuilt from ``plan.details`` and its OpenDP map checked against the planned cost."""
 
 from __future__ import annotations
@@ -20,13 +22,33 @@ def _check_cost(planned: float, actual: float) -> None:
         raise EngineError(f"the run's measurement costs {actual}, more than the planned {planned}")
 
 
-def execute(request: EngineRequest, dataset: DatasetMeta, data: pa.Table, plan: Plan, progress) -> Release:
+def check_version(plan: Plan) -> dict:
     d = plan.details
     if d.get("version") != DETAILS_VERSION:
         raise EngineError("plan details from an unknown version of the aggregates engine")
+    return d
+
+
+def execute(request: EngineRequest, dataset: DatasetMeta, data: pa.Table, plan: Plan, progress) -> Release:
+    d = check_version(plan)
+    rng = np.random.default_rng()
+    n = data.num_rows
+    return finish(d, exact_parts(d, data, n, rng, progress), n, rng, progress)
+
+
+def _noop(update: dict) -> None:
+    return None
+
+
+def exact_parts(d: dict, data: pa.Table, n_max: int, rng: np.random.Generator, progress=_noop) -> dict:
+    """The exact aggregate of ``data`` in additive parts (``combine`` adds the parts of
+    disjoint pieces of a table into those of the whole): ``count`` (int, or int64 per
+    group), ``sum`` / ``sum_of_squares`` in grid units (``compute.grid_sum`` with
+    ``n_max``, a bound on the whole table's rows), ``quantile`` histograms. Contribution
+    bounding happens here, so ``data`` must hold every row of each privacy unit it holds
+    (the whole table, or a partition after a shuffle on the unit column)."""
     kind = d["kind"]
     n = data.num_rows
-    rng = np.random.default_rng()
 
     progress({"phase": "filtering", "fraction": 0.05})
     mask = compute.predicate_mask(data, d["where"])
@@ -66,14 +88,16 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data: pa.Table, plan: 
 
     sel_codes = selected(codes) if codes is not None else None
     if kind == "quantile":
-        return Release(result=_quantile(d, selected(values), sel_codes, groups, progress))
-    exact = {}
+        qd = d["quantile"]
+        grid = candidate_grid(qd["grid"]["lower"], qd["grid"]["upper"], qd["grid"]["count"])
+        return {"quantile": compute.quantile_histograms(selected(values), grid, sel_codes, max(groups, 1))}
+    parts = {}
     if kind in ("count", "histogram", "mean", "variance"):
-        exact["count"] = (n if every and codes is None
+        parts["count"] = (n if every and codes is None
                           else compute.exact_count(mask, codes, groups, selected_codes=sel_codes))
     if kind == "sum":
-        m = max(abs(d["bounds"][0]), abs(d["bounds"][1]))
-        exact["sum"] = compute.exact_sum(selected(values), m, n, sel_codes, groups, overwrite=True)
+        parts["sum"] = compute.grid_sum(selected(values), _bounds(d)["sum"], n_max, sel_codes, groups,
+                                        overwrite=True)
     elif kind in ("mean", "variance"):
         r = d["radius"]
         y = selected(values)
@@ -82,9 +106,43 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data: pa.Table, plan: 
         if kind == "variance":
             sq = np.multiply(y, y)
             np.clip(sq, 0.0, r * r, out=sq)
-            exact["sum_of_squares"] = compute.exact_sum(sq, r * r, n, sel_codes, groups, overwrite=True)
-        exact["sum"] = compute.exact_sum(y, r, n, sel_codes, groups, overwrite=True)
+            parts["sum_of_squares"] = compute.grid_sum(sq, r * r, n_max, sel_codes, groups, overwrite=True)
+        parts["sum"] = compute.grid_sum(y, r, n_max, sel_codes, groups, overwrite=True)
+    return parts
 
+
+def _bounds(d: dict) -> dict:
+    """The clamping bound of each summed component (what its grid is scaled to)."""
+    if d["kind"] == "sum":
+        return {"sum": max(abs(d["bounds"][0]), abs(d["bounds"][1]))}
+    if d["kind"] in ("mean", "variance"):
+        r = d["radius"]
+        return {"sum": r, "sum_of_squares": r * r}
+    return {}
+
+
+def combine(parts: list[dict]) -> dict:
+    """The parts of disjoint pieces of a table added into those of the whole (exact: counts
+    and histograms are integers, grid sums integer-valued floats below 2^53)."""
+    out: dict = {}
+    for p in parts:
+        for name, v in p.items():
+            out[name] = v if name not in out else out[name] + v
+    return out
+
+
+def exact_values(d: dict, parts: dict, n_max: int) -> dict:
+    """The exact aggregates (what noise is added to) from the combined parts."""
+    bounds = _bounds(d)
+    return {name: compute.from_grid(v, bounds[name], n_max) if name in bounds else v for name, v in parts.items()}
+
+
+def finish(d: dict, parts: dict, n_max: int, rng: np.random.Generator, progress) -> Release:
+    """Noise, once, on the exact aggregate of the whole table, and the result JSON."""
+    kind = d["kind"]
+    if kind == "quantile":
+        return Release(result=_quantile(d, parts["quantile"], progress))
+    exact = exact_values(d, parts, n_max)
     progress({"phase": "adding noise", "fraction": 0.8})
     nzs, noisy = {}, {}
     for name, comp in d["components"].items():
@@ -101,11 +159,11 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data: pa.Table, plan: 
     return Release(result=result)
 
 
-def _quantile(d: dict, values: np.ndarray, codes, groups: int, progress) -> dict:
+def _quantile(d: dict, hists: np.ndarray, progress) -> dict:
     qd = d["quantile"]
     _check_cost(qd["epsilon"], noise.noisy_min_cost(qd["scale"], qd["score_sensitivity"]))
     grid = candidate_grid(qd["grid"]["lower"], qd["grid"]["upper"], qd["grid"]["count"])
-    scores = compute.quantile_scores(values, grid, qd["alpha_num"], qd["alpha_den"], codes, max(groups, 1))
+    scores = compute.scores_from_histograms(hists, qd["alpha_num"], qd["alpha_den"])
     progress({"phase": "adding noise", "fraction": 0.8})
     picks = [float(grid[noise.noisy_argmin(row, qd["scale"])]) for row in scores]
     result = report.quantile(d, picks)

@@ -1,0 +1,75 @@
+"""The Dask client and running a task graph on it.
+
+``scheduler`` is a Dask scheduler address (``tcp://host:8786``) or ``""``: the graph then
+runs on threads in the calling process (the embedded default needs no cluster). One
+``distributed.Client`` per address and process, kept for the life of the process (a
+Celery worker runs many requests).
+
+Retries: Dask re-runs a task whose worker died, and ``retries`` more times a task that
+raised. The tasks sent here are pure functions of a partition (exact partial aggregates);
+they never draw released noise and never touch the ledger, so a re-run changes nothing
+that is charged or released: the noise is drawn once, by the caller, from the gathered
+result, and the host charges the request once (compare-and-set on its ledger entry).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import dask
+
+from engines.types import Cancelled
+
+__all__ = ["client", "compute", "tree_reduce"]
+
+_clients: dict = {}
+_lock = threading.Lock()
+POLL_SECONDS = 0.25
+
+
+def client(address: str):
+    """The process's ``distributed.Client`` for ``address`` (connects on first use)."""
+    from distributed import Client
+
+    with _lock:
+        c = _clients.get(address)
+        if c is None or c.status not in ("running", "connecting"):
+            c = _clients[address] = Client(address, set_as_default=False, timeout="30s")
+        return c
+
+
+def tree_reduce(leaves: list, combine, fan_in: int = 8):
+    """A delayed value combining ``leaves`` (delayed values) ``fan_in`` at a time, so no
+    single task receives every partition's partial result."""
+    level = list(leaves)
+    if not level:
+        raise ValueError("nothing to reduce")
+    while len(level) > 1:
+        level = [dask.delayed(combine, pure=True)(level[i:i + fan_in]) for i in range(0, len(level), fan_in)]
+    return level[0]
+
+
+def compute(value, scheduler: str, retries: int, progress=None, phase: str = "aggregating on the cluster"):
+    """Compute one delayed value on ``scheduler`` (threads here when ``""``), reporting
+    progress while it runs; a ``Cancelled`` raised by ``progress`` cancels the graph."""
+    if not scheduler:
+        if progress is not None:
+            progress({"phase": phase, "fraction": 0.5})
+        (out,) = dask.compute(value, scheduler="threads")
+        return out
+    c = client(scheduler)
+    future = c.compute(value, retries=retries)
+    t0 = time.monotonic()
+    try:
+        while True:
+            try:
+                return future.result(timeout=POLL_SECONDS)
+            except TimeoutError:
+                if progress is not None:
+                    progress({"phase": phase, "fraction": 0.5, "seconds": round(time.monotonic() - t0, 1)})
+    except Cancelled:
+        future.cancel()
+        raise
+    finally:
+        future.release()

@@ -1,0 +1,141 @@
+"""A partitioned Parquet table: where its parts are, what they must look like, and the
+check, from the Parquet footers only (schema and row count, no rows), that they still do.
+
+The manifest is written when the dataset is registered: one entry per file,
+``{"path", "rows", "bytes"}``, and the table's Arrow schema (``schema_to_json``). A run
+checks it before the data is read, so a partition that went missing or was rewritten with
+another schema fails the request *before the read* (its reservation is refunded).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from engines.types import EngineError
+
+__all__ = ["PartitionError", "PartitionedTable", "open_file", "list_partitions", "schema_to_json",
+           "schema_from_json", "footer", "check_manifest"]
+
+
+class PartitionError(EngineError):
+    """A partition is missing, unreadable, or differs from the registered manifest."""
+
+    code = "dataset.partition_invalid"
+
+    def __init__(self, message: str, path: str = "", problem: str = ""):
+        super().__init__(message)
+        self.path = path
+        self.problem = problem
+
+
+def _fs(path: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in path:
+        return pafs.FileSystem.from_uri(path)
+    return pafs.LocalFileSystem(), path
+
+
+def open_file(path: str):
+    """A readable file object for a local path or a URI."""
+    fs, p = _fs(path)
+    return fs.open_input_file(p)
+
+
+def list_partitions(location: str) -> list[str]:
+    """The Parquet files of a location: one file, or every ``*.parquet`` file under a
+    directory (recursively, sorted by path). Raises ``PartitionError`` if there are none."""
+    fs, p = _fs(location)
+    scheme = location.split("://", 1)[0] + "://" if "://" in location else ""
+    info = fs.get_file_info(p)
+    if info.type == pafs.FileType.File:
+        return [location]
+    if info.type != pafs.FileType.Directory:
+        raise PartitionError(f"{location!r} is neither a file nor a directory", location, "missing")
+    files = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(p, recursive=True))
+                   if i.type == pafs.FileType.File and i.base_name.endswith((".parquet", ".pq")))
+    if not files:
+        raise PartitionError(f"{location!r} holds no .parquet files", location, "empty")
+    return [scheme + f if scheme else f for f in files]
+
+
+def schema_to_json(schema: pa.Schema) -> str:
+    """The Arrow schema in a JSON-safe form (its IPC bytes, base64), metadata dropped."""
+    return base64.b64encode(schema.remove_metadata().serialize().to_pybytes()).decode()
+
+
+def schema_from_json(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+def footer(path: str) -> tuple[pa.Schema, int]:
+    """(Arrow schema, rows) of one Parquet file, from its footer."""
+    try:
+        with open_file(path) as f:
+            pf = pq.ParquetFile(f)
+            return pf.schema_arrow.remove_metadata(), pf.metadata.num_rows
+    except FileNotFoundError:
+        raise PartitionError(f"partition {path!r} is missing", path, "missing") from None
+    except (OSError, pa.ArrowInvalid) as e:
+        raise PartitionError(f"partition {path!r} cannot be read as Parquet: {e}", path, "unreadable") from None
+
+
+def _differences(expected: pa.Schema, found: pa.Schema, columns) -> list[str]:
+    out = []
+    for name in columns:
+        i, j = expected.get_field_index(name), found.get_field_index(name)
+        if j < 0:
+            out.append(f"column {name!r} is missing")
+        elif i >= 0 and expected.field(i).type != found.field(j).type:
+            out.append(f"column {name!r} is {found.field(j).type}, registered as {expected.field(i).type}")
+    return out
+
+
+def check_manifest(parts: list[dict], schema: pa.Schema, columns: list[str] | None = None) -> int:
+    """Check every partition against the manifest: it exists, holds the registered row
+    count, and its schema matches the registered one (every column, or only ``columns``).
+    Reads footers only. Returns the total row count; raises ``PartitionError``."""
+    total = 0
+    cols = list(columns) if columns is not None else schema.names
+    for part in parts:
+        found, rows = footer(part["path"])
+        diff = _differences(schema, found, cols)
+        if diff:
+            raise PartitionError(f"partition {part['path']!r} has a different schema: " + "; ".join(diff),
+                                 part["path"], "schema")
+        if rows != part["rows"]:
+            raise PartitionError(f"partition {part['path']!r} holds {rows} rows, registered with {part['rows']}: "
+                                 "it was rewritten since registration", part["path"], "rows")
+        total += rows
+    return total
+
+
+@dataclass(frozen=True)
+class PartitionedTable:
+    """What a distributed engine gets instead of a ``pyarrow.Table``: the checked
+    partitions, the columns to read (planned columns plus the unit column), the total
+    row count, and the Dask scheduler to run on (``""``: threads in this process)."""
+
+    paths: tuple[str, ...]
+    columns: tuple[str, ...]
+    num_rows: int
+    unit_column: str | None = None
+    scheduler: str = ""
+    retries: int = 2
+    options: dict = field(default_factory=dict)
+
+    def read_file(self, path: str) -> pa.Table:
+        """One partition's planned columns (called on a Dask worker)."""
+        with open_file(path) as f:
+            return pq.read_table(f, columns=list(self.columns))
+
+    def to_arrow(self) -> pa.Table:
+        """Every partition read into one table, in this process (for engines that do not
+        run distributed: the table must then fit one worker's memory)."""
+        tables = [self.read_file(p) for p in self.paths]
+        if not tables:
+            return pa.table({c: pa.array([]) for c in self.columns})
+        return pa.concat_tables(tables)

@@ -1,0 +1,67 @@
+"""A real local Dask cluster (2 worker processes, 1 thread each) for the module's tests,
+and a partitioned Parquet table with privacy units spread over its partitions."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from engines.distributed.source import schema_to_json
+
+DOMAIN = ["north", "south", "east"]
+UNIT_COLUMNS = {
+    "pid": {"type": "unit"},
+    "age": {"type": "numeric", "lower": 18, "upper": 90},
+    "income": {"type": "numeric", "lower": 0, "upper": 100_000},
+    "site": {"type": "categorical", "domain": DOMAIN},
+    "flag": {"type": "categorical", "domain": [False, True]},
+}
+
+
+def make_table(n: int, seed: int = 3) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    income = rng.normal(50_000, 30_000, n)  # some below 0 and above 100,000: clamped
+    income[rng.random(n) < 0.05] = np.nan
+    return pa.table({
+        "pid": rng.integers(0, n // 3, n),  # about 3 rows per unit, spread over the partitions
+        "age": rng.integers(10, 100, n),  # some outside [18, 90]: clamped
+        "income": income,
+        "site": rng.choice(DOMAIN + ["secret-site"], n, p=[0.3, 0.3, 0.3, 0.1]),
+        "flag": rng.random(n) < 0.3,
+    })
+
+
+def write_partitions(table: pa.Table, directory, parts: int) -> list[dict]:
+    """The table cut into ``parts`` Parquet files; returns their manifest."""
+    directory.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, table.num_rows, parts + 1).astype(int)
+    manifest = []
+    for i in range(parts):
+        path = directory / f"part-{i:04d}.parquet"
+        pq.write_table(table.slice(bounds[i], bounds[i + 1] - bounds[i]), path)
+        manifest.append({"path": str(path), "rows": int(bounds[i + 1] - bounds[i]), "bytes": path.stat().st_size})
+    return manifest
+
+
+@pytest.fixture(scope="session")
+def dask_cluster():
+    from distributed import LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                           host="127.0.0.1", silence_logs=40)
+    try:
+        yield cluster.scheduler_address
+    finally:
+        from engines.distributed import cluster as dc
+
+        c = dc._clients.pop(cluster.scheduler_address, None)
+        if c is not None:
+            c.close()
+        cluster.close()
+
+
+@pytest.fixture(scope="session")
+def partitioned(tmp_path_factory):
+    table = make_table(12_000)
+    manifest = write_partitions(table, tmp_path_factory.mktemp("parts"), 5)
+    return table, manifest, schema_to_json(table.schema)
