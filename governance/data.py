@@ -11,7 +11,13 @@ from .models import Dataset
 
 
 def load_columns(ds: Dataset, columns: list[str]) -> pa.Table:
-    """The named columns of a dataset's table (the unit column is added when it has one)."""
+    """The named columns of a dataset's table (the unit column is added when it has one).
+    A distributed dataset's partitions are checked (footers only) and handed over unread,
+    as an ``engines.distributed.PartitionedTable`` (governance.partitions)."""
+    if ds.execution == Dataset.Execution.DISTRIBUTED:
+        from .partitions import open_columns
+
+        return open_columns(ds, columns)
     cols = list(dict.fromkeys(columns + ([ds.unit_column] if ds.unit_column else [])))
     path = str(dataset_path(ds))
     if not cols and ds.file_format == "csv":

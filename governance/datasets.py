@@ -217,6 +217,10 @@ def dataset_path(ds: Dataset) -> Path:
 
 def table_schema(ds: Dataset) -> pa.Schema:
     """The stored table's Arrow schema (Parquet: from the footer, without reading rows)."""
+    if ds.execution == Dataset.Execution.DISTRIBUTED:  # recorded from the partitions' footers
+        from .partitions import arrow_schema
+
+        return arrow_schema(ds)
     if ds.file_format == "parquet":
         return pq.read_schema(dataset_path(ds))
     return read_table(dataset_path(ds), ds.file_format).schema
@@ -387,8 +391,11 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 
 def register(*, name: str, created_by, upload=None, path: str | None = None, file_format: str | None = None,
              title: str = "", description: str = "", unit_column: str = "", schema=None,
-             budget_epsilon=None, budget_delta="auto", policy: str = "rdp", activate: bool = False) -> Dataset:
-    """Register a table (an uploaded file or a server path) as a dataset. All-or-nothing."""
+             budget_epsilon=None, budget_delta="auto", policy: str = "rdp", activate: bool = False,
+             execution: str = "local") -> Dataset:
+    """Register a table (an uploaded file or a server path) as a dataset. All-or-nothing.
+    ``execution="distributed"``: ``path`` names Parquet partitions, registered where they
+    are (governance.partitions)."""
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise InvalidDataset("name must be 1-100 lowercase letters, digits, '-' or '_'", field="name")
     if Dataset.objects.filter(name=name).exists():
@@ -397,6 +404,18 @@ def register(*, name: str, created_by, upload=None, path: str | None = None, fil
         raise InvalidDataset(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}", field="policy")
     if (upload is None) == (path is None):
         raise InvalidDataset("give exactly one of an uploaded 'file' or a server 'path'")
+    if execution not in Dataset.Execution.values:
+        raise InvalidDataset(f"execution must be one of {', '.join(Dataset.Execution.values)}", field="execution")
+    if execution == Dataset.Execution.DISTRIBUTED:
+        if path is None:
+            raise InvalidDataset("a distributed dataset is registered from a server 'path' (Parquet partitions: "
+                                 "a directory, a file or a URI), not an upload", field="path")
+        from . import partitions
+
+        return partitions.register(name=name, created_by=created_by, location=path, title=title,
+                                   description=description, unit_column=unit_column, schema=schema,
+                                   budget_epsilon=budget_epsilon, budget_delta=budget_delta, policy=policy,
+                                   activate=activate)
     source = resolve_server_path(path) if path is not None else upload
     rel, fmt, sha = store_file(source, name, file_format)
     stored = settings.DATA_DIR / rel

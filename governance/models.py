@@ -25,12 +25,24 @@ class Dataset(models.Model):
         CSV = "csv", "CSV"
         PARQUET = "parquet", "Parquet"
 
+    class Execution(models.TextChoices):
+        LOCAL = "local", "local (a worker reads the whole table)"
+        DISTRIBUTED = "distributed", "distributed (Parquet partitions, run on the Dask cluster)"
+
     name = models.SlugField(max_length=100, unique=True, help_text="Stable identifier used in the API.")
     title = models.CharField(max_length=200, blank=True)
     description = models.TextField(blank=True)
     file = models.CharField(max_length=500, help_text="Path of the stored table, relative to DATA_DIR.")
     file_format = models.CharField(max_length=10, choices=Format.choices)
     sha256 = models.CharField(max_length=64)
+    execution = models.CharField(max_length=12, choices=Execution.choices, default=Execution.LOCAL,
+                                 help_text="local: the stored file, read by one worker; distributed: Parquet "
+                                 "partitions at location, run on the Dask cluster (governance.partitions).")
+    location = models.CharField(max_length=1000, blank=True, help_text="A distributed dataset's partitions: "
+                                "a directory or object-store prefix (blank for a stored file).")
+    partitions = models.JSONField(default=list, blank=True, help_text="A distributed dataset's manifest: "
+                                  '[{"path" (relative to location), "rows", "bytes"}], checked before each run.')
+    arrow_schema = models.TextField(blank=True, help_text="A distributed dataset's Arrow schema (IPC, base64).")
     schema = models.JSONField(help_text='{"columns": [{"name", "type", "lower", "upper", "domain"}]}')
     unit_column = models.CharField(max_length=200, blank=True,
                                    help_text="Column naming the privacy unit (e.g. patient_id); blank = one row.")

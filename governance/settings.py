@@ -118,6 +118,15 @@ DATA_DIR = Path(envstr("DATA_DIR", str(VAR_DIR / "data")))
 RESULTS_DIR = Path(envstr("RESULTS_DIR", str(VAR_DIR / "results")))
 DATASET_IMPORT_DIRS = [Path(p) for p in envlist("DATASET_IMPORT_DIRS", str(DATA_DIR / "import"))]
 MAX_UPLOAD_BYTES = envint("MAX_UPLOAD_BYTES", 2 * 1024**3)
+# Distributed datasets (execution "distributed", engines/distributed): Parquet partitions
+# registered where they are (not copied), under DATASET_IMPORT_DIRS or an object-store
+# prefix listed in DATASET_IMPORT_URIS ("s3://bucket/tables/", read by pyarrow's filesystems
+# with the worker's own credentials); runs go to the Dask scheduler at DASK_SCHEDULER_ADDRESS
+# (empty: threads in the worker process, no cluster), a failed cluster task retried
+# DASK_TASK_RETRIES times (tasks are pure; the noise is drawn once, by the Celery worker).
+DATASET_IMPORT_URIS = envlist("DATASET_IMPORT_URIS", "")
+DASK_SCHEDULER_ADDRESS = envstr("DASK_SCHEDULER_ADDRESS", "")
+DASK_TASK_RETRIES = envint("DASK_TASK_RETRIES", 2)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
 

@@ -2,7 +2,8 @@
 check, from the Parquet footers only (schema and row count, no rows), that they still do.
 
 The manifest is written when the dataset is registered: one entry per file,
-``{"path", "rows", "bytes"}``, and the table's Arrow schema (``schema_to_json``). A run
+``{"path" (relative to the location), "rows", "bytes"}``, and the table's Arrow schema
+(``schema_to_json``). A run
 checks it before the data is read, so a partition that went missing or was rewritten with
 another schema fails the request *before the read* (its reservation is refunded).
 """
@@ -10,6 +11,7 @@ another schema fails the request *before the read* (its reservation is refunded)
 from __future__ import annotations
 
 import base64
+import os
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -18,8 +20,8 @@ import pyarrow.parquet as pq
 
 from engines.types import EngineError
 
-__all__ = ["PartitionError", "PartitionedTable", "open_file", "list_partitions", "schema_to_json",
-           "schema_from_json", "footer", "check_manifest"]
+__all__ = ["PartitionError", "PartitionedTable", "open_file", "join", "list_partitions", "schema_to_json",
+           "schema_from_json", "footer", "differences", "check_manifest"]
 
 
 class PartitionError(EngineError):
@@ -45,21 +47,33 @@ def open_file(path: str):
     return fs.open_input_file(p)
 
 
-def list_partitions(location: str) -> list[str]:
-    """The Parquet files of a location: one file, or every ``*.parquet`` file under a
-    directory (recursively, sorted by path). Raises ``PartitionError`` if there are none."""
+def join(base: str, rel: str) -> str:
+    """A partition's full path or URI from the location and its manifest name."""
+    return base.rstrip("/") + "/" + rel if "://" in base else os.path.join(base, rel)
+
+
+def list_partitions(location: str) -> tuple[str, list[str]]:
+    """The Parquet files of a location: ``(base, names)`` with each file's path relative to
+    ``base``: one file (base its directory), or every ``*.parquet`` / ``*.pq`` file under
+    a directory, recursively, sorted. Raises ``PartitionError`` if there are none."""
     fs, p = _fs(location)
     scheme = location.split("://", 1)[0] + "://" if "://" in location else ""
-    info = fs.get_file_info(p)
+    try:
+        info = fs.get_file_info(p)
+    except (OSError, ValueError) as e:
+        raise PartitionError(f"{location!r} cannot be listed: {e}", location, "unreadable") from None
     if info.type == pafs.FileType.File:
-        return [location]
+        base, _, name = p.rpartition("/")
+        return scheme + base, [name]
     if info.type != pafs.FileType.Directory:
         raise PartitionError(f"{location!r} is neither a file nor a directory", location, "missing")
-    files = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(p, recursive=True))
-                   if i.type == pafs.FileType.File and i.base_name.endswith((".parquet", ".pq")))
+    root = p.rstrip("/") + "/"
+    files = sorted(i.path[len(root):] for i in fs.get_file_info(pafs.FileSelector(p, recursive=True))
+                   if i.type == pafs.FileType.File and i.base_name.endswith((".parquet", ".pq"))
+                   and i.path.startswith(root))
     if not files:
         raise PartitionError(f"{location!r} holds no .parquet files", location, "empty")
-    return [scheme + f if scheme else f for f in files]
+    return location, files
 
 
 def schema_to_json(schema: pa.Schema) -> str:
@@ -71,38 +85,45 @@ def schema_from_json(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
-def footer(path: str) -> tuple[pa.Schema, int]:
-    """(Arrow schema, rows) of one Parquet file, from its footer."""
+def footer(path: str, label: str | None = None) -> tuple[pa.Schema, int]:
+    """(Arrow schema, rows) of one Parquet file, from its footer; errors name it ``label``."""
+    label = label or path
     try:
         with open_file(path) as f:
             pf = pq.ParquetFile(f)
             return pf.schema_arrow.remove_metadata(), pf.metadata.num_rows
     except FileNotFoundError:
-        raise PartitionError(f"partition {path!r} is missing", path, "missing") from None
-    except (OSError, pa.ArrowInvalid) as e:
-        raise PartitionError(f"partition {path!r} cannot be read as Parquet: {e}", path, "unreadable") from None
+        raise PartitionError(f"partition {label!r} is missing", label, "missing") from None
+    except (OSError, pa.ArrowException) as e:
+        raise PartitionError(f"partition {label!r} cannot be read as Parquet: {str(e)[:200]}", label,
+                             "unreadable") from None
 
 
-def _differences(expected: pa.Schema, found: pa.Schema, columns) -> list[str]:
+def differences(expected: pa.Schema, found: pa.Schema, columns=None) -> list[str]:
+    """How ``found`` differs from ``expected`` in ``columns`` (default: every column of
+    either)."""
+    names = list(columns) if columns is not None else list(dict.fromkeys(expected.names + found.names))
     out = []
-    for name in columns:
+    for name in names:
         i, j = expected.get_field_index(name), found.get_field_index(name)
         if j < 0:
             out.append(f"column {name!r} is missing")
-        elif i >= 0 and expected.field(i).type != found.field(j).type:
+        elif i < 0:
+            out.append(f"column {name!r} is not in the registered schema")
+        elif expected.field(i).type != found.field(j).type:
             out.append(f"column {name!r} is {found.field(j).type}, registered as {expected.field(i).type}")
     return out
 
 
-def check_manifest(parts: list[dict], schema: pa.Schema, columns: list[str] | None = None) -> int:
+def check_manifest(base: str, parts: list[dict], schema: pa.Schema, columns: list[str] | None = None) -> int:
     """Check every partition against the manifest: it exists, holds the registered row
-    count, and its schema matches the registered one (every column, or only ``columns``).
-    Reads footers only. Returns the total row count; raises ``PartitionError``."""
+    count, and its schema matches the registered one (in ``columns``, or all). Reads
+    footers only; errors name partitions by their manifest name, not their server path.
+    Returns the total row count; raises ``PartitionError``."""
     total = 0
-    cols = list(columns) if columns is not None else schema.names
     for part in parts:
-        found, rows = footer(part["path"])
-        diff = _differences(schema, found, cols)
+        found, rows = footer(join(base, part["path"]), part["path"])
+        diff = differences(schema, found, columns)
         if diff:
             raise PartitionError(f"partition {part['path']!r} has a different schema: " + "; ".join(diff),
                                  part["path"], "schema")

@@ -61,7 +61,8 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
             name=v["name"], created_by=request.user, upload=v.get("file"), path=v.get("path"),
             file_format=v.get("format"), title=v.get("title", ""), description=v.get("description", ""),
             unit_column=v.get("unit_column", ""), schema=schema, budget_epsilon=v["budget_epsilon"],
-            budget_delta=v.get("budget_delta", "auto"), policy=v["policy"], activate=v["activate"])
+            budget_delta=v.get("budget_delta", "auto"), policy=v["policy"], activate=v["activate"],
+            execution=v["execution"])
         return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data,
                         status=status.HTTP_201_CREATED)
 

@@ -82,7 +82,8 @@ class DatasetSerializer(serializers.ModelSerializer):
 
 class OfficerDatasetSerializer(DatasetSerializer):
     class Meta(DatasetSerializer.Meta):
-        fields = DatasetSerializer.Meta.fields + ["max_rows_per_unit", "sha256", "created_by"]
+        fields = DatasetSerializer.Meta.fields + ["max_rows_per_unit", "sha256", "created_by", "execution",
+                                                  "location", "partitions"]
         read_only_fields = fields
 
 
@@ -92,7 +93,12 @@ class DatasetCreateSerializer(serializers.Serializer):
     description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
     file = serializers.FileField(required=False, help_text="CSV or Parquet upload (multipart)")
     path = serializers.CharField(required=False, max_length=1000,
-                                 help_text="A table on the server, inside DATASET_IMPORT_DIRS")
+                                 help_text="A table on the server, inside DATASET_IMPORT_DIRS (with execution "
+                                           "distributed: Parquet partitions, a directory, a file or a URI under "
+                                           "DATASET_IMPORT_URIS, registered where they are)")
+    execution = serializers.ChoiceField(choices=["local", "distributed"], default="local",
+                                        help_text="local: the table is copied and one worker reads it; "
+                                                  "distributed: runs go to the Dask cluster")
     format = serializers.ChoiceField(choices=["csv", "parquet"], required=False)
     unit_column = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
     schema = SafeJSONField(required=False, help_text="Column specs overriding the inferred schema")

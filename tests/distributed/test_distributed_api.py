@@ -1,0 +1,142 @@
+"""Distributed datasets through the REST API, on a real local Dask cluster: registered from
+Parquet partitions (units counted across partitions), planned exactly as the same table
+registered locally, answered on the cluster; a missing partition or one with another
+schema fails the request before the read and refunds it; a second delivery charges nothing."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from governance.execution import execute
+from governance.models import AuditRecord, Dataset, LedgerEntry, Request
+
+from .conftest import make_table, write_partitions
+
+pytestmark = pytest.mark.django_db
+BOUNDS = {"age": {"lower": 18, "upper": 90}, "income": {"lower": 0, "upper": 100_000}}
+N = 6_000
+
+
+@pytest.fixture
+def on_cluster(settings, dask_cluster):
+    settings.DASK_SCHEDULER_ADDRESS = dask_cluster
+    return dask_cluster
+
+
+@pytest.fixture
+def table():
+    return make_table(N, seed=5)
+
+
+@pytest.fixture
+def parts_dir(import_dir, table):
+    directory = import_dir / "events"
+    write_partitions(table, directory, 4)
+    return directory
+
+
+def register(client, name, path, execution):
+    r = client.post("/api/datasets/", {"name": name, "path": str(path), "execution": execution, "unit_column": "pid",
+                                       "schema": BOUNDS, "budget_epsilon": 1e7, "activate": True}, format="json")
+    assert r.status_code == 201, r.json()
+    return r.json()
+
+
+@pytest.fixture
+def events(api, officer, analyst, grant, on_cluster, parts_dir):
+    body = register(api(officer), "events", parts_dir, "distributed")
+    ds = Dataset.objects.get(name="events")
+    grant(analyst, ds)
+    return body
+
+
+def ask(client, dataset, kind, params, capture):
+    with capture(execute=True):
+        r = client.post("/api/requests/", {"dataset": dataset, "engine": "aggregates", "kind": kind,
+                                           "params": params}, format="json")
+    assert r.status_code == 202, r.json()
+    return client.get(f"/api/requests/{r.json()['id']}/").json()
+
+
+def test_it_registers_partitions_where_they_are(events, table, parts_dir, import_dir):
+    pids = table.column("pid").to_numpy()
+    _, per_unit = np.unique(pids, return_counts=True)
+    assert events["execution"] == "distributed" and events["location"] == str(parts_dir)
+    assert [p["path"] for p in events["partitions"]] == [f"part-{i:04d}.parquet" for i in range(4)]
+    assert events["n_rows"] == N and events["n_units"] == len(per_unit)
+    assert events["max_rows_per_unit"] == int(per_unit.max())
+    cols = {c["name"]: c for c in events["columns"]}
+    assert cols["site"]["domain"] == ["east", "north", "secret-site", "south"] and cols["site"]["domain_from_data"]
+    assert cols["pid"]["type"] == "unit" and cols["flag"]["domain"] == [False, True]
+    assert not list((import_dir.parent / "data").glob("datasets/events*"))  # not copied
+
+
+def test_it_plans_and_answers_as_the_local_dataset(api, officer, analyst, grant, events, table, import_dir,
+                                                   django_capture_on_commit_callbacks):
+    pq.write_table(table, import_dir / "whole.parquet")
+    local = register(api(officer), "whole", import_dir / "whole.parquet", "local")
+    assert {k: local[k] for k in ("n_rows", "n_units", "max_rows_per_unit", "columns")} == \
+        {k: events[k] for k in ("n_rows", "n_units", "max_rows_per_unit", "columns")}
+    grant(analyst, Dataset.objects.get(name="whole"))
+    client = api(analyst)
+    params = {"column": "income", "group_by": "site", "epsilon": 1e6, "max_rows_per_unit": 40}
+    dist = ask(client, "events", "mean", params, django_capture_on_commit_callbacks)
+    here = ask(client, "whole", "mean", params, django_capture_on_commit_callbacks)
+    assert dist["status"] == here["status"] == "succeeded"
+    assert dist["event"] == here["event"] and dist["charge"]["rdp"] == here["charge"]["rdp"]
+    for a, b in zip(dist["result"]["groups"], here["result"]["groups"]):
+        assert a["key"] == b["key"] and a["value"] == pytest.approx(b["value"], rel=1e-4)
+
+
+def _charged(ds_name):
+    entry = LedgerEntry.objects.get(dataset__name=ds_name)
+    return entry.status
+
+
+def test_a_missing_partition_fails_before_the_read_and_is_refunded(api, analyst, events, parts_dir,
+                                                                    django_capture_on_commit_callbacks):
+    (parts_dir / "part-0002.parquet").unlink()
+    body = ask(api(analyst), "events", "count", {"epsilon": 0.5}, django_capture_on_commit_callbacks)
+    assert body["status"] == "failed"
+    assert body["error"]["code"] == "request.failed_before_read"
+    assert "partition 'part-0002.parquet' is missing" in body["error"]["detail"]
+    assert str(parts_dir) not in body["error"]["detail"]  # no server path shown to the analyst
+    assert _charged("events") == "released" and body["charge"]["rdp"]["epsilon"] == 0
+
+
+def test_a_partition_with_another_schema_fails_before_the_read_and_is_refunded(
+        api, analyst, events, parts_dir, table, django_capture_on_commit_callbacks):
+    part = pq.read_table(parts_dir / "part-0001.parquet")
+    part = part.set_column(part.schema.get_field_index("income"), "income",
+                           pa.array([str(v) for v in part.column("income").to_pylist()]))
+    pq.write_table(part, parts_dir / "part-0001.parquet")
+    body = ask(api(analyst), "events", "sum", {"column": "age", "epsilon": 0.5, "max_rows_per_unit": 3},
+               django_capture_on_commit_callbacks)
+    assert body["status"] == "failed" and body["error"]["code"] == "request.failed_before_read"
+    assert "partition 'part-0001.parquet' has a different schema" in body["error"]["detail"]
+    assert "'income' is string, registered as double" in body["error"]["detail"]
+    assert _charged("events") == "released"
+
+
+def test_registration_refuses_partitions_that_disagree(api, officer, on_cluster, import_dir, table):
+    directory = import_dir / "mixed"
+    write_partitions(table, directory, 2)
+    pq.write_table(table.drop_columns(["flag"]), directory / "part-0001.parquet")
+    r = api(officer).post("/api/datasets/", {"name": "mixed", "path": str(directory), "execution": "distributed",
+                                             "budget_epsilon": 1.0}, format="json")
+    assert r.status_code == 400 and r.json()["code"] == "dataset.partition_invalid"
+    assert "column 'flag' is missing" in r.json()["detail"]
+    r = api(officer).post("/api/datasets/", {"name": "up", "execution": "distributed", "budget_epsilon": 1.0,
+                                             "path": "/etc"}, format="json")
+    assert r.status_code == 400 and "outside the directories" in r.json()["detail"]
+
+
+def test_a_second_delivery_charges_nothing(api, analyst, events, django_capture_on_commit_callbacks):
+    body = ask(api(analyst), "events", "count", {"epsilon": 0.5}, django_capture_on_commit_callbacks)
+    assert body["status"] == "succeeded"
+    records = AuditRecord.objects.count()
+    assert execute(body["id"]) == "succeeded"  # the task delivered again (acks_late, a worker lost)
+    entry = LedgerEntry.objects.get()
+    assert entry.status == "committed" and AuditRecord.objects.count() == records
+    assert Request.objects.get(pk=body["id"]).result == body["result"]

@@ -1,0 +1,69 @@
+"""A cluster task that fails is retried by Dask; what it computes is pure (an exact partial
+aggregate), so the retry changes neither the answer nor the noise: noise is drawn once, by
+the driver, after every partition's part is in."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines import plugins
+from engines.aggregates import execute as local
+from engines.aggregates import noise
+from engines.distributed import PartitionedTable
+from engines.types import DatasetMeta, EngineRequest
+
+from .conftest import UNIT_COLUMNS
+
+
+@dataclass(frozen=True)
+class FlakyTable(PartitionedTable):
+    """Each partition's first read fails (a marker file remembers it, across worker processes)."""
+
+    markers: str = ""
+
+    def read_file(self, path):
+        marker = Path(self.markers) / (Path(path).name + ".failed")
+        if not marker.exists():
+            marker.touch()
+            raise OSError("transient read error (test)")
+        return super().read_file(path)
+
+
+def _meta(table):
+    return DatasetMeta(name="t", columns={k: v for k, v in UNIT_COLUMNS.items() if k != "pid"}, unit_column=None,
+                       n_rows=table.num_rows, n_units=table.num_rows, delta=1e-6)
+
+
+def test_a_retried_task_changes_neither_the_answer_nor_the_noise(dask_cluster, partitioned, tmp_path, monkeypatch):
+    table, manifest, _ = partitioned
+    meta = _meta(table)
+    req = EngineRequest("histogram", {"column": "site", "epsilon": 1.0})
+    plan = plugins.plan("aggregates", req, meta)
+    data = FlakyTable(paths=tuple(p["path"] for p in manifest), columns=("site",), num_rows=table.num_rows,
+                      scheduler=dask_cluster, retries=1, markers=str(tmp_path))
+    seen = []
+    real = noise.Noise.release
+
+    def counted(self, exact):
+        seen.append(np.asarray(exact).tolist())
+        return real(self, exact)
+
+    monkeypatch.setattr(noise.Noise, "release", counted)
+    release = plugins.run("aggregates", req, meta, data, plan, lambda u: None)
+    assert len(list(tmp_path.glob("*.failed"))) == len(manifest)  # every partition's task failed once
+    want = local.exact_parts(plan.details, table.select(["site"]), table.num_rows, np.random.default_rng())
+    assert seen == [want["count"].tolist()]  # one draw of noise, on the exact histogram
+    assert len(release.result["groups"]) == 3
+
+
+def test_a_task_that_keeps_failing_fails_the_run(dask_cluster, partitioned, tmp_path):
+    table, manifest, _ = partitioned
+    meta = _meta(table)
+    req = EngineRequest("count", {"epsilon": 1.0, "where": [{"column": "age", "op": ">", "value": 30}]})
+    plan = plugins.plan("aggregates", req, meta)
+    data = FlakyTable(paths=tuple(p["path"] for p in manifest), columns=("age",), num_rows=table.num_rows,
+                      scheduler=dask_cluster, retries=0, markers=str(tmp_path))
+    with pytest.raises(OSError, match="transient"):
+        plugins.run("aggregates", req, meta, data, plan, lambda u: None)
