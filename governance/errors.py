@@ -74,3 +74,15 @@ class LedgerConflict(UserError):
 
     code = "ledger.conflict"
     status = 409
+
+
+class SqlInvalid(UserError):
+    """A SQL request that is not one valid SELECT, or whose options clash with it (``part``)."""
+
+    code = "sql.invalid"
+
+
+class SqlUnsupported(UserError):
+    """Valid SQL the aggregates engine does not answer; ``part`` names what (JOIN, OR, ...)."""
+
+    code = "sql.unsupported"

@@ -1,4 +1,4 @@
-"""Datasets: register, upload, activate, estimate, recommendation, charges.
+"""Datasets: register, upload, activate, estimate, recommendation, charges, preview (dummy rows).
 """
 
 
@@ -17,6 +17,7 @@ from .. import audit, ledger
 from .. import datasets as ds_actions
 from ..errors import InvalidRequest
 from ..models import Dataset, LedgerEntry
+from ..preview import DEFAULT_PREVIEW_ROWS, MAX_PREVIEW_ROWS, dummy_rows
 from ..recommendations import RANGES, recommend
 from . import serializers as s
 from .common import FormatSuffix, visible_datasets
@@ -84,19 +85,59 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         ds.refresh_from_db()
         return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data)
 
-    @extend_schema(request=s.EventsInputSerializer, responses={200: inline_serializer("Estimate", {
+    @extend_schema(request=s.EstimateInputSerializer, responses={200: inline_serializer("Estimate", {
         "events": serializers.ListField(), "total": serializers.DictField(), "would_admit": serializers.BooleanField(),
         "has_grant": serializers.BooleanField(), "fits": serializers.IntegerField(allow_null=True),
-        "budget": serializers.DictField()})})
+        "budget": serializers.DictField(),
+        "request": serializers.DictField(required=False, help_text="the planned request (engine, kind, params), "
+                                                                   "given a request or sql")})})
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])
     def estimate(self, request, name=None):
         """What an event (or list) would cost under each accountant, whether the gate would
-        admit it now, and how many such requests still fit. Charges nothing."""
+        admit it now, and how many such requests still fit. Charges nothing. Given a request
+        (``engine``, ``kind``, ``params``) or ``sql`` instead, the engine plans it first (no
+        data read) and its event is priced: the event POST /api/requests/ would reserve."""
         ds = self.get_object()
-        data = s.EventsInputSerializer(data=request.data)
+        data = s.EstimateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        events = data.validated_data.get("events", data.validated_data.get("event"))
+        v = data.validated_data
+        if "sql" in v or "kind" in v:
+            from ..submission import plan_request
+
+            if "sql" in v:
+                from .sql_requests import from_sql
+
+                asked = from_sql(v["sql"], v.get("params", {}), ds.name).as_json()
+            else:
+                asked = {"engine": v["engine"], "kind": v["kind"], "params": v.get("params", {})}
+            if not isinstance(asked["params"], dict):
+                raise InvalidRequest("params must be a JSON object", errors={"params": "must be an object"})
+            plan = plan_request(ds, asked["engine"], asked["kind"], asked["params"])
+            out = ledger.estimate(ds, request.user, plan.event)
+            out["request"] = {k: asked[k] for k in ("engine", "kind", "params")}
+            return Response(out)
+        events = v.get("events", v.get("event"))
         return Response(ledger.estimate(ds, request.user, events))
+
+    @extend_schema(parameters=[
+        OpenApiParameter("rows", int, description=f"how many rows (1 to {MAX_PREVIEW_ROWS}, "
+                                                  f"default {DEFAULT_PREVIEW_ROWS})"),
+        OpenApiParameter("seed", int, description="the generator's seed (0 to 2^32 - 1, default 0)")],
+        responses={200: inline_serializer("Preview", {
+            "dataset": serializers.CharField(), "rows": serializers.IntegerField(),
+            "seed": serializers.IntegerField(), "columns": serializers.ListField(),
+            "data": serializers.ListField(), "generated": serializers.DictField()})})
+    @action(detail=True, methods=["get"], permission_classes=[IsAuthenticated])
+    def preview(self, request, name=None):
+        """Dummy rows generated from the declared schema alone (types, bounds, domains): no
+        stored row is read and no budget is spent. For trying queries and code; the values
+        say nothing about the table."""
+        ds = self.get_object()
+        rows = _int_param(request, "rows", DEFAULT_PREVIEW_ROWS, 1, MAX_PREVIEW_ROWS)
+        seed = _int_param(request, "seed", 0, 0, 2**32 - 1)
+        columns = s.DatasetSerializer(ds, context={"request": request}).get_columns(ds)
+        out = dummy_rows(columns, ds.unit_column or None, rows, seed)
+        return Response({"dataset": ds.name, "rows": rows, "seed": seed, **out})
 
     @extend_schema(request=s.ChargeInputSerializer, responses={201: s.LedgerEntrySerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated, IsOfficer])
@@ -147,3 +188,17 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
             qs = qs.filter(status=st)
         page = self.paginate_queryset(qs.order_by("id"))
         return self.get_paginated_response(s.LedgerEntrySerializer(page, many=True).data)
+
+
+def _int_param(request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or not lo <= value <= hi:
+        raise InvalidRequest(f"{name} must be an integer from {lo} to {hi}, got {raw[:50]!r}",
+                             errors={name: f"an integer from {lo} to {hi}"})
+    return value

@@ -220,10 +220,52 @@ class AnalystCreateSerializer(serializers.Serializer):
 
 
 class RequestCreateSerializer(serializers.Serializer):
-    dataset = serializers.CharField(help_text="dataset name")
-    engine = serializers.CharField(max_length=100, help_text="engine name (GET /api/engines/)")
-    kind = serializers.CharField(max_length=100, help_text="a kind the engine serves")
-    params = SafeJSONField(default=dict, help_text="the kind's parameters (see the engine's params_schema)")
+    dataset = serializers.CharField(required=False, help_text="dataset name (with sql: optional, the FROM table)")
+    engine = serializers.CharField(required=False, max_length=100,
+                                   help_text="engine name (GET /api/engines/); with sql: aggregates")
+    kind = serializers.CharField(required=False, max_length=100, help_text="a kind the engine serves (not with sql)")
+    params = SafeJSONField(default=dict, help_text="the kind's parameters (see the engine's params_schema); "
+                                                   "with sql only the privacy options (epsilon, rho, accuracy, "
+                                                   "mechanism, max_rows_per_unit, candidates)")
+    sql = serializers.CharField(required=False, max_length=10_000, trim_whitespace=False,
+                                help_text="instead of engine and kind: one SELECT with one aggregate (COUNT(*), "
+                                          "SUM, AVG, VARIANCE, MEDIAN, QUANTILE, PERCENTILE_CONT) FROM a dataset, "
+                                          "WHERE with AND, GROUP BY one column; planned into the aggregates "
+                                          "request it equals (sql.unsupported names any other part)")
+
+    def validate(self, attrs):
+        if "sql" in attrs:
+            if "kind" in attrs or attrs.get("engine", "aggregates") != "aggregates":
+                raise serializers.ValidationError("With sql, give no kind: the query says it (engine: aggregates).")
+            return attrs
+        missing = {k: "This field is required (or give sql)." for k in ("dataset", "engine", "kind")
+                   if k not in attrs}
+        if missing:
+            raise serializers.ValidationError(missing)
+        return attrs
+
+
+class EstimateInputSerializer(serializers.Serializer):
+    event = SafeJSONField(required=False, help_text="One mechanism event (see the README for the format)")
+    events = SafeJSONField(required=False, help_text="A list of events")
+    engine = serializers.CharField(required=False, max_length=100, help_text="a request: engine name")
+    kind = serializers.CharField(required=False, max_length=100, help_text="a request: the engine's kind")
+    params = SafeJSONField(required=False, help_text="a request: its parameters (with sql: privacy options)")
+    sql = serializers.CharField(required=False, max_length=10_000, trim_whitespace=False,
+                                help_text="a request as SQL (as POST /api/requests/ takes it)")
+
+    def validate(self, attrs):
+        given = [k for k in ("event", "events", "kind", "sql") if k in attrs]
+        if len(given) != 1:
+            raise serializers.ValidationError(
+                "Give exactly one of 'event', 'events', a request ('engine', 'kind', 'params') or 'sql'.")
+        if "kind" in attrs and "engine" not in attrs:
+            raise serializers.ValidationError({"engine": "A request needs its engine."})
+        if ("engine" in attrs or "params" in attrs) and given[0] in ("event", "events"):
+            raise serializers.ValidationError("'engine' and 'params' belong to a request, not to events.")
+        if "sql" in attrs and (attrs.get("engine", "aggregates") != "aggregates"):
+            raise serializers.ValidationError({"engine": "SQL is planned by the aggregates engine."})
+        return attrs
 
 
 class RequestSerializer(serializers.ModelSerializer):

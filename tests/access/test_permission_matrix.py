@@ -20,7 +20,7 @@ ids, officer-only reports, ungranted datasets' details, the audit trail's hashes
 each ``/api/`` cell is repeated through its ``.json`` format-suffix route and as HEAD
 (where the view offers it). Each call runs in a savepoint that is rolled back, so a
 POST or DELETE that is allowed changes nothing for the next cell, and the world is built
-once per test: 103 routes (127 patterns), 210 route-methods, 271 objects, 1,355 cells,
+once per test: 104 routes (129 patterns), 211 route-methods, 275 objects, 1,359 cells,
 about 2,000 requests in some 15 s on SQLite.
 
 ``ACCESS_MATRIX_DUMP=FILE pytest tests/access`` writes the outcomes seen, in the
@@ -78,6 +78,9 @@ API_MATRIX = {
                                    "D": "200 404 404 404 401", "X": "404 404 404 404 401"},
     ("dataset-recommendation", "GET"): {"A": "200 200 404 404 401", "B": "200 404 200 404 401",
                                         "D": "200 404 404 404 401", "X": "404 404 404 404 401"},
+    # dummy rows from the public schema: whoever sees the dataset (no rows read, no charge)
+    ("dataset-preview", "GET"): {"A": "200 200 404 404 401", "B": "200 404 200 404 401",
+                                 "D": "200 404 404 404 401", "X": "404 404 404 404 401"},
     ("dataset-ledger", "GET"): {"A": "200 200 404 404 401", "B": "200 404 200 404 401",
                                 "D": "200 404 404 404 401", "X": "404 404 404 404 401"},
 
@@ -251,6 +254,7 @@ API_PATHS = {
     "dataset-charges": lambda w, o: f"/api/datasets/{_ds(w, o)}/charges/",
     "dataset-estimate": lambda w, o: f"/api/datasets/{_ds(w, o)}/estimate/",
     "dataset-recommendation": lambda w, o: f"/api/datasets/{_ds(w, o)}/recommendation/?sensitivity=high",
+    "dataset-preview": lambda w, o: f"/api/datasets/{_ds(w, o)}/preview/?rows=20&seed=1",
     "dataset-ledger": lambda w, o: f"/api/datasets/{_ds(w, o)}/ledger/",
     "grant-list": "/api/grants/",
     "grant-detail": lambda w, o: f"/api/grants/{MISSING_INT if o == 'X' else w.grants[o].pk}/",

@@ -1,0 +1,71 @@
+"""GET /api/datasets/{name}/preview/: dummy rows from the public schema only, free, for
+whoever may see the dataset."""
+
+import pytest
+
+from governance.models import Budget, LedgerEntry
+from tests.conftest import small_frame
+
+pytestmark = pytest.mark.django_db
+
+SCHEMA = {"age": {"lower": 18, "upper": 90, "integer": True}, "income": {"lower": 0, "upper": 200_000},
+          "site": {"type": "categorical", "domain": ["north", "south", "east", "west"]}}
+
+
+@pytest.fixture
+def twins(make_dataset, analyst, grant):
+    """Two datasets with the same schema and different rows (and row counts)."""
+    a = make_dataset("twin-a", epsilon=1.0, unit_column="patient_id", schema=SCHEMA, frame=small_frame(200, seed=1))
+    b = make_dataset("twin-b", epsilon=1.0, unit_column="patient_id", schema=SCHEMA, frame=small_frame(400, seed=2))
+    grant(analyst, a)
+    grant(analyst, b)
+    return a, b
+
+
+def test_it_does_not_depend_on_the_data(api, analyst, twins):
+    client = api(analyst)
+    a = client.get("/api/datasets/twin-a/preview/?rows=50&seed=7").json()
+    b = client.get("/api/datasets/twin-b/preview/?rows=50&seed=7").json()
+    assert a["data"] == b["data"] and a["columns"] == b["columns"] == ["patient_id", "age", "income", "site"]
+    assert a["generated"] == b["generated"]
+    other = client.get("/api/datasets/twin-a/preview/?rows=50&seed=8").json()
+    assert other["data"] != a["data"]
+    again = client.get("/api/datasets/twin-a/preview/?rows=50&seed=7").json()
+    assert again["data"] == a["data"]  # reproducible
+
+
+def test_it_follows_the_declared_types_bounds_and_domains(api, analyst, twins):
+    body = api(analyst).get("/api/datasets/twin-a/preview/?rows=500").json()
+    assert body["rows"] == 500 and body["seed"] == 0 and len(body["data"]) == 500
+    unit, age, income, site = zip(*body["data"])
+    assert all(isinstance(v, int) and 18 <= v <= 90 for v in age)
+    assert all(isinstance(v, float) and 0 <= v <= 200_000 for v in income)
+    assert set(site) == {"north", "south", "east", "west"}
+    assert all(isinstance(v, int) and v >= 1 for v in unit)
+
+
+def test_it_reads_no_rows_and_costs_nothing(api, analyst, twins, settings):
+    a, _ = twins
+    before = Budget.objects.get(pk=a.pk).state
+    for path in settings.DATA_DIR.rglob("*"):  # the stored tables are gone: the preview does not need them
+        if path.is_file():
+            path.unlink()
+    r = api(analyst).get("/api/datasets/twin-a/preview/?rows=10")
+    assert r.status_code == 200, r.content
+    assert Budget.objects.get(pk=a.pk).state == before and not LedgerEntry.objects.exists()
+
+
+def test_only_those_who_see_the_dataset_get_it(api, analyst, analyst2, officer, twins, make_dataset, grant):
+    draft = make_dataset("draft-one", schema=SCHEMA, activate=False)
+    grant(analyst, draft)
+    assert api(analyst2).get("/api/datasets/twin-a/preview/").status_code == 404  # no grant
+    assert api(analyst).get("/api/datasets/draft-one/preview/").status_code == 404  # a draft
+    assert api().get("/api/datasets/twin-a/preview/").json()["code"] == "auth.required"
+    assert api(officer).get("/api/datasets/draft-one/preview/").status_code == 200
+
+
+@pytest.mark.parametrize("query,field", [("rows=0", "rows"), ("rows=10001", "rows"), ("rows=ten", "rows"),
+                                         ("seed=-1", "seed"), ("seed=" + "9" * 5000, "seed")])
+def test_bad_parameters_are_400(api, analyst, twins, query, field):
+    r = api(analyst).get(f"/api/datasets/twin-a/preview/?{query}")
+    assert r.status_code == 400 and r.json()["code"] == "request.invalid" and field in r.json()["errors"]

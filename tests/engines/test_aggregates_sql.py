@@ -1,0 +1,149 @@
+"""engines/aggregates/sql.py: SQL text to the aggregates request it equals (pure, no Django)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engines.aggregates import sql as sqlplan
+
+
+def test_it_reads_the_dataset_kind_column_filters_and_group():
+    out = sqlplan.translate('SELECT region, AVG(income) AS avg_income FROM "gss-wages" '
+                            "WHERE age >= 18 AND sex IN ('f', 'm') AND year BETWEEN 2000 AND 2010 "
+                            "GROUP BY region", {"epsilon": 0.2})
+    assert out.dataset == "gss-wages" and out.engine == "aggregates" and out.kind == "mean"
+    assert out.params == {
+        "column": "income", "group_by": "region", "epsilon": 0.2,
+        "where": [{"column": "age", "op": ">=", "value": 18}, {"column": "sex", "op": "in", "value": ["f", "m"]},
+                  {"column": "year", "op": ">=", "value": 2000}, {"column": "year", "op": "<=", "value": 2010}]}
+
+
+@pytest.mark.parametrize("select,kind,extra", [
+    ("COUNT(*)", "count", {}),
+    ("count(*)", "count", {}),
+    ("SUM(x)", "sum", {"column": "x"}),
+    ("AVG(x)", "mean", {"column": "x"}),
+    ("VARIANCE(x)", "variance", {"column": "x"}),
+    ("VAR_POP(x)", "variance", {"column": "x"}),
+    ("VAR_SAMP(x)", "variance", {"column": "x"}),
+    ("MEDIAN(x)", "quantile", {"column": "x", "q": 0.5}),
+    ("QUANTILE(x, 0.25)", "quantile", {"column": "x", "q": 0.25}),
+    ("APPROX_QUANTILE(x, 0.75)", "quantile", {"column": "x", "q": 0.75}),
+    ("PERCENTILE_CONT(0.1) WITHIN GROUP (ORDER BY x)", "quantile", {"column": "x", "q": 0.1}),
+])
+def test_it_maps_each_aggregate_to_its_kind(select, kind, extra):
+    out = sqlplan.translate(f"SELECT {select} FROM t", {"epsilon": 1})
+    assert (out.kind, out.params) == (kind, {**extra, "epsilon": 1})
+
+
+@pytest.mark.parametrize("where,pred", [
+    ("a = 1", {"column": "a", "op": "==", "value": 1}),
+    ("a <> 'x'", {"column": "a", "op": "!=", "value": "x"}),
+    ("a != 2.5", {"column": "a", "op": "!=", "value": 2.5}),
+    ("a < -3", {"column": "a", "op": "<", "value": -3}),
+    ("3 < a", {"column": "a", "op": ">", "value": 3}),
+    ("3 >= a", {"column": "a", "op": "<=", "value": 3}),
+    ("a NOT IN (1, 2)", {"column": "a", "op": "not_in", "value": [1, 2]}),
+    ("NOT (a IN ('u'))", {"column": "a", "op": "not_in", "value": ["u"]}),
+    ("flag = TRUE", {"column": "flag", "op": "==", "value": True}),
+    ("(a = 1)", {"column": "a", "op": "==", "value": 1}),
+])
+def test_it_reads_each_predicate(where, pred):
+    assert sqlplan.translate(f"SELECT COUNT(*) FROM t WHERE {where}").params["where"] == [pred]
+
+
+def test_options_come_beside_the_sql_and_shape_keys_are_refused():
+    out = sqlplan.translate("SELECT COUNT(*) FROM t", {"mechanism": "gaussian", "rho": 0.1, "max_rows_per_unit": 2})
+    assert out.params == {"mechanism": "gaussian", "rho": 0.1, "max_rows_per_unit": 2}
+    with pytest.raises(sqlplan.SqlSyntaxError) as e:
+        sqlplan.translate("SELECT COUNT(*) FROM t", {"epsilon": 1, "where": []})
+    assert e.value.part == "params" and "where" in e.value.errors
+
+
+@pytest.mark.parametrize("sql,part", [
+    ("SELECT COUNT(*) FROM a, b", "JOIN"),
+    ("SELECT COUNT(*) FROM s.t", "qualified table name"),
+    ("SELECT COUNT(*) FROM t AS u", "table alias"),
+    ("SELECT COUNT(*) FROM t WHERE t.a = 1", "qualified column t.a"),
+    ("SELECT COUNT(*)", "SELECT without FROM"),
+    ("SELECT 1 FROM t", "1"),
+    ("SELECT COUNT(*) OVER () FROM t", "window function (OVER)"),
+    ("SELECT DISTINCT COUNT(*) FROM t", "DISTINCT"),
+    ("SELECT COUNT(*) FROM t HAVING COUNT(*) > 1", "HAVING"),
+    ("WITH u AS (SELECT 1) SELECT COUNT(*) FROM u", "WITH"),
+    ("SELECT COUNT(*) FROM t WHERE a IN (SELECT b FROM u)", "subquery"),
+    ("SELECT COUNT(*) FROM t WHERE NOT a = 1", "NOT"),
+    ("SELECT COUNT(*) FROM t WHERE a = NULL", "NULL"),
+    ("SELECT PERCENTILE_DISC(0.5) WITHIN GROUP (ORDER BY x) FROM t", "PERCENTILE_DISC(0.5) WITHIN GROUP"),
+    ("SELECT QUANTILE(x, 'a') FROM t", "quantile level"),
+    ("SELECT 1 UNION SELECT 2", "UNION"),
+    ("INSERT INTO t VALUES (1)", "INSERT"),
+])
+def test_it_names_the_unsupported_part(sql, part):
+    with pytest.raises(sqlplan.SqlUnsupported) as e:
+        sqlplan.translate(sql, {"epsilon": 1})
+    assert e.value.code == "sql.unsupported" and e.value.part == part
+
+
+@pytest.mark.parametrize("sql", ["", "   ", "SELEC 1", "SELECT COUNT(* FROM t", "SELECT 'unterminated FROM t",
+                                 "x" * (sqlplan.MAX_SQL_CHARS + 1), "SELECT " + "(" * 5000 + "1" + ")" * 5000])
+def test_text_that_is_not_one_select_is_sql_invalid(sql):
+    with pytest.raises(sqlplan.SqlError) as e:
+        sqlplan.translate(sql, {"epsilon": 1})
+    assert e.value.code in ("sql.invalid", "sql.unsupported")
+
+
+# ---- a property: any JSON request the SQL grammar can express comes back unchanged
+
+names = st.sampled_from(["age", "income", "site", "Region", "x_1"])
+numbers = st.one_of(st.integers(-10**6, 10**6), st.floats(-1e6, 1e6, allow_nan=False).filter(lambda f: f != 0))
+strings = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF, exclude_characters="\\"), max_size=8)
+scalars = st.one_of(numbers, strings, st.booleans())
+predicates = st.one_of(
+    st.builds(lambda c, op, v: {"column": c, "op": op, "value": v}, names,
+              st.sampled_from(["==", "!=", "<", "<=", ">", ">="]), scalars),
+    st.builds(lambda c, op, vs: {"column": c, "op": op, "value": vs}, names, st.sampled_from(["in", "not_in"]),
+              st.lists(scalars, min_size=1, max_size=4)))
+SQL_OPS = {"==": "=", "!=": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">=", "in": "IN", "not_in": "NOT IN"}
+
+
+def _lit(v):
+    if isinstance(v, bool):
+        return "TRUE" if v else "FALSE"
+    if isinstance(v, str):
+        return "'" + v.replace("'", "''") + "'"
+    return repr(v)
+
+
+def _render(kind, params):
+    agg = {"count": "COUNT(*)", "sum": "SUM({c})", "mean": "AVG({c})", "variance": "VAR_POP({c})",
+           "quantile": "QUANTILE({c}, {q})"}[kind].format(c=f'"{params.get("column")}"', q=params.get("q"))
+    text = f'SELECT {agg} FROM "the-data"'
+    if params.get("where"):
+        parts = []
+        for p in params["where"]:
+            value = ("(" + ", ".join(map(_lit, p["value"])) + ")") if isinstance(p["value"], list) else _lit(p["value"])
+            parts.append(f'"{p["column"]}" {SQL_OPS[p["op"]]} {value}')
+        text += " WHERE " + " AND ".join(parts)
+    if params.get("group_by"):
+        text += f' GROUP BY "{params["group_by"]}"'
+    return text
+
+
+@settings(max_examples=150, deadline=None)
+@given(kind=st.sampled_from(["count", "sum", "mean", "variance", "quantile"]), column=names,
+       where=st.lists(predicates, max_size=4), group_by=st.one_of(st.none(), names),
+       q=st.floats(0.01, 0.99), epsilon=st.floats(1e-3, 10))
+def test_every_expressible_json_request_round_trips_through_sql(kind, column, where, group_by, q, epsilon):
+    params = {}
+    if kind != "count":
+        params["column"] = column
+    if kind == "quantile":
+        params["q"] = q
+    if where:
+        params["where"] = where
+    if group_by:
+        params["group_by"] = group_by
+    out = sqlplan.translate(_render(kind, params), {"epsilon": epsilon})
+    assert out.as_json() == {"dataset": "the-data", "engine": "aggregates", "kind": kind,
+                             "params": {**params, "epsilon": epsilon}}

@@ -1,0 +1,171 @@
+"""SQL on POST /api/requests/ and on a dataset's estimate: the same request, event and cost
+as the JSON it equals; unsupported SQL is a 400 naming the part, and charges nothing."""
+
+import pytest
+
+from governance.models import LedgerEntry, Request
+
+pytestmark = pytest.mark.django_db
+URL = "/api/requests/"
+
+
+@pytest.fixture
+def clinic(make_dataset, analyst, grant):
+    ds = make_dataset(epsilon=50.0, unit_column="patient_id", schema={
+        "age": {"lower": 18, "upper": 90}, "income": {"lower": 0, "upper": 200_000},
+        "site": {"type": "categorical", "domain": ["north", "south", "east", "west"]}})
+    grant(analyst, ds)
+    return ds
+
+
+# (SQL, its options, the JSON request it equals)
+TWINS = [
+    ("SELECT COUNT(*) FROM clinic", {"epsilon": 0.5}, ("count", {"epsilon": 0.5})),
+    ("SELECT site, COUNT(*) AS n FROM clinic WHERE age >= 30 GROUP BY site",
+     {"epsilon": 0.4, "max_rows_per_unit": 3},
+     ("count", {"where": [{"column": "age", "op": ">=", "value": 30}], "group_by": "site", "epsilon": 0.4,
+                "max_rows_per_unit": 3})),
+    ("SELECT site, AVG(income) FROM clinic WHERE site IN ('north', 'south') AND age BETWEEN 20 AND 60 "
+     "GROUP BY site", {"epsilon": 0.3},
+     ("mean", {"column": "income", "group_by": "site", "epsilon": 0.3, "where": [
+         {"column": "site", "op": "in", "value": ["north", "south"]},
+         {"column": "age", "op": ">=", "value": 20}, {"column": "age", "op": "<=", "value": 60}]})),
+    ("SELECT SUM(income) FROM clinic WHERE 40 > age", {"mechanism": "gaussian", "rho": 0.05},
+     ("sum", {"column": "income", "where": [{"column": "age", "op": "<", "value": 40}], "mechanism": "gaussian",
+              "rho": 0.05})),
+    ("SELECT VARIANCE(age) FROM clinic WHERE site <> 'east'", {"epsilon": 0.6},
+     ("variance", {"column": "age", "where": [{"column": "site", "op": "!=", "value": "east"}], "epsilon": 0.6})),
+    ("SELECT PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY income) FROM clinic", {"epsilon": 0.2, "candidates": 256},
+     ("quantile", {"column": "income", "q": 0.9, "epsilon": 0.2, "candidates": 256})),
+    ("SELECT site, MEDIAN(age) FROM clinic GROUP BY site", {"epsilon": 0.2},
+     ("quantile", {"column": "age", "q": 0.5, "group_by": "site", "epsilon": 0.2})),
+]
+
+
+@pytest.mark.parametrize("sql,options,twin", TWINS, ids=[t[2][0] + str(i) for i, t in enumerate(TWINS)])
+def test_it_plans_sql_into_the_same_request_event_and_cost_as_its_json_twin(
+        api, analyst, clinic, sql, options, twin, django_capture_on_commit_callbacks):
+    client = api(analyst)
+    kind, params = twin
+    est_sql = client.post(f"/api/datasets/clinic/estimate/", {"sql": sql, "params": options}, format="json")
+    est_json = client.post(f"/api/datasets/clinic/estimate/",
+                           {"engine": "aggregates", "kind": kind, "params": params}, format="json")
+    assert est_sql.status_code == est_json.status_code == 200, (est_sql.content, est_json.content)
+    assert est_sql.json()["events"] == est_json.json()["events"]
+    assert est_sql.json()["total"] == est_json.json()["total"]
+    assert est_sql.json()["request"] == {"engine": "aggregates", "kind": kind, "params": params}
+    assert not LedgerEntry.objects.exists()  # estimates charge nothing
+
+    with django_capture_on_commit_callbacks(execute=True):
+        r_json = client.post(URL, {"dataset": "clinic", "engine": "aggregates", "kind": kind, "params": params},
+                             format="json")
+    assert r_json.status_code == 202, r_json.content
+    with django_capture_on_commit_callbacks(execute=True):
+        r_sql = client.post(URL, {"sql": sql, "params": options}, format="json")
+    # the same fingerprint: the SQL twin is the JSON request, replayed from its release at no cost
+    assert r_sql.status_code == 200, r_sql.content
+    first, second = r_json.json(), r_sql.json()
+    assert second["replayed"] is True and second["replay_of"] == first["id"]
+    assert (second["engine"], second["kind"], second["params"]) == ("aggregates", kind, params)
+    assert second["event"] == first["event"]
+    # the estimate prices the same event (stamped with the dataset's delta where it needs one)
+    assert est_sql.json()["events"][0]["event"].items() >= first["event"].items()
+    assert first["charge"]["basic"] == est_sql.json()["total"]["basic"]
+    assert LedgerEntry.objects.count() == 1
+
+
+def test_it_charges_a_first_sql_request_exactly_what_its_estimate_said(api, analyst, clinic,
+                                                                      django_capture_on_commit_callbacks):
+    client = api(analyst)
+    sql = "SELECT site, SUM(income) FROM clinic WHERE age > 25 GROUP BY site"
+    est = client.post("/api/datasets/clinic/estimate/", {"sql": sql, "params": {"epsilon": 0.7}},
+                      format="json").json()
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client.post(URL, {"sql": sql, "params": {"epsilon": 0.7}}, format="json")
+    assert r.status_code == 202, r.content
+    body = client.get(f"{URL}{r.json()['id']}/").json()
+    assert body["status"] == "succeeded", body
+    assert [g["key"] for g in body["result"]["groups"]] == ["north", "south", "east", "west"]
+    assert est["events"][0]["event"].items() >= body["event"].items()
+    assert body["charge"]["basic"]["epsilon"] == pytest.approx(est["total"]["basic"]["epsilon"])
+    assert body["charge"]["basic"]["epsilon"] == pytest.approx(0.7, rel=1e-6)
+
+
+@pytest.mark.parametrize("sql,part", [
+    ("SELECT COUNT(*) FROM clinic JOIN other ON clinic.age = other.age", "JOIN"),
+    ("SELECT COUNT(*) FROM clinic WHERE age > 30 OR site = 'north'", "OR"),
+    ("SELECT COUNT(age) FROM clinic", "COUNT(column)"),
+    ("SELECT COUNT(DISTINCT age) FROM clinic", "COUNT(DISTINCT ...)"),
+    ("SELECT MAX(age) FROM clinic", "MAX"),
+    ("SELECT COUNT(*), SUM(age) FROM clinic", "2 aggregates in one query"),
+    ("SELECT site, COUNT(*) FROM clinic GROUP BY site ORDER BY site", "ORDER BY"),
+    ("SELECT COUNT(*) FROM clinic LIMIT 10", "LIMIT"),
+    ("SELECT COUNT(*) FROM (SELECT * FROM clinic) AS t", "subquery"),
+    ("SELECT SUM(age * 2) FROM clinic", "expression age * 2 in SUM"),
+    ("SELECT COUNT(*) FROM clinic WHERE income IS NULL", "IS [NOT] NULL"),
+    ("SELECT COUNT(*) FROM clinic WHERE site LIKE 'n%'", "LIKE"),
+    ("SELECT COUNT(*) FROM clinic GROUP BY site, age", "GROUP BY 2 columns"),
+    ("DELETE FROM clinic", "DELETE"),
+    ("SELECT COUNT(*) FROM clinic; SELECT 1", "multiple statements"),
+    ("SELECT age FROM clinic", "column age in SELECT"),
+    ("SELECT COUNT(*) FROM clinic WHERE age > income", "predicate age > income"),
+])
+def test_it_refuses_unsupported_sql_naming_the_part_and_charges_nothing(api, analyst, clinic, sql, part):
+    r = api(analyst).post(URL, {"sql": sql, "params": {"epsilon": 0.1}}, format="json")
+    assert r.status_code == 400, r.content
+    body = r.json()
+    assert body["code"] == "sql.unsupported", body
+    assert body["part"] == part, body
+    assert part in body["detail"]
+    assert not Request.objects.exists() and not LedgerEntry.objects.exists()
+
+
+@pytest.mark.parametrize("body,code,field", [
+    ({"sql": "SELEC COUNT(*) FROM clinic", "params": {"epsilon": 0.1}}, "sql.invalid", "sql"),
+    ({"sql": "SELECT COUNT(*) FROM clinic WHERE age >", "params": {"epsilon": 0.1}}, "sql.invalid", "sql"),
+    ({"sql": "SELECT COUNT(*) FROM clinic", "params": {"epsilon": 0.1, "group_by": "site"}}, "sql.invalid",
+     "group_by"),
+    ({"sql": "SELECT COUNT(*) FROM clinic", "dataset": "other", "params": {"epsilon": 0.1}}, "request.invalid",
+     "dataset"),
+    ({"sql": "SELECT COUNT(*) FROM clinic", "kind": "sum", "params": {"epsilon": 0.1}}, "request.invalid",
+     "non_field_errors"),
+    ({"sql": "SELECT COUNT(*) FROM clinic", "engine": "dpsgd", "params": {"epsilon": 0.1}}, "request.invalid",
+     "non_field_errors"),
+    ({"sql": "SELECT COUNT(*) FROM nowhere", "params": {"epsilon": 0.1}}, "request.invalid", "dataset"),
+    # the engine's own validation, reached through SQL: undeclared column, no budget
+    ({"sql": "SELECT SUM(weight) FROM clinic", "params": {"epsilon": 0.1}}, "request.invalid", "column"),
+    ({"sql": "SELECT COUNT(*) FROM clinic", "params": {}}, "request.invalid", "epsilon"),
+    ({"sql": "SELECT COUNT(*) FROM clinic GROUP BY age", "params": {"epsilon": 0.1}}, "request.invalid",
+     "group_by"),
+    ({"dataset": "clinic", "params": {"epsilon": 0.1}}, "request.invalid", "engine"),
+])
+def test_it_refuses_bad_sql_requests_with_a_stable_code(api, analyst, clinic, body, code, field):
+    r = api(analyst).post(URL, body, format="json")
+    assert r.status_code == 400, r.content
+    out = r.json()
+    assert out["code"] == code, out
+    assert field in out["errors"], out
+    assert not Request.objects.exists() and not LedgerEntry.objects.exists()
+
+
+def test_sql_on_a_dataset_without_a_grant_is_not_found_like_json(api, analyst2, clinic):
+    r = api(analyst2).post(URL, {"sql": "SELECT COUNT(*) FROM clinic", "params": {"epsilon": 0.1}}, format="json")
+    assert r.status_code == 400 and r.json()["errors"] == {"dataset": "not found"}, r.content
+    r = api(analyst2).post("/api/datasets/clinic/estimate/", {"sql": "SELECT COUNT(*) FROM clinic",
+                                                               "params": {"epsilon": 0.1}}, format="json")
+    assert r.status_code == 404
+
+
+def test_estimate_with_sql_must_read_from_the_dataset_of_its_url(api, analyst, clinic, make_dataset, grant):
+    grant(analyst, make_dataset("other", epsilon=1.0))
+    r = api(analyst).post("/api/datasets/other/estimate/", {"sql": "SELECT COUNT(*) FROM clinic",
+                                                             "params": {"epsilon": 0.1}}, format="json")
+    assert r.status_code == 400 and r.json()["errors"]["dataset"].startswith("differs"), r.content
+
+
+def test_a_refused_sql_request_gets_the_gates_numbers(api, analyst, clinic, django_capture_on_commit_callbacks):
+    r = api(analyst).post(URL, {"sql": "SELECT COUNT(*) FROM clinic", "params": {"epsilon": 80.0}}, format="json")
+    assert r.status_code == 409, r.content
+    body = r.json()
+    assert body["code"] == "budget.exceeded" and body["remaining_epsilon"] == pytest.approx(50.0)
+    assert not LedgerEntry.objects.exists()
