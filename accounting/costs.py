@@ -240,3 +240,55 @@ def resolve(event: ev.Event, delta_pool: float) -> ev.Event:
         raise ev.EventError("no delta is left to charge a Gaussian-type event under (epsilon, delta) "
                             "composition; state a 'delta' or raise the budget's delta", "event")
     return with_delta(event, delta_pool / w)
+
+
+# ------------------------------------------------------------------ the whole price
+
+
+class NoDeltaLeft(ev.EventError):
+    """Gaussian-type parts state no delta and none is left to give them."""
+
+    def __init__(self):
+        super().__init__("no delta is left to charge a Gaussian-type event under (epsilon, delta) "
+                         "composition; state a 'delta' or raise the budget's delta", "event")
+
+
+@dataclass(frozen=True, eq=False)
+class Price:
+    """What one event costs a ledger, computed from a single normalisation.
+
+    ``event``: the event as given, with a per-release delta filled into every
+    Gaussian-type part that stated none (what the ledger stores); ``cost``: its cost
+    vector, non-private parts excepted (they are counted apart, see the ledger);
+    ``stated_delta``: the deltas the event stated itself; ``unstated``: how many
+    per-release deltas were filled in; ``non_private``: it has a non-private part.
+    """
+
+    event: ev.Event
+    cost: Cost
+    stated_delta: float
+    unstated: int
+    non_private: bool
+
+
+def price(event: ev.Event, free_delta: float | None = None, *, floor: float = 0.0) -> Price:
+    """The whole price of ``event``. Unstated per-release deltas share ``free_delta``
+    minus the event's own stated deltas; if nothing is left they get ``floor`` (split
+    likewise), and with ``floor`` 0 ``NoDeltaLeft`` is raised. Arithmetic the accountants
+    cannot do raises ``EventError`` (as ``cost_of``)."""
+    try:
+        n = normalise(event)
+        stated, weight = _cost_delta_only(n), _weight(n)
+        resolved = event
+        if weight:
+            pool = -math.inf if free_delta is None else free_delta - stated
+            if not pool > 0:
+                if not floor > 0:
+                    raise NoDeltaLeft()
+                pool = floor
+            resolved, n = with_delta(event, pool / weight), with_delta(n, pool / weight)
+        non_private = ev.has_non_private(n)
+        cost = _cost(normalise(ev.without_non_private(n)) if non_private else n)
+    except ArithmeticError as e:
+        raise ev.EventError(f"its numbers are outside the range the accountants can compute with ({e})") from e
+    return Price(resolved, cost, stated, weight, non_private)

@@ -27,9 +27,11 @@ import sys
 
 import numpy as np
 
+from . import events as ev
 from .base import Spent, compose_events
 from .costs import Cost
 from .rdp_math import FINITE_ORDERS, ORDERS, conversion_terms
+from .refine import curve_at, refine
 
 NAME = "rdp"
 NEEDS_RELEASE_DELTAS = False  # its curve does not depend on per-release deltas
@@ -84,5 +86,17 @@ def report_pool(delta: float) -> float:
 
 
 def compose(events, delta: float) -> Spent:
-    return compose_events(sys.modules[__name__], events, delta)
+    """Plain composition of a fixed list of events: the grid's minimum, then the order
+    refined off the grid (``accounting.refine``; valid for a fixed composition, not as a
+    filter)."""
+    events = list(events)
+    best = compose_events(sys.modules[__name__], events, delta)
+    if not events or best.order is None or not math.isfinite(best.order) or not math.isfinite(best.epsilon):
+        return best
+    event = ev.compose(events)
+    _curve, approx = curve_at(event, np.array([best.order]))
+    if not delta - approx > 0:
+        return best
+    eps, order = refine(event, delta - approx, best.order)
+    return Spent(eps, delta, order) if eps < best.epsilon else best
 

@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from . import audit, ledger_sql
 from accounting import events as ev
-from accounting.costs import Cost, cost_of, resolve, stated_delta, unstated_weight
+from accounting.costs import Cost, NoDeltaLeft, Price, cost_of, price
 from .errors import (
     BudgetExceeded,
     DatasetNotActive,
@@ -72,25 +72,16 @@ def to_event(data) -> ev.Event:
 REPORT_ONLY_DELTA_FLOOR = 1e-12
 
 
-def _stamp(event: ev.Event, limits: list[tuple[Limit, Cost]]) -> ev.Event:
-    """State a per-release delta on Gaussian-type parts that give none (see module doc)."""
-    if unstated_weight(event) == 0:
-        return event
-    pool = min(limit.pool(state) for limit, state in limits) / 2 - stated_delta(event)
-    if not pool > 0:
-        limit, _state = limits[0]
-        if limit.policy == "rdp" and limit.delta > 0:
-            pool = limit.delta * REPORT_ONLY_DELTA_FLOOR
-        else:
-            return None  # no delta left: the caller refuses
+def _price(event: ev.Event, limits: list[tuple[Limit, Cost]]) -> Price | None:
+    """The event's whole price, with a per-release delta stated on Gaussian-type parts
+    that give none (see the module doc); None when no delta is left for them."""
+    limit, _state = limits[0]
+    floor = limit.delta * REPORT_ONLY_DELTA_FLOOR if limit.policy == "rdp" and limit.delta > 0 else 0.0
     with event_errors():
-        return resolve(event, pool)
-
-
-def _charged(event: ev.Event) -> Cost:
-    """The cost drawn from the epsilon budget (non-private parts excepted, see the module doc)."""
-    with event_errors():
-        return cost_of(ev.without_non_private(event) if ev.has_non_private(event) else event)
+        try:
+            return price(event, min(lim.pool(state) for lim, state in limits) / 2, floor=floor)
+        except NoDeltaLeft:
+            return None  # the caller refuses
 
 
 def _plan(event, ds: Dataset, budget: Budget, grant: Grant | None):
@@ -106,15 +97,15 @@ def _plan(event, ds: Dataset, budget: Budget, grant: Grant | None):
         glimit = Limit.of_grant(grant, ds)
         if glimit is not None:
             limits.append((glimit, Cost.from_json(grant.state)))
-    stamped = _stamp(event, limits)
-    if stamped is None:
+    priced = _price(event, limits)
+    if priced is None:
         limit, state = limits[0]
         raise BudgetExceeded(
             f"Refused: no delta is left in the {limit.scope} budget to charge a Gaussian-type release "
             f"under the {limit.policy} policy.", scope=limit.scope, policy=limit.policy, reason="delta",
             budget={"epsilon": limit.epsilon, "delta": limit.delta},
             spent_epsilon=num(limit.spent(state)), remaining_epsilon=num(max(0.0, limit.epsilon - limit.spent(state))))
-    return stamped, _charged(stamped), limits
+    return priced.event, priced.cost, limits
 
 
 def admit(dataset: Dataset | int, analyst, event, *, reference: str = "") -> LedgerEntry:
@@ -221,9 +212,8 @@ def commit(entry: LedgerEntry | int, actual_event=None, *, audit_ctx: audit.Cont
                 raise InvalidEvent("The committed event has a non-private part the reservation did not have.",
                                    reserved=entry.event, actual=actual.to_dict())
             with event_errors():
-                if unstated_weight(actual):
-                    actual = resolve(actual, max(reserved.delta - stated_delta(actual), 0.0) or 1e-300)
-            actual_cost = _charged(actual)
+                priced = price(actual, reserved.delta, floor=1e-300)
+            actual, actual_cost = priced.event, priced.cost
             if not actual_cost.dominated_by(reserved):
                 raise InvalidEvent("The committed event costs more than the reservation in some accountant; "
                                    "a reservation can only shrink.", reserved=entry.event, actual=actual.to_dict())

@@ -88,7 +88,12 @@ class AccountantContract:
         # compose() is spent() of the events' summed cost, unstated deltas taking the pool.
         event = ev.compose(MIXED)
         pool = self.acc.report_pool(1e-5) - stated_delta(event)
-        assert self.acc.compose(MIXED, 1e-5) == self.acc.spent(cost_of(resolve(event, pool)), 1e-5)
+        got, on_grid = self.acc.compose(MIXED, 1e-5), self.acc.spent(cost_of(resolve(event, pool)), 1e-5)
+        if self.acc.NAME == "rdp":  # the best order is refined off the grid (accounting.refine)
+            assert 0.9 * on_grid.epsilon <= got.epsilon <= on_grid.epsilon
+            assert got.delta == on_grid.delta
+        else:
+            assert got == on_grid
 
     @pytest.mark.parametrize("event", [
         ev.GaussianEvent(5e-324), ev.GaussianEvent(1e-200), ev.GaussianEvent(1.34e154), ev.GaussianEvent(1e300),
