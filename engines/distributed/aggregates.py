@@ -30,7 +30,7 @@ from engines.types import DatasetMeta, EngineRequest, Plan, Release
 from . import cluster
 from .source import PartitionedTable
 
-__all__ = ["execute", "exact_parts", "partition_parts"]
+__all__ = ["execute", "graph", "exact_parts", "partition_parts", "job"]
 
 
 def _file_parts(table: PartitionedTable, path: str, d: dict, n_max: int) -> dict:
@@ -57,14 +57,27 @@ def partition_parts(table: PartitionedTable, d: dict) -> list:
     return [dask.delayed(_frame_parts, pure=False)(part, columns, d, n_max) for part in shuffled.to_delayed()]
 
 
+def graph(table: PartitionedTable, d: dict):
+    """The delayed combined exact parts of the whole partitioned table."""
+    return cluster.tree_reduce(partition_parts(table, d), local.combine)
+
+
 def exact_parts(table: PartitionedTable, d: dict, progress=None) -> dict:
     """The combined exact parts of the whole partitioned table, computed on the cluster."""
-    total = cluster.tree_reduce(partition_parts(table, d), local.combine)
-    return cluster.compute(total, table.scheduler, table.retries, progress)
+    return cluster.compute(graph(table, d), table.scheduler, table.retries, progress)
+
+
+def job(table: PartitionedTable, total) -> dict:
+    """What names the cluster job (for the privacy officer and the audit trail)."""
+    return {"backend": "dask", "scheduler": table.scheduler or "threads in the worker process",
+            "graph_key": str(total.key), "partitions": len(table.paths)}
 
 
 def execute(request: EngineRequest, dataset: DatasetMeta, data: PartitionedTable, plan: Plan, progress) -> Release:
     d = local.check_version(plan)
     progress({"phase": "aggregating on the cluster", "fraction": 0.05})
-    parts = exact_parts(data, d, progress)
-    return local.finish(d, parts, data.num_rows, np.random.default_rng(), progress)
+    total = graph(data, d)
+    parts = cluster.compute(total, data.scheduler, data.retries, progress)
+    release = local.finish(d, parts, data.num_rows, np.random.default_rng(), progress)
+    release.officer_report = {"cluster": job(data, total)}
+    return release

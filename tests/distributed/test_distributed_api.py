@@ -73,7 +73,7 @@ def test_it_registers_partitions_where_they_are(events, table, parts_dir, import
 
 
 def test_it_plans_and_answers_as_the_local_dataset(api, officer, analyst, grant, events, table, import_dir,
-                                                   django_capture_on_commit_callbacks):
+                                                   on_cluster, django_capture_on_commit_callbacks):
     pq.write_table(table, import_dir / "whole.parquet")
     local = register(api(officer), "whole", import_dir / "whole.parquet", "local")
     assert {k: local[k] for k in ("n_rows", "n_units", "max_rows_per_unit", "columns")} == \
@@ -85,6 +85,9 @@ def test_it_plans_and_answers_as_the_local_dataset(api, officer, analyst, grant,
     here = ask(client, "whole", "mean", params, django_capture_on_commit_callbacks)
     assert dist["status"] == here["status"] == "succeeded"
     assert dist["event"] == here["event"] and dist["charge"]["rdp"] == here["charge"]["rdp"]
+    job = Request.objects.get(pk=dist["id"]).officer_report["cluster"]  # the officer sees the cluster job
+    assert job["scheduler"] == on_cluster and job["partitions"] == 4 and job["graph_key"]
+    assert dist["officer_report"] is None and "cluster" not in str(dist["result"])  # not the analyst
     for a, b in zip(dist["result"]["groups"], here["result"]["groups"]):
         assert a["key"] == b["key"] and a["value"] == pytest.approx(b["value"], rel=1e-4)
 

@@ -1,0 +1,223 @@
+"""The aggregates engine on Dask next to the local engine, on Parquet partitions made by
+bench/gen_partitions.py: time per row on 1 and 2 local Dask workers (processes, one
+thread each) and on the local engine (one process reads the whole table, then runs), and
+whether the exact aggregates (before noise) are identical. Measured side by side in one
+run; on a shared 2-core machine, so the absolute times move with the other users' load.
+
+    .venv/bin/python bench/gen_partitions.py --rows 10_000_000 --partitions 8 --out var/bench/parts-10M
+    .venv/bin/python bench/bench_distributed.py --data var/bench/parts-10M --exact
+    .venv/bin/python bench/bench_distributed.py --data var/bench/parts-100M
+    .venv/bin/python bench/bench_distributed.py --data var/bench/parts-1B --no-local --queries count,grouped_mean
+    .venv/bin/python bench/bench_distributed.py --plot var/bench/distributed-*.json
+
+Queries (row-level privacy unless named unit_*): count (where age >= 30), grouped_mean
+(value in [0, 100] by region), sum, histogram (age, 9 bins), quantile (median of value);
+with --exact also unit_count (k = 1) and unit_sum (k = 64) on the pid unit, which shuffle
+the rows on the unit first. Each timing is the median of --repeat runs of the whole
+request (reading the partitions included; the local engine's read is timed apart too).
+Results go to stdout and, as JSON, to --json (default var/bench/distributed-<rows>.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from engines import plugins  # noqa: E402
+from engines.aggregates import execute as local  # noqa: E402
+from engines.distributed import PartitionedTable  # noqa: E402
+from engines.distributed import aggregates as dist  # noqa: E402
+from engines.distributed import cluster as dcluster  # noqa: E402
+from engines.types import DatasetMeta, EngineRequest  # noqa: E402
+
+REGIONS = ["north", "south", "east", "west", "centre", "islands", "abroad", "unknown"]
+COLUMNS = {"pid": {"type": "unit"}, "value": {"type": "numeric", "lower": 0, "upper": 100},
+           "age": {"type": "numeric", "lower": 18, "upper": 90}, "region": {"type": "categorical", "domain": REGIONS}}
+QUERIES = {
+    "count": ("count", {"where": [{"column": "age", "op": ">=", "value": 30}]}),
+    "grouped_mean": ("mean", {"column": "value", "group_by": "region"}),
+    "sum": ("sum", {"column": "value"}),
+    "histogram": ("histogram", {"column": "age", "bins": [18, 26, 34, 42, 50, 58, 66, 74, 82, 90]}),
+    "quantile": ("quantile", {"column": "value", "q": 0.5}),
+}
+UNIT_QUERIES = {
+    "unit_count": ("count", {"max_rows_per_unit": 1}),
+    "unit_sum": ("sum", {"column": "value", "max_rows_per_unit": 64}),
+}
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def meta(rows: int, unit: bool) -> DatasetMeta:
+    cols = COLUMNS if unit else {k: v for k, v in COLUMNS.items() if k != "pid"}
+    return DatasetMeta(name="bench", columns=cols, unit_column="pid" if unit else None, n_rows=rows,
+                       n_units=rows // 4 if unit else rows, delta=1e-9)
+
+
+def timed(fn, repeat: int):
+    times, out = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def run_local(paths, plan, n, repeat):
+    cols = list(dict.fromkeys(plan.columns + (["pid"] if plan.details["unit_column"] else [])))
+
+    def read():
+        return pq.read_table(paths, columns=cols) if len(paths) > 1 else pq.read_table(paths[0], columns=cols)
+
+    def once():
+        table = read()
+        return local.exact_parts(plan.details, table, n, np.random.default_rng())
+
+    t_read, _ = timed(read, 1)
+    t, parts = timed(once, repeat)
+    return t, t_read, local.exact_values(plan.details, parts, n)
+
+
+def run_dist(paths, plan, n, scheduler, repeat):
+    cols = tuple(dict.fromkeys(plan.columns + (["pid"] if plan.details["unit_column"] else [])))
+    table = PartitionedTable(paths=tuple(paths), columns=cols, num_rows=n,
+                             unit_column=plan.details["unit_column"], scheduler=scheduler)
+    t, parts = timed(lambda: dist.exact_parts(table, plan.details), repeat)
+    return t, local.exact_values(plan.details, parts, n)
+
+
+def same(a: dict, b: dict) -> bool:
+    return set(a) == set(b) and all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
+
+
+def bench(a) -> dict:
+    from distributed import LocalCluster
+
+    paths = sorted(str(p) for p in Path(a.data).glob("*.parquet"))
+    n = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
+    names = a.queries.split(",")
+    queries = {k: QUERIES[k] for k in names}
+    if a.exact:
+        queries.update(UNIT_QUERIES)
+    log(f"{n:,} rows in {len(paths)} partitions; queries: {', '.join(queries)}; workers {a.workers}")
+    out = {"rows": n, "partitions": len(paths), "repeat": a.repeat, "machine": "shared 2-core machine (4 engineers)",
+           "queries": {}}
+    plans = {}
+    for name, (kind, params) in queries.items():
+        unit = name.startswith("unit_")
+        plans[name] = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), meta(n, unit))
+        out["queries"][name] = {"kind": kind, "params": params}
+    exact_local = {}
+    if not a.no_local:
+        for name, plan in plans.items():
+            t, t_read, exact_local[name] = run_local(paths, plan, n, a.repeat)
+            out["queries"][name]["local"] = {"seconds": t, "read_seconds": t_read, "ns_per_row": t / n * 1e9}
+            log(f"  local engine    {name:13s} {t:8.2f} s  ({t / n * 1e9:6.1f} ns/row; read {t_read:.2f} s)")
+    for w in [int(x) for x in a.workers.split(",")]:
+        with LocalCluster(n_workers=w, threads_per_worker=1, processes=True, dashboard_address=None,
+                          host="127.0.0.1", silence_logs=40, memory_limit=a.memory_limit) as cl:
+            for name, plan in plans.items():
+                t, exact = run_dist(paths, plan, n, cl.scheduler_address, a.repeat)
+                rec = {"seconds": t, "ns_per_row": t / n * 1e9}
+                if name in exact_local:
+                    rec["exact_equal_to_local"] = same(exact, exact_local[name])
+                    rec["ratio_to_local"] = t / out["queries"][name]["local"]["seconds"]
+                out["queries"][name][f"dask_{w}"] = rec
+                extra = "" if name not in exact_local else \
+                    f"  x{rec['ratio_to_local']:.2f} of local; exact equal: {rec['exact_equal_to_local']}"
+                log(f"  dask {w} worker(s) {name:13s} {t:8.2f} s  ({t / n * 1e9:6.1f} ns/row){extra}")
+            client = dcluster._clients.pop(cl.scheduler_address, None)
+            if client is not None:
+                client.close()
+    return out
+
+
+def table(res: dict) -> str:
+    cols = [k for k in ("local", "dask_1", "dask_2") if any(k in q for q in res["queries"].values())]
+    lines = [f"{res['rows']:,} rows, {res['partitions']} partitions, median of {res['repeat']} "
+             f"({res['machine']})", "| query | " + " | ".join(f"{c} s (ns/row)" for c in cols) +
+             " | dask_2 / local | exact equal |", "|---" * (len(cols) + 3) + "|"]
+    for name, q in res["queries"].items():
+        cells = [f"{q[c]['seconds']:.2f} ({q[c]['ns_per_row']:.1f})" if c in q else "-" for c in cols]
+        d2 = q.get("dask_2", {})
+        ratio = f"{d2['ratio_to_local']:.2f}x" if "ratio_to_local" in d2 else "-"
+        eq = ", ".join(str(q[c]["exact_equal_to_local"]) for c in ("dask_1", "dask_2")
+                       if "exact_equal_to_local" in q.get(c, {})) or "-"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} | {eq} |")
+    return "\n".join(lines)
+
+
+def plot(files: list[str], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for f in files:
+        res = json.loads(Path(f).read_text())
+        for name in ("count", "grouped_mean"):
+            q = res["queries"].get(name)
+            if not q:
+                continue
+            ws = [w for w in (1, 2) if f"dask_{w}" in q]
+            line, = ax.plot(ws, [q[f"dask_{w}"]["ns_per_row"] for w in ws], marker="o",
+                            label=f"{name}, {res['rows'] / 1e6:,.0f}M rows, Dask")
+            if "local" in q:
+                ax.scatter([1], [q["local"]["ns_per_row"]], marker="x", s=60, color=line.get_color(),
+                           label=f"{name}, {res['rows'] / 1e6:,.0f}M rows, local engine")
+    ax.set_xticks([1, 2])
+    ax.set_xlabel("local Dask workers (processes, 1 thread each)")
+    ax.set_ylabel("ns per row (whole request, read included)")
+    ax.set_title("Aggregates on Dask: time per row (shared 2-core machine)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", help="directory of Parquet partitions (bench/gen_partitions.py)")
+    ap.add_argument("--queries", default="count,grouped_mean,sum,histogram,quantile")
+    ap.add_argument("--workers", default="1,2", help="Dask worker counts to measure")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--exact", action="store_true", help="also the unit-level queries (shuffle on the unit)")
+    ap.add_argument("--no-local", action="store_true", help="skip the local engine (a table too big for one process)")
+    ap.add_argument("--memory-limit", default="4GB", help="per Dask worker")
+    ap.add_argument("--json", help="where to write the results")
+    ap.add_argument("--plot", nargs="+", help="plot these result files into bench/distributed_scaling.png")
+    a = ap.parse_args(argv)
+    if a.plot:
+        plot(a.plot, REPO / "bench" / "distributed_scaling.png")
+        return 0
+    if not a.data:
+        ap.error("--data is required")
+    res = bench(a)
+    path = Path(a.json or REPO / "var" / "bench" / f"distributed-{res['rows']}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=2))
+    print(table(res))
+    bad = [n for n, q in res["queries"].items() for c in ("dask_1", "dask_2")
+           if q.get(c, {}).get("exact_equal_to_local") is False]
+    if bad:
+        print(f"EXACT AGGREGATES DIFFER: {', '.join(bad)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

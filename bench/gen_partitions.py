@@ -1,0 +1,75 @@
+"""Generate a partitioned Parquet table for the distributed benchmarks (never committed).
+
+    .venv/bin/python bench/gen_partitions.py --rows 10_000_000 --partitions 8 --out var/bench/parts-10M
+
+Columns: ``pid`` (int64 privacy unit, about rows/4 distinct ids spread uniformly over every
+partition), ``value`` (float64, normal(50, 25): some outside the benchmark's bounds [0, 100],
+so clamping matters; 2% null), ``age`` (int16, 10..99), ``region`` (dictionary string, 8
+values, skewed). Partition i is generated from seed (seed, i), so any one can be made
+again alone, and a directory already holding the right files (row counts in their footers)
+is left as it is. Prints what it wrote, with bytes and seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REGIONS = ["north", "south", "east", "west", "centre", "islands", "abroad", "unknown"]
+P_REGIONS = [0.25, 0.2, 0.15, 0.15, 0.1, 0.07, 0.05, 0.03]
+
+
+def partition(i: int, rows: int, total: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng([seed, i])
+    value = rng.normal(50.0, 25.0, rows)
+    nulls = rng.random(rows) < 0.02
+    region = rng.choice(len(REGIONS), rows, p=P_REGIONS).astype(np.int8)
+    return pa.table({
+        "pid": rng.integers(0, max(total // 4, 1), rows, dtype=np.int64),
+        "value": pa.array(value, mask=nulls),
+        "age": rng.integers(10, 100, rows, dtype=np.int16),
+        "region": pa.DictionaryArray.from_arrays(pa.array(region), pa.array(REGIONS)),
+    })
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=lambda s: int(s.replace("_", "")), required=True, help="total rows")
+    ap.add_argument("--partitions", type=int, required=True, help="number of Parquet files")
+    ap.add_argument("--out", type=Path, required=True, help="directory to write (under var/ or /tmp)")
+    ap.add_argument("--seed", type=int, default=14)
+    ap.add_argument("--row-group", type=int, default=1_000_000, help="rows per Parquet row group")
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, a.rows, a.partitions + 1).astype(np.int64)
+    t0, written, kept, size = time.perf_counter(), 0, 0, 0
+    for i in range(a.partitions):
+        path = a.out / f"part-{i:05d}.parquet"
+        rows = int(bounds[i + 1] - bounds[i])
+        if path.exists():
+            try:
+                if pq.ParquetFile(path).metadata.num_rows == rows:
+                    kept += 1
+                    size += path.stat().st_size
+                    continue
+            except (OSError, pa.ArrowException):
+                pass
+        tmp = path.with_suffix(".tmp")
+        pq.write_table(partition(i, rows, a.rows, a.seed), tmp, row_group_size=a.row_group)
+        tmp.replace(path)
+        written += 1
+        size += path.stat().st_size
+        print(f"  {path.name}: {rows:,} rows", file=sys.stderr, flush=True)
+    print(f"{a.out}: {a.rows:,} rows in {a.partitions} partitions ({written} written, {kept} kept), "
+          f"{size / 1e9:.2f} GB, {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
