@@ -172,16 +172,6 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class EventsInputSerializer(serializers.Serializer):
-    event = SafeJSONField(required=False, help_text="One mechanism event (see the README for the format)")
-    events = SafeJSONField(required=False, help_text="A list of events")
-
-    def validate(self, attrs):
-        if ("event" in attrs) == ("events" in attrs):
-            raise serializers.ValidationError("Give exactly one of 'event' or 'events'.")
-        return attrs
-
-
 class ChargeInputSerializer(serializers.Serializer):
     event = SafeJSONField(help_text="The mechanism event of the release")
     reference = serializers.CharField(required=False, allow_blank=True, default="", max_length=200,

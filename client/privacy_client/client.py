@@ -1,0 +1,331 @@
+"""The client: one ``requests.Session`` to the service's REST API, with typed answers.
+
+>>> from privacy_client import Client                                   # doctest: +SKIP
+>>> client = Client("http://localhost:8000", token="...")               # doctest: +SKIP
+>>> client.datasets_frame()                                             # doctest: +SKIP
+>>> r = client.sql('SELECT gender, AVG(realrinc) FROM "gss-wages" GROUP BY gender', epsilon=0.2)
+>>> r.df                                                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterable
+from urllib.parse import quote
+
+import pandas as pd
+import requests
+
+from .errors import ApiError, RequestFailed, WaitTimeout, error_for
+from .results import Dataset, Estimate, Result, datasets_frame
+from .waiting import Backoff, progress_sink
+
+Predicate = dict[str, Any] | tuple[str, str, Any]
+_FROM = re.compile(r'\bFROM\s+(?:"((?:[^"]|"")+)"|([A-Za-z0-9_][A-Za-z0-9_-]*))', re.IGNORECASE)
+
+
+class Client:
+    """An analyst's connection to the service.
+
+    ``url`` and ``token`` default to the environment's ``PRIVACY_URL`` and
+    ``PRIVACY_TOKEN``. ``progress`` is the default for waiting (``True``: a tqdm bar when
+    tqdm is installed). Every error answer raises a subclass of ``ApiError`` carrying the
+    service's code and numbers (``privacy_client.errors``)."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 60.0,
+                 progress: Any = True, backoff: Backoff | None = None, retries: int = 2,
+                 session: requests.Session | None = None):
+        url = url or os.environ.get("PRIVACY_URL") or "http://localhost:8000"
+        token = token if token is not None else os.environ.get("PRIVACY_TOKEN")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.progress = progress
+        self.backoff = backoff or Backoff()
+        self.retries = retries
+        self.session = session or requests.Session()
+        self.session.headers["Accept"] = "application/json"
+        if token:
+            self.session.headers["Authorization"] = f"Token {token}"
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _call(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
+              headers: dict | None = None, timeout: float | None = None) -> Any:
+        r = self.session.request(method, self.url + path, json=json, params=params, headers=headers,
+                                 timeout=timeout or self.timeout)
+        if r.status_code >= 400:
+            raise _error(r)
+        return r.json()
+
+    def call(self, method: str, path: str, *, json: Any = None, data: bytes | str | None = None,
+             params: dict | None = None, headers: dict | None = None) -> Any:
+        """Any endpoint of the API (``path`` from ``/api/...``), for what has no method here
+        (e.g. an officer's); the answer as parsed JSON, errors typed like every other call."""
+        r = self.session.request(method, self.url + path, json=json, data=data, params=params, headers=headers,
+                                 timeout=self.timeout)
+        if r.status_code >= 400:
+            raise _error(r)
+        if r.status_code == 204 or not r.content:
+            return None
+        return r.json()
+
+    def _pages(self, path: str, params: dict | None = None) -> Iterable[dict]:
+        params = {"page_size": 1000, **(params or {})}
+        page = 1
+        while True:
+            body = self._call("GET", path, params={**params, "page": page})
+            if not isinstance(body, dict) or "results" not in body:
+                yield from body
+                return
+            yield from body["results"]
+            if not body.get("next"):
+                return
+            page += 1
+
+    # ------------------------------------------------------------------ who and what
+
+    def me(self) -> dict[str, Any]:
+        """Who you are, your grants and what you have spent."""
+        return self._call("GET", "/api/me/")
+
+    def datasets(self) -> list[Dataset]:
+        """The datasets you may use, with their public schemas and budgets."""
+        return [Dataset.from_json(d) for d in self._pages("/api/datasets/")]
+
+    def datasets_frame(self) -> pd.DataFrame:
+        """The datasets as a table: name, units, policy, budget and epsilon remaining."""
+        return datasets_frame(self.datasets())
+
+    def dataset(self, name: str) -> Dataset:
+        return Dataset.from_json(self._call("GET", f"/api/datasets/{_seg(name)}/"))
+
+    def engines(self) -> list[dict[str, Any]]:
+        """The engines, their kinds and each kind's parameter schema."""
+        return self._call("GET", "/api/engines/")["results"]
+
+    def preview(self, dataset: str, rows: int = 100, seed: int = 0) -> pd.DataFrame:
+        """Dummy rows generated from the dataset's public schema alone (free; no stored row
+        is read): for trying code and queries before spending budget."""
+        body = self._call("GET", f"/api/datasets/{_seg(dataset)}/preview/", params={"rows": rows, "seed": seed})
+        return pd.DataFrame(body["data"], columns=body["columns"])
+
+    # ------------------------------------------------------------------ cost first
+
+    def estimate(self, dataset: str, kind: str, *, engine: str = "aggregates", params: dict | None = None,
+                 **kw: Any) -> Estimate:
+        """What the request would cost (its event, the charge under every accountant),
+        whether the gate would admit it now and how many such requests fit. Free."""
+        body = {"engine": engine, "kind": kind, "params": _params(params, kw)}
+        return Estimate.from_json(self._call("POST", f"/api/datasets/{_seg(dataset)}/estimate/", json=body))
+
+    def estimate_sql(self, sql: str, *, dataset: str | None = None, **options: Any) -> Estimate:
+        """What a SQL query would cost (``options``: epsilon, rho, accuracy, mechanism,
+        max_rows_per_unit, candidates). Free."""
+        dataset = dataset or _table_of(sql)
+        body = {"sql": sql, "params": options}
+        return Estimate.from_json(self._call("POST", f"/api/datasets/{_seg(dataset)}/estimate/", json=body))
+
+    def estimate_events(self, dataset: str, events: list[dict] | dict) -> Estimate:
+        """The cost of mechanism events (e.g. a release made elsewhere)."""
+        body = {"events": events} if isinstance(events, list) else {"event": events}
+        return Estimate.from_json(self._call("POST", f"/api/datasets/{_seg(dataset)}/estimate/", json=body))
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, dataset: str, kind: str, *, engine: str = "aggregates", params: dict | None = None,
+               idempotency_key: str | None = None, **kw: Any) -> Result:
+        """Plan, gate and queue a request; returns at once (queued, or replayed)."""
+        return self._post_request({"dataset": dataset, "engine": engine, "kind": kind,
+                                   "params": _params(params, kw)}, idempotency_key)
+
+    def submit_sql(self, sql: str, *, idempotency_key: str | None = None, **options: Any) -> Result:
+        """Send a SQL query (planned by the service into an aggregates request); returns at once."""
+        return self._post_request({"sql": sql, "params": options}, idempotency_key)
+
+    def _post_request(self, body: dict, key: str | None) -> Result:
+        # An Idempotency-Key makes a retry after a lost answer safe: the service returns
+        # the first request and charges nothing twice.
+        headers = {"Idempotency-Key": key or str(uuid.uuid4()), "Content-Type": "application/json"}
+        for attempt in range(self.retries + 1):
+            try:
+                return Result(self._call("POST", "/api/requests/", json=body, headers=headers), self)
+            except (requests.ConnectionError, requests.Timeout):
+                if attempt == self.retries:
+                    raise
+                time.sleep(0.2 * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def run(self, dataset: str, kind: str, *, engine: str = "aggregates", params: dict | None = None,
+            timeout: float | None = None, progress: Any = None, **kw: Any) -> Result:
+        """Submit and wait for the result (a progress bar while it runs). Raises
+        ``RequestFailed`` if the request ends without a result."""
+        return self.wait(self.submit(dataset, kind, engine=engine, params=params, **kw),
+                         timeout=timeout, progress=progress)
+
+    def sql(self, sql: str, *, timeout: float | None = None, progress: Any = None, **options: Any) -> Result:
+        """Run a SQL query and wait for its result (``.df``: values with 95% intervals)."""
+        return self.wait(self.submit_sql(sql, **options), timeout=timeout, progress=progress)
+
+    def request(self, request_id: str) -> Result:
+        return Result(self._call("GET", f"/api/requests/{_seg(request_id)}/"), self)
+
+    def requests(self, **filters: Any) -> list[Result]:
+        """Your requests (filters: status, dataset__name, engine, kind)."""
+        return [Result(r, self) for r in self._pages("/api/requests/", filters)]
+
+    def cancel(self, request_id: str | Result) -> Result:
+        rid = request_id.id if isinstance(request_id, Result) else request_id
+        return Result(self._call("POST", f"/api/requests/{_seg(rid)}/cancel/"), self)
+
+    def wait(self, request: str | Result, *, timeout: float | None = None, progress: Any = None) -> Result:
+        """Wait until the request is done; returns it, or raises ``RequestFailed`` (failed or
+        cancelled) or ``WaitTimeout`` (``timeout`` seconds passed; the request goes on)."""
+        current = request if isinstance(request, Result) else self.request(request)
+        rid = current.id
+        sink = progress_sink(self.progress if progress is None else progress, f"{current.engine}.{current.kind}")
+        start = time.monotonic()
+        try:
+            sink.update(current.raw)
+            delays = self.backoff.delays()
+            while not current.done:
+                left = None if timeout is None else timeout - (time.monotonic() - start)
+                if left is not None and left <= 0:
+                    raise WaitTimeout(rid, current.status, timeout)
+                delay = next(delays)
+                hold = self.backoff.long_poll if left is None else max(0.0, min(self.backoff.long_poll, left))
+                t0 = time.monotonic()
+                params = {"wait": f"{hold:g}"} if hold > 0 else None
+                body = self._call("GET", f"/api/requests/{_seg(rid)}/", params=params,
+                                  timeout=self.timeout + hold)
+                current = Result(body, self)
+                sink.update(body)
+                if not current.done:
+                    rest = delay - (time.monotonic() - t0)
+                    if left is not None:
+                        rest = min(rest, left - (time.monotonic() - t0))
+                    if rest > 0:
+                        time.sleep(rest)
+        finally:
+            sink.close()
+        if current.status != "succeeded":
+            err = current.error or {}
+            code = err.get("code") or f"request.{current.status}"
+            raise RequestFailed(code, 200, err.get("detail") or f"request {rid} {current.status}",
+                                {**err, "code": code, "request": current.raw})
+        return current
+
+    # ------------------------------------------------------------------ files
+
+    def download(self, request_id: str, name: str, path: str | Path | None = None, *,
+                 sha256: str | None = None) -> Path:
+        """Save a released file to ``path`` (default: ``name`` in the current directory);
+        checks its SHA-256 when given."""
+        target = Path(path) if path is not None else Path(name)
+        r = self.session.get(f"{self.url}/api/requests/{_seg(request_id)}/files/{_seg(name)}/", stream=True,
+                             timeout=self.timeout)
+        if r.status_code >= 400:
+            raise _error(r)
+        digest = hashlib.sha256()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        with open(partial, "wb") as out:
+            for chunk in r.iter_content(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+        if sha256 and digest.hexdigest() != sha256:
+            partial.unlink()
+            raise ApiError("download.corrupt", 200, f"{name}: SHA-256 {digest.hexdigest()} is not the listed "
+                                                    f"{sha256}", {})
+        partial.replace(target)
+        return target
+
+    # ------------------------------------------------------------------ a pandas-like layer
+
+    def count(self, dataset: str, *, by: str | None = None, where: Iterable[Predicate] | None = None,
+              **kw: Any) -> Result:
+        """``COUNT(*)`` [``WHERE``] [``GROUP BY by``]; waits and returns the result."""
+        return self.run(dataset, "count", params=_shape(None, by, where), **kw)
+
+    def sum(self, dataset: str, column: str, *, by: str | None = None,
+            where: Iterable[Predicate] | None = None, **kw: Any) -> Result:
+        return self.run(dataset, "sum", params=_shape(column, by, where), **kw)
+
+    def mean(self, dataset: str, column: str, *, by: str | None = None,
+             where: Iterable[Predicate] | None = None, **kw: Any) -> Result:
+        return self.run(dataset, "mean", params=_shape(column, by, where), **kw)
+
+    def variance(self, dataset: str, column: str, *, by: str | None = None,
+                 where: Iterable[Predicate] | None = None, **kw: Any) -> Result:
+        return self.run(dataset, "variance", params=_shape(column, by, where), **kw)
+
+    def quantile(self, dataset: str, column: str, q: float = 0.5, *, by: str | None = None,
+                 where: Iterable[Predicate] | None = None, **kw: Any) -> Result:
+        return self.run(dataset, "quantile", params={**_shape(column, by, where), "q": q}, **kw)
+
+    def histogram(self, dataset: str, column: str, *, bins: list[float] | None = None,
+                  where: Iterable[Predicate] | None = None, **kw: Any) -> Result:
+        params = _shape(column, None, where)
+        if bins is not None:
+            params["bins"] = list(bins)
+        return self.run(dataset, "histogram", params=params, **kw)
+
+    def train(self, dataset: str, target: str, **kw: Any) -> Result:
+        """A DP-SGD model (``target_epsilon``, ``epochs``, ...); ``download_all()`` saves it."""
+        return self.run(dataset, "train", engine="dpsgd", params={"target": target}, **kw)
+
+    def synthesize(self, dataset: str, **kw: Any) -> Result:
+        """A DP synthetic table (``epsilon``, ``method``, ``rows``); ``table()`` reads it."""
+        return self.run(dataset, "synthesize", engine="synthesis", **kw)
+
+
+
+
+def _params(params: dict | None, kw: dict) -> dict:
+    out = dict(params or {})
+    out.update(kw)
+    return out
+
+
+def _shape(column: str | None, by: str | None, where: Iterable[Predicate] | None) -> dict:
+    params: dict[str, Any] = {}
+    if column is not None:
+        params["column"] = column
+    if where:
+        params["where"] = [_predicate(p) for p in where]
+    if by is not None:
+        params["group_by"] = by
+    return params
+
+
+def _predicate(p: Predicate) -> dict:
+    if isinstance(p, dict):
+        return dict(p)
+    column, op, value = p
+    return {"column": column, "op": op, "value": list(value) if isinstance(value, (tuple, set)) else value}
+
+
+def _table_of(sql: str) -> str:
+    m = _FROM.search(sql)
+    if m is None:
+        raise ValueError("no FROM dataset in the query; pass dataset=")
+    return m.group(1).replace('""', '"') if m.group(1) is not None else m.group(2)
+
+
+def _seg(value: Any) -> str:
+    return quote(str(value), safe="")
+
+
+def _error(r: requests.Response) -> ApiError:
+    try:
+        body: Any = r.json()
+    except ValueError:
+        body = r.text
+    return error_for(r.status_code, body, r.headers.get("Retry-After"))

@@ -1,0 +1,191 @@
+"""Typed errors that carry the service's error code and numbers.
+
+Every error the API returns is ``{"code", "detail", ...}``; the client raises the class
+registered for its ``code`` (``ApiError`` for a code it does not know), with the HTTP
+status, the detail and every other field of the body in ``.body``. The common numbers are
+attributes: ``BudgetExceeded.remaining_epsilon``, ``RateLimited.retry_after``,
+``InvalidRequest.errors``, ``SqlUnsupported.part``... A request that was admitted but then
+failed on the worker raises ``RequestFailed`` with the request's ``error.code``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class ApiError(Exception):
+    """An error answer of the service: ``code`` (stable), ``status`` (HTTP), ``detail``, ``body``."""
+
+    codes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, code: str, status: int, detail: str, body: dict[str, Any] | None = None):
+        super().__init__(f"[{code}] {detail}" if detail else f"[{code}]")
+        self.code = code
+        self.status = status
+        self.detail = detail
+        self.body: dict[str, Any] = body or {}
+
+    def __getattr__(self, name: str) -> Any:
+        # any number the service sent (e.g. would_total_epsilon) is an attribute too
+        body = self.__dict__.get("body") or {}
+        if name in body:
+            return body[name]
+        raise AttributeError(name)
+
+
+class InvalidRequest(ApiError):
+    """400: bad parameters, an unknown engine or dataset, a malformed body. ``errors`` maps
+    each field (or parameter) to what is wrong with it."""
+
+    codes = ("request.invalid", "request.malformed", "event.invalid", "dataset.invalid", "engine.unknown",
+             "dataset.partition_invalid", "request.not_acceptable", "method.not_allowed")
+
+    @property
+    def errors(self) -> dict[str, Any]:
+        return self.body.get("errors") or {}
+
+
+class SqlError(InvalidRequest):
+    """400: a SQL request that is not one valid SELECT (``sql.invalid``)."""
+
+    codes = ("sql.invalid",)
+
+    @property
+    def part(self) -> str:
+        return self.body.get("part", "")
+
+
+class SqlUnsupported(SqlError):
+    """400: valid SQL the service does not answer; ``part`` names what (``"JOIN"``, ``"OR"``...)."""
+
+    codes = ("sql.unsupported",)
+
+
+class AuthenticationError(ApiError):
+    """401: no token, or a token that is unknown, revoked or expired."""
+
+    codes = ("auth.required", "auth.failed")
+
+
+class PermissionDenied(ApiError):
+    """403: not allowed (``permission.denied``) or no grant on the dataset (``grant.missing``)."""
+
+    codes = ("permission.denied", "grant.missing")
+
+
+class NotFound(ApiError):
+    """404: no such object, or one you may not see (the service does not say which)."""
+
+    codes = ("not_found",)
+
+
+class BudgetExceeded(ApiError):
+    """409: the gate refused; the request would cross the dataset's budget or your grant's cap."""
+
+    codes = ("budget.exceeded",)
+
+    @property
+    def scope(self) -> str:
+        """``dataset`` or ``grant``: which limit would be crossed."""
+        return self.body.get("scope", "")
+
+    @property
+    def remaining_epsilon(self) -> float | None:
+        return self.body.get("remaining_epsilon")
+
+    @property
+    def spent_epsilon(self) -> float | None:
+        return self.body.get("spent_epsilon")
+
+    @property
+    def would_cost_epsilon(self) -> float | None:
+        return self.body.get("would_cost_epsilon")
+
+
+class Conflict(ApiError):
+    """409 other than the budget: a non-private release refused, an inactive dataset, a
+    request that can no longer be cancelled, a concurrent change."""
+
+    codes = ("budget.non_private", "dataset.inactive", "ledger.conflict", "conflict")
+
+
+class IdempotencyKeyReused(ApiError):
+    """422: the Idempotency-Key was already used for another request."""
+
+    codes = ("idempotency.key_reused",)
+
+
+class RequestTooLarge(ApiError):
+    """413: the body is over the service's limit."""
+
+    codes = ("request.too_large",)
+
+
+class UnsupportedMediaType(ApiError):
+    """415: the body's content type is not accepted."""
+
+    codes = ("request.unsupported_media_type",)
+
+
+class RateLimited(ApiError):
+    """429: too many new requests; ``retry_after`` seconds to wait (from the header)."""
+
+    codes = ("rate.limited",)
+
+    @property
+    def retry_after(self) -> float | None:
+        value = self.body.get("retry_after")
+        return float(value) if value is not None else None
+
+
+class ServerError(ApiError):
+    """5xx, or an answer that is not the service's JSON."""
+
+    codes = ("error",)
+
+
+class RequestFailed(ApiError):
+    """An admitted request that ended without a result: ``code`` is the request's
+    ``error.code`` (``request.failed_before_read``: refunded; ``request.failed_after_read``
+    and ``request.worker_lost``: the charge stands; ``request.cancelled``); ``request`` is
+    the request as the service last showed it."""
+
+    codes = ("request.failed_before_read", "request.failed_after_read", "request.worker_lost",
+             "request.cancelled", "engine.error")
+
+    @property
+    def request(self) -> dict[str, Any]:
+        return self.body.get("request") or {}
+
+
+class WaitTimeout(TimeoutError):
+    """``run(..., timeout=s)`` gave up waiting; the request goes on (``request_id``)."""
+
+    def __init__(self, request_id: str, status: str, seconds: float):
+        super().__init__(f"request {request_id} is still {status} after {seconds:g} s")
+        self.request_id = request_id
+        self.status = status
+
+
+ERRORS: dict[str, type[ApiError]] = {code: cls for cls in (
+    InvalidRequest, SqlError, SqlUnsupported, AuthenticationError, PermissionDenied, NotFound, BudgetExceeded,
+    Conflict, IdempotencyKeyReused, RequestTooLarge, UnsupportedMediaType, RateLimited, ServerError,
+    RequestFailed) for code in cls.codes}
+
+
+def error_for(status: int, body: Any, retry_after: str | None = None) -> ApiError:
+    """The typed error for an error answer (``body`` as parsed JSON, or text)."""
+    if not isinstance(body, dict) or not isinstance(body.get("code"), str):
+        text = body if isinstance(body, str) else repr(body)
+        cls: type[ApiError] = ServerError if status >= 500 else ApiError
+        return cls("error" if status >= 500 else f"http.{status}", status, text[:500], {})
+    body = dict(body)
+    if retry_after is not None:
+        try:
+            body.setdefault("retry_after", float(retry_after))
+        except ValueError:
+            pass
+    code = body["code"]
+    detail = body.get("detail")
+    cls = ERRORS.get(code) or (ServerError if status >= 500 else ApiError)
+    return cls(code, status, detail if isinstance(detail, str) else str(detail or ""), body)

@@ -1,0 +1,32 @@
+"""The whole path with nothing in-process: the client over HTTP to a live server, a real
+Celery worker process on Redis running the requests, the client waiting with its progress
+bar, then downloading a released synthetic table."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.workers.conftest import real_worker, redis_server  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_the_client_waits_for_a_real_worker_and_downloads_its_table(server, real_worker, tmp_path,  # noqa: F811
+                                                                   capsys, make_dataset, analyst, grant):
+    from tests.client.conftest import SCHEMA
+    from tests.conftest import small_frame
+
+    grant(analyst, make_dataset("wide", epsilon=10.0, unit_column="patient_id", schema=SCHEMA,
+                                frame=small_frame(6000, seed=4)))
+    c = server.analyst
+    seen = []
+    result = c.mean("clinic", "income", by="site", epsilon=1.0, progress=seen.append, timeout=120)
+    assert result.status == "succeeded" and result.df.index.name == "site"
+    assert seen[0]["status"] == "queued" and seen[-1]["status"] == "succeeded"  # it really waited
+
+    synth = c.synthesize("wide", epsilon=2.0, rows=300, columns=["age", "site"], holdout_fraction=0.1, progress=True, timeout=240)
+    table = synth.table(tmp_path)
+    assert table.shape[0] == 300 and set(table.columns) == {"age", "site"}
+    assert table["age"].dropna().between(18, 90).all() and set(table["site"].dropna()) <= {"north", "south", "east", "west"}
+    assert synth.charge["rdp"]["epsilon"] == pytest.approx(2.0, rel=1e-3)
+    assert "synthesis.synthesize" in capsys.readouterr().err  # the progress bar was drawn
