@@ -71,7 +71,7 @@ class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
     readonly_fields = ("overview", "name", "status", "policy", "unit_column", "n_rows", "n_units", "max_rows_per_unit",
                        "file", "file_format", "sha256", "budget_delta", "delta_auto", "created_by", "created_at")
     fields = ("overview", "name", "title", "description", "status", "schema", "budget_epsilon", "budget_delta_text",
-              "policy", "allow_non_private", "unit_column", "n_rows", "n_units", "max_rows_per_unit", "budget_delta", "delta_auto",
+              "policy", "allow_non_private", "release_quantum_ms", "unit_column", "n_rows", "n_units", "max_rows_per_unit", "budget_delta", "delta_auto",
               "file", "file_format", "sha256", "created_by", "created_at")
     actions = ["activate"]
 
@@ -99,7 +99,8 @@ class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
             datasets.update(obj, schema=form.cleaned_data["schema"], title=obj.title, description=obj.description,
                             budget_epsilon=form.cleaned_data["budget_epsilon"],
                             budget_delta=form.cleaned_data["budget_delta_text"],
-                            allow_non_private=form.cleaned_data["allow_non_private"])
+                            allow_non_private=form.cleaned_data["allow_non_private"],
+                            release_quantum_ms=form.cleaned_data["release_quantum_ms"])
         except InvalidDataset as e:
             errors = e.extra.get("errors") or {}
             messages.error(request, e.detail + (" " + "; ".join(f"{k}: {v}" for k, v in errors.items())))

@@ -63,7 +63,7 @@ class DatasetChangeForm(forms.ModelForm):
         from .models import Dataset
 
         model = Dataset
-        fields = ["title", "description", "schema", "budget_epsilon", "allow_non_private"]
+        fields = ["title", "description", "schema", "budget_epsilon", "allow_non_private", "release_quantum_ms"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -473,7 +473,13 @@ def update(ds: Dataset, *, schema=None, **fields) -> Dataset:
             if (eps, delta) != old and not Limit.of_dataset(ds).admits(state):
                 raise InvalidDataset("the new budget is below what the ledger has already spent", field="budget_epsilon",
                                      spent_epsilon=Limit.of_dataset(ds).spent(state))
-        for key in ("title", "description", "allow_non_private"):
+        if "release_quantum_ms" in fields and fields["release_quantum_ms"] != ds.release_quantum_ms:
+            import logging  # an officer's change of a privacy measure, logged beside the admin's own history
+
+            logging.getLogger(__name__).warning(
+                "dataset %s: release clock changed from %s to %s ms (None = the server default)", ds.name,
+                ds.release_quantum_ms, fields["release_quantum_ms"])
+        for key in ("title", "description", "allow_non_private", "release_quantum_ms"):
             if key in fields:
                 setattr(ds, key, fields[key])
         ds.save()

@@ -21,7 +21,8 @@ import traceback
 from pathlib import Path
 
 from django.conf import settings
-from django.db import transaction
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
 from django.utils import timezone
 
 from engines import plugins
@@ -30,7 +31,8 @@ from engines.types import Cancelled, EngineRequest, Plan
 from . import audit, ledger
 from .data import load_columns
 from .engine_meta import dataset_meta
-from .models import Request
+from .models import Dataset, Request
+from .waiting import signal_done
 
 log = logging.getLogger(__name__)
 PROGRESS_INTERVAL = 0.5  # seconds between progress writes when there are no ticks (eager runs)
@@ -38,20 +40,46 @@ PROGRESS_INTERVAL = 0.5  # seconds between progress writes when there are no tic
 
 def execute(request_id: str, worker: str = "") -> str:
     """Run one request to a final state; returns its final (or current) status."""
-    now = timezone.now()
-    claimed = Request.objects.filter(pk=request_id, status=Request.Status.QUEUED).update(
-        status=Request.Status.RUNNING, started_at=now, heartbeat_at=now, worker=worker[:200],
-        progress={"phase": "starting", "fraction": 0.0})
-    if not claimed:
+    req = claim(request_id, worker)
+    if req is None:
         return Request.objects.filter(pk=request_id).values_list("status", flat=True).first() or "missing"
-    with RunClock(request_id) as clock:
-        return _run(request_id, clock)
+    with RunClock(req.pk, quantum_ms(req.dataset)) as clock:
+        return _run(req, clock)
+
+
+def claim(request_id, worker: str = "") -> Request | None:
+    """``queued -> running`` by compare-and-set, returning the claimed row (with its dataset)
+    in the same statement (``UPDATE ... RETURNING``); None when another delivery has it."""
+    now = timezone.now()
+    values = {"status": Request.Status.RUNNING, "started_at": now, "heartbeat_at": now, "worker": worker[:200],
+              "progress": {"phase": "starting", "fraction": 0.0}}
+    field = Request._meta.get_field
+    sets = ", ".join(f"{field(k).column} = %s" for k in values)
+    params = [field(k).get_db_prep_save(v, connection) for k, v in values.items()]
+    params += [field("id").get_db_prep_value(request_id, connection), Request.Status.QUEUED]
+    table = Request._meta.db_table
+    try:
+        rows = list(Request.objects.raw(f"UPDATE {table} SET {sets} WHERE id = %s AND status = %s RETURNING *",
+                                        params))
+    except (ValueError, ValidationError):  # not a request id at all
+        return None
+    if not rows:
+        return None
+    req = rows[0]
+    req.dataset = Dataset.objects.get(pk=req.dataset_id)
+    return req
+
+
+def quantum_ms(ds: Dataset) -> int:
+    """The release clock of runs on ``ds``: the officer's setting, else ``RELEASE_QUANTUM_MS``."""
+    return settings.RELEASE_QUANTUM_MS if ds.release_quantum_ms is None else ds.release_quantum_ms
 
 
 class RunClock:
     """The clock of one run, started when the worker claims the request. What the analyst
-    can observe of a run that reads data changes only on its ticks, every
-    ``RELEASE_QUANTUM_MS`` (README, "Release-path side channels"): the time a sampler
+    can observe of a run that reads data changes only on its ticks, every quantum (the
+    dataset's ``release_quantum_ms``, else ``RELEASE_QUANTUM_MS``; README, "Release-path
+    side channels"): the time a sampler
     takes depends on the noise it draws, and the time a query takes on the data.
 
     - Progress: the engine's reports are kept in memory; a thread writes the latest one on
@@ -64,9 +92,9 @@ class RunClock:
     Run eagerly in-process (tests) there is no thread: a report is written at once, at most
     every PROGRESS_INTERVAL seconds (and always the final one); ``hold()`` still waits."""
 
-    def __init__(self, request_id):
+    def __init__(self, request_id, quantum_ms: int | None = None):
         self.request_id = request_id
-        self.quantum = max(settings.RELEASE_QUANTUM_MS, 0) / 1000
+        self.quantum = max(settings.RELEASE_QUANTUM_MS if quantum_ms is None else quantum_ms, 0) / 1000
         self.t0 = time.monotonic()
         self.stop = threading.Event()
         self.lock = threading.Lock()
@@ -148,8 +176,7 @@ class RunClock:
             connection.close()
 
 
-def _run(request_id, clock: RunClock) -> str:
-    req = Request.objects.select_related("dataset").get(pk=request_id)
+def _run(req: Request, clock: RunClock) -> str:
     ds = req.dataset
     plan = Plan(**req.plan)
     engine_request = EngineRequest(kind=req.kind, params=req.params)
@@ -243,4 +270,5 @@ def _finish(req: Request, status: str, *, result=None, error=None, actual_event=
                 ledger.commit(req.ledger_entry_id, actual_event, audit_ctx=ctx)
             else:
                 ledger.release(req.ledger_entry_id, audit_ctx=ctx)
+        transaction.on_commit(lambda: signal_done(req.pk))
     return status

@@ -27,9 +27,9 @@ Rules:
 from __future__ import annotations
 
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 from django.db import connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from . import audit, ledger_sql
@@ -176,82 +176,116 @@ def warm_caches(event: ev.Event) -> None:
             subsampled_gaussian_curve(leaf.sample_rate, leaf.noise_multiplier, 1)
 
 
-def _apply(budget: Budget, grant: Grant | None, delta_cost: Cost, *, entries: int = 0):
-    new_state = Cost.from_json(budget.state) + delta_cost
-    Budget.objects.filter(pk=budget.pk).update(
-        state=new_state.to_json(), active_entries=F("active_entries") + entries, updated_at=timezone.now())
-    budget.state = new_state.to_json()
-    if grant is not None:
-        gstate = Cost.from_json(grant.state) + delta_cost
-        Grant.objects.filter(pk=grant.pk).update(state=gstate.to_json())
-        grant.state = gstate.to_json()
+def _status_now(cur, sql, entry_id: int) -> str:
+    """After a compare-and-set that moved nothing: the entry's status now (under the lock)."""
+    cur.execute(sql.status, [entry_id])
+    return cur.fetchone()[0]
 
 
-def _lock_entry(entry_id: int):
-    entry = LedgerEntry.objects.only("dataset_id", "grant_id").get(pk=entry_id)
-    budget = Budget.objects.select_for_update().get(pk=entry.dataset_id)
-    grant = Grant.objects.select_for_update().get(pk=entry.grant_id) if entry.grant_id else None
-    return LedgerEntry.objects.select_related("dataset", "analyst").get(pk=entry_id), budget, grant
+def _audit_budget(locked: ledger_sql.LockedEntry):
+    """What ``audit.append`` reads and advances of the locked budget row."""
+    return SimpleNamespace(pk=locked.dataset_id, committed=locked.committed, audit_seq=locked.audit_seq,
+                           audit_head=locked.audit_head)
+
+
+def _entry(locked: ledger_sql.LockedEntry, **fields) -> LedgerEntry:
+    return LedgerEntry(id=locked.pk, dataset_id=locked.dataset_id, analyst_id=locked.analyst_id,
+                       grant_id=locked.grant_id, reference=locked.reference, event=locked.event, cost=locked.cost,
+                       charge=locked.charge, non_private=locked.non_private, created_at=locked.created_at, **fields)
+
+
+def _refund(cur, sql, locked: ledger_sql.LockedEntry, delta_cost: Cost, when, *, entries: int = 0) -> None:
+    """Add ``delta_cost`` (negative: a refund) to the budget's and the grant's running states."""
+    cur.execute(sql.budget_state, [ledger_sql.dumps((Cost.from_json(locked.state) + delta_cost).to_json()), entries,
+                                   when, locked.dataset_id])
+    if locked.grant_id is not None:
+        cur.execute(sql.grant, [locked.grant_id])  # budget row, then grant row: the gate's order
+        gstate = Cost.from_json(ledger_sql.loads(cur.fetchone()[0])) + delta_cost
+        cur.execute(sql.grant_state, [ledger_sql.dumps(gstate.to_json()), locked.grant_id])
 
 
 def commit(entry: LedgerEntry | int, actual_event=None, *, audit_ctx: audit.Context | None = None) -> LedgerEntry:
     """``reserved -> committed``, optionally with a cheaper actual event (refunding the
-    rest), and the release's audit record written in the same transaction."""
+    rest), and the release's audit record written in the same transaction.
+
+    Like ``admit``, written as SQL (``ledger_sql.settle_sql``): one statement locks the
+    budget row and reads the entry, dataset and analyst; a compare-and-set UPDATE moves the
+    status; the audit record and the chain head follow (4 statements; 6 with a refund)."""
     entry_id = entry if isinstance(entry, int) else entry.pk
-    with transaction.atomic():
-        entry, budget, grant = _lock_entry(entry_id)
-        if entry.status == LedgerEntry.Status.COMMITTED:
-            return entry
-        if entry.status != LedgerEntry.Status.RESERVED:
-            raise LedgerConflict(f"Ledger entry {entry_id} is {entry.status}; only a reserved entry can be committed.")
-        reserved = Cost.from_json(entry.cost)
+    sql = ledger_sql.settle_sql()
+    with transaction.atomic(), connection.cursor() as cur:
+        locked = ledger_sql.lock_entry(cur, entry_id)
+        if locked is None:
+            raise LedgerEntry.DoesNotExist(f"no ledger entry {entry_id}")
+        if locked.status == LedgerEntry.Status.COMMITTED:
+            return LedgerEntry.objects.get(pk=entry_id)
+        if locked.status != LedgerEntry.Status.RESERVED:
+            raise LedgerConflict(f"Ledger entry {entry_id} is {locked.status}; only a reserved entry can be committed.")
+        reserved = Cost.from_json(locked.cost)
         committed_event = committed_cost = None
         if actual_event is not None:
             actual = to_event(actual_event)
-            if ev.has_non_private(actual) and not entry.non_private:
+            if ev.has_non_private(actual) and not locked.non_private:
                 raise InvalidEvent("The committed event has a non-private part the reservation did not have.",
-                                   reserved=entry.event, actual=actual.to_dict())
+                                   reserved=locked.event, actual=actual.to_dict())
             with event_errors():
                 priced = price(actual, reserved.delta, floor=1e-300)
             actual, actual_cost = priced.event, priced.cost
             if not actual_cost.dominated_by(reserved):
                 raise InvalidEvent("The committed event costs more than the reservation in some accountant; "
-                                   "a reservation can only shrink.", reserved=entry.event, actual=actual.to_dict())
+                                   "a reservation can only shrink.", reserved=locked.event, actual=actual.to_dict())
             committed_event, committed_cost = actual.to_dict(), actual_cost.to_json()
-        n = LedgerEntry.objects.filter(pk=entry_id, status=LedgerEntry.Status.RESERVED).update(
-            status=LedgerEntry.Status.COMMITTED, committed_at=timezone.now(),
-            committed_event=committed_event, committed_cost=committed_cost)
-        if n != 1:  # pragma: no cover - impossible under the budget lock
-            raise LedgerConflict(f"Ledger entry {entry_id} changed under the lock.")
+        now = timezone.now()
+        when = connection.ops.adapt_datetimefield_value(now)
+        cur.execute(sql.commit, [LedgerEntry.Status.COMMITTED, when,
+                                 None if committed_event is None else ledger_sql.dumps(committed_event),
+                                 None if committed_cost is None else ledger_sql.dumps(committed_cost),
+                                 entry_id, LedgerEntry.Status.RESERVED])
+        if cur.rowcount != 1:  # committed or released since the row was read: decide on the status now
+            status_now = _status_now(cur, sql, entry_id)
+            if status_now == LedgerEntry.Status.COMMITTED:
+                return LedgerEntry.objects.get(pk=entry_id)
+            raise LedgerConflict(f"Ledger entry {entry_id} is {status_now}; only a reserved entry can be committed.")
         if committed_cost is not None:
-            _apply(budget, grant, Cost.from_json(committed_cost) - reserved)
+            _refund(cur, sql, locked, Cost.from_json(committed_cost) - reserved, when)
         spent = Cost.from_json(committed_cost) if committed_cost is not None else reserved
-        ds = entry.dataset
-        audit.append(budget, ds.name, ds.budget_delta, action="commit", actor=entry.analyst.get_username(),
-                     ctx=audit_ctx or audit.Context(outcome="charged"), entry=entry,
-                     event=committed_event or entry.event, reserved_event=entry.event if committed_event else None,
-                     charge=charge_summary(spent, ds.budget_delta), committed_cost=spent,
-                     non_private=entry.non_private)
-        return LedgerEntry.objects.get(pk=entry_id)
+        done = _entry(locked, status=LedgerEntry.Status.COMMITTED, committed_at=now, committed_event=committed_event,
+                      committed_cost=committed_cost)
+        audit.append(_audit_budget(locked), locked.dataset_name, locked.budget_delta, action="commit",
+                     actor=locked.username, ctx=audit_ctx or audit.Context(outcome="charged"), entry=done,
+                     event=committed_event or locked.event, reserved_event=locked.event if committed_event else None,
+                     charge=charge_summary(spent, locked.budget_delta), committed_cost=spent,
+                     non_private=locked.non_private)
+        return done
 
 
 def release(entry: LedgerEntry | int, *, audit_ctx: audit.Context | None = None) -> LedgerEntry:
     """``reserved -> released``: refund the reservation, with its audit record. Releasing
-    twice is a no-op."""
+    twice is a no-op. SQL like ``commit``."""
     entry_id = entry if isinstance(entry, int) else entry.pk
-    with transaction.atomic():
-        entry, budget, grant = _lock_entry(entry_id)
-        if entry.status == LedgerEntry.Status.RELEASED:
-            return entry
-        if entry.status != LedgerEntry.Status.RESERVED:
-            raise LedgerConflict(f"Ledger entry {entry_id} is {entry.status}; a committed charge is never refunded.")
-        LedgerEntry.objects.filter(pk=entry_id, status=LedgerEntry.Status.RESERVED).update(
-            status=LedgerEntry.Status.RELEASED, released_at=timezone.now())
-        _apply(budget, grant, Cost.zero() - Cost.from_json(entry.cost), entries=-1)
-        ds = entry.dataset
-        audit.append(budget, ds.name, ds.budget_delta, action="release", actor=entry.analyst.get_username(),
-                     ctx=audit_ctx or audit.Context(outcome="released"), entry=entry, event=entry.event)
-        return LedgerEntry.objects.get(pk=entry_id)
+    sql = ledger_sql.settle_sql()
+    with transaction.atomic(), connection.cursor() as cur:
+        locked = ledger_sql.lock_entry(cur, entry_id)
+        if locked is None:
+            raise LedgerEntry.DoesNotExist(f"no ledger entry {entry_id}")
+        if locked.status == LedgerEntry.Status.RELEASED:
+            return LedgerEntry.objects.get(pk=entry_id)
+        if locked.status != LedgerEntry.Status.RESERVED:
+            raise LedgerConflict(f"Ledger entry {entry_id} is {locked.status}; a committed charge is never refunded.")
+        now = timezone.now()
+        when = connection.ops.adapt_datetimefield_value(now)
+        cur.execute(sql.release, [LedgerEntry.Status.RELEASED, when, entry_id, LedgerEntry.Status.RESERVED])
+        if cur.rowcount != 1:
+            status_now = _status_now(cur, sql, entry_id)
+            if status_now == LedgerEntry.Status.RELEASED:
+                return LedgerEntry.objects.get(pk=entry_id)
+            raise LedgerConflict(f"Ledger entry {entry_id} is {status_now}; a committed charge is never refunded.")
+        _refund(cur, sql, locked, Cost.zero() - Cost.from_json(locked.cost), when, entries=-1)
+        done = _entry(locked, status=LedgerEntry.Status.RELEASED, released_at=now)
+        audit.append(_audit_budget(locked), locked.dataset_name, locked.budget_delta, action="release",
+                     actor=locked.username, ctx=audit_ctx or audit.Context(outcome="released"), entry=done,
+                     event=locked.event)
+        return done
 
 
 def charge(dataset: Dataset | int, officer, event, *, reference: str = "") -> LedgerEntry:

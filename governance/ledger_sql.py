@@ -2,8 +2,10 @@
 
 The ORM's query building cost four times the database work on this path, so the lock,
 the entry's insert and the running states' updates are written out here once per vendor
-(PostgreSQL does the three writes in one data-modifying CTE). Rows come back as the small
-frozen records below.
+(PostgreSQL does the three writes in one data-modifying CTE). ``commit`` and ``release``
+(the worker's side) get the same treatment: one statement locks the budget row and reads
+the entry, its dataset and its analyst; compare-and-set UPDATEs move the status. Rows come
+back as the small frozen records below.
 """
 
 from __future__ import annotations
@@ -84,3 +86,86 @@ def _sql_for(vendor: str) -> SimpleNamespace:
 
 def admit_sql() -> SimpleNamespace:
     return _sql_for(connection.vendor)
+
+
+@dataclass(frozen=True)
+class LockedEntry:
+    """A ledger entry with its dataset's budget row locked (what commit and release need)."""
+
+    pk: int
+    status: str
+    cost: dict
+    event: dict
+    charge: dict
+    non_private: bool
+    reference: str
+    created_at: object
+    analyst_id: int
+    grant_id: int | None
+    dataset_id: int
+    state: dict
+    committed: dict
+    audit_seq: int
+    audit_head: str
+    dataset_name: str
+    budget_delta: float
+    username: str
+
+
+@functools.cache
+def _settle_sql_for(vendor: str) -> SimpleNamespace:
+    from django.contrib.auth import get_user_model
+
+    pg = vendor == "postgresql"
+    js = "::jsonb" if pg else ""
+    budget, dataset = Budget._meta.db_table, Dataset._meta.db_table
+    grant, entry = Grant._meta.db_table, LedgerEntry._meta.db_table
+    user_model = get_user_model()
+    user, username = user_model._meta.db_table, user_model._meta.get_field(user_model.USERNAME_FIELD).column
+    return SimpleNamespace(
+        # The budget row is locked (PostgreSQL re-reads a locked row at its newest version);
+        # the entry's immutable columns come with it. Its status may be older than the lock:
+        # the compare-and-set UPDATEs below decide (every status change holds this lock).
+        lock=(f"SELECT e.status, e.cost, e.event, e.charge, e.non_private, e.reference, e.created_at, e.analyst_id, "
+              f"e.grant_id, e.dataset_id, b.state, b.committed, b.audit_seq, b.audit_head, d.name, d.budget_delta, "
+              f"u.{username} FROM {entry} e JOIN {budget} b ON b.dataset_id = e.dataset_id "
+              f"JOIN {dataset} d ON d.id = e.dataset_id JOIN {user} u ON u.id = e.analyst_id WHERE e.id = %s"
+              + (" FOR UPDATE OF b" if pg else "")),
+        status=f"SELECT status FROM {entry} WHERE id = %s",
+        grant=f"SELECT state FROM {grant} WHERE id = %s" + (" FOR UPDATE" if pg else ""),
+        commit=(f"UPDATE {entry} SET status = %s, committed_at = %s, committed_event = %s{js}, "
+                f"committed_cost = %s{js} WHERE id = %s AND status = %s"),
+        release=f"UPDATE {entry} SET status = %s, released_at = %s WHERE id = %s AND status = %s",
+        budget_state=(f"UPDATE {budget} SET state = %s{js}, active_entries = active_entries + %s, updated_at = %s "
+                      f"WHERE dataset_id = %s"),
+        grant_state=f"UPDATE {grant} SET state = %s{js} WHERE id = %s",
+    )
+
+
+def settle_sql() -> SimpleNamespace:
+    return _settle_sql_for(connection.vendor)
+
+
+def aware(value):
+    """A datetime read through a raw cursor, as the ORM would give it (aware, UTC)."""
+    from datetime import UTC
+
+    from django.utils.dateparse import parse_datetime
+
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if value is not None and value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value
+
+
+def lock_entry(cur, entry_id: int) -> LockedEntry | None:
+    cur.execute(settle_sql().lock, [entry_id])
+    row = cur.fetchone()
+    if row is None:
+        return None
+    (status, cost, event, charge, non_private, reference, created_at, analyst_id, grant_id, dataset_id, state, committed,
+     audit_seq, audit_head, name, delta, username) = row
+    return LockedEntry(entry_id, status, loads(cost), loads(event), loads(charge), bool(non_private), reference, aware(created_at),
+                       analyst_id, grant_id, dataset_id, loads(state), loads(committed), audit_seq, audit_head or "",
+                       name, delta, username)

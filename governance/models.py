@@ -11,9 +11,12 @@ import uuid
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator
 from django.db import models
 
 from accounting import POLICIES
+
+RELEASE_QUANTUM_MAX_MS = 60_000  # a dataset's release clock: 0 (off) .. one minute
 
 
 class Dataset(models.Model):
@@ -58,6 +61,13 @@ class Dataset(models.Model):
         default=False, help_text="Admit non-private releases (e.g. the epsilon = inf baseline of a DP-SGD sweep). "
         "They are recorded in the ledger as non_private and counted apart; they do not draw on the epsilon "
         "budget, and the dataset's DP guarantee does not cover them.")
+    release_quantum_ms = models.PositiveIntegerField(
+        "release clock (ms)", null=True, blank=True, validators=[MaxValueValidator(RELEASE_QUANTUM_MAX_MS)],
+        help_text="Release clock of runs on this dataset, in milliseconds: what an analyst sees of a run that "
+        "reads the data (progress, outcome, finish time) changes only every this many ms, so timing does not "
+        "reveal the noise drawn or the data. Blank = the server default (RELEASE_QUANTUM_MS, 1000 ms). "
+        "0 turns the clock off (answers as soon as ready): an explicit choice for datasets whose timing "
+        "risk you accept. At most 60000.")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -18,7 +18,7 @@ sweep (``sweep()``: the periodic task ``workers.sweep`` run by Celery beat, or
    per such period (``progress.requeued_at``), so a backlog that is only slow is not
    flooded with copies. A second delivery is harmless: the claim is a compare-and-set.
 3. **Not sent**: a request ``queued`` whose task could not be sent after its commit (Redis
-   down or restarting, a broken broker connection: ``workers.tasks.RequestTask`` lets the
+   down or restarting, a broken broker connection: ``governance.dispatch`` lets the
    POST be answered and marks it with ``progress.unsent_at``, ``mark_unsent``) is sent by
    the next sweep, without waiting for rule 2's period: no copy of its message exists.
 
@@ -39,6 +39,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from . import audit, ledger
+from .dispatch import mark_unsent  # noqa: F401 - rule 3's marker lives with the sending
 from .models import Request
 
 log = logging.getLogger(__name__)
@@ -88,18 +89,6 @@ def sweep(*, now=None, lost_after: float | None = None, requeue_after: float | N
     if lost or requeued:
         log.warning("recovery sweep: %d lost, %d requeued", len(lost), len(requeued))
     return {"lost": lost, "requeued": requeued}
-
-
-def mark_unsent(request_id) -> bool:
-    """Rule 3: the broker did not take the task of this queued request; the next sweep sends it."""
-    if request_id is None:
-        return False
-    progress = Request.objects.filter(pk=request_id, status=Request.Status.QUEUED).values_list(
-        "progress", flat=True).first()
-    if progress is None:
-        return False
-    return bool(Request.objects.filter(pk=request_id, status=Request.Status.QUEUED).update(
-        progress={**(progress or {}), "unsent_at": timezone.now().timestamp()}))
 
 
 def _finish_lost(pk, cutoff, now) -> bool:

@@ -22,7 +22,7 @@ from django.utils import timezone
 from engines import plugins
 from engines.types import EngineRequest, PlanError
 
-from . import audit, ledger
+from . import audit, dispatch, ledger
 from .engine_meta import dataset_meta
 from .errors import (
     BudgetExceeded,
@@ -142,9 +142,8 @@ def _plan_json(plan) -> dict:
 
 
 def enqueue(request_id, queue: str):
-    from workers.tasks import run_request
-
-    run_request.apply_async(args=[str(request_id)], queue=queue)
+    """Send the request's task (by name, ``governance.dispatch``); marked unsent if the broker refuses."""
+    dispatch.send(request_id, queue)
 
 
 def cancel(req: Request) -> Request:

@@ -1,12 +1,7 @@
 """Tasks take ids, never model objects; the request row exists (queued) before the task is
 sent. User errors are not retried; a second delivery of a task changes nothing."""
 
-import logging
-
 from celery import Task, shared_task
-from kombu.exceptions import OperationalError
-
-log = logging.getLogger(__name__)
 
 
 class RequestTask(Task):
@@ -14,26 +9,18 @@ class RequestTask(Task):
     (``transaction.on_commit``). When the message cannot be sent, raising would turn the POST
     of an admitted, charged request into a 500 (the analyst never learns its id); instead
     the request stays ``queued``, marked unsent, and the next recovery sweep sends it
-    (``governance.recovery``, rule 3). Seen in bench/bench_faults.py: Redis restarting or
-    unreachable past Celery's publish retries (``OperationalError``), and kombu's Redis
-    channel torn down under a publish by the reconnection of another thread
-    (``AttributeError: 'NoneType' object has no attribute 'client'``)."""
+    (``governance.recovery``, rule 3; ``governance.dispatch.publish_or_mark`` marks it).
+    Seen in bench/bench_faults.py: Redis restarting or unreachable past Celery's publish
+    retries (``OperationalError``), and kombu's Redis channel torn down under a publish by
+    the reconnection of another thread (``AttributeError: 'NoneType' object has no attribute 'client'``)."""
 
     def apply_async(self, args=None, kwargs=None, **options):
         if self.app.conf.task_always_eager:  # run in-process (tests): nothing is sent, errors are the task's own
             return super().apply_async(args, kwargs, **options)
-        request_id = (args or [None])[0] or (kwargs or {}).get("request_id")
-        try:
-            return super().apply_async(args, kwargs, **options)
-        except OperationalError:
-            log.warning("broker unavailable: the task of request %s was not sent; the recovery sweep will send it",
-                        request_id, exc_info=True)
-        except Exception:  # noqa: BLE001 - whatever failed, the request is safe in the database
-            log.exception("the task of request %s could not be sent; the recovery sweep will send it", request_id)
-        from governance.recovery import mark_unsent
+        from governance.dispatch import publish_or_mark
 
-        mark_unsent(request_id)
-        return None
+        request_id = (args or [None])[0] or (kwargs or {}).get("request_id")
+        return publish_or_mark(lambda: super(RequestTask, self).apply_async(args, kwargs, **options), request_id)
 
 
 @shared_task(name="workers.run_request", base=RequestTask, acks_late=True, ignore_result=True, bind=True)

@@ -16,9 +16,17 @@ from rest_framework.response import Response
 
 from ..errors import InvalidRequest
 from ..models import Request
+from ..waiting import MAX_WAIT_SECONDS, parse_wait, wait_final
 from . import serializers as s
 from .common import FormatSuffix, file_response, visible_datasets
 from .permissions import is_officer
+
+WAIT_PARAM = OpenApiParameter(
+    "wait", float, OpenApiParameter.QUERY, required=False,
+    description=f"Seconds (0 to {MAX_WAIT_SECONDS:g}) to wait for the request to be final before answering, "
+                "instead of polling: the answer comes as soon as the worker has written the outcome (on a tick "
+                "of the dataset's release clock), or when the time is up, showing the request as it then is. "
+                "Other values give 400 request.invalid.")
 
 
 class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -57,27 +65,28 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
                        description="Any 1 to 200 printable ASCII characters, new for each request (e.g. a UUID). "
                                    "A POST retried with the same key (the first answer was lost) returns the "
                                    "first request as it is now, with the header Idempotent-Replayed: true, and "
-                                   "is not charged again; the same key with other parameters gives 422.")],
+                                   "is not charged again; the same key with other parameters gives 422."),
+                       WAIT_PARAM],
                    responses={202: s.RequestSerializer, 200: s.RequestSerializer})
     def create(self, request):
         """Plan the request (no data read), pass its event through the gate (409 with the
         numbers if it does not fit) and queue it (202). An identical request you already got
-        answered is replayed from the stored release at no cost (200, ``replayed: true``)."""
+        answered is replayed from the stored release at no cost (200, ``replayed: true``).
+        With ``?wait=seconds`` the answer waits up to that long for the result (same status
+        code; the body shows the request as it is when the wait ends)."""
         from ..submission import submit
 
         key = _idempotency_key(request)
+        wait = _wait(request)
         data = s.RequestCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        v = dict(data.validated_data)
-        if "sql" in v:  # planned into the JSON request it equals (engines/aggregates/sql.py)
-            from .sql_requests import from_sql
-
-            v.update(from_sql(v["sql"], v["params"], v.get("dataset")).as_json())
+        v = data.validated_data
         ds = visible_datasets(request.user).filter(name=v["dataset"]).first()
         if ds is None:
             raise InvalidRequest(f"No dataset {v['dataset']!r} that you may use.", errors={"dataset": "not found"})
         req, replayed = submit(request.user, ds, v["engine"], v["kind"], v["params"], idempotency_key=key)
         repeated = getattr(req, "repeated", False)
+        _wait_for(req, wait)
         req = self.get_queryset().get(pk=req.pk)
         replayed = replayed or (repeated and req.replay_of_id is not None)
         response = Response(s.RequestSerializer(req, context={"request": request}).data,
@@ -85,6 +94,18 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         if repeated:
             response["Idempotent-Replayed"] = "true"
         return response
+
+    @extend_schema(parameters=[WAIT_PARAM])
+    def retrieve(self, request, *args, **kwargs):
+        """A request: status, progress, the charge under each accountant and, when ready, the
+        result. ``?wait=seconds`` (0 to 30) holds the answer until the request is final or
+        the time is up, instead of polling."""
+        wait = _wait(request)
+        req = self.get_object()
+        if wait and req.status not in Request.FINAL:
+            _wait_for(req, wait)
+            req = self.get_object()
+        return Response(self.get_serializer(req).data)
 
     @extend_schema(request=None, responses=s.RequestSerializer)
     @action(detail=True, methods=["post"])
@@ -140,6 +161,16 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
 
 
 IDEMPOTENCY_KEY_RE = re.compile(r"[\x20-\x7e]{1,200}")
+
+
+def _wait(request) -> float:
+    raw = request.query_params.get("wait")
+    return 0.0 if raw is None else parse_wait(raw)
+
+
+def _wait_for(req, seconds: float) -> None:
+    if seconds and req.status not in Request.FINAL:
+        wait_final(req.pk, seconds, lambda: Request.objects.filter(pk=req.pk, status__in=Request.FINAL).exists())
 
 
 def _idempotency_key(request) -> str:

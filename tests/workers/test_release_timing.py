@@ -101,3 +101,55 @@ def test_a_cancellation_reaches_a_real_training_run_through_the_clock(ticks, rea
     assert body["charge"]["ledger_status"] == "committed"
     reserved = LedgerEntry.objects.get(request=rid).charge["rdp"]["epsilon"]
     assert 0 < body["charge"]["rdp"]["epsilon"] < reserved  # the steps taken, not the 30 epochs planned
+
+
+@pytest.mark.django_db
+def test_a_dataset_s_own_quantum_replaces_the_server_default(settings, api, analyst, make_dataset, grant,
+                                                              django_capture_on_commit_callbacks):
+    from governance.execution import quantum_ms
+
+    settings.RELEASE_QUANTUM_MS = 0
+    ds = make_dataset(epsilon=5.0)
+    grant(analyst, ds)
+    assert quantum_ms(ds) == 0
+    ds.release_quantum_ms = 400
+    ds.save(update_fields=["release_quantum_ms"])
+    assert quantum_ms(ds) == 400
+    with django_capture_on_commit_callbacks(execute=True):
+        r = api(analyst).post("/api/requests/", {"dataset": ds.name, "engine": "aggregates", "kind": "count",
+                                                 "params": {"epsilon": 1.0}}, format="json")
+    req = Request.objects.get(pk=r.json()["id"])
+    assert req.status == "succeeded" and (req.finished_at - req.started_at).total_seconds() >= 0.4
+    settings.RELEASE_QUANTUM_MS = 1000
+    ds.release_quantum_ms = 0  # the officer's explicit choice wins over the default too
+    assert quantum_ms(ds) == 0 and RunClock("r", quantum_ms(ds)).next_tick(5.0) == 5.0
+
+
+@pytest.mark.django_db
+def test_the_officer_sees_and_changes_the_quantum_in_the_admin_within_bounds(client, officer, make_dataset, caplog):
+    import json
+
+    from django.contrib.admin.models import LogEntry
+
+    ds = make_dataset()
+    client.force_login(officer)
+    url = f"/admin/governance/dataset/{ds.pk}/change/"
+    page = client.get(url)
+    assert page.status_code == 200 and b"release_quantum_ms" in page.content and b"server default" in page.content
+    form = {"title": "t", "description": "", "schema": json.dumps(ds.schema), "budget_epsilon": "1.0",
+            "budget_delta_text": "auto"}
+    for bad in ("60001", "-1", "abc"):
+        r = client.post(url, {**form, "release_quantum_ms": bad})
+        assert r.status_code == 200 and b"errornote" in r.content, bad  # the form shows the error, saves nothing
+    ds.refresh_from_db()
+    assert ds.release_quantum_ms is None
+    with caplog.at_level("WARNING", logger="governance.datasets"):
+        r = client.post(url, {**form, "release_quantum_ms": "50"})
+    assert r.status_code == 302
+    ds.refresh_from_db()
+    assert ds.release_quantum_ms == 50
+    assert "release clock changed from None to 50 ms" in caplog.text
+    assert "Release clock (ms)" in LogEntry.objects.get(object_id=str(ds.pk)).get_change_message()
+    r = client.post(url, {**form, "release_quantum_ms": ""})  # blank: back to the server default
+    ds.refresh_from_db()
+    assert r.status_code == 302 and ds.release_quantum_ms is None

@@ -1,0 +1,97 @@
+"""``?wait=seconds`` on GET and POST /api/requests/: the answer waits for the result instead
+of the client polling; bad values are a 400 before anything is planned or charged."""
+
+import threading
+import time
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from governance import waiting
+from governance.models import LedgerEntry, Request
+
+URL = "/api/requests/"
+COUNT = {"engine": "aggregates", "kind": "count", "params": {"epsilon": 0.25}}
+
+
+@pytest.fixture
+def clinic(make_dataset, analyst, grant):
+    ds = make_dataset(epsilon=5.0)
+    grant(analyst, ds)
+    return ds
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "30.5", "nan", "inf", "", "1e9"])
+@pytest.mark.django_db
+def test_it_refuses_a_bad_wait_on_post_before_charging(api, analyst, clinic, value):
+    r = api(analyst).post(f"{URL}?wait={value}", {**COUNT, "dataset": clinic.name}, format="json")
+    assert r.status_code == 400 and r.json()["code"] == "request.invalid", r.content
+    assert "wait" in r.json()["errors"]
+    assert not Request.objects.exists() and not LedgerEntry.objects.exists()
+
+
+@pytest.mark.parametrize("value", ["x", "-0.5", "31"])
+@pytest.mark.django_db
+def test_it_refuses_a_bad_wait_on_get(api, analyst, clinic, value, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False):
+        rid = api(analyst).post(URL, {**COUNT, "dataset": clinic.name}, format="json").json()["id"]
+    r = api(analyst).get(f"{URL}{rid}/?wait={value}")
+    assert r.status_code == 400 and r.json()["code"] == "request.invalid"
+
+
+@pytest.mark.django_db(transaction=True)  # the task is sent (and run eagerly) on the real commit
+def test_a_post_with_wait_answers_with_the_result(api, analyst, clinic):
+    r = api(analyst).post(f"{URL}?wait=10", {**COUNT, "dataset": clinic.name}, format="json")
+    assert r.status_code == 202  # the same code as without wait; the body is final
+    assert r.json()["status"] == "succeeded" and r.json()["result"] is not None
+
+
+@pytest.mark.django_db
+def test_a_wait_ends_when_its_time_is_up(api, analyst, clinic, django_capture_on_commit_callbacks, settings):
+    settings.REDIS_URL = ""
+    with django_capture_on_commit_callbacks(execute=False):  # never sent: stays queued
+        rid = api(analyst).post(URL, {**COUNT, "dataset": clinic.name}, format="json").json()["id"]
+    t0 = time.monotonic()
+    body = api(analyst).get(f"{URL}{rid}/?wait=0.3").json()
+    assert body["status"] == "queued" and time.monotonic() - t0 >= 0.3
+
+
+@pytest.mark.parametrize("signal", [False, True], ids=["row polled", "redis signal"])
+@pytest.mark.django_db(transaction=True)
+def test_a_get_with_wait_returns_once_another_process_finishes_it(api, analyst, clinic, settings, signal,
+                                                                 monkeypatch):
+    """The finishing side is another thread writing the row (as a worker would), with and
+    without the Redis signal; the waiter sees the final row, not a stale one."""
+    if signal:
+        import os
+
+        settings.REDIS_URL = f"redis://127.0.0.1:{os.environ.get('REDIS_PORT', '6379')}/14"
+        try:
+            waiting._client().ping()
+        except Exception:  # noqa: BLE001
+            pytest.skip("no Redis on REDIS_PORT")
+    else:
+        settings.REDIS_URL = ""
+    from governance import submission
+
+    monkeypatch.setattr(submission, "enqueue", lambda pk, queue: None)  # no worker: it stays queued
+    rid = api(analyst).post(URL, {**COUNT, "dataset": clinic.name}, format="json").json()["id"]
+    assert Request.objects.get(pk=rid).status == "queued"
+
+    def finish():
+        time.sleep(0.3)
+        Request.objects.filter(pk=rid).update(status="succeeded", result={"count": 1}, finished_at=timezone.now())
+        if signal:
+            waiting.signal_done(rid)
+        connection.close()
+
+    t = threading.Thread(target=finish)
+    t.start()
+    body = api(analyst).get(f"{URL}{rid}/?wait=20").json()
+    t.join()
+    assert body["status"] == "succeeded" and body["result"] == {"count": 1}
+
+
+def test_parse_wait_bounds():
+    assert waiting.parse_wait("0") == 0 and waiting.parse_wait("30") == 30 and waiting.parse_wait("0.25") == 0.25
