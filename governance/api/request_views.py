@@ -80,7 +80,11 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         wait = _wait(request)
         data = s.RequestCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        v = data.validated_data
+        v = dict(data.validated_data)
+        if "sql" in v:  # planned into the JSON request it equals (engines/aggregates/sql.py)
+            from .sql_requests import from_sql
+
+            v.update(from_sql(v["sql"], v["params"], v.get("dataset")).as_json())
         ds = visible_datasets(request.user).filter(name=v["dataset"]).first()
         if ds is None:
             raise InvalidRequest(f"No dataset {v['dataset']!r} that you may use.", errors={"dataset": "not found"})
