@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Accounting tightness, measured side by side in one run (issue 16).
+
+    .venv/bin/python bench/bench_accounting.py [--quick]
+
+1. Plain RDP composition of DP-SGD runs: the ledger's 56-order grid, ``compose`` (the
+   order refined off the grid, accounting/refine.py) and dp_accounting's RdpAccountant
+   on a dense grid (fractional orders 1.01..64 by 0.05, every integer 64..511, every
+   16th 512..4096), with the
+   optimistic PLD as the certified lower bound; ratios to the dense grid.
+2. Steps a DP-SGD run gets at the same target epsilon: the largest T with epsilon <=
+   target at fixed (q, z), certified by RDP on the ledger's grid (what the planner
+   calibrates with today) and by PLD (engines/dpsgd/pld.py, pessimistic, an upper bound).
+
+Pure computation, no services; timings are wall time on the shared 2-core machine (other
+engineers' jobs run beside it), so read them as rough.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+from dp_accounting import dp_event  # noqa: E402
+from dp_accounting.pld import privacy_loss_distribution as pld_lib  # noqa: E402
+from dp_accounting.rdp import RdpAccountant  # noqa: E402
+
+from accounting import parse_event, rdp  # noqa: E402
+from accounting.costs import price  # noqa: E402
+from engines.dpsgd import calibrate, pld  # noqa: E402
+
+DENSE = list(np.round(np.arange(1.01, 64, 0.05), 4)) + list(range(64, 512)) + list(range(512, 4097, 16))
+
+
+def dense_rdp(q, z, steps, delta, orders):
+    acc = RdpAccountant(orders)
+    acc.compose(dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z)), steps))
+    return acc.get_epsilon(delta)
+
+
+def pld_lower(q, z, steps, delta):
+    one = pld_lib.from_gaussian_mechanism(z, sampling_prob=q, pessimistic_estimate=False,
+                                          value_discretization_interval=2e-5, use_connect_dots=False)
+    return one.self_compose(steps).get_epsilon_for_delta(delta)
+
+
+def table_compose(cases, delta):
+    print(f"\n1. Plain composition at delta {delta:g} (epsilon; ratio to dp_accounting dense grid)")
+    print(f"{'q':>7} {'z':>5} {'steps':>7} | {'grid56':>8} {'ratio':>7} | {'compose':>8} {'ratio':>7} {'ms':>6} | "
+          f"{'dense':>8} {'ms':>7} | {'PLD low':>8}")
+    worst = 0.0
+    for q, z, steps in cases:
+        event = parse_event({"kind": "subsampled_gaussian", "sample_rate": q, "noise_multiplier": z, "steps": steps})
+        grid = rdp.spent(price(event, delta).cost, delta).epsilon
+        t = time.perf_counter()
+        got = rdp.compose([event], delta).epsilon
+        t_ref = time.perf_counter() - t
+        t = time.perf_counter()
+        dense = dense_rdp(q, z, steps, delta, DENSE)
+        t_dense = time.perf_counter() - t
+        low = pld_lower(q, z, steps, delta)
+        worst = max(worst, got / dense - 1)
+        print(f"{q:>7g} {z:>5g} {steps:>7} | {grid:8.4f} {grid / dense:7.4f} | {got:8.4f} {got / dense:7.4f} "
+              f"{t_ref * 1e3:6.0f} | {dense:8.4f} {t_dense * 1e3:7.0f} | {low:8.4f}", flush=True)
+    print(f"worst compose / dense: {1 + worst:.5f}")
+
+
+def table_steps(cases, delta):
+    print(f"\n2. Steps at the same target epsilon, delta {delta:g} (RDP: ledger grid; PLD: pessimistic, 1e-4 buckets)")
+    print(f"{'q':>7} {'z':>5} {'target':>6} | {'RDP steps':>9} {'PLD steps':>9} {'PLD/RDP':>8} | {'PLD s':>6}")
+    ratios = []
+    for q, z, target in cases:
+        rdp_steps = pld.max_steps(target, delta, q, z, lambda q_, z_, t_, d_: calibrate.epsilon(q_, z_, t_, 0.0, 0, d_))
+        t = time.perf_counter()
+        pld_steps = pld.max_steps(target, delta, q, z, lambda q_, z_, t_, d_: pld.epsilon(q_, z_, t_, 0.0, 0, d_))
+        dt = time.perf_counter() - t
+        ratio = pld_steps / rdp_steps if rdp_steps else float("inf")
+        ratios.append(ratio)
+        print(f"{q:>7g} {z:>5g} {target:>6g} | {rdp_steps:>9} {pld_steps:>9} {ratio:8.3f} | {dt:6.1f}", flush=True)
+    print(f"PLD/RDP steps: min {min(ratios):.3f}, median {float(np.median(ratios)):.3f}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer cases (about a minute)")
+    args = ap.parse_args(argv)
+    print("bench_accounting: pure computation on a shared 2-core machine; timings are rough")
+    compose_cases = [(0.001, 1.5, 1000), (0.01, 1.1, 3000), (1e-4, 0.8, 100_000), (0.1, 5.0, 10), (0.05, 0.7, 500),
+                     (0.004, 1.1, 3000), (0.02, 2.0, 20_000), (1e-3, 3.0, 100)]
+    steps_cases = [(0.01, 1.0, 1.0), (0.01, 1.0, 3.0), (0.004, 1.1, 1.0), (0.004, 1.1, 8.0), (0.05, 2.0, 2.0),
+                   (0.001, 0.8, 1.0)]
+    if args.quick:
+        compose_cases, steps_cases = compose_cases[:4], steps_cases[:3]
+    table_compose(compose_cases, 1e-5)
+    table_steps(steps_cases, 1e-5)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Certifying one pre-planned DP-SGD run with the privacy loss distribution (PLD).
+
+A run whose every parameter is fixed before it starts (sampling rate q, noise multiplier
+z, T steps, E held-out evaluations by the Laplace mechanism) is one mechanism, the
+non-adaptive composition of T Poisson-subsampled Gaussians and E Laplaces. Its tightest
+known (epsilon, delta) comes from composing their privacy loss distributions
+(Koskela-Jälkö-Honkela 2020; Meiser-Mohammadi 2018; dp_accounting's ``PLDAccountant``
+with its default pessimistic discretisation, which rounds every privacy loss up, so the
+result is an upper bound: Doroshenko-Ghazi-Kamath-Kumar-Manurangsi 2022, Thm. 3.5).
+
+What PLD does NOT give: a privacy *filter*. PLD composition is proven for mechanisms
+fixed in advance (or chosen adaptively with fixed PLDs); a gate that admits requests
+while the sum stays under a budget picks the next mechanism from the transcript, and no
+PLD-based filter is known to be valid there. So PLD is used only here, to certify one
+run as a whole (the epsilon stated on the trained model), never by the ledger's gate:
+the ledger charges the run's event by its RDP curve like any other (``accounting.rdp``,
+Feldman-Zrnic filter), and records the PLD epsilon beside it as the run's certificate.
+
+>>> round(epsilon(0.01, 1.1, 1000, 0.0, 0, 1e-5), 2)   # RDP on the ledger's grid: 1.73
+1.52
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from . import calibrate
+from .calibrate import MAX_NOISE, MIN_NOISE, CalibrationError
+
+NAME = "pld"
+# Privacy loss bucket width (dp_accounting's default). Coarser is faster and still an
+# upper bound (pessimistic rounding), but looser.
+INTERVAL = 1e-4
+REL_TOL = 1e-3  # calibrated noise multipliers to 0.1%
+
+
+@functools.lru_cache(maxsize=256)
+def epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals: int, delta: float,
+            interval: float = INTERVAL) -> float:
+    """The run's epsilon at ``delta`` certified by PLD (an upper bound; inf if undefined)."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+
+    events = []
+    if steps:
+        step = dp_event.GaussianDpEvent(z) if q >= 1.0 else dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z))
+        events.append(dp_event.SelfComposedDpEvent(step, steps))
+    if evals and eval_epsilon_each > 0:
+        events.append(dp_event.SelfComposedDpEvent(dp_event.LaplaceDpEvent(1.0 / eval_epsilon_each), evals))
+    if not events:
+        return 0.0
+    acc = PLDAccountant(value_discretization_interval=interval)
+    acc.compose(dp_event.ComposedDpEvent(events))
+    eps = acc.get_epsilon(delta)
+    return float(eps) if math.isfinite(eps) else math.inf
+
+
+def noise_multiplier(target: float, delta: float, q: float, steps: int, eval_epsilon_each: float = 0.0,
+                     evals: int = 0) -> float:
+    """The smallest noise multiplier (to ``REL_TOL``) whose run PLD certifies at ``target``."""
+    def eps(z):
+        return epsilon(q, z, steps, eval_epsilon_each, evals, delta)
+
+    try:  # RDP's noise is enough (PLD is never above RDP): the bracket's top, found cheaply
+        top = calibrate.noise_multiplier(target, delta, q, steps, eval_epsilon_each, evals)
+    except CalibrationError:
+        top = MAX_NOISE
+    if eps(top) > target:
+        raise CalibrationError(f"epsilon {target:g} is too small to train under PLD even at noise multiplier "
+                               f"{top:g}; raise the epsilon, train fewer epochs or use a larger batch")
+    bottom = max(MIN_NOISE, top / 2)
+    if eps(bottom) <= target:
+        if bottom == MIN_NOISE:
+            return MIN_NOISE
+        bottom = MIN_NOISE
+    lo, hi = math.log(bottom), math.log(top)
+    while hi - lo > REL_TOL:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if eps(math.exp(mid)) > target else (lo, mid)
+    return math.exp(hi)
+
+
+def max_steps(target: float, delta: float, q: float, z: float, certify) -> int:
+    """The most steps at (q, z) whose run ``certify(q, z, steps, delta)`` keeps at or under
+    ``target`` (0 if not even one step). Epsilon grows with steps, so a doubling then
+    bisection search."""
+    if certify(q, z, 1, delta) > target:
+        return 0
+    lo, hi = 1, 2
+    while certify(q, z, hi, delta) <= target:
+        lo, hi = hi, hi * 2
+        if hi > 10**8:
+            return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if certify(q, z, mid, delta) <= target else (lo, mid)
+    return lo
