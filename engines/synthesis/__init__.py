@@ -29,7 +29,7 @@ def engine_info():
     from .schema import params_schema
 
     return {"name": NAME, "kinds": list(KINDS), "queue": "gpu", "description": DESCRIPTION,
-            "params_schema": params_schema()}
+            "params_schema": params_schema(), "distributed": True}
 
 
 @hookimpl
@@ -45,6 +45,14 @@ def plan(engine, request, dataset):
 def run(engine, request, dataset, data, plan, progress, workdir):
     if engine != NAME:
         return None
+    from engines.distributed import PartitionedTable
+
+    if isinstance(data, PartitionedTable):  # a distributed dataset: MST's marginals counted on the cluster
+        if plan.details.get("spec", {}).get("method") == "mst":
+            from engines.distributed.synthesis import execute as run_distributed
+
+            return run_distributed(request, dataset, data, plan, progress, workdir)
+        data = data.to_arrow()  # the VAE trains on rows: read them into this worker
     from .execute import execute
 
     return execute(request, dataset, data, plan, progress, workdir)

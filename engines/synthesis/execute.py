@@ -53,12 +53,16 @@ def _schema(spec: Spec) -> dict:
     return {c["column"]: {k: v for k, v in c.items() if k != "column"} for c in spec.columns}
 
 
-def execute(request, dataset, data, plan, progress, workdir) -> Release:
+def check_version(plan) -> dict:
     d = plan.details
     if d.get("version") != DETAILS_VERSION:
         raise EngineError("plan details from an unknown version of the synthesis engine")
+    return d
+
+
+def execute(request, dataset, data, plan, progress, workdir) -> Release:
+    d = check_version(plan)
     spec = Spec.from_dict(d["spec"])
-    workdir = Path(workdir)
     rng = secure_rng()
     progress({"phase": "preparing data", "fraction": 0.0})
     train, holdout, train_units = split(data.to_pandas(), spec, rng)
@@ -77,8 +81,14 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
 
         synthetic, info = vae.synthesize(train, spec, d["vae"], progress,
                                          units=train_units if spec.unit_column else None)
-    synthetic = synthetic[spec.names]
+    return finish(d, spec, synthetic[spec.names], info, train, holdout, progress, workdir)
 
+
+def finish(d: dict, spec: Spec, synthetic: pd.DataFrame, info: dict, train: pd.DataFrame, holdout: pd.DataFrame,
+           progress, workdir, reports_note: str | None = None) -> Release:
+    """Write the synthetic table, the officer's reports (``train`` / ``holdout``: the rows
+    they compare it with; ``reports_note`` says if they are samples), and the result."""
+    workdir = Path(workdir)
     progress({"phase": "writing the table", "fraction": 0.9})
     synthetic.to_csv(workdir / "synthetic.csv", index=False)
     synthetic.to_parquet(workdir / "synthetic.parquet", index=False)
@@ -87,6 +97,8 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
     if len(holdout):
         progress({"phase": "quality and privacy reports", "fraction": 0.93})
         officer = reports(train, synthetic, holdout, spec, workdir / "officer")
+        if reports_note:
+            officer["rows_compared"] = reports_note
     result = {
         "method": spec.method, "rows": int(len(synthetic)), "columns": spec.names, "epsilon": spec.epsilon,
         "delta": spec.delta, "planned_epsilon": d["planned_epsilon"], "max_rows_per_unit": spec.max_rows_per_unit,

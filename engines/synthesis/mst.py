@@ -52,17 +52,33 @@ class _Components:
         self.parent[self.find(a)] = self.find(b)
 
 
+def marginal_counts(codes: dict[str, np.ndarray], sizes: dict[str, int]) -> dict:
+    """The exact counts MST measures or scores: every column's one-way marginal and every
+    pair's two-way marginal (group-by counts, additive over disjoint parts of a table:
+    a distributed run sums them over partitions, engines/distributed/synthesis.py)."""
+    cols = list(codes)
+    return {"one": {c: np.bincount(codes[c], minlength=sizes[c]) for c in cols},
+            "two": {(a, b): np.bincount(codes[a] * sizes[b] + codes[b], minlength=sizes[a] * sizes[b])
+                    for a, b in itertools.combinations(cols, 2)}}
+
+
 def synthesize(codes: dict[str, np.ndarray], sizes: dict[str, int], details: dict, rows: int, progress,
                iters: int = 1000) -> tuple[dict[str, np.ndarray], dict]:
     """Codes of ``rows`` synthetic rows, and what the run released (the selected pairs)."""
+    return synthesize_from_counts(marginal_counts(codes, sizes), sizes, details, rows, progress, iters)
+
+
+def synthesize_from_counts(counts: dict, sizes: dict[str, int], details: dict, rows: int, progress,
+                           iters: int = 1000) -> tuple[dict[str, np.ndarray], dict]:
+    """MST from the exact marginals (``marginal_counts``): noise, selection, fit, sample."""
     mbi, MirrorDescent = _mbi()
-    cols = list(codes)
+    cols = list(counts["one"])
     one, two = Noise.from_dict(details["one_way"]), Noise.from_dict(details["two_way"])
 
     progress({"phase": "measuring one-way marginals", "fraction": 0.05, "marginals_measured": 0})
     measurements, noisy = [], {}
     for c in cols:
-        y = np.asarray(one.release(np.bincount(codes[c], minlength=sizes[c])), dtype=float)
+        y = np.asarray(one.release(counts["one"][c]), dtype=float)
         noisy[c] = y
         measurements.append(mbi.LinearMeasurement(y, (c,), stddev=one.scale))
     total = max(float(np.mean([np.clip(y, 0, None).sum() for y in noisy.values()])), 1.0)
@@ -72,7 +88,7 @@ def synthesize(codes: dict[str, np.ndarray], sizes: dict[str, int], details: dic
     pairs = list(itertools.combinations(cols, 2))
     error = {}
     for a, b in pairs:  # L1 error of the independence model on each pair (the selection score)
-        exact = np.bincount(codes[a] * sizes[b] + codes[b], minlength=sizes[a] * sizes[b])
+        exact = counts["two"][a, b]
         error[a, b] = float(np.abs(exact - np.outer(prob[a], prob[b]).ravel() * total).sum())
     comps, tree = _Components(cols), []
     for _ in range(len(cols) - 1):
@@ -84,7 +100,7 @@ def synthesize(codes: dict[str, np.ndarray], sizes: dict[str, int], details: dic
     for i, (a, b) in enumerate(tree):
         progress({"phase": "measuring two-way marginals", "fraction": round(0.2 + 0.2 * i / len(tree), 4),
                   "marginals_measured": len(cols) + i})
-        exact = np.bincount(codes[a] * sizes[b] + codes[b], minlength=sizes[a] * sizes[b])
+        exact = counts["two"][a, b]
         measurements.append(mbi.LinearMeasurement(np.asarray(two.release(exact), dtype=float), (a, b),
                                                   stddev=two.scale))
 
@@ -97,10 +113,18 @@ def synthesize(codes: dict[str, np.ndarray], sizes: dict[str, int], details: dic
     return {c: np.asarray(data[c], dtype=np.int64) for c in cols}, {"selected_pairs": [list(p) for p in tree]}
 
 
+def fine_counts(fine_codes: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, np.ndarray]:
+    """Each numeric column's exact fine histogram (additive over partitions)."""
+    return {c: np.bincount(x, minlength=sizes[c]) for c, x in fine_codes.items()}
+
+
 def measure_fine(fine_codes: dict[str, np.ndarray], sizes: dict[str, int], details: dict) -> dict[str, np.ndarray]:
     """Each numeric column's noisy fine histogram (the plan's ``fine`` measurements)."""
-    if not fine_codes:
+    return measure_fine_counts(fine_counts(fine_codes, sizes), details)
+
+
+def measure_fine_counts(counts: dict[str, np.ndarray], details: dict) -> dict[str, np.ndarray]:
+    if not counts:
         return {}
     noise = Noise.from_dict(details["fine"])
-    return {c: np.asarray(noise.release(np.bincount(x, minlength=sizes[c])), dtype=float)
-            for c, x in fine_codes.items()}
+    return {c: np.asarray(noise.release(x), dtype=float) for c, x in counts.items()}

@@ -51,9 +51,9 @@ def events(api, officer, analyst, grant, on_cluster, parts_dir):
     return body
 
 
-def ask(client, dataset, kind, params, capture):
+def ask(client, dataset, kind, params, capture, engine="aggregates"):
     with capture(execute=True):
-        r = client.post("/api/requests/", {"dataset": dataset, "engine": "aggregates", "kind": kind,
+        r = client.post("/api/requests/", {"dataset": dataset, "engine": engine, "kind": kind,
                                            "params": params}, format="json")
     assert r.status_code == 202, r.json()
     return client.get(f"/api/requests/{r.json()['id']}/").json()
