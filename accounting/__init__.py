@@ -4,9 +4,11 @@
 
 - ``spent(cost, delta) -> Spent``: the composition of a ledger's cost vector, reported at
   a target delta (parameters taken as fixed; the number users compare with others);
-- ``filter_epsilon(cost, budget_delta) -> float``: the epsilon its *privacy filter*
-  charges, valid when each request is chosen after seeing earlier answers; the gate
-  admits a request only if this stays within the budget's epsilon;
+- ``filter_epsilon(cost, budget_delta, approx_share=None) -> float``: the epsilon its
+  *privacy filter* charges, valid when each request is chosen after seeing earlier
+  answers; the gate admits a request only if this stays within the budget's epsilon
+  (``approx_share``: the dataset's share of delta for approximate-DP events, used by
+  the RDP filter only);
 - ``gate_pool(cost, budget_delta)``: delta still free for per-release deltas;
 - ``compose(events, delta) -> Spent``: the same for a plain list of events;
 - ``NAME`` and ``THEOREM``.

@@ -52,8 +52,9 @@ def spent(cost: Cost, delta: float) -> Spent:
     return Spent(kov_epsilon(cost.eps, cost.sq, cost.tanh, delta_prime), delta)
 
 
-def filter_epsilon(cost: Cost, budget_delta: float) -> float:
-    """The epsilon the Whitehouse et al. filter charges, if the deltas fit in delta''."""
+def filter_epsilon(cost: Cost, budget_delta: float, approx_share: float | None = None) -> float:
+    """The epsilon the Whitehouse et al. filter charges, if the deltas fit in delta''
+    (``approx_share`` is the RDP filter's and not used here)."""
     if cost.delta > budget_delta / 2 * (1 + 1e-12):
         return math.inf
     if cost.sq == 0:

@@ -17,7 +17,17 @@ At the end the first order still within budget (a function of the transcript) ce
 the output, so the failure probabilities of the orders add: the finite orders share
 (1 - APPROX_SHARE) * delta_g equally (delta_alpha = that / #orders), alpha = inf needs
 none (it is the pure-DP filter), and approximate-DP events may use at most
-APPROX_SHARE * delta_g in total.
+APPROX_SHARE * delta_g in total (their deltas are failure probabilities of their own,
+added to the orders' by the union bound; Bun-Steinke 2016, delta-approximate zCDP).
+APPROX_SHARE is a per-dataset setting (``Dataset.approx_delta_share``); 0.1 is the
+default: a larger share admits more (epsilon, delta) releases and makes every other
+request dearer (each order gets less delta, so c(alpha, delta_alpha) grows by
+log((1 - s) / (1 - s')) / (alpha - 1)).
+
+The report (``spent``, ``compose``) is plain composition: the parameters taken as fixed,
+all of the target delta used by one conversion at the best order, no union bound. The
+difference ``filter_epsilon - spent`` is what the filter's validity under adaptivity costs
+(``filter_price``), shown per dataset beside both.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ NAME = "rdp"
 NEEDS_RELEASE_DELTAS = False  # its curve does not depend on per-release deltas
 THEOREM = ("Rényi DP (Mironov 2017) with the conversion of Balle et al. 2020, Thm. 21; "
            "filter: Feldman-Zrnic 2021 over a fixed grid, delta split across orders")
-APPROX_SHARE = 0.1
+APPROX_SHARE = 0.1  # default per-dataset share of delta_g for approximate-DP events
 
 
 def spent(cost: Cost, delta: float) -> Spent:
@@ -56,16 +66,20 @@ def spent(cost: Cost, delta: float) -> Spent:
     return best
 
 
-def order_deltas(budget_delta: float) -> float:
-    return (1 - APPROX_SHARE) * budget_delta / len(FINITE_ORDERS)
+def order_deltas(budget_delta: float, approx_share: float | None = None) -> float:
+    share = APPROX_SHARE if approx_share is None else approx_share
+    return (1 - share) * budget_delta / len(FINITE_ORDERS)
 
 
-def filter_epsilon(cost: Cost, budget_delta: float) -> float:
-    """The smallest eps_g for which the RDP filter would still admit this state."""
-    if cost.approx > APPROX_SHARE * budget_delta * (1 + 1e-12):
+def filter_epsilon(cost: Cost, budget_delta: float, approx_share: float | None = None) -> float:
+    """The smallest eps_g for which the RDP filter would still admit this state, with
+    ``approx_share`` (default ``APPROX_SHARE``) of ``budget_delta`` set aside for
+    approximate-DP events."""
+    share = APPROX_SHARE if approx_share is None else approx_share
+    if cost.approx > share * budget_delta * (1 + 1e-12):
         return math.inf
     rdp = cost.rdp
-    per_order = order_deltas(budget_delta)
+    per_order = order_deltas(budget_delta, share)
     if per_order > 0:
         eps_all = rdp + conversion_terms(per_order)
     else:

@@ -63,10 +63,12 @@ class DatasetChangeForm(forms.ModelForm):
         from .models import Dataset
 
         model = Dataset
-        fields = ["title", "description", "schema", "budget_epsilon", "allow_non_private", "release_quantum_ms"]
+        fields = ["title", "description", "schema", "budget_epsilon", "allow_non_private", "release_quantum_ms",
+                  "approx_delta_share"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.fields["approx_delta_share"].required = False  # blank keeps the dataset's share
         if self.instance.pk:
             self.fields["budget_delta_text"].initial = "auto" if self.instance.delta_auto else repr(
                 self.instance.budget_delta)
@@ -76,6 +78,8 @@ class DatasetChangeForm(forms.ModelForm):
         if self.errors:
             return data
         ds = self.instance
+        if data.get("approx_delta_share") is None:
+            data["approx_delta_share"] = ds.approx_delta_share
         try:
             datasets.parse_budget(data.get("budget_epsilon"), data.get("budget_delta_text"), ds.n_units)
             datasets.validate_schema(data.get("schema"), datasets.table_schema(ds), ds.unit_column, base=ds.schema)

@@ -76,6 +76,7 @@ class GovernanceAdminSite(admin.AdminSite):
         limit = ledger.Limit.of_dataset(ds)
         report = ledger.budget_report(state, limit)
         gauges = [{"name": name, "gates": r["gates"], "theorem": ACCOUNTANTS[name].THEOREM,
+                   "plain": _float(r["epsilon"]), "price": r["filter_price_epsilon"],
                    "svg": mark_safe(charts.gauge(_float(r["filter_epsilon"]), ds.budget_epsilon, width=260,
                                                  label=name, alarm=r["gates"]))} for name, r in report.items()]
         chart = mark_safe(charts.burndown(_series([ds], CHART_POINTS).get(ds.pk, []), ds.budget_epsilon))

@@ -63,10 +63,10 @@ def dataset_export(ds: Dataset, budget: Budget, *, with_records: bool = True) ->
         "name": ds.name, "title": ds.title, "unit_column": ds.unit_column or None, "n_units": ds.n_units,
         "sha256": ds.sha256,
         "budget": {"epsilon": ds.budget_epsilon, "delta": ds.budget_delta, "policy": ds.policy,
-                   "delta_auto": ds.delta_auto},
+                   "delta_auto": ds.delta_auto, "approx_delta_share": ds.approx_delta_share},
         "head": {"seq": budget.audit_seq, "hash": budget.audit_head or audit.GENESIS},
         "totals": last_totals or audit.totals_of(committed, ds.budget_delta),
-        "spent_filter": {name: _num(acc.filter_epsilon(committed, ds.budget_delta))
+        "spent_filter": {name: _num(acc.filter_epsilon(committed, ds.budget_delta, ds.approx_delta_share))
                          for name, acc in ACCOUNTANTS.items()},
         "counts": counts,
         "records": records,

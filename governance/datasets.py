@@ -473,6 +473,15 @@ def update(ds: Dataset, *, schema=None, **fields) -> Dataset:
             if (eps, delta) != old and not Limit.of_dataset(ds).admits(state):
                 raise InvalidDataset("the new budget is below what the ledger has already spent", field="budget_epsilon",
                                      spent_epsilon=Limit.of_dataset(ds).spent(state))
+        if "approx_delta_share" in fields and fields["approx_delta_share"] != ds.approx_delta_share:
+            share = fields["approx_delta_share"]
+            if not (isinstance(share, (int, float)) and 0.0 <= share <= 0.9):
+                raise InvalidDataset("approx_delta_share must be a number in [0, 0.9]", field="approx_delta_share")
+            if has_entries:
+                raise InvalidDataset("the delta share for (epsilon, delta) events cannot change once the ledger has "
+                                     "entries: a privacy filter's rule is fixed for its whole life",
+                                     field="approx_delta_share")
+            ds.approx_delta_share = float(share)
         if "release_quantum_ms" in fields and fields["release_quantum_ms"] != ds.release_quantum_ms:
             import logging  # an officer's change of a privacy measure, logged beside the admin's own history
 

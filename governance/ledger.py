@@ -125,8 +125,8 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "") -> Led
         row = cur.fetchone()
         if row is None:
             raise Budget.DoesNotExist(f"no budget row for dataset {dataset_id}")
-        state, name, status, b_eps, b_delta, policy, allow_np = row
-        ds = ledger_sql.DatasetRow(dataset_id, name, status, b_eps, b_delta, policy, bool(allow_np))
+        state, name, status, b_eps, b_delta, policy, allow_np, approx_share = row
+        ds = ledger_sql.DatasetRow(dataset_id, name, status, b_eps, b_delta, policy, bool(allow_np), approx_share)
         budget = ledger_sql.StateRow(dataset_id, ledger_sql.loads(state))
         grant = None
         cur.execute(sql.grant, [dataset_id, analyst.pk])

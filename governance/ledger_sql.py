@@ -29,6 +29,7 @@ class DatasetRow:
     budget_delta: float
     policy: str
     allow_non_private: bool
+    approx_delta_share: float = 0.1  # Dataset.approx_delta_share (the RDP filter's rule)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ def _sql_for(vendor: str) -> SimpleNamespace:
     budget, dataset = Budget._meta.db_table, Dataset._meta.db_table
     grant, entry = Grant._meta.db_table, LedgerEntry._meta.db_table
     return SimpleNamespace(
-        budget=(f"SELECT b.state, d.name, d.status, d.budget_epsilon, d.budget_delta, d.policy, d.allow_non_private "
+        budget=(f"SELECT b.state, d.name, d.status, d.budget_epsilon, d.budget_delta, d.policy, d.allow_non_private, "
+                f"d.approx_delta_share "
                 f"FROM {budget} b JOIN {dataset} d ON d.id = b.dataset_id WHERE b.dataset_id = %s"
                 + (" FOR UPDATE OF b" if pg else "")),  # SQLite: BEGIN IMMEDIATE holds the write lock
         grant=(f"SELECT id, cap_epsilon, cap_delta, state FROM {grant} "

@@ -39,10 +39,11 @@ class Limit:
     epsilon: float
     delta: float
     policy: str
+    approx_share: float | None = None  # the dataset's share of delta for (eps, delta) events (RDP filter)
 
     @classmethod
     def of_dataset(cls, ds: Dataset) -> Limit:
-        return cls("dataset", ds.budget_epsilon, ds.budget_delta, ds.policy)
+        return cls("dataset", ds.budget_epsilon, ds.budget_delta, ds.policy, ds.approx_delta_share)
 
     @classmethod
     def of_grant(cls, grant: Grant, ds: Dataset) -> Limit | None:
@@ -50,14 +51,14 @@ class Limit:
             return None
         eps = grant.cap_epsilon if grant.cap_epsilon is not None else ds.budget_epsilon
         delta = grant.cap_delta if grant.cap_delta is not None else ds.budget_delta
-        return cls("grant", min(eps, ds.budget_epsilon), min(delta, ds.budget_delta), ds.policy)
+        return cls("grant", min(eps, ds.budget_epsilon), min(delta, ds.budget_delta), ds.policy, ds.approx_delta_share)
 
     @property
     def accountant(self):
         return ACCOUNTANTS[self.policy]
 
     def spent(self, state: Cost) -> float:
-        return self.accountant.filter_epsilon(state, self.delta)
+        return self.accountant.filter_epsilon(state, self.delta, self.approx_share)
 
     def admits(self, state: Cost) -> bool:
         return self.spent(state) <= self.epsilon
@@ -72,13 +73,19 @@ def charge_summary(cost: Cost, delta: float) -> dict:
 
 
 def budget_report(state: Cost, limit: Limit) -> dict:
-    """Spent and remaining under each accountant; ``gates`` marks the policy's filter."""
+    """Spent and remaining under each accountant; ``gates`` marks the policy's filter.
+    ``filter_price_epsilon`` is what the filter charges above plain composition of the same
+    events (its validity under adaptive choice: the union bound over orders, the delta set
+    aside for approximate-DP events)."""
     out = {}
     for name, acc in ACCOUNTANTS.items():
-        filt = acc.filter_epsilon(state, limit.delta)
+        filt = acc.filter_epsilon(state, limit.delta, limit.approx_share)
+        plain = acc.spent(state, limit.delta)
+        price = filt - plain.epsilon if math.isfinite(filt) and math.isfinite(plain.epsilon) else None
         out[name] = {
-            **acc.spent(state, limit.delta).as_dict(),
+            **plain.as_dict(),
             "filter_epsilon": num(filt),
+            "filter_price_epsilon": num(max(0.0, price)) if price is not None else None,
             "remaining_epsilon": num(max(0.0, limit.epsilon - filt)),
             "gates": name == limit.policy,
         }

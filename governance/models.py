@@ -11,7 +11,7 @@ import uuid
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from accounting import POLICIES
@@ -61,6 +61,12 @@ class Dataset(models.Model):
         default=False, help_text="Admit non-private releases (e.g. the epsilon = inf baseline of a DP-SGD sweep). "
         "They are recorded in the ledger as non_private and counted apart; they do not draw on the epsilon "
         "budget, and the dataset's DP guarantee does not cover them.")
+    approx_delta_share = models.FloatField(
+        "delta share for (epsilon, delta) events", default=0.1,
+        validators=[MinValueValidator(0.0), MaxValueValidator(0.9)],
+        help_text="RDP policy: the fraction of the budget's delta set aside for approximate-DP releases "
+        "(epsilon_delta events); the rest is split over the filter's orders. Larger admits more such releases "
+        "and makes every other request slightly dearer. 0 refuses them. Default 0.1, at most 0.9.")
     release_quantum_ms = models.PositiveIntegerField(
         "release clock (ms)", null=True, blank=True, validators=[MaxValueValidator(RELEASE_QUANTUM_MAX_MS)],
         help_text="Release clock of runs on this dataset, in milliseconds: what an analyst sees of a run that "

@@ -20,7 +20,6 @@ the local one bit for bit (tests/distributed).
 
 from __future__ import annotations
 
-import dask
 import numpy as np
 import pyarrow as pa
 
@@ -33,28 +32,14 @@ from .source import PartitionedTable
 __all__ = ["execute", "graph", "exact_parts", "partition_parts", "job"]
 
 
-def _file_parts(table: PartitionedTable, path: str, d: dict, n_max: int) -> dict:
-    return local.exact_parts(d, table.read_file(path), n_max, np.random.default_rng())
-
-
-def _frame_parts(frame, columns: list[str], d: dict, n_max: int) -> dict:
-    data = pa.Table.from_pandas(frame[columns], preserve_index=False)
+def _parts(data: pa.Table, d: dict, n_max: int) -> dict:
     return local.exact_parts(d, data, n_max, np.random.default_rng())
 
 
 def partition_parts(table: PartitionedTable, d: dict) -> list:
     """One delayed ``exact_parts`` per partition (after a shuffle on the unit column, if
     the plan bounds contributions per unit)."""
-    n_max = table.num_rows
-    unit = d.get("unit_column")
-    if not unit:
-        return [dask.delayed(_file_parts, pure=False)(table, p, d, n_max) for p in table.paths]
-    import dask.dataframe as dd
-
-    columns = list(table.columns)
-    frame = dd.read_parquet(list(table.paths), columns=columns, dtype_backend="pyarrow")
-    shuffled = frame.shuffle(on=unit, npartitions=max(frame.npartitions, 1))
-    return [dask.delayed(_frame_parts, pure=False)(part, columns, d, n_max) for part in shuffled.to_delayed()]
+    return cluster.per_partition(table, _parts, d, table.num_rows, unit=d.get("unit_column"))
 
 
 def graph(table: PartitionedTable, d: dict):

@@ -21,7 +21,7 @@ import dask
 
 from engines.types import Cancelled
 
-__all__ = ["client", "compute", "tree_reduce"]
+__all__ = ["client", "compute", "tree_reduce", "per_partition"]
 
 _clients: dict = {}
 _lock = threading.Lock()
@@ -37,6 +37,31 @@ def client(address: str):
         if c is None or c.status not in ("running", "connecting"):
             c = _clients[address] = Client(address, set_as_default=False, timeout="30s")
         return c
+
+
+def _on_file(table, path: str, fn, args):
+    return fn(table.read_file(path), *args)
+
+
+def _on_frame(frame, columns: list[str], fn, args):
+    import pyarrow as pa
+
+    return fn(pa.Table.from_pandas(frame[columns], preserve_index=False), *args)
+
+
+def per_partition(table, fn, *args, unit: str | None = None) -> list:
+    """One delayed ``fn(pyarrow.Table, *args)`` per partition of ``table`` (a
+    ``PartitionedTable``): its files as they are or, with a ``unit`` column, the partitions
+    of a shuffle on it (every row of a unit lands in one of them). ``fn`` must be a pure
+    function of its partition (tasks may be re-run), importable on the workers."""
+    if not unit:
+        return [dask.delayed(_on_file, pure=False)(table, p, fn, args) for p in table.paths]
+    import dask.dataframe as dd
+
+    columns = list(table.columns)
+    frame = dd.read_parquet(list(table.paths), columns=columns, dtype_backend="pyarrow")
+    shuffled = frame.shuffle(on=unit, npartitions=max(frame.npartitions, 1))
+    return [dask.delayed(_on_frame, pure=False)(part, columns, fn, args) for part in shuffled.to_delayed()]
 
 
 def tree_reduce(leaves: list, combine, fan_in: int = 8):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 
-import dask
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -43,7 +42,8 @@ def _sample(df: pd.DataFrame, rng: np.random.Generator, cap: int) -> tuple[np.nd
     return keys[keep], df.iloc[keep].reset_index(drop=True)
 
 
-def _counts(df: pd.DataFrame, spec_dict: dict, cap: int) -> dict:
+def _counts(data: pa.Table, spec_dict: dict, cap: int) -> dict:
+    df = data.to_pandas()
     spec = Spec.from_dict(spec_dict)
     rng = local.secure_rng()
     train, holdout, _ = local.split(df, spec, rng)
@@ -55,14 +55,6 @@ def _counts(df: pd.DataFrame, spec_dict: dict, cap: int) -> dict:
                                 {c["column"]: encoding.fine_size(c) for c in numeric}),
         "train": _sample(train, rng, cap), "holdout": _sample(holdout, rng, cap),
     }
-
-
-def _file_counts(table: PartitionedTable, path: str, spec_dict: dict, cap: int) -> dict:
-    return _counts(table.read_file(path).to_pandas(), spec_dict, cap)
-
-
-def _frame_counts(frame, columns: list[str], spec_dict: dict, cap: int) -> dict:
-    return _counts(pa.Table.from_pandas(frame[columns], preserve_index=False).to_pandas(), spec_dict, cap)
 
 
 def _merge_samples(samples: list[tuple[np.ndarray, pd.DataFrame]], cap: int):
@@ -83,18 +75,7 @@ def _combine(parts: list[dict], cap: int) -> dict:
 
 
 def graph(table: PartitionedTable, spec: Spec, cap: int = REPORT_SAMPLE_ROWS):
-    spec_dict = spec.to_dict()
-    unit = spec.unit_column
-    if not unit:
-        leaves = [dask.delayed(_file_counts, pure=False)(table, p, spec_dict, cap) for p in table.paths]
-    else:
-        import dask.dataframe as dd
-
-        columns = list(table.columns)
-        frame = dd.read_parquet(list(table.paths), columns=columns, dtype_backend="pyarrow")
-        shuffled = frame.shuffle(on=unit, npartitions=max(frame.npartitions, 1))
-        leaves = [dask.delayed(_frame_counts, pure=False)(part, columns, spec_dict, cap)
-                  for part in shuffled.to_delayed()]
+    leaves = cluster.per_partition(table, _counts, spec.to_dict(), cap, unit=spec.unit_column)
     return cluster.tree_reduce(leaves, functools.partial(_combine, cap=cap))
 
 

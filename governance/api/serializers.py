@@ -58,8 +58,8 @@ class DatasetSerializer(serializers.ModelSerializer):
     class Meta:
         model = Dataset
         fields = ["id", "name", "title", "description", "status", "file_format", "unit_column", "n_rows",
-                  "n_units", "policy", "allow_non_private", "budget_epsilon", "budget_delta", "delta_auto", "columns",
-                  "budget", "created_at"]
+                  "n_units", "policy", "allow_non_private", "budget_epsilon", "budget_delta", "delta_auto",
+                  "approx_delta_share", "columns", "budget", "created_at"]
         read_only_fields = fields
 
     def get_columns(self, ds) -> list:
@@ -123,6 +123,10 @@ class DatasetUpdateSerializer(serializers.Serializer):
     allow_non_private = serializers.BooleanField(
         required=False, help_text="admit non-private releases (sweep baselines at epsilon = inf); they are recorded "
                                   "and counted apart, outside the DP guarantee")
+    approx_delta_share = FiniteFloatField(
+        required=False, min_value=0.0, max_value=0.9,
+        help_text="RDP filter: fraction of the budget's delta set aside for (epsilon, delta) events (default 0.1); "
+                  "fixed once the ledger has entries")
 
 
 class GrantSerializer(serializers.ModelSerializer):
@@ -143,7 +147,8 @@ class GrantSerializer(serializers.ModelSerializer):
 
     def get_spent(self, grant) -> dict:
         ds = grant.dataset
-        limit = Limit.of_grant(grant, ds) or Limit("grant", ds.budget_epsilon, ds.budget_delta, ds.policy)
+        limit = Limit.of_grant(grant, ds) or Limit("grant", ds.budget_epsilon, ds.budget_delta, ds.policy,
+                                                             ds.approx_delta_share)
         return budget_report(Cost.from_json(grant.state), limit)
 
     def validate_analyst(self, user):
