@@ -419,3 +419,42 @@ def test_conversion_is_balle_et_al_without_the_kl_shortcut(tool):
         use = a > 1.01
         expected = np.min(curve[use] + np.log1p(-1 / a[use]) - np.log(delta * a[use]) / (a[use] - 1))
         assert orders.to_epsilon(curve, delta) == pytest.approx(max(expected, 0.0), rel=1e-12)
+
+
+# --------------------------------------------------------------------------- the RDP filter (issue 16)
+
+
+@pytest.mark.django_db
+def test_the_rdp_filter_is_re_composed_with_the_datasets_delta_share(export_file):
+    code, out, _ = run(export_file, "--json")
+    cap = next(d for d in json.loads(out)["datasets"] if d["cap"]["policy"] == "rdp")["cap"]
+    assert code == 0 and cap["approx_delta_share"] == 0.1
+    assert cap["filter_recomposed"] == pytest.approx(cap["filter_epsilon"], rel=1e-9)
+    assert cap["filter_recomposed"] > cap["plain_epsilon"]  # the union bound over orders costs something
+
+
+@pytest.mark.django_db
+def test_an_edited_delta_share_or_filter_is_found(export_file):
+    export = load(export_file)
+    ds = dataset(export, "rdp")
+    ds["budget"]["approx_delta_share"] = 0.5  # the filter was exported at 0.1
+    save(export_file, export)
+    code, out, _ = run(export_file)
+    assert code == 1 and "differs from the one re-composed here" in out and "delta share 0.5" in out
+
+    export = load(export_file)
+    ds = dataset(export, "rdp")
+    ds["budget"]["approx_delta_share"] = 0.1
+    ds["spent_filter"]["rdp"] = ds["spent_filter"]["rdp"] * 0.9  # a filter made to look cheaper
+    save(export_file, export)
+    code, out, _ = run(export_file)
+    assert code == 1 and "differs from the one re-composed here" in out
+
+
+@pytest.mark.django_db
+def test_an_export_without_the_share_is_read_at_the_old_constant(export_file):
+    export = load(export_file)
+    del dataset(export, "rdp")["budget"]["approx_delta_share"]
+    save(export_file, export)
+    code, out, _ = run(export_file)
+    assert code == 0, out
