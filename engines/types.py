@@ -16,7 +16,9 @@ class DatasetMeta:
     ``columns`` maps each column name to its declared spec (``type`` numeric,
     categorical, text or unit; ``lower``/``upper`` for numeric; ``domain`` for
     categorical). ``n_units`` is the number of privacy units (rows when there is no
-    unit column), treated as public; ``delta`` is the dataset's budget delta.
+    unit column), treated as public; ``delta`` is the dataset's budget delta;
+    ``allow_pld``: the officer lets a single pre-planned run (a DP-SGD training) be
+    calibrated and certified under PLD (the gate still charges it by RDP).
     """
 
     name: str
@@ -25,6 +27,7 @@ class DatasetMeta:
     n_rows: int
     n_units: int
     delta: float
+    allow_pld: bool = False
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
     readonly_fields = ("overview", "name", "status", "policy", "unit_column", "n_rows", "n_units", "max_rows_per_unit",
                        "file", "file_format", "sha256", "budget_delta", "delta_auto", "created_by", "created_at")
     fields = ("overview", "name", "title", "description", "status", "schema", "budget_epsilon", "budget_delta_text",
-              "policy", "approx_delta_share", "allow_non_private", "release_quantum_ms", "unit_column", "n_rows", "n_units", "max_rows_per_unit", "budget_delta", "delta_auto",
+              "policy", "approx_delta_share", "pld_certification", "allow_non_private", "release_quantum_ms", "unit_column", "n_rows", "n_units", "max_rows_per_unit", "budget_delta", "delta_auto",
               "file", "file_format", "sha256", "created_by", "created_at")
     actions = ["activate"]
 
@@ -101,7 +101,8 @@ class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
                             budget_delta=form.cleaned_data["budget_delta_text"],
                             allow_non_private=form.cleaned_data["allow_non_private"],
                             release_quantum_ms=form.cleaned_data["release_quantum_ms"],
-                            approx_delta_share=form.cleaned_data["approx_delta_share"])
+                            approx_delta_share=form.cleaned_data["approx_delta_share"],
+                            pld_certification=form.cleaned_data["pld_certification"])
         except InvalidDataset as e:
             errors = e.extra.get("errors") or {}
             messages.error(request, e.detail + (" " + "; ".join(f"{k}: {v}" for k, v in errors.items())))

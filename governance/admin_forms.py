@@ -64,7 +64,7 @@ class DatasetChangeForm(forms.ModelForm):
 
         model = Dataset
         fields = ["title", "description", "schema", "budget_epsilon", "allow_non_private", "release_quantum_ms",
-                  "approx_delta_share"]
+                  "approx_delta_share", "pld_certification"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -488,7 +488,7 @@ def update(ds: Dataset, *, schema=None, **fields) -> Dataset:
             logging.getLogger(__name__).warning(
                 "dataset %s: release clock changed from %s to %s ms (None = the server default)", ds.name,
                 ds.release_quantum_ms, fields["release_quantum_ms"])
-        for key in ("title", "description", "allow_non_private", "release_quantum_ms"):
+        for key in ("title", "description", "allow_non_private", "release_quantum_ms", "pld_certification"):
             if key in fields:
                 setattr(ds, key, fields[key])
         ds.save()

@@ -7,4 +7,5 @@ from .models import Dataset
 
 def dataset_meta(ds: Dataset) -> DatasetMeta:
     return DatasetMeta(name=ds.name, columns=ds.columns, unit_column=ds.unit_column or None,
-                       n_rows=ds.n_rows, n_units=ds.n_units, delta=ds.budget_delta)
+                       n_rows=ds.n_rows, n_units=ds.n_units, delta=ds.budget_delta,
+                       allow_pld=ds.pld_certification)

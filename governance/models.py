@@ -61,6 +61,11 @@ class Dataset(models.Model):
         default=False, help_text="Admit non-private releases (e.g. the epsilon = inf baseline of a DP-SGD sweep). "
         "They are recorded in the ledger as non_private and counted apart; they do not draw on the epsilon "
         "budget, and the dataset's DP guarantee does not cover them.")
+    pld_certification = models.BooleanField(
+        "PLD certification of single runs", default=False,
+        help_text="Let a single pre-planned run (a DP-SGD training with accountant pld) be calibrated and "
+        "certified by the privacy loss distribution, which is tighter than RDP for one run but not a valid filter across "
+        "adaptive requests: the gate still charges the run by its RDP curve.")
     approx_delta_share = models.FloatField(
         "delta share for (epsilon, delta) events", default=0.1,
         validators=[MinValueValidator(0.0), MaxValueValidator(0.9)],

@@ -43,6 +43,7 @@ def _run_result(trainer: Trainer, run: dict, reason: str, planned_steps: int, au
         "noise_multiplier": run["noise_multiplier"],
         "target_epsilon": run["target_epsilon"],
         "epsilon_spent": _finite(trainer.epsilon()),
+        "certified_by": run.get("certified_by", "rdp"),  # the accountant of epsilon_spent and target_epsilon
         "planned_epsilon": run["planned_epsilon"],
         "steps": trainer.steps,
         "planned_steps": planned_steps,

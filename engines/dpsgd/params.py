@@ -32,7 +32,8 @@ DEFAULT_EVAL_EPSILON = 0.1  # when the noise multiplier is given instead of a ta
 COMMON_KEYS = {"target", "task", "target_threshold", "positive_values", "features", "model", "fix_model",
                "epochs", "batch_size", "learning_rate", "optimizer", "momentum", "weight_decay",
                "max_grad_norm", "delta", "test_fraction", "eval_epsilon", "max_rows_per_unit", "canaries",
-               "early_stopping_patience"}
+               "early_stopping_patience", "accountant"}
+ACCOUNTANTS = ("rdp", "pld")  # what calibrates and certifies the run (pld: when the dataset allows it)
 KIND_KEYS = {
     "train": COMMON_KEYS | {"target_epsilon", "noise_multiplier", "max_epsilon"},
     "sweep": COMMON_KEYS | {"epsilons"},
@@ -70,6 +71,7 @@ class Spec:
     max_epsilon: float | None = None
     eval_epsilon: float = 0.0
     epsilons: list = field(default_factory=list)  # sweep: numbers and "inf"
+    accountant: str = "rdp"  # "pld": noise calibrated and the run certified by PLD (engines/dpsgd/pld.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -266,6 +268,12 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     if canaries and n_train and canaries > n_train // 10:
         errors["canaries"] = f"at most a tenth of the training split ({n_train // 10})"
     patience = errors.number(params, "early_stopping_patience", None, lo=1, hi=MAX_EPOCHS, integer=True)
+    accountant = params.get("accountant", "rdp")
+    if accountant not in ACCOUNTANTS:
+        errors["accountant"] = f"must be one of {', '.join(ACCOUNTANTS)}, got {accountant!r}"
+    elif accountant == "pld" and not ds.allow_pld:
+        errors["accountant"] = ("this dataset's privacy officer has not allowed PLD certification of runs "
+                                "(pld_certification); use rdp")
     fix_model = params.get("fix_model", True)
     if not isinstance(fix_model, bool):
         errors["fix_model"] = "must be true or false"
@@ -313,4 +321,5 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
                 epochs=epochs, batch_size=batch_size, learning_rate=lr, optimizer=optimizer, momentum=momentum,
                 weight_decay=weight_decay, max_grad_norm=clip, delta=delta, test_fraction=test_fraction,
                 n_units=n_units, n_test_units=n_test, n_train_units=n_train, unit_column=ds.unit_column,
-                max_rows_per_unit=k, canaries=canaries, early_stopping_patience=patience, **spec_kw)
+                max_rows_per_unit=k, canaries=canaries, early_stopping_patience=patience,
+                accountant=accountant if accountant in ACCOUNTANTS else "rdp", **spec_kw)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from engines.aggregates import noise as opendp_noise
 from engines.types import DatasetMeta, EngineRequest, Plan, PlanError
 
-from . import calibrate
+from . import calibrate, pld
 from .model_spec import describe, n_parameters
 from .params import DEFAULT_EVAL_SHARE, Spec, validate
 
@@ -33,15 +33,21 @@ def _eval_noise(eval_epsilon: float, evals: int):
 def _run(spec: Spec, q: float, steps: int, *, label: str, target: float | None, z: float | None,
          eval_epsilon: float, field: str) -> dict:
     noise, each = _eval_noise(eval_epsilon, spec.epochs)
+    calibrator = pld.noise_multiplier if spec.accountant == pld.NAME else calibrate.noise_multiplier
     if target is not None:
         try:
-            z = calibrate.noise_multiplier(target, spec.delta, q, steps, each, spec.epochs if noise else 0)
+            z = calibrator(target, spec.delta, q, steps, each, spec.epochs if noise else 0)
         except calibrate.CalibrationError as e:
             raise PlanError(str(e), {field: str(e)}) from None
     evals = spec.epochs if noise else 0
+    planned = calibrate.epsilon(q, z, steps, each, evals, spec.delta)
+    # planned_epsilon: what the ledger charges (the run's event by its RDP curve, composed by
+    # the gate's filter); certified_epsilon: the run's own guarantee, by the accountant that
+    # calibrated it (PLD is valid for this one pre-planned run, never as the gate's filter)
+    certified = pld.epsilon(q, z, steps, each, evals, spec.delta) if spec.accountant == pld.NAME else planned
     return {"label": label, "target_epsilon": target, "noise_multiplier": z, "eval_noise": noise,
-            "eval_epsilon_each": each, "evals": evals,
-            "planned_epsilon": calibrate.epsilon(q, z, steps, each, evals, spec.delta),
+            "eval_epsilon_each": each, "evals": evals, "planned_epsilon": planned,
+            "certified_by": spec.accountant, "certified_epsilon": certified,
             "event": calibrate.run_event(q, z, steps, each, evals)}
 
 
@@ -55,8 +61,8 @@ def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
                          eval_epsilon=spec.eval_epsilon, field="target_epsilon"))
         run = runs[0]
         if spec.max_epsilon is not None:
-            first = calibrate.epsilon(q, run["noise_multiplier"], per_epoch, run["eval_epsilon_each"],
-                                      int(run["evals"] > 0), spec.delta)
+            first = pld.certifier(spec.accountant)(q, run["noise_multiplier"], per_epoch, run["eval_epsilon_each"],
+                                                   int(run["evals"] > 0), spec.delta)
             if first > spec.max_epsilon:
                 raise PlanError(f"max_epsilon {spec.max_epsilon:g} is below the cost of one epoch ({first:.4g})",
                                 {"max_epsilon": f"below the cost of one epoch ({first:.4g})"})

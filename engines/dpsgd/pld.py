@@ -81,6 +81,12 @@ def noise_multiplier(target: float, delta: float, q: float, steps: int, eval_eps
     return math.exp(hi)
 
 
+def certifier(accountant: str):
+    """The epsilon function (q, z, steps, eval_epsilon_each, evals, delta) that certifies a
+    run under ``accountant`` ("rdp": the ledger's own grid; "pld": this module)."""
+    return epsilon if accountant == NAME else calibrate.epsilon
+
+
 def max_steps(target: float, delta: float, q: float, z: float, certify) -> int:
     """The most steps at (q, z) whose run ``certify(q, z, steps, delta)`` keeps at or under
     ``target`` (0 if not even one step). Epsilon grows with steps, so a doubling then

@@ -57,13 +57,17 @@ _COMMON = {
                  "membership-inference audit (default min(500, n_train / 50)); 0: no audit"},
     "early_stopping_patience": {"type": "integer", "minimum": 1, "description": "stop after this many epochs "
                                 "without a better DP validation metric; unspent steps are refunded"},
+    "accountant": {"enum": ["rdp", "pld"], "default": "rdp", "description": "what calibrates the noise to the "
+                   "target and certifies each run: rdp (the ledger's own accountant) or pld (privacy loss "
+                   "distribution: tighter for one pre-planned run, so less noise; only on datasets whose officer "
+                   "allows pld_certification). The ledger charges the run by its RDP curve either way"},
 }
 
 
 def params_schema() -> dict:
     train = {**_COMMON,
-             "target_epsilon": {**_POS, "description": "the run's epsilon (training + metrics) at delta under the RDP "
-                                "accountant; the noise multiplier is calibrated. Give this or noise_multiplier"},
+             "target_epsilon": {**_POS, "description": "the run's epsilon (training + metrics) at delta under the "
+                                "accountant (rdp, or pld); the noise multiplier is calibrated. Give this or noise_multiplier"},
              "noise_multiplier": {**_POS, "description": "noise standard deviation / max_grad_norm"},
              "max_epsilon": {**_POS, "description": "stop before an epoch that would cross this; the ledger commits "
                              "the steps taken and refunds the rest"}}

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import calibrate, clipping, features
+from . import calibrate, clipping, features, pld
 from .model_spec import build
 
 LOSS_CAP = 5.0  # nats: per-row classification loss is clipped here for the released loss
@@ -181,8 +181,10 @@ class Trainer:
     def epsilon(self, steps: int | None = None, evals: int | None = None) -> float:
         if self.z is None:
             return math.inf
-        return calibrate.epsilon(self.q, self.z, self.steps if steps is None else steps, self.eval_epsilon_each,
-                                 self.evals if evals is None else evals, self.spec.delta)
+        # the run's certificate: by the accountant that calibrated it (pld or the ledger's rdp)
+        return pld.certifier(getattr(self.spec, "accountant", "rdp"))(
+            self.q, self.z, self.steps if steps is None else steps, self.eval_epsilon_each,
+            self.evals if evals is None else evals, self.spec.delta)
 
     # ------------------------------------------------------------------ one step
     def _sample(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:

@@ -59,7 +59,7 @@ class DatasetSerializer(serializers.ModelSerializer):
         model = Dataset
         fields = ["id", "name", "title", "description", "status", "file_format", "unit_column", "n_rows",
                   "n_units", "policy", "allow_non_private", "budget_epsilon", "budget_delta", "delta_auto",
-                  "approx_delta_share", "columns", "budget", "created_at"]
+                  "approx_delta_share", "pld_certification", "columns", "budget", "created_at"]
         read_only_fields = fields
 
     def get_columns(self, ds) -> list:
@@ -123,6 +123,9 @@ class DatasetUpdateSerializer(serializers.Serializer):
     allow_non_private = serializers.BooleanField(
         required=False, help_text="admit non-private releases (sweep baselines at epsilon = inf); they are recorded "
                                   "and counted apart, outside the DP guarantee")
+    pld_certification = serializers.BooleanField(
+        required=False, help_text="let a single pre-planned DP-SGD run be calibrated and certified by PLD "
+                                  "(params.accountant = pld); the gate still charges it by RDP")
     approx_delta_share = FiniteFloatField(
         required=False, min_value=0.0, max_value=0.9,
         help_text="RDP filter: fraction of the budget's delta set aside for (epsilon, delta) events (default 0.1); "

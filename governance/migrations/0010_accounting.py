@@ -12,6 +12,15 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name="dataset",
+            name="pld_certification",
+            field=models.BooleanField(
+                default=False, verbose_name="PLD certification of single runs",
+                help_text="Let a single pre-planned run (a DP-SGD training with accountant pld) be calibrated and "
+                "certified by the privacy loss distribution, which is tighter than RDP for one run but not a valid filter across "
+                "adaptive requests: the gate still charges the run by its RDP curve."),
+        ),
+        migrations.AddField(
+            model_name="dataset",
             name="approx_delta_share",
             field=models.FloatField(
                 default=0.1, verbose_name="delta share for (epsilon, delta) events",
