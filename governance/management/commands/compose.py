@@ -22,6 +22,8 @@ Event format (one JSON object per event; numbers finite):
 
 Gaussian-type events without a "delta" share the accountant's delta pool equally
 (basic: all of --delta; advanced: half of it, the other half is delta'); rdp needs none.
+rdp is plain composition of the fixed list: the best order is refined off the ledger's
+grid (accounting/refine.py), so it can be below what the ledger reports for the same events.
 """
 
 
