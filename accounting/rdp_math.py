@@ -44,29 +44,32 @@ def gaussian_curve(noise_multiplier: float) -> np.ndarray:
     return np.append(_A / (2.0 * z2), math.inf)
 
 
-def laplace_curve(epsilon: float) -> np.ndarray:
-    """Laplace mechanism with epsilon = sensitivity / scale (Mironov 2017, Prop. 6).
-
-    1/(a-1) log( a/(2a-1) e^{(a-1) eps} + (a-1)/(2a-1) e^{-a eps} ), computed in log space;
-    equal to eps at alpha = inf.
-    """
-    a = _A
+def laplace_at(epsilon: float, a: np.ndarray) -> np.ndarray:
+    """Laplace mechanism with epsilon = sensitivity / scale at the finite orders ``a``
+    (Mironov 2017, Prop. 6): 1/(a-1) log( a/(2a-1) e^{(a-1) eps} + (a-1)/(2a-1) e^{-a eps} ),
+    computed in log space, capped at eps."""
     t1 = np.log(a / (2 * a - 1)) + (a - 1) * epsilon
     t2 = np.log((a - 1) / (2 * a - 1)) - a * epsilon
-    finite = np.logaddexp(t1, t2) / (a - 1)
-    return _sanitise(np.append(np.minimum(finite, epsilon), epsilon))
+    return np.minimum(np.logaddexp(t1, t2) / (a - 1), epsilon)
+
+
+def laplace_curve(epsilon: float) -> np.ndarray:
+    """``laplace_at`` on the grid; equal to eps at alpha = inf."""
+    return _sanitise(np.append(laplace_at(epsilon, _A), epsilon))
+
+
+def pure_dp_at(epsilon: float, a: np.ndarray) -> np.ndarray:
+    """Any epsilon-DP mechanism at the finite orders ``a``: the RDP of randomised response,
+    which dominates them all. 1/(a-1) log( (e^{a eps} + e^{(1-a) eps}) / (1 + e^{eps}) ),
+    the same as 1/(a-1) log( (sinh(a eps) - sinh((a-1) eps)) / sinh(eps) ) (Bun-Steinke
+    2016, Prop. 3.3); at most min(eps, a eps^2 / 2)."""
+    return np.minimum((np.logaddexp(a * epsilon, (1 - a) * epsilon) - np.logaddexp(0.0, epsilon)) / (a - 1),
+                      epsilon)
 
 
 def pure_dp_curve(epsilon: float) -> np.ndarray:
-    """Any epsilon-DP mechanism: the RDP of randomised response, which dominates them all.
-
-    1/(a-1) log( (e^{a eps} + e^{(1-a) eps}) / (1 + e^{eps}) ), the same as
-    1/(a-1) log( (sinh(a eps) - sinh((a-1) eps)) / sinh(eps) ) (Bun-Steinke 2016,
-    Prop. 3.3); at most min(eps, a eps^2 / 2); equal to eps at alpha = inf.
-    """
-    a = _A
-    finite = (np.logaddexp(a * epsilon, (1 - a) * epsilon) - np.logaddexp(0.0, epsilon)) / (a - 1)
-    return _sanitise(np.append(np.minimum(finite, epsilon), epsilon))
+    """``pure_dp_at`` on the grid; equal to eps at alpha = inf."""
+    return _sanitise(np.append(pure_dp_at(epsilon, _A), epsilon))
 
 
 def subsampled_gaussian_curve(sample_rate: float, noise_multiplier: float, steps: int) -> np.ndarray:
@@ -108,29 +111,40 @@ def opacus_compute_rdp():
 
 @functools.lru_cache(maxsize=4096)
 def _one_step_curve(q: float, z: float) -> np.ndarray:
-    compute_rdp = opacus_compute_rdp()
-
-    # Without subsampling the Gaussian's curve is a valid upper bound at every order:
-    # subsampling never costs privacy (joint convexity of exp((a-1) D_a)).
-    plain = gaussian_curve(z)[:-1]
-    orders = [a for a in FINITE_ORDERS if a.is_integer() or q < _FRACTIONAL_MAX_RATE]
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            computed = dict(zip(orders, np.atleast_1d(compute_rdp(q=q, noise_multiplier=z, steps=1, orders=orders))))
-        except ArithmeticError:
-            # Opacus overflows (z**2) or divides by zero at extreme noise multipliers.
-            computed = {}
-    finite = np.array([computed.get(a, math.inf) for a in FINITE_ORDERS], dtype=float)
-    for i, a in enumerate(FINITE_ORDERS):
-        if a.is_integer() and not np.isfinite(finite[i]):
-            # Opacus's binomial coefficients overflow at the top orders (NaN at 2048 and
-            # 4096): the same sum, in log space.
-            finite[i] = _log_a_int(q, z, int(a)) / (a - 1)
-    finite = np.where(np.isnan(finite), math.inf, finite)
-    curve = np.append(np.minimum(finite, plain), math.inf)
+    curve = np.append(subsampled_at(q, z, _A), math.inf)
     curve.setflags(write=False)
     return curve
+
+
+def subsampled_at(q: float, z: float, a: np.ndarray) -> np.ndarray:
+    """One step of the Poisson-subsampled Gaussian (0 < q < 1) at the finite orders ``a``:
+    Opacus's analysis (signed series at fractional orders, below ``_FRACTIONAL_MAX_RATE``),
+    integer orders in log space where Opacus overflows, every order capped by the plain
+    Gaussian."""
+    compute_rdp = opacus_compute_rdp()
+    a = np.asarray(a, dtype=float)
+    # Without subsampling the Gaussian's curve is a valid upper bound at every order:
+    # subsampling never costs privacy (joint convexity of exp((a-1) D_a)).
+    plain = a / (2.0 * z * z)
+    orders = [float(x) for x in a if float(x).is_integer() or q < _FRACTIONAL_MAX_RATE]
+    computed = {}
+    if orders:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                computed = dict(zip(orders, np.atleast_1d(compute_rdp(q=q, noise_multiplier=z, steps=1,
+                                                                       orders=orders))))
+            except ArithmeticError:
+                # Opacus overflows (z**2) or divides by zero at extreme noise multipliers.
+                computed = {}
+    finite = np.array([computed.get(float(x), math.inf) for x in a], dtype=float)
+    for i, x in enumerate(a):
+        if float(x).is_integer() and not np.isfinite(finite[i]):
+            # Opacus's binomial coefficients overflow at the top orders (NaN at 2048 and
+            # 4096): the same sum, in log space.
+            finite[i] = _log_a_int(q, z, int(x)) / (x - 1)
+    finite = np.where(np.isnan(finite), math.inf, finite)
+    return np.maximum(np.minimum(finite, plain), 0.0)
 
 
 def _log_a_int(q: float, z: float, alpha: int) -> float:

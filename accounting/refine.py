@@ -22,32 +22,34 @@ then depend on the transcript); the gate keeps the grid (see ``accounting.rdp``)
 from __future__ import annotations
 
 import math
-import warnings
-
 import numpy as np
 
 from . import events as ev
 from .costs import normalise
-from .rdp_math import ORDERS, _FRACTIONAL_MAX_RATE, _log_a_int, opacus_compute_rdp
+from .rdp_math import ORDERS, laplace_at, pure_dp_at, subsampled_at
 
 POINTS = 33
 
 
 def curve_at(event: ev.Event, a: np.ndarray) -> tuple[np.ndarray, float]:
     """(RDP curve of ``event`` at the finite orders ``a``, sum of approximate-DP deltas)."""
-    return _curve(normalise(event), np.asarray(a, dtype=float))
+    curve, approx = _curve(normalise(event), np.asarray(a, dtype=float))
+    return np.where(np.isnan(curve), math.inf, np.maximum(curve, 0.0)), approx
 
 
 def _curve(e: ev.Event, a: np.ndarray) -> tuple[np.ndarray, float]:
     zero = np.zeros_like(a)
     if isinstance(e, ev.LaplaceEvent):
-        return _laplace(e.epsilon, a), 0.0
+        return laplace_at(e.epsilon, a), 0.0
     if isinstance(e, ev.GaussianEvent):
         return a / (2.0 * e.noise_multiplier * e.noise_multiplier), 0.0
     if isinstance(e, ev.SubsampledGaussianEvent):
-        return _subsampled(e.sample_rate, e.noise_multiplier, a) * e.steps, 0.0
+        z2 = e.noise_multiplier * e.noise_multiplier  # float product: inf rather than OverflowError
+        one = a / (2.0 * z2) if e.sample_rate >= 1.0 else \
+            subsampled_at(e.sample_rate, e.noise_multiplier, a)
+        return one * e.steps, 0.0
     if isinstance(e, ev.EpsilonDeltaEvent):
-        return _pure(e.epsilon, a), e.delta
+        return pure_dp_at(e.epsilon, a), e.delta
     if isinstance(e, ev.SelfComposedEvent):
         c, d = _curve(e.event, a)
         return c * e.count, d * e.count
@@ -62,43 +64,6 @@ def _curve(e: ev.Event, a: np.ndarray) -> tuple[np.ndarray, float]:
     if isinstance(e, ev.NonPrivateEvent):
         return np.full_like(a, math.inf), 0.0
     raise ev.EventError(f"no RDP rule for {type(e).__name__}")
-
-
-def _laplace(eps: float, a: np.ndarray) -> np.ndarray:
-    """Mironov 2017, Prop. 6 (as ``rdp_math.laplace_curve``)."""
-    t1 = np.log(a / (2 * a - 1)) + (a - 1) * eps
-    t2 = np.log((a - 1) / (2 * a - 1)) - a * eps
-    return np.minimum(np.logaddexp(t1, t2) / (a - 1), eps)
-
-
-def _pure(eps: float, a: np.ndarray) -> np.ndarray:
-    """Randomised response's curve (Bun-Steinke 2016, Prop. 3.3; as ``rdp_math.pure_dp_curve``)."""
-    return np.minimum((np.logaddexp(a * eps, (1 - a) * eps) - np.logaddexp(0.0, eps)) / (a - 1), eps)
-
-
-def _subsampled(q: float, z: float, a: np.ndarray) -> np.ndarray:
-    """One step of the Poisson-subsampled Gaussian at any orders (as ``rdp_math``: Opacus's
-    signed series, integer orders in log space where it overflows, capped by the plain
-    Gaussian)."""
-    plain = a / (2.0 * z * z)
-    if q >= 1.0:
-        return plain
-    use = [float(x) for x in a if float(x).is_integer() or q < _FRACTIONAL_MAX_RATE]
-    computed = {}
-    if use:
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                computed = dict(zip(use, np.atleast_1d(opacus_compute_rdp()(q=q, noise_multiplier=z, steps=1,
-                                                                             orders=use))))
-            except ArithmeticError:
-                computed = {}
-    out = np.array([computed.get(float(x), math.inf) for x in a], dtype=float)
-    for i, x in enumerate(a):
-        if float(x).is_integer() and not np.isfinite(out[i]):
-            out[i] = _log_a_int(q, z, int(x)) / (x - 1)
-    out = np.where(np.isnan(out), math.inf, out)
-    return np.maximum(np.minimum(out, plain), 0.0)
 
 
 def _epsilons(curve: np.ndarray, a: np.ndarray, delta: float) -> np.ndarray:
