@@ -11,6 +11,7 @@ without their message (which could depend on the data), and logged without it to
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -32,6 +33,7 @@ from . import audit, ledger
 from .data import load_columns
 from .engine_meta import dataset_meta
 from .models import Dataset, Request
+from .releaser import RELEASER
 from .waiting import signal_done
 
 log = logging.getLogger(__name__)
@@ -252,8 +254,21 @@ def _describe_files(workdir: Path) -> list[dict]:
 
 def _finish(req: Request, status: str, *, result=None, error=None, actual_event=None, charge: bool,
             officer_report=None, clock: RunClock | None = None) -> str:
-    if clock is not None:  # the data was read: the outcome is seen on a tick, not when it was ready
+    """Write the outcome; once the data was read (``clock`` given), on the clock's next tick:
+    by this process's releaser thread in a real worker, so the task slot is free meanwhile
+    (``governance.releaser``), or by sleeping until it when run in-process."""
+    write = functools.partial(_write_outcome, req, status, result=result, error=error, actual_event=actual_event,
+                              charge=charge, officer_report=officer_report)
+    if clock is None:
+        return write()
+    if clock.thread is None or clock.quantum <= 0:
         clock.hold()
+        return write()
+    RELEASER.at(clock.next_tick(time.monotonic()), write)
+    return status
+
+
+def _write_outcome(req: Request, status: str, *, result, error, actual_event, charge: bool, officer_report) -> str:
     ctx = audit.Context.of_request(req, outcome=status, reason=(error or {}).get("code", ""),
                                    detail=(error or {}).get("detail", ""), result_sha256=audit.result_digest(result))
     with transaction.atomic():
@@ -266,9 +281,10 @@ def _finish(req: Request, status: str, *, result=None, error=None, actual_event=
             log.warning("request %s was finished elsewhere (recovery sweep); its run's outcome is dropped", req.pk)
             return Request.objects.filter(pk=req.pk).values_list("status", flat=True).first()
         if req.ledger_entry_id:
+            # no savepoint: an error rolls back this whole transaction, the request row too
             if charge:
-                ledger.commit(req.ledger_entry_id, actual_event, audit_ctx=ctx)
+                ledger.commit(req.ledger_entry_id, actual_event, audit_ctx=ctx, savepoint=False)
             else:
-                ledger.release(req.ledger_entry_id, audit_ctx=ctx)
+                ledger.release(req.ledger_entry_id, audit_ctx=ctx, savepoint=False)
         transaction.on_commit(lambda: signal_done(req.pk))
     return status

@@ -2,6 +2,7 @@
 sent. User errors are not retried; a second delivery of a task changes nothing."""
 
 from celery import Task, shared_task
+from celery.signals import worker_process_shutdown, worker_shutdown
 
 
 class RequestTask(Task):
@@ -37,3 +38,12 @@ def sweep() -> dict:
     from governance.recovery import sweep as run_sweep
 
     return run_sweep()
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _write_pending_outcomes(**_kwargs):
+    """A worker stopping cleanly writes the outcomes waiting for their tick first (governance.releaser)."""
+    from governance.releaser import RELEASER
+
+    RELEASER.drain()

@@ -153,3 +153,27 @@ def test_the_officer_sees_and_changes_the_quantum_in_the_admin_within_bounds(cli
     r = client.post(url, {**form, "release_quantum_ms": ""})  # blank: back to the server default
     ds.refresh_from_db()
     assert r.status_code == 302 and ds.release_quantum_ms is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_takes_the_next_request_while_the_last_waits_for_its_tick(ticks, real_worker, api, analyst,
+                                                                          make_dataset, grant):
+    """One worker process (solo pool): the second request is claimed before the first's
+    outcome is written, yet each outcome still appears only on its own run's tick."""
+    ds = make_dataset(epsilon=5.0)
+    grant(analyst, ds)
+    client = api(analyst)
+    ids = []
+    for eps in (0.5, 1.0):
+        r = client.post("/api/requests/", {"dataset": ds.name, "engine": "aggregates", "kind": "count",
+                                           "params": {"epsilon": eps}}, format="json")
+        assert r.status_code == 202, r.content
+        ids.append(r.json()["id"])
+    body = client.get(f"/api/requests/{ids[1]}/?wait=30").json()
+    assert body["status"] == "succeeded", body
+    first, second = (Request.objects.get(pk=i) for i in ids)
+    assert first.status == "succeeded"
+    assert second.started_at < first.finished_at  # not held by the first run's wait for its tick
+    for req in (first, second):
+        assert (req.finished_at - req.started_at).total_seconds() >= QUANTUM_S
+        assert LedgerEntry.objects.get(pk=req.ledger_entry_id).status == "committed"
