@@ -38,6 +38,7 @@ fi
 "$PY" bench/bench_admission.py --both "${n_args[@]}" "$@"
 "$PY" bench/bench_aggregates.py "${quick[@]}"
 "$PY" bench/bench_requests.py "${quick[@]}"
+"$PY" bench/bench_client.py "${quick[@]}"
 "$PY" bench/bench_dpsgd.py "${quick[@]}"
 bench/setup_smartnoise.sh
 "$PY" bench/bench_synthesis.py "${quick[@]}"

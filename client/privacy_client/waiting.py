@@ -74,16 +74,17 @@ class _Bar:
         fraction = progress.get("fraction")
         if body.get("status") == "succeeded":
             fraction = 1.0
+        phase = progress.get("phase") or body.get("status") or ""
+        epochs = progress.get("epochs")
+        if isinstance(epochs, list) and epochs and isinstance(epochs[-1], dict) and "epsilon" in epochs[-1]:
+            phase = f"{phase} epoch {epochs[-1].get('epoch')} eps {epochs[-1]['epsilon']:.3g}"
+        self.bar.set_postfix_str(str(phase)[:60], refresh=False)
         if isinstance(fraction, (int, float)):
             n = max(self.last, min(100, int(round(float(fraction) * 100))))
             if n > self.last:
                 self.bar.update(n - self.last)
                 self.last = n
-        phase = progress.get("phase") or body.get("status") or ""
-        epochs = progress.get("epochs")
-        if isinstance(epochs, list) and epochs and isinstance(epochs[-1], dict) and "epsilon" in epochs[-1]:
-            phase = f"{phase} epoch {epochs[-1].get('epoch')} eps {epochs[-1]['epsilon']:.3g}"
-        self.bar.set_postfix_str(str(phase)[:60], refresh=True)
+        self.bar.refresh()
 
     def close(self) -> None:
         self.bar.close()
