@@ -13,8 +13,11 @@ run; on a shared 2-core machine, so the absolute times move with the other users
 Queries (row-level privacy unless named unit_*): count (where age >= 30), grouped_mean
 (value in [0, 100] by region), sum, histogram (age, 9 bins), quantile (median of value);
 with --exact also unit_count (k = 1) and unit_sum (k = 64) on the pid unit, which shuffle
-the rows on the unit first. Each timing is the median of --repeat runs of the whole
-request (reading the partitions included; the local engine's read is timed apart too).
+the rows on the unit first. Each timing is the median of --repeat runs (reading the partitions
+included; the local engine's read is timed apart too): on Dask the whole DP answer (the
+exact parts on the cluster, then the OpenDP noise once and the result JSON, kept in the
+JSON file as dp_answer); on the local engine the exact aggregate (its noise step is the
+same code and takes microseconds).
 Results go to stdout and, as JSON, to --json (default var/bench/distributed-<rows>.json).
 """
 
@@ -91,11 +94,20 @@ def run_local(paths, plan, n, repeat):
 
 
 def run_dist(paths, plan, n, scheduler, repeat):
+    """The whole DP request on the cluster (exact parts, then the noise once and the result
+    JSON, as ``engines.distributed.aggregates.execute`` does), timed; returns the exact
+    values too, for the equality check."""
     cols = tuple(dict.fromkeys(plan.columns + (["pid"] if plan.details["unit_column"] else [])))
     table = PartitionedTable(paths=tuple(paths), columns=cols, num_rows=n,
                              unit_column=plan.details["unit_column"], scheduler=scheduler)
-    t, parts = timed(lambda: dist.exact_parts(table, plan.details), repeat)
-    return t, local.exact_values(plan.details, parts, n)
+
+    def once():
+        parts = dist.exact_parts(table, plan.details)
+        release = local.finish(plan.details, parts, n, np.random.default_rng(), lambda u: None)
+        return parts, release.result
+
+    t, (parts, result) = timed(once, repeat)
+    return t, local.exact_values(plan.details, parts, n), result
 
 
 def same(a: dict, b: dict) -> bool:
@@ -129,8 +141,8 @@ def bench(a) -> dict:
         with LocalCluster(n_workers=w, threads_per_worker=1, processes=True, dashboard_address=None,
                           host="127.0.0.1", silence_logs=40, memory_limit=a.memory_limit) as cl:
             for name, plan in plans.items():
-                t, exact = run_dist(paths, plan, n, cl.scheduler_address, a.repeat)
-                rec = {"seconds": t, "ns_per_row": t / n * 1e9}
+                t, exact, answer = run_dist(paths, plan, n, cl.scheduler_address, a.repeat)
+                rec = {"seconds": t, "ns_per_row": t / n * 1e9, "dp_answer": answer}
                 if name in exact_local:
                     rec["exact_equal_to_local"] = same(exact, exact_local[name])
                     rec["ratio_to_local"] = t / out["queries"][name]["local"]["seconds"]
@@ -159,6 +171,10 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _rows(n: int) -> str:
+    return f"{n / 1e9:g}B" if n >= 1e9 else f"{n / 1e6:g}M"
+
+
 def plot(files: list[str], out: Path) -> None:
     import matplotlib
 
@@ -174,10 +190,10 @@ def plot(files: list[str], out: Path) -> None:
                 continue
             ws = [w for w in (1, 2) if f"dask_{w}" in q]
             line, = ax.plot(ws, [q[f"dask_{w}"]["ns_per_row"] for w in ws], marker="o",
-                            label=f"{name}, {res['rows'] / 1e6:,.0f}M rows, Dask")
+                            label=f"{name}, {_rows(res['rows'])} rows, Dask")
             if "local" in q:
                 ax.scatter([0.9], [q["local"]["ns_per_row"]], marker="x", s=60, color=line.get_color(),
-                           label=f"{name}, {res['rows'] / 1e6:,.0f}M rows, local engine")
+                           label=f"{name}, {_rows(res['rows'])} rows, local engine")
     ax.set_xticks([0.9, 1, 2], ["local\nengine", "1", "2 (all cores)"])
     ax.set_xlabel("local Dask workers (processes, 1 thread each); x: the local engine (one process)")
     ax.set_ylabel("ns per row (whole request, read included)")
