@@ -20,8 +20,8 @@ def cluster_env(dask_cluster, settings, monkeypatch):
     return dask_cluster
 
 
-def test_a_real_worker_runs_a_distributed_count_on_the_cluster(cluster_env, real_worker, api, officer, analyst, grant,
-                                                     import_dir):
+def test_a_real_worker_runs_a_distributed_count_on_the_cluster(cluster_env, real_worker,  # noqa: F811
+                                                               api, officer, analyst, grant, import_dir):
     table = make_table(6_000, seed=7)
     write_partitions(table, import_dir / "events", 3)
     r = api(officer).post("/api/datasets/", {"name": "events", "path": str(import_dir / "events"),
