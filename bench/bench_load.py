@@ -506,6 +506,7 @@ def make_principals(args, tmp: Path) -> dict:
 
     from governance import datasets, ledger, submission
     from accounting import ACCOUNTANTS
+    from accounting.costs import price
     from governance.models import Dataset, Grant
 
     User = get_user_model()
@@ -517,7 +518,7 @@ def make_principals(args, tmp: Path) -> dict:
                            budget_delta=BUDGET_DELTA, policy="rdp", schema=schema, activate=True)
     plan = submission.plan_request(ds, "aggregates", "count", {"epsilon": epsilon_of(args.requests // 2)})
     event = plan.event
-    cost = ledger._charged(ledger.to_event(event))
+    cost = price(ledger.to_event(event)).cost  # what the gate charges for it (a Laplace count: no delta)
     rdp = ACCOUNTANTS["rdp"]
     fit = max(1, int(args.requests * args.admit_fraction))
     budget = rdp.filter_epsilon(cost.times(fit), BUDGET_DELTA)

@@ -15,6 +15,7 @@ from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 
 from ..errors import InvalidRequest
+from ..dispatch import app
 from ..models import Request
 from ..waiting import MAX_WAIT_SECONDS, parse_wait, wait_final
 from . import serializers as s
@@ -91,7 +92,10 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         req, replayed = submit(request.user, ds, v["engine"], v["kind"], v["params"], idempotency_key=key)
         repeated = getattr(req, "repeated", False)
         _wait_for(req, wait)
-        req = self.get_queryset().get(pk=req.pk)
+        if wait or repeated or replayed or app().conf.task_always_eager:
+            req = self.get_queryset().get(pk=req.pk)  # as it is now
+        else:  # as just committed: the row, its dataset, analyst and reservation are in hand
+            req.dataset, req.analyst = ds, request.user
         replayed = replayed or (repeated and req.replay_of_id is not None)
         response = Response(s.RequestSerializer(req, context={"request": request}).data,
                             status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED)
