@@ -67,3 +67,33 @@ def test_a_task_that_keeps_failing_fails_the_run(dask_cluster, partitioned, tmp_
                       scheduler=dask_cluster, retries=0, markers=str(tmp_path))
     with pytest.raises(OSError, match="transient"):
         plugins.run("aggregates", req, meta, data, plan, lambda u: None)
+
+
+@dataclass(frozen=True)
+class SlowTable(PartitionedTable):
+    def read_file(self, path):
+        import time
+
+        time.sleep(1.0)
+        return super().read_file(path)
+
+
+def test_a_cancellation_stops_the_cluster_job(dask_cluster, partitioned):
+    from engines.types import Cancelled
+
+    table, manifest, _ = partitioned
+    meta = _meta(table)
+    req = EngineRequest("count", {"epsilon": 1.0})
+    plan = plugins.plan("aggregates", req, meta)
+    data = SlowTable(paths=tuple(p["path"] for p in manifest), columns=(), num_rows=table.num_rows,
+                     scheduler=dask_cluster)
+    reports = []
+
+    def progress(update):
+        reports.append(update)
+        if update["phase"] == "aggregating on the cluster" and len(reports) > 1:
+            raise Cancelled("cancelled by the analyst")
+
+    with pytest.raises(Cancelled):
+        plugins.run("aggregates", req, meta, data, plan, progress)
+    assert all(set(r) <= {"phase", "fraction"} for r in reports)  # no elapsed time: it depends on the data
