@@ -24,6 +24,10 @@ Gaussian-type events without a "delta" share the accountant's delta pool equally
 (basic: all of --delta; advanced: half of it, the other half is delta'); rdp needs none.
 rdp is plain composition of the fixed list: the best order is refined off the ledger's
 grid (accounting/refine.py), so it can be below what the ledger reports for the same events.
+
+--dataset NAME composes that dataset's committed releases instead (the events the ledger
+stores, non-private parts excepted) at --delta (default: the dataset's delta), and also
+prints "ledger_epsilon", what the ledger reports for them (its cost vector on the grid).
 """
 
 
@@ -39,12 +43,19 @@ class Command(BaseCommand):
         return parser
 
     def add_arguments(self, parser):
-        parser.add_argument("file", help="JSON file with a list of events, or - for standard input")
+        parser.add_argument("file", nargs="?", help="JSON file with a list of events, or - for standard input")
+        parser.add_argument("--dataset", help="compose this dataset's committed releases instead of a file")
         parser.add_argument("--accountant", choices=sorted(ACCOUNTANTS), default="rdp",
                             help="composition rule (default rdp)")
-        parser.add_argument("--delta", type=float, required=True, help="target total delta, in [0, 1)")
+        parser.add_argument("--delta", type=float, help="target total delta, in [0, 1) (required with a file)")
 
-    def handle(self, *args, file, accountant, delta, **options):
+    def handle(self, *args, file, accountant, delta, dataset=None, **options):
+        if (file is None) == (dataset is None):
+            raise CommandError("give either a file of events or --dataset NAME")
+        if dataset is not None:
+            return self._dataset(dataset, accountant, delta)
+        if delta is None:
+            raise CommandError("--delta is required with a file of events")
         try:
             text = sys.stdin.read() if file == "-" else open(file, encoding="utf-8").read()
         except OSError as e:
@@ -59,4 +70,31 @@ class Command(BaseCommand):
         except EventError as e:
             raise CommandError(str(e)) from e
         out = {"epsilon": spent.epsilon, "delta": spent.delta}
+        self._write(out)
+
+    def _write(self, out: dict):
         self.stdout.write(json.dumps({k: (v if v != float("inf") else "inf") for k, v in out.items()}))
+
+    def _dataset(self, name, accountant, delta):
+        from accounting import events as ev
+        from accounting.costs import Cost
+        from governance.models import Dataset, LedgerEntry
+
+        ds = Dataset.objects.filter(name=name).first()
+        if ds is None:
+            raise CommandError(f"no dataset {name!r}")
+        delta = ds.budget_delta if delta is None else delta
+        entries = LedgerEntry.objects.filter(dataset=ds, status=LedgerEntry.Status.COMMITTED).order_by("id")
+        events, cost = [], Cost.zero()
+        for entry in entries.only("event", "committed_event", "cost", "committed_cost"):
+            event = ev.parse_event(entry.committed_event or entry.event)
+            events.append(ev.without_non_private(event) if ev.has_non_private(event) else event)
+            cost = cost + Cost.from_json(entry.committed_cost or entry.cost)
+        acc = ACCOUNTANTS[accountant]
+        try:
+            spent = acc.compose(events, delta)
+            ledger = acc.spent(cost, delta)
+        except EventError as e:
+            raise CommandError(str(e)) from e
+        self._write({"epsilon": spent.epsilon, "delta": spent.delta, "ledger_epsilon": ledger.epsilon,
+                     "releases": len(events)})
