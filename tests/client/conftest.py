@@ -43,6 +43,17 @@ def make_client(url: str, token: str | None, **kw) -> Client:
     return Client(url, token=token, **kw)
 
 
+@pytest.fixture(autouse=True)
+def _no_persistent_connections(request, monkeypatch):
+    """The live server answers each request in a thread of its own: with persistent
+    connections (DB_CONN_MAX_AGE) those threads would leave PostgreSQL sessions open on the
+    test database, and it could not be dropped at the end."""
+    if "live_server" in request.fixturenames:
+        from django.db import connection
+
+        monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 0)
+
+
 @pytest.fixture
 def server(live_server, make_dataset, officer, analyst, analyst2, grant) -> Server:
     """A live server with dataset ``clinic`` (granted to ann, not to bob) and a client per role."""

@@ -115,9 +115,14 @@ def test_wait_polls_a_queued_request_until_it_is_done(server, monkeypatch):
     reads = []
 
     def run_later():
+        from django.db import connection
+
         from workers.tasks import run_request
 
-        run_request.apply(args=[str(sent[0])])
+        try:
+            run_request.apply(args=[str(sent[0])])
+        finally:
+            connection.close()  # this thread's own connection
 
     timer = threading.Timer(0.3, run_later)
     timer.start()
