@@ -51,8 +51,9 @@ def _on_frame(frame, columns: list[str], fn, args):
 def per_partition(table, fn, *args, unit: str | None = None) -> list:
     """One delayed ``fn(pyarrow.Table, *args)`` per partition of ``table`` (a
     ``PartitionedTable``): its files as they are or, with a ``unit`` column, the partitions
-    of a shuffle on it (every row of a unit lands in one of them). ``fn`` must be a pure
-    function of its partition (tasks may be re-run), importable on the workers."""
+    of a shuffle on it (every row of a unit lands in one of them). ``fn`` may be re-run (a
+    retry, a lost worker): it must release nothing and write nothing, only return what it
+    computed from its partition; and it must be importable on the workers."""
     if not unit:
         return [dask.delayed(_on_file, pure=False)(table, p, fn, args) for p in table.paths]
     import dask.dataframe as dd
