@@ -143,3 +143,12 @@ def test_a_second_delivery_charges_nothing(api, analyst, events, django_capture_
     entry = LedgerEntry.objects.get()
     assert entry.status == "committed" and AuditRecord.objects.count() == records
     assert Request.objects.get(pk=body["id"]).result == body["result"]
+
+
+def test_the_officer_edits_a_distributed_datasets_schema(api, officer, events):
+    """Schema edits are checked against the Arrow schema recorded from the footers."""
+    r = api(officer).patch("/api/datasets/events/", {"schema": {"age": {"lower": 0, "upper": 120}}}, format="json")
+    assert r.status_code == 200, r.json()
+    assert {c["name"]: c for c in r.json()["columns"]}["age"]["upper"] == 120
+    r = api(officer).patch("/api/datasets/events/", {"schema": {"nope": {"type": "numeric"}}}, format="json")
+    assert r.status_code == 400
