@@ -15,7 +15,9 @@ import functools
 import hashlib
 import logging
 import math
+import os
 import shutil
+import socket
 import threading
 import time
 import traceback
@@ -195,20 +197,18 @@ def _run(req: Request, clock: RunClock) -> str:
                                                           "detail": f"Failed before the data was read: {e}"},
                        charge=False)
 
-    workdir = results_dir(req.pk)
-    shutil.rmtree(workdir, ignore_errors=True)  # a previous delivery's partial files
-    workdir.mkdir(parents=True)
+    workdir = scratch_dir()
     try:
         release = plugins.run(req.engine, engine_request, meta, data, plan, clock.report, workdir)
     except Cancelled as c:
-        shutil.rmtree(workdir, ignore_errors=True)
+        _empty(workdir)
         return _finish(req, Request.Status.CANCELLED, error={
             "code": "request.cancelled",
             "detail": "Cancelled while running; the data was read, the charge for the work done stands."},
             actual_event=c.actual_event, charge=True, clock=clock)
     except Exception as e:
         _log_failure_after_read(req.pk, e)
-        shutil.rmtree(workdir, ignore_errors=True)
+        _empty(workdir)
         return _finish(req, Request.Status.FAILED, error={
             "code": "request.failed_after_read",
             "detail": "The engine failed after reading the data; the charge stands (a failure can depend on the data)."},
@@ -220,8 +220,11 @@ def _run(req: Request, clock: RunClock) -> str:
     officer = dict(release.officer_report) if release.officer_report is not None else None
     if officer is not None and (workdir / "officer").is_dir():
         officer["files"] = _describe_files(workdir / "officer")
-    if not any(workdir.iterdir()):
-        workdir.rmdir()
+    if any(workdir.iterdir()):  # the files become the request's; the next run gets a new scratch
+        target = results_dir(req.pk)
+        shutil.rmtree(target, ignore_errors=True)  # a previous delivery's
+        target.parent.mkdir(parents=True, exist_ok=True)
+        workdir.rename(target)
     return _finish(req, Request.Status.SUCCEEDED, result=result, actual_event=release.actual_event, charge=True,
                    officer_report=officer, clock=clock)
 
@@ -233,6 +236,27 @@ def _log_failure_after_read(request_id, e: Exception) -> None:
     stack = "".join(traceback.format_tb(e.__traceback__))
     log.error("request %s failed after reading data: %s (message withheld: it may quote the data)\n%s",
               request_id, type(e).__name__, stack)
+
+
+def scratch_dir() -> Path:
+    """An empty directory for this process's (and thread's) run to write files into; kept
+    between runs that write none (creating and removing a directory per request cost ~3 ms
+    of a DP count here), renamed to the request's results directory when they do."""
+    path = Path(settings.RESULTS_DIR) / ".scratch" / f"{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
+    if path.is_dir():
+        _empty(path)
+    else:
+        path.mkdir(parents=True)
+    return path
+
+
+def _empty(path: Path) -> None:
+    """Remove what a run (or a killed earlier run of this process id) left in ``path``."""
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def results_dir(request_id) -> Path:
