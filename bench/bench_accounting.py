@@ -9,8 +9,11 @@
    16th 512..4096), with the
    optimistic PLD as the certified lower bound; ratios to the dense grid.
 2. Steps a DP-SGD run gets at the same target epsilon: the largest T with epsilon <=
-   target at fixed (q, z), certified by RDP on the ledger's grid (what the planner
-   calibrates with today) and by PLD (engines/dpsgd/pld.py, pessimistic, an upper bound).
+   target at fixed (q, z), certified by RDP on the ledger's grid (the planner's default)
+   and by PLD (engines/dpsgd/pld.py, pessimistic, an upper bound).
+3. The planner's noise calibration to a target epsilon (fixed q, steps): the noise
+   multiplier and the time it takes under RDP (calibrate.noise_multiplier) and under PLD
+   (pld.noise_multiplier); caches cleared before each.
 
 Pure computation, no services; timings are wall time on the shared 2-core machine (other
 engineers' jobs run beside it), so read them as rough.
@@ -71,7 +74,8 @@ def table_compose(cases, delta):
 
 
 def table_steps(cases, delta):
-    print(f"\n2. Steps at the same target epsilon, delta {delta:g} (RDP: ledger grid; PLD: pessimistic, 1e-4 buckets)")
+    print(f"\n2. Steps at the same target epsilon, delta {delta:g} (RDP: ledger grid; PLD: pessimistic, "
+          f"{pld.INTERVAL:g} buckets)")
     print(f"{'q':>7} {'z':>5} {'target':>6} | {'RDP steps':>9} {'PLD steps':>9} {'PLD/RDP':>8} | {'PLD s':>6}")
     ratios = []
     for q, z, target in cases:
@@ -85,6 +89,24 @@ def table_steps(cases, delta):
     print(f"PLD/RDP steps: min {min(ratios):.3f}, median {float(np.median(ratios)):.3f}")
 
 
+def table_calibration(cases, delta):
+    print(f"\n3. Noise calibration to a target, delta {delta:g} (z; wall time, caches cleared)")
+    print(f"{'q':>7} {'steps':>6} {'target':>6} | {'RDP z':>7} {'s':>5} | {'PLD z':>7} {'s':>5} | {'z PLD/RDP':>9}")
+    from accounting import rdp_math
+
+    for q, steps, target in cases:
+        rdp_math._one_step_curve.cache_clear()
+        pld.epsilon.cache_clear()
+        t = time.perf_counter()
+        z_rdp = calibrate.noise_multiplier(target, delta, q, steps)
+        t_rdp = time.perf_counter() - t
+        t = time.perf_counter()
+        z_pld = pld.noise_multiplier(target, delta, q, steps)
+        t_pld = time.perf_counter() - t
+        print(f"{q:>7g} {steps:>6} {target:>6g} | {z_rdp:7.4f} {t_rdp:5.2f} | {z_pld:7.4f} {t_pld:5.2f} | "
+              f"{z_pld / z_rdp:9.4f}", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer cases (about a minute)")
@@ -94,10 +116,12 @@ def main(argv=None):
                      (0.004, 1.1, 3000), (0.02, 2.0, 20_000), (1e-3, 3.0, 100)]
     steps_cases = [(0.01, 1.0, 1.0), (0.01, 1.0, 3.0), (0.004, 1.1, 1.0), (0.004, 1.1, 8.0), (0.05, 2.0, 2.0),
                    (0.001, 0.8, 1.0)]
+    calibration_cases = [(0.01, 1000, 1.0), (0.004, 3000, 1.0), (0.02, 100, 2.0), (0.05, 2000, 8.0)]
     if args.quick:
-        compose_cases, steps_cases = compose_cases[:4], steps_cases[:3]
+        compose_cases, steps_cases, calibration_cases = compose_cases[:4], steps_cases[:3], calibration_cases[:2]
     table_compose(compose_cases, 1e-5)
     table_steps(steps_cases, 1e-5)
+    table_calibration(calibration_cases, 1e-5)
 
 
 if __name__ == "__main__":
