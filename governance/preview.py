@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 MAX_PREVIEW_ROWS = 10_000
+MAX_PREVIEW_CELLS = 1_000_000  # rows x columns of one answer
 DEFAULT_PREVIEW_ROWS = 100
 
 

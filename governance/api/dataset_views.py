@@ -17,7 +17,8 @@ from .. import audit, ledger
 from .. import datasets as ds_actions
 from ..errors import InvalidRequest
 from ..models import Dataset, LedgerEntry
-from ..preview import DEFAULT_PREVIEW_ROWS, MAX_PREVIEW_ROWS, dummy_rows
+from .. import preview as dummy_data
+from ..preview import DEFAULT_PREVIEW_ROWS, MAX_PREVIEW_ROWS
 from ..recommendations import RANGES, recommend
 from . import serializers as s
 from .common import FormatSuffix, visible_datasets
@@ -136,7 +137,11 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         rows = _int_param(request, "rows", DEFAULT_PREVIEW_ROWS, 1, MAX_PREVIEW_ROWS)
         seed = _int_param(request, "seed", 0, 0, 2**32 - 1)
         columns = s.DatasetSerializer(ds, context={"request": request}).get_columns(ds)
-        out = dummy_rows(columns, ds.unit_column or None, rows, seed)
+        if rows * len(columns) > dummy_data.MAX_PREVIEW_CELLS:  # a wide table: keep the answer a few MB
+            raise InvalidRequest(f"rows x columns must stay under {dummy_data.MAX_PREVIEW_CELLS:,}: at most "
+                                 f"{dummy_data.MAX_PREVIEW_CELLS // max(len(columns), 1):,} rows of this table",
+                                 errors={"rows": "too many for this table's width"})
+        out = dummy_data.dummy_rows(columns, ds.unit_column or None, rows, seed)
         return Response({"dataset": ds.name, "rows": rows, "seed": seed, **out})
 
     @extend_schema(request=s.ChargeInputSerializer, responses={201: s.LedgerEntrySerializer})

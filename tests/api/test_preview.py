@@ -69,3 +69,12 @@ def test_only_those_who_see_the_dataset_get_it(api, analyst, analyst2, officer, 
 def test_bad_parameters_are_400(api, analyst, twins, query, field):
     r = api(analyst).get(f"/api/datasets/twin-a/preview/?{query}")
     assert r.status_code == 400 and r.json()["code"] == "request.invalid" and field in r.json()["errors"]
+
+
+def test_a_wide_table_gets_fewer_rows(api, analyst, twins, monkeypatch):
+    from governance import preview
+
+    monkeypatch.setattr(preview, "MAX_PREVIEW_CELLS", 400)  # 4 columns: at most 100 rows
+    assert api(analyst).get("/api/datasets/twin-a/preview/?rows=100").status_code == 200
+    r = api(analyst).get("/api/datasets/twin-a/preview/?rows=101")
+    assert r.status_code == 400 and "at most 100 rows" in r.json()["detail"]
