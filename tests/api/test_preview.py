@@ -78,3 +78,36 @@ def test_a_wide_table_gets_fewer_rows(api, analyst, twins, monkeypatch):
     assert api(analyst).get("/api/datasets/twin-a/preview/?rows=100").status_code == 200
     r = api(analyst).get("/api/datasets/twin-a/preview/?rows=101")
     assert r.status_code == 400 and "at most 100 rows" in r.json()["detail"]
+
+
+# ---- a property of the generator: every value lies inside what the schema declares
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from governance.preview import dummy_rows  # noqa: E402
+
+_bounds = st.tuples(st.floats(-1e12, 1e12), st.floats(-1e12, 1e12)).filter(lambda b: b[0] < b[1])
+_column = st.one_of(
+    st.builds(lambda b, i: {"type": "numeric", "lower": b[0], "upper": b[1], "integer": i}, _bounds, st.booleans()),
+    st.builds(lambda d: {"type": "categorical", "domain": d},
+              st.lists(st.one_of(st.text(max_size=5), st.integers(), st.booleans()), min_size=1, max_size=6,
+                       unique_by=lambda v: (type(v).__name__, v))),
+    st.just({"type": "text"}), st.just({"type": "numeric", "lower": None, "upper": None}))
+
+
+@settings(max_examples=100, deadline=None)
+@given(columns=st.lists(_column, min_size=1, max_size=5), rows=st.integers(0, 50), seed=st.integers(0, 2**32 - 1))
+def test_generated_values_stay_inside_the_declared_schema(columns, rows, seed):
+    cols = [{"name": f"c{i}", **c} for i, c in enumerate(columns)]
+    out = dummy_rows(cols, None, rows, seed)
+    assert out == dummy_rows(cols, None, rows, seed)  # a function of (schema, rows, seed) alone
+    assert len(out["data"]) == rows and out["columns"] == [c["name"] for c in cols]
+    for j, c in enumerate(cols):
+        values = [r[j] for r in out["data"]]
+        if c["type"] == "numeric" and c["lower"] is not None:
+            assert all(c["lower"] <= v <= c["upper"] for v in values)
+            if c["integer"] and any(isinstance(v, int) for v in values):
+                assert all(isinstance(v, int) for v in values)
+        elif c["type"] == "categorical":
+            assert all(any(v == d and type(v) is type(d) for d in c["domain"]) for v in values)
