@@ -8,7 +8,7 @@ against both, so nothing needs switching when the service gains ``?wait=``: a re
 took as long as the delay is followed by no sleep. ``Backoff(long_poll=0)`` turns the
 parameter off.
 
-The bar is ``tqdm.auto`` (a text bar in a terminal, a widget in Jupyter) when tqdm is
+The bar is ``tqdm.auto`` (a text bar in a terminal, a widget in Jupyter with ipywidgets) when tqdm is
 installed (``pip install privacy-client[progress]``), showing the request's
 ``progress.fraction`` and ``phase``; without tqdm, waiting is silent.
 """
