@@ -3,7 +3,7 @@
 >>> from privacy_client import Client                                   # doctest: +SKIP
 >>> client = Client("http://localhost:8000", token="...")               # doctest: +SKIP
 >>> client.datasets_frame()                                             # doctest: +SKIP
->>> r = client.sql('SELECT gender, AVG(realrinc) FROM "gss-wages" GROUP BY gender', epsilon=0.2)
+>>> r = client.sql('SELECT gender, AVG(realrinc) FROM "gss-wages" GROUP BY gender', epsilon=0.2)  # doctest: +SKIP
 >>> r.df                                                                # doctest: +SKIP
 """
 
