@@ -11,7 +11,7 @@ What is understood (everything else is a ``SqlUnsupported`` naming the part):
 
 - one table: ``FROM name`` (quote names with a hyphen: ``FROM "gss-wages"``);
 - one aggregate in the select list, optionally beside the GROUP BY column:
-  ``COUNT(*)``, ``SUM(col)``, ``AVG(col)``, ``VARIANCE(col)`` / ``VAR_POP(col)`` /
+  ``COUNT(*)`` (or ``COUNT(1)``), ``SUM(col)``, ``AVG(col)``, ``VARIANCE(col)`` / ``VAR_POP(col)`` /
   ``VAR_SAMP(col)`` (the engine's variance, the population form), ``MEDIAN(col)``,
   ``QUANTILE(col, q)``, ``APPROX_QUANTILE(col, q)`` and
   ``PERCENTILE_CONT(q) WITHIN GROUP (ORDER BY col)``; an alias is allowed;
@@ -209,8 +209,8 @@ def _aggregate(tree: exp.Select, group_by: str | None) -> tuple[str, dict]:
 def _one_aggregate(node: exp.Expression) -> tuple[str, dict]:
     if isinstance(node, exp.Count):
         inner = node.this
-        if isinstance(inner, exp.Star):
-            return "count", {}
+        if isinstance(inner, exp.Star) or (isinstance(inner, exp.Literal) and not inner.is_string):
+            return "count", {}  # COUNT(*), COUNT(1): rows
         if isinstance(inner, exp.Distinct):
             raise _unsupported("COUNT(DISTINCT ...)", "distinct counts are not answered; use COUNT(*)")
         raise _unsupported("COUNT(column)", "counts of non-null values are not answered; use COUNT(*)")

@@ -21,6 +21,7 @@ def test_it_reads_the_dataset_kind_column_filters_and_group():
 @pytest.mark.parametrize("select,kind,extra", [
     ("COUNT(*)", "count", {}),
     ("count(*)", "count", {}),
+    ("COUNT(1)", "count", {}),
     ("SUM(x)", "sum", {"column": "x"}),
     ("AVG(x)", "mean", {"column": "x"}),
     ("VARIANCE(x)", "variance", {"column": "x"}),

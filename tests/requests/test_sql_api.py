@@ -169,3 +169,21 @@ def test_a_refused_sql_request_gets_the_gates_numbers(api, analyst, clinic, djan
     body = r.json()
     assert body["code"] == "budget.exceeded" and body["remaining_epsilon"] == pytest.approx(50.0)
     assert not LedgerEntry.objects.exists()
+
+
+def test_the_cost_is_known_before_any_data_is_read(api, analyst, clinic, settings,
+                                                   django_capture_on_commit_callbacks):
+    client = api(analyst)
+    sql = {"sql": "SELECT site, AVG(income) FROM clinic WHERE age < 50 GROUP BY site", "params": {"epsilon": 0.4}}
+    before = client.post("/api/datasets/clinic/estimate/", sql, format="json").json()
+    for path in settings.DATA_DIR.rglob("*"):  # the stored table is gone: planning never needed it
+        if path.is_file():
+            path.unlink()
+    after = client.post("/api/datasets/clinic/estimate/", sql, format="json")
+    assert after.status_code == 200 and after.json()["events"] == before["events"]
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client.post(URL, sql, format="json")
+    assert r.status_code == 202 and r.json()["event"].items() <= before["events"][0]["event"].items()
+    body = client.get(f"{URL}{r.json()['id']}/").json()
+    # admitted on its plan, then failed at the read: refunded
+    assert body["error"]["code"] == "request.failed_before_read" and body["charge"]["ledger_status"] == "released"
