@@ -177,3 +177,18 @@ def test_a_worker_takes_the_next_request_while_the_last_waits_for_its_tick(ticks
     for req in (first, second):
         assert (req.finished_at - req.started_at).total_seconds() >= QUANTUM_S
         assert LedgerEntry.objects.get(pk=req.ledger_entry_id).status == "committed"
+
+
+def test_the_releaser_writes_each_outcome_at_its_tick_in_order_and_drains():
+    from governance.releaser import Releaser
+
+    r = Releaser()
+    now = time.monotonic()
+    seen = []
+    r.at(now + 0.30, lambda: seen.append(("b", time.monotonic())))
+    r.at(now + 0.15, lambda: seen.append(("a", time.monotonic())))
+    r.at(now + 0.20, lambda: 1 / 0)  # a failing write is logged; the others still run
+    assert r.pending() == 3 and seen == []
+    assert r.drain(timeout=10)
+    assert [name for name, _ in seen] == ["a", "b"] and r.pending() == 0
+    assert seen[0][1] >= now + 0.15 and seen[1][1] >= now + 0.30  # never before its tick
