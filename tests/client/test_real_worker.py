@@ -28,5 +28,6 @@ def test_the_client_waits_for_a_real_worker_and_downloads_its_table(server, real
     table = synth.table(tmp_path)
     assert table.shape[0] == 300 and set(table.columns) == {"age", "site"}
     assert table["age"].dropna().between(18, 90).all() and set(table["site"].dropna()) <= {"north", "south", "east", "west"}
+    assert synth.charge["rdp"]["epsilon"] <= 2.0 + 1e-9  # never above what was asked
     assert synth.charge["rdp"]["epsilon"] == pytest.approx(2.0, rel=1e-3)
     assert "synthesis.synthesize" in capsys.readouterr().err  # the progress bar was drawn
