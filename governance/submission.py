@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -109,14 +108,16 @@ def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) 
         audit.record_replay(ds, analyst, audit.Context.of_request(
             replay, result_sha256=audit.result_digest(prior.result), detail=f"replay of request {prior.pk}"))
         return replay, True
-    # The reservation first (its reference names the request's id, chosen here), then the
-    # request row pointing at it: one INSERT, no UPDATE. No savepoint in admit: the caller's
-    # undoes both on a refusal.
-    request_id = uuid.uuid4()
-    entry = ledger.admit(ds, analyst, plan.event, reference=f"request {request_id}", savepoint=False)
-    req = Request.objects.create(id=request_id, analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params,
+    # The request row (and its Idempotency-Key) before the budget lock, never under it: a
+    # concurrent retry's key check waits for a worker finishing the first request, which
+    # holds that request's row and waits for the budget lock (a deadlock if the retry held
+    # it). No savepoint in admit: the caller's undoes both on a refusal.
+    req = Request.objects.create(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params,
                                  fingerprint=fp, idempotency_key=idempotency_key, plan=_plan_json(plan),
-                                 progress={"phase": "queued"}, ledger_entry=entry)
+                                 progress={"phase": "queued"})
+    entry = ledger.admit(ds, analyst, plan.event, reference=f"request {req.pk}", savepoint=False)
+    Request.objects.filter(pk=req.pk).update(ledger_entry=entry)
+    req.ledger_entry = entry
     transaction.on_commit(lambda: enqueue(req.pk, queue))
     return req, False
 
