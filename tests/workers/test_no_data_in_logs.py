@@ -3,6 +3,7 @@ dataset is registered and requests run (in-process at DEBUG, and a real worker's
 is searched for values that only the private rows or the exact answers contain."""
 
 import logging
+import re
 
 import pandas as pd
 import pytest
@@ -35,7 +36,14 @@ def exact_answers(frame: pd.DataFrame) -> list[str]:
 
 
 def leaks(text: str, frame: pd.DataFrame) -> list[str]:
-    return [value for value in exact_answers(frame) if value in text]
+    """The answers found in ``text``; a number only as a whole number (``117``, ``117.0``),
+    not inside another one (a task's run time ``0.01176 s`` is no leak of the age 117)."""
+    def found(value: str) -> bool:
+        if value[:1].isdigit():
+            return re.search(rf"(?<![\d.]){re.escape(value)}(?!\d)", text) is not None
+        return value in text
+
+    return [value for value in exact_answers(frame) if found(value)]
 
 
 SCHEMA = {"age": {"lower": 0, "upper": 200}, "income": {"lower": 0, "upper": 2_000_000},
