@@ -44,7 +44,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 from bench_requests import cpu_snapshot, git_code, pg_up, redis_up, services, start, stop, wait_http

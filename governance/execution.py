@@ -89,7 +89,9 @@ class RunClock:
     - Progress: the engine's reports are kept in memory; a thread writes the latest one on
       the next tick, with the heartbeat. A cancellation is noticed at such a write and
       raised (``Cancelled``) at the engine's next report.
-    - The final state: ``hold()`` sleeps until the next tick; then ``_finish`` writes it.
+    - The final state: written on the next tick by the process's releaser thread
+      (``governance.releaser``), so the task returns at once; ``hold()`` (sleeping until
+      the tick) is for runs without a clock thread.
     - Heartbeat: written at least every ``REQUEST_HEARTBEAT_SECONDS`` (governance.recovery
       tells a long, silent engine from a dead worker by it).
 
