@@ -13,7 +13,9 @@ audit record). A process that dies with writes pending leaves those requests ``r
 with ``data_read`` set, as a process that died while sleeping did: the recovery sweep
 finishes them as lost and charges the reservation in full. A worker shut down cleanly
 runs its pending writes first (``drain``, connected to Celery's shutdown signals in
-``workers.tasks``).
+``workers.tasks``). The run's heartbeat stops when its task returns, so a wait longer
+than half of ``REQUEST_LOST_AFTER_SECONDS`` (a quantum of a minute with a short grace
+period) is still slept in the task, with the clock thread beating.
 """
 
 from __future__ import annotations
