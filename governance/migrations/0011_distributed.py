@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("governance", "0011_analyst_client")]
+    dependencies = [("governance", "0010_accounting")]
     operations = [
         migrations.AddField(
             model_name="dataset", name="execution",
