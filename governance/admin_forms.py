@@ -4,8 +4,11 @@ import json
 
 from django import forms
 
-from . import datasets
 from accounting import POLICIES
+
+from . import datasets
+from .dataset_files import table_schema
+from .dataset_schema import validate_schema
 from .errors import InvalidDataset
 
 
@@ -82,7 +85,7 @@ class DatasetChangeForm(forms.ModelForm):
             data["approx_delta_share"] = ds.approx_delta_share
         try:
             datasets.parse_budget(data.get("budget_epsilon"), data.get("budget_delta_text"), ds.n_units)
-            datasets.validate_schema(data.get("schema"), datasets.table_schema(ds), ds.unit_column, base=ds.schema)
+            validate_schema(data.get("schema"), table_schema(ds), ds.unit_column, base=ds.schema)
         except InvalidDataset as e:
             _raise(e)
         return data

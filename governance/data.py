@@ -6,7 +6,7 @@ import functools
 
 import pyarrow as pa
 
-from .datasets import dataset_path, read_table
+from .dataset_files import dataset_path, read_table
 from .models import Dataset
 
 

@@ -25,8 +25,7 @@ import pyarrow as pa
 from django.conf import settings
 from django.db import transaction
 
-from engines.distributed import PartitionError, PartitionedTable
-from engines.distributed import source
+from engines.distributed import PartitionedTable, PartitionError, source
 
 from .errors import InvalidDataset
 from .models import Budget, Dataset
@@ -119,7 +118,7 @@ def _digest(manifest: list[dict], schema_json: str) -> str:
 
 
 def _draft_table(schema: pa.Schema, uniques: dict[str, list | None], cap: int) -> pa.Table:
-    """A stand-in for ``datasets.infer_schema``, which reads a column's distinct values
+    """A stand-in for ``dataset_schema.infer_schema``, which reads a column's distinct values
     (``pc.unique``, nulls dropped) and types: each text column holds its distinct values
     (or ``cap + 1`` distinct placeholders when there were more, so it is typed text), padded
     with nulls; other columns are nulls. Never stored, never shown."""
@@ -145,10 +144,12 @@ def register(*, name: str, created_by, location: str, title: str = "", descripti
     from engines.distributed.profile import profile
 
     from . import datasets
+    from .dataset_files import check_columns
+    from .dataset_schema import MAX_DOMAIN, infer_schema, validate_schema
 
     location = resolve_location(location)
     base, manifest, schema_found = _manifest(location)
-    datasets.check_columns(schema_found)
+    check_columns(schema_found)
     n_rows = sum(p["rows"] for p in manifest)
     if len(schema_found) == 0 or n_rows == 0:
         raise InvalidDataset("The table has no columns or no rows.")
@@ -158,15 +159,15 @@ def register(*, name: str, created_by, location: str, title: str = "", descripti
         pa.types.is_string(f.type) or pa.types.is_large_string(f.type) or pa.types.is_dictionary(f.type))]
     table = _table(base, manifest, [f.name for f in schema_found], n_rows, unit_column or None)
     try:
-        prof = profile(table, text, datasets.MAX_DOMAIN)
+        prof = profile(table, text, MAX_DOMAIN)
     except PartitionError as e:
         raise PartitionInvalid(str(e), field="path") from None
     except (OSError, pa.ArrowException) as e:
         raise InvalidDataset(f"The partitions cannot be read: {str(e)[:300]}", field="path") from None
     if unit_column and prof["unit_nulls"]:
         raise InvalidDataset(f"privacy-unit column {unit_column!r} has {prof['unit_nulls']} empty values")
-    draft = datasets.infer_schema(_draft_table(schema_found, prof["uniques"], datasets.MAX_DOMAIN), unit_column)
-    final = datasets.validate_schema(schema, schema_found, unit_column, base=draft)
+    draft = infer_schema(_draft_table(schema_found, prof["uniques"], MAX_DOMAIN), unit_column)
+    final = validate_schema(schema, schema_found, unit_column, base=draft)
     n_units = prof["n_units"] if unit_column else n_rows
     max_rows = prof["max_rows_per_unit"] if unit_column else 1
     eps, delta, delta_auto = datasets.parse_budget(budget_epsilon, budget_delta, n_units)

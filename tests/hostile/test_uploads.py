@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from governance import datasets
+from governance import dataset_files, datasets
 from governance.models import AuditRecord, Dataset
 from tests.api.conftest import assert_error, stored_files, upload
 from tests.conftest import small_frame
@@ -235,7 +235,7 @@ def test_it_refuses_hostile_server_paths(client, import_dir, secret, case, nothi
 
 def test_register_refuses_a_nul_path_called_directly(officer, import_dir):
     with pytest.raises(datasets.InvalidDataset):
-        datasets.resolve_server_path(f"{import_dir}/x\x00.csv")
+        dataset_files.resolve_server_path(f"{import_dir}/x\x00.csv")
 
 
 def test_dot_dot_that_stays_inside_the_import_dir_is_fine(client, import_dir):
