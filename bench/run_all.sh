@@ -2,7 +2,10 @@
 # Run every benchmark in bench/: admission (SQLite and PostgreSQL), DP aggregates on 10M
 # rows (vs numpy/pyarrow, diffprivlib, OpenDP), DP counts through REST + Celery + Redis,
 # DP-SGD (training throughput vs non-private PyTorch and Opacus; gate-to-first-epoch latency)
-# and synthetic data (the synthesis engine vs smartnoise-synth MST and AIM on gss_wages).
+# synthetic data (the synthesis engine vs smartnoise-synth MST and AIM on gss_wages), the
+# client's overhead over raw HTTP, accounting tightness (compose vs dp_accounting on a dense
+# grid; PLD vs RDP steps), the request path (DP count vs a bare DRF insert + Celery no-op)
+# and the aggregates on Dask vs the local engine (10M generated rows).
 #
 # Usage:
 #   bench/run_all.sh                 # N = 100,000 (default of the benchmarks; ~15 min)
@@ -42,3 +45,8 @@ fi
 "$PY" bench/bench_dpsgd.py "${quick[@]}"
 bench/setup_smartnoise.sh
 "$PY" bench/bench_synthesis.py "${quick[@]}"
+"$PY" bench/bench_accounting.py "${quick[@]}"
+"$PY" bench/bench_request_path.py "${quick[@]}"
+# distributed: 10M rows generated under var/bench (about 1 GB; never committed)
+"$PY" bench/gen_partitions.py --rows 10_000_000 --partitions 8 --out var/bench/parts-10M
+"$PY" bench/bench_distributed.py --data var/bench/parts-10M --exact
