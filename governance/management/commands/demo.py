@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -121,6 +122,8 @@ class Command(BaseCommand):
             self.train_model(bob)
             self.heading("7c. bob asks for a synthetic copy (engine synthesis, MST, epsilon 1)")
             self.synthesize(bob, off)
+            self.heading("7d. bob again, from Python and in SQL: the client's five lines (privacy_client, over HTTP)")
+            self.python_client(tokens["bob"])
         finally:
             self.stop_worker(worker)
 
@@ -182,6 +185,43 @@ class Command(BaseCommand):
                                 cwd=settings.BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.out(f"started a worker (pid {proc.pid}) on {settings.CELERY_BROKER_URL.split('@')[-1]}")
         return proc
+
+    def python_client(self, token):
+        """The README's five lines, over real HTTP: this process serves the API on a loopback
+        port (Django's threaded development server) and the client in client/ talks to it."""
+        from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler, get_internal_wsgi_application
+
+        class Quiet(WSGIRequestHandler):
+            def log_message(self, *args):
+                pass
+
+        httpd = ThreadedWSGIServer(("127.0.0.1", 0), Quiet)
+        httpd.set_app(get_internal_wsgi_application())
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{httpd.server_port}"
+        try:
+            sys.path.insert(0, str(Path(settings.BASE_DIR) / "client"))  # the package in this repository
+            from privacy_client import Client
+
+            self.out(f">>> client = Client({url!r}, token=...)")
+            client = Client(url, token=token, progress=False)
+            self.out(">>> client.datasets_frame()")
+            self.out(_indent(client.datasets_frame().to_string()))
+            for sql, note in [
+                ('SELECT gender, AVG(realrinc) FROM "gss-wages" GROUP BY gender',
+                 "the SQL twin of bob's JSON mean above: the same request"),
+                ('SELECT gender, COUNT(*) FROM "gss-wages" WHERE age BETWEEN 18 AND 29 GROUP BY gender',
+                 "a new question"),
+            ]:
+                self.out(f">>> result = client.sql({sql!r}, epsilon=0.2)   # {note}")
+                result = client.sql(sql, epsilon=0.2)
+                self.out(">>> result.df")
+                self.out(_indent(result.df.to_string()))
+                self.out("    (" + ("replayed from the stored release: free" if result.replayed else
+                                    f"charged rdp epsilon {result.charge['rdp']['epsilon']:.3g}") + ")")
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
 
     def stop_worker(self, proc):
         proc.terminate()
@@ -323,6 +363,10 @@ class Command(BaseCommand):
         for name, row in b["accountants"].items():
             self.out(f"   {name:<10} {_f(row['epsilon']):>9} {_f(row['delta']):>10} {_f(row['filter_epsilon']):>11} "
                      f"{_f(row['remaining_epsilon']):>10}  {'<- policy' if row['gates'] else ''}")
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
 
 
 def _fmt_value(x):
