@@ -85,21 +85,22 @@ def ratio(details: dict, noisy: dict, nzs: dict[str, Noise], rng: np.random.Gene
     mid, r = details["center"], details["radius"]
     kind = details["kind"]
     grouped = details["group_by"] is not None
+    # By name, never by position: the plan comes back from the database, and PostgreSQL's
+    # jsonb does not keep key order ("sum" before "count"), which once swapped them.
     comps = list(nzs)
     arrays = {name: np.atleast_1d(np.asarray(noisy[name], dtype=np.float64)) for name in comps}
     g = len(arrays["count"])
     sims = max(200, min(SIMULATIONS, SIM_BUDGET // max(g, 1)))
 
-    def estimate(c, s, ss=None):
-        n = np.maximum(c, 1.0)
-        m = s / n
+    def estimate(parts):
+        n = np.maximum(parts["count"], 1.0)
+        m = parts["sum"] / n
         if kind == "mean":
             return np.clip(mid + m, lo, hi)
-        return np.clip(ss / n - m * m, 0.0, r * r)
+        return np.clip(parts["sum_of_squares"] / n - m * m, 0.0, r * r)
 
-    point = estimate(*(arrays[name] for name in comps))
-    draws = [arrays[name][:, None] + _simulate(nzs[name], (g, sims), rng) for name in comps]
-    boot = estimate(*draws)
+    point = estimate(arrays)
+    boot = estimate({name: arrays[name][:, None] + _simulate(nzs[name], (g, sims), rng) for name in comps})
     los, his = np.percentile(boot, [2.5, 97.5], axis=1)
     out = _base(details)
     out["noise_scale"] = {name: nzs[name].scale for name in comps}

@@ -62,13 +62,23 @@ def table(frame):
     return pa.Table.from_pandas(frame, preserve_index=False)
 
 
+def jsonb_round_trip(value):
+    """A JSON round trip as PostgreSQL's jsonb does it: object keys come back shorter
+    first, then in byte order, not in the order they were written."""
+    def ordered(pairs):
+        return dict(sorted(pairs, key=lambda kv: (len(kv[0].encode()), kv[0].encode())))
+
+    return json.loads(json.dumps(value), object_pairs_hook=ordered)
+
+
 def run(kind, params, frame_or_table, ds, progress=None):
-    """plan -> JSON round trip (as the service stores it) -> run on the planned columns."""
+    """plan -> JSON round trip (as the service stores it, in jsonb's key order) -> run on the
+    planned columns."""
     table = frame_or_table if isinstance(frame_or_table, pa.Table) else pa.Table.from_pandas(
         frame_or_table, preserve_index=False)
     req = EngineRequest(kind, params)
     plan = plugins.plan("aggregates", req, ds)
-    plan = Plan(**json.loads(json.dumps(asdict(plan))))
+    plan = Plan(**jsonb_round_trip(asdict(plan)))
     cols = list(dict.fromkeys(plan.columns + ([ds.unit_column] if ds.unit_column else [])))
     release = plugins.run("aggregates", req, ds, table.select(cols), plan, progress or (lambda p: None))
     json.dumps(release.result)  # always JSON

@@ -39,6 +39,28 @@ def test_it_answers_a_grouped_count_over_exactly_the_declared_domain(api, analys
         assert lo <= g["value"] <= hi
 
 
+@pytest.mark.parametrize("kind", ["mean", "variance"])
+def test_a_mean_and_a_variance_are_right_on_every_database(api, analyst, make_dataset, grant,
+                                                           django_capture_on_commit_callbacks, kind):
+    """The plan travels through the database: on PostgreSQL its JSON comes back with keys
+    in jsonb's order ("sum" before "count"), which once made every mean "midpoint + count"."""
+    from tests.conftest import small_frame
+
+    frame = small_frame(n=2000, seed=5)
+    ds = make_dataset("wide", epsilon=1e6, frame=frame)
+    grant(analyst, ds)
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client.post(URL, {"dataset": "wide", "engine": "aggregates", "kind": kind,
+                              "params": {"column": "income", "epsilon": 1e5}}, format="json")
+    assert r.status_code == 202, r.content
+    body = client.get(f"{URL}{r.json()['id']}/").json()
+    assert body["status"] == "succeeded", body
+    truth = frame["income"].clip(0, 200_000)
+    expected = truth.mean() if kind == "mean" else truth.var(ddof=0)
+    assert body["result"]["value"] == pytest.approx(expected, rel=0.01)
+
+
 def test_it_lists_the_engines_with_their_parameter_schemas(api, analyst):
     engines = {e["name"]: e for e in api(analyst).get("/api/engines/").json()["results"]}
     assert set(engines["aggregates"]["kinds"]) == {"count", "sum", "mean", "variance", "histogram", "quantile"}
