@@ -139,7 +139,7 @@ REST_FRAMEWORK = {
     # DRF's parsers with limits on nesting, NUL, lone surrogates and upload size (parsers.py)
     "DEFAULT_PARSER_CLASSES": [
         "governance.api.parsers.JSONParser",
-        "rest_framework.parsers.FormParser",
+        "governance.api.parsers.FormParser",
         "governance.api.parsers.MultiPartParser",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -9,20 +9,19 @@ from drf_spectacular.utils import (
 )
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.parsers import FormParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from .. import audit, ledger
 from .. import datasets as ds_actions
+from .. import preview as dummy_data
 from ..errors import InvalidRequest
 from ..models import Dataset, LedgerEntry
-from .. import preview as dummy_data
 from ..preview import DEFAULT_PREVIEW_ROWS, MAX_PREVIEW_ROWS
 from ..recommendations import RANGES, recommend
 from . import serializers as s
 from .common import FormatSuffix, visible_datasets
-from .parsers import JSONParser, MultiPartParser
+from .parsers import FormParser, JSONParser, MultiPartParser
 from .permissions import IsOfficer, OfficerWritesOnly, is_officer
 
 

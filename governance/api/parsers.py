@@ -138,6 +138,26 @@ class JSONParser(parsers.JSONParser):
         return data
 
 
+def form_problem(data) -> str | None:
+    """The first NUL or lone surrogate in a form's field names or values (PostgreSQL's text
+    cannot hold a NUL: a lookup with one was a 500 there)."""
+    for key, values in data.lists():
+        for s in (key, *values):
+            if isinstance(s, str) and (problem := string_problem(s)):
+                return f"{problem} in form field {key[:50]!r}"
+    return None
+
+
+class FormParser(parsers.FormParser):
+    """DRF's form parser with the JSON parser's rule on strings (no NUL, no lone surrogate)."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        data = super().parse(stream, media_type, parser_context)
+        if problem := form_problem(data):
+            raise ParseError(f"Form parse error - {problem}")
+        return data
+
+
 class MultiPartParser(parsers.MultiPartParser):
     def parse(self, stream, media_type=None, parser_context=None):
         request = (parser_context or {}).get("request")
@@ -151,5 +171,8 @@ class MultiPartParser(parsers.MultiPartParser):
             raise RequestTooLarge(f"The request body ({length} bytes) is larger than MAX_UPLOAD_BYTES "
                                   f"({settings.MAX_UPLOAD_BYTES} bytes) plus the form fields' allowance "
                                   f"(DATA_UPLOAD_MAX_MEMORY_SIZE).")
-        return super().parse(stream, media_type, parser_context)
+        parsed = super().parse(stream, media_type, parser_context)
+        if problem := form_problem(parsed.data):
+            raise ParseError(f"Multipart form parse error - {problem}")
+        return parsed
 

@@ -14,8 +14,8 @@ from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 
-from ..errors import InvalidRequest
 from ..dispatch import app
+from ..errors import InvalidRequest
 from ..models import Request
 from ..waiting import MAX_WAIT_SECONDS, parse_wait, wait_final
 from . import serializers as s
