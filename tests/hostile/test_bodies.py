@@ -260,7 +260,7 @@ def test_lone_surrogates_and_nul_in_a_form_schema_are_a_400(client, csv_bytes, s
 
 @pytest.mark.parametrize("fmt", ["form", "multipart"])
 @pytest.mark.parametrize("field, value", [("analyst", "\x00"), ("dataset", "alp\x00ha"), ("a\x00", "1")])
-def test_nul_and_lone_surrogates_in_form_fields_are_a_400(client, fmt, field, value):
+def test_a_nul_in_form_fields_is_a_400(client, fmt, field, value):
     # A NUL reached PostgreSQL's text in a lookup of the grant's analyst: a 500 there.
     data = {"dataset": "clinic", "analyst": "ann", "cap_delta": "0.5", field: value}
     if fmt == "form":
