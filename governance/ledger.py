@@ -184,6 +184,18 @@ def _status_now(cur, sql, entry_id: int) -> str:
     return cur.fetchone()[0]
 
 
+NOT_RESERVED = "only a reserved entry can be committed."
+NEVER_REFUNDED = "a committed charge is never refunded."
+
+
+def _settled(entry_id: int, status: str, target: str, refusal: str) -> LedgerEntry:
+    """An entry found ``status`` where it was to move from reserved to ``target``: already
+    there (a second delivery) is a no-op, anything else a conflict."""
+    if status == target:
+        return LedgerEntry.objects.get(pk=entry_id)
+    raise LedgerConflict(f"Ledger entry {entry_id} is {status}; {refusal}")
+
+
 def _audit_budget(locked: ledger_sql.LockedEntry):
     """What ``audit.append`` reads and advances of the locked budget row."""
     return SimpleNamespace(pk=locked.dataset_id, committed=locked.committed, audit_seq=locked.audit_seq,
@@ -220,10 +232,8 @@ def commit(entry: LedgerEntry | int, actual_event=None, *, audit_ctx: audit.Cont
         locked = ledger_sql.lock_entry(cur, entry_id)
         if locked is None:
             raise LedgerEntry.DoesNotExist(f"no ledger entry {entry_id}")
-        if locked.status == LedgerEntry.Status.COMMITTED:
-            return LedgerEntry.objects.get(pk=entry_id)
         if locked.status != LedgerEntry.Status.RESERVED:
-            raise LedgerConflict(f"Ledger entry {entry_id} is {locked.status}; only a reserved entry can be committed.")
+            return _settled(entry_id, locked.status, LedgerEntry.Status.COMMITTED, NOT_RESERVED)
         reserved = Cost.from_json(locked.cost)
         committed_event = committed_cost = None
         if actual_event is not None:
@@ -245,10 +255,7 @@ def commit(entry: LedgerEntry | int, actual_event=None, *, audit_ctx: audit.Cont
                                  None if committed_cost is None else ledger_sql.dumps(committed_cost),
                                  entry_id, LedgerEntry.Status.RESERVED])
         if cur.rowcount != 1:  # committed or released since the row was read: decide on the status now
-            status_now = _status_now(cur, sql, entry_id)
-            if status_now == LedgerEntry.Status.COMMITTED:
-                return LedgerEntry.objects.get(pk=entry_id)
-            raise LedgerConflict(f"Ledger entry {entry_id} is {status_now}; only a reserved entry can be committed.")
+            return _settled(entry_id, _status_now(cur, sql, entry_id), LedgerEntry.Status.COMMITTED, NOT_RESERVED)
         if committed_cost is not None:
             _refund(cur, sql, locked, Cost.from_json(committed_cost) - reserved, when)
         spent = Cost.from_json(committed_cost) if committed_cost is not None else reserved
@@ -272,18 +279,13 @@ def release(entry: LedgerEntry | int, *, audit_ctx: audit.Context | None = None,
         locked = ledger_sql.lock_entry(cur, entry_id)
         if locked is None:
             raise LedgerEntry.DoesNotExist(f"no ledger entry {entry_id}")
-        if locked.status == LedgerEntry.Status.RELEASED:
-            return LedgerEntry.objects.get(pk=entry_id)
         if locked.status != LedgerEntry.Status.RESERVED:
-            raise LedgerConflict(f"Ledger entry {entry_id} is {locked.status}; a committed charge is never refunded.")
+            return _settled(entry_id, locked.status, LedgerEntry.Status.RELEASED, NEVER_REFUNDED)
         now = timezone.now()
         when = connection.ops.adapt_datetimefield_value(now)
         cur.execute(sql.release, [LedgerEntry.Status.RELEASED, when, entry_id, LedgerEntry.Status.RESERVED])
         if cur.rowcount != 1:
-            status_now = _status_now(cur, sql, entry_id)
-            if status_now == LedgerEntry.Status.RELEASED:
-                return LedgerEntry.objects.get(pk=entry_id)
-            raise LedgerConflict(f"Ledger entry {entry_id} is {status_now}; a committed charge is never refunded.")
+            return _settled(entry_id, _status_now(cur, sql, entry_id), LedgerEntry.Status.RELEASED, NEVER_REFUNDED)
         _refund(cur, sql, locked, Cost.zero() - Cost.from_json(locked.cost), when, entries=-1)
         done = _entry(locked, status=LedgerEntry.Status.RELEASED, released_at=now)
         audit.append(_audit_budget(locked), locked.dataset_name, locked.budget_delta, action="release",
