@@ -58,7 +58,6 @@ import multiprocessing as mp
 import os
 import platform
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -78,6 +77,7 @@ from common import (  # noqa: F401  (bench_faults.py uses them as bench_load's)
     pg_base_url,
     pg_conninfo,
     quantile,
+    release_stack,
     write_csv,
 )
 
@@ -1187,21 +1187,7 @@ def main():
     finally:
         for svc in services.values():
             svc.stop()
-        try:
-            from django.db import connections
-
-            connections.close_all()
-        except Exception:  # noqa: BLE001
-            pass
-        try:
-            redis.Redis.from_url(redis_url).flushdb()
-        except Exception:  # noqa: BLE001
-            pass
-        if args.keep:
-            log(f"(kept {tmp} and database {args.db})")
-        else:
-            drop_database(base, args.db)
-            shutil.rmtree(tmp, ignore_errors=True)
+        release_stack(redis_url=redis_url, pg_base=base, pg_db=args.db, tmp=tmp, keep=args.keep)
     sys.exit(0 if ok else 1)
 
 

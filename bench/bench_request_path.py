@@ -38,7 +38,6 @@ import http.client
 import json
 import multiprocessing as mp
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -47,7 +46,7 @@ import time
 from pathlib import Path
 
 from bench_requests import cpu_snapshot, git_code, pg_up, redis_up, services, start, stop, wait_http
-from common import free_port, log, ms, pg_conninfo, quantile
+from common import free_port, log, ms, pg_conninfo, quantile, release_stack
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
@@ -456,27 +455,7 @@ def main():
         stop(worker, "celery worker")
         for f in files:
             f.close()
-        try:
-            from django.db import connections
-
-            connections.close_all()
-        except Exception:  # noqa: BLE001
-            pass
-        try:
-            redis.Redis.from_url(redis_url).flushdb()
-        except Exception:  # noqa: BLE001
-            pass
-        if not args.keep:
-            try:
-                import psycopg
-
-                with psycopg.connect(**pg_conninfo(PG_BASE), autocommit=True) as conn:
-                    conn.execute(f'DROP DATABASE IF EXISTS "{PG_DB}" WITH (FORCE)')
-            except Exception as e:  # noqa: BLE001
-                log(f"(could not drop {PG_DB}: {e})")
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            log(f"(kept {tmp} and database {PG_DB})")
+        release_stack(redis_url=redis_url, pg_base=PG_BASE, pg_db=PG_DB, tmp=tmp, keep=args.keep)
         for s in reversed(started):
             services(f"{s}-stop")
 

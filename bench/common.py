@@ -106,6 +106,31 @@ def drop_database(base: str, db: str):
         log(f"(could not drop {db}: {e})")
 
 
+def release_stack(*, redis_url: str, pg_base: str, pg_db: str, tmp: Path, keep: bool):
+    """The end of a run on the service stack, each step best effort: close this process's
+    database connections, empty the run's Redis database, then drop its PostgreSQL database
+    and remove ``tmp`` (kept, and said so, with ``keep``)."""
+    import shutil
+
+    try:
+        from django.db import connections
+
+        connections.close_all()
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import redis
+
+        redis.Redis.from_url(redis_url).flushdb()
+    except Exception:  # noqa: BLE001
+        pass
+    if keep:
+        log(f"(kept {tmp} and database {pg_db})")
+    else:
+        drop_database(pg_base, pg_db)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def prepare_environment(backend: str, tmp: Path, pg_db: str) -> str:
     """Settings for an in-process run on a throwaway database (a SQLite file in ``tmp``, or
     database ``pg_db`` on ``pg_base_url()``, which is kept in ``BENCH_PG_BASE_URL`` for
