@@ -1,4 +1,6 @@
-"""Certifying one pre-planned DP-SGD run with the privacy loss distribution (PLD).
+"""Certifying one pre-planned run with the privacy loss distribution (PLD): a DP-SGD
+training here, an MST synthesis through ``composition_epsilon`` (engines/synthesis/planner.py);
+``smallest_within`` is the calibration search both use.
 
 A run whose every parameter is fixed before it starts (sampling rate q, noise multiplier
 z, T steps, E held-out evaluations by the Laplace mechanism) is one mechanism, the
@@ -76,12 +78,20 @@ def noise_multiplier(target: float, delta: float, q: float, steps: int, eval_eps
     if eps(top) > target:
         raise CalibrationError(f"epsilon {target:g} is too small to train under PLD even at noise multiplier "
                                f"{top:g}; raise the epsilon, train fewer epochs or use a larger batch")
-    # coarse search (cheap), bracket [top / 2, top], widened to MIN_NOISE if need be
-    c_lo, c_hi = math.log(max(MIN_NOISE, top / 2)), math.log(top)
+    return smallest_within(eps, coarse, target, top, MIN_NOISE)
+
+
+def smallest_within(eps, coarse, target: float, top: float, floor: float) -> float:
+    """The smallest x in [floor, top] (to ``REL_TOL`` relative) with ``eps(x) <= target``,
+    for an ``eps`` that falls as x (a noise scale) grows and ``eps(top) <= target``
+    (checked by the caller). ``coarse(x) >= eps(x)`` is the same at ``COARSE_INTERVAL``:
+    the search runs on it first, then on ``eps`` within 2% below its answer."""
+    # coarse search (cheap), bracket [top / 2, top], widened to the floor if need be
+    c_lo, c_hi = math.log(max(floor, top / 2)), math.log(top)
     if coarse(math.exp(c_lo)) <= target:
-        if c_lo == math.log(MIN_NOISE) or eps(MIN_NOISE) <= target:
-            return MIN_NOISE
-        c_lo = math.log(MIN_NOISE)
+        if c_lo == math.log(floor) or eps(floor) <= target:
+            return floor
+        c_lo = math.log(floor)
     if coarse(top) <= target:
         while c_hi - c_lo > REL_TOL:  # coarse(e^c_lo) > target >= coarse(e^c_hi)
             mid = (c_lo + c_hi) / 2
@@ -89,7 +99,7 @@ def noise_multiplier(target: float, delta: float, q: float, steps: int, eval_eps
     # fine search in [2% below the coarse answer, the coarse answer]: coarse >= fine, so
     # the coarse answer is within target at the fine buckets too (checked, not assumed)
     lo, hi = c_hi + math.log(0.98), c_hi
-    if eps(math.exp(hi)) > target:  # not expected: the whole bracket up to RDP's noise
+    if eps(math.exp(hi)) > target:  # not expected: the whole bracket up to the top
         lo, hi = c_hi, math.log(top)
     elif eps(math.exp(lo)) <= target:  # not expected either: down to the coarse bracket's bottom
         lo = c_lo
@@ -97,6 +107,33 @@ def noise_multiplier(target: float, delta: float, q: float, steps: int, eval_eps
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if eps(math.exp(mid)) > target else (lo, mid)
     return math.exp(hi)
+
+
+def composition_epsilon(discrete_gaussians, pure, delta: float, interval: float = INTERVAL) -> float:
+    """(epsilon at ``delta``) of a fixed composition of discrete Gaussian measurements
+    (``(sigma, count)``: ``count`` releases of an integer vector whose L1 and L2
+    sensitivity is 1, each cell plus N_Z(0, sigma^2) noise; one row changes one cell)
+    and pure-DP releases (``(epsilon, count)``), by PLD: the discrete Gaussian's exact
+    privacy loss (Canonne-Kamath-Steinke 2020; dp_accounting's
+    ``from_discrete_gaussian_mechanism``, truncated at mass 1e-30) and, for a pure
+    epsilon-DP release of unknown form, randomised response at epsilon, which dominates
+    every epsilon-DP mechanism (Kairouz-Oh-Viswanath 2015; ``from_privacy_parameters``).
+    Pessimistic discretisation at ``interval``: an upper bound."""
+    from dp_accounting.pld import common
+    from dp_accounting.pld import privacy_loss_distribution as plds
+
+    total = None
+    parts = [plds.from_discrete_gaussian_mechanism(sigma, sensitivity=1, value_discretization_interval=interval)
+             .self_compose(n) for sigma, n in discrete_gaussians if n]
+    parts += [plds.from_privacy_parameters(common.DifferentialPrivacyParameters(e, 0.0),
+                                           value_discretization_interval=interval).self_compose(n)
+              for e, n in pure if n and e > 0]
+    for p in parts:
+        total = p if total is None else total.compose(p)
+    if total is None:
+        return 0.0
+    eps = total.get_epsilon_for_delta(delta)
+    return float(eps) if math.isfinite(eps) else math.inf
 
 
 def certifier(accountant: str):

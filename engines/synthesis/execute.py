@@ -101,7 +101,11 @@ def finish(d: dict, spec: Spec, synthetic: pd.DataFrame, info: dict, train: pd.D
             officer["rows_compared"] = reports_note
     result = {
         "method": spec.method, "rows": int(len(synthetic)), "columns": spec.names, "epsilon": spec.epsilon,
-        "delta": spec.delta, "planned_epsilon": d["planned_epsilon"], "max_rows_per_unit": spec.max_rows_per_unit,
+        "delta": spec.delta, "planned_epsilon": d["planned_epsilon"],
+        # the accountant that calibrated the run and certifies ``certified_epsilon`` (pld: MST only)
+        "certified_by": d.get("certified_by", "rdp"),
+        "certified_epsilon": d.get("certified_epsilon", d["planned_epsilon"]),
+        "max_rows_per_unit": spec.max_rows_per_unit,
         "numeric_bins": {c["column"]: c["bins"] for c in spec.columns if c["type"] == "numeric"}, **info,
         "reports": ("computed and shown to the privacy officer only: they compare the table with the private rows"
                     if officer else "none (holdout_fraction 0)"),

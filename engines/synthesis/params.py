@@ -10,6 +10,7 @@ from engines.validation import is_number as _finite
 
 KINDS = ("synthesize",)
 METHODS = ("mst", "vae")
+ACCOUNTANTS = ("rdp", "pld")  # what calibrates and certifies an MST run (pld: when the dataset allows it)
 MAX_ROWS = 5_000_000
 MAX_BINS = 256
 DEFAULT_BINS = 20
@@ -19,7 +20,7 @@ DEFAULT_ROWS_PER_UNIT = 4
 VAE_DEFAULTS = {"epochs": 30, "batch_size": 512, "latent_dim": 8, "hidden": [64], "learning_rate": 5e-3}
 MAX_ROWS_PER_UNIT = 1000
 KEYS = {"method", "epsilon", "delta", "rows", "columns", "bins", "max_rows_per_unit", "holdout_fraction", "target",
-        "epochs", "batch_size", "latent_dim", "hidden", "learning_rate"}
+        "epochs", "batch_size", "latent_dim", "hidden", "learning_rate", "accountant"}
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Spec:
     target: str | None
     sensitive: list[str] = field(default_factory=list)
     vae: dict = field(default_factory=dict)
+    accountant: str = "rdp"  # "pld": MST's noise calibrated and the run certified by PLD (planner.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -159,6 +161,18 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         for key in ("epochs", "batch_size", "latent_dim", "hidden", "learning_rate"):
             if key in params:
                 errors[key] = "only for method vae"
+    accountant = params.get("accountant", "rdp")
+    if accountant not in ACCOUNTANTS:
+        errors["accountant"] = f"must be one of {', '.join(ACCOUNTANTS)}, got {accountant!r}"
+    elif accountant == "pld" and not ds.allow_pld:
+        errors["accountant"] = ("this dataset's privacy officer has not allowed PLD certification of runs "
+                                "(pld_certification); use rdp")
+    elif accountant == "pld" and method != "mst":
+        errors["accountant"] = "pld certifies MST runs only; use rdp"
+    elif accountant == "pld" and k != 1:
+        # the discrete Gaussian's exact PLD is for one changed cell; k rows of a unit move
+        # a marginal by an integer vector, whose worst case is not known to be one cell
+        errors["accountant"] = "pld certifies MST at one row per privacy unit only (max_rows_per_unit 1); use rdp"
     n_units = int(ds.n_units or ds.n_rows)
     n_holdout = int(round(n_units * (hf or 0.0)))
     n_train = n_units - n_holdout
@@ -172,4 +186,4 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     sensitive = [c["column"] for c in columns if ds.columns[c["column"]].get("sensitive")]
     return Spec(method=method, epsilon=float(eps), delta=float(delta), rows=rows, columns=columns, n_units=n_units,
                 n_holdout_units=n_holdout, n_train_units=n_train, unit_column=ds.unit_column, max_rows_per_unit=k,
-                holdout_fraction=float(hf), target=target, sensitive=sensitive, vae=vae)
+                holdout_fraction=float(hf), target=target, sensitive=sensitive, vae=vae, accountant=accountant)

@@ -3,7 +3,8 @@ everything against the dataset and is the authority."""
 
 from __future__ import annotations
 
-from .params import DEFAULT_BINS, DEFAULT_ROWS_PER_UNIT, MAX_BINS, MAX_ROWS, MAX_ROWS_PER_UNIT, METHODS, VAE_DEFAULTS
+from .params import (ACCOUNTANTS, DEFAULT_BINS, DEFAULT_ROWS_PER_UNIT, MAX_BINS, MAX_ROWS, MAX_ROWS_PER_UNIT, METHODS,
+                     VAE_DEFAULTS)
 
 
 def params_schema() -> dict:
@@ -11,8 +12,14 @@ def params_schema() -> dict:
         "method": {"enum": list(METHODS), "default": "mst",
                    "description": "mst: marginal-based (graphical model); vae: a tabular VAE trained with DP-SGD"},
         "epsilon": {"type": "number", "exclusiveMinimum": 0, "maximum": 100,
-                    "description": "the whole run's epsilon at delta (the service's RDP accountant)"},
+                    "description": "the whole run's epsilon at delta (the service's RDP accountant; with accountant "
+                                   "pld, the PLD certificate)"},
         "delta": {"type": "number", "exclusiveMinimum": 0, "description": "default: the dataset's"},
+        "accountant": {"enum": list(ACCOUNTANTS), "default": "rdp",
+                       "description": "what calibrates MST's noise to the epsilon and certifies the run: rdp (the "
+                                      "ledger's own accountant) or pld (privacy loss distribution: less noise; MST at "
+                                      "one row per unit, when the dataset's officer allows pld_certification). The "
+                                      "ledger charges the run by its RDP curve either way"},
         "rows": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS, "description": "default: the dataset's rows"},
         "columns": {"type": "array", "items": {"type": "string"},
                     "description": "default: every bounded numeric and categorical column"},
