@@ -105,12 +105,19 @@ def compose(events, delta: float) -> Spent:
     filter)."""
     events = list(events)
     best = compose_events(sys.modules[__name__], events, delta)
-    if not events or best.order is None or not math.isfinite(best.order) or not math.isfinite(best.epsilon):
+    return refined(best, ev.compose(events), delta) if events else best
+
+
+def refined(best: Spent, event: ev.Event, delta: float) -> Spent:
+    """``best`` (this accountant's ``spent`` of ``event``'s cost at ``delta``: the grid's
+    minimum) with the order refined off the grid for the composition ``event`` (the
+    ledger's reports: the committed and reserved events of a budget, one entry's event).
+    Never above ``best``. O(distinct mechanisms in ``event``): see ``refine.collapse``."""
+    if best.order is None or not math.isfinite(best.order) or not math.isfinite(best.epsilon):
         return best
-    event = ev.compose(events)
+    event = ev.without_non_private(event)
     _curve, approx = curve_at(event, np.array([best.order]))
     if not delta - approx > 0:
         return best
     eps, order = refine(event, delta - approx, best.order)
     return Spent(eps, delta, order) if eps < best.epsilon else best
-
