@@ -17,7 +17,7 @@ from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import mark_safe
 
-from . import audit, audit_export, charts, ledger
+from . import audit, audit_export, charts, ledger, refined_reports
 from accounting import ACCOUNTANTS
 from accounting.costs import Cost
 from .errors import GovernanceError
@@ -74,9 +74,11 @@ class GovernanceAdminSite(admin.AdminSite):
         ds = get_object_or_404(Dataset.objects.select_related("budget"), pk=pk)
         state = Cost.from_json(ds.budget.state)
         limit = ledger.Limit.of_dataset(ds)
-        report = ledger.budget_report(state, limit)
+        # rdp's plain composition refined off the grid (the events of the dataset's entries)
+        report = ledger.budget_report(state, limit, refined_reports.active_event(ds))
         gauges = [{"name": name, "gates": r["gates"], "theorem": ACCOUNTANTS[name].THEOREM,
-                   "plain": _float(r["epsilon"]), "price": r["filter_price_epsilon"],
+                   "plain": _float(r.get("refined_epsilon", r["epsilon"])),
+                   "price": r.get("refined_filter_price_epsilon", r["filter_price_epsilon"]),
                    "svg": mark_safe(charts.gauge(_float(r["filter_epsilon"]), ds.budget_epsilon, width=260,
                                                  label=name, alarm=r["gates"]))} for name, r in report.items()]
         chart = mark_safe(charts.burndown(_series([ds], CHART_POINTS).get(ds.pk, []), ds.budget_epsilon))

@@ -9,6 +9,7 @@ from accounting.costs import Cost
 
 from ..limits import Limit, budget_report, charge_summary
 from ..models import Dataset, Grant, LedgerEntry, Request
+from ..refined_reports import dataset_report, entry_charge
 
 User = get_user_model()
 
@@ -74,8 +75,11 @@ class DatasetSerializer(serializers.ModelSerializer):
     def get_budget(self, ds) -> dict:
         state = Cost.from_json(ds.budget.state)
         limit = Limit.of_dataset(ds)
+        # one dataset: rdp also refined off the grid (reads its entries' events; not in lists)
+        view = self.context.get("view")
+        report = dataset_report(ds) if getattr(view, "action", None) == "retrieve" else budget_report(state, limit)
         return {"epsilon": ds.budget_epsilon, "delta": ds.budget_delta, "policy": ds.policy,
-                "active_entries": ds.budget.active_entries, "accountants": budget_report(state, limit),
+                "active_entries": ds.budget.active_entries, "accountants": report,
                 "non_private_releases": ds.ledger.filter(non_private=True).exclude(
                     status=LedgerEntry.Status.RELEASED).count()}
 
@@ -172,6 +176,12 @@ class GrantUpdateSerializer(serializers.Serializer):
 class LedgerEntrySerializer(serializers.ModelSerializer):
     dataset = serializers.SlugRelatedField(slug_field="name", read_only=True)
     analyst = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    charge = serializers.SerializerMethodField(
+        help_text="epsilon/delta of this entry alone under each accountant at the dataset's delta (what it "
+                  "committed, if less than reserved); rdp also refined_epsilon, its order off the grid")
+
+    def get_charge(self, entry) -> dict:
+        return entry_charge(entry, entry.dataset.budget_delta)
 
     class Meta:
         model = LedgerEntry
@@ -293,10 +303,8 @@ class RequestSerializer(serializers.ModelSerializer):
         entry = req.ledger_entry
         if entry is None or entry.status == LedgerEntry.Status.RELEASED:
             return {**charge_summary(Cost.zero(), req.dataset.budget_delta), "ledger_status": entry and entry.status}
-        if entry.committed_cost:
-            return {**charge_summary(Cost.from_json(entry.committed_cost), req.dataset.budget_delta),
-                    "ledger_status": entry.status}
-        return {**entry.charge, "ledger_status": entry.status}
+        # rdp with refined_epsilon / refined_order: the order off the grid (governance/refined_reports.py)
+        return {**entry_charge(entry, req.dataset.budget_delta), "ledger_status": entry.status}
 
     @extend_schema_field({"type": "object", "nullable": True,
                           "description": "the release, shown only to the analyst who asked"})
