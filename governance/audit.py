@@ -134,6 +134,22 @@ def append(budget: Budget, ds_name: str, ds_delta: float, *, action: str, actor:
            committed_cost: Cost | None = None, non_private: bool = False) -> AuditRecord:
     """Write the next record of ``budget``'s dataset. The caller holds the budget row lock
     (``select_for_update``) inside a transaction; ``budget`` is that locked row."""
+    rec, updates = prepare(budget, ds_name, ds_delta, action=action, actor=actor, ctx=ctx, entry=entry, event=event,
+                           reserved_event=reserved_event, charge=charge, committed_cost=committed_cost,
+                           non_private=non_private)
+    rec.save(force_insert=True)
+    Budget.objects.filter(pk=budget.pk).update(**updates)
+    for key, value in updates.items():
+        setattr(budget, key, value)
+    return rec
+
+
+def prepare(budget: Budget, ds_name: str, ds_delta: float, *, action: str, actor: str, ctx: Context | None = None,
+            entry: LedgerEntry | None = None, event=None, reserved_event=None, charge=None,
+            committed_cost: Cost | None = None, non_private: bool = False) -> tuple[AuditRecord, dict]:
+    """The next record of ``budget``'s dataset, hashed but not saved, and the budget row's
+    new chain head (``audit_seq``, ``audit_head`` and, for a charge, ``committed``): what
+    ``append`` writes, or a caller's own statement (``ledger.commit`` on PostgreSQL)."""
     ctx = ctx or Context()
     committed = Cost.from_json(budget.committed)
     if committed_cost is not None:
@@ -150,14 +166,10 @@ def append(budget: Budget, ds_name: str, ds_delta: float, *, action: str, actor:
     for name in ("params", "event", "reserved_event", "charge", "totals"):
         setattr(rec, name, json.loads(canonical(getattr(rec, name))))
     rec.hash = digest(body(rec, ds_name))
-    rec.save(force_insert=True)
     updates = {"audit_seq": rec.seq, "audit_head": rec.hash}
     if committed_cost is not None:
         updates["committed"] = committed.to_json()
-    Budget.objects.filter(pk=budget.pk).update(**updates)
-    for key, value in updates.items():
-        setattr(budget, key, value)
-    return rec
+    return rec, updates
 
 
 def record_refusal(dataset: Dataset, analyst, event, error, ctx: Context) -> None:

@@ -32,9 +32,10 @@ from types import SimpleNamespace
 from django.db import connection, transaction
 from django.utils import timezone
 
-from . import audit, ledger_sql
 from accounting import events as ev
 from accounting.costs import Cost, NoDeltaLeft, Price, cost_of, price
+
+from . import audit, ledger_sql
 from .errors import (
     BudgetExceeded,
     DatasetNotActive,
@@ -44,7 +45,7 @@ from .errors import (
     NonPrivateRefused,
 )
 from .limits import Limit, budget_report, charge_summary, num, refusal
-from .models import Budget, Dataset, Grant, LedgerEntry
+from .models import Budget, Dataset, Grant, LedgerEntry, Request
 
 
 @contextmanager
@@ -108,64 +109,94 @@ def _plan(event, ds: Dataset, budget: Budget, grant: Grant | None):
     return priced.event, priced.cost, limits
 
 
-def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepoint: bool = True) -> LedgerEntry:
+GATE_REFUSALS = (BudgetExceeded, NonPrivateRefused, NoGrant, DatasetNotActive)
+
+
+def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepoint: bool = True,
+          request_id=None) -> LedgerEntry:
     """Reserve ``event`` on the dataset for ``analyst`` or raise ``BudgetExceeded``.
 
-    The hot path of the service, so its five statements are written as SQL (the ORM's
-    query building cost four times the database work): lock the budget row (joined with
-    its dataset's budget and policy), lock the analyst's active grant, insert the entry,
-    update both running states. The maths before and after is the same as everywhere.
-    ``savepoint=False`` saves two statements when the caller's transaction (or savepoint)
-    already undoes everything on an error, as ``submission`` and ``execution`` do.
+    The hot path of the service, so its statements are written as SQL (the ORM's query
+    building cost four times the database work): lock the budget row and the analyst's
+    active grant (one statement on PostgreSQL, joined with the dataset's budget and
+    policy), insert the entry, update both running states and, given ``request_id``, write
+    the entry on that request row (one data-modifying statement on PostgreSQL). The maths
+    before and after is the same as everywhere.
+
+    ``savepoint=False`` saves two statements when the caller's transaction already undoes
+    everything on an error, as ``submission`` and ``execution`` do. A refusal (the
+    ``GATE_REFUSALS``) is decided before anything is written and raised after the atomic
+    block, so the caller's transaction stays usable (to record the refusal).
     """
     dataset_id = dataset if isinstance(dataset, int) else dataset.pk
     event = to_event(event)
     warm_caches(event)  # slow curve maths happens before the lock, not while holding it
     sql = ledger_sql.admit_sql()
+    refused = None
     with transaction.atomic(savepoint=savepoint), connection.cursor() as cur:
-        cur.execute(sql.budget, [dataset_id])
-        row = cur.fetchone()
+        row = None
+        if sql.budget_grant is not None:  # PostgreSQL: budget and grant rows in one statement
+            cur.execute(sql.budget_grant, [analyst.pk, dataset_id])
+            row = cur.fetchone()
         if row is None:
-            raise Budget.DoesNotExist(f"no budget row for dataset {dataset_id}")
-        state, name, status, b_eps, b_delta, policy, allow_np, approx_share = row
+            cur.execute(sql.budget, [dataset_id])
+            row = cur.fetchone()
+            if row is None:
+                raise Budget.DoesNotExist(f"no budget row for dataset {dataset_id}")
+            cur.execute(sql.grant, [dataset_id, analyst.pk])
+            row = tuple(row) + (cur.fetchone() or (None, None, None, None))
+        state, name, status, b_eps, b_delta, policy, allow_np, approx_share, g_id, g_cap_eps, g_cap_delta, g_state = row
         ds = ledger_sql.DatasetRow(dataset_id, name, status, b_eps, b_delta, policy, bool(allow_np), approx_share)
         budget = ledger_sql.StateRow(dataset_id, ledger_sql.loads(state))
-        grant = None
-        cur.execute(sql.grant, [dataset_id, analyst.pk])
-        g = cur.fetchone()
-        if g is not None:
-            grant = ledger_sql.GrantRow(g[0], g[1], g[2], ledger_sql.loads(g[3]))
-        elif not analyst.is_staff:
-            raise NoGrant(f"{analyst} has no grant on dataset {name}.", dataset=name)
-        if status != Dataset.Status.ACTIVE:
-            raise DatasetNotActive(f"Dataset {name} is not active (status {status}).", dataset=name)
-        stamped, cost, limits = _plan(event, ds, budget, grant)
-        for limit, before in limits:
-            if not limit.admits(before + cost):
-                raise refusal(limit, before, before + cost, cost)
-        now = timezone.now()
-        fields = {"event": stamped.to_dict(), "cost": cost.to_json(), "charge": charge_summary(cost, b_delta)}
-        when = connection.ops.adapt_datetimefield_value(now)
-        fields["non_private"] = ev.has_non_private(stamped)
-        entry_row = [dataset_id, analyst.pk, grant.pk if grant else None, reference[:200], ledger_sql.dumps(fields["event"]),
-                     ledger_sql.dumps(fields["cost"]), ledger_sql.dumps(fields["charge"]), LedgerEntry.Status.RESERVED, when,
-                     fields["non_private"]]
-        budget_row = [ledger_sql.dumps((limits[0][1] + cost).to_json()), when, dataset_id]
-        grant_row = None
-        if grant is not None:
-            grant_state = limits[1][1] if len(limits) > 1 else Cost.from_json(grant.state)
-            grant_row = [ledger_sql.dumps((grant_state + cost).to_json()), grant.pk]
-        if sql.write_all is not None:  # PostgreSQL: the three writes in one round trip
-            cur.execute(sql.write_all, entry_row + budget_row + (grant_row or [None, None]))
-            entry_id = cur.fetchone()[0]
+        grant = None if g_id is None else ledger_sql.GrantRow(g_id, g_cap_eps, g_cap_delta, ledger_sql.loads(g_state))
+        try:
+            if grant is None and not analyst.is_staff:
+                raise NoGrant(f"{analyst} has no grant on dataset {name}.", dataset=name)
+            if status != Dataset.Status.ACTIVE:
+                raise DatasetNotActive(f"Dataset {name} is not active (status {status}).", dataset=name)
+            stamped, cost, limits = _plan(event, ds, budget, grant)
+            for limit, before in limits:
+                if not limit.admits(before + cost):
+                    raise refusal(limit, before, before + cost, cost)
+        except GATE_REFUSALS as e:
+            refused = e
         else:
-            cur.execute(sql.insert, entry_row)
-            entry_id = cur.fetchone()[0]
-            cur.execute(sql.update_budget, budget_row)
-            if grant_row is not None:
-                cur.execute(sql.update_grant, grant_row)
+            entry_id, now, fields = _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delta,
+                                             reference, request_id)
+    if refused is not None:
+        raise refused
     return LedgerEntry(id=entry_id, dataset_id=dataset_id, analyst=analyst, grant_id=grant.pk if grant else None,
                        reference=reference[:200], status=LedgerEntry.Status.RESERVED, created_at=now, **fields)
+
+
+def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delta, reference, request_id):
+    """The admitted entry's writes (under the locks): the entry, both running states and
+    the request row's link. Returns (entry id, now, the entry's JSON fields)."""
+    now = timezone.now()
+    fields = {"event": stamped.to_dict(), "cost": cost.to_json(), "charge": charge_summary(cost, b_delta)}
+    when = connection.ops.adapt_datetimefield_value(now)
+    fields["non_private"] = ev.has_non_private(stamped)
+    entry_row = [dataset_id, analyst.pk, grant.pk if grant else None, reference[:200], ledger_sql.dumps(fields["event"]),
+                 ledger_sql.dumps(fields["cost"]), ledger_sql.dumps(fields["charge"]), LedgerEntry.Status.RESERVED, when,
+                 fields["non_private"]]
+    budget_row = [ledger_sql.dumps((limits[0][1] + cost).to_json()), when, dataset_id]
+    grant_row = None
+    if grant is not None:
+        grant_state = limits[1][1] if len(limits) > 1 else Cost.from_json(grant.state)
+        grant_row = [ledger_sql.dumps((grant_state + cost).to_json()), grant.pk]
+    request_pk = None if request_id is None else Request._meta.pk.get_db_prep_value(request_id, connection)
+    if sql.write_all is not None:  # PostgreSQL: the four writes in one round trip
+        cur.execute(sql.write_all, entry_row + budget_row + (grant_row or [None, None]) + [request_pk])
+        entry_id = cur.fetchone()[0]
+    else:
+        cur.execute(sql.insert, entry_row)
+        entry_id = cur.fetchone()[0]
+        cur.execute(sql.update_budget, budget_row)
+        if grant_row is not None:
+            cur.execute(sql.update_grant, grant_row)
+        if request_pk is not None:
+            cur.execute(sql.link_request, [entry_id, request_pk])
+    return entry_id, now, fields
 
 
 def warm_caches(event: ev.Event) -> None:
@@ -225,7 +256,8 @@ def commit(entry: LedgerEntry | int, actual_event=None, *, audit_ctx: audit.Cont
 
     Like ``admit``, written as SQL (``ledger_sql.settle_sql``): one statement locks the
     budget row and reads the entry, dataset and analyst; a compare-and-set UPDATE moves the
-    status; the audit record and the chain head follow (4 statements; 6 with a refund)."""
+    status; the audit record and the chain head follow (4 statements; 6 with a refund). On
+    PostgreSQL without a refund the last three are one statement (``commit_audited``)."""
     entry_id = entry if isinstance(entry, int) else entry.pk
     sql = ledger_sql.settle_sql()
     with transaction.atomic(savepoint=savepoint), connection.cursor() as cur:
@@ -250,22 +282,34 @@ def commit(entry: LedgerEntry | int, actual_event=None, *, audit_ctx: audit.Cont
             committed_event, committed_cost = actual.to_dict(), actual_cost.to_json()
         now = timezone.now()
         when = connection.ops.adapt_datetimefield_value(now)
-        cur.execute(sql.commit, [LedgerEntry.Status.COMMITTED, when,
-                                 None if committed_event is None else ledger_sql.dumps(committed_event),
-                                 None if committed_cost is None else ledger_sql.dumps(committed_cost),
-                                 entry_id, LedgerEntry.Status.RESERVED])
-        if cur.rowcount != 1:  # committed or released since the row was read: decide on the status now
-            return _settled(entry_id, _status_now(cur, sql, entry_id), LedgerEntry.Status.COMMITTED, NOT_RESERVED)
-        if committed_cost is not None:
-            _refund(cur, sql, locked, Cost.from_json(committed_cost) - reserved, when)
+        cas = [LedgerEntry.Status.COMMITTED, when, None if committed_event is None else ledger_sql.dumps(committed_event),
+               None if committed_cost is None else ledger_sql.dumps(committed_cost), entry_id,
+               LedgerEntry.Status.RESERVED]
         spent = Cost.from_json(committed_cost) if committed_cost is not None else reserved
         done = _entry(locked, status=LedgerEntry.Status.COMMITTED, committed_at=now, committed_event=committed_event,
                       committed_cost=committed_cost)
-        audit.append(_audit_budget(locked), locked.dataset_name, locked.budget_delta, action="commit",
-                     actor=locked.username, ctx=audit_ctx or audit.Context(outcome="charged"), entry=done,
-                     event=committed_event or locked.event, reserved_event=locked.event if committed_event else None,
-                     charge=charge_summary(spent, locked.budget_delta), committed_cost=spent,
-                     non_private=locked.non_private)
+        chain = {"action": "commit", "actor": locked.username, "ctx": audit_ctx or audit.Context(outcome="charged"),
+                 "entry": done, "event": committed_event or locked.event,
+                 "reserved_event": locked.event if committed_event else None,
+                 "charge": charge_summary(spent, locked.budget_delta), "committed_cost": spent,
+                 "non_private": locked.non_private}
+        one_statement = sql.commit_audited is not None and committed_cost is None
+        if one_statement:
+            # PostgreSQL, nothing refunded: the compare-and-set, the audit record (hashed
+            # here, under the lock) and the chain head in one statement; the last two are
+            # written only if the first moved the entry.
+            rec, head = audit.prepare(_audit_budget(locked), locked.dataset_name, locked.budget_delta, **chain)
+            cur.execute(sql.commit_audited, cas + ledger_sql.audit_values(rec) + ledger_sql.head_values(head, locked))
+            moved = cur.fetchone()[0]
+        else:
+            cur.execute(sql.commit, cas)
+            moved = cur.rowcount
+        if moved != 1:  # committed or released since the row was read: decide on the status now
+            return _settled(entry_id, _status_now(cur, sql, entry_id), LedgerEntry.Status.COMMITTED, NOT_RESERVED)
+        if not one_statement:
+            if committed_cost is not None:
+                _refund(cur, sql, locked, Cost.from_json(committed_cost) - reserved, when)
+            audit.append(_audit_budget(locked), locked.dataset_name, locked.budget_delta, **chain)
         return done
 
 

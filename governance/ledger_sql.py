@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import orjson
 from django.db import connection
 
-from .models import Budget, Dataset, Grant, LedgerEntry
+from .models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,21 @@ def _sql_for(vendor: str) -> SimpleNamespace:
     js = "::jsonb" if pg else ""
     budget, dataset = Budget._meta.db_table, Dataset._meta.db_table
     grant, entry = Grant._meta.db_table, LedgerEntry._meta.db_table
+    request = Request._meta.db_table
     return SimpleNamespace(
         budget=(f"SELECT b.state, d.name, d.status, d.budget_epsilon, d.budget_delta, d.policy, d.allow_non_private, "
                 f"d.approx_delta_share "
                 f"FROM {budget} b JOIN {dataset} d ON d.id = b.dataset_id WHERE b.dataset_id = %s"
                 + (" FOR UPDATE OF b" if pg else "")),  # SQLite: BEGIN IMMEDIATE holds the write lock
+        # The budget row and the analyst's active grant locked in one statement, in the
+        # gate's order (FOR UPDATE OF b, g locks b first; a row updated meanwhile is re-read
+        # at its newest version). No row: no active grant (or no budget row), and the two
+        # statements below tell which.
+        budget_grant=(f"SELECT b.state, d.name, d.status, d.budget_epsilon, d.budget_delta, d.policy, "
+                      f"d.allow_non_private, d.approx_delta_share, g.id, g.cap_epsilon, g.cap_delta, g.state "
+                      f"FROM {budget} b JOIN {dataset} d ON d.id = b.dataset_id JOIN {grant} g "
+                      f"ON g.dataset_id = b.dataset_id AND g.analyst_id = %s AND g.revoked_at IS NULL "
+                      f"WHERE b.dataset_id = %s FOR UPDATE OF b, g") if pg else None,
         grant=(f"SELECT id, cap_epsilon, cap_delta, state FROM {grant} "
                f"WHERE dataset_id = %s AND analyst_id = %s AND revoked_at IS NULL LIMIT 1"
                + (" FOR UPDATE" if pg else "")),
@@ -73,15 +83,18 @@ def _sql_for(vendor: str) -> SimpleNamespace:
         update_budget=(f"UPDATE {budget} SET state = %s{js}, active_entries = active_entries + 1, "
                        f"updated_at = %s WHERE dataset_id = %s"),
         update_grant=f"UPDATE {grant} SET state = %s{js} WHERE id = %s",
-        # Data-modifying CTEs (PostgreSQL): insert the entry and update both running states
-        # in one statement; a NULL grant id updates no grant row.
+        link_request=f"UPDATE {request} SET ledger_entry_id = %s WHERE id = %s",
+        # Data-modifying CTEs (PostgreSQL): insert the entry, update both running states and
+        # write the entry's id on its request row in one statement; a NULL grant (request)
+        # id updates no grant (request) row.
         write_all=(f"WITH e AS (INSERT INTO {entry} (dataset_id, analyst_id, grant_id, reference, event, cost, "
                    f"charge, status, created_at, non_private) "
                    f"VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s, %s) "
                    f"RETURNING id), "
                    f"b AS (UPDATE {budget} SET state = %s::jsonb, active_entries = active_entries + 1, "
                    f"updated_at = %s WHERE dataset_id = %s), "
-                   f"g AS (UPDATE {grant} SET state = %s::jsonb WHERE id = %s) "
+                   f"g AS (UPDATE {grant} SET state = %s::jsonb WHERE id = %s), "
+                   f"r AS (UPDATE {request} SET ledger_entry_id = (SELECT id FROM e) WHERE id = %s::uuid) "
                    f"SELECT id FROM e") if pg else None,
     )
 
@@ -122,6 +135,7 @@ def _settle_sql_for(vendor: str) -> SimpleNamespace:
     js = "::jsonb" if pg else ""
     budget, dataset = Budget._meta.db_table, Dataset._meta.db_table
     grant, entry = Grant._meta.db_table, LedgerEntry._meta.db_table
+    audit_table = AuditRecord._meta.db_table
     user_model = get_user_model()
     user, username = user_model._meta.db_table, user_model._meta.get_field(user_model.USERNAME_FIELD).column
     return SimpleNamespace(
@@ -141,11 +155,34 @@ def _settle_sql_for(vendor: str) -> SimpleNamespace:
         budget_state=(f"UPDATE {budget} SET state = %s{js}, active_entries = active_entries + %s, updated_at = %s "
                       f"WHERE dataset_id = %s"),
         grant_state=f"UPDATE {grant} SET state = %s{js} WHERE id = %s",
+        # PostgreSQL: ``commit``, the audit record and the chain head in one statement; the
+        # record and the head are written only when the compare-and-set moved the entry.
+        commit_audited=(f"WITH c AS (UPDATE {entry} SET status = %s, committed_at = %s, committed_event = %s::jsonb, "
+                        f"committed_cost = %s::jsonb WHERE id = %s AND status = %s RETURNING id), "
+                        f"a AS (INSERT INTO {audit_table} ({', '.join(f.column for f in _audit_fields())}) "
+                        f"SELECT {', '.join(f'%s::{f.cast_db_type(connection)}' for f in _audit_fields())} FROM c), "
+                        f"h AS (UPDATE {budget} SET audit_seq = %s, audit_head = %s, committed = %s::jsonb "
+                        f"WHERE dataset_id = %s AND EXISTS (SELECT 1 FROM c)) "
+                        f"SELECT count(*) FROM c") if pg else None,
     )
 
 
 def settle_sql() -> SimpleNamespace:
     return _settle_sql_for(connection.vendor)
+
+
+def _audit_fields():
+    return [f for f in AuditRecord._meta.concrete_fields if not f.primary_key]
+
+
+def audit_values(rec: AuditRecord) -> list:
+    """An unsaved audit record's column values, in ``commit_audited``'s order."""
+    return [f.get_db_prep_save(getattr(rec, f.attname), connection) for f in _audit_fields()]
+
+
+def head_values(head: dict, locked: LockedEntry) -> list:
+    """The budget row's new chain head (``audit.prepare``) in ``commit_audited``'s order."""
+    return [head["audit_seq"], head["audit_head"], dumps(head["committed"]), locked.dataset_id]
 
 
 def aware(value):

@@ -82,6 +82,19 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Tests run threads against the database: a file, not a shared in-memory cache; one per
     # test process so that parallel test runs never share it.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-governance-{os.getpid()}.sqlite3")}
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Prepared statements on the persistent connections: parameters bound by the server
+    # (psycopg's Cursor, not Django's default ClientCursor, which quotes every value in
+    # Python) and a statement prepared once run DB_PREPARE_THRESHOLD times on a connection,
+    # so PostgreSQL parses and plans it once. bench/bench_request_path.py: the backend's
+    # CPU per DP request 5.2 -> 2.9 ms, the request's wall time in one process 23.2 -> 19.5 ms.
+    # Behind a pooler in transaction mode without prepared-statement support (PgBouncer
+    # < 1.21) set DB_PREPARE_THRESHOLD=off.
+    _prepare_off = envstr("DB_PREPARE_THRESHOLD", "").strip().lower() == "off"
+    DATABASES["default"].setdefault("OPTIONS", {}).update({
+        "server_side_binding": envbool("DB_SERVER_SIDE_BINDING", True),
+        "prepare_threshold": None if _prepare_off else envint("DB_PREPARE_THRESHOLD", 5),
+    })
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

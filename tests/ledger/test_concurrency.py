@@ -130,3 +130,39 @@ def test_concurrent_commits_and_releases_keep_the_running_total_exact(make_datas
     ds.refresh_from_db()
     assert ledger.recompute_state(ds.pk).eps == pytest.approx(0.5 * committed)
     assert Cost.from_json(ds.budget.state).eps == pytest.approx(0.5 * committed)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_analysts_concurrent_admissions_and_refunds_keep_the_grant_cap_exact(make_dataset, analyst, grant):
+    """32 threads of one capped analyst admit and refund at once: on PostgreSQL the gate
+    locks the budget row and the grant row in one statement (``FOR UPDATE OF b, g``); the
+    grant's running state must be the newest one after the wait, or a concurrent admission's
+    cost would be lost and the cap overspent."""
+    from governance.models import Grant
+
+    ds = make_dataset(epsilon=1000.0, policy="basic")
+    g = grant(analyst, ds, cap_epsilon=1.0)
+
+    def attempt(i):
+        outcomes = []
+        for k in range(PER_THREAD):
+            try:
+                entry = ledger.admit(ds.pk, analyst, {"kind": "laplace", "epsilon": EPS})
+            except BudgetExceeded:
+                outcomes.append("refused")
+                continue
+            if (i + k) % 4 == 0:  # a refund updates the grant's state too, under the same lock
+                ledger.release(entry.pk)
+                outcomes.append("released")
+            else:
+                outcomes.append("admitted")
+        return outcomes
+
+    outcomes = run_threads(attempt)
+    assert len(outcomes) == THREADS * PER_THREAD
+    assert outcomes.count("admitted") == 16  # the cap: exactly 16 of 0.0625 kept
+    held = LedgerEntry.objects.filter(dataset=ds, analyst=analyst).exclude(status="released").count()
+    assert held == 16
+    g.refresh_from_db()
+    assert Cost.from_json(g.state).eps == pytest.approx(EPS * held)
+    assert Cost.from_json(Grant.objects.get(pk=g.pk).state).eps == pytest.approx(ledger.recompute_state(ds.pk).eps)
