@@ -15,6 +15,7 @@ independent accountant and re-hashes the chain. Shape::
                    "head": {"seq", "hash"},
                    "totals": {"at_delta", "basic": {"epsilon", "delta"}, ...},   # committed, now
                    "spent_filter": {"basic": eps, ...},  # what each accountant's filter charges
+                   "refined": {"rdp": {"epsilon", "order", "at_delta"}},  # plain RDP, order off the grid
                    "counts": {"commit", "release", "refuse", "replay", "non_private"},
                    "records": [{...record body..., "hash"}]}]}
 """
@@ -51,11 +52,14 @@ def accounting_rules() -> dict:
 def dataset_export(ds: Dataset, budget: Budget, *, with_records: bool = True) -> dict:
     counts = {a: 0 for a in AuditRecord.Action.values} | {"non_private": 0}
     records = []
+    committed_events = []
     last_totals = None
     for rec in AuditRecord.objects.filter(dataset=ds).order_by("seq").iterator(chunk_size=2000):
         counts[rec.action] += 1
         counts["non_private"] += rec.action == "commit" and rec.non_private
         last_totals = rec.totals
+        if rec.action == "commit":
+            committed_events.append(rec.event)
         if with_records:
             records.append(audit.body(rec, ds.name) | {"hash": rec.hash})
     committed = Cost.from_json(budget.committed)
@@ -68,9 +72,28 @@ def dataset_export(ds: Dataset, budget: Budget, *, with_records: bool = True) ->
         "totals": last_totals or audit.totals_of(committed, ds.budget_delta),
         "spent_filter": {name: _num(acc.filter_epsilon(committed, ds.budget_delta, ds.approx_delta_share))
                          for name, acc in ACCOUNTANTS.items()},
+        "refined": refined_totals(committed, committed_events, ds.budget_delta),
         "counts": counts,
         "records": records,
     }
+
+
+def refined_totals(committed: Cost, events: list, delta: float) -> dict:
+    """The committed events' plain RDP composition at ``delta`` with the order refined off
+    the grid (``limits.refined``): tighter than the records' ``totals`` (the grid), any
+    order being valid for a report. Outside the hashed records (which keep the grid:
+    their totals are written on every record, refusals and replays at admission too,
+    where an O(history) refinement does not belong), re-derived by the tool from the
+    records' events at the stated order."""
+    from accounting.events import compose, parse_event
+
+    from .limits import refined
+
+    try:
+        r = refined(committed, delta, compose([parse_event(e) for e in events]))
+    except ValueError:  # an unreadable event: the records' checks say which
+        return {}
+    return {"rdp": {"epsilon": r["refined_epsilon"], "order": r["refined_order"], "at_delta": delta}}
 
 
 def _num(x: float):

@@ -44,6 +44,28 @@ dataset in the export:
    order, with the dataset's ``budget.approx_delta_share`` of delta for approximate-DP
    events, 0.1 when the export predates that setting) and must match the exported one.
 
+4. **Refined report.** The dataset's ``refined.rdp`` (exports from issue 16 on; outside
+   the hashes, so older exports without it are only noted): the plain RDP composition of
+   the committed events with the order chosen off the grid. Any order alpha > 1 gives a
+   valid conversion of a fixed composition (Mironov 2017, Prop. 3), so the figure is
+   valid if it is the Balle et al. 2020 (Thm. 21) conversion at its stated order: the
+   events' curves are re-computed here at that one order (the rules below; the signed
+   series at fractional orders) and converted. It must also be at most the grid total
+   (the refinement never reports more).
+
+5. **PLD-certified synthesis.** A ``commit`` of the ``synthesis`` engine whose request
+   ``params`` ask for ``accountant: pld`` (an MST run calibrated under PLD, at one row per
+   privacy unit) states its target in ``params.epsilon``. Its event's ``gaussian`` parts
+   are OpenDP discrete Gaussians on integer counts whose parameter sigma is the noise
+   multiplier (sensitivity 1: one row moves one cell), its ``epsilon_delta`` parts pure
+   selections (delta 0). The run's PLD is composed here with ``dp_accounting``
+   (``from_discrete_gaussian_mechanism``, exact up to truncation at mass 1e-30;
+   ``from_privacy_parameters`` for the pure parts, randomised response, which dominates
+   every pure-DP mechanism; pessimistic buckets of 2e-4: an upper bound) and must be at
+   most the target at the request's delta (``params.delta``, else the record's
+   ``totals.at_delta``). The ledger's charge is the same event by RDP (above the target:
+   PLD is no filter across requests), checked in 2. like any other.
+
 Exit status 0 if every check passes, 1 otherwise. ``--json`` prints a machine-readable
 result instead of the text report. Measured agreement with the service's own numbers is
 about 1e-12 relative (see tools/README.md), so the default tolerance of 1e-6 is wide.
@@ -604,6 +626,8 @@ class DatasetResult:
     cap: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     carried: dict = field(default_factory=dict)
+    refined: dict = field(default_factory=dict)
+    pld: list = field(default_factory=list)
 
     def problem(self, seq, check: str, message: str):
         self.problems.append({"seq": seq, "check": check, "message": message})
@@ -630,6 +654,7 @@ class DatasetResult:
                       "chain_ok": self.chain_ok, "first_broken_record": self.first_broken, "head": self.head,
                       "records_compared": self.compared, "max_rel_diff": self.max_rel_diff, "final": self.final,
                       "cap": self.cap, "notes": self.notes, "carried_differences": self.carried,
+                      "refined": self.refined, "pld_certified": self.pld,
                       "problems": self.problems})
 
 
@@ -701,6 +726,78 @@ def _compare(res: DatasetResult, seq, where: str, exported: dict, mine: dict, to
                             f"(relative difference {d:.3g}; the export states {direction})")
 
 
+def check_refined(ds: dict, events: list, state: State, orders: Orders, tol: float, res: DatasetResult) -> None:
+    """4.: the exported refined RDP total is Thm. 21 at its stated order, at most the grid's."""
+    ref = (ds.get("refined") or {}).get("rdp") if isinstance(ds.get("refined"), dict) else None
+    if ref is None:
+        res.notes.append("no refined rdp total in the export (exports before issue 16): not checked")
+        return
+    try:
+        eps, at = as_float(ref.get("epsilon")), as_float(ref.get("at_delta"))
+        order = None if ref.get("order") is None else as_float(ref.get("order"))
+    except (TypeError, AttributeError):
+        res.problem(None, "refined", f"the refined rdp total is unreadable: {ref!r}")
+        return
+    grid = spent_rdp(state, at, orders)[0]
+    if order is not None and math.isfinite(order) and order > 1:
+        one = Orders([order])
+        s = zero_state(one)
+        for e in events:
+            s = s + event_state(one, e)
+        rest = at - s.approx
+        mine = math.inf
+        if rest > 0:
+            with np.errstate(all="ignore"):
+                mine = float(s.curve[0] + math.log1p(-1 / order) - (math.log(rest) + math.log(order)) / (order - 1))
+            mine = math.inf if math.isnan(mine) else max(0.0, mine)
+    else:  # no order: the grid's own answer (pure DP, or basic composition where tighter)
+        mine = grid
+    res.refined = {"epsilon": eps, "order": order, "at_delta": at, "recomputed": mine, "grid_epsilon": grid}
+    if rel_diff(eps, mine) > tol:
+        res.problem(None, "refined", f"the refined rdp total {fmt(eps)} at order {fmt(order)} is not the conversion "
+                                     f"at that order ({fmt(mine)}, re-computed here)")
+    if eps > grid * (1 + tol):
+        res.problem(None, "refined", f"the refined rdp total {fmt(eps)} is above the grid's {fmt(grid)}")
+
+
+def pld_synthesis_epsilon(event, delta: float, interval: float = 2e-4) -> float:
+    """5.: a PLD-certified MST run's epsilon at ``delta`` from its event (see the module
+    docstring); EventProblem if a part is neither a Gaussian nor a pure release."""
+    from dp_accounting.pld import common
+    from dp_accounting.pld import privacy_loss_distribution as plds
+
+    total = None
+    for leaf, m in leaves(charged(event)):
+        if leaf[0] == "gaussian":
+            one = plds.from_discrete_gaussian_mechanism(leaf[1], sensitivity=1, value_discretization_interval=interval)
+        elif leaf[0] == "epsilon_delta" and leaf[2] == 0:
+            one = plds.from_privacy_parameters(common.DifferentialPrivacyParameters(leaf[1], 0.0),
+                                               value_discretization_interval=interval)
+        else:
+            raise EventProblem(f"a {leaf[0]} part is not a discrete Gaussian or pure release of MST")
+        part = one.self_compose(m) if m > 1 else one
+        total = part if total is None else total.compose(part)
+    return 0.0 if total is None else float(total.get_epsilon_for_delta(delta))
+
+
+def check_pld_synthesis(rec: dict, event, tol: float, res: DatasetResult) -> None:
+    params = rec.get("params") if isinstance(rec.get("params"), dict) else {}
+    if rec.get("engine") != "synthesis" or params.get("accountant") != "pld":
+        return
+    seq = rec.get("seq")
+    try:
+        target = as_float(params.get("epsilon"))
+        delta = as_float(params["delta"] if "delta" in params else (rec.get("totals") or {}).get("at_delta"))
+        got = pld_synthesis_epsilon(event, delta)
+    except (TypeError, KeyError, EventProblem) as e:
+        res.problem(seq, "pld", f"a PLD-certified synthesis that cannot be re-certified: {e}")
+        return
+    res.pld.append({"seq": seq, "target": target, "pld_epsilon": got, "delta": delta})
+    if got > target * (1 + tol):
+        res.problem(seq, "pld", f"a PLD-certified synthesis: its event's PLD epsilon is {fmt(got)}, above the "
+                                f"target {fmt(target)} it was certified at")
+
+
 def check_dataset(ds: dict, genesis: str, orders: Orders, tol: float) -> DatasetResult:
     res = DatasetResult(name=str(ds.get("name")))
     records = ds.get("records")
@@ -726,6 +823,7 @@ def check_dataset(ds: dict, genesis: str, orders: Orders, tol: float) -> Dataset
 
     # 2. re-composition, in seq order (the order of the records as given: a reordering is a chain problem)
     state = zero_state(orders)
+    events: list = []
     last = None
     diverged: dict = {}
     for rec in records:
@@ -742,6 +840,8 @@ def check_dataset(ds: dict, genesis: str, orders: Orders, tol: float) -> Dataset
             if has_non_private(event) and not rec.get("non_private"):
                 res.problem(seq, "recompose", "its event has a non_private part but the record is not flagged")
             state = state + add
+            events.append(event)
+            check_pld_synthesis(rec, event, tol, res)
             charge = rec.get("charge")
             at = (rec.get("totals") or {}).get("at_delta") if isinstance(rec.get("totals"), dict) else None
             try:
@@ -786,6 +886,7 @@ def check_dataset(ds: dict, genesis: str, orders: Orders, tol: float) -> Dataset
                     for a in ACCOUNTANTS}}
     if last is not None and last[0] != cap_delta:
         res.notes.append(f"the budget's delta {cap_delta!r} differs from the delta of the last totals {last[0]!r}")
+    check_refined(ds, events, state, orders, tol, res)
 
     # 3. the cap
     slack = 1 + 1e-12
@@ -914,6 +1015,13 @@ def text_report(result: dict, path: str) -> str:
                          f"{fmt(cap['epsilon'])}: {'ok' if cap['filter_ok'] else 'NO'}")
             lines.append(f"    plain {cap['policy']} composition (re-composed) {fmt(cap['plain_epsilon'])} <= "
                          f"{fmt(cap['epsilon'])}: {'ok' if cap['plain_ok'] else 'NO'}")
+        ref = ds.get("refined") or {}
+        if ref:
+            lines.append(f"  refined rdp total (order {fmt(ref['order'])} off the grid) {fmt(ref['epsilon'])}, "
+                         f"re-computed at that order {fmt(ref['recomputed'])}; the grid's {fmt(ref['grid_epsilon'])}")
+        for p in ds.get("pld_certified") or []:
+            lines.append(f"  record {p['seq']}: PLD-certified synthesis, re-certified here at epsilon "
+                         f"{fmt(p['pld_epsilon'])} <= target {fmt(p['target'])} (delta {fmt(p['delta'])})")
         for n in ds.get("notes") or []:
             lines.append(f"  note: {n}")
         probs = ds["problems"]
@@ -930,7 +1038,8 @@ def text_report(result: dict, path: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        description="Independently re-verify a privacy-audit/1 JSON export: hash chain, re-composed totals, cap.",
+        description="Independently re-verify a privacy-audit/1 JSON export: hash chain, re-composed totals, cap, "
+                    "the refined RDP total and PLD-certified syntheses.",
         epilog="Exit status: 0 if every check passes, 1 otherwise.")
     parser.add_argument("export", help="the JSON export (manage.py audit export --format json)")
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,

@@ -458,3 +458,92 @@ def test_an_export_without_the_share_is_read_at_the_old_constant(export_file):
     save(export_file, export)
     code, out, _ = run(export_file)
     assert code == 0, out
+
+
+# --------------------------------------------------------------------------- issue 16: the refined total
+
+
+@pytest.mark.django_db
+def test_the_refined_total_is_re_derived_at_its_order(export_file):
+    code, out, _ = run(export_file, "--json")
+    assert code == 0, out
+    for ds in json.loads(out)["datasets"]:
+        ref = ds["refined"]
+        assert ref["recomputed"] == pytest.approx(ref["epsilon"], rel=1e-9)
+        assert ref["epsilon"] <= ref["grid_epsilon"]
+    rdp_ds = next(d for d in json.loads(out)["datasets"] if d["name"] == "survey-rdp")
+    assert rdp_ds["refined"]["epsilon"] < rdp_ds["refined"]["grid_epsilon"]  # off the grid: tighter here
+    code, text, _ = run(export_file)
+    assert "refined rdp total (order" in text
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("edit,says", [
+    (lambda r: r.update(epsilon=r["epsilon"] * 0.99), "is not the conversion at that order"),
+    (lambda r: r.update(order=r["order"] * 1.5), "is not the conversion at that order"),
+    (lambda r: r.update(epsilon="inf"), "above the grid"),
+])
+def test_an_edited_refined_total_is_found(export_file, edit, says):
+    export = load(export_file)
+    edit(dataset(export, "rdp")["refined"]["rdp"])
+    save(export_file, export)
+    code, out, _ = run(export_file)
+    assert code == 1 and says in out
+
+
+@pytest.mark.django_db
+def test_an_export_before_the_refined_total_passes_with_a_note(export_file):
+    export = load(export_file)
+    for ds in export["datasets"]:
+        del ds["refined"]
+    save(export_file, export)
+    code, out, _ = run(export_file)
+    assert code == 0 and "no refined rdp total in the export" in out
+
+
+# --------------------------------------------------------------------------- issue 16: a PLD-certified synthesis
+
+
+@pytest.fixture
+def pld_export(officer, analyst, tmp_path):
+    """An MST run planned under PLD (the real planner), charged and audited as the worker
+    would, then exported."""
+    from engines import plugins
+    from engines.types import DatasetMeta, EngineRequest
+
+    ds = register(officer, "synth", "rdp", epsilon=10.0)
+    Grant.objects.create(analyst=analyst, dataset=ds, created_by=officer)
+    meta = DatasetMeta("synth", {"age": {"type": "numeric", "lower": 0, "upper": 90},
+                                 "income": {"type": "numeric", "lower": 0, "upper": 5000}},
+                       None, 300_000, 300_000, ds.budget_delta, allow_pld=True)
+    params = {"epsilon": 2.0, "accountant": "pld"}
+    plan = plugins.plan("synthesis", EngineRequest("synthesize", params), meta)
+    assert plan.details["certified_by"] == "pld" and plan.details["planned_epsilon"] > 2.0
+    entry = ledger.admit(ds, analyst, plan.event, reference="mst")
+    ledger.commit(entry, audit_ctx=audit.Context(engine="synthesis", kind="synthesize", params=params,
+                                                 outcome="succeeded"))
+    path = tmp_path / "pld.json"
+    path.write_bytes(audit_export.to_json(audit_export.build([ds])))
+    return path
+
+
+@pytest.mark.django_db
+def test_a_pld_certified_synthesis_is_re_certified(pld_export):
+    code, out, _ = run(pld_export, "--json")
+    assert code == 0, out
+    (cert,) = json.loads(out)["datasets"][0]["pld_certified"]
+    assert cert["target"] == 2.0 and 2.0 * (1 - 5e-3) < cert["pld_epsilon"] <= 2.0
+    code, text, _ = run(pld_export)
+    assert "PLD-certified synthesis, re-certified here" in text
+
+
+@pytest.mark.django_db
+def test_a_pld_certificate_above_its_target_is_found(pld_export):
+    export = load(pld_export)
+    ds = export["datasets"][0]
+    rec = next(r for r in ds["records"] if r["action"] == "commit")
+    rec["params"]["epsilon"] = 1.9  # a certificate claimed for less than the noise gives
+    rehash(ds)
+    save(pld_export, export)
+    code, out, _ = run(pld_export)
+    assert code == 1 and "above the target 1.9 it was certified at" in out
