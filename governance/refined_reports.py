@@ -33,11 +33,14 @@ def active_event(dataset: Dataset | int) -> ev.Event:
     return ev.compose([ev.parse_event(committed or event) for event, committed in rows.iterator(chunk_size=2000)])
 
 
-def entry_charge(entry: LedgerEntry, delta: float) -> dict:
+def entry_charge(entry: LedgerEntry, delta: float, *, refine: bool = True) -> dict:
     """An entry's charge: the committed cost's at ``delta`` if it committed less, else the
-    stored one, with ``rdp``'s refined figures at the same delta."""
+    stored one, with ``rdp``'s refined figures at the same delta (unless ``refine`` is
+    false: the answer to a POST, on the admission path)."""
     cost = Cost.from_json(entry.committed_cost or entry.cost)
     base = charge_summary(cost, delta) if entry.committed_cost else dict(entry.charge)
+    if not refine:
+        return base
     try:
         event = entry_event(entry)
     except ev.EventError:  # a stored event always parses; if not, the stored figures stand

@@ -303,8 +303,11 @@ class RequestSerializer(serializers.ModelSerializer):
         entry = req.ledger_entry
         if entry is None or entry.status == LedgerEntry.Status.RELEASED:
             return {**charge_summary(Cost.zero(), req.dataset.budget_delta), "ledger_status": entry and entry.status}
-        # rdp with refined_epsilon / refined_order: the order off the grid (governance/refined_reports.py)
-        return {**entry_charge(entry, req.dataset.budget_delta), "ledger_status": entry.status}
+        # rdp with refined_epsilon / refined_order: the order off the grid (governance/refined_reports.py);
+        # not in the answer to the POST that admitted it (the admission path stays as fast as it was)
+        request = self.context.get("request")
+        refine = request is None or request.method == "GET"
+        return {**entry_charge(entry, req.dataset.budget_delta, refine=refine), "ledger_status": entry.status}
 
     @extend_schema_field({"type": "object", "nullable": True,
                           "description": "the release, shown only to the analyst who asked"})

@@ -81,6 +81,7 @@ def test_each_ledger_entry_and_request_shows_its_refined_charge(charged, officer
         r = client.post("/api/requests/", {"dataset": ds.name, "engine": "aggregates", "kind": "count",
                                            "params": {"epsilon": 0.05}}, format="json")
     assert r.status_code == 202, r.content
+    assert "refined_epsilon" not in r.json()["charge"]["rdp"]  # not computed on the admission path
     body = client.get(f"/api/requests/{r.json()['id']}/").json()
     entry = Request.objects.get(pk=body["id"]).ledger_entry
     assert body["charge"]["rdp"]["epsilon"] == pytest.approx(entry.charge["rdp"]["epsilon"])

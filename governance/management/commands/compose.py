@@ -27,7 +27,9 @@ grid (accounting/refine.py), so it can be below what the ledger reports for the 
 
 --dataset NAME composes that dataset's committed releases instead (the events the ledger
 stores, non-private parts excepted) at --delta (default: the dataset's delta), and also
-prints "ledger_epsilon", what the ledger reports for them (its cost vector on the grid).
+prints "ledger_epsilon", the grid figure of the ledger's cost vector (what the gate's
+filter and the stored charges use; the ledger's reports show "epsilon" here as rdp's
+refined_epsilon).
 """
 
 
