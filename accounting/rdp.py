@@ -24,6 +24,14 @@ default: a larger share admits more (epsilon, delta) releases and makes every ot
 request dearer (each order gets less delta, so c(alpha, delta_alpha) grows by
 log((1 - s) / (1 - s')) / (alpha - 1)).
 
+Why the gate stays on the grid while reports refine the order (``refined``): the filter
+is a union bound over a set of orders fixed before any request is seen; each order's
+filter stays valid whatever the analysts do. An order chosen after the fact, at the
+minimum for the transcript so far, would make the set of orders (and the union bound)
+a function of the answers, and would need a delta for every order it could pick. A
+report of what was spent may pick any order (Mironov 2017, Prop. 3: every alpha gives a
+valid conversion of a fixed composition).
+
 The report (``spent``, ``compose``) is plain composition: the parameters taken as fixed,
 all of the target delta used by one conversion at the best order, no union bound. The
 difference ``filter_epsilon - spent`` is what the filter's validity under adaptivity costs
