@@ -55,7 +55,7 @@ def exact_parts(table: PartitionedTable, d: dict, progress=None) -> dict:
 def job(table: PartitionedTable, total) -> dict:
     """What names the cluster job (in the run's officer report: the graph key is what the
     scheduler's logs and dashboard show)."""
-    return {"backend": "dask", "scheduler": table.scheduler or "threads in the worker process",
+    return {"backend": "dask", "scheduler": cluster.public_address(table.scheduler) or "threads in the worker process",
             "graph_key": str(total.key), "partitions": len(table.paths)}
 
 

@@ -20,7 +20,7 @@ import dask
 
 from engines.types import Cancelled
 
-__all__ = ["client", "compute", "tree_reduce", "per_partition"]
+__all__ = ["client", "compute", "tree_reduce", "per_partition", "public_address"]
 
 _clients: dict = {}
 _lock = threading.Lock()
@@ -36,6 +36,24 @@ def client(address: str):
         if c is None or c.status not in ("running", "connecting"):
             c = _clients[address] = Client(address, set_as_default=False, timeout="30s")
         return c
+
+
+def public_address(address: str) -> str:
+    """A scheduler address fit for a report or an audit record: any user name, password,
+    query or fragment removed (``tls://user:secret@host:8786?x`` -> ``tls://host:8786``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if "://" not in address:
+        return address
+    try:
+        parts = urlsplit(address)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return address.split("://", 1)[0] + "://(unparsable address)"
+    if ":" in host:
+        host = f"[{host}]"
+    return urlunsplit((parts.scheme, host + (f":{port}" if port else ""), parts.path, "", ""))
 
 
 def _on_file(table, path: str, fn, args):

@@ -5,7 +5,8 @@ building), ``calibrate`` (sampling, events, noise multiplier for a target epsilo
 ``planner`` (the plan), ``features`` (rows to tensors from the declared schema),
 ``clipping`` (per-unit clipping by book-keeping in one backward pass), ``train`` (the
 loop, DP evaluation, the epsilon cap), ``audit`` (canary membership inference),
-``execute`` (a run and its files), ``schema`` (JSON schemas). No Django here; torch is
+``execute`` (a run and its files), ``parallel`` (data-parallel ranks: noise once, the
+all-reduce; the Dask side is ``engines.distributed.training``), ``schema`` (JSON schemas). No Django here; torch is
 imported only on workers (planning needs none).
 """
 
@@ -31,7 +32,7 @@ def engine_info():
     from .schema import params_schema
 
     return {"name": NAME, "kinds": list(KINDS), "queue": "gpu", "description": DESCRIPTION,
-            "params_schema": params_schema()}
+            "params_schema": params_schema(), "distributed": True}
 
 
 @hookimpl
@@ -47,6 +48,12 @@ def plan(engine, request, dataset):
 def run(engine, request, dataset, data, plan, progress, workdir):
     if engine != NAME:
         return None
+    from engines.distributed import PartitionedTable
+
+    if isinstance(data, PartitionedTable):  # data-parallel ranks on the Dask cluster (or read here)
+        from engines.distributed.training import execute as on_cluster
+
+        return on_cluster(request, dataset, data, plan, progress, workdir)
     from .execute import execute
 
     return execute(request, dataset, data, plan, progress, workdir)

@@ -80,46 +80,66 @@ def _plot(rows: list[dict], metric: str, path: Path) -> None:
     plt.close(fig)
 
 
-def execute(request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, progress, workdir) -> Release:
-    d = plan.details
-    if d.get("version") != DETAILS_VERSION:
-        raise EngineError("plan details from an unknown version of the dpsgd engine")
-    spec = Spec.from_dict(d["spec"])
-    workdir = Path(workdir)
-    dev = device()
-    gen = secure_generator(dev)  # sampling and noise, on the training device
-    progress({"phase": "preparing data", "fraction": 0.0})
-    prep = prepare(data, spec, secure_generator(torch.device("cpu")), dev)  # split, bounding, canaries
-
+def train_runs(spec: Spec, d: dict, prep, gen: torch.Generator, progress, group=None) -> tuple[list, list]:
+    """Train every planned run on ``prep``: ``(trainers, [(why it stopped, audit result)])``.
+    With ``group`` this is one rank of a data-parallel run (``parallel``): every rank
+    trains the same replicas; rank 0, which holds the canaries, audits. A ``Cancelled``
+    from ``progress`` propagates with ``actual_event``: the steps and evaluations spent."""
     from engines.aggregates.noise import Noise
 
-    runs, events, results = d["runs"], [], []
-    planned_steps = d["steps"]
-    trainers: list[Trainer] = []
+    runs, trainers, outcomes = d["runs"], [], []
     try:
         for i, run in enumerate(runs):
             eval_noise = Noise.from_dict(run["eval_noise"]) if run["eval_noise"] else None
             trainer = Trainer(spec, prep, q=d["sample_rate"], z=run["noise_multiplier"],
                               steps_per_epoch=d["steps_per_epoch"], gen=gen, eval_noise=eval_noise,
-                              eval_epsilon_each=run["eval_epsilon_each"])
+                              eval_epsilon_each=run["eval_epsilon_each"], group=group)
             trainers.append(trainer)
             reason = trainer.fit(spec.epochs, progress, label=run["label"] and f"epsilon {run['label']}",
                                  max_epsilon=spec.max_epsilon, patience=spec.early_stopping_patience,
                                  base_fraction=i / len(runs), span=1 / len(runs))
-            events.append(trainer.event())
             progress({"phase": f"auditing{' epsilon ' + run['label'] if run['label'] else ''}",
                       "fraction": round((i + 0.99) / len(runs), 4)})
             audit_result = None
-            if spec.canaries:
+            if spec.canaries and (group is None or group.rank == 0):
                 audit_result = audit.audit(trainer.canary_losses(), prep.canary_in, spec.delta,
                                            _finite(trainer.epsilon()))
-            name = "model.pt" if spec.kind == "train" else f"model-eps{run['label']}.pt"
-            _save_model(trainer, spec, workdir / name)
-            results.append({**_run_result(trainer, run, reason, planned_steps, audit_result), "model_file": name})
+            outcomes.append((reason, audit_result))
     except Cancelled as c:  # charge the steps and evaluations that ran, in every run so far
         spent = [t.event() for t in trainers]
         c.actual_event = spent[0] if len(spent) == 1 else {"kind": "composed", "events": spent}
         raise
+    return trainers, outcomes
+
+
+def execute(request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, progress, workdir) -> Release:
+    d = check_version(plan)
+    spec = Spec.from_dict(d["spec"])
+    dev = device()
+    gen = secure_generator(dev)  # sampling and noise, on the training device
+    progress({"phase": "preparing data", "fraction": 0.0})
+    prep = prepare(data, spec, secure_generator(torch.device("cpu")), dev)  # split, bounding, canaries
+    trainers, outcomes = train_runs(spec, d, prep, gen, progress)
+    return finish(spec, d, trainers, outcomes, Path(workdir), dev.type)
+
+
+def check_version(plan: Plan) -> dict:
+    d = plan.details
+    if d.get("version") != DETAILS_VERSION:
+        raise EngineError("plan details from an unknown version of the dpsgd engine")
+    return d
+
+
+def finish(spec: Spec, d: dict, trainers: list, outcomes: list, workdir: Path, device_type: str) -> Release:
+    """The release of trained runs: model files in ``workdir``, the result, the spent event
+    when a run stopped before its plan."""
+    runs, planned_steps = d["runs"], d["steps"]
+    events, results = [], []
+    for trainer, run, (reason, audit_result) in zip(trainers, runs, outcomes):
+        events.append(trainer.event())
+        name = "model.pt" if spec.kind == "train" else f"model-eps{run['label']}.pt"
+        _save_model(trainer, spec, workdir / name)
+        results.append({**_run_result(trainer, run, reason, planned_steps, audit_result), "model_file": name})
 
     (workdir / "preprocessing.json").write_text(json.dumps(features.preprocessing(spec), indent=2))
     common = {"task": spec.task, "target": spec.target["column"], "features": [f["column"] for f in spec.features],
@@ -127,12 +147,12 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, prog
               "sample_rate": d["sample_rate"], "expected_batch_size": spec.batch_size,
               "max_grad_norm": spec.max_grad_norm, "delta": spec.delta,
               # public counts (from the dataset's n_units): the exact counts of usable rows would leak
-              "train_units": spec.n_train_units, "test_units": spec.n_test_units, "device": dev.type,
+              "train_units": spec.n_train_units, "test_units": spec.n_test_units, "device": device_type,
               "metrics_note": "held-out metrics are DP estimates (OpenDP Laplace noise), charged with the run"}
     metric = "mae" if spec.task == "regression" else "accuracy"
     if spec.kind == "train":
         r = results[0]
-        actual = events[0] if r["steps"] < planned_steps or trainer.evals < runs[0]["evals"] else None
+        actual = events[0] if r["steps"] < planned_steps or trainers[0].evals < runs[0]["evals"] else None
         return Release(result={**common, **r}, actual_event=actual)
     _plot(results, metric, workdir / "sweep.png")
     with open(workdir / "sweep.csv", "w", newline="") as f:

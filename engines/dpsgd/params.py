@@ -24,6 +24,7 @@ MAX_FEATURES = 200
 MAX_ROWS_PER_UNIT = 256
 DEFAULT_ROWS_PER_UNIT = 16
 MAX_CANARIES = 10_000
+MAX_RANKS = 64  # data-parallel ranks of one run (distributed datasets; engines/distributed/training.py)
 MAX_SWEEP = 8
 DEFAULT_SWEEP = [1.0, 3.0, 8.0]
 DEFAULT_EVAL_SHARE = 0.05  # of target_epsilon, for the held-out metrics
@@ -32,7 +33,7 @@ DEFAULT_EVAL_EPSILON = 0.1  # when the noise multiplier is given instead of a ta
 COMMON_KEYS = {"target", "task", "target_threshold", "positive_values", "features", "model", "fix_model",
                "epochs", "batch_size", "learning_rate", "optimizer", "momentum", "weight_decay",
                "max_grad_norm", "delta", "test_fraction", "eval_epsilon", "max_rows_per_unit", "canaries",
-               "early_stopping_patience", "accountant"}
+               "early_stopping_patience", "accountant", "ranks"}
 ACCOUNTANTS = ("rdp", "pld")  # what calibrates and certifies the run (pld: when the dataset allows it)
 KIND_KEYS = {
     "train": COMMON_KEYS | {"target_epsilon", "noise_multiplier", "max_epsilon"},
@@ -72,6 +73,7 @@ class Spec:
     eval_epsilon: float = 0.0
     epsilons: list = field(default_factory=list)  # sweep: numbers and "inf"
     accountant: str = "rdp"  # "pld": noise calibrated and the run certified by PLD (engines/dpsgd/pld.py)
+    ranks: int = 1  # data-parallel ranks asked for (a distributed dataset on a Dask cluster); not in the event
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -268,6 +270,7 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     if canaries and n_train and canaries > n_train // 10:
         errors["canaries"] = f"at most a tenth of the training split ({n_train // 10})"
     patience = errors.number(params, "early_stopping_patience", None, lo=1, hi=MAX_EPOCHS, integer=True)
+    ranks = errors.number(params, "ranks", 1, lo=1, hi=MAX_RANKS, integer=True)
     accountant = params.get("accountant", "rdp")
     if accountant not in ACCOUNTANTS:
         errors["accountant"] = f"must be one of {', '.join(ACCOUNTANTS)}, got {accountant!r}"
@@ -322,4 +325,4 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
                 weight_decay=weight_decay, max_grad_norm=clip, delta=delta, test_fraction=test_fraction,
                 n_units=n_units, n_test_units=n_test, n_train_units=n_train, unit_column=ds.unit_column,
                 max_rows_per_unit=k, canaries=canaries, early_stopping_patience=patience,
-                accountant=accountant if accountant in ACCOUNTANTS else "rdp", **spec_kw)
+                accountant=accountant if accountant in ACCOUNTANTS else "rdp", ranks=ranks or 1, **spec_kw)

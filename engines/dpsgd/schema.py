@@ -9,6 +9,7 @@ from .params import (
     DEFAULT_SWEEP,
     MAX_CANARIES,
     MAX_EPOCHS,
+    MAX_RANKS,
     MAX_ROWS_PER_UNIT,
     MAX_SWEEP,
     OPTIMIZERS,
@@ -61,6 +62,10 @@ _COMMON = {
                    "target and certifies each run: rdp (the ledger's own accountant) or pld (privacy loss "
                    "distribution: tighter for one pre-planned run, so less noise; only on datasets whose officer "
                    "allows pld_certification). The ledger charges the run by its RDP curve either way"},
+    "ranks": {"type": "integer", "minimum": 1, "maximum": MAX_RANKS, "default": 1, "description": "data-parallel "
+              "training processes, one per Dask worker (datasets with execution 'distributed' on a cluster; at most "
+              "the cluster's workers, 1 elsewhere). Each rank trains on its share of the privacy units; the noise, "
+              "sample rate and charge are those of one process"},
 }
 
 

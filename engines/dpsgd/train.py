@@ -77,9 +77,11 @@ def _random_canaries(spec, m: int, gen: torch.Generator) -> tuple[torch.Tensor, 
     return x, y
 
 
-def prepare(table, spec, gen: torch.Generator, dev: torch.device) -> Prepared:
+def prepare(table, spec, gen: torch.Generator, dev: torch.device, canaries: int | None = None) -> Prepared:
     """Tensors on ``dev`` from the rows; ``gen`` (a CPU generator) draws the held-out split,
-    the rows kept per unit, the canaries and their coin flips."""
+    the rows kept per unit, the canaries and their coin flips. ``canaries`` overrides the
+    spec's number (data-parallel ranks other than 0 hold none: each canary is trained on
+    once, by one rank)."""
     x = features.encode_features(table, spec.features)
     y, ok = features.encode_target(table, spec.task, spec.target)
     units = features.unit_codes(table, spec.unit_column)
@@ -109,7 +111,7 @@ def prepare(table, spec, gen: torch.Generator, dev: torch.device) -> Prepared:
         train_idx, tr_units = train_idx[keep], tr_units[keep]
     xt, yt = x[train_idx], y[train_idx]
 
-    m = spec.canaries
+    m = spec.canaries if canaries is None else canaries
     xc, yc = _random_canaries(spec, m, gen)
     canary_in = (torch.rand(m, generator=gen) < 0.5).numpy()
     inc = np.nonzero(canary_in)[0]
@@ -159,15 +161,20 @@ def _noise(std: float, like: torch.Tensor, gen: torch.Generator) -> torch.Tensor
 
 
 class Trainer:
-    """One training run (one model). ``z`` None trains without privacy (a baseline)."""
+    """One training run (one model). ``z`` None trains without privacy (a baseline).
+    ``group`` (``parallel.Group``): this is one rank of a data-parallel run, ``prep`` its
+    share of the units; the noise is added once over all ranks (``parallel``)."""
 
     def __init__(self, spec, prep: Prepared, *, q: float, z: float | None, steps_per_epoch: int,
-                 gen: torch.Generator, eval_noise=None, eval_epsilon_each: float = 0.0):
+                 gen: torch.Generator, eval_noise=None, eval_epsilon_each: float = 0.0, group=None):
         self.spec, self.prep, self.q, self.z = spec, prep, q, z
         self.steps_per_epoch = steps_per_epoch
         self.gen = gen
         self.eval_noise, self.eval_epsilon_each = eval_noise, eval_epsilon_each
         self.model = build(spec.layers).to(prep.x_train.device)
+        self.group = group
+        if group is not None:
+            group.broadcast_model(self.model)
         self.opt = _optimizer(spec, self.model)
         self.steps = 0
         self.evals = 0
@@ -212,7 +219,13 @@ class Trainer:
             self.opt.zero_grad(set_to_none=False)
             if len(rows):
                 out = self.model(p.x_train[rows])
-                (row_losses(spec.task, out, p.y_train[rows]).sum() / max(len(rows), 1)).backward()
+                loss = row_losses(spec.task, out, p.y_train[rows]).sum()
+                (loss if self.group is not None else loss / max(len(rows), 1)).backward()
+            if self.group is not None:
+                for prm in params:
+                    if prm.grad is None:
+                        prm.grad = torch.zeros_like(prm)
+                self.group.mean(params, len(rows))
             self.opt.step()
             self.steps += 1
             return
@@ -228,8 +241,11 @@ class Trainer:
         # The expected batch from public counts only: the number of rows with a usable
         # target (p.n_train_units) depends on the private data.
         expected = self.q * (spec.n_train_units + spec.canaries / 2)
-        for prm in params:
-            prm.grad.add_(_noise(std, prm.grad, self.gen)).div_(expected)
+        if self.group is not None:  # once over all ranks, then the same divisor
+            self.group.noisy_mean(params, std, expected, lambda sd, like: _noise(sd, like, self.gen))
+        else:
+            for prm in params:
+                prm.grad.add_(_noise(std, prm.grad, self.gen)).div_(expected)
         self.opt.step()
         self.steps += 1
 
@@ -264,9 +280,14 @@ class Trainer:
         units (how many held-out units have a usable target depends on the data, so it is
         released too). A unit moves each of the three by at most 1: L1 sensitivity 3."""
         values = self._exact_metrics()
-        if self.z is not None:
-            if self.eval_noise is None:
-                return {}
+        if self.z is not None and self.eval_noise is None:
+            return {}
+        if self.group is not None:  # every rank's held-out units, released once by rank 0
+            values = self.group.sum_values(list(values))
+            if self.z is not None:
+                released = self.eval_noise.release(list(values)) if self.group.rank == 0 else None
+                values = self.group.from_rank0(released, len(values))
+        elif self.z is not None:
             values = self.eval_noise.release(list(values))
         self.evals += 1
         metric_sum, loss_sum, n = values
@@ -307,6 +328,13 @@ class Trainer:
                     if since >= patience:
                         return "early_stopping"
         return "completed"
+
+    def detached(self) -> "Trainer":
+        """This run without its data, generators, optimizer and group: what a data-parallel
+        rank sends back (the model on CPU, the history, the steps and evaluations spent)."""
+        self.model = self.model.cpu()
+        self.prep = self.gen = self.opt = self.group = None
+        return self
 
     def _progress(self, label: str, fraction: float) -> dict:
         out = {"phase": f"training{' ' + label if label else ''}", "fraction": round(min(fraction, 0.99), 4),
