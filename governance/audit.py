@@ -13,6 +13,12 @@ head, so deleting the last records is caught too. A chain anchored nowhere else 
 rewritten whole by someone who can write the database: publish or file the head hash
 that ``audit verify`` prints (exports carry it) to anchor it.
 
+``cluster`` (a distributed run's record only): the cluster job that computed it,
+``{"backend", "scheduler", "keys", "job"?}``: the scheduler's address without credentials
+and the Dask keys its logs and dashboard show (``cluster_job``). The key is in the hashed
+body only when it is set, so records written before it existed, and every record of a
+local run, hash exactly as before (same format, ``privacy-audit/1``).
+
 ``totals`` are the dataset's *committed* spend after the record, per accountant, at the
 dataset's delta (reservations in flight are not releases). ``verify`` checks the chain,
 then that it agrees with the ledger: every final ledger entry has exactly its record,
@@ -76,7 +82,7 @@ def digest(body: dict) -> str:
 
 def body(rec: AuditRecord, dataset_name: str) -> dict:
     """The record as it is hashed and exported (without ``hash``)."""
-    return {
+    out = {
         "seq": rec.seq, "dataset": dataset_name, "action": rec.action, "at": _iso(rec.at), "actor": rec.actor,
         "request": str(rec.request_id) if rec.request_id else None, "ledger_entry": rec.ledger_entry_id,
         "reference": rec.reference, "engine": rec.engine, "kind": rec.kind, "params": rec.params,
@@ -85,6 +91,26 @@ def body(rec: AuditRecord, dataset_name: str) -> dict:
         "non_private": rec.non_private, "result_sha256": rec.result_sha256, "worker": rec.worker,
         "requested_at": _iso(rec.requested_at), "prev_hash": rec.prev_hash,
     }
+    if rec.cluster:  # optional: absent from local runs' records and from records older than it
+        out["cluster"] = rec.cluster
+    return out
+
+
+def cluster_job(officer_report: dict | None) -> dict | None:
+    """What names a distributed run's cluster job in its audit record, from the run's
+    officer report: backend, scheduler address (credentials, query and fragment removed)
+    and the Dask keys (a graph's final key, or a training job's rank tasks)."""
+    job = (officer_report or {}).get("cluster")
+    if not isinstance(job, dict):
+        return None
+    from engines.distributed.cluster import public_address
+
+    keys = job.get("keys") or ([job["graph_key"]] if job.get("graph_key") else [])
+    out = {"backend": str(job.get("backend", "")), "scheduler": public_address(str(job.get("scheduler", ""))),
+           "keys": [str(k) for k in keys]}
+    if job.get("job"):
+        out["job"] = str(job["job"])
+    return out
 
 
 def result_digest(result) -> str:
@@ -111,6 +137,7 @@ class Context:
     result_sha256: str = ""
     worker: str = ""
     requested_at: datetime | None = None
+    cluster: dict | None = None  # cluster_job(): a distributed run's cluster job
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -161,9 +188,9 @@ def prepare(budget: Budget, ds_name: str, ds_delta: float, *, action: str, actor
         kind=ctx.kind[:100], params=ctx.params, outcome=ctx.outcome[:20], reason=ctx.reason[:100],
         detail=ctx.detail, event=event, reserved_event=reserved_event, charge=charge,
         totals=totals_of(committed, ds_delta), non_private=non_private, result_sha256=ctx.result_sha256,
-        worker=ctx.worker[:200], requested_at=ctx.requested_at or (entry.created_at if entry is not None else None), prev_hash=budget.audit_head or GENESIS)
+        worker=ctx.worker[:200], cluster=ctx.cluster or None, requested_at=ctx.requested_at or (entry.created_at if entry is not None else None), prev_hash=budget.audit_head or GENESIS)
     # the hash covers the values as the database will give them back (JSON round trip)
-    for name in ("params", "event", "reserved_event", "charge", "totals"):
+    for name in ("params", "event", "reserved_event", "charge", "totals", "cluster"):
         setattr(rec, name, json.loads(canonical(getattr(rec, name))))
     rec.hash = digest(body(rec, ds_name))
     updates = {"audit_seq": rec.seq, "audit_head": rec.hash}

@@ -299,7 +299,8 @@ def _finish(req: Request, status: str, *, result=None, error=None, actual_event=
 
 def _write_outcome(req: Request, status: str, *, result, error, actual_event, charge: bool, officer_report) -> str:
     ctx = audit.Context.of_request(req, outcome=status, reason=(error or {}).get("code", ""),
-                                   detail=(error or {}).get("detail", ""), result_sha256=audit.result_digest(result))
+                                   detail=(error or {}).get("detail", ""), result_sha256=audit.result_digest(result),
+                                   cluster=audit.cluster_job(officer_report))
     with transaction.atomic():
         # The request row first (as the recovery sweep does), then the ledger: a request the
         # sweep already declared lost is left as it is and this run's result is dropped.

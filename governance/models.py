@@ -267,6 +267,8 @@ class AuditRecord(models.Model):
     non_private = models.BooleanField(default=False)
     result_sha256 = models.CharField(max_length=64, blank=True)
     worker = models.CharField(max_length=200, blank=True)
+    cluster = models.JSONField(null=True, blank=True, help_text="The cluster job of a distributed run: backend, "
+                               "scheduler address (no credentials), job and task keys (hashed only when set).")
     requested_at = models.DateTimeField(null=True, blank=True)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
