@@ -15,7 +15,8 @@ independent accountant and re-hashes the chain. Shape::
                    "head": {"seq", "hash"},
                    "totals": {"at_delta", "basic": {"epsilon", "delta"}, ...},   # committed, now
                    "spent_filter": {"basic": eps, ...},  # what each accountant's filter charges
-                   "refined": {"rdp": {"epsilon", "order", "at_delta"}},  # plain RDP, order off the grid
+                   "refined": {"rdp": {"epsilon", "order", "at_delta"},   # plain RDP, order off the grid
+                               "charges": [{"seq", "epsilon", "order", "at_delta"}]},  # each commit's
                    "counts": {"commit", "release", "refuse", "replay", "non_private"},
                    "records": [{...record body..., "hash"}]}]}
 """
@@ -59,7 +60,7 @@ def dataset_export(ds: Dataset, budget: Budget, *, with_records: bool = True) ->
         counts["non_private"] += rec.action == "commit" and rec.non_private
         last_totals = rec.totals
         if rec.action == "commit":
-            committed_events.append(rec.event)
+            committed_events.append((rec.seq, rec.event, (rec.totals or {}).get("at_delta")))
         if with_records:
             records.append(audit.body(rec, ds.name) | {"hash": rec.hash})
     committed = Cost.from_json(budget.committed)
@@ -78,22 +79,30 @@ def dataset_export(ds: Dataset, budget: Budget, *, with_records: bool = True) ->
     }
 
 
-def refined_totals(committed: Cost, events: list, delta: float) -> dict:
+def refined_totals(committed: Cost, commits: list, delta: float) -> dict:
     """The committed events' plain RDP composition at ``delta`` with the order refined off
-    the grid (``limits.refined``): tighter than the records' ``totals`` (the grid), any
-    order being valid for a report. Outside the hashed records (which keep the grid:
-    their totals are written on every record, refusals and replays at admission too,
-    where an O(history) refinement does not belong), re-derived by the tool from the
-    records' events at the stated order."""
+    the grid (``limits.refined``), and each commit's own at its record's delta: tighter
+    than the records' ``totals`` and ``charge`` (the grid), any order being valid for a
+    report. Outside the hashed records (which keep the grid: their totals are written on
+    every record, refusals and replays at admission too, where an O(history) refinement
+    does not belong); each figure is a function of hashed events, which the tool
+    re-derives at the stated order. ``commits``: (seq, event, at_delta) of each commit."""
     from accounting.events import compose, parse_event
 
     from .limits import refined
+    from .refined_reports import event_refined
 
     try:
-        r = refined(committed, delta, compose([parse_event(e) for e in events]))
+        r = refined(committed, delta, compose([parse_event(e) for _, e, _ in commits]))
+        charges = [{"seq": seq, **_renamed(event_refined(e, at)), "at_delta": at}
+                   for seq, e, at in commits if isinstance(at, float)]
     except ValueError:  # an unreadable event: the records' checks say which
         return {}
-    return {"rdp": {"epsilon": r["refined_epsilon"], "order": r["refined_order"], "at_delta": delta}}
+    return {"rdp": {**_renamed(r), "at_delta": delta}, "charges": charges}
+
+
+def _renamed(r: dict) -> dict:
+    return {"epsilon": r["refined_epsilon"], "order": r["refined_order"]}
 
 
 def _num(x: float):

@@ -13,7 +13,7 @@ or ledger entry's charge, the officer's overview), never at admission.
 from __future__ import annotations
 
 from accounting import events as ev
-from accounting.costs import Cost
+from accounting.costs import Cost, cost_of
 
 from .limits import Limit, budget_report, charge_summary, refined
 from .models import Dataset, LedgerEntry
@@ -47,6 +47,14 @@ def entry_charge(entry: LedgerEntry, delta: float, *, refine: bool = True) -> di
         return base
     at = base["rdp"].get("delta", delta)  # the stored charge's delta (the budget's when it was reserved)
     return {**base, "rdp": {**base["rdp"], **refined(cost, at, event)}}
+
+
+def event_refined(event: dict, delta: float) -> dict:
+    """``refined_epsilon``/``refined_order`` of one committed event (JSON, as the ledger
+    stamped it) at ``delta``, its non-private parts not charged (an audit record's
+    release)."""
+    parsed = ev.without_non_private(ev.parse_event(event))
+    return refined(cost_of(parsed), delta, parsed)
 
 
 def dataset_report(dataset: Dataset) -> dict:

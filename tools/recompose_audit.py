@@ -51,7 +51,8 @@ dataset in the export:
    valid if it is the Balle et al. 2020 (Thm. 21) conversion at its stated order: the
    events' curves are re-computed here at that one order (the rules below; the signed
    series at fractional orders) and converted. It must also be at most the grid total
-   (the refinement never reports more).
+   (the refinement never reports more). The same for each commit's refined charge
+   (``refined.charges``: seq, epsilon, order, at_delta) against its own event.
 
 5. **PLD-certified synthesis.** A ``commit`` of the ``synthesis`` engine whose request
    ``params`` ask for ``accountant: pld`` (an MST run calibrated under PLD, at one row per
@@ -726,19 +727,12 @@ def _compare(res: DatasetResult, seq, where: str, exported: dict, mine: dict, to
                             f"(relative difference {d:.3g}; the export states {direction})")
 
 
-def check_refined(ds: dict, events: list, state: State, orders: Orders, tol: float, res: DatasetResult) -> None:
-    """4.: the exported refined RDP total is Thm. 21 at its stated order, at most the grid's."""
-    ref = (ds.get("refined") or {}).get("rdp") if isinstance(ds.get("refined"), dict) else None
-    if ref is None:
-        res.notes.append("no refined rdp total in the export (exports before issue 16): not checked")
-        return
-    try:
-        eps, at = as_float(ref.get("epsilon")), as_float(ref.get("at_delta"))
-        order = None if ref.get("order") is None else as_float(ref.get("order"))
-    except (TypeError, AttributeError):
-        res.problem(None, "refined", f"the refined rdp total is unreadable: {ref!r}")
-        return
-    grid = spent_rdp(state, at, orders)[0]
+def _refined_one(ref, events: list, grid_of, orders: Orders):
+    """(stated epsilon, order, delta, re-computed epsilon, grid epsilon) of one refined
+    figure ``ref`` for the composition of ``events``; ``grid_of(delta)`` is the grid's."""
+    eps, at = as_float(ref.get("epsilon")), as_float(ref.get("at_delta"))
+    order = None if ref.get("order") is None else as_float(ref.get("order"))
+    grid = grid_of(at)
     if order is not None and math.isfinite(order) and order > 1:
         one = Orders([order])
         s = zero_state(one)
@@ -752,12 +746,44 @@ def check_refined(ds: dict, events: list, state: State, orders: Orders, tol: flo
             mine = math.inf if math.isnan(mine) else max(0.0, mine)
     else:  # no order: the grid's own answer (pure DP, or basic composition where tighter)
         mine = grid
-    res.refined = {"epsilon": eps, "order": order, "at_delta": at, "recomputed": mine, "grid_epsilon": grid}
-    if rel_diff(eps, mine) > tol:
-        res.problem(None, "refined", f"the refined rdp total {fmt(eps)} at order {fmt(order)} is not the conversion "
-                                     f"at that order ({fmt(mine)}, re-computed here)")
-    if eps > grid * (1 + tol):
-        res.problem(None, "refined", f"the refined rdp total {fmt(eps)} is above the grid's {fmt(grid)}")
+    return eps, order, at, mine, grid
+
+
+def check_refined(ds: dict, events: list, commits: dict, state: State, orders: Orders, tol: float,
+                  res: DatasetResult) -> None:
+    """4.: each exported refined RDP figure (the total; each commit's) is Thm. 21 at its
+    stated order and at most the grid's. ``commits``: seq -> (event, its grid State)."""
+    refined = ds.get("refined") if isinstance(ds.get("refined"), dict) else {}
+    if refined.get("rdp") is None:
+        res.notes.append("no refined rdp total in the export (exports before issue 16): not checked")
+        return
+    figures = [("the refined rdp total", None, refined["rdp"], events,
+                lambda at: spent_rdp(state, at, orders)[0])]
+    charges = refined.get("charges") if isinstance(refined.get("charges"), list) else []
+    for c in charges:
+        seq = c.get("seq") if isinstance(c, dict) else None
+        if seq not in commits:
+            res.problem(seq, "refined", f"a refined charge for {seq!r}, which is not a commit record")
+            continue
+        event, add = commits[seq]
+        figures.append(("its refined rdp charge", seq, c, [event], lambda at, add=add: spent_rdp(add, at, orders)[0]))
+    res.refined["charges"] = 0
+    for what, seq, ref, evs, grid_of in figures:
+        try:
+            eps, order, at, mine, grid = _refined_one(ref, evs, grid_of, orders)
+        except (TypeError, AttributeError):
+            res.problem(seq, "refined", f"{what} is unreadable: {ref!r}")
+            continue
+        if seq is None:
+            res.refined.update({"epsilon": eps, "order": order, "at_delta": at, "recomputed": mine,
+                                "grid_epsilon": grid})
+        else:
+            res.refined["charges"] += 1
+        if rel_diff(eps, mine) > tol:
+            res.problem(seq, "refined", f"{what} {fmt(eps)} at order {fmt(order)} is not the conversion at that "
+                                        f"order ({fmt(mine)}, re-computed here)")
+        if eps > grid * (1 + tol):
+            res.problem(seq, "refined", f"{what} {fmt(eps)} is above the grid's {fmt(grid)}")
 
 
 def pld_synthesis_epsilon(event, delta: float, interval: float = 2e-4) -> float:
@@ -824,6 +850,7 @@ def check_dataset(ds: dict, genesis: str, orders: Orders, tol: float) -> Dataset
     # 2. re-composition, in seq order (the order of the records as given: a reordering is a chain problem)
     state = zero_state(orders)
     events: list = []
+    commits: dict = {}
     last = None
     diverged: dict = {}
     for rec in records:
@@ -841,6 +868,7 @@ def check_dataset(ds: dict, genesis: str, orders: Orders, tol: float) -> Dataset
                 res.problem(seq, "recompose", "its event has a non_private part but the record is not flagged")
             state = state + add
             events.append(event)
+            commits[seq] = (event, add)
             check_pld_synthesis(rec, event, tol, res)
             charge = rec.get("charge")
             at = (rec.get("totals") or {}).get("at_delta") if isinstance(rec.get("totals"), dict) else None
@@ -886,7 +914,7 @@ def check_dataset(ds: dict, genesis: str, orders: Orders, tol: float) -> Dataset
                     for a in ACCOUNTANTS}}
     if last is not None and last[0] != cap_delta:
         res.notes.append(f"the budget's delta {cap_delta!r} differs from the delta of the last totals {last[0]!r}")
-    check_refined(ds, events, state, orders, tol, res)
+    check_refined(ds, events, commits, state, orders, tol, res)
 
     # 3. the cap
     slack = 1 + 1e-12
@@ -1016,9 +1044,10 @@ def text_report(result: dict, path: str) -> str:
             lines.append(f"    plain {cap['policy']} composition (re-composed) {fmt(cap['plain_epsilon'])} <= "
                          f"{fmt(cap['epsilon'])}: {'ok' if cap['plain_ok'] else 'NO'}")
         ref = ds.get("refined") or {}
-        if ref:
+        if "epsilon" in ref:
             lines.append(f"  refined rdp total (order {fmt(ref['order'])} off the grid) {fmt(ref['epsilon'])}, "
-                         f"re-computed at that order {fmt(ref['recomputed'])}; the grid's {fmt(ref['grid_epsilon'])}")
+                         f"re-computed at that order {fmt(ref['recomputed'])}; the grid's {fmt(ref['grid_epsilon'])}; "
+                         f"{ref.get('charges', 0)} refined commit charges re-computed at their orders")
         for p in ds.get("pld_certified") or []:
             lines.append(f"  record {p['seq']}: PLD-certified synthesis, re-certified here at epsilon "
                          f"{fmt(p['pld_epsilon'])} <= target {fmt(p['target'])} (delta {fmt(p['delta'])})")

@@ -492,6 +492,26 @@ def test_an_edited_refined_total_is_found(export_file, edit, says):
 
 
 @pytest.mark.django_db
+def test_each_commits_refined_charge_is_re_derived_and_an_edit_is_named(export_file):
+    export = load(export_file)
+    ds = dataset(export, "rdp")
+    commits = [r for r in ds["records"] if r["action"] == "commit"]
+    charges = ds["refined"]["charges"]
+    assert [c["seq"] for c in charges] == [r["seq"] for r in commits]
+    by_seq = {r["seq"]: r for r in commits}
+    assert all(c["epsilon"] <= by_seq[c["seq"]]["charge"]["rdp"]["epsilon"] for c in charges)
+    assert any(c["epsilon"] < 0.99 * by_seq[c["seq"]]["charge"]["rdp"]["epsilon"] for c in charges)
+    code, out, _ = run(export_file, "--json")
+    got = next(d for d in json.loads(out)["datasets"] if d["name"] == "survey-rdp")["refined"]
+    assert code == 0 and got["charges"] == len(charges)
+    victim = next(c for c in charges if c["order"] is not None)
+    victim["epsilon"] *= 0.95
+    save(export_file, export)
+    code, out, _ = run(export_file)
+    assert code == 1 and f"record {victim['seq']}: its refined rdp charge" in out
+
+
+@pytest.mark.django_db
 def test_an_export_before_the_refined_total_passes_with_a_note(export_file):
     export = load(export_file)
     for ds in export["datasets"]:

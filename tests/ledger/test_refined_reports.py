@@ -95,3 +95,6 @@ def test_the_officers_overview_shows_the_refined_plain_composition(charged, offi
     fresh = Dataset.objects.select_related("budget").get(pk=ds.pk)
     refined = refined_reports.dataset_report(fresh)["rdp"]["refined_epsilon"]
     assert f"plain composition {refined:.4f}" in html
+    # the audit trail: each release's rdp charge beside its refined figure
+    small = next(e for e in Dataset.objects.get(pk=ds.pk).ledger.all() if e.event["kind"] == "subsampled_gaussian")
+    assert f"<td>{small.charge['rdp']['epsilon']:.4f}</td>\n    <td>0.0471</td>" in html
