@@ -94,10 +94,14 @@ def refined_totals(committed: Cost, commits: list, delta: float) -> dict:
 
     try:
         r = refined(committed, delta, compose([parse_event(e) for _, e, _ in commits]))
-        charges = [{"seq": seq, **_renamed(event_refined(e, at)), "at_delta": at}
-                   for seq, e, at in commits if isinstance(at, float)]
     except ValueError:  # an unreadable event: the records' checks say which
         return {}
+    charges = []
+    for seq, e, at in commits:
+        try:
+            charges.append({"seq": seq, **_renamed(event_refined(e, at)), "at_delta": at})
+        except (ValueError, TypeError):  # no delta in its totals, or an event without stated deltas
+            continue
     return {"rdp": {**_renamed(r), "at_delta": delta}, "charges": charges}
 
 

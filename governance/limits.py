@@ -70,13 +70,10 @@ class Limit:
         return max(0.0, self.accountant.gate_pool(state, self.delta))
 
 
-def charge_summary(cost: Cost, delta: float, event: Event | None = None) -> dict:
-    """epsilon/delta of a cost vector under each accountant, reported at ``delta``; with
-    the ``event`` the cost is of, ``rdp`` also gives ``refined_epsilon`` (``refined``)."""
-    out = {name: acc.spent(cost, delta).as_dict() for name, acc in ACCOUNTANTS.items()}
-    if event is not None:
-        out["rdp"].update(refined(cost, delta, event))
-    return out
+def charge_summary(cost: Cost, delta: float) -> dict:
+    """epsilon/delta of a cost vector under each accountant, reported at ``delta`` (the
+    grid's; ``refined`` adds rdp's figure off the grid where the event is at hand)."""
+    return {name: acc.spent(cost, delta).as_dict() for name, acc in ACCOUNTANTS.items()}
 
 
 def refined(cost: Cost, delta: float, event: Event) -> dict:
