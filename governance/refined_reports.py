@@ -37,10 +37,11 @@ def entry_charge(entry: LedgerEntry, delta: float, *, refine: bool = True) -> di
     """An entry's charge: the committed cost's at ``delta`` if it committed less, else the
     stored one, with ``rdp``'s refined figures at the same delta (unless ``refine`` is
     false: the answer to a POST, on the admission path)."""
-    cost = Cost.from_json(entry.committed_cost or entry.cost)
-    base = charge_summary(cost, delta) if entry.committed_cost else dict(entry.charge)
+    committed = entry.committed_cost
+    base = charge_summary(Cost.from_json(committed), delta) if committed else dict(entry.charge)
     if not refine:
         return base
+    cost = Cost.from_json(committed or entry.cost)
     try:
         event = entry_event(entry)
     except ev.EventError:  # a stored event always parses; if not, the stored figures stand
