@@ -16,7 +16,7 @@ from accounting import events as ev
 from accounting.costs import Cost, cost_of
 
 from .limits import Limit, budget_report, charge_summary, refined
-from .models import Dataset, LedgerEntry
+from .models import Dataset, Grant, LedgerEntry
 
 
 def entry_event(entry: LedgerEntry) -> ev.Event:
@@ -24,12 +24,14 @@ def entry_event(entry: LedgerEntry) -> ev.Event:
     return ev.parse_event(entry.committed_event or entry.event)
 
 
-def active_event(dataset: Dataset | int) -> ev.Event:
-    """The composition of a dataset's committed and reserved entries: the events its
-    budget row's ``state`` sums."""
+def active_event(dataset: Dataset | int, grant: Grant | None = None) -> ev.Event:
+    """The composition of a dataset's committed and reserved entries (a grant's: charged
+    to that analyst's share): the events its budget (grant) row's ``state`` sums."""
     pk = dataset.pk if isinstance(dataset, Dataset) else dataset
-    rows = LedgerEntry.objects.filter(dataset_id=pk).exclude(status=LedgerEntry.Status.RELEASED).values_list(
-        "event", "committed_event")
+    rows = LedgerEntry.objects.filter(dataset_id=pk).exclude(status=LedgerEntry.Status.RELEASED)
+    if grant is not None:
+        rows = rows.filter(grant=grant)
+    rows = rows.values_list("event", "committed_event")
     return ev.compose([ev.parse_event(committed or event) for event, committed in rows.iterator(chunk_size=2000)])
 
 

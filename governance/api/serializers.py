@@ -9,7 +9,7 @@ from accounting.costs import Cost
 
 from ..limits import Limit, budget_report, charge_summary
 from ..models import Dataset, Grant, LedgerEntry, Request
-from ..refined_reports import dataset_report, entry_charge
+from ..refined_reports import active_event, dataset_report, entry_charge
 
 User = get_user_model()
 
@@ -156,7 +156,9 @@ class GrantSerializer(serializers.ModelSerializer):
         ds = grant.dataset
         limit = Limit.of_grant(grant, ds) or Limit("grant", ds.budget_epsilon, ds.budget_delta, ds.policy,
                                                              ds.approx_delta_share)
-        return budget_report(Cost.from_json(grant.state), limit)
+        # one grant: rdp also refined off the grid (reads the analyst's entries; not in lists)
+        one = getattr(self.context.get("view"), "action", None) == "retrieve"
+        return budget_report(Cost.from_json(grant.state), limit, active_event(ds, grant) if one else None)
 
     def validate_analyst(self, user):
         from ..audit import is_auditor

@@ -98,3 +98,18 @@ def test_the_officers_overview_shows_the_refined_plain_composition(charged, offi
     # the audit trail: each release's rdp charge beside its refined figure
     small = next(e for e in Dataset.objects.get(pk=ds.pk).ledger.all() if e.event["kind"] == "subsampled_gaussian")
     assert f"<td>{small.charge['rdp']['epsilon']:.4f}</td>\n    <td>0.0471</td>" in html
+
+
+def test_an_analysts_grant_reports_the_refined_composition_of_their_entries(make_dataset, officer, analyst,
+                                                                              analyst2, grant, api):
+    ds = make_dataset(epsilon=5.0, delta=DELTA)
+    mine = grant(analyst, ds)
+    grant(analyst2, ds)
+    ledger.commit(ledger.admit(ds, analyst, SMALL_SGD))
+    ledger.commit(ledger.admit(ds, analyst2, {"kind": "laplace", "epsilon": 0.5}))
+    got = api(officer).get(f"/api/grants/{mine.pk}/").json()["spent"]["rdp"]
+    assert got["refined_epsilon"] == pytest.approx(0.0471, abs=1e-4)  # the other analyst's release not in it
+    assert got["epsilon"] == pytest.approx(0.0632, abs=1e-4)
+    listed = api(officer).get("/api/grants/").json()
+    rows = listed["results"] if isinstance(listed, dict) else listed
+    assert all("refined_epsilon" not in r["spent"]["rdp"] for r in rows)
