@@ -134,7 +134,7 @@ def test_a_pld_run_names_its_certifier_in_the_result(tmp_path):
     table = pa.table({"age": rng.integers(18, 91, n).astype(float), "sex": rng.choice(["F", "M"], n),
                       "edu": rng.choice(list("abcdefgh"), n)})
     ds = meta(n=n)
-    params = {"epsilon": 3.0, "accountant": "pld", "rows": 500, "holdout_fraction": 0.0}
+    params = {"epsilon": 3.0, "accountant": "pld", "rows": 500, "holdout_fraction": 0.0, "columns": ["sex", "edu"]}
     p = plugins.plan("synthesis", EngineRequest("synthesize", params), ds)
     release = plugins.run("synthesis", EngineRequest("synthesize", params), ds, table, p, lambda info: None,
                           workdir=tmp_path)
