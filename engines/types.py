@@ -17,8 +17,8 @@ class DatasetMeta:
     categorical, text or unit; ``lower``/``upper`` for numeric; ``domain`` for
     categorical). ``n_units`` is the number of privacy units (rows when there is no
     unit column), treated as public; ``delta`` is the dataset's budget delta;
-    ``allow_pld``: the officer lets a single pre-planned run (a DP-SGD training) be
-    calibrated and certified under PLD (the gate still charges it by RDP).
+    ``allow_pld``: the officer lets a single pre-planned run (a DP-SGD training, an MST
+    synthesis) be calibrated and certified under PLD (the gate still charges it by RDP).
     """
 
     name: str

@@ -63,9 +63,9 @@ class Dataset(models.Model):
         "budget, and the dataset's DP guarantee does not cover them.")
     pld_certification = models.BooleanField(
         "PLD certification of single runs", default=False,
-        help_text="Let a single pre-planned run (a DP-SGD training with accountant pld) be calibrated and "
-        "certified by the privacy loss distribution, which is tighter than RDP for one run but not a valid filter across "
-        "adaptive requests: the gate still charges the run by its RDP curve.")
+        help_text="Let a single pre-planned run (a DP-SGD training or an MST synthesis with accountant pld) be "
+        "calibrated and certified by the privacy loss distribution, which is tighter than RDP for one run but not a valid "
+        "filter across adaptive requests: the gate still charges the run by its RDP curve.")
     approx_delta_share = models.FloatField(
         "delta share for (epsilon, delta) events", default=0.1,
         validators=[MinValueValidator(0.0), MaxValueValidator(0.9)],

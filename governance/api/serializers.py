@@ -128,8 +128,8 @@ class DatasetUpdateSerializer(serializers.Serializer):
         required=False, help_text="admit non-private releases (sweep baselines at epsilon = inf); they are recorded "
                                   "and counted apart, outside the DP guarantee")
     pld_certification = serializers.BooleanField(
-        required=False, help_text="let a single pre-planned DP-SGD run be calibrated and certified by PLD "
-                                  "(params.accountant = pld); the gate still charges it by RDP")
+        required=False, help_text="let a single pre-planned run (a DP-SGD training, an MST synthesis) be calibrated "
+                                  "and certified by PLD (params.accountant = pld); the gate still charges it by RDP")
     approx_delta_share = FiniteFloatField(
         required=False, min_value=0.0, max_value=0.9,
         help_text="RDP filter: fraction of the budget's delta set aside for (epsilon, delta) events (default 0.1); "
