@@ -32,9 +32,10 @@ PLD (one row moves one cell of a marginal by 1) composed with randomised respons
 each selection (``pld_epsilon``; the PLD code is engines/dpsgd/pld.py's). About 6-7% less
 noise on every measurement at the same target. The run is one pre-planned mechanism
 (its pairs are chosen as it goes, but every step's PLD is fixed in advance, for which
-PLD composition holds), so PLD certifies it; the ledger still charges its event by the RDP curve (above the
-target), since PLD is no privacy filter across adaptively chosen requests. The plan
-records ``certified_by`` and ``certified_epsilon`` beside ``planned_epsilon`` (the charge).
+PLD composition holds), so PLD certifies it; the ledger still charges its event by the
+RDP curve (above the target), since PLD is no privacy filter across adaptively chosen
+requests. The plan records ``certified_by`` and ``certified_epsilon`` beside
+``planned_epsilon`` (the charge).
 
 **VAE**: DP-SGD (engines/dpsgd) on a tabular VAE: ``subsampled_gaussian(q, z, steps)``
 with z calibrated to epsilon exactly as the DP-SGD engine does.
@@ -145,7 +146,8 @@ def _pld_rho(spec: Spec, rho_rdp: float, d: int, m: int) -> tuple[float, float]:
     return 1.0 / (x * x), eps(x)
 
 
-def _plan_mst(spec: Spec) -> tuple[dict, dict]:
+def _plan_mst(spec: Spec) -> tuple[dict, dict, float | None]:
+    """(event, details, the PLD certificate or None)."""
     d, k = len(spec.columns), spec.max_rows_per_unit
     m = sum(1 for c in spec.columns if c["type"] == "numeric")
 
@@ -177,9 +179,7 @@ def _plan_mst(spec: Spec) -> tuple[dict, dict]:
             {"epsilon": f"too small for MST here (one-way noise sd {one.scale:,.0f})"})
     details = {"one_way": one.to_dict(), "two_way": two.to_dict(), "fine": fine and fine.to_dict(),
                "select_scale": meas["select_scale"], "select_epsilon": eps_sel, "shares": SHARES}
-    if certified is not None:
-        details["pld_epsilon"] = certified
-    return event, details
+    return event, details, certified
 
 
 def select_cost(scale: float, k: int) -> float:
@@ -208,12 +208,15 @@ def _plan_vae(spec: Spec) -> tuple[dict, dict]:
 
 def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
     spec = validate(request.kind, request.params, ds)
-    event, method_details = _plan_mst(spec) if spec.method == "mst" else _plan_vae(spec)
+    if spec.method == "mst":
+        event, method_details, certified = _plan_mst(spec)
+    else:
+        (event, method_details), certified = _plan_vae(spec), None
     planned = _rdp_epsilon(event, spec.delta)
     # planned_epsilon: what the ledger charges (the event by its RDP curve, composed by the
     # gate's filter); certified_epsilon: the run's own guarantee, by the accountant that
     # calibrated it (PLD is valid for this one pre-planned run, never as the gate's filter)
     details = {"version": DETAILS_VERSION, "spec": spec.to_dict(), spec.method: method_details,
                "planned_epsilon": planned, "certified_by": spec.accountant,
-               "certified_epsilon": method_details.pop("pld_epsilon", planned)}
+               "certified_epsilon": planned if certified is None else certified}
     return Plan(event=event, columns=spec.names, details=details)
