@@ -80,9 +80,11 @@ def _rank_main(table: PartitionedTable, rank: int, size: int, job: str, d: dict)
 
     spec = Spec.from_dict(d["spec"])
     dev = device()
+    worker = get_worker()
+    torch.set_num_threads(max(1, worker.state.nthreads))  # the worker's share of cores, not every core
     address = Variable(f"{job}-rendezvous")
     if rank == 0:
-        host = urlparse(get_worker().address).hostname
+        host = urlparse(worker.address).hostname
         group = parallel.connect(0, size, host, None, dev, publish=lambda port: address.set(f"{host}:{port}"),
                                  timeout_s=COLLECTIVE_SECONDS)
     else:
@@ -173,9 +175,10 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data: PartitionedTable
         for f in futures:
             f.cancel()
         raise EngineError(f"a training rank failed on the cluster: {type(e).__name__}") from e
-    finally:
+    finally:  # nothing of the job stays on the scheduler
         for name in ("rendezvous", "progress"):
             Variable(f"{job}-{name}", client=c).delete()
+        stop.clear()
         for f in futures:
             f.release()
     first = next(o for o in out if o["rank"] == 0)

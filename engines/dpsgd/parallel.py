@@ -38,7 +38,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
-__all__ = ["Group", "connect", "backend_for"]
+__all__ = ["Group", "backend_for", "connect"]
 
 
 def backend_for(dev: torch.device) -> str:

@@ -329,7 +329,7 @@ class Trainer:
                         return "early_stopping"
         return "completed"
 
-    def detached(self) -> "Trainer":
+    def detached(self) -> Trainer:
         """This run without its data, generators, optimizer and group: what a data-parallel
         rank sends back (the model on CPU, the history, the steps and evaluations spent)."""
         self.model = self.model.cpu()

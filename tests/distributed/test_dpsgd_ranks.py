@@ -50,3 +50,46 @@ def test_a_two_rank_training_runs_on_the_cluster_through_the_api(cluster_env, re
     job = Request.objects.get(pk=rid).officer_report["cluster"]
     assert job["scheduler"] == cluster_env and len(job["workers"]) == 2
     assert job["keys"] == [f"{job['job']}-rank0", f"{job['job']}-rank1"]
+
+
+def test_ranks_hold_whole_units_and_every_row_once(partitioned):
+    from engines.distributed import PartitionedTable
+    from engines.distributed.training import rank_rows
+
+    table, manifest, _ = partitioned
+    parts = PartitionedTable(paths=tuple(m["path"] for m in manifest), columns=("pid", "age"),
+                             num_rows=table.num_rows, unit_column="pid")
+    ranks = [rank_rows(parts, r, 3) for r in range(3)]
+    units = [set(t.column("pid").to_pylist()) for t in ranks]
+    assert sum(t.num_rows for t in ranks) == table.num_rows
+    assert all(len(units[i] & units[j]) == 0 for i in range(3) for j in range(i + 1, 3))
+    assert all(t.num_rows > table.num_rows / 5 for t in ranks)  # a fair share each
+    rows = PartitionedTable(paths=parts.paths, columns=("age",), num_rows=table.num_rows)  # no unit: whole files
+    assert sum(rank_rows(rows, r, 2).num_rows for r in range(2)) == table.num_rows
+
+
+def test_a_cancelled_two_rank_run_charges_the_steps_taken(dask_cluster, partitioned, tmp_path):
+    from engines import plugins
+    from engines.distributed import PartitionedTable
+    from engines.types import Cancelled, DatasetMeta, EngineRequest
+
+    from .conftest import UNIT_COLUMNS
+
+    table, manifest, _ = partitioned
+    ds = DatasetMeta(name="events", columns=UNIT_COLUMNS, unit_column="pid", n_rows=table.num_rows,
+                     n_units=len(set(table.column("pid").to_pylist())), delta=1e-6)
+    req = EngineRequest("train", {**PARAMS, "epochs": 50, "canaries": 0})
+    plan = plugins.plan("dpsgd", req, ds)
+    parts = PartitionedTable(paths=tuple(m["path"] for m in manifest), columns=("pid", "age", "income", "site", "flag"),
+                             num_rows=table.num_rows, unit_column="pid", scheduler=dask_cluster)
+
+    def progress(info):
+        if info.get("steps", 0) >= 1:
+            raise Cancelled("stop")
+
+    with pytest.raises(Cancelled) as got:
+        plugins.run("dpsgd", req, ds, parts, plan, progress, workdir=tmp_path)
+    spent, planned = got.value.actual_event, plan.event["events"][0]
+    steps = spent["events"][0]["steps"]
+    assert 0 < steps < planned["steps"]
+    assert spent["events"][0]["sample_rate"] == planned["sample_rate"]

@@ -57,7 +57,7 @@ def two_ranks():
     for p in procs:
         p.start()
     try:
-        out = dict((r[0], r[1:]) for r in (results.get(timeout=120) for _ in procs))
+        out = {r[0]: r[1:] for r in (results.get(timeout=120) for _ in procs)}
     finally:
         for p in procs:
             p.join(timeout=30)
