@@ -52,26 +52,57 @@ def execute(request_id: str, worker: str = "") -> str:
 
 
 def claim(request_id, worker: str = "") -> Request | None:
-    """``queued -> running`` by compare-and-set, returning the claimed row (with its dataset)
-    in the same statement (``UPDATE ... RETURNING``); None when another delivery has it."""
+    """``queued -> running`` by compare-and-set, returning the claimed row and its dataset's
+    in the same statement (``WITH r AS (UPDATE ... RETURNING ...) SELECT ... JOIN``); None
+    when another delivery has it."""
     now = timezone.now()
     values = {"status": Request.Status.RUNNING, "started_at": now, "heartbeat_at": now, "worker": worker[:200],
               "progress": {"phase": "starting", "fraction": 0.0}}
     field = Request._meta.get_field
-    sets = ", ".join(f"{field(k).column} = %s" for k in values)
-    params = [field(k).get_db_prep_save(v, connection) for k, v in values.items()]
-    params += [field("id").get_db_prep_value(request_id, connection), Request.Status.QUEUED]
-    table = Request._meta.db_table
     try:
-        rows = list(Request.objects.raw(f"UPDATE {table} SET {sets} WHERE id = %s AND status = %s RETURNING *",
-                                        params))
+        params = [field(k).get_db_prep_save(v, connection) for k, v in values.items()]
+        params += [field("id").get_db_prep_value(request_id, connection), Request.Status.QUEUED]
     except (ValueError, ValidationError):  # not a request id at all
         return None
-    if not rows:
+    with connection.cursor() as cur:
+        cur.execute(_claim_sql(connection.vendor, tuple(values)), params)
+        row = cur.fetchone()
+    if row is None:
         return None
-    req = rows[0]
-    req.dataset = Dataset.objects.get(pk=req.dataset_id)
+    req_fields = _concrete(Request)
+    req = _from_row(Request, req_fields, row[:len(req_fields)])
+    if len(row) > len(req_fields):  # PostgreSQL: the dataset's row came with it
+        req.dataset = _from_row(Dataset, _concrete(Dataset), row[len(req_fields):])
+    else:  # SQLite has no data-modifying CTEs
+        req.dataset = Dataset.objects.get(pk=req.dataset_id)
     return req
+
+
+def _concrete(model) -> list:
+    return list(model._meta.concrete_fields)
+
+
+@functools.cache
+def _claim_sql(vendor: str, columns: tuple[str, ...]) -> str:
+    field = Request._meta.get_field
+    sets = ", ".join(f"{field(k).column} = %s" for k in columns)
+    ret = ", ".join(f.column for f in _concrete(Request))
+    update = f"UPDATE {Request._meta.db_table} SET {sets} WHERE id = %s AND status = %s RETURNING {ret}"
+    if vendor != "postgresql":
+        return update
+    ds = ", ".join(f"d.{f.column}" for f in _concrete(Dataset))
+    return f"WITH r AS ({update}) SELECT r.*, {ds} FROM r JOIN {Dataset._meta.db_table} d ON d.id = r.dataset_id"
+
+
+def _from_row(model, fields, values):
+    """A model instance from a raw row, values converted as the ORM would (JSON, datetimes...)."""
+    converted = []
+    for f, value in zip(fields, values, strict=True):
+        col = f.get_col(model._meta.db_table)
+        for convert in connection.ops.get_db_converters(col) + f.get_db_converters(connection):
+            value = convert(value, col, connection)
+        converted.append(value)
+    return model.from_db(connection.alias, [f.attname for f in fields], converted)
 
 
 def quantum_ms(ds: Dataset) -> int:
@@ -154,32 +185,36 @@ class RunClock:
             progress=update, heartbeat_at=timezone.now()))
 
     def _ticks(self):
-        from django.db import connection
-
+        """The clock thread: on each tick, the latest report (and the heartbeat when due) is
+        handed to the process's releaser thread, which writes it on its own persistent
+        database connection (a connection opened by this short-lived thread was a new
+        PostgreSQL backend per run)."""
         period = self.quantum or PROGRESS_INTERVAL
         beat = settings.REQUEST_HEARTBEAT_SECONDS
         last_beat = time.monotonic()
+        while True:
+            now = time.monotonic()
+            wake = self.t0 + (math.floor((now - self.t0) / period) + 1) * period
+            if self.stop.wait(wake - now):
+                return
+            with self.lock:
+                update, self.pending = self.pending, None
+            if update is not None or (beat > 0 and time.monotonic() - last_beat >= beat):
+                RELEASER.at(time.monotonic(), functools.partial(self._tick_write, update))
+                last_beat = time.monotonic()
+
+    def _tick_write(self, update: dict | None) -> None:
+        """A tick's write (on the releaser thread): the report with the heartbeat, or the
+        heartbeat alone; only while the request is running (an outcome written meanwhile
+        keeps its progress). A report refused for a cancellation marks the run cancelled."""
         try:
-            while True:
-                now = time.monotonic()
-                wake = self.t0 + (math.floor((now - self.t0) / period) + 1) * period
-                if self.stop.wait(wake - now):
-                    return
-                with self.lock:
-                    update, self.pending = self.pending, None
-                try:
-                    if update is not None and self._write(update):
-                        last_beat = time.monotonic()
-                    elif update is not None:
-                        self.cancelled = True  # the engine raises Cancelled at its next report
-                    if beat > 0 and time.monotonic() - last_beat >= beat:
-                        Request.objects.filter(pk=self.request_id, status=Request.Status.RUNNING).update(
-                            heartbeat_at=timezone.now())
-                        last_beat = time.monotonic()
-                except Exception:  # noqa: BLE001 - retried on the next tick; the sweep has a grace period
-                    log.warning("progress or heartbeat of request %s failed", self.request_id, exc_info=True)
-        finally:
-            connection.close()
+            running = Request.objects.filter(pk=self.request_id, status=Request.Status.RUNNING)
+            if update is None:
+                running.update(heartbeat_at=timezone.now())
+            elif not running.filter(cancel_requested=False).update(progress=update, heartbeat_at=timezone.now()):
+                self.cancelled = running.filter(cancel_requested=True).exists()  # raised at the next report
+        except Exception:  # noqa: BLE001 - retried on the next tick; the sweep has a grace period
+            log.warning("progress or heartbeat of request %s failed", self.request_id, exc_info=True)
 
 
 def _run(req: Request, clock: RunClock) -> str:

@@ -212,6 +212,12 @@ CELERY_TASK_ACKS_LATE = True
 # One message at a time per worker process: training runs are long, and a prefetched
 # message would wait behind one while another worker sits idle.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Celery's Django fix-up closes the database connections before and after every task unless
+# this is set: a new PostgreSQL connection per request (bench_request_path: the server's CPU
+# for it, ~8 ms, was most of PostgreSQL's share of a DP count). The fix-up now closes them
+# every CELERY_DB_REUSE_MAX tasks; before each task workers.tasks applies Django's own rules
+# (CONN_MAX_AGE, health checks, a connection broken by an error), as for a web request.
+CELERY_DB_REUSE_MAX = envint("CELERY_DB_REUSE_MAX", 1000)
 # Soft limit raises inside the task so it can record a failure (the charge stands once data
 # was read); the hard limit kills a task that ignores it. DP-SGD runs need hours, not days.
 CELERY_TASK_SOFT_TIME_LIMIT = envint("CELERY_TASK_SOFT_TIME_LIMIT", 3 * 3600)

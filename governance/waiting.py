@@ -63,22 +63,30 @@ def signal_done(request_id) -> None:
         log.warning("could not signal request %s finished", request_id, exc_info=True)
 
 
-def wait_final(request_id, seconds: float, is_final) -> None:
-    """Return once ``is_final()`` holds or ``seconds`` have passed."""
+def wait_final(request_id, seconds: float, fetch_final):
+    """The request's row once ``fetch_final()`` returns it (the request is final), or None
+    when ``seconds`` have passed. The caller has just seen the request not final, so with
+    Redis the first read of the row comes after the first wake-up (a signal pushed before
+    the wait began is still on its list); without Redis the row is read at once, then at
+    growing intervals."""
     deadline = time.monotonic() + seconds
     client = _client()
     interval = 0.005
-    while not is_final():
+    if client is None and (row := fetch_final()) is not None:
+        return row
+    while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            return
+            return None
         if client is not None:
             try:
                 # BLPOP's timeout is in seconds (float since Redis 6); 0 would block forever
                 client.blpop([PREFIX + str(request_id)], timeout=max(0.01, min(SLICE, left)))
-                continue
             except Exception:  # noqa: BLE001 - Redis restarting: read the row at intervals instead
                 log.warning("waiting for request %s through Redis failed; polling the row", request_id, exc_info=True)
                 client = None
-        time.sleep(min(interval, left))
-        interval = min(interval * 2, 0.1)
+        else:
+            time.sleep(min(interval, left))
+            interval = min(interval * 2, 0.1)
+        if (row := fetch_final()) is not None:
+            return row

@@ -2,7 +2,12 @@
 sent. User errors are not retried; a second delivery of a task changes nothing."""
 
 from celery import Task, shared_task
-from celery.signals import worker_process_shutdown, worker_shutdown
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 
 
 class RequestTask(Task):
@@ -47,3 +52,17 @@ def _write_pending_outcomes(**_kwargs):
     from governance.releaser import RELEASER
 
     RELEASER.drain()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _database_connections(task=None, **_kwargs):
+    """Persistent connections in the worker as in the web (CELERY_DB_REUSE_MAX in settings):
+    before and after each task, close those past CONN_MAX_AGE or broken by an error (Django's
+    ``close_old_connections``, run for every web request). Not for an eager task: that runs
+    inside its caller's (a test's) transaction."""
+    if task is not None and getattr(task.request, "is_eager", False):
+        return
+    from django.db import close_old_connections
+
+    close_old_connections()

@@ -91,8 +91,9 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
             raise InvalidRequest(f"No dataset {v['dataset']!r} that you may use.", errors={"dataset": "not found"})
         req, replayed = submit(request.user, ds, v["engine"], v["kind"], v["params"], idempotency_key=key)
         repeated = getattr(req, "repeated", False)
-        _wait_for(req, wait)
-        if wait or repeated or replayed or app().conf.task_always_eager:
+        if final := self._wait_for(req, wait):
+            req = final  # read once, when final
+        elif wait or repeated or replayed or app().conf.task_always_eager:
             req = self.get_queryset().get(pk=req.pk)  # as it is now
         else:  # as just committed: the row, its dataset, analyst and reservation are in hand
             req.dataset, req.analyst = ds, request.user
@@ -111,9 +112,15 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         wait = _wait(request)
         req = self.get_object()
         if wait and req.status not in Request.FINAL:
-            _wait_for(req, wait)
-            req = self.get_object()
+            req = self._wait_for(req, wait) or self.get_object()
         return Response(self.get_serializer(req).data)
+
+    def _wait_for(self, req, seconds: float) -> Request | None:
+        """``req`` (seen not final) re-read once final, or None if ``seconds`` pass first."""
+        if not seconds or req.status in Request.FINAL:
+            return None
+        return wait_final(req.pk, seconds,
+                          lambda: self.get_queryset().filter(pk=req.pk, status__in=Request.FINAL).first())
 
     @extend_schema(request=None, responses=s.RequestSerializer)
     @action(detail=True, methods=["post"])
@@ -174,11 +181,6 @@ IDEMPOTENCY_KEY_RE = re.compile(r"[\x20-\x7e]{1,200}")
 def _wait(request) -> float:
     raw = request.query_params.get("wait")
     return 0.0 if raw is None else parse_wait(raw)
-
-
-def _wait_for(req, seconds: float) -> None:
-    if seconds and req.status not in Request.FINAL:
-        wait_final(req.pk, seconds, lambda: Request.objects.filter(pk=req.pk, status__in=Request.FINAL).exists())
 
 
 def _idempotency_key(request) -> str:

@@ -1,5 +1,7 @@
 """Requests through the REST API, a real Redis broker and a real worker process."""
 
+import time
+
 import pytest
 
 from governance.models import LedgerEntry, Request
@@ -35,6 +37,37 @@ def test_a_dp_count_runs_on_a_real_worker(real_worker, api, analyst, clinic):
     assert lo < body["result"]["value"] < hi
     assert body["charge"]["ledger_status"] == "committed"
     assert Request.objects.get(pk=body["id"]).worker  # the worker's hostname
+
+
+def test_a_real_worker_keeps_its_database_connection_across_tasks(real_worker, api, analyst, make_dataset, grant):
+    """Celery's Django fix-up would open a new connection for every task (a new PostgreSQL
+    backend per request); settings.CELERY_DB_REUSE_MAX and workers.tasks keep it."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("counts PostgreSQL sessions (pg_stat_database)")
+    ds = make_dataset(epsilon=50.0)
+    grant(analyst, ds)
+    client = api(analyst)
+
+    def sessions():
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_stat_clear_snapshot()")
+            cur.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
+            return cur.fetchone()[0]
+
+    def count(eps):
+        r = client.post("/api/requests/?wait=30", {"dataset": ds.name, "engine": "aggregates", "kind": "count",
+                                                   "params": {"epsilon": eps}}, format="json")
+        assert r.status_code == 202 and r.json()["status"] == "succeeded", r.content
+
+    count(1.0)  # the worker's connections are open
+    time.sleep(1.2)  # sessions are counted when a backend reports its statistics (at most every second)
+    before = sessions()
+    for k in range(8):
+        count(1.0 + (k + 1) * 1e-6)
+    time.sleep(1.2)
+    assert sessions() - before <= 2  # 8 with a connection per task
 
 
 def test_a_task_delivered_twice_by_the_broker_changes_nothing(real_worker, api, analyst, clinic):
