@@ -357,9 +357,9 @@ def main():
                 if q is not None:
                     set_quantum(ds_pk, q)
                     connections.close_all()
-                cpu0, w0 = cpu_snapshot(groups), time.monotonic()
+                cpu0, w0 = cpu_snapshot(groups, PG_DB), time.monotonic()
                 out, t_a, t_b = drive(kind, port, token, c, args.duration, k_base, redis_url)
-                cpu1, w1 = cpu_snapshot(groups), time.monotonic()
+                cpu1, w1 = cpu_snapshot(groups, PG_DB), time.monotonic()
                 k_base += 10_000_000
                 done = [r for r in out if r["ok"] and r["t1"] <= t_b]
                 lat = [r["t1"] - r["t0"] for r in out if r["ok"]]
@@ -430,13 +430,15 @@ def main():
             print(f"{r['label']:<26} {r['clients']:>7} {r['rate']:>7.1f} {ms(r['p50']):>8} {ms(r['p95']):>7} "
                   f"{ms(r['p99']):>7} | {ratio} | {split}")
         print()
-        keys = ["gunicorn", "celery", "postgres", "redis", "bench", "other"]
-        print("CPU ms per answered request by component (and CPU s per wall s, 2.00 = both CPUs):")
+        keys = ["gunicorn", "celery", "postgres", "redis", "postgres other", "bench", "other"]
+        print(f"CPU ms per answered request by component (postgres = the backends of {PG_DB}; postgres other = the "
+              "rest of the shared server: other databases, WAL writer, autovacuum; total = CPU s per wall s of "
+              "every process, 2.00 = both CPUs):")
         for r in rows:
             n_done = len([x for x in r["out"] if x["ok"]])
             if not n_done:
                 continue
-            per = ", ".join(f"{k} {1e3 * r['cpu'].get(k, 0) / n_done:.1f}" for k in keys[:4])
+            per = ", ".join(f"{k} {1e3 * r['cpu'].get(k, 0) / n_done:.1f}" for k in keys[:5])
             print(f"  {r['label']:<26} @ {r['clients']:>2}: {per}; total {sum(r['cpu'].values()) / r['wall']:.2f} CPU")
         print()
         print(f"in-process profile of one request (quantum 0, medians of {args.profile_n}; this process, no HTTP, "

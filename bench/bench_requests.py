@@ -101,9 +101,21 @@ def _proc_stat(pid: int):
     return comm, pgrp, ticks
 
 
-def cpu_snapshot(groups: dict[str, int]) -> dict[str, float]:
+def _pg_database(pid: int) -> str | None:
+    """The database of a PostgreSQL backend, from its title ("postgres: user db host(port) state")."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().replace(b"\0", b" ").decode(errors="replace").split()
+    except OSError:
+        return None
+    return words[2] if len(words) > 3 and words[0] == "postgres:" else None
+
+
+def cpu_snapshot(groups: dict[str, int], pg_db: str | None = None) -> dict[str, float]:
     """CPU seconds (user + system, incl. reaped children) of live processes, by component:
-    our process groups by pgid, PostgreSQL and Redis by command name, the rest 'other'."""
+    our process groups by pgid, PostgreSQL and Redis by command name, the rest 'other'.
+    With ``pg_db``, PostgreSQL is only the backends of that database; the server's other
+    processes (other databases' backends, WAL writer, autovacuum...) are 'postgres other'."""
     hz = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     by_pgid = {v: k for k, v in groups.items()}
@@ -117,7 +129,7 @@ def cpu_snapshot(groups: dict[str, int]) -> dict[str, float]:
         if pgrp in by_pgid:
             key = by_pgid[pgrp]
         elif comm.startswith("postgres"):
-            key = "postgres"
+            key = "postgres" if pg_db is None or _pg_database(int(name)) == pg_db else "postgres other"
         elif comm.startswith("redis-server"):
             key = "redis"
         else:
