@@ -9,6 +9,16 @@ run; on a shared 2-core machine, so the absolute times move with the other users
     .venv/bin/python bench/bench_distributed.py --data var/bench/parts-100M
     .venv/bin/python bench/bench_distributed.py --data var/bench/parts-1B --no-local --queries count,grouped_mean
     .venv/bin/python bench/bench_distributed.py --plot var/bench/distributed-*.json
+    .venv/bin/python bench/bench_distributed.py --dpsgd 400_000       # DP-SGD: 1 vs 2 ranks
+
+--dpsgd ROWS: the DP-SGD engine on ROWS generated rows (8 Parquet partitions in a temporary
+directory; 20 numeric features, a binary label from a fixed logistic model, no unit
+column): the same plan (target epsilon 3, expected batch 1024, MLP 20-256-256-1) run as
+one process (the Celery worker's path for ranks = 1: partitions read into one table,
+torch on 1 thread, then on 2) and as 2 ranks on a LocalCluster of 2 worker processes
+(1 thread each, gloo over loopback). Time per epoch = (T(3 epochs) - T(1 epoch)) / 2 of
+whole runs (read, preparation, rendezvous and the files included in both, so they cancel),
+medians of --repeat rounds, each running every variant once in rotating order.
 
 Queries (row-level privacy unless named unit_*): count (where age >= 30), grouped_mean
 (value in [0, 100] by region), sum, histogram (age, 9 bins), quantile (median of value);
@@ -25,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -125,7 +136,7 @@ def bench(a) -> dict:
         queries.update(UNIT_QUERIES)
     log(f"{n:,} rows in {len(paths)} partitions; queries: {', '.join(queries)}; workers {a.workers}")
     out = {"rows": n, "partitions": len(paths), "repeat": a.repeat, "machine": "shared 2-core machine (4 engineers)",
-           "queries": {}}
+           "load_before": os.getloadavg(), "queries": {}}
     plans = {}
     for name, (kind, params) in queries.items():
         unit = name.startswith("unit_")
@@ -135,14 +146,16 @@ def bench(a) -> dict:
     if not a.no_local:
         for name, plan in plans.items():
             t, t_read, exact_local[name] = run_local(paths, plan, n, a.repeat)
-            out["queries"][name]["local"] = {"seconds": t, "read_seconds": t_read, "ns_per_row": t / n * 1e9}
+            out["queries"][name]["local"] = {"seconds": t, "read_seconds": t_read, "ns_per_row": t / n * 1e9,
+                                             "load_1min_after": os.getloadavg()[0]}
             log(f"  local engine    {name:13s} {t:8.2f} s  ({t / n * 1e9:6.1f} ns/row; read {t_read:.2f} s)")
     for w in [int(x) for x in a.workers.split(",")]:
         with LocalCluster(n_workers=w, threads_per_worker=1, processes=True, dashboard_address=None,
                           host="127.0.0.1", silence_logs=40, memory_limit=a.memory_limit) as cl:
             for name, plan in plans.items():
                 t, exact, answer = run_dist(paths, plan, n, cl.scheduler_address, a.repeat)
-                rec = {"seconds": t, "ns_per_row": t / n * 1e9, "dp_answer": answer}
+                rec = {"seconds": t, "ns_per_row": t / n * 1e9, "dp_answer": answer,
+                       "load_1min_after": os.getloadavg()[0]}
                 if name in exact_local:
                     rec["exact_equal_to_local"] = same(exact, exact_local[name])
                     rec["ratio_to_local"] = t / out["queries"][name]["local"]["seconds"]
@@ -153,13 +166,16 @@ def bench(a) -> dict:
             client = dcluster._clients.pop(cl.scheduler_address, None)
             if client is not None:
                 client.close()
+    out["load_after"] = os.getloadavg()
     return out
 
 
 def table(res: dict) -> str:
     cols = [k for k in ("local", "dask_1", "dask_2") if any(k in q for q in res["queries"].values())]
+    load = "".join(f", load (1/5/15 min) {k.split('_')[1]} " + "/".join(f"{x:.2f}" for x in res[k])
+                   for k in ("load_before", "load_after") if k in res)
     lines = [f"{res['rows']:,} rows, {res['partitions']} partitions, median of {res['repeat']} "
-             f"({res['machine']})", "| query | " + " | ".join(f"{c} s (ns/row)" for c in cols) +
+             f"({res['machine']}{load})", "| query | " + " | ".join(f"{c} s (ns/row)" for c in cols) +
              " | dask_2 / local | exact equal |", "|---" * (len(cols) + 3) + "|"]
     for name, q in res["queries"].items():
         cells = [f"{q[c]['seconds']:.2f} ({q[c]['ns_per_row']:.1f})" if c in q else "-" for c in cols]
@@ -205,6 +221,92 @@ def plot(files: list[str], out: Path) -> None:
     print(f"wrote {out}")
 
 
+def _dpsgd_table(rows: int, directory: Path) -> list[str]:
+    import pyarrow as pa
+
+    rng = np.random.default_rng(20261125)
+    x = rng.normal(0, 1, (rows, 20))
+    w = rng.normal(0, 1, 20)
+    y = rng.random(rows) < 1 / (1 + np.exp(-x @ w))
+    table = pa.table({**{f"x{i}": x[:, i] for i in range(20)}, "y": np.where(y, "yes", "no")})
+    paths = []
+    for i, b in enumerate(np.linspace(0, rows, 9).astype(int)[:-1]):
+        path = directory / f"part-{i}.parquet"
+        pq.write_table(table.slice(b, rows // 8), path)
+        paths.append(str(path))
+    return paths
+
+
+def dpsgd(rows: int, repeat: int) -> int:
+    """DP-SGD time per epoch: 1 rank (1 and 2 torch threads) vs 2 ranks, side by side."""
+    import os
+    import tempfile
+
+    import torch
+    from distributed import LocalCluster
+
+    from engines.distributed import training
+    from engines.types import Plan
+
+    cols = {f"x{i}": {"type": "numeric", "lower": -4, "upper": 4} for i in range(20)}
+    cols["y"] = {"type": "categorical", "domain": ["no", "yes"]}
+    ds = DatasetMeta(name="bench", columns=cols, unit_column=None, n_rows=rows, n_units=rows, delta=1e-7)
+    base = {"target": "y", "target_epsilon": 3.0, "batch_size": 1024, "model": {"hidden": [256, 256]},
+            "canaries": 0, "eval_epsilon": 0.1}
+    out = {"rows": rows, "machine": "shared 2-core machine (4 engineers)", "load_before": os.getloadavg()}
+    with tempfile.TemporaryDirectory() as tmp, \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                         host="127.0.0.1", silence_logs=40) as cl:
+        paths = _dpsgd_table(rows, Path(tmp))
+        table = PartitionedTable(paths=tuple(paths), columns=tuple(cols), num_rows=rows,
+                                 scheduler=cl.scheduler_address)
+
+        def run(ranks: int, epochs: int, threads: int) -> tuple[float, dict]:
+            torch.set_num_threads(threads)
+            req = EngineRequest("train", {**base, "epochs": epochs, "ranks": ranks})
+            plan = Plan(**{k: v for k, v in vars(plugins.plan("dpsgd", req, ds)).items()})
+            with tempfile.TemporaryDirectory() as work:
+                t0 = time.perf_counter()
+                release = training.execute(req, ds, table, plan, lambda _: None, work)
+                return time.perf_counter() - t0, release.result
+
+        variants = [("1 rank, 1 thread", 1, 1), ("1 rank, 2 threads", 1, 2), ("2 ranks, 1 thread each", 2, 1)]
+        run(2, 1, 1), run(1, 1, 1)  # warm-up: torch imported on the Dask workers and here
+        times = {label: {1: [], 3: []} for label, _, _ in variants}
+        last = {}
+        for i in range(repeat):  # every variant once per round, in rotating order
+            for label, ranks, threads in variants[i % 3:] + variants[:i % 3]:
+                for epochs in (1, 3):
+                    t, r = run(ranks, epochs, threads)
+                    assert r["ranks"] == ranks and r["steps"] == r["planned_steps"], r
+                    times[label][epochs].append(t)
+                    last[label] = r
+                log(f"  round {i + 1}: {label:24s} 1 epoch {times[label][1][-1]:6.2f} s, "
+                    f"3 epochs {times[label][3][-1]:6.2f} s")
+        res = {}
+        for label, _, _ in variants:
+            t1, t3, r3 = statistics.median(times[label][1]), statistics.median(times[label][3]), last[label]
+            res[label] = {"t1": t1, "t3": t3, "epoch": (t3 - t1) / 2, "steps_per_epoch": r3["steps"] // 3,
+                          "val_accuracy": r3["history"][-1].get("val_accuracy"), "sample_rate": r3["sample_rate"],
+                          "runs": times[label]}
+    out["load_after"] = os.getloadavg()
+    out["variants"] = res
+    one = res["1 rank, 1 thread"]["epoch"]
+    print(f"DP-SGD, {rows:,} rows, medians of {repeat} rounds, expected batch 1024, MLP 20-256-256-1, "
+          f"{res['1 rank, 1 thread']['steps_per_epoch']} steps/epoch, sample rate "
+          f"{res['1 rank, 1 thread']['sample_rate']:.5f} (the same plan for every row); load "
+          f"{out['load_before'][0]:.2f} -> {out['load_after'][0]:.2f} (shared 2-core machine)")
+    print("| variant | 1 epoch run s | 3 epochs run s | s per epoch | vs 1 rank, 1 thread | DP val. accuracy |")
+    print("|---|---|---|---|---|---|")
+    for label, r in res.items():
+        print(f"| {label} | {r['t1']:.2f} | {r['t3']:.2f} | {r['epoch']:.2f} | {one / r['epoch']:.2f}x | "
+              f"{r['val_accuracy']:.3f} |")
+    path = REPO / "var" / "bench" / f"dpsgd-ranks-{rows}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", help="directory of Parquet partitions (bench/gen_partitions.py)")
@@ -216,7 +318,11 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-limit", default="4GB", help="per Dask worker")
     ap.add_argument("--json", help="where to write the results")
     ap.add_argument("--plot", nargs="+", help="plot these result files into bench/distributed_scaling.png")
+    ap.add_argument("--dpsgd", type=lambda v: int(v.replace("_", "")), metavar="ROWS",
+                    help="DP-SGD: 1 vs 2 ranks on ROWS generated rows, time per epoch")
     a = ap.parse_args(argv)
+    if a.dpsgd:
+        return dpsgd(a.dpsgd, a.repeat)
     if a.plot:
         plot(a.plot, REPO / "bench" / "distributed_scaling.png")
         return 0

@@ -117,8 +117,9 @@ def ranks_for(requested: int, scheduler: str) -> list[str]:
     return workers[:requested] if len(workers) > 1 else []
 
 
-def _gather(futures: list, progress, stop, report, job: str) -> list[dict]:
-    cancelled = False
+def _gather(futures: list, progress, stop, report) -> list[dict]:
+    """The ranks' results, reporting rank 0's progress meanwhile; a cancellation sets
+    ``stop``, waits for the ranks to agree on it and raises with the steps they took."""
     while True:
         if all(f.done() for f in futures):
             return [f.result() for f in futures]  # a rank that raised raises here
@@ -126,12 +127,9 @@ def _gather(futures: list, progress, stop, report, job: str) -> list[dict]:
         if failed:
             failed[0].result()
         time.sleep(cluster.POLL_SECONDS)
-        if cancelled:
-            continue
         try:
             progress(report.get(timeout=10))
         except Cancelled:
-            cancelled = True
             stop.set()
             deadline = time.monotonic() + CANCEL_GRACE_SECONDS
             while not all(f.done() for f in futures) and time.monotonic() < deadline:
@@ -168,7 +166,7 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data: PartitionedTable
     futures = [c.submit(_rank_main, data, r, size, job, d, key=f"{job}-rank{r}", workers=[w],
                         allow_other_workers=False, pure=False, retries=0) for r, w in enumerate(workers)]
     try:
-        out = _gather(futures, progress, stop, report, job)
+        out = _gather(futures, progress, stop, report)
     except Cancelled:
         raise
     except Exception as e:
