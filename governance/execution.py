@@ -117,9 +117,10 @@ class RunClock:
     side channels"): the time a sampler
     takes depends on the noise it draws, and the time a query takes on the data.
 
-    - Progress: the engine's reports are kept in memory; a thread writes the latest one on
-      the next tick, with the heartbeat. A cancellation is noticed at such a write and
-      raised (``Cancelled``) at the engine's next report.
+    - Progress: the engine's reports are kept in memory; on the next tick a thread hands
+      the latest one, with the heartbeat, to the process's releaser thread, which writes it
+      on its persistent connection. A cancellation is noticed at such a write and raised
+      (``Cancelled``) at the engine's next report.
     - The final state: written on the next tick by the process's releaser thread
       (``governance.releaser``), so the task returns at once; ``hold()`` (sleeping until
       the tick) is for runs without a clock thread.

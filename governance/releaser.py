@@ -5,7 +5,9 @@ A run that read data shows its outcome on the next tick of its release clock
 worker process per run for up to a quantum, capping a pool of N processes at N runs per
 quantum (2 per second at the 1 s default, whatever the query costs). Instead the task
 hands the outcome's write to this process's releaser, a thread that runs each write at its
-tick, and returns to take the next task.
+tick, and returns to take the next task. The run clocks' progress and heartbeat writes go
+through it too, so that they use its one persistent database connection (a short-lived
+thread's own connection is a new PostgreSQL backend each time).
 
 What this does not change: the outcome is still written on a tick (never earlier); its
 write is the same transaction (request row, then the ledger's commit or refund with its
