@@ -153,6 +153,8 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data: PartitionedTable
     d = local.check_version(plan)
     spec = Spec.from_dict(d["spec"])
     workers = ranks_for(spec.ranks, data.scheduler)
+    if not data.unit_column:  # rank r reads files r, r + N, ...: no more ranks than files
+        workers = workers[:len(data.paths)] if len(data.paths) > 1 else []
     if not workers:
         release = local.execute(request, dataset, data.to_arrow(), plan, progress, workdir)
         release.result["ranks"] = 1

@@ -255,6 +255,8 @@ class Trainer:
         """Over held-out units: the sums of each unit's mean metric and mean loss (both in
         [0, 1]) and the number of units."""
         p, task = self.prep, self.spec.task
+        if len(p.x_test) == 0:  # e.g. a data-parallel rank holding too few units for a held-out share
+            return 0.0, 0.0, 0.0
         self.model.eval()
         metric, loss = [], []
         for i in range(0, len(p.x_test), EVAL_CHUNK):
