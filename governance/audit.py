@@ -164,6 +164,11 @@ def append(budget: Budget, ds_name: str, ds_delta: float, *, action: str, actor:
     rec, updates = prepare(budget, ds_name, ds_delta, action=action, actor=actor, ctx=ctx, entry=entry, event=event,
                            reserved_event=reserved_event, charge=charge, committed_cost=committed_cost,
                            non_private=non_private)
+    return write(budget, rec, updates)
+
+
+def write(budget: Budget, rec: AuditRecord, updates: dict) -> AuditRecord:
+    """Save a prepared record and advance the locked budget row's chain head."""
     rec.save(force_insert=True)
     Budget.objects.filter(pk=budget.pk).update(**updates)
     for key, value in updates.items():
@@ -203,10 +208,16 @@ def record_refusal(dataset: Dataset, analyst, event, error, ctx: Context) -> Non
     """A refused request: the gate's answer is part of the record (who asked for what)."""
     with transaction.atomic():
         budget = Budget.objects.select_for_update().get(pk=dataset.pk)
-        ctx.outcome, ctx.reason = "refused", getattr(error, "code", "")
-        ctx.detail = ": ".join(filter(None, [ctx.detail, str(getattr(error, "detail", error))]))
-        append(budget, dataset.name, dataset.budget_delta, action=AuditRecord.Action.REFUSE,
-               actor=analyst.get_username(), ctx=ctx, event=event.to_dict() if hasattr(event, "to_dict") else event)
+        write(budget, *prepare_refusal(budget, dataset.name, dataset.budget_delta, analyst, event, error, ctx))
+
+
+def prepare_refusal(budget, ds_name: str, ds_delta: float, analyst, event, error,
+                    ctx: Context) -> tuple[AuditRecord, dict]:
+    """A refusal's record, prepared (``prepare``) on the locked ``budget`` row."""
+    ctx.outcome, ctx.reason = "refused", getattr(error, "code", "")
+    ctx.detail = ": ".join(filter(None, [ctx.detail, str(getattr(error, "detail", error))]))
+    return prepare(budget, ds_name, ds_delta, action=AuditRecord.Action.REFUSE, actor=analyst.get_username(), ctx=ctx,
+                   event=event.to_dict() if hasattr(event, "to_dict") else event)
 
 
 def record_replay(dataset: Dataset, analyst, ctx: Context) -> None:

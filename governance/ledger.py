@@ -145,7 +145,8 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepo
                 raise Budget.DoesNotExist(f"no budget row for dataset {dataset_id}")
             cur.execute(sql.grant, [dataset_id, analyst.pk])
             row = tuple(row) + (cur.fetchone() or (None, None, None, None))
-        state, name, status, b_eps, b_delta, policy, allow_np, approx_share, g_id, g_cap_eps, g_cap_delta, g_state = row
+        (state, name, status, b_eps, b_delta, policy, allow_np, approx_share, committed, audit_seq, audit_head,
+         g_id, g_cap_eps, g_cap_delta, g_state) = row
         ds = ledger_sql.DatasetRow(dataset_id, name, status, b_eps, b_delta, policy, bool(allow_np), approx_share)
         budget = ledger_sql.StateRow(dataset_id, ledger_sql.loads(state))
         grant = None if g_id is None else ledger_sql.GrantRow(g_id, g_cap_eps, g_cap_delta, ledger_sql.loads(g_state))
@@ -159,6 +160,9 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepo
                 if not limit.admits(before + cost):
                     raise refusal(limit, before, before + cost, cost)
         except GATE_REFUSALS as e:
+            # the locked row's chain head, for the refusal's audit record (``refuse``)
+            e.budget_row = SimpleNamespace(pk=dataset_id, committed=ledger_sql.loads(committed), audit_seq=audit_seq,
+                                           audit_head=audit_head or "", name=name, delta=b_delta)
             refused = e
         else:
             entry_id, now, fields = _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delta,
@@ -197,6 +201,22 @@ def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delt
         if request_pk is not None:
             cur.execute(sql.link_request, [entry_id, request_pk])
     return entry_id, now, fields
+
+
+def refuse(error, analyst, event, ctx: audit.Context, *, request_id) -> bool:
+    """Record a refusal ``admit`` just raised, still under its lock, in one statement
+    (PostgreSQL): delete the request row ``request_id`` inserted before the gate, write the
+    refusal's audit record and advance the chain head. False where that statement does not
+    exist (SQLite) or the refusal did not come from the lock: the caller records it."""
+    sql = ledger_sql.admit_sql()
+    budget = getattr(error, "budget_row", None)
+    if sql.refuse is None or budget is None or request_id is None:
+        return False
+    rec, head = audit.prepare_refusal(budget, budget.name, budget.delta, analyst, event, error, ctx)
+    with connection.cursor() as cur:
+        cur.execute(sql.refuse, [Request._meta.pk.get_db_prep_value(request_id, connection)]
+                    + ledger_sql.audit_values(rec) + [head["audit_seq"], head["audit_head"], budget.pk])
+    return True
 
 
 def warm_caches(event: ev.Event) -> None:

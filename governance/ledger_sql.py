@@ -63,7 +63,7 @@ def _sql_for(vendor: str) -> SimpleNamespace:
     request = Request._meta.db_table
     return SimpleNamespace(
         budget=(f"SELECT b.state, d.name, d.status, d.budget_epsilon, d.budget_delta, d.policy, d.allow_non_private, "
-                f"d.approx_delta_share "
+                f"d.approx_delta_share, b.committed, b.audit_seq, b.audit_head "
                 f"FROM {budget} b JOIN {dataset} d ON d.id = b.dataset_id WHERE b.dataset_id = %s"
                 + (" FOR UPDATE OF b" if pg else "")),  # SQLite: BEGIN IMMEDIATE holds the write lock
         # The budget row and the analyst's active grant locked in one statement, in the
@@ -71,7 +71,8 @@ def _sql_for(vendor: str) -> SimpleNamespace:
         # at its newest version). No row: no active grant (or no budget row), and the two
         # statements below tell which.
         budget_grant=(f"SELECT b.state, d.name, d.status, d.budget_epsilon, d.budget_delta, d.policy, "
-                      f"d.allow_non_private, d.approx_delta_share, g.id, g.cap_epsilon, g.cap_delta, g.state "
+                      f"d.allow_non_private, d.approx_delta_share, b.committed, b.audit_seq, b.audit_head, "
+                      f"g.id, g.cap_epsilon, g.cap_delta, g.state "
                       f"FROM {budget} b JOIN {dataset} d ON d.id = b.dataset_id JOIN {grant} g "
                       f"ON g.dataset_id = b.dataset_id AND g.analyst_id = %s AND g.revoked_at IS NULL "
                       f"WHERE b.dataset_id = %s FOR UPDATE OF b, g") if pg else None,
@@ -96,6 +97,13 @@ def _sql_for(vendor: str) -> SimpleNamespace:
                    f"g AS (UPDATE {grant} SET state = %s::jsonb WHERE id = %s), "
                    f"r AS (UPDATE {request} SET ledger_entry_id = (SELECT id FROM e) WHERE id = %s::uuid) "
                    f"SELECT id FROM e") if pg else None,
+        # A refusal under the gate's lock (PostgreSQL): the request row inserted before the
+        # gate deleted, the refusal's audit record and the chain head, in one statement.
+        refuse=(f"WITH x AS (DELETE FROM {request} WHERE id = %s::uuid), "
+                f"a AS (INSERT INTO {AuditRecord._meta.db_table} ({', '.join(f.column for f in _audit_fields())}) "
+                f"VALUES ({', '.join(f'%s::{f.cast_db_type(connection)}' for f in _audit_fields())})), "
+                f"h AS (UPDATE {budget} SET audit_seq = %s, audit_head = %s WHERE dataset_id = %s) "
+                f"SELECT 1") if pg else None,
     )
 
 

@@ -78,11 +78,13 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
             except GATE_REFUSALS as e:
                 # A refusal is raised before the gate writes anything (the transaction is
                 # intact): the request row is deleted and the refusal's audit record written
-                # in the same transaction, so a 409 never goes out without its record. No
-                # savepoint: two statements fewer on every admitted POST.
-                _discard(getattr(e, "request_id", None))
-                audit.record_refusal(ds, analyst, plan.event, e,
-                                     audit.Context(engine=engine, kind=kind, params=params))
+                # in the same transaction, so a 409 never goes out without its record (on
+                # PostgreSQL in one statement, under the gate's lock). No savepoint: two
+                # statements fewer on every admitted POST.
+                ctx = audit.Context(engine=engine, kind=kind, params=params)
+                if not ledger.refuse(e, analyst, plan.event, ctx, request_id=getattr(e, "request_id", None)):
+                    _discard(getattr(e, "request_id", None))
+                    audit.record_refusal(ds, analyst, plan.event, e, ctx)
                 refusal = e
     except IntegrityError:
         # The same Idempotency-Key in two concurrent POSTs: the other one won (PostgreSQL

@@ -121,7 +121,9 @@ def test_a_refusal_is_not_answered_when_its_audit_record_cannot_be_written(analy
     def broken(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(audit, "append", broken)
+    # every record goes through audit.prepare (audit.append, and on PostgreSQL the gate's
+    # one-statement refusal, ledger.refuse)
+    monkeypatch.setattr(audit, "prepare", broken)
     with pytest.raises(RuntimeError, match="disk full"):  # a 500, not a 409 without its record
         submission.submit(analyst, clinic, "probe", "count", {"epsilon": 1.5})
     assert not Request.objects.exists() and not AuditRecord.objects.exists()
