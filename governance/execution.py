@@ -18,6 +18,7 @@ import math
 import os
 import shutil
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -236,6 +237,7 @@ def _run(req: Request, clock: RunClock) -> str:
                        charge=False)
 
     workdir = scratch_dir()
+    _cluster_jobs()  # forget any job an earlier run of this thread left noted
     try:
         release = plugins.run(req.engine, engine_request, meta, data, plan, clock.report, workdir)
     except Cancelled as c:
@@ -243,14 +245,14 @@ def _run(req: Request, clock: RunClock) -> str:
         return _finish(req, Request.Status.CANCELLED, error={
             "code": "request.cancelled",
             "detail": "Cancelled while running; the data was read, the charge for the work done stands."},
-            actual_event=c.actual_event, charge=True, clock=clock)
+            actual_event=c.actual_event, charge=True, clock=clock, officer_report=_cluster_jobs())
     except Exception as e:
         _log_failure_after_read(req.pk, e)
         _empty(workdir)
         return _finish(req, Request.Status.FAILED, error={
             "code": "request.failed_after_read",
             "detail": "The engine failed after reading the data; the charge stands (a failure can depend on the data)."},
-            charge=True, clock=clock)
+            charge=True, clock=clock, officer_report=_cluster_jobs())
     result = dict(release.result)
     files = _describe_files(workdir)
     if files:
@@ -265,6 +267,15 @@ def _run(req: Request, clock: RunClock) -> str:
         workdir.rename(target)
     return _finish(req, Request.Status.SUCCEEDED, result=result, actual_event=release.actual_event, charge=True,
                    officer_report=officer, clock=clock)
+
+
+def _cluster_jobs() -> dict | None:
+    """The cluster jobs this thread sent during the run (``engines.distributed.cluster``),
+    as the officer report of a run that failed or was cancelled, so that its audit record
+    names them too (a successful run's report has them already)."""
+    dc = sys.modules.get("engines.distributed.cluster")  # never imported: no cluster was used
+    job = dc.take_submitted() if dc is not None else None
+    return {"cluster": job} if job else None
 
 
 def _log_failure_after_read(request_id, e: Exception) -> None:

@@ -20,10 +20,11 @@ import dask
 
 from engines.types import Cancelled
 
-__all__ = ["client", "compute", "tree_reduce", "per_partition", "public_address"]
+__all__ = ["client", "compute", "tree_reduce", "per_partition", "public_address", "submitted", "take_submitted"]
 
 _clients: dict = {}
 _lock = threading.Lock()
+_sent = threading.local()  # the jobs this thread sent to a cluster (see take_submitted)
 POLL_SECONDS = 0.25
 
 
@@ -54,6 +55,26 @@ def public_address(address: str) -> str:
     if ":" in host:
         host = f"[{host}]"
     return urlunsplit((parts.scheme, host + (f":{port}" if port else ""), parts.path, "", ""))
+
+
+def submitted(scheduler: str, keys: list, job: str = "") -> None:
+    """Note that this thread sent ``keys`` to ``scheduler``: the host names the cluster job
+    in the run's audit record whatever the run's outcome (``take_submitted``)."""
+    jobs = getattr(_sent, "jobs", None)
+    if jobs is None:
+        jobs = _sent.jobs = []
+    jobs.append({"backend": "dask", "scheduler": public_address(scheduler), "keys": [str(k) for k in keys],
+                 **({"job": job} if job else {})})
+
+
+def take_submitted() -> dict | None:
+    """The jobs this thread sent since the last call, merged (``{"backend", "scheduler",
+    "keys", "job"?}``), or None; forgets them."""
+    jobs, _sent.jobs = getattr(_sent, "jobs", None) or [], []
+    if not jobs:
+        return None
+    out = {**jobs[0], "keys": [k for j in jobs for k in j["keys"]]}
+    return out
 
 
 def _on_file(table, path: str, fn, args):
@@ -103,6 +124,7 @@ def compute(value, scheduler: str, retries: int, progress=None, phase: str = "ag
         return out
     c = client(scheduler)
     future = c.compute(value, retries=retries)
+    submitted(scheduler, [future.key])
     try:
         while True:
             try:

@@ -167,6 +167,7 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data: PartitionedTable
     progress(starting)
     futures = [c.submit(_rank_main, data, r, size, job, d, key=f"{job}-rank{r}", workers=[w],
                         allow_other_workers=False, pure=False, retries=0) for r, w in enumerate(workers)]
+    cluster.submitted(data.scheduler, [f.key for f in futures], job)
     try:
         out = _gather(futures, progress, stop, report)
     except Cancelled:

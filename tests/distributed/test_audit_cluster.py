@@ -88,3 +88,20 @@ def test_a_distributed_counts_record_names_its_graph(api, analyst, events, on_cl
     assert rec.cluster["scheduler"] == on_cluster and rec.cluster["backend"] == "dask"
     assert len(rec.cluster["keys"]) == 1 and rec.cluster["keys"][0]
     assert audit.verify().ok
+
+
+def test_a_distributed_run_that_fails_on_the_cluster_names_its_job_too(api, analyst, events, on_cluster,  # noqa: F811
+                                                                       django_capture_on_commit_callbacks,
+                                                                       monkeypatch):
+    from engines.distributed import aggregates
+
+    def broken(*a, **kw):
+        raise RuntimeError("after the cluster answered")
+
+    monkeypatch.setattr(aggregates.local, "finish", broken)
+    body = ask(api(analyst), "events", "count", {"epsilon": 0.5, "max_rows_per_unit": 1},
+               django_capture_on_commit_callbacks)
+    assert body["status"] == "failed" and body["error"]["code"] == "request.failed_after_read", body
+    rec = AuditRecord.objects.filter(action="commit").latest("seq")
+    assert rec.outcome == "failed" and rec.cluster["scheduler"] == on_cluster and len(rec.cluster["keys"]) == 1
+    assert audit.verify().ok
