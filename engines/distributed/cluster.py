@@ -25,6 +25,7 @@ __all__ = ["client", "compute", "tree_reduce", "per_partition", "public_address"
 _clients: dict = {}
 _lock = threading.Lock()
 _sent = threading.local()  # the jobs this thread sent to a cluster (see take_submitted)
+MAX_NOTED = 64
 POLL_SECONDS = 0.25
 
 
@@ -65,6 +66,7 @@ def submitted(scheduler: str, keys: list, job: str = "") -> None:
         jobs = _sent.jobs = []
     jobs.append({"backend": "dask", "scheduler": public_address(scheduler), "keys": [str(k) for k in keys],
                  **({"job": job} if job else {})})
+    del jobs[:-MAX_NOTED]  # a thread nobody takes from (the web's registrations) keeps the last few
 
 
 def take_submitted() -> dict | None:
@@ -73,8 +75,7 @@ def take_submitted() -> dict | None:
     jobs, _sent.jobs = getattr(_sent, "jobs", None) or [], []
     if not jobs:
         return None
-    out = {**jobs[0], "keys": [k for j in jobs for k in j["keys"]]}
-    return out
+    return {**jobs[0], "keys": [k for j in jobs for k in j["keys"]]}
 
 
 def _on_file(table, path: str, fn, args):
