@@ -89,7 +89,10 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # so PostgreSQL parses and plans it once. bench/bench_request_path.py: the backend's
     # CPU per DP request 5.2 -> 2.9 ms, the request's wall time in one process 23.2 -> 19.5 ms.
     # Behind a pooler in transaction mode without prepared-statement support (PgBouncer
-    # < 1.21) set DB_PREPARE_THRESHOLD=off.
+    # < 1.21) set DB_PREPARE_THRESHOLD=off. A migration that changes a table's columns
+    # while old processes run fails their prepared statements on it ("cached plan must not
+    # change result type") until they reconnect: migrate, then start new processes (the
+    # deploy's rolling restart does).
     _prepare_off = envstr("DB_PREPARE_THRESHOLD", "").strip().lower() == "off"
     DATABASES["default"].setdefault("OPTIONS", {}).update({
         "server_side_binding": envbool("DB_SERVER_SIDE_BINDING", True),
