@@ -91,8 +91,8 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Behind a pooler in transaction mode without prepared-statement support (PgBouncer
     # < 1.21) set DB_PREPARE_THRESHOLD=off. A migration that changes a table's columns
     # while old processes run fails their prepared statements on it ("cached plan must not
-    # change result type") until they reconnect: migrate, then start new processes (the
-    # deploy's rolling restart does).
+    # change result type") until they reconnect or are replaced (deploy/: new pods wait for
+    # the migrate job; old ones still running meanwhile can see this error).
     _prepare_off = envstr("DB_PREPARE_THRESHOLD", "").strip().lower() == "off"
     DATABASES["default"].setdefault("OPTIONS", {}).update({
         "server_side_binding": envbool("DB_SERVER_SIDE_BINDING", True),
