@@ -14,3 +14,16 @@ def is_number(v: Any) -> bool:
         return math.isfinite(float(v))
     except OverflowError:
         return False
+
+
+RUN_ACCOUNTANTS = ("rdp", "pld")  # what calibrates and certifies one run (pld: when the dataset allows it)
+
+
+def run_accountant_error(accountant: Any, allow_pld: bool) -> str | None:
+    """Why ``accountant`` cannot certify one pre-planned run on this dataset, or None."""
+    if accountant not in RUN_ACCOUNTANTS:
+        return f"must be one of {', '.join(RUN_ACCOUNTANTS)}, got {accountant!r}"
+    if accountant == "pld" and not allow_pld:
+        return ("this dataset's privacy officer has not allowed PLD certification of runs "
+                "(pld_certification); use rdp")
+    return None

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engines.types import DatasetMeta, PlanError
-from engines.validation import is_number
+from engines.validation import RUN_ACCOUNTANTS as ACCOUNTANTS
+from engines.validation import is_number, run_accountant_error
 
 from .model_spec import ModelSpecError, expand_model
 
@@ -34,7 +35,6 @@ COMMON_KEYS = {"target", "task", "target_threshold", "positive_values", "feature
                "epochs", "batch_size", "learning_rate", "optimizer", "momentum", "weight_decay",
                "max_grad_norm", "delta", "test_fraction", "eval_epsilon", "max_rows_per_unit", "canaries",
                "early_stopping_patience", "accountant", "ranks"}
-ACCOUNTANTS = ("rdp", "pld")  # what calibrates and certifies the run (pld: when the dataset allows it)
 KIND_KEYS = {
     "train": COMMON_KEYS | {"target_epsilon", "noise_multiplier", "max_epsilon"},
     "sweep": COMMON_KEYS | {"epsilons"},
@@ -272,11 +272,8 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     patience = errors.number(params, "early_stopping_patience", None, lo=1, hi=MAX_EPOCHS, integer=True)
     ranks = errors.number(params, "ranks", 1, lo=1, hi=MAX_RANKS, integer=True)
     accountant = params.get("accountant", "rdp")
-    if accountant not in ACCOUNTANTS:
-        errors["accountant"] = f"must be one of {', '.join(ACCOUNTANTS)}, got {accountant!r}"
-    elif accountant == "pld" and not ds.allow_pld:
-        errors["accountant"] = ("this dataset's privacy officer has not allowed PLD certification of runs "
-                                "(pld_certification); use rdp")
+    if problem := run_accountant_error(accountant, ds.allow_pld):
+        errors["accountant"] = problem
     fix_model = params.get("fix_model", True)
     if not isinstance(fix_model, bool):
         errors["fix_model"] = "must be true or false"

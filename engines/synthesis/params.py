@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from engines.types import DatasetMeta, PlanError
-from engines.validation import is_number as _finite
+from engines.validation import RUN_ACCOUNTANTS as ACCOUNTANTS
+from engines.validation import is_number as _finite, run_accountant_error
 
 KINDS = ("synthesize",)
 METHODS = ("mst", "vae")
-ACCOUNTANTS = ("rdp", "pld")  # what calibrates and certifies an MST run (pld: when the dataset allows it)
 MAX_ROWS = 5_000_000
 MAX_BINS = 256
 DEFAULT_BINS = 20
@@ -162,11 +162,8 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
             if key in params:
                 errors[key] = "only for method vae"
     accountant = params.get("accountant", "rdp")
-    if accountant not in ACCOUNTANTS:
-        errors["accountant"] = f"must be one of {', '.join(ACCOUNTANTS)}, got {accountant!r}"
-    elif accountant == "pld" and not ds.allow_pld:
-        errors["accountant"] = ("this dataset's privacy officer has not allowed PLD certification of runs "
-                                "(pld_certification); use rdp")
+    if problem := run_accountant_error(accountant, ds.allow_pld):
+        errors["accountant"] = problem
     elif accountant == "pld" and method != "mst":
         errors["accountant"] = "pld certifies MST runs only; use rdp"
     elif accountant == "pld" and k != 1:
