@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("governance", "0012_request_path_2")]
+    dependencies = [("governance", "0011_distributed")]
     operations = [
         # Nullable, no default: ALTER TABLE ADD COLUMN on SQLite and PostgreSQL alike (no
         # table rebuild, so the append-only triggers of 0006 stay), old rows NULL.
