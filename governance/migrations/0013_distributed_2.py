@@ -1,4 +1,4 @@
-# Issue 14, second round (reserved; empty until it holds operations).
+# Issue 14: the audit record names a distributed run's cluster job (a nullable column).
 from django.db import migrations, models
 
 

@@ -1,4 +1,4 @@
-# Issue 16, second round: the PLD certification setting's help text names MST syntheses too.
+# Issue 16: pld_certification's help text names MST syntheses beside DP-SGD runs.
 from django.db import migrations, models
 
 
