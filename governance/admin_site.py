@@ -17,7 +17,7 @@ from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import mark_safe
 
-from . import audit, audit_export, charts, ledger, refined_reports
+from . import audit, audit_export, charts, estimates, ledger, limits, refined_reports
 from accounting import ACCOUNTANTS
 from accounting.costs import Cost
 from .errors import GovernanceError
@@ -75,7 +75,7 @@ class GovernanceAdminSite(admin.AdminSite):
         state = Cost.from_json(ds.budget.state)
         limit = ledger.Limit.of_dataset(ds)
         # rdp's plain composition refined off the grid (the events of the dataset's entries)
-        report = ledger.budget_report(state, limit, refined_reports.active_event(ds))
+        report = limits.budget_report(state, limit, refined_reports.active_event(ds))
         gauges = [{"name": name, "gates": r["gates"], "theorem": ACCOUNTANTS[name].THEOREM,
                    "plain": _float(r.get("refined_epsilon", r["epsilon"])),
                    "price": r.get("refined_filter_price_epsilon", r["filter_price_epsilon"]),
@@ -117,7 +117,7 @@ class GovernanceAdminSite(admin.AdminSite):
         if not raw:
             return {"raw": '{"kind": "laplace", "epsilon": 0.1}'}
         try:
-            result = ledger.estimate(ds, request.user, json.loads(raw))
+            result = estimates.estimate(ds, request.user, json.loads(raw))
         except json.JSONDecodeError as e:
             return {"raw": raw, "error": f"not JSON: {e}"}
         except GovernanceError as e:

@@ -12,7 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from .. import audit, ledger
+from .. import audit, estimates, ledger
 from .. import datasets as ds_actions
 from .. import preview as dummy_data
 from ..errors import InvalidRequest
@@ -113,11 +113,11 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
             if not isinstance(asked["params"], dict):
                 raise InvalidRequest("params must be a JSON object", errors={"params": "must be an object"})
             plan = plan_request(ds, asked["engine"], asked["kind"], asked["params"])
-            out = ledger.estimate(ds, request.user, plan.event)
+            out = estimates.estimate(ds, request.user, plan.event)
             out["request"] = {k: asked[k] for k in ("engine", "kind", "params")}
             return Response(out)
         events = v.get("events", v.get("event"))
-        return Response(ledger.estimate(ds, request.user, events))
+        return Response(estimates.estimate(ds, request.user, events))
 
     @extend_schema(parameters=[
         OpenApiParameter("rows", int, description=f"how many rows (1 to {MAX_PREVIEW_ROWS}, "

@@ -10,7 +10,7 @@ import pytest
 from accounting import rdp
 from accounting.costs import Cost, cost_of
 from accounting.events import parse_event
-from governance import datasets, ledger
+from governance import datasets, ledger, limits
 from governance.errors import BudgetExceeded, InvalidDataset
 from governance.models import Budget
 
@@ -66,7 +66,7 @@ def test_each_dataset_shows_the_price_of_its_filter(make_dataset, officer):
     ds = make_dataset(epsilon=10.0)
     ledger.admit(ds, officer, {"kind": "subsampled_gaussian", "sample_rate": 0.01, "noise_multiplier": 1.1,
                                "steps": 1000})
-    report = ledger.budget_report(Cost.from_json(Budget.objects.get(pk=ds.pk).state), ledger.Limit.of_dataset(ds))
+    report = limits.budget_report(Cost.from_json(Budget.objects.get(pk=ds.pk).state), ledger.Limit.of_dataset(ds))
     r = report["rdp"]
     assert r["filter_price_epsilon"] == pytest.approx(r["filter_epsilon"] - r["epsilon"])
     assert r["filter_price_epsilon"] > 0  # the union bound over orders costs something

@@ -7,7 +7,7 @@ import pytest
 
 from accounting import parse_event, rdp
 from accounting.costs import Cost
-from governance import ledger, refined_reports
+from governance import ledger, limits, refined_reports
 from governance.models import Budget, Dataset, Request
 
 pytestmark = pytest.mark.django_db
@@ -60,7 +60,7 @@ def test_a_datasets_detail_reports_the_refined_composition_of_its_active_entries
 def test_the_report_is_the_budget_rows_state_composed_off_the_grid(charged):
     ds, _ = charged
     state = Cost.from_json(Budget.objects.get(pk=ds.pk).state)
-    report = ledger.budget_report(state, ledger.Limit.of_dataset(ds), refined_reports.active_event(ds))
+    report = limits.budget_report(state, ledger.Limit.of_dataset(ds), refined_reports.active_event(ds))
     assert report["rdp"]["epsilon"] == rdp.spent(state, DELTA).epsilon
     fresh = Dataset.objects.select_related("budget").get(pk=ds.pk)
     assert report["rdp"]["refined_epsilon"] == refined_reports.dataset_report(fresh)["rdp"]["refined_epsilon"]

@@ -9,7 +9,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from accounting.costs import Cost
-from governance import audit, ledger
+from governance import audit, ledger, limits
 from governance.models import Budget, Dataset
 
 EVENTS = [{"kind": "laplace", "epsilon": 0.1}, {"kind": "epsilon_delta", "epsilon": 0.05, "delta": 1e-9},
@@ -26,7 +26,7 @@ def migrate(target):
 def snapshot(ds):
     ds = Dataset.objects.get(pk=ds.pk)
     state = Cost.from_json(Budget.objects.get(pk=ds.pk).state)
-    return ledger.Limit.of_dataset(ds).spent(state), ledger.budget_report(state, ledger.Limit.of_dataset(ds))
+    return ledger.Limit.of_dataset(ds).spent(state), limits.budget_report(state, ledger.Limit.of_dataset(ds))
 
 
 @pytest.mark.django_db(transaction=True)
