@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
 PY = sys.executable
 PG_BASE = os.environ.get("BENCH_PG_BASE_URL", "postgres://governance@127.0.0.1:54329/governance")
-PG_DB = "bench_request_path"
+PG_DB = os.environ.get("BENCH_REQUEST_PATH_DB", "bench_request_path")  # another name for a parallel run
 REDIS_PORT = int(os.environ.get("REDIS_PORT", "63799"))
 DATASET = "cps1988"
 FINAL = ("succeeded", "failed", "cancelled")
@@ -234,10 +234,12 @@ def set_quantum(ds_pk, quantum_ms):
 # --------------------------------------------------------------------------- in-process profile
 
 
-def profile_one(ds_pk, token, n):
+def profile_one(ds_pk, token, n, cprofile=0):
     """Statements and time per stage of one request, in this process (quantum 0): the POST as
     the API handles it (task sending recorded, not sent), the worker's run (claim, read,
-    engine, commit + audit), and the GET of the answer. Medians over ``n`` requests."""
+    engine, commit + audit), and the GET of the answer. Medians over ``n`` requests. With
+    ``cprofile``, that many more POSTs under cProfile, whose top functions by cumulative time
+    are printed (the web side's costs, no HTTP)."""
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
@@ -283,9 +285,45 @@ def profile_one(ds_pk, token, n):
                 stages[key].append(dt)
                 counts[key].append(len(q.captured_queries))
     finally:
+        if cprofile:
+            _cprofile_posts(client, cprofile, execute)
         dispatch.send = real_send
         app.conf.task_always_eager = eager
     return {k: (statistics.median(v), statistics.median(counts[k])) for k, v in stages.items()}
+
+
+def _cprofile_posts(client, n, execute):
+    """``n`` POSTs under cProfile (each run eagerly after, outside the profile); prints the top
+    functions by cumulative time per POST."""
+    import cProfile
+    import io
+    import pstats
+
+    from workers import app
+
+    prof = cProfile.Profile()
+    t = 0.0
+    app.conf.task_always_eager = False  # the POST's answer as a real one (the task is recorded, not sent)
+    for i in range(n):
+        body = {"dataset": DATASET, "engine": "aggregates", "kind": "count",
+                "params": {"epsilon": 1e-6 * (1 + (1_950_000_000 + i) * 1e-9)}}
+        t0 = time.perf_counter()
+        prof.enable()
+        r = client.post("/api/requests/", body, content_type="application/json")
+        prof.disable()
+        t += time.perf_counter() - t0
+        assert r.status_code == 202, r.content
+        execute(r.json()["id"], worker="profile")
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("cumulative").print_stats(r"governance|engines|accounting|rest_framework|django/db/models", 60)
+    print(f"cProfile of {n} POSTs (no HTTP, the task not sent; mean {1e3 * t / n:.2f} ms per POST under the "
+          f"profiler), the project's, DRF's and the ORM's top 60 by cumulative time (divide by {n} for one POST):")
+    print(out.getvalue())
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_callees(r"\(create\)|\(submit\)|\(_admit\)")
+    print("what the view's create, submit and _admit call (cumulative):")
+    print(out.getvalue())
 
 
 # --------------------------------------------------------------------------- the run
@@ -301,6 +339,9 @@ def main():
     ap.add_argument("--celery", type=int, default=2, help="Celery worker processes (prefork -c, 2)")
     ap.add_argument("--redis-db", type=int, default=12)
     ap.add_argument("--profile-n", type=int, default=40, help="requests in the in-process profile (40)")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="also run N POSTs under cProfile and print the top functions by cumulative time")
+    ap.add_argument("--profile-only", action="store_true", help="stop after the in-process profile (no server)")
     ap.add_argument("--quick", action="store_true", help="4 s per row")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir, logs and database")
     args = ap.parse_args()
@@ -326,7 +367,11 @@ def main():
     try:
         env, token, ds_pk, analyst_pk, where = setup_django(tmp, redis_url)
         sys.path.insert(0, str(BENCH))
-        profile = profile_one(ds_pk, token, args.profile_n)
+        profile = profile_one(ds_pk, token, args.profile_n, args.cprofile)
+        if args.profile_only:
+            for k, (t, n) in profile.items():
+                print(f"  {k:<52} {ms(t):>7} ms {n:>4.0f} SQL statements")
+            return
         from django.db import connections
 
         connections.close_all()

@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from django.http import FileResponse
 
 from .. import audit
-from ..models import Dataset
+from ..models import Dataset, Grant
 from .permissions import is_officer
 
 User = get_user_model()
@@ -25,6 +25,21 @@ def visible_datasets(user):
     if is_officer(user):
         return qs
     return qs.filter(status=Dataset.Status.ACTIVE, grants__analyst=user, grants__revoked_at__isnull=True).distinct()
+
+
+def usable_dataset(user, name: str) -> Dataset | None:
+    """The dataset named ``name`` if it is in ``visible_datasets(user)``, else None: one
+    statement, written out (the request POST's lookup; the ORM's join, DISTINCT and
+    ``select_related`` cost ~1.5 ms of Python per POST; the budget row is not needed, the
+    gate reads it under its lock). Read on every call: a revoked grant counts at once."""
+    d, g = Dataset._meta, Grant._meta
+    sql = f'SELECT * FROM {d.db_table} WHERE name = %s'
+    params = [name]
+    if not is_officer(user):
+        sql += (f" AND status = %s AND EXISTS (SELECT 1 FROM {g.db_table} WHERE dataset_id = {d.db_table}.id"
+                " AND analyst_id = %s AND revoked_at IS NULL)")
+        params += [Dataset.Status.ACTIVE, user.pk]
+    return next(iter(Dataset.objects.raw(sql, params)), None)
 
 
 class FormatSuffix:

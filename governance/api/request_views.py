@@ -19,7 +19,7 @@ from ..errors import InvalidRequest
 from ..models import Request
 from ..waiting import MAX_WAIT_SECONDS, parse_wait, wait_final
 from . import serializers as s
-from .common import FormatSuffix, file_response, visible_datasets
+from .common import FormatSuffix, file_response, usable_dataset
 from .permissions import is_officer
 
 WAIT_PARAM = OpenApiParameter(
@@ -86,7 +86,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
             from .sql_requests import from_sql
 
             v.update(from_sql(v["sql"], v["params"], v.get("dataset")).as_json())
-        ds = visible_datasets(request.user).filter(name=v["dataset"]).first()
+        ds = usable_dataset(request.user, v["dataset"])
         if ds is None:
             raise InvalidRequest(f"No dataset {v['dataset']!r} that you may use.", errors={"dataset": "not found"})
         req, replayed = submit(request.user, ds, v["engine"], v["kind"], v["params"], idempotency_key=key)

@@ -155,6 +155,24 @@ def test_an_analyst_without_a_grant_cannot_request(api, outsider, clinic):
     assert r.status_code == 400 and not LedgerEntry.objects.exists()
 
 
+def test_a_revoked_grant_or_a_draft_dataset_counts_at_the_next_post(api, analyst, officer, clinic):
+    from django.utils import timezone
+
+    from governance.models import Dataset, Grant
+
+    client = api(analyst)
+    assert post(client, {"epsilon": 0.1}).status_code == 202
+    Grant.objects.filter(analyst=analyst, dataset=clinic).update(revoked_at=timezone.now())
+    r = post(client, {"epsilon": 0.1})
+    assert r.status_code == 400 and r.json()["errors"] == {"dataset": "not found"}
+    Grant.objects.filter(analyst=analyst, dataset=clinic).update(revoked_at=None)
+    Dataset.objects.filter(pk=clinic.pk).update(status=Dataset.Status.DRAFT)
+    assert post(client, {"epsilon": 0.1}).status_code == 400
+    # an officer needs no grant and sees the dataset: the gate says why not
+    assert post(api(officer), {"epsilon": 0.1}).json()["code"] == "dataset.inactive"
+    assert LedgerEntry.objects.count() == 1
+
+
 def test_a_task_delivered_twice_changes_nothing(api, analyst, clinic, django_capture_on_commit_callbacks):
     from governance.execution import execute
 
