@@ -98,7 +98,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         else:  # as just committed: the row, its dataset, analyst and reservation are in hand
             req.dataset, req.analyst = ds, request.user
         replayed = replayed or (repeated and req.replay_of_id is not None)
-        response = Response(s.RequestSerializer(req, context={"request": request}).data,
+        response = Response(s.request_json(req, request),
                             status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED)
         if repeated:
             response["Idempotent-Replayed"] = "true"
@@ -113,7 +113,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         req = self.get_object()
         if wait and req.status not in Request.FINAL:
             req = self._wait_for(req, wait) or self.get_object()
-        return Response(self.get_serializer(req).data)
+        return Response(s.request_json(req, request))
 
     def _wait_for(self, req, seconds: float) -> Request | None:
         """``req`` (seen not final) re-read once final, or None if ``seconds`` pass first."""
@@ -133,7 +133,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         if req.analyst_id != request.user.pk and not is_officer(request.user):
             raise exceptions.NotFound()
         req = cancel(req)
-        return Response(s.RequestSerializer(self.get_queryset().get(pk=req.pk), context={"request": request}).data)
+        return Response(s.request_json(self.get_queryset().get(pk=req.pk), request))
 
     @extend_schema(
         parameters=[OpenApiParameter("name", str, OpenApiParameter.PATH, description="a name from result.files")],
