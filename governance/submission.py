@@ -98,9 +98,7 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
 
 
 def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) -> tuple[Request, bool]:
-    prior = (Request.objects.filter(analyst=analyst, fingerprint=fp, status=Request.Status.SUCCEEDED)
-             .order_by("created_at").first())
-    if prior is not None:
+    if (prior := _answered(analyst, fp)) is not None:
         now = timezone.now()
         replay = Request.objects.create(
             analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
@@ -127,6 +125,17 @@ def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) 
     req.ledger_entry = entry
     transaction.on_commit(lambda: enqueue(req.pk, queue))
     return req, False
+
+
+def _answered(analyst, fp: str) -> Request | None:
+    """The analyst's first succeeded request with fingerprint ``fp`` (to replay), or None.
+    Its id by one statement written out (the ORM's query building was ~1 ms of every POST,
+    which almost never finds one); the row only when there is one."""
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT id FROM {Request._meta.db_table} WHERE analyst_id = %s AND fingerprint = %s"
+                    " AND status = %s ORDER BY created_at LIMIT 1", [analyst.pk, fp, Request.Status.SUCCEEDED])
+        row = cur.fetchone()
+    return None if row is None else Request.objects.get(pk=row[0])
 
 
 def _repeat_of(analyst, key: str, ds: Dataset, engine: str, kind: str, params) -> Request | None:
