@@ -105,7 +105,7 @@ def test_grant_missing_when_the_grant_goes_between_the_check_and_the_gate(server
     from governance.api import request_views
     from governance.models import Dataset
 
-    monkeypatch.setattr(request_views, "visible_datasets", lambda user: Dataset.objects.all())
+    monkeypatch.setattr(request_views, "usable_dataset", lambda user, name: Dataset.objects.filter(name=name).first())
     with raises(pc.PermissionDenied, "grant.missing", 403) as e:
         server.outsider.run("clinic", "count", epsilon=0.1)
     assert e.value.dataset == "clinic"
