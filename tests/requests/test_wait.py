@@ -45,6 +45,11 @@ def test_a_post_with_wait_answers_with_the_result(api, analyst, clinic):
     r = api(analyst).post(f"{URL}?wait=10", {**COUNT, "dataset": clinic.name}, format="json")
     assert r.status_code == 202  # the same code as without wait; the body is final
     assert r.json()["status"] == "succeeded" and r.json()["result"] is not None
+    # read once final with the POST's dataset and analyst in hand: what a GET shows (the
+    # GET adds rdp's refined figures to the charge)
+    body, shown = r.json(), api(analyst).get(f"{URL}{r.json()['id']}/").json()
+    assert body["charge"]["ledger_status"] == "committed" and body["analyst"] == analyst.username
+    assert {k: v for k, v in body.items() if k != "charge"} == {k: v for k, v in shown.items() if k != "charge"}
 
 
 @pytest.mark.django_db
