@@ -284,9 +284,9 @@ def profile_one(ds_pk, token, n, cprofile=0):
             for key, dt, q in zip(keys, (t1 - t0, t3 - t2, t5 - t4), (q0, q1, q2)):
                 stages[key].append(dt)
                 counts[key].append(len(q.captured_queries))
-    finally:
         if cprofile:
             _cprofile_posts(client, cprofile, execute)
+    finally:
         dispatch.send = real_send
         app.conf.task_always_eager = eager
     return {k: (statistics.median(v), statistics.median(counts[k])) for k, v in stages.items()}
