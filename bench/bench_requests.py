@@ -392,7 +392,7 @@ def summarize_pyspy(files: list[Path], label: str, top: int = 14):
     ours = [(k, v) for k, v in incl.items() if any(s in k for s in ("(governance/", "(engines/", "(workers/"))]
     for k, v in sorted(ours, key=lambda kv: -kv[1])[:top]:
         lines.append(f"  {100 * v / total:5.1f}%  {k}")
-    lines.append(f"  top self (leaf) frames:")
+    lines.append("  top self (leaf) frames:")
     for k, v in sorted(leaf.items(), key=lambda kv: -kv[1])[:top]:
         lines.append(f"  {100 * v / total:5.1f}%  {k}")
     return lines

@@ -82,6 +82,7 @@ def _token_and_user(key: str):
                               [_converted(value, f, u) for value, f in zip(row[1:], fields)])
     return user, Token.from_db(connection.alias, ["key", "user_id", "created"], [key, user.pk, created])
 
+
 def _converted(value, field, table: str):
     """A column's value as the ORM would give it (the backend's conversions, e.g. SQLite's
     booleans and aware datetimes, then the field's own)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from engines.types import DatasetMeta, PlanError
-from engines.validation import RUN_ACCOUNTANTS as ACCOUNTANTS
 from engines.validation import is_number as _finite, run_accountant_error
 
 KINDS = ("synthesize",)

@@ -3,7 +3,9 @@ everything against the dataset and is the authority."""
 
 from __future__ import annotations
 
-from .params import (ACCOUNTANTS, DEFAULT_BINS, DEFAULT_ROWS_PER_UNIT, MAX_BINS, MAX_ROWS, MAX_ROWS_PER_UNIT, METHODS,
+from engines.validation import RUN_ACCOUNTANTS as ACCOUNTANTS
+
+from .params import (DEFAULT_BINS, DEFAULT_ROWS_PER_UNIT, MAX_BINS, MAX_ROWS, MAX_ROWS_PER_UNIT, METHODS,
                      VAE_DEFAULTS)
 
 
