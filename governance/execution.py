@@ -36,6 +36,7 @@ from . import audit, ledger
 from .data import load_columns
 from .engine_meta import dataset_meta
 from .models import Dataset, Request
+from .raw_rows import concrete, from_row
 from .releaser import RELEASER
 from .waiting import signal_done
 
@@ -70,40 +71,25 @@ def claim(request_id, worker: str = "") -> Request | None:
         row = cur.fetchone()
     if row is None:
         return None
-    req_fields = _concrete(Request)
-    req = _from_row(Request, req_fields, row[:len(req_fields)])
+    req_fields = concrete(Request)
+    req = from_row(Request, req_fields, row[:len(req_fields)])
     if len(row) > len(req_fields):  # PostgreSQL: the dataset's row came with it
-        req.dataset = _from_row(Dataset, _concrete(Dataset), row[len(req_fields):])
+        req.dataset = from_row(Dataset, concrete(Dataset), row[len(req_fields):])
     else:  # SQLite has no data-modifying CTEs
         req.dataset = Dataset.objects.get(pk=req.dataset_id)
     return req
-
-
-def _concrete(model) -> list:
-    return list(model._meta.concrete_fields)
 
 
 @functools.cache
 def _claim_sql(vendor: str, columns: tuple[str, ...]) -> str:
     field = Request._meta.get_field
     sets = ", ".join(f"{field(k).column} = %s" for k in columns)
-    ret = ", ".join(f.column for f in _concrete(Request))
+    ret = ", ".join(f.column for f in concrete(Request))
     update = f"UPDATE {Request._meta.db_table} SET {sets} WHERE id = %s AND status = %s RETURNING {ret}"
     if vendor != "postgresql":
         return update
-    ds = ", ".join(f"d.{f.column}" for f in _concrete(Dataset))
+    ds = ", ".join(f"d.{f.column}" for f in concrete(Dataset))
     return f"WITH r AS ({update}) SELECT r.*, {ds} FROM r JOIN {Dataset._meta.db_table} d ON d.id = r.dataset_id"
-
-
-def _from_row(model, fields, values):
-    """A model instance from a raw row, values converted as the ORM would (JSON, datetimes...)."""
-    converted = []
-    for f, value in zip(fields, values, strict=True):
-        col = f.get_col(model._meta.db_table)
-        for convert in connection.ops.get_db_converters(col) + f.get_db_converters(connection):
-            value = convert(value, col, connection)
-        converted.append(value)
-    return model.from_db(connection.alias, [f.attname for f in fields], converted)
 
 
 def quantum_ms(ds: Dataset) -> int:

@@ -100,8 +100,7 @@ def _sql_for(vendor: str) -> SimpleNamespace:
         # A refusal under the gate's lock (PostgreSQL): the request row inserted before the
         # gate deleted, the refusal's audit record and the chain head, in one statement.
         refuse=(f"WITH x AS (DELETE FROM {request} WHERE id = %s::uuid), "
-                f"a AS (INSERT INTO {AuditRecord._meta.db_table} ({', '.join(f.column for f in _audit_fields())}) "
-                f"VALUES ({', '.join(f'%s::{f.cast_db_type(connection)}' for f in _audit_fields())})), "
+                f"a AS ({_audit_insert('VALUES ({})')}), "
                 f"h AS (UPDATE {budget} SET audit_seq = %s, audit_head = %s WHERE dataset_id = %s) "
                 f"SELECT 1") if pg else None,
     )
@@ -143,7 +142,6 @@ def _settle_sql_for(vendor: str) -> SimpleNamespace:
     js = "::jsonb" if pg else ""
     budget, dataset = Budget._meta.db_table, Dataset._meta.db_table
     grant, entry = Grant._meta.db_table, LedgerEntry._meta.db_table
-    audit_table = AuditRecord._meta.db_table
     user_model = get_user_model()
     user, username = user_model._meta.db_table, user_model._meta.get_field(user_model.USERNAME_FIELD).column
     return SimpleNamespace(
@@ -167,8 +165,7 @@ def _settle_sql_for(vendor: str) -> SimpleNamespace:
         # record and the head are written only when the compare-and-set moved the entry.
         commit_audited=(f"WITH c AS (UPDATE {entry} SET status = %s, committed_at = %s, committed_event = %s::jsonb, "
                         f"committed_cost = %s::jsonb WHERE id = %s AND status = %s RETURNING id), "
-                        f"a AS (INSERT INTO {audit_table} ({', '.join(f.column for f in _audit_fields())}) "
-                        f"SELECT {', '.join(f'%s::{f.cast_db_type(connection)}' for f in _audit_fields())} FROM c), "
+                        f"a AS ({_audit_insert('SELECT {} FROM c')}), "
                         f"h AS (UPDATE {budget} SET audit_seq = %s, audit_head = %s, committed = %s::jsonb "
                         f"WHERE dataset_id = %s AND EXISTS (SELECT 1 FROM c)) "
                         f"SELECT count(*) FROM c") if pg else None,
@@ -181,6 +178,14 @@ def settle_sql() -> SimpleNamespace:
 
 def _audit_fields():
     return [f for f in AuditRecord._meta.concrete_fields if not f.primary_key]
+
+
+def _audit_insert(source: str) -> str:
+    """PostgreSQL: INSERT of one audit record (``audit_values``' order, each parameter cast
+    to its column's type) from ``source``, a VALUES or SELECT with ``{}`` for the values."""
+    columns = ", ".join(f.column for f in _audit_fields())
+    values = ", ".join(f"%s::{f.cast_db_type(connection)}" for f in _audit_fields())
+    return f"INSERT INTO {AuditRecord._meta.db_table} ({columns}) " + source.format(values)
 
 
 def audit_values(rec: AuditRecord) -> list:

@@ -67,8 +67,10 @@ def _token_and_user(key: str):
     from django.db import connection
     from rest_framework.authtoken.models import Token
 
+    from .raw_rows import concrete, from_row
+
     user_model = get_user_model()
-    fields = user_model._meta.concrete_fields
+    fields = concrete(user_model)
     t, u = Token._meta.db_table, user_model._meta.db_table
     cols = ", ".join(f"u.{connection.ops.quote_name(f.column)}" for f in fields)
     with connection.cursor() as cur:
@@ -77,21 +79,9 @@ def _token_and_user(key: str):
         row = cur.fetchone()
     if row is None:
         return None, None
-    created = _converted(row[0], Token._meta.get_field("created"), t)
-    user = user_model.from_db(connection.alias, [f.attname for f in fields],
-                              [_converted(value, f, u) for value, f in zip(row[1:], fields)])
-    return user, Token.from_db(connection.alias, ["key", "user_id", "created"], [key, user.pk, created])
-
-
-def _converted(value, field, table: str):
-    """A column's value as the ORM would give it (the backend's conversions, e.g. SQLite's
-    booleans and aware datetimes, then the field's own)."""
-    from django.db import connection
-
-    col = field.get_col(table)
-    for convert in connection.ops.get_db_converters(col) + field.get_db_converters(connection):
-        value = convert(value, col, connection)
-    return value
+    user = from_row(user_model, fields, row[1:])
+    token_fields = [Token._meta.get_field(name) for name in ("key", "user", "created")]
+    return user, from_row(Token, token_fields, [key, user.pk, row[0]])
 
 
 class RequestCreationThrottle(UserRateThrottle):
