@@ -100,3 +100,14 @@ def test_the_plan_does_not_depend_on_the_number_of_ranks():
     assert one.details["sample_rate"] == four.details["sample_rate"]
     assert one.details["runs"][0]["noise_multiplier"] == four.details["runs"][0]["noise_multiplier"]
     assert four.details["spec"]["ranks"] == 4
+
+
+@pytest.mark.parametrize("bad, why", [(0, ">= 1"), (-1, ">= 1"), (65, "<= 64"), (1.5, "integer"), ("2", "integer"),
+                                      (True, "integer")])
+def test_a_bad_number_of_ranks_is_refused_with_the_reason(bad, why):
+    from engines.types import PlanError
+
+    params = {k: v for k, v in FIXED.items() if k != "noise_multiplier"} | {"target_epsilon": 2.0, "ranks": bad}
+    with pytest.raises(PlanError) as got:
+        plugins.plan("dpsgd", EngineRequest("train", params), rows_meta())
+    assert why in got.value.errors["ranks"]
