@@ -26,19 +26,18 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from engines import plugins
 from engines.types import Cancelled, EngineRequest, Plan
 
-from . import audit, ledger
+from . import outcomes
 from .data import load_columns
 from .engine_meta import dataset_meta
 from .models import Dataset, Request
 from .raw_rows import concrete, from_row
 from .releaser import RELEASER
-from .waiting import signal_done
 
 log = logging.getLogger(__name__)
 PROGRESS_INTERVAL = 0.5  # seconds between progress writes when there are no ticks (eager runs)
@@ -313,41 +312,21 @@ def _describe_files(workdir: Path) -> list[dict]:
 
 def _finish(req: Request, status: str, *, result=None, error=None, actual_event=None, charge: bool,
             officer_report=None, clock: RunClock | None = None) -> str:
-    """Write the outcome; once the data was read (``clock`` given), on the clock's next tick:
-    by this process's releaser thread in a real worker, so the task slot is free meanwhile
-    (``governance.releaser``), or by sleeping until it when run in-process."""
-    write = functools.partial(_write_outcome, req, status, result=result, error=error, actual_event=actual_event,
-                              charge=charge, officer_report=officer_report)
+    """Write the outcome; once the data was read (``clock`` given), on the clock's next tick.
+    In a real worker (the clock has its thread) the process's releaser thread writes it,
+    with every other outcome due at that moment in one transaction (group commit,
+    ``governance.outcomes``), so the task slot is free meanwhile; at quantum 0 too, the
+    tick being now. Run in-process (no clock thread) the task sleeps until the tick and
+    writes it itself."""
+    out = outcomes.Outcome(req, status, result=result, error=error, actual_event=actual_event, charge=charge,
+                           officer_report=officer_report)
     if clock is None:
-        return write()
+        return outcomes.write(out)
     due = clock.next_tick(time.monotonic())
     # The run's heartbeat stops with its task: a wait longer than half the sweep's grace
     # period is slept in the task instead, with the clock thread still beating.
-    if clock.thread is None or clock.quantum <= 0 or due - time.monotonic() > settings.REQUEST_LOST_AFTER_SECONDS / 2:
+    if clock.thread is None or due - time.monotonic() > settings.REQUEST_LOST_AFTER_SECONDS / 2:
         clock.hold()
-        return write()
-    RELEASER.at(due, write)
-    return status
-
-
-def _write_outcome(req: Request, status: str, *, result, error, actual_event, charge: bool, officer_report) -> str:
-    ctx = audit.Context.of_request(req, outcome=status, reason=(error or {}).get("code", ""),
-                                   detail=(error or {}).get("detail", ""), result_sha256=audit.result_digest(result),
-                                   cluster=audit.cluster_job(officer_report))
-    with transaction.atomic():
-        # The request row first (as the recovery sweep does), then the ledger: a request the
-        # sweep already declared lost is left as it is and this run's result is dropped.
-        finished = Request.objects.filter(pk=req.pk, status=Request.Status.RUNNING).update(
-            status=status, result=result, error=error, finished_at=timezone.now(), officer_report=officer_report,
-            progress={"phase": status, "fraction": 1.0})
-        if not finished:
-            log.warning("request %s was finished elsewhere (recovery sweep); its run's outcome is dropped", req.pk)
-            return Request.objects.filter(pk=req.pk).values_list("status", flat=True).first()
-        if req.ledger_entry_id:
-            # no savepoint: an error rolls back this whole transaction, the request row too
-            if charge:
-                ledger.commit(req.ledger_entry_id, actual_event, audit_ctx=ctx, savepoint=False)
-            else:
-                ledger.release(req.ledger_entry_id, audit_ctx=ctx, savepoint=False)
-        transaction.on_commit(lambda: signal_done(req.pk))
+        return outcomes.write(out)
+    RELEASER.at(due, out, group=outcomes.write_group)
     return status

@@ -9,9 +9,15 @@ tick, and returns to take the next task. The run clocks' progress and heartbeat 
 through it too, so that they use its one persistent database connection (a short-lived
 thread's own connection is a new PostgreSQL backend each time).
 
+Group commit: the outcome writes due when the thread wakes are handed over together and
+written in one transaction (``governance.outcomes.write_group``: one BEGIN/COMMIT and one
+budget row lock per dataset for the group instead of per request); at quantum 0 a real
+worker's task hands its outcome here too, so outcomes that finish while a group is being
+written form the next group. Progress and heartbeat writes stay one by one.
+
 What this does not change: the outcome is still written on a tick (never earlier); its
-write is the same transaction (request row, then the ledger's commit or refund with its
-audit record). A process that dies with writes pending leaves those requests ``running``
+write is one transaction with the request row first, then the ledger's commit or refund
+with its audit record. A process that dies with writes pending leaves those requests ``running``
 with ``data_read`` set, as a process that died while sleeping did: the recovery sweep
 finishes them as lost and charges the reservation in full. A worker shut down cleanly
 runs its pending writes first (``drain``, connected to Celery's shutdown signals in
@@ -39,10 +45,13 @@ class Releaser:
         self.running = 0
         self.thread: threading.Thread | None = None
 
-    def at(self, due: float, write) -> None:
-        """Run ``write()`` at monotonic time ``due`` (at once if it has passed)."""
+    def at(self, due: float, write, *, group=None) -> None:
+        """Run ``write()`` at monotonic time ``due`` (at once if it has passed). With
+        ``group`` (a function of a list of writes), the writes of that group that are due
+        when the thread wakes are handed to it together instead, in the order they were
+        due (group commit: ``governance.outcomes.write_group``)."""
         with self.cv:
-            heapq.heappush(self.heap, (due, next(self.order), write))
+            heapq.heappush(self.heap, (due, next(self.order), write, group))
             if self.thread is None or not self.thread.is_alive():  # also after a fork
                 self.thread = threading.Thread(target=self._loop, name="releaser", daemon=True)
                 self.thread.start()
@@ -72,17 +81,36 @@ class Releaser:
             with self.cv:
                 while not self.heap or self.heap[0][0] > time.monotonic():
                     self.cv.wait(None if not self.heap else self.heap[0][0] - time.monotonic())
-                _due, _n, write = heapq.heappop(self.heap)
-                self.running += 1
+                now = time.monotonic()
+                due = []
+                while self.heap and self.heap[0][0] <= now:  # every write due now, in due order
+                    due.append(heapq.heappop(self.heap)[2:])
+                self.running += len(due)
             try:
                 close_old_connections()  # a connection broken since the last write is replaced
+                self._run(due)
+            finally:
+                with self.cv:
+                    self.running -= len(due)
+                    self.cv.notify_all()
+
+    @staticmethod
+    def _run(due: list) -> None:
+        """Lone writes one by one, then each group's writes in one call."""
+        groups: dict = {}
+        for write, group in due:
+            if group is not None:
+                groups.setdefault(group, []).append(write)
+                continue
+            try:
                 write()
             except Exception:  # noqa: BLE001 - the request stays running; the sweep finishes it
                 log.exception("writing a run's outcome failed; the recovery sweep will finish the request")
-            finally:
-                with self.cv:
-                    self.running -= 1
-                    self.cv.notify_all()
+        for group, writes in groups.items():
+            try:
+                group(writes)
+            except Exception:  # noqa: BLE001 - as above
+                log.exception("writing %d outcomes failed; the recovery sweep will finish them", len(writes))
 
 
 RELEASER = Releaser()

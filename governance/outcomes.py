@@ -1,0 +1,115 @@
+"""Writing a run's outcome: the request row, then the ledger's commit or refund with its
+audit record, in one transaction; and group commit, several outcomes in one transaction.
+
+One outcome (``write``): the request row's compare-and-set ``running -> final`` first (as
+the recovery sweep does), then the ledger. A request the sweep already declared lost is
+left as it is and the run's result is dropped (never shown).
+
+A group (``write_group``, the releaser thread's path: every outcome due at one moment in
+one transaction): all the request rows' compare-and-sets first, then the ledger entries
+dataset by dataset in id order, so each budget row is locked once per group (a second
+``ledger.commit`` of the same dataset finds the lock held by its own transaction) and its
+audit records are chained in order under that lock. The orders keep every lock graph
+acyclic: a sweep or a cancel holds one request row and then at most one budget row, and
+the group takes no budget row before it holds all its request rows; two groups (two
+worker processes) and the web's admissions take budget rows in dataset order, the
+analyst's grant row after its budget row. When anything in a group fails (an actual event
+that costs more than its reservation, a database error), the whole group is rolled back
+and each outcome is written again on its own, so one bad outcome loses no other.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from . import audit, ledger
+from .models import Request
+from .waiting import signal_done
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """A finished run's outcome, waiting to be written."""
+
+    req: Request
+    status: str
+    result: dict | None = None
+    error: dict | None = None
+    actual_event: object = None
+    charge: bool = True
+    officer_report: dict | None = None
+
+    def __call__(self) -> str:  # the releaser runs a lone write by calling it
+        return write(self)
+
+
+def write(outcome: Outcome) -> str:
+    """Write one outcome in its own transaction; returns the request's status now."""
+    with transaction.atomic():
+        if not _finish_row(outcome):
+            return _status(outcome)
+        _settle(outcome)
+        transaction.on_commit(lambda: signal_done(outcome.req.pk))
+    return outcome.status
+
+
+def write_group(outcomes: list[Outcome]) -> None:
+    """Write ``outcomes`` in one transaction (see the module doc); on any failure, each on
+    its own. Every outcome given has reached its tick."""
+    if len(outcomes) == 1:
+        _write_logged(outcomes[0])
+        return
+    try:
+        with transaction.atomic():
+            moved = {o.req.pk for o in sorted(outcomes, key=lambda o: str(o.req.pk)) if _finish_row(o)}
+            finished = [o for o in outcomes if o.req.pk in moved]
+            for o in sorted(finished, key=lambda o: o.req.dataset_id):  # stable: each chain in hand-over order
+                _settle(o)
+            ids = [o.req.pk for o in finished]
+            transaction.on_commit(lambda: [signal_done(pk) for pk in ids])
+    except Exception:  # noqa: BLE001 - retried one by one below
+        log.warning("group commit of %d outcomes failed; writing each on its own", len(outcomes), exc_info=True)
+        for o in outcomes:
+            _write_logged(o)
+
+
+def _write_logged(outcome: Outcome) -> None:
+    try:
+        write(outcome)
+    except Exception:  # noqa: BLE001 - the request stays running; the sweep finishes it
+        log.exception("writing the outcome of request %s failed; the recovery sweep will finish it", outcome.req.pk)
+
+
+def _finish_row(o: Outcome) -> bool:
+    """The request row's compare-and-set ``running -> o.status``; False (and logged) when
+    it is no longer running (the recovery sweep finished it)."""
+    moved = Request.objects.filter(pk=o.req.pk, status=Request.Status.RUNNING).update(
+        status=o.status, result=o.result, error=o.error, finished_at=timezone.now(), officer_report=o.officer_report,
+        progress={"phase": o.status, "fraction": 1.0})
+    if not moved:
+        log.warning("request %s was finished elsewhere (recovery sweep); its run's outcome is dropped", o.req.pk)
+    return bool(moved)
+
+
+def _settle(o: Outcome) -> None:
+    """The ledger's half: commit (with the actual event) or refund, with the audit record.
+    No savepoint: an error rolls back the caller's whole transaction, the request row too."""
+    if not o.req.ledger_entry_id:
+        return
+    ctx = audit.Context.of_request(o.req, outcome=o.status, reason=(o.error or {}).get("code", ""),
+                                   detail=(o.error or {}).get("detail", ""), result_sha256=audit.result_digest(o.result),
+                                   cluster=audit.cluster_job(o.officer_report))
+    if o.charge:
+        ledger.commit(o.req.ledger_entry_id, o.actual_event, audit_ctx=ctx, savepoint=False)
+    else:
+        ledger.release(o.req.ledger_entry_id, audit_ctx=ctx, savepoint=False)
+
+
+def _status(o: Outcome) -> str:
+    return Request.objects.filter(pk=o.req.pk).values_list("status", flat=True).first()

@@ -1,0 +1,150 @@
+"""Group commit (governance.outcomes.write_group): the outcomes due at one moment written in
+one transaction, request rows first, then each dataset's ledger entries under its budget
+row lock with their audit records chained in order; one failing outcome loses no other."""
+
+import threading
+import time
+
+import pytest
+
+from governance import audit, outcomes
+from governance.execution import claim
+from governance.models import AuditRecord, LedgerEntry, Request
+from governance.releaser import Releaser
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def two_datasets(make_dataset, analyst, grant):
+    a, b = make_dataset("alpha", epsilon=5.0), make_dataset("beta", epsilon=5.0)
+    grant(analyst, a)
+    grant(analyst, b)
+    return a, b
+
+
+def claimed(client, capture, dataset, eps):
+    """A request admitted on ``dataset``, its task not run, claimed as a worker would."""
+    with capture(execute=False):
+        r = client.post("/api/requests/", {"dataset": dataset.name, "engine": "aggregates", "kind": "count",
+                                           "params": {"epsilon": eps}}, format="json")
+    assert r.status_code == 202, r.content
+    req = claim(r.json()["id"], worker="cpu@group")
+    assert req is not None and req.status == "running"
+    Request.objects.filter(pk=req.pk).update(data_read=True)
+    return req
+
+
+def test_a_group_of_two_datasets_is_one_transaction_and_both_chains_verify(
+        api, analyst, two_datasets, django_capture_on_commit_callbacks):
+    client = api(analyst)
+    a, b = two_datasets
+    # handed over interleaved: a, b, a, b
+    reqs = [claimed(client, django_capture_on_commit_callbacks, ds, 0.1 * (k + 1)) for k, ds in enumerate((a, b, a, b))]
+    group = [outcomes.Outcome(req, "succeeded", result={"value": k}) for k, req in enumerate(reqs)]
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        outcomes.write_group(group)
+    assert len(callbacks) == 1  # one transaction: one wake-up callback for the four
+    for k, req in enumerate(reqs):
+        req.refresh_from_db()
+        assert (req.status, req.result) == ("succeeded", {"value": k})
+        assert LedgerEntry.objects.get(pk=req.ledger_entry_id).status == "committed"
+    for ds, mine in ((a, reqs[0::2]), (b, reqs[1::2])):
+        chain = list(AuditRecord.objects.filter(dataset=ds, action="commit").order_by("seq"))
+        assert [r.request_id for r in chain] == [r.pk for r in mine]  # chained in hand-over order
+    assert audit.verify().ok
+
+
+def test_one_failing_outcome_in_a_group_loses_no_other(api, analyst, two_datasets, django_capture_on_commit_callbacks):
+    client = api(analyst)
+    a, b = two_datasets
+    good1, bad, good2 = (claimed(client, django_capture_on_commit_callbacks, ds, 0.2) for ds in (a, a, b))
+    # an actual event that costs more than the reservation: ledger.commit refuses it
+    group = [outcomes.Outcome(good1, "succeeded", result={"value": 1}),
+             outcomes.Outcome(bad, "succeeded", result={"value": 2}, actual_event={"kind": "laplace", "epsilon": 3.0}),
+             outcomes.Outcome(good2, "succeeded", result={"value": 3})]
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        outcomes.write_group(group)
+    assert len(callbacks) == 2  # the group rolled back, then one transaction per outcome that succeeded
+    for req in (good1, good2):
+        req.refresh_from_db()
+        assert req.status == "succeeded"
+        assert LedgerEntry.objects.get(pk=req.ledger_entry_id).status == "committed"
+    bad.refresh_from_db()
+    assert bad.status == "running" and bad.result is None  # left to the recovery sweep, as before
+    assert LedgerEntry.objects.get(pk=bad.ledger_entry_id).status == "reserved"
+    assert AuditRecord.objects.filter(request_id=bad.pk).count() == 0
+    assert AuditRecord.objects.filter(action="commit").count() == 2 and audit.verify().ok
+
+
+def test_a_group_drops_the_outcome_of_a_request_the_sweep_finished(api, analyst, two_datasets,
+                                                                    django_capture_on_commit_callbacks):
+    client = api(analyst)
+    a, _ = two_datasets
+    kept, swept = (claimed(client, django_capture_on_commit_callbacks, a, 0.3) for _ in range(2))
+    Request.objects.filter(pk=swept.pk).update(status="failed", error={"code": "request.worker_lost"})
+    with django_capture_on_commit_callbacks(execute=False):
+        outcomes.write_group([outcomes.Outcome(swept, "succeeded", result={"value": 9}),
+                              outcomes.Outcome(kept, "succeeded", result={"value": 1})])
+    swept.refresh_from_db()
+    kept.refresh_from_db()
+    assert swept.status == "failed" and swept.result is None  # never shown
+    assert LedgerEntry.objects.get(pk=swept.ledger_entry_id).status == "reserved"  # the sweep's to settle
+    assert kept.status == "succeeded" and audit.verify().ok
+
+
+def test_a_refund_and_a_charge_of_one_dataset_in_one_group(api, analyst, two_datasets,
+                                                           django_capture_on_commit_callbacks):
+    client = api(analyst)
+    a, _ = two_datasets
+    charged, refunded = (claimed(client, django_capture_on_commit_callbacks, a, 0.5) for _ in range(2))
+    with django_capture_on_commit_callbacks(execute=False):
+        outcomes.write_group([outcomes.Outcome(refunded, "failed", error={"code": "request.failed_before_read",
+                                                                           "detail": "x"}, charge=False),
+                              outcomes.Outcome(charged, "succeeded", result={"value": 1})])
+    assert LedgerEntry.objects.get(pk=refunded.ledger_entry_id).status == "released"
+    assert LedgerEntry.objects.get(pk=charged.ledger_entry_id).status == "committed"
+    assert [r.action for r in AuditRecord.objects.filter(dataset=a).order_by("seq")] == ["release", "commit"]
+    assert audit.verify().ok
+
+
+@pytest.mark.django_db(False)
+def test_the_releaser_hands_a_group_every_write_due_at_once_and_never_one_before_its_tick():
+    r = Releaser()
+    calls, lone = [], []
+    gate = threading.Event()
+    r.at(time.monotonic(), gate.wait)  # holds the thread while the writes below are queued
+    now = time.monotonic()
+
+    def group(writes):
+        calls.append(([w() for w in writes], time.monotonic()))
+
+    for name, due in (("a", now + 0.05), ("b", now + 0.04), ("late", now + 0.5)):
+        r.at(due, lambda name=name: name, group=group)
+    r.at(now + 0.045, lambda: lone.append(time.monotonic()))
+    time.sleep(0.1)
+    gate.set()
+    assert r.drain(timeout=10)
+    assert [names for names, _ in calls] == [["b", "a"], ["late"]]  # due order; the late one alone, at its tick
+    assert calls[1][1] >= now + 0.5 and len(lone) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_worker_at_quantum_0_writes_outcomes_through_its_releaser(real_worker, api, analyst, make_dataset,
+                                                                          grant):
+    """At quantum 0 the task hands its outcome to the releaser thread too (group commit);
+    every request ends committed once, with its record, and the chain verifies."""
+    from .conftest import wait_for
+
+    ds = make_dataset(epsilon=50.0)
+    ds.release_quantum_ms = 0
+    ds.save(update_fields=["release_quantum_ms"])
+    grant(analyst, ds)
+    client = api(analyst)
+    ids = [client.post("/api/requests/", {"dataset": ds.name, "engine": "aggregates", "kind": "count",
+                                          "params": {"epsilon": 1.0 + k * 1e-6}}, format="json").json()["id"]
+           for k in range(8)]
+    wait_for(lambda: Request.objects.filter(pk__in=ids, status="succeeded").count() == len(ids), timeout=60)
+    assert LedgerEntry.objects.filter(status="committed").count() == len(ids)
+    assert AuditRecord.objects.filter(action="commit", request_id__in=ids).count() == len(ids)
+    assert audit.verify().ok
