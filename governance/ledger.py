@@ -113,15 +113,16 @@ GATE_REFUSALS = (BudgetExceeded, NonPrivateRefused, NoGrant, DatasetNotActive)
 
 
 def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepoint: bool = True,
-          request_id=None) -> LedgerEntry:
+          request_id=None, new_request: Request | None = None) -> LedgerEntry:
     """Reserve ``event`` on the dataset for ``analyst`` or raise ``BudgetExceeded``.
 
     The hot path of the service, so its statements are written as SQL (the ORM's query
     building cost four times the database work): lock the budget row and the analyst's
     active grant (one statement on PostgreSQL, joined with the dataset's budget and
     policy), insert the entry, update both running states and, given ``request_id``, write
-    the entry on that request row (one data-modifying statement on PostgreSQL). The maths
-    before and after is the same as everywhere.
+    the entry on that request row, or given ``new_request`` (unsaved), insert that row with
+    the entry on it (one data-modifying statement on PostgreSQL). The maths before and
+    after is the same as everywhere.
 
     ``savepoint=False`` saves two statements when the caller's transaction already undoes
     everything on an error, as ``submission`` and ``execution`` do. A refusal (the
@@ -166,16 +167,18 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepo
             refused = e
         else:
             entry_id, now, fields = _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delta,
-                                             reference, request_id)
+                                             reference, request_id, new_request)
     if refused is not None:
         raise refused
     return LedgerEntry(id=entry_id, dataset_id=dataset_id, analyst=analyst, grant_id=grant.pk if grant else None,
                        reference=reference[:200], status=LedgerEntry.Status.RESERVED, created_at=now, **fields)
 
 
-def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delta, reference, request_id):
+def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delta, reference, request_id,
+             new_request):
     """The admitted entry's writes (under the locks): the entry, both running states and
-    the request row's link. Returns (entry id, now, the entry's JSON fields)."""
+    the request row's link (or the new request row). Returns (entry id, now, the entry's
+    JSON fields)."""
     now = timezone.now()
     fields = {"event": stamped.to_dict(), "cost": cost.to_json(), "charge": charge_summary(cost, b_delta)}
     when = connection.ops.adapt_datetimefield_value(now)
@@ -189,8 +192,12 @@ def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delt
         grant_state = limits[1][1] if len(limits) > 1 else Cost.from_json(grant.state)
         grant_row = [ledger_sql.dumps((grant_state + cost).to_json()), grant.pk]
     request_pk = None if request_id is None else Request._meta.pk.get_db_prep_value(request_id, connection)
+    new_row = None if new_request is None else ledger_sql.request_values(new_request)
     if sql.write_all is not None:  # PostgreSQL: the four writes in one round trip
-        cur.execute(sql.write_all, entry_row + budget_row + (grant_row or [None, None]) + [request_pk])
+        if new_row is not None:
+            cur.execute(sql.write_all_new, entry_row + budget_row + (grant_row or [None, None]) + new_row)
+        else:
+            cur.execute(sql.write_all, entry_row + budget_row + (grant_row or [None, None]) + [request_pk])
         entry_id = cur.fetchone()[0]
     else:
         cur.execute(sql.insert, entry_row)
@@ -200,12 +207,18 @@ def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delt
             cur.execute(sql.update_grant, grant_row)
         if request_pk is not None:
             cur.execute(sql.link_request, [entry_id, request_pk])
+        if new_row is not None:
+            cur.execute(sql.insert_request, new_row + [entry_id])
+    if new_request is not None:  # written: saved as the ORM's insert leaves an instance
+        new_request.ledger_entry_id = entry_id
+        new_request._state.adding, new_request._state.db = False, connection.alias
     return entry_id, now, fields
 
 
 def refuse(error, analyst, event, ctx: audit.Context, *, request_id) -> bool:
     """Record a refusal ``admit`` just raised, still under its lock, in one statement
-    (PostgreSQL): delete the request row ``request_id`` inserted before the gate, write the
+    (PostgreSQL): delete the request row ``request_id`` if it was inserted before the gate
+    (a request with an Idempotency-Key; others are written by the gate itself), write the
     refusal's audit record and advance the chain head. False where that statement does not
     exist (SQLite) or the refusal did not come from the lock: the caller records it."""
     sql = ledger_sql.admit_sql()

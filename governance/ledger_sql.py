@@ -88,15 +88,12 @@ def _sql_for(vendor: str) -> SimpleNamespace:
         # Data-modifying CTEs (PostgreSQL): insert the entry, update both running states and
         # write the entry's id on its request row in one statement; a NULL grant (request)
         # id updates no grant (request) row.
-        write_all=(f"WITH e AS (INSERT INTO {entry} (dataset_id, analyst_id, grant_id, reference, event, cost, "
-                   f"charge, status, created_at, non_private) "
-                   f"VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s, %s) "
-                   f"RETURNING id), "
-                   f"b AS (UPDATE {budget} SET state = %s::jsonb, active_entries = active_entries + 1, "
-                   f"updated_at = %s WHERE dataset_id = %s), "
-                   f"g AS (UPDATE {grant} SET state = %s::jsonb WHERE id = %s), "
-                   f"r AS (UPDATE {request} SET ledger_entry_id = (SELECT id FROM e) WHERE id = %s::uuid) "
-                   f"SELECT id FROM e") if pg else None,
+        write_all=_write_all(f"UPDATE {request} SET ledger_entry_id = (SELECT id FROM e) WHERE id = %s::uuid")
+        if pg else None,
+        # The same with the request row inserted (a request without an Idempotency-Key:
+        # nothing to wait for on its insert, so it can be written under the gate's lock).
+        write_all_new=_write_all(_request_insert("SELECT {}, e.id FROM e")) if pg else None,
+        insert_request=_request_insert("VALUES ({}, %s)"),
         # A refusal under the gate's lock (PostgreSQL): the request row inserted before the
         # gate deleted, the refusal's audit record and the chain head, in one statement.
         refuse=(f"WITH x AS (DELETE FROM {request} WHERE id = %s::uuid), "
@@ -104,6 +101,43 @@ def _sql_for(vendor: str) -> SimpleNamespace:
                 f"h AS (UPDATE {budget} SET audit_seq = %s, audit_head = %s WHERE dataset_id = %s) "
                 f"SELECT 1") if pg else None,
     )
+
+
+def _write_all(request_part: str) -> str:
+    """PostgreSQL, one data-modifying statement: insert the entry, update both running
+    states, and ``request_part`` (the request row's link to the entry, or its insert); a
+    NULL grant id updates no grant row."""
+    budget, grant, entry = Budget._meta.db_table, Grant._meta.db_table, LedgerEntry._meta.db_table
+    return (f"WITH e AS (INSERT INTO {entry} (dataset_id, analyst_id, grant_id, reference, event, cost, "
+            f"charge, status, created_at, non_private) "
+            f"VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s, %s) RETURNING id), "
+            f"b AS (UPDATE {budget} SET state = %s::jsonb, active_entries = active_entries + 1, "
+            f"updated_at = %s WHERE dataset_id = %s), "
+            f"g AS (UPDATE {grant} SET state = %s::jsonb WHERE id = %s), "
+            f"r AS ({request_part}) "
+            f"SELECT id FROM e")
+
+
+def _request_fields():
+    """A new request row's columns but its ledger entry (the gate writes that one)."""
+    return [f for f in Request._meta.concrete_fields if f.name != "ledger_entry"]
+
+
+def _request_insert(source: str) -> str:
+    """INSERT of a new request row (``request_values``' order, each parameter cast to its
+    column's type on PostgreSQL), its ledger entry's id last, from ``source``: a VALUES or
+    SELECT with ``{}`` for the values."""
+    pg = connection.vendor == "postgresql"
+    columns = ", ".join(f.column for f in _request_fields())
+    values = ", ".join(f"%s::{f.cast_db_type(connection)}" if pg else "%s" for f in _request_fields())
+    ledger_entry = Request._meta.get_field("ledger_entry").column
+    return f"INSERT INTO {Request._meta.db_table} ({columns}, {ledger_entry}) " + source.format(values)
+
+
+def request_values(req: Request) -> list:
+    """An unsaved request's column values in ``_request_insert``'s order (as the ORM's
+    insert computes them: ``pre_save`` fills ``created_at``)."""
+    return [f.get_db_prep_save(f.pre_save(req, True), connection) for f in _request_fields()]
 
 
 def admit_sql() -> SimpleNamespace:

@@ -4,7 +4,7 @@
 request as ``queued``, reserves its event through the gate and schedules the Celery task
 with ``transaction.on_commit`` (so a worker never sees a request that was rolled back).
 A refused request leaves no request and no reservation (the gate refuses before it writes;
-the request row, inserted before the gate, is deleted); its refusal is written to the audit
+a request row inserted before the gate, one with an Idempotency-Key, is deleted); its refusal is written to the audit
 trail in the same transaction (who asked for what, and why not). An identical request (same dataset version, engine, kind and parameters) that the
 same analyst already got answered is answered from the stored release at no cost: it is
 the same noisy value, post-processing is free. A POST retried with the same
@@ -107,18 +107,22 @@ def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) 
         audit.record_replay(ds, analyst, audit.Context.of_request(
             replay, result_sha256=audit.result_digest(prior.result), detail=f"replay of request {prior.pk}"))
         return replay, True
-    # The request row (and its Idempotency-Key) before the budget lock, never under it: a
-    # concurrent retry's key check waits for a worker finishing the first request, which
-    # holds that request's row and waits for the budget lock (a deadlock if the retry held
-    # it). No savepoint in admit: a refusal (raised before the gate writes) carries the
-    # request's id and the caller deletes the row; any other error rolls back everything.
-    req = Request.objects.create(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params,
-                                 fingerprint=fp, idempotency_key=idempotency_key, plan=_plan_json(plan),
-                                 progress={"phase": "queued"})
+    req = Request(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
+                  idempotency_key=idempotency_key, plan=_plan_json(plan), progress={"phase": "queued"})
+    # A request with an Idempotency-Key is inserted before the budget lock, never under it:
+    # a concurrent retry's insert of the same key waits for a worker finishing the first
+    # request, which holds that request's row and waits for the budget lock (a deadlock if
+    # the retry held it). One without a key waits for nothing on its insert, and the gate's
+    # own statement writes it with its entry (one statement and the ORM's insert fewer).
+    # No savepoint in admit: a refusal (raised before the gate writes) carries the
+    # request's id and the caller deletes the row if there is one; any other error rolls
+    # back everything.
+    if idempotency_key:
+        req.save(force_insert=True)
     try:
         # the entry's id is written on the request row by the gate's own statement
         entry = ledger.admit(ds, analyst, plan.event, reference=f"request {req.pk}", savepoint=False,
-                             request_id=req.pk)
+                             **({"request_id": req.pk} if idempotency_key else {"new_request": req}))
     except GATE_REFUSALS as e:
         e.request_id = req.pk
         raise
