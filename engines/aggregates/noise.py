@@ -23,6 +23,7 @@ the requested cost (OpenDP's maps round up; a scale is nudged up until they fit)
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -55,13 +56,7 @@ class Noise:
     vector: bool
 
     def measurement(self):
-        T = INT if self.integer else float
-        atom = dp.atom_domain(T=INT) if self.integer else dp.atom_domain(T=float, nan=False)
-        if self.vector:
-            domain = dp.vector_domain(atom)
-            metric = dp.l2_distance(T=T) if self.mechanism == "gaussian" else dp.l1_distance(T=T)
-        else:
-            domain, metric = atom, dp.absolute_distance(T=T)
+        domain, metric = _space(self.mechanism, self.integer, self.vector)
         if self.mechanism == "laplace":
             return dp.m.make_laplace(domain, metric, scale=float(self.scale))
         if self.mechanism == "gaussian":
@@ -119,6 +114,18 @@ class Noise:
     @classmethod
     def from_dict(cls, d: dict) -> "Noise":
         return cls(d["mechanism"], float(d["scale"]), d["sensitivity"], bool(d["integer"]), bool(d["vector"]))
+
+
+@functools.cache
+def _space(mechanism: str, integer: bool, vector: bool):
+    """The (domain, metric) a measurement is built on; OpenDP's objects are immutable, so
+    one of each serves every plan and release (built per call, they were a third of the
+    request POST's noise calibration)."""
+    T = INT if integer else float
+    atom = dp.atom_domain(T=INT) if integer else dp.atom_domain(T=float, nan=False)
+    if vector:
+        return dp.vector_domain(atom), dp.l2_distance(T=T) if mechanism == "gaussian" else dp.l1_distance(T=T)
+    return atom, dp.absolute_distance(T=T)
 
 
 def _fit(make, scale: float, target: float) -> tuple[float, float]:
