@@ -11,10 +11,12 @@
 import mimetypes
 
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.http import FileResponse
 
 from .. import audit
 from ..models import Dataset, Grant
+from ..raw_rows import concrete, from_row
 from .permissions import is_officer
 
 User = get_user_model()
@@ -33,13 +35,17 @@ def usable_dataset(user, name: str) -> Dataset | None:
     ``select_related`` cost ~1.5 ms of Python per POST; the budget row is not needed, the
     gate reads it under its lock). Read on every call: a revoked grant counts at once."""
     d, g = Dataset._meta, Grant._meta
-    sql = f'SELECT * FROM {d.db_table} WHERE name = %s'
+    fields = concrete(Dataset)
+    sql = f'SELECT {", ".join(f.column for f in fields)} FROM {d.db_table} WHERE name = %s'
     params = [name]
     if not is_officer(user):
         sql += (f" AND status = %s AND EXISTS (SELECT 1 FROM {g.db_table} WHERE dataset_id = {d.db_table}.id"
                 " AND analyst_id = %s AND revoked_at IS NULL)")
         params += [Dataset.Status.ACTIVE, user.pk]
-    return next(iter(Dataset.objects.raw(sql, params)), None)
+    with connection.cursor() as cur:  # a cursor and raw_rows, not Dataset.objects.raw (~0.3 ms less)
+        cur.execute(sql, params)
+        row = cur.fetchone()
+    return None if row is None else from_row(Dataset, fields, row)
 
 
 class FormatSuffix:
