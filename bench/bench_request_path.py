@@ -258,38 +258,40 @@ def profile_one(ds_pk, token, n, cprofile=0):
     stages = {"POST (web: auth, plan, gate, insert, audit, enqueue)": [], "worker (claim, read, engine, commit, audit)": [],
               "GET (web: the answer)": []}
     counts = {k: [] for k in stages}
+    cpu = {k: [] for k in stages}
     try:
         for i in range(n + 3):
             body = {"dataset": DATASET, "engine": "aggregates", "kind": "count",
                     "params": {"epsilon": 1e-6 * (1 + (1_900_000_000 + i) * 1e-9)}}
             keys = list(stages)
             with CaptureQueriesContext(connection) as q0:
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 r = client.post("/api/requests/", body, content_type="application/json")
-                t1 = time.perf_counter()
+                c1, t1 = time.process_time(), time.perf_counter()
             assert r.status_code == 202, r.content
             rid = r.json()["id"]
             with CaptureQueriesContext(connection) as q1:
-                t2 = time.perf_counter()
+                c2, t2 = time.process_time(), time.perf_counter()
                 status = execute(rid, worker="profile")
-                t3 = time.perf_counter()
+                c3, t3 = time.process_time(), time.perf_counter()
             assert status == "succeeded", status
             with CaptureQueriesContext(connection) as q2:
-                t4 = time.perf_counter()
+                c4, t4 = time.process_time(), time.perf_counter()
                 r = client.get(f"/api/requests/{rid}/")
-                t5 = time.perf_counter()
+                c5, t5 = time.process_time(), time.perf_counter()
             assert r.json()["status"] == "succeeded"
             if i < 3:
                 continue  # warm-up
-            for key, dt, q in zip(keys, (t1 - t0, t3 - t2, t5 - t4), (q0, q1, q2)):
+            for key, dt, dc, q in zip(keys, (t1 - t0, t3 - t2, t5 - t4), (c1 - c0, c3 - c2, c5 - c4), (q0, q1, q2)):
                 stages[key].append(dt)
+                cpu[key].append(dc)
                 counts[key].append(len(q.captured_queries))
         if cprofile:
             _cprofile_posts(client, cprofile, execute)
     finally:
         dispatch.send = real_send
         app.conf.task_always_eager = eager
-    return {k: (statistics.median(v), statistics.median(counts[k])) for k, v in stages.items()}
+    return {k: (statistics.median(v), statistics.median(counts[k]), statistics.median(cpu[k])) for k, v in stages.items()}
 
 
 def _cprofile_posts(client, n, execute):
@@ -369,8 +371,8 @@ def main():
         sys.path.insert(0, str(BENCH))
         profile = profile_one(ds_pk, token, args.profile_n, args.cprofile)
         if args.profile_only:
-            for k, (t, n) in profile.items():
-                print(f"  {k:<52} {ms(t):>7} ms {n:>4.0f} SQL statements")
+            for k, (t, n, c) in profile.items():
+                print(f"  {k:<52} {ms(t):>7} ms {n:>4.0f} SQL statements, this process's CPU {ms(c)} ms")
             return
         from django.db import connections
 
@@ -488,9 +490,10 @@ def main():
         print()
         print(f"in-process profile of one request (quantum 0, medians of {args.profile_n}; this process, no HTTP, "
               "no broker):")
-        total_t = sum(t for t, _ in profile.values())
-        for k, (t, n) in profile.items():
-            print(f"  {k:<52} {ms(t):>7} ms {n:>4.0f} SQL statements ({100 * t / total_t:.0f}%)")
+        total_t = sum(t for t, _, _ in profile.values())
+        for k, (t, n, c) in profile.items():
+            print(f"  {k:<52} {ms(t):>7} ms {n:>4.0f} SQL statements ({100 * t / total_t:.0f}%), "
+                  f"this process's CPU {ms(c)} ms")
         print()
         errs = [e for r in rows for e in r["errors"]]
         print("checks: " + "; ".join(f"{k}: {v}" for k, v in checks.items()) + f"; client errors: {len(errs)}"
