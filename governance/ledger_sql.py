@@ -248,8 +248,11 @@ def aware(value):
 def lock_entry(cur, entry_id: int) -> LockedEntry | None:
     cur.execute(settle_sql().lock, [entry_id])
     row = cur.fetchone()
-    if row is None:
-        return None
+    return None if row is None else locked_entry(entry_id, row)
+
+
+def locked_entry(entry_id: int, row) -> LockedEntry:
+    """A row of ``settle_sql().lock`` as a record."""
     (status, cost, event, charge, non_private, reference, created_at, analyst_id, grant_id, dataset_id, state, committed,
      audit_seq, audit_head, name, delta, username) = row
     return LockedEntry(entry_id, status, loads(cost), loads(event), loads(charge), bool(non_private), reference, aware(created_at),

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
-from . import audit, ledger
+from . import audit, ledger, ledger_group
 from .models import Request
 from .waiting import signal_done
 
@@ -69,8 +69,17 @@ def write_group(outcomes: list[Outcome]) -> None:
         with transaction.atomic():
             moved = {o.req.pk for o in sorted(outcomes, key=lambda o: str(o.req.pk)) if _finish_row(o)}
             finished = [o for o in outcomes if o.req.pk in moved]
+            plain: list[Outcome] = []  # consecutive plain charges of one dataset: one ledger_group call
             for o in sorted(finished, key=lambda o: o.req.dataset_id):  # stable: each chain in hand-over order
-                _settle(o)
+                if plain and (o.req.dataset_id != plain[0].req.dataset_id or not _plain(o)):
+                    ledger_group.commit_many([(p.req.ledger_entry_id, _context(p)) for p in plain])
+                    plain = []
+                if _plain(o):
+                    plain.append(o)
+                else:
+                    _settle(o)
+            if plain:
+                ledger_group.commit_many([(p.req.ledger_entry_id, _context(p)) for p in plain])
             ids = [o.req.pk for o in finished]
             transaction.on_commit(lambda: [signal_done(pk) for pk in ids])
     except Exception:  # noqa: BLE001 - retried one by one below
@@ -102,13 +111,22 @@ def _settle(o: Outcome) -> None:
     No savepoint: an error rolls back the caller's whole transaction, the request row too."""
     if not o.req.ledger_entry_id:
         return
-    ctx = audit.Context.of_request(o.req, outcome=o.status, reason=(o.error or {}).get("code", ""),
-                                   detail=(o.error or {}).get("detail", ""), result_sha256=audit.result_digest(o.result),
-                                   cluster=audit.cluster_job(o.officer_report))
+    ctx = _context(o)
     if o.charge:
         ledger.commit(o.req.ledger_entry_id, o.actual_event, audit_ctx=ctx, savepoint=False)
     else:
         ledger.release(o.req.ledger_entry_id, audit_ctx=ctx, savepoint=False)
+
+
+def _plain(o: Outcome) -> bool:
+    """A charge of the whole reservation (no actual event): ``ledger_group`` can commit it."""
+    return bool(o.req.ledger_entry_id) and o.charge and o.actual_event is None
+
+
+def _context(o: Outcome) -> audit.Context:
+    return audit.Context.of_request(o.req, outcome=o.status, reason=(o.error or {}).get("code", ""),
+                                    detail=(o.error or {}).get("detail", ""), result_sha256=audit.result_digest(o.result),
+                                    cluster=audit.cluster_job(o.officer_report))
 
 
 def _status(o: Outcome) -> str:

@@ -108,6 +108,46 @@ def test_a_refund_and_a_charge_of_one_dataset_in_one_group(api, analyst, two_dat
     assert audit.verify().ok
 
 
+def test_a_dataset_s_charges_in_a_group_are_two_statements_under_its_lock(api, analyst, two_datasets,
+                                                                           django_capture_on_commit_callbacks):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from governance import ledger_group
+
+    client = api(analyst)
+    a, _ = two_datasets
+    reqs = [claimed(client, django_capture_on_commit_callbacks, a, 0.1 + k * 0.01) for k in range(3)]
+    with CaptureQueriesContext(connection) as q:
+        ledger_group.commit_many([(r.ledger_entry_id, audit.Context.of_request(r, outcome="succeeded")) for r in reqs])
+    if connection.vendor == "postgresql":
+        assert len(q.captured_queries) == 2  # lock + read all; compare-and-set + records + chain head
+    assert [r.request_id for r in AuditRecord.objects.filter(dataset=a).order_by("seq")] == [r.pk for r in reqs]
+    assert set(LedgerEntry.objects.filter(dataset=a).values_list("status", flat=True)) == {"committed"}
+    assert audit.verify().ok
+
+
+def test_an_entry_committed_elsewhere_sends_the_group_one_by_one_and_nothing_is_recorded_twice(
+        api, analyst, two_datasets, django_capture_on_commit_callbacks):
+    from django.db import connection
+
+    from governance import ledger
+
+    client = api(analyst)
+    a, _ = two_datasets
+    first, again, other = (claimed(client, django_capture_on_commit_callbacks, a, 0.2 + k * 0.01) for k in range(3))
+    ledger.commit(again.ledger_entry_id)  # e.g. a run that committed before its request row was written
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        outcomes.write_group([outcomes.Outcome(r, "succeeded", result={"value": 1}) for r in (first, again, other)])
+    # PostgreSQL: the group statement refused, rolled back, each written on its own; SQLite
+    # commits entry by entry in the group, where a committed entry is a no-op
+    assert len(callbacks) == (3 if connection.vendor == "postgresql" else 1)
+    assert set(Request.objects.filter(pk__in=[first.pk, again.pk, other.pk]).values_list("status", flat=True)) == {
+        "succeeded"}
+    assert AuditRecord.objects.filter(ledger_entry_id=again.ledger_entry_id).count() == 1
+    assert AuditRecord.objects.filter(dataset=a, action="commit").count() == 3 and audit.verify().ok
+
+
 @pytest.mark.django_db(False)
 def test_the_releaser_hands_a_group_every_write_due_at_once_and_never_one_before_its_tick():
     r = Releaser()
