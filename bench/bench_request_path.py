@@ -339,9 +339,6 @@ def main():
     ap.add_argument("--gunicorn-workers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=16, help="gunicorn threads per worker (16: a long-poll holds one)")
     ap.add_argument("--celery", type=int, default=2, help="Celery worker processes (prefork -c, 2)")
-    ap.add_argument("--pool", choices=("prefork", "solo"), default="prefork",
-                    help="Celery's pool: prefork (-c N children of one consumer) or solo (N consumers, "
-                         "each running its tasks in its own process: no hand-over to a child)")
     ap.add_argument("--redis-db", type=int, default=12)
     ap.add_argument("--profile-n", type=int, default=40, help="requests in the in-process profile (40)")
     ap.add_argument("--cprofile", type=int, default=0, metavar="N",
@@ -381,13 +378,8 @@ def main():
 
         connections.close_all()
         port = free_port()
-        if args.pool == "prefork":
-            worker, f1 = start([PY, "manage.py", "worker", "-Q", "cpu,gpu", "-c", str(args.celery), "--pool", "prefork",
-                                "--loglevel", "WARNING"], env, tmp / "worker.log")
-        else:  # N solo consumers in one process group (the CPU split counts the group)
-            worker, f1 = start(["sh", "-c", " & ".join(
-                f"{PY} manage.py worker -Q cpu,gpu --pool solo -n solo{i}@%h --loglevel WARNING"
-                for i in range(args.celery)) + " & wait"], env, tmp / "worker.log")
+        worker, f1 = start([PY, "manage.py", "worker", "-Q", "cpu,gpu", "-c", str(args.celery), "--pool", "prefork",
+                            "--loglevel", "WARNING"], env, tmp / "worker.log")
         server, f2 = start([str(Path(PY).parent / "gunicorn"), "governance.wsgi", "--bind", f"127.0.0.1:{port}",
                             "--workers", str(args.gunicorn_workers), "--threads", str(args.threads),
                             "--worker-class", "gthread", "--keep-alive", "30", "--log-level", "warning"],
@@ -453,7 +445,7 @@ def main():
 
         # ---------------------------------------------------------------- report
         print(f"== request path: DP count through gunicorn + Celery + PostgreSQL + Redis; code at git {git_code()}")
-        print(f"   {where}; gunicorn gthread {args.gunicorn_workers} x {args.threads}; Celery {args.pool} {'-c ' if args.pool == 'prefork' else 'x '}{args.celery}; "
+        print(f"   {where}; gunicorn gthread {args.gunicorn_workers} x {args.threads}; Celery prefork -c {args.celery}; "
               f"{args.duration:.0f} s per row; REQUEST_RATE_LIMIT off")
         print(f"   shared machine: {os.cpu_count()} CPUs for clients, server, workers, PostgreSQL, Redis and other "
               f"engineers' work; 1-min load avg start/end {load0[0]:.2f}/{load1[0]:.2f}; "
