@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from ..dispatch import app
 from ..errors import InvalidRequest
 from ..models import Request
-from ..waiting import MAX_WAIT_SECONDS, parse_wait, wait_final
+from ..waiting import MAX_WAIT_SECONDS, apply_final_state, parse_wait, wait_final
 from . import serializers as s
 from .common import FormatSuffix, file_response, usable_dataset
 from .permissions import is_officer
@@ -122,7 +122,9 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         if not seconds or req.status in Request.FINAL:
             return None
         if in_hand is not None:
-            return wait_final(req.pk, seconds, lambda: _final_row(req.pk, *in_hand))
+            # the request just admitted holds its entry: the worker's pushed final state completes it
+            from_state = (lambda data: apply_final_state(req, data)) if Request.ledger_entry.is_cached(req) else None
+            return wait_final(req.pk, seconds, lambda: _final_row(req.pk, *in_hand), from_state)
         return wait_final(req.pk, seconds,
                           lambda: self.get_queryset().filter(pk=req.pk, status__in=Request.FINAL).first())
 
