@@ -150,13 +150,16 @@ class Client:
         """Send a SQL query (planned by the service into an aggregates request); returns at once."""
         return self._post_request({"sql": sql, "params": options}, idempotency_key)
 
-    def _post_request(self, body: dict, key: str | None) -> Result:
+    def _post_request(self, body: dict, key: str | None, hold: float = 0.0) -> Result:
         # An Idempotency-Key makes a retry after a lost answer safe: the service returns
-        # the first request and charges nothing twice.
+        # the first request and charges nothing twice. ``hold`` > 0: the answer waits up to
+        # that long for the result (``?wait=``), so a quick request is done in one call.
         headers = {"Idempotency-Key": key or str(uuid.uuid4()), "Content-Type": "application/json"}
+        params = {"wait": f"{hold:g}"} if hold > 0 else None
         for attempt in range(self.retries + 1):
             try:
-                return Result(self._call("POST", "/api/requests/", json=body, headers=headers), self)
+                return Result(self._call("POST", "/api/requests/", json=body, headers=headers, params=params,
+                                         timeout=self.timeout + hold), self)
             except (requests.ConnectionError, requests.Timeout):
                 if attempt == self.retries:
                     raise
@@ -167,12 +170,22 @@ class Client:
             timeout: float | None = None, progress: Any = None, **kw: Any) -> Result:
         """Submit and wait for the result (a progress bar while it runs). Raises
         ``RequestFailed`` if the request ends without a result."""
-        return self.wait(self.submit(dataset, kind, engine=engine, params=params, **kw),
-                         timeout=timeout, progress=progress)
+        return self._run({"dataset": dataset, "engine": engine, "kind": kind, "params": _params(params, kw)},
+                         timeout, progress)
 
     def sql(self, sql: str, *, timeout: float | None = None, progress: Any = None, **options: Any) -> Result:
         """Run a SQL query and wait for its result (``.df``: values with 95% intervals)."""
-        return self.wait(self.submit_sql(sql, **options), timeout=timeout, progress=progress)
+        return self._run({"sql": sql, "params": options}, timeout, progress)
+
+    def _run(self, body: dict, timeout: float | None, progress: Any) -> Result:
+        """POST that waits for the result as a status read would (``Backoff.long_poll``), then
+        ``wait`` for the rest: a quick request is answered in one call (a service without
+        ``?wait=`` answers at once, and ``wait`` polls)."""
+        start = time.monotonic()
+        hold = self.backoff.long_poll if timeout is None else max(0.0, min(self.backoff.long_poll, timeout))
+        submitted = self._post_request(body, None, hold)
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+        return self.wait(submitted, timeout=left, progress=progress)
 
     def request(self, request_id: str) -> Result:
         return Result(self._call("GET", f"/api/requests/{_seg(request_id)}/"), self)

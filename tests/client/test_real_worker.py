@@ -19,10 +19,20 @@ def test_the_client_waits_for_a_real_worker_and_downloads_its_table(server, real
     grant(analyst, make_dataset("wide", epsilon=10.0, unit_column="patient_id", schema=SCHEMA,
                                 frame=small_frame(6000, seed=4)))
     c = server.analyst
-    seen = []
+    seen, calls = [], []
+    request = c.session.request
+
+    def record(method, url, **kw):
+        calls.append((method, url.removeprefix(server.url), kw.get("params")))
+        return request(method, url, **kw)
+
+    c.session.request = record
     result = c.mean("clinic", "income", by="site", epsilon=1.0, progress=seen.append, timeout=120)
-    assert result.status == "succeeded" and result.df.index.name == "site"
-    assert seen[0]["status"] == "queued" and seen[-1]["status"] == "succeeded"  # it really waited
+    assert result.status == "succeeded" and result.df.index.name == "site" and seen[-1]["status"] == "succeeded"
+    # the POST itself waited for the worker (?wait=, the long-poll's hold), then reads if it was not done
+    hold = {"wait": f"{c.backoff.long_poll:g}"}
+    assert calls[0] == ("POST", "/api/requests/", hold), calls
+    assert all(m == "GET" and p == hold for m, _, p in calls[1:]), calls
 
     synth = c.synthesize("wide", epsilon=2.0, rows=300, columns=["age", "site"], holdout_fraction=0.1, progress=True, timeout=240)
     table = synth.table(tmp_path)
