@@ -209,9 +209,8 @@ def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delt
             cur.execute(sql.link_request, [entry_id, request_pk])
         if new_row is not None:
             cur.execute(sql.insert_request, new_row + [entry_id])
-    if new_request is not None:  # written: saved as the ORM's insert leaves an instance
-        new_request.ledger_entry_id = entry_id
-        new_request._state.adding, new_request._state.db = False, connection.alias
+    if new_request is not None:
+        ledger_sql.saved(new_request, entry_id)
     return entry_id, now, fields
 
 

@@ -140,6 +140,21 @@ def request_values(req: Request) -> list:
     return [f.get_db_prep_save(f.pre_save(req, True), connection) for f in _request_fields()]
 
 
+def saved(req: Request, entry_id: int | None) -> Request:
+    """``req`` as the ORM's insert leaves it, once a statement here wrote it."""
+    req.ledger_entry_id = entry_id
+    req._state.adding, req._state.db = False, connection.alias
+    return req
+
+
+def insert_request(req: Request) -> Request:
+    """Insert an unsaved request without its ledger entry (one written-out statement: the
+    ORM's insert was ~0.9 ms of Python on every POST that carries an Idempotency-Key)."""
+    with connection.cursor() as cur:
+        cur.execute(admit_sql().insert_request, request_values(req) + [None])
+    return saved(req, None)
+
+
 def admit_sql() -> SimpleNamespace:
     return _sql_for(connection.vendor)
 

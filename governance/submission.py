@@ -22,7 +22,7 @@ from django.utils import timezone
 from engines import plugins
 from engines.types import EngineRequest, PlanError
 
-from . import audit, dispatch, ledger
+from . import audit, dispatch, ledger, ledger_sql
 from .engine_meta import dataset_meta
 from .errors import (
     DatasetNotActive,
@@ -118,7 +118,7 @@ def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) 
     # request's id and the caller deletes the row if there is one; any other error rolls
     # back everything.
     if idempotency_key:
-        req.save(force_insert=True)
+        ledger_sql.insert_request(req)
     try:
         # the entry's id is written on the request row by the gate's own statement
         entry = ledger.admit(ds, analyst, plan.event, reference=f"request {req.pk}", savepoint=False,
@@ -143,10 +143,15 @@ def _answered(analyst, fp: str) -> Request | None:
 
 
 def _repeat_of(analyst, key: str, ds: Dataset, engine: str, kind: str, params) -> Request | None:
-    """The analyst's earlier request sent with ``key``, if it is this same request."""
-    earlier = Request.objects.filter(analyst=analyst, idempotency_key=key).first()
-    if earlier is None:
+    """The analyst's earlier request sent with ``key``, if it is this same request. Looked
+    up by one written-out statement (on every POST with a key; it seldom finds one)."""
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT id FROM {Request._meta.db_table} WHERE analyst_id = %s AND idempotency_key = %s",
+                    [analyst.pk, key])
+        row = cur.fetchone()
+    if row is None:
         return None
+    earlier = Request.objects.get(pk=row[0])
     same = (earlier.dataset_id == ds.pk and earlier.engine == engine and earlier.kind == kind
             and isinstance(params, dict) and earlier.fingerprint == fingerprint(ds, engine, kind, params))
     if not same:
