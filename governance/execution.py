@@ -212,7 +212,7 @@ def _run(req: Request, clock: RunClock) -> str:
     try:
         meta = dataset_meta(ds)
         plugins.info(req.engine)  # the engine may have been removed since planning
-        Request.objects.filter(pk=req.pk).update(data_read=True, progress={"phase": "reading data", "fraction": 0.0})
+        _mark_data_read(req.pk)
         data = load_columns(ds, list(plan.columns))
     except Exception as e:
         # The rows never reached the engine: nothing was released, refund.
@@ -252,6 +252,27 @@ def _run(req: Request, clock: RunClock) -> str:
         workdir.rename(target)
     return _finish(req, Request.Status.SUCCEEDED, result=result, actual_event=release.actual_event, charge=True,
                    officer_report=officer, clock=clock)
+
+
+READING = {"phase": "reading data", "fraction": 0.0}
+
+
+def _mark_data_read(request_id) -> None:
+    """``data_read`` set (and the phase shown) before the first row is read: the charging
+    rule's mark. One written-out statement (the ORM's update cost three times its database
+    work here)."""
+    field = Request._meta.get_field
+    with connection.cursor() as cur:
+        cur.execute(_data_read_sql(), [field("data_read").get_db_prep_save(True, connection),
+                                       field("progress").get_db_prep_save(READING, connection),
+                                       field("id").get_db_prep_value(request_id, connection)])
+
+
+@functools.cache
+def _data_read_sql() -> str:
+    field = Request._meta.get_field
+    return (f"UPDATE {Request._meta.db_table} SET {field('data_read').column} = %s, {field('progress').column} = %s "
+            f"WHERE id = %s")
 
 
 def _cluster_jobs() -> dict | None:
