@@ -138,6 +138,8 @@ def test_a_request_runs_through_a_third_party_engine(installed_package, api, mak
     assert body["status"] == "succeeded" and body["result"] == {"columns_read": []}
     listed = client.get("/api/engines/").json()["results"]
     assert "rowcounter" in {e["name"] for e in listed}
+    plugins.pm.unregister(plugins.pm.get_plugin("rowcounter"))  # the infos are kept per set of plugins
+    assert "rowcounter" not in plugins.engines() and "aggregates" in plugins.engines()
 
 
 def test_engines_never_import_django():
