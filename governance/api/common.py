@@ -8,14 +8,16 @@
 - requests: an analyst sees only their own, and results go only to the analyst who asked.
 """
 
+import functools
 import mimetypes
+import uuid
 
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.http import FileResponse
 
 from .. import audit
-from ..models import Dataset, Grant
+from ..models import Dataset, Grant, LedgerEntry, Request
 from ..raw_rows import concrete, from_row
 from .permissions import is_officer
 
@@ -46,6 +48,53 @@ def usable_dataset(user, name: str) -> Dataset | None:
         cur.execute(sql, params)
         row = cur.fetchone()
     return None if row is None else from_row(Dataset, fields, row)
+
+
+def visible_request(user, pk, *, final_only: bool = False) -> Request | None:
+    """The request ``pk`` with its dataset, analyst and ledger entry if ``user`` may see it
+    (``RequestViewSet.get_queryset``'s rule: officers all, an analyst their own), else None;
+    ``final_only``: only if it is final. One statement, written out: the queryset's three
+    joins through the ORM were ~60% of a status read's Python (the GET that polls or
+    long-polls). Read on every call, nothing cached."""
+    try:
+        pk = Request._meta.pk.get_db_prep_value(uuid.UUID(str(pk)), connection)
+    except ValueError:
+        return None
+    parts = _request_parts()
+    sql, params = _visible_request_sql(), [pk]
+    if not is_officer(user):
+        sql += " AND r.analyst_id = %s"
+        params.append(user.pk)
+    if final_only:
+        sql += f" AND r.status IN ({', '.join(['%s'] * len(Request.FINAL))})"
+        params += list(Request.FINAL)
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        row = cur.fetchone()
+    if row is None:
+        return None
+    objs, at = [], 0
+    for model, fields in parts:
+        values = row[at:at + len(fields)]
+        at += len(fields)
+        objs.append(None if model is LedgerEntry and values[0] is None else from_row(model, fields, values))
+    req, req.dataset, req.analyst, req.ledger_entry = objs
+    return req
+
+
+@functools.cache
+def _request_parts():
+    return [(m, concrete(m)) for m in (Request, Dataset, get_user_model(), LedgerEntry)]
+
+
+@functools.cache
+def _visible_request_sql() -> str:
+    (_, rf), (_, df), (user, uf), (_, ef) = _request_parts()
+    cols = ", ".join([f"r.{f.column}" for f in rf] + [f"d.{f.column}" for f in df] + [f"u.{f.column}" for f in uf]
+                     + [f"e.{f.column}" for f in ef])
+    return (f"SELECT {cols} FROM {Request._meta.db_table} r JOIN {Dataset._meta.db_table} d ON d.id = r.dataset_id "
+            f"JOIN {user._meta.db_table} u ON u.id = r.analyst_id "
+            f"LEFT JOIN {LedgerEntry._meta.db_table} e ON e.id = r.ledger_entry_id WHERE r.id = %s")
 
 
 class FormatSuffix:

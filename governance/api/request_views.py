@@ -3,6 +3,7 @@
 
 import re
 
+from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -19,7 +20,7 @@ from ..errors import InvalidRequest
 from ..models import Request
 from ..waiting import MAX_WAIT_SECONDS, apply_final_state, parse_wait, wait_final
 from . import serializers as s
-from .common import FormatSuffix, file_response, usable_dataset
+from .common import FormatSuffix, file_response, usable_dataset, visible_request
 from .permissions import is_officer
 
 WAIT_PARAM = OpenApiParameter(
@@ -105,15 +106,22 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         return response
 
     @extend_schema(parameters=[WAIT_PARAM])
-    def retrieve(self, request, *args, **kwargs):
+    def retrieve(self, request, pk=None):
         """A request: status, progress, the charge under each accountant and, when ready, the
         result. ``?wait=seconds`` (0 to 30) holds the answer until the request is final or
         the time is up, instead of polling."""
         wait = _wait(request)
-        req = self.get_object()
+        req = self._visible(pk)
         if wait and req.status not in Request.FINAL:
-            req = self._wait_for(req, wait) or self.get_object()
+            req = self._wait_for(req, wait) or self._visible(pk)
         return Response(s.request_json(req, request))
+
+    def _visible(self, pk) -> Request:
+        """``get_object()`` for a status read, by one written-out statement (``visible_request``)."""
+        req = visible_request(self.request.user, pk)
+        if req is None:
+            raise Http404
+        return req
 
     def _wait_for(self, req, seconds: float, in_hand=None) -> Request | None:
         """``req`` (seen not final) re-read once final, or None if ``seconds`` pass first.
@@ -125,8 +133,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
             # the request just admitted holds its entry: the worker's pushed final state completes it
             from_state = (lambda data: apply_final_state(req, data)) if Request.ledger_entry.is_cached(req) else None
             return wait_final(req.pk, seconds, lambda: _final_row(req.pk, *in_hand), from_state)
-        return wait_final(req.pk, seconds,
-                          lambda: self.get_queryset().filter(pk=req.pk, status__in=Request.FINAL).first())
+        return wait_final(req.pk, seconds, lambda: visible_request(self.request.user, req.pk, final_only=True))
 
     @extend_schema(request=None, responses=s.RequestSerializer)
     @action(detail=True, methods=["post"])

@@ -80,3 +80,23 @@ def test_a_refused_post_without_a_key_leaves_no_row(api, analyst, make_dataset, 
     assert r.status_code == 409, r.content
     assert not Request.objects.exists() and not LedgerEntry.objects.exists()
     assert AuditRecord.objects.filter(action="refuse").count() == 1
+
+
+@pytest.mark.django_db
+def test_a_status_read_is_one_statement_after_the_token(api, analyst, officer, clinic,
+                                                        django_capture_on_commit_callbacks):
+    from workers import app
+
+    app.conf.task_always_eager = True  # run in the test (as_deployed restores it)
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = api(analyst).post(URL, {**COUNT, "dataset": clinic.name}, format="json").json()["id"]
+    for user in (analyst, officer):
+        client = api(user)
+        with CaptureQueriesContext(connection) as q:
+            r = client.get(f"{URL}{rid}/")
+        assert r.status_code == 200 and r.json()["status"] == "succeeded" and r.json()["analyst"] == analyst.username
+        assert r.json()["charge"]["ledger_status"] == "committed"
+        assert (r.json()["result"] is not None) == (user == analyst)  # the result to the analyst who asked only
+        assert len(q.captured_queries) == 2, [x["sql"] for x in q.captured_queries]  # the token, the request
+    for bad in ("not-a-uuid", "0" * 31, rid.upper()[:-1] + "Z"):
+        assert api(analyst).get(f"{URL}{bad}/").status_code == 404
