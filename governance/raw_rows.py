@@ -5,6 +5,8 @@ backend's conversions (e.g. SQLite's booleans and aware datetimes), then the fie
 
 from __future__ import annotations
 
+import functools
+
 from django.db import connection
 
 
@@ -15,10 +17,21 @@ def concrete(model) -> list:
 
 def from_row(model, fields, values):
     """An instance of ``model`` from the raw ``values`` of its ``fields``."""
+    names, plan = _conversions(model, tuple(fields), connection.alias)
     converted = []
-    for f, value in zip(fields, values, strict=True):
-        col = f.get_col(model._meta.db_table)
-        for convert in connection.ops.get_db_converters(col) + f.get_db_converters(connection):
+    for (col, converters), value in zip(plan, values, strict=True):
+        for convert in converters:
             value = convert(value, col, connection)
         converted.append(value)
-    return model.from_db(connection.alias, [f.attname for f in fields], converted)
+    return model.from_db(connection.alias, names, converted)
+
+
+@functools.cache
+def _conversions(model, fields: tuple, alias: str):
+    """The attribute names and, per field, its column and converters (the backend's, then
+    the field's): the same for every row, so worked out once per (model, fields, database)."""
+    plan = []
+    for f in fields:
+        col = f.get_col(model._meta.db_table)
+        plan.append((col, tuple(connection.ops.get_db_converters(col) + f.get_db_converters(connection))))
+    return [f.attname for f in fields], plan
