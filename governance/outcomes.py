@@ -6,10 +6,11 @@ the recovery sweep does), then the ledger. A request the sweep already declared 
 left as it is and the run's result is dropped (never shown).
 
 A group (``write_group``, the releaser thread's path: every outcome due at one moment in
-one transaction): all the request rows' compare-and-sets first, then the ledger entries
-dataset by dataset in id order, so each budget row is locked once per group (a second
-``ledger.commit`` of the same dataset finds the lock held by its own transaction) and its
-audit records are chained in order under that lock. The orders keep every lock graph
+one transaction): all the request rows' compare-and-sets first (one statement on
+PostgreSQL), then the ledger entries dataset by dataset in id order: a dataset's plain
+charges (no actual event) by ``ledger_group.commit_many``, its records chained in
+hand-over order under one budget row lock; refunds and charges with an actual event by
+``ledger.commit``/``release``, which find that lock already held. The orders keep every lock graph
 acyclic: a sweep or a cancel holds one request row and then at most one budget row, and
 the group takes no budget row before it holds all its request rows; two groups (two
 worker processes) and the web's admissions take budget rows in dataset order, the
@@ -45,9 +46,6 @@ class Outcome:
     actual_event: object = None
     charge: bool = True
     officer_report: dict | None = None
-
-    def __call__(self) -> str:  # the releaser runs a lone write by calling it
-        return write(self)
 
 
 def write(outcome: Outcome) -> str:
