@@ -95,7 +95,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         if final := self._wait_for(req, wait, in_hand=(ds, request.user)):
             req = final  # read once, when final
         elif wait or repeated or replayed or app().conf.task_always_eager:
-            req = self.get_queryset().get(pk=req.pk)  # as it is now
+            req = self._visible(req.pk)  # as it is now
         else:  # as just committed: the row, its dataset, analyst and reservation are in hand
             req.dataset, req.analyst = ds, request.user
         replayed = replayed or (repeated and req.replay_of_id is not None)
@@ -146,7 +146,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         if req.analyst_id != request.user.pk and not is_officer(request.user):
             raise exceptions.NotFound()
         req = cancel(req)
-        return Response(s.request_json(self.get_queryset().get(pk=req.pk), request))
+        return Response(s.request_json(self._visible(req.pk), request))
 
     @extend_schema(
         parameters=[OpenApiParameter("name", str, OpenApiParameter.PATH, description="a name from result.files")],
