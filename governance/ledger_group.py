@@ -38,13 +38,12 @@ class GroupConflict(Exception):
     """An entry of the group was not reserved under the lock; commit them one by one."""
 
 
-def commit_many(items: list[tuple[int, audit.Context]]) -> None:
+def commit_many(items: list[tuple[int, audit.Context]]) -> list[LedgerEntry]:
     """``reserved -> committed`` for each ``(entry id, audit context)``, all entries of one
-    dataset, in the caller's transaction (see the module doc)."""
+    dataset, in the caller's transaction (see the module doc); the committed entries, in
+    order."""
     if connection.vendor != "postgresql" or len(items) < 2:
-        for entry_id, ctx in items:
-            ledger.commit(entry_id, audit_ctx=ctx, savepoint=False)
-        return
+        return [ledger.commit(entry_id, audit_ctx=ctx, savepoint=False) for entry_id, ctx in items]
     ids = [entry_id for entry_id, _ in items]
     with connection.cursor() as cur:
         cur.execute(_lock_sql(), [ids])
@@ -57,11 +56,12 @@ def commit_many(items: list[tuple[int, audit.Context]]) -> None:
         chain = SimpleNamespace(pk=first.dataset_id, committed=first.committed, audit_seq=first.audit_seq,
                                 audit_head=first.audit_head)
         now = timezone.now()
-        values = []
+        values, entries = [], []
         for entry_id, ctx in items:
             e = locked[entry_id]
             cost = Cost.from_json(e.cost)
             done = ledger._entry(e, status=LedgerEntry.Status.COMMITTED, committed_at=now)
+            entries.append(done)
             rec, head = audit.prepare(chain, e.dataset_name, e.budget_delta, action="commit", actor=e.username,
                                       ctx=ctx or audit.Context(outcome="charged"), entry=done, event=e.event,
                                       charge=charge_summary(cost, e.budget_delta), committed_cost=cost,
@@ -77,6 +77,7 @@ def commit_many(items: list[tuple[int, audit.Context]]) -> None:
         moved = cur.fetchone()[0]
     if moved != k:
         raise GroupConflict(f"ledger entries {ids}: {moved} of {k} moved; nothing recorded")
+    return entries
 
 
 @functools.cache

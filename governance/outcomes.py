@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from . import audit, ledger, ledger_group
 from .models import Request
-from .waiting import signal_done
+from .waiting import final_state, signal_done
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,7 @@ def write(outcome: Outcome) -> str:
     with transaction.atomic():
         if not _finish_row(outcome):
             return _status(outcome)
-        _settle(outcome)
-        transaction.on_commit(lambda: signal_done(outcome.req.pk))
+        _signal_on_commit(outcome, _settle(outcome))
     return outcome.status
 
 
@@ -68,23 +67,36 @@ def write_group(outcomes: list[Outcome]) -> None:
         with transaction.atomic():
             moved = _finish_rows(outcomes)
             finished = [o for o in outcomes if o.req.pk in moved]
+            settled: dict = {}  # request id -> its ledger entry as committed or refunded
             plain: list[Outcome] = []  # consecutive plain charges of one dataset: one ledger_group call
             for o in sorted(finished, key=lambda o: o.req.dataset_id):  # stable: each chain in hand-over order
                 if plain and (o.req.dataset_id != plain[0].req.dataset_id or not _plain(o)):
-                    ledger_group.commit_many([(p.req.ledger_entry_id, _context(p)) for p in plain])
+                    _commit_plain(plain, settled)
                     plain = []
                 if _plain(o):
                     plain.append(o)
                 else:
-                    _settle(o)
+                    settled[o.req.pk] = _settle(o)
             if plain:
-                ledger_group.commit_many([(p.req.ledger_entry_id, _context(p)) for p in plain])
-            ids = [o.req.pk for o in finished]
-            transaction.on_commit(lambda: [signal_done(pk) for pk in ids])
+                _commit_plain(plain, settled)
+            states = [(o.req.pk, final_state(o.req, settled.get(o.req.pk))) for o in finished]
+            transaction.on_commit(lambda: [signal_done(pk, state) for pk, state in states])
     except Exception:  # noqa: BLE001 - retried one by one below
         log.warning("group commit of %d outcomes failed; writing each on its own", len(outcomes), exc_info=True)
         for o in outcomes:
             _write_logged(o)
+
+
+def _commit_plain(plain: list[Outcome], settled: dict) -> None:
+    entries = ledger_group.commit_many([(o.req.ledger_entry_id, _context(o)) for o in plain])
+    settled.update(zip((o.req.pk for o in plain), entries))
+
+
+def _signal_on_commit(o: Outcome, entry) -> None:
+    """After the commit, wake a ``?wait`` on the request with what was committed (the
+    request's outcome columns and its ledger entry: ``waiting.final_state``)."""
+    state = final_state(o.req, entry)
+    transaction.on_commit(lambda: signal_done(o.req.pk, state))
 
 
 def _write_logged(outcome: Outcome) -> None:
@@ -106,8 +118,7 @@ def _finish_rows(outcomes: list[Outcome]) -> set:
     field = Request._meta.get_field
     params = []
     for o in outcomes:
-        values = dict(zip(_ROW, (o.status, o.result, o.error, now, o.officer_report,
-                                 {"phase": o.status, "fraction": 1.0})))
+        values = _row(o, now)
         params.append(field("id").get_db_prep_value(o.req.pk, connection))
         params += [field(k).get_db_prep_save(v, connection) for k, v in values.items()]
     with connection.cursor() as cur:
@@ -116,7 +127,20 @@ def _finish_rows(outcomes: list[Outcome]) -> set:
     for o in outcomes:
         if o.req.pk not in moved:
             log.warning("request %s was finished elsewhere (recovery sweep); its run's outcome is dropped", o.req.pk)
+        else:
+            _written(o, now)
     return moved
+
+
+def _row(o: Outcome, now) -> dict:
+    """The request row's outcome columns as the compare-and-set writes them."""
+    return dict(zip(_ROW, (o.status, o.result, o.error, now, o.officer_report, {"phase": o.status, "fraction": 1.0})))
+
+
+def _written(o: Outcome, now) -> None:
+    """``o.req`` as its row now is (for the pushed final state)."""
+    for k, v in _row(o, now).items():
+        setattr(o.req, k, v)
 
 
 @functools.cache
@@ -132,24 +156,25 @@ def _finish_rows_sql(k: int) -> str:
 def _finish_row(o: Outcome) -> bool:
     """The request row's compare-and-set ``running -> o.status``; False (and logged) when
     it is no longer running (the recovery sweep finished it)."""
-    moved = Request.objects.filter(pk=o.req.pk, status=Request.Status.RUNNING).update(
-        status=o.status, result=o.result, error=o.error, finished_at=timezone.now(), officer_report=o.officer_report,
-        progress={"phase": o.status, "fraction": 1.0})
+    now = timezone.now()
+    moved = Request.objects.filter(pk=o.req.pk, status=Request.Status.RUNNING).update(**_row(o, now))
     if not moved:
         log.warning("request %s was finished elsewhere (recovery sweep); its run's outcome is dropped", o.req.pk)
+    else:
+        _written(o, now)
     return bool(moved)
 
 
-def _settle(o: Outcome) -> None:
-    """The ledger's half: commit (with the actual event) or refund, with the audit record.
+def _settle(o: Outcome):
+    """The ledger's half: commit (with the actual event) or refund, with the audit record;
+    the entry as it now is (None without one).
     No savepoint: an error rolls back the caller's whole transaction, the request row too."""
     if not o.req.ledger_entry_id:
-        return
+        return None
     ctx = _context(o)
     if o.charge:
-        ledger.commit(o.req.ledger_entry_id, o.actual_event, audit_ctx=ctx, savepoint=False)
-    else:
-        ledger.release(o.req.ledger_entry_id, audit_ctx=ctx, savepoint=False)
+        return ledger.commit(o.req.ledger_entry_id, o.actual_event, audit_ctx=ctx, savepoint=False)
+    return ledger.release(o.req.ledger_entry_id, audit_ctx=ctx, savepoint=False)
 
 
 def _plain(o: Outcome) -> bool:

@@ -148,6 +148,30 @@ def test_an_entry_committed_elsewhere_sends_the_group_one_by_one_and_nothing_is_
     assert AuditRecord.objects.filter(dataset=a, action="commit").count() == 3 and audit.verify().ok
 
 
+def test_each_wake_up_carries_what_was_committed_as_the_row_reads(api, analyst, two_datasets,
+                                                                  django_capture_on_commit_callbacks, monkeypatch):
+    from governance import waiting
+
+    client = api(analyst)
+    a, b = two_datasets
+    charged, refunded, other = (claimed(client, django_capture_on_commit_callbacks, ds, 0.3) for ds in (a, a, b))
+    pushed = {}
+    monkeypatch.setattr(outcomes, "signal_done", lambda pk, state=None: pushed.setdefault(pk, state))
+    with django_capture_on_commit_callbacks(execute=True):
+        outcomes.write_group([
+            outcomes.Outcome(charged, "succeeded", result={"value": 1}),
+            outcomes.Outcome(refunded, "failed", error={"code": "request.failed_before_read", "detail": "x"},
+                             charge=False),
+            outcomes.Outcome(other, "succeeded", result={"value": 2})])
+    with django_capture_on_commit_callbacks(execute=True):  # and a lone write
+        lone = claimed(client, django_capture_on_commit_callbacks, b, 0.1)
+        outcomes.write(outcomes.Outcome(lone, "succeeded", result={"value": 3}))
+    for req in (charged, refunded, other, lone):
+        row = Request.objects.get(pk=req.pk)
+        assert pushed[req.pk] is not None
+        assert pushed[req.pk] == waiting.final_state(row, LedgerEntry.objects.get(pk=row.ledger_entry_id))
+
+
 @pytest.mark.django_db(False)
 def test_the_releaser_hands_a_group_every_write_due_at_once_and_never_one_before_its_tick():
     r = Releaser()
