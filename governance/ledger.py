@@ -179,18 +179,8 @@ def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delt
     """The admitted entry's writes (under the locks): the entry, both running states and
     the request row's link (or the new request row). Returns (entry id, now, the entry's
     JSON fields)."""
-    now = timezone.now()
-    fields = {"event": stamped.to_dict(), "cost": cost.to_json(), "charge": charge_summary(cost, b_delta)}
-    when = connection.ops.adapt_datetimefield_value(now)
-    fields["non_private"] = ev.has_non_private(stamped)
-    entry_row = [dataset_id, analyst.pk, grant.pk if grant else None, reference[:200], ledger_sql.dumps(fields["event"]),
-                 ledger_sql.dumps(fields["cost"]), ledger_sql.dumps(fields["charge"]), LedgerEntry.Status.RESERVED, when,
-                 fields["non_private"]]
-    budget_row = [ledger_sql.dumps((limits[0][1] + cost).to_json()), when, dataset_id]
-    grant_row = None
-    if grant is not None:
-        grant_state = limits[1][1] if len(limits) > 1 else Cost.from_json(grant.state)
-        grant_row = [ledger_sql.dumps((grant_state + cost).to_json()), grant.pk]
+    now, fields, entry_row, budget_row, grant_row = writes(dataset_id, analyst, grant, stamped, cost, limits, b_delta,
+                                                           reference)
     request_pk = None if request_id is None else Request._meta.pk.get_db_prep_value(request_id, connection)
     new_row = None if new_request is None else ledger_sql.request_values(new_request)
     if sql.write_all is not None:  # PostgreSQL: the four writes in one round trip
@@ -212,6 +202,24 @@ def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delt
     if new_request is not None:
         ledger_sql.saved(new_request, entry_id)
     return entry_id, now, fields
+
+
+def writes(dataset_id, analyst, grant, stamped, cost, limits, b_delta, reference):
+    """What an admission writes, as statement parameters: (now, the entry's JSON fields,
+    the entry's row, the budget row's new state, the grant row's or None)."""
+    now = timezone.now()
+    fields = {"event": stamped.to_dict(), "cost": cost.to_json(), "charge": charge_summary(cost, b_delta)}
+    when = connection.ops.adapt_datetimefield_value(now)
+    fields["non_private"] = ev.has_non_private(stamped)
+    entry_row = [dataset_id, analyst.pk, grant.pk if grant else None, reference[:200], ledger_sql.dumps(fields["event"]),
+                 ledger_sql.dumps(fields["cost"]), ledger_sql.dumps(fields["charge"]), LedgerEntry.Status.RESERVED, when,
+                 fields["non_private"]]
+    budget_row = [ledger_sql.dumps((limits[0][1] + cost).to_json()), when, dataset_id]
+    grant_row = None
+    if grant is not None:
+        grant_state = limits[1][1] if len(limits) > 1 else Cost.from_json(grant.state)
+        grant_row = [ledger_sql.dumps((grant_state + cost).to_json()), grant.pk]
+    return now, fields, entry_row, budget_row, grant_row
 
 
 def refuse(error, analyst, event, ctx: audit.Context, *, request_id) -> bool:

@@ -70,11 +70,15 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
     plan = plan_request(ds, engine, kind, params)
     fp = fingerprint(ds, engine, kind, params)
     queue = plugins.info(engine)["queue"]
+    prior = _answered(analyst, fp)
+    if not idempotency_key and prior is None and (
+            admitted := _admit_unlocked(analyst, ds, engine, kind, params, fp, plan, queue)):
+        return admitted
     refusal = None
     try:
         with transaction.atomic():
             try:
-                out = _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key)
+                out = _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key, prior)
             except GATE_REFUSALS as e:
                 # A refusal is raised before the gate writes anything (the transaction is
                 # intact): the request row is deleted and the refusal's audit record written
@@ -97,8 +101,28 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
     return out
 
 
-def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) -> tuple[Request, bool]:
-    if (prior := _answered(analyst, fp)) is not None:
+def _admit_unlocked(analyst, ds, engine, kind, params, fp, plan, queue) -> tuple[Request, bool] | None:
+    """The common case first, outside a transaction: a new request admitted by the gate
+    without a lock held across round trips (``governance.gate_unlocked``; PostgreSQL). None:
+    the transactional path below decides (a replay, a refusal, SQLite, ...)."""
+    from .gate_unlocked import admit_unlocked
+
+    req = _new_request(analyst, ds, engine, kind, params, fp, plan, "")
+    entry = admit_unlocked(ds, analyst, plan.event, reference=f"request {req.pk}", new_request=req)
+    if entry is None:
+        return None
+    req.ledger_entry = entry
+    transaction.on_commit(lambda: enqueue(req.pk, queue))  # committed already: sent now (outside a transaction)
+    return req, False
+
+
+def _new_request(analyst, ds, engine, kind, params, fp, plan, idempotency_key) -> Request:
+    return Request(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
+                   idempotency_key=idempotency_key, plan=_plan_json(plan), progress={"phase": "queued"})
+
+
+def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key, prior) -> tuple[Request, bool]:
+    if prior is not None:  # the analyst's answered request with the same fingerprint: replayed
         now = timezone.now()
         replay = Request.objects.create(
             analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
@@ -107,8 +131,7 @@ def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) 
         audit.record_replay(ds, analyst, audit.Context.of_request(
             replay, result_sha256=audit.result_digest(prior.result), detail=f"replay of request {prior.pk}"))
         return replay, True
-    req = Request(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
-                  idempotency_key=idempotency_key, plan=_plan_json(plan), progress={"phase": "queued"})
+    req = _new_request(analyst, ds, engine, kind, params, fp, plan, idempotency_key)
     # A request with an Idempotency-Key is inserted before the budget lock, never under it:
     # a concurrent retry's insert of the same key waits for a worker finishing the first
     # request, which holds that request's row and waits for the budget lock (a deadlock if
