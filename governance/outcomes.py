@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from . import audit, ledger, ledger_group
 from .models import Request
-from .waiting import final_state, signal_done
+from .waiting import final_state, signal_done, signal_done_many
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def write_group(outcomes: list[Outcome]) -> None:
             if plain:
                 _commit_plain(plain, settled)
             states = [(o.req.pk, final_state(o.req, settled.get(o.req.pk))) for o in finished]
-            transaction.on_commit(lambda: [signal_done(pk, state) for pk, state in states])
+            transaction.on_commit(lambda: signal_done_many(states))  # one Redis round trip
     except Exception:  # noqa: BLE001 - retried one by one below
         log.warning("group commit of %d outcomes failed; writing each on its own", len(outcomes), exc_info=True)
         for o in outcomes:

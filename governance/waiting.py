@@ -106,14 +106,24 @@ def _iso(value):
 def signal_done(request_id, state: bytes | None = None) -> None:
     """Wake whoever waits for ``request_id`` (after the commit that finished it), with its
     committed final state (``final_state``) if given."""
+    signal_done_many([(request_id, state)])
+
+
+def signal_done_many(finished) -> None:
+    """``signal_done`` for each (request id, state) in ``finished``, in one Redis round trip
+    (a group of outcomes committed together)."""
     client = _client()
-    if client is None:
+    if client is None or not finished:
         return
-    key = PREFIX + str(request_id)
+    pipe = client.pipeline(transaction=False)
+    for request_id, state in finished:
+        key = PREFIX + str(request_id)
+        pipe.rpush(key, state or 1).expire(key, SIGNAL_TTL)
     try:
-        client.pipeline(transaction=False).rpush(key, state or 1).expire(key, SIGNAL_TTL).execute()
+        pipe.execute()
     except Exception:  # noqa: BLE001 - a waiter falls back to reading the row
-        log.warning("could not signal request %s finished", request_id, exc_info=True)
+        log.warning("could not signal %d finished request(s), the first %s", len(finished), finished[0][0],
+                    exc_info=True)
 
 
 def wait_final(request_id, seconds: float, fetch_final, from_state=None):

@@ -157,6 +157,7 @@ def test_each_wake_up_carries_what_was_committed_as_the_row_reads(api, analyst, 
     charged, refunded, other = (claimed(client, django_capture_on_commit_callbacks, ds, 0.3) for ds in (a, a, b))
     pushed = {}
     monkeypatch.setattr(outcomes, "signal_done", lambda pk, state=None: pushed.setdefault(pk, state))
+    monkeypatch.setattr(outcomes, "signal_done_many", lambda finished: [pushed.setdefault(*f) for f in finished])
     with django_capture_on_commit_callbacks(execute=True):
         outcomes.write_group([
             outcomes.Outcome(charged, "succeeded", result={"value": 1}),
