@@ -5,7 +5,6 @@ import inspect
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
