@@ -15,43 +15,29 @@ is ``admit``'s decision on the state it is written on (the filter's rule is a fu
 that state and the dataset's budget, read in the same statement as ever), no lock outlives
 the statement, and outside a transaction the admission needs no BEGIN or COMMIT.
 
-A refusal of such a request by the filter is written the same way: its audit record and
-the chain head by one statement (``ledger_sql.refuse_if_unchanged``) that writes only if
-the two rows and the chain's length are still as read (the record's hash chains onto the
-head that was read), then raised as ``ledger.admit`` raises it: a 409 never goes out
-without its record.
-
 It answers only the common case: an analyst with an active grant asking for a new request
-(no Idempotency-Key). Everything else returns None and goes through ``ledger.admit`` under
-the locks as before: SQLite, no grant, a dataset not active, a non-private event refused,
-no delta left, or a state that moved ``TRIES`` times in a row.
+(no Idempotency-Key) that the gate admits. Everything else returns None and goes through
+``ledger.admit`` under the locks as before: SQLite, no grant, a refusal (written with its
+audit record under the lock, after deciding again there), a dataset not active, or a
+state that moved ``TRIES`` times in a row.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from types import SimpleNamespace
-
 from django.db import connection
 
-from . import audit, ledger, ledger_sql
-from .limits import refusal
+from . import ledger, ledger_sql
 from .models import Dataset, LedgerEntry, Request
 
 TRIES = 3
 
 
-def admit_unlocked(ds: Dataset, analyst, event, *, reference: str, new_request: Request,
-                   refusal_ctx: audit.Context | None = None) -> LedgerEntry | None:
+def admit_unlocked(ds: Dataset, analyst, event, *, reference: str, new_request: Request) -> LedgerEntry | None:
     """Reserve ``event`` on ``ds`` for ``analyst`` and write ``new_request`` with its entry,
-    or None (nothing written) when ``ledger.admit`` must decide. With ``refusal_ctx``, a
-    request that does not fit is refused here: its audit record written by one statement
-    if the rows and the chain head are still as read (``refuse_if_unchanged``), and the
-    refusal raised as ``ledger.admit`` raises it."""
+    or None (nothing written) when ``ledger.admit`` must decide."""
     sql = ledger_sql.admit_sql()
     if sql.write_if_unchanged is None:
         return None
-    stated = event  # as the request stated it: the refusal's record keeps it so
     event = ledger.to_event(event)
     ledger.warm_caches(event)
     for _ in range(TRIES):
@@ -60,7 +46,7 @@ def admit_unlocked(ds: Dataset, analyst, event, *, reference: str, new_request: 
             row = cur.fetchone()
             if row is None:  # no active grant: admit tells why
                 return None
-            (state, name, status, b_eps, b_delta, policy, allow_np, approx_share, committed, seq, head,
+            (state, name, status, b_eps, b_delta, policy, allow_np, approx_share, _committed, _seq, _head,
              g_id, g_cap_eps, g_cap_delta, g_state) = row
             if status != Dataset.Status.ACTIVE:
                 return None
@@ -71,21 +57,8 @@ def admit_unlocked(ds: Dataset, analyst, event, *, reference: str, new_request: 
                 stamped, cost, limits = ledger._plan(event, dsrow, budget, grant)
             except ledger.GATE_REFUSALS:
                 return None
-            over = next(((limit, before) for limit, before in limits if not limit.admits(before + cost)), None)
-            if over is not None:
-                if refusal_ctx is None:
-                    return None  # decided again (and recorded) under the lock
-                limit, before = over
-                error = refusal(limit, before, before + cost, cost)
-                chain = SimpleNamespace(pk=ds.pk, committed=ledger_sql.loads(committed), audit_seq=seq,
-                                        audit_head=head or "")
-                rec, new_head = audit.prepare_refusal(chain, name, b_delta, analyst, stated, error,
-                                                      dataclasses.replace(refusal_ctx))
-                cur.execute(sql.refuse_if_unchanged, [g_id, g_state, g_cap_eps, g_cap_delta, ds.pk, state, seq]
-                            + ledger_sql.audit_values(rec) + [new_head["audit_seq"], new_head["audit_head"], ds.pk])
-                if cur.fetchone()[0]:
-                    raise error
-                continue  # moved: read again
+            if not all(limit.admits(before + cost) for limit, before in limits):
+                return None  # refused on what was read: decided again (and recorded) under the lock
             now, fields, entry_row, budget_row, grant_row = ledger.writes(ds.pk, analyst, grant, stamped, cost, limits,
                                                                           b_delta, reference)
             cur.execute(sql.write_if_unchanged, [g_id, g_state, g_cap_eps, g_cap_delta, ds.pk, state] + entry_row

@@ -85,7 +85,6 @@ def _sql_for(vendor: str) -> SimpleNamespace:
                            f"ON g.dataset_id = b.dataset_id AND g.analyst_id = %s AND g.revoked_at IS NULL "
                            f"WHERE b.dataset_id = %s") if pg else None,
         write_if_unchanged=_write_if_unchanged() if pg else None,
-        refuse_if_unchanged=_refuse_if_unchanged() if pg else None,
         grant=(f"SELECT id, cap_epsilon, cap_delta, state FROM {grant} "
                f"WHERE dataset_id = %s AND analyst_id = %s AND revoked_at IS NULL LIMIT 1"
                + (" FOR UPDATE" if pg else "")),
@@ -143,37 +142,16 @@ def _write_if_unchanged() -> str:
     field = LedgerEntry._meta.get_field
     cols = ", ".join(field(c).column for c in ENTRY_COLUMNS)
     vals = ", ".join(f"%s::{field(c).cast_db_type(connection)}" for c in ENTRY_COLUMNS)
-    return (f"WITH {_unchanged('')}, "
+    return (f"WITH l AS (SELECT b.dataset_id FROM {budget} b JOIN {grant} g ON g.id = %s "
+            f"AND g.dataset_id = b.dataset_id AND g.revoked_at IS NULL AND g.state = %s::jsonb "
+            f"AND g.cap_epsilon IS NOT DISTINCT FROM %s AND g.cap_delta IS NOT DISTINCT FROM %s "
+            f"WHERE b.dataset_id = %s AND b.state = %s::jsonb FOR UPDATE OF b, g), "
             f"e AS (INSERT INTO {entry} ({cols}) SELECT {vals} FROM l RETURNING id), "
             f"b AS (UPDATE {budget} SET state = %s::jsonb, active_entries = active_entries + 1, "
             f"updated_at = %s WHERE dataset_id = %s AND EXISTS (SELECT 1 FROM l)), "
             f"g AS (UPDATE {grant} SET state = %s::jsonb WHERE id = %s AND EXISTS (SELECT 1 FROM l)), "
             f"r AS ({_request_insert('SELECT {}, e.id FROM e')}) "
             f"SELECT id FROM e")
-
-
-def _unchanged(more: str) -> str:
-    """The CTE ``l`` of the conditional statements: the budget row and the analyst's grant,
-    locked for the statement, if their states, the grant's caps and its being unrevoked
-    (and ``more`` of the budget row) are the parameters given; else no row."""
-    budget, grant = Budget._meta.db_table, Grant._meta.db_table
-    return (f"l AS (SELECT b.dataset_id FROM {budget} b JOIN {grant} g ON g.id = %s "
-            f"AND g.dataset_id = b.dataset_id AND g.revoked_at IS NULL AND g.state = %s::jsonb "
-            f"AND g.cap_epsilon IS NOT DISTINCT FROM %s AND g.cap_delta IS NOT DISTINCT FROM %s "
-            f"WHERE b.dataset_id = %s AND b.state = %s::jsonb{more} FOR UPDATE OF b, g)")
-
-
-def _refuse_if_unchanged() -> str:
-    """PostgreSQL, one statement in autocommit: a refusal's audit record and the chain head,
-    written only if the budget and grant rows are as the gate read them and the chain has
-    not moved since (the record's hash chains onto the head that was read). Returns how
-    many rows ``l`` locked: 0, read again."""
-    budget = Budget._meta.db_table
-    return (f"WITH {_unchanged(' AND b.audit_seq = %s')}, "
-            f"a AS ({_audit_insert('SELECT {} FROM l')}), "
-            f"h AS (UPDATE {budget} SET audit_seq = %s, audit_head = %s "
-            f"WHERE dataset_id = %s AND EXISTS (SELECT 1 FROM l)) "
-            f"SELECT count(*) FROM l")
 
 
 def _request_fields():

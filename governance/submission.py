@@ -102,16 +102,13 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
 
 
 def _admit_unlocked(analyst, ds, engine, kind, params, fp, plan, queue) -> tuple[Request, bool] | None:
-    """The common case first, outside a transaction: a new request admitted, or refused by
-    the filter, by the gate without a lock held across round trips
-    (``governance.gate_unlocked``; PostgreSQL). None: the transactional path below decides
-    (SQLite, no grant, a state that kept moving, ...)."""
+    """The common case first, outside a transaction: a new request admitted by the gate
+    without a lock held across round trips (``governance.gate_unlocked``; PostgreSQL). None:
+    the transactional path below decides (a replay, a refusal, SQLite, ...)."""
     from .gate_unlocked import admit_unlocked
 
     req = _new_request(analyst, ds, engine, kind, params, fp, plan, "")
-    # a refusal here is raised with its audit record written (as the locked path's)
-    entry = admit_unlocked(ds, analyst, plan.event, reference=f"request {req.pk}", new_request=req,
-                           refusal_ctx=audit.Context(engine=engine, kind=kind, params=params))
+    entry = admit_unlocked(ds, analyst, plan.event, reference=f"request {req.pk}", new_request=req)
     if entry is None:
         return None
     req.ledger_entry = entry
