@@ -46,18 +46,10 @@ def admit_unlocked(ds: Dataset, analyst, event, *, reference: str, new_request: 
             row = cur.fetchone()
             if row is None:  # no active grant: admit tells why
                 return None
-            (state, name, status, b_eps, b_delta, policy, allow_np, approx_share, _committed, _seq, _head,
-             g_id, g_cap_eps, g_cap_delta, g_state) = row
-            if status != Dataset.Status.ACTIVE:
-                return None
-            dsrow = ledger_sql.DatasetRow(ds.pk, name, status, b_eps, b_delta, policy, bool(allow_np), approx_share)
-            budget = ledger_sql.StateRow(ds.pk, ledger_sql.loads(state))
-            grant = ledger_sql.GrantRow(g_id, g_cap_eps, g_cap_delta, ledger_sql.loads(g_state))
+            state, b_delta, (g_id, g_cap_eps, g_cap_delta, g_state) = row[0], row[4], row[11:]
             try:
-                stamped, cost, limits = ledger._plan(event, dsrow, budget, grant)
+                grant, stamped, cost, limits = ledger.decide(ds.pk, analyst, event, row)
             except ledger.GATE_REFUSALS:
-                return None
-            if not all(limit.admits(before + cost) for limit, before in limits):
                 return None  # refused on what was read: decided again (and recorded) under the lock
             now, fields, entry_row, budget_row, grant_row = ledger.writes(ds.pk, analyst, grant, stamped, cost, limits,
                                                                           b_delta, reference)

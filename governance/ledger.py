@@ -146,20 +146,9 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepo
                 raise Budget.DoesNotExist(f"no budget row for dataset {dataset_id}")
             cur.execute(sql.grant, [dataset_id, analyst.pk])
             row = tuple(row) + (cur.fetchone() or (None, None, None, None))
-        (state, name, status, b_eps, b_delta, policy, allow_np, approx_share, committed, audit_seq, audit_head,
-         g_id, g_cap_eps, g_cap_delta, g_state) = row
-        ds = ledger_sql.DatasetRow(dataset_id, name, status, b_eps, b_delta, policy, bool(allow_np), approx_share)
-        budget = ledger_sql.StateRow(dataset_id, ledger_sql.loads(state))
-        grant = None if g_id is None else ledger_sql.GrantRow(g_id, g_cap_eps, g_cap_delta, ledger_sql.loads(g_state))
+        _, name, _, _, b_delta, _, _, _, committed, audit_seq, audit_head = row[:11]
         try:
-            if grant is None and not analyst.is_staff:
-                raise NoGrant(f"{analyst} has no grant on dataset {name}.", dataset=name)
-            if status != Dataset.Status.ACTIVE:
-                raise DatasetNotActive(f"Dataset {name} is not active (status {status}).", dataset=name)
-            stamped, cost, limits = _plan(event, ds, budget, grant)
-            for limit, before in limits:
-                if not limit.admits(before + cost):
-                    raise refusal(limit, before, before + cost, cost)
+            grant, stamped, cost, limits = decide(dataset_id, analyst, event, row)
         except GATE_REFUSALS as e:
             # the locked row's chain head, for the refusal's audit record (``refuse``)
             e.budget_row = SimpleNamespace(pk=dataset_id, committed=ledger_sql.loads(committed), audit_seq=audit_seq,
@@ -172,6 +161,27 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepo
         raise refused
     return LedgerEntry(id=entry_id, dataset_id=dataset_id, analyst=analyst, grant_id=grant.pk if grant else None,
                        reference=reference[:200], status=LedgerEntry.Status.RESERVED, created_at=now, **fields)
+
+
+def decide(dataset_id: int, analyst, event: ev.Event, row):
+    """The gate's decision on ``row`` (``ledger_sql``'s ``budget_grant`` columns): (the
+    grant row or None, the stamped event, its cost, [(limit, state before)]), or one of the
+    ``GATE_REFUSALS`` raised. ``admit`` decides under the locks, ``gate_unlocked`` on an
+    unlocked read it then writes only if unchanged."""
+    (state, name, status, b_eps, b_delta, policy, allow_np, approx_share, _committed, _seq, _head,
+     g_id, g_cap_eps, g_cap_delta, g_state) = row
+    ds = ledger_sql.DatasetRow(dataset_id, name, status, b_eps, b_delta, policy, bool(allow_np), approx_share)
+    budget = ledger_sql.StateRow(dataset_id, ledger_sql.loads(state))
+    grant = None if g_id is None else ledger_sql.GrantRow(g_id, g_cap_eps, g_cap_delta, ledger_sql.loads(g_state))
+    if grant is None and not analyst.is_staff:
+        raise NoGrant(f"{analyst} has no grant on dataset {name}.", dataset=name)
+    if status != Dataset.Status.ACTIVE:
+        raise DatasetNotActive(f"Dataset {name} is not active (status {status}).", dataset=name)
+    stamped, cost, limits = _plan(event, ds, budget, grant)
+    for limit, before in limits:
+        if not limit.admits(before + cost):
+            raise refusal(limit, before, before + cost, cost)
+    return grant, stamped, cost, limits
 
 
 def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delta, reference, request_id,

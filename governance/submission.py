@@ -4,8 +4,9 @@
 request as ``queued``, reserves its event through the gate and schedules the Celery task
 with ``transaction.on_commit`` (so a worker never sees a request that was rolled back).
 A refused request leaves no request and no reservation (the gate refuses before it writes;
-a request row inserted before the gate, one with an Idempotency-Key, is deleted); its refusal is written to the audit
-trail in the same transaction (who asked for what, and why not). An identical request (same dataset version, engine, kind and parameters) that the
+a request row inserted before the gate, one with an Idempotency-Key, is deleted); its
+refusal is written to the audit trail in the same transaction (who asked for what, and
+why not). An identical request (same dataset version, engine, kind and parameters) that the
 same analyst already got answered is answered from the stored release at no cost: it is
 the same noisy value, post-processing is free. A POST retried with the same
 ``Idempotency-Key`` gets the first request back, whatever its state, and is not charged again.
