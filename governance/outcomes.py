@@ -51,7 +51,7 @@ class Outcome:
 def write(outcome: Outcome) -> str:
     """Write one outcome in its own transaction; returns the request's status now."""
     with transaction.atomic():
-        if not _finish_row(outcome):
+        if outcome.req.pk not in _finish_rows([outcome]):
             return _status(outcome)
         _signal_on_commit(outcome, _settle(outcome))
     return outcome.status
