@@ -16,14 +16,10 @@ that state and the dataset's budget, read in the same statement as ever), no loc
 the statement, and outside a transaction the admission needs no BEGIN or COMMIT.
 
 It answers only the common case: an analyst with an active grant asking for a new request
-that the gate admits. Without an Idempotency-Key the request row is written by the same
-statement, in autocommit. With one (the Python client always sends one) the row was
-inserted first in the caller's transaction, never under a lock (``submission``), and
-the statement writes the entry's id on it; its locks then last until that transaction's
-COMMIT, the next round trip, instead of across the gate's decision. Everything else
-returns None and goes through ``ledger.admit`` under the locks as before: SQLite, no
-grant, a refusal (written with its audit record under the lock, after deciding again
-there), a dataset not active, or a state that moved ``TRIES`` times in a row.
+(no Idempotency-Key) that the gate admits. Everything else returns None and goes through
+``ledger.admit`` under the locks as before: SQLite, no grant, a refusal (written with its
+audit record under the lock, after deciding again there), a dataset not active, or a
+state that moved ``TRIES`` times in a row.
 """
 
 from __future__ import annotations
@@ -36,18 +32,12 @@ from .models import Dataset, LedgerEntry, Request
 TRIES = 3
 
 
-def admit_unlocked(ds: Dataset, analyst, event, *, reference: str, new_request: Request | None = None,
-                   request_id=None) -> LedgerEntry | None:
-    """Reserve ``event`` on ``ds`` for ``analyst`` and write ``new_request`` with its entry
-    (or link the request row ``request_id``, inserted before the gate, to it), or None
-    (nothing written) when ``ledger.admit`` must decide."""
+def admit_unlocked(ds: Dataset, analyst, event, *, reference: str, new_request: Request) -> LedgerEntry | None:
+    """Reserve ``event`` on ``ds`` for ``analyst`` and write ``new_request`` with its entry,
+    or None (nothing written) when ``ledger.admit`` must decide."""
     sql = ledger_sql.admit_sql()
     if sql.write_if_unchanged is None:
         return None
-    if new_request is not None:
-        write, request_part = sql.write_if_unchanged, ledger_sql.request_values(new_request)
-    else:
-        write, request_part = sql.link_if_unchanged, [Request._meta.pk.get_db_prep_value(request_id, connection)]
     event = ledger.to_event(event)
     ledger.warm_caches(event)
     for _ in range(TRIES):
@@ -63,12 +53,11 @@ def admit_unlocked(ds: Dataset, analyst, event, *, reference: str, new_request: 
                 return None  # refused on what was read: decided again (and recorded) under the lock
             now, fields, entry_row, budget_row, grant_row = ledger.writes(ds.pk, analyst, grant, stamped, cost, limits,
                                                                           b_delta, reference)
-            cur.execute(write, [g_id, g_state, g_cap_eps, g_cap_delta, ds.pk, state] + entry_row + budget_row
-                        + grant_row + request_part)
+            cur.execute(sql.write_if_unchanged, [g_id, g_state, g_cap_eps, g_cap_delta, ds.pk, state] + entry_row
+                        + budget_row + grant_row + ledger_sql.request_values(new_request))
             written = cur.fetchone()
         if written is not None:
-            if new_request is not None:
-                ledger_sql.saved(new_request, written[0])
+            ledger_sql.saved(new_request, written[0])
             return LedgerEntry(id=written[0], dataset_id=ds.pk, analyst=analyst, grant_id=g_id, reference=reference[:200],
                                status=LedgerEntry.Status.RESERVED, created_at=now, **fields)
     return None

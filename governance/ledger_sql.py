@@ -84,10 +84,7 @@ def _sql_for(vendor: str) -> SimpleNamespace:
                            f"FROM {budget} b JOIN {dataset} d ON d.id = b.dataset_id JOIN {grant} g "
                            f"ON g.dataset_id = b.dataset_id AND g.analyst_id = %s AND g.revoked_at IS NULL "
                            f"WHERE b.dataset_id = %s") if pg else None,
-        write_if_unchanged=_write_if_unchanged(_request_insert("SELECT {}, e.id FROM e")) if pg else None,
-        # The same for a request row inserted before the gate (one with an Idempotency-Key):
-        # the entry's id written on it.
-        link_if_unchanged=_write_if_unchanged(_LINK.format(request=request)) if pg else None,
+        write_if_unchanged=_write_if_unchanged() if pg else None,
         grant=(f"SELECT id, cap_epsilon, cap_delta, state FROM {grant} "
                f"WHERE dataset_id = %s AND analyst_id = %s AND revoked_at IS NULL LIMIT 1"
                + (" FOR UPDATE" if pg else "")),
@@ -100,7 +97,7 @@ def _sql_for(vendor: str) -> SimpleNamespace:
         # Data-modifying CTEs (PostgreSQL): insert the entry, update both running states and
         # write the entry's id on its request row in one statement; a NULL grant (request)
         # id updates no grant (request) row.
-        write_all=_write_all(_LINK.format(request=request))
+        write_all=_write_all(f"UPDATE {request} SET ledger_entry_id = (SELECT id FROM e) WHERE id = %s::uuid")
         if pg else None,
         # The same with the request row inserted (a request without an Idempotency-Key:
         # nothing to wait for on its insert, so it can be written under the gate's lock).
@@ -134,18 +131,13 @@ ENTRY_COLUMNS = ("dataset", "analyst", "grant", "reference", "event", "cost", "c
                  "non_private")
 
 
-_LINK = "UPDATE {request} SET ledger_entry_id = e.id FROM e WHERE {request}.id = %s::uuid"
-
-
-def _write_if_unchanged(request_part: str) -> str:
-    """PostgreSQL, one statement: the admitted entry's writes (``_write_all``'s, with
-    ``request_part``: the request row's insert, or its link to the entry) done only if the
-    budget row's state, and the grant's state and caps (still unrevoked), are those the
-    gate read without a lock. ``l`` locks both rows (``FOR UPDATE OF b, g``: a row changed
-    meanwhile is re-checked at its newest version and, if it no longer matches, gives no
-    row); every write depends on ``l``, so it is all or nothing. In autocommit no lock
-    outlives the statement; in a transaction they last until its COMMIT, the next round
-    trip. No row back: the state moved, read again."""
+def _write_if_unchanged() -> str:
+    """PostgreSQL, one statement in autocommit: the admitted entry's writes (``write_all_new``'s)
+    done only if the budget row's state, and the grant's state and caps (still unrevoked),
+    are those the gate read without a lock. ``l`` locks both rows for the statement (``FOR
+    UPDATE OF b, g``: a row changed meanwhile is re-checked at its newest version and, if it
+    no longer matches, gives no row); every write depends on ``l``, so it is all or nothing
+    and no lock outlives the statement. No row back: the state moved, read again."""
     budget, grant, entry = Budget._meta.db_table, Grant._meta.db_table, LedgerEntry._meta.db_table
     field = LedgerEntry._meta.get_field
     cols = ", ".join(field(c).column for c in ENTRY_COLUMNS)
@@ -158,7 +150,7 @@ def _write_if_unchanged(request_part: str) -> str:
             f"b AS (UPDATE {budget} SET state = %s::jsonb, active_entries = active_entries + 1, "
             f"updated_at = %s WHERE dataset_id = %s AND EXISTS (SELECT 1 FROM l)), "
             f"g AS (UPDATE {grant} SET state = %s::jsonb WHERE id = %s AND EXISTS (SELECT 1 FROM l)), "
-            f"r AS ({request_part}) "
+            f"r AS ({_request_insert('SELECT {}, e.id FROM e')}) "
             f"SELECT id FROM e")
 
 

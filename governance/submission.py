@@ -25,7 +25,6 @@ from engines.types import EngineRequest, PlanError
 
 from . import audit, dispatch, ledger, ledger_sql
 from .engine_meta import dataset_meta
-from .gate_unlocked import admit_unlocked
 from .errors import (
     DatasetNotActive,
     IdempotencyKeyReused,
@@ -107,6 +106,8 @@ def _admit_unlocked(analyst, ds, engine, kind, params, fp, plan, queue) -> tuple
     """The common case first, outside a transaction: a new request admitted by the gate
     without a lock held across round trips (``governance.gate_unlocked``; PostgreSQL). None:
     the transactional path below decides (a replay, a refusal, SQLite, ...)."""
+    from .gate_unlocked import admit_unlocked
+
     req = _new_request(analyst, ds, engine, kind, params, fp, plan, "")
     entry = admit_unlocked(ds, analyst, plan.event, reference=f"request {req.pk}", new_request=req)
     if entry is None:
@@ -142,12 +143,6 @@ def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key, 
     # back everything.
     if idempotency_key:
         ledger_sql.insert_request(req)
-        # decided on an unlocked read; the statement that writes it takes the locks, which
-        # last until this transaction's COMMIT (None: decided under the locks below)
-        if entry := admit_unlocked(ds, analyst, plan.event, reference=f"request {req.pk}", request_id=req.pk):
-            req.ledger_entry = entry
-            transaction.on_commit(lambda: enqueue(req.pk, queue))
-            return req, False
     try:
         # the entry's id is written on the request row by the gate's own statement
         entry = ledger.admit(ds, analyst, plan.event, reference=f"request {req.pk}", savepoint=False,
