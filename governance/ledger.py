@@ -166,8 +166,7 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepo
 def decide(dataset_id: int, analyst, event: ev.Event, row):
     """The gate's decision on ``row`` (``ledger_sql``'s ``budget_grant`` columns): (the
     grant row or None, the stamped event, its cost, [(limit, state before)]), or one of the
-    ``GATE_REFUSALS`` raised. ``admit`` decides under the locks, ``gate_unlocked`` on an
-    unlocked read it then writes only if unchanged."""
+    ``GATE_REFUSALS`` raised; ``admit`` decides under the locks."""
     (state, name, status, b_eps, b_delta, policy, allow_np, approx_share, _committed, _seq, _head,
      g_id, g_cap_eps, g_cap_delta, g_state) = row
     ds = ledger_sql.DatasetRow(dataset_id, name, status, b_eps, b_delta, policy, bool(allow_np), approx_share)

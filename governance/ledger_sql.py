@@ -76,15 +76,6 @@ def _sql_for(vendor: str) -> SimpleNamespace:
                       f"FROM {budget} b JOIN {dataset} d ON d.id = b.dataset_id JOIN {grant} g "
                       f"ON g.dataset_id = b.dataset_id AND g.analyst_id = %s AND g.revoked_at IS NULL "
                       f"WHERE b.dataset_id = %s FOR UPDATE OF b, g") if pg else None,
-        # The same, read without a lock (PostgreSQL): what the gate decides on before
-        # ``write_if_unchanged``; the states as text, to compare exactly.
-        budget_grant_read=(f"SELECT b.state::text, d.name, d.status, d.budget_epsilon, d.budget_delta, d.policy, "
-                           f"d.allow_non_private, d.approx_delta_share, b.committed, b.audit_seq, b.audit_head, "
-                           f"g.id, g.cap_epsilon, g.cap_delta, g.state::text "
-                           f"FROM {budget} b JOIN {dataset} d ON d.id = b.dataset_id JOIN {grant} g "
-                           f"ON g.dataset_id = b.dataset_id AND g.analyst_id = %s AND g.revoked_at IS NULL "
-                           f"WHERE b.dataset_id = %s") if pg else None,
-        write_if_unchanged=_write_if_unchanged() if pg else None,
         grant=(f"SELECT id, cap_epsilon, cap_delta, state FROM {grant} "
                f"WHERE dataset_id = %s AND analyst_id = %s AND revoked_at IS NULL LIMIT 1"
                + (" FOR UPDATE" if pg else "")),
@@ -124,33 +115,6 @@ def _write_all(request_part: str) -> str:
             f"updated_at = %s WHERE dataset_id = %s), "
             f"g AS (UPDATE {grant} SET state = %s::jsonb WHERE id = %s), "
             f"r AS ({request_part}) "
-            f"SELECT id FROM e")
-
-
-ENTRY_COLUMNS = ("dataset", "analyst", "grant", "reference", "event", "cost", "charge", "status", "created_at",
-                 "non_private")
-
-
-def _write_if_unchanged() -> str:
-    """PostgreSQL, one statement in autocommit: the admitted entry's writes (``write_all_new``'s)
-    done only if the budget row's state, and the grant's state and caps (still unrevoked),
-    are those the gate read without a lock. ``l`` locks both rows for the statement (``FOR
-    UPDATE OF b, g``: a row changed meanwhile is re-checked at its newest version and, if it
-    no longer matches, gives no row); every write depends on ``l``, so it is all or nothing
-    and no lock outlives the statement. No row back: the state moved, read again."""
-    budget, grant, entry = Budget._meta.db_table, Grant._meta.db_table, LedgerEntry._meta.db_table
-    field = LedgerEntry._meta.get_field
-    cols = ", ".join(field(c).column for c in ENTRY_COLUMNS)
-    vals = ", ".join(f"%s::{field(c).cast_db_type(connection)}" for c in ENTRY_COLUMNS)
-    return (f"WITH l AS (SELECT b.dataset_id FROM {budget} b JOIN {grant} g ON g.id = %s "
-            f"AND g.dataset_id = b.dataset_id AND g.revoked_at IS NULL AND g.state = %s::jsonb "
-            f"AND g.cap_epsilon IS NOT DISTINCT FROM %s AND g.cap_delta IS NOT DISTINCT FROM %s "
-            f"WHERE b.dataset_id = %s AND b.state = %s::jsonb FOR UPDATE OF b, g), "
-            f"e AS (INSERT INTO {entry} ({cols}) SELECT {vals} FROM l RETURNING id), "
-            f"b AS (UPDATE {budget} SET state = %s::jsonb, active_entries = active_entries + 1, "
-            f"updated_at = %s WHERE dataset_id = %s AND EXISTS (SELECT 1 FROM l)), "
-            f"g AS (UPDATE {grant} SET state = %s::jsonb WHERE id = %s AND EXISTS (SELECT 1 FROM l)), "
-            f"r AS ({_request_insert('SELECT {}, e.id FROM e')}) "
             f"SELECT id FROM e")
 
 

@@ -72,9 +72,6 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
     fp = fingerprint(ds, engine, kind, params)
     queue = plugins.info(engine)["queue"]
     prior = _answered(analyst, fp)
-    if not idempotency_key and prior is None and (
-            admitted := _admit_unlocked(analyst, ds, engine, kind, params, fp, plan, queue)):
-        return admitted
     refusal = None
     try:
         with transaction.atomic():
@@ -100,21 +97,6 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
     if refusal is not None:
         raise refusal
     return out
-
-
-def _admit_unlocked(analyst, ds, engine, kind, params, fp, plan, queue) -> tuple[Request, bool] | None:
-    """The common case first, outside a transaction: a new request admitted by the gate
-    without a lock held across round trips (``governance.gate_unlocked``; PostgreSQL). None:
-    the transactional path below decides (a replay, a refusal, SQLite, ...)."""
-    from .gate_unlocked import admit_unlocked
-
-    req = _new_request(analyst, ds, engine, kind, params, fp, plan, "")
-    entry = admit_unlocked(ds, analyst, plan.event, reference=f"request {req.pk}", new_request=req)
-    if entry is None:
-        return None
-    req.ledger_entry = entry
-    transaction.on_commit(lambda: enqueue(req.pk, queue))  # committed already: sent now (outside a transaction)
-    return req, False
 
 
 def _new_request(analyst, ds, engine, kind, params, fp, plan, idempotency_key) -> Request:

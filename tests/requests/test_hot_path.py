@@ -70,6 +70,9 @@ def test_a_post_with_a_key_is_inserted_before_the_gate(api, analyst, clinic, dja
     first_insert = next(i for i, s in enumerate(sql) if s.lstrip().upper().startswith(("INSERT", "WITH")))
     assert Request._meta.db_table in sql[first_insert] and "governance_ledgerentry" not in sql[first_insert]
     assert Request.objects.get(pk=r.json()["id"]).ledger_entry_id is not None
+    # token and user, dataset, key lookup, replay lookup, insert, lock, the writes (one CTE
+    # on PostgreSQL: four on SQLite)
+    assert len(sql) == (7 if connection.vendor == "postgresql" else 11), sql
 
 
 @pytest.mark.django_db

@@ -47,8 +47,8 @@ def test_it_plans_sql_into_the_same_request_event_and_cost_as_its_json_twin(
         api, analyst, clinic, sql, options, twin, django_capture_on_commit_callbacks):
     client = api(analyst)
     kind, params = twin
-    est_sql = client.post(f"/api/datasets/clinic/estimate/", {"sql": sql, "params": options}, format="json")
-    est_json = client.post(f"/api/datasets/clinic/estimate/",
+    est_sql = client.post("/api/datasets/clinic/estimate/", {"sql": sql, "params": options}, format="json")
+    est_json = client.post("/api/datasets/clinic/estimate/",
                            {"engine": "aggregates", "kind": kind, "params": params}, format="json")
     assert est_sql.status_code == est_json.status_code == 200, (est_sql.content, est_json.content)
     assert est_sql.json()["events"] == est_json.json()["events"]
