@@ -16,7 +16,8 @@ recreated, migrated, dropped at the end unless ``--keep``), Redis db ``--redis-d
 processes of the image: ``deploy/entrypoint.sh web`` (gunicorn gthread, DEBUG=false, a
 real SECRET_KEY, ALLOWED_HOSTS, the PostgreSQL DATABASE_URL, REDIS_URL; GUNICORN_WORKERS /
 GUNICORN_THREADS from ``--gunicorn-workers`` / ``--threads``, the entrypoint's other
-defaults, max-requests 1000 included) and ``deploy/entrypoint.sh worker`` (``manage.py
+defaults, max-requests 20,000 +- 2,000 included; GUNICORN_MAX_REQUESTS in the
+environment overrides it) and ``deploy/entrypoint.sh worker`` (``manage.py
 worker -Q cpu,gpu -c --celery``, prefork).
 
 Clients: ``--clients`` threads over up to 4 processes, each with its own keep-alive
@@ -1037,7 +1038,9 @@ def main():
               f"Celery + Redis + PostgreSQL; code at git {code} (at the start)")
         print(f"   {where}; Redis db {args.redis_db}")
         print(f"   web: deploy/entrypoint.sh web = gunicorn governance.wsgi gthread {args.gunicorn_workers} workers x "
-              f"{args.threads} threads (timeout 120, keep-alive 5, max-requests 1000 +- 100), DEBUG=false; worker: "
+              f"{args.threads} threads (timeout 120, keep-alive 5, max-requests "
+              f"{os.environ.get('GUNICORN_MAX_REQUESTS', '20000')} +- "
+              f"{os.environ.get('GUNICORN_MAX_REQUESTS_JITTER', '2000')}), DEBUG=false; worker: "
               f"deploy/entrypoint.sh worker = manage.py worker -Q cpu,gpu -c {args.celery} (prefork); "
               f"REQUEST_RATE_LIMIT {args.rate_limit or 'off'}; DB_CONN_MAX_AGE {os.environ.get('DB_CONN_MAX_AGE', '60 (default)')}")
         print(f"   dataset {DATASET}: {setup['csv_rows']}-row CSV, rdp policy, delta {BUDGET_DELTA:g}, budget epsilon "

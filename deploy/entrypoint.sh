@@ -45,6 +45,11 @@ web() {
     fi
     log "gunicorn governance.wsgi on 0.0.0.0:${PORT:-8000}"
     # gthread workers: a slow upload or download holds a thread, not the whole process.
+    # A worker is recycled after max-requests (a guard against slow leaks). Each recycle
+    # boots a new worker (Django and the engines' imports, about a CPU second) while the
+    # other workers serve alone: at 1,000 it happened every few seconds under load and set
+    # the 64-client p99 (bench/README.md, "Request path"); 20,000 is a few minutes at
+    # full load.
     # The control socket is off: it would be written under $HOME, read-only in Kubernetes.
     exec python -m gunicorn governance.wsgi:application \
         --bind "0.0.0.0:${PORT:-8000}" \
@@ -54,8 +59,8 @@ web() {
         --timeout "${GUNICORN_TIMEOUT:-120}" \
         --graceful-timeout "${GUNICORN_GRACEFUL_TIMEOUT:-30}" \
         --keep-alive "${GUNICORN_KEEPALIVE:-5}" \
-        --max-requests "${GUNICORN_MAX_REQUESTS:-1000}" \
-        --max-requests-jitter "${GUNICORN_MAX_REQUESTS_JITTER:-100}" \
+        --max-requests "${GUNICORN_MAX_REQUESTS:-20000}" \
+        --max-requests-jitter "${GUNICORN_MAX_REQUESTS_JITTER:-2000}" \
         --forwarded-allow-ips "${GUNICORN_FORWARDED_ALLOW_IPS:-127.0.0.1}" \
         --worker-tmp-dir "${GUNICORN_WORKER_TMP_DIR:-/dev/shm}" \
         --access-logfile - \
