@@ -146,9 +146,20 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepo
                 raise Budget.DoesNotExist(f"no budget row for dataset {dataset_id}")
             cur.execute(sql.grant, [dataset_id, analyst.pk])
             row = tuple(row) + (cur.fetchone() or (None, None, None, None))
-        _, name, _, _, b_delta, _, _, _, committed, audit_seq, audit_head = row[:11]
+        (state, name, status, b_eps, b_delta, policy, allow_np, approx_share, committed, audit_seq, audit_head,
+         g_id, g_cap_eps, g_cap_delta, g_state) = row
+        ds = ledger_sql.DatasetRow(dataset_id, name, status, b_eps, b_delta, policy, bool(allow_np), approx_share)
+        budget = ledger_sql.StateRow(dataset_id, ledger_sql.loads(state))
+        grant = None if g_id is None else ledger_sql.GrantRow(g_id, g_cap_eps, g_cap_delta, ledger_sql.loads(g_state))
         try:
-            grant, stamped, cost, limits = decide(dataset_id, analyst, event, row)
+            if grant is None and not analyst.is_staff:
+                raise NoGrant(f"{analyst} has no grant on dataset {name}.", dataset=name)
+            if status != Dataset.Status.ACTIVE:
+                raise DatasetNotActive(f"Dataset {name} is not active (status {status}).", dataset=name)
+            stamped, cost, limits = _plan(event, ds, budget, grant)
+            for limit, before in limits:
+                if not limit.admits(before + cost):
+                    raise refusal(limit, before, before + cost, cost)
         except GATE_REFUSALS as e:
             # the locked row's chain head, for the refusal's audit record (``refuse``)
             e.budget_row = SimpleNamespace(pk=dataset_id, committed=ledger_sql.loads(committed), audit_seq=audit_seq,
@@ -163,33 +174,23 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepo
                        reference=reference[:200], status=LedgerEntry.Status.RESERVED, created_at=now, **fields)
 
 
-def decide(dataset_id: int, analyst, event: ev.Event, row):
-    """The gate's decision on ``row`` (``ledger_sql``'s ``budget_grant`` columns): (the
-    grant row or None, the stamped event, its cost, [(limit, state before)]), or one of the
-    ``GATE_REFUSALS`` raised; ``admit`` decides under the locks."""
-    (state, name, status, b_eps, b_delta, policy, allow_np, approx_share, _committed, _seq, _head,
-     g_id, g_cap_eps, g_cap_delta, g_state) = row
-    ds = ledger_sql.DatasetRow(dataset_id, name, status, b_eps, b_delta, policy, bool(allow_np), approx_share)
-    budget = ledger_sql.StateRow(dataset_id, ledger_sql.loads(state))
-    grant = None if g_id is None else ledger_sql.GrantRow(g_id, g_cap_eps, g_cap_delta, ledger_sql.loads(g_state))
-    if grant is None and not analyst.is_staff:
-        raise NoGrant(f"{analyst} has no grant on dataset {name}.", dataset=name)
-    if status != Dataset.Status.ACTIVE:
-        raise DatasetNotActive(f"Dataset {name} is not active (status {status}).", dataset=name)
-    stamped, cost, limits = _plan(event, ds, budget, grant)
-    for limit, before in limits:
-        if not limit.admits(before + cost):
-            raise refusal(limit, before, before + cost, cost)
-    return grant, stamped, cost, limits
-
-
 def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delta, reference, request_id,
              new_request):
     """The admitted entry's writes (under the locks): the entry, both running states and
     the request row's link (or the new request row). Returns (entry id, now, the entry's
     JSON fields)."""
-    now, fields, entry_row, budget_row, grant_row = writes(dataset_id, analyst, grant, stamped, cost, limits, b_delta,
-                                                           reference)
+    now = timezone.now()
+    fields = {"event": stamped.to_dict(), "cost": cost.to_json(), "charge": charge_summary(cost, b_delta)}
+    when = connection.ops.adapt_datetimefield_value(now)
+    fields["non_private"] = ev.has_non_private(stamped)
+    entry_row = [dataset_id, analyst.pk, grant.pk if grant else None, reference[:200], ledger_sql.dumps(fields["event"]),
+                 ledger_sql.dumps(fields["cost"]), ledger_sql.dumps(fields["charge"]), LedgerEntry.Status.RESERVED, when,
+                 fields["non_private"]]
+    budget_row = [ledger_sql.dumps((limits[0][1] + cost).to_json()), when, dataset_id]
+    grant_row = None
+    if grant is not None:
+        grant_state = limits[1][1] if len(limits) > 1 else Cost.from_json(grant.state)
+        grant_row = [ledger_sql.dumps((grant_state + cost).to_json()), grant.pk]
     request_pk = None if request_id is None else Request._meta.pk.get_db_prep_value(request_id, connection)
     new_row = None if new_request is None else ledger_sql.request_values(new_request)
     if sql.write_all is not None:  # PostgreSQL: the four writes in one round trip
@@ -211,24 +212,6 @@ def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delt
     if new_request is not None:
         ledger_sql.saved(new_request, entry_id)
     return entry_id, now, fields
-
-
-def writes(dataset_id, analyst, grant, stamped, cost, limits, b_delta, reference):
-    """What an admission writes, as statement parameters: (now, the entry's JSON fields,
-    the entry's row, the budget row's new state, the grant row's or None)."""
-    now = timezone.now()
-    fields = {"event": stamped.to_dict(), "cost": cost.to_json(), "charge": charge_summary(cost, b_delta)}
-    when = connection.ops.adapt_datetimefield_value(now)
-    fields["non_private"] = ev.has_non_private(stamped)
-    entry_row = [dataset_id, analyst.pk, grant.pk if grant else None, reference[:200], ledger_sql.dumps(fields["event"]),
-                 ledger_sql.dumps(fields["cost"]), ledger_sql.dumps(fields["charge"]), LedgerEntry.Status.RESERVED, when,
-                 fields["non_private"]]
-    budget_row = [ledger_sql.dumps((limits[0][1] + cost).to_json()), when, dataset_id]
-    grant_row = None
-    if grant is not None:
-        grant_state = limits[1][1] if len(limits) > 1 else Cost.from_json(grant.state)
-        grant_row = [ledger_sql.dumps((grant_state + cost).to_json()), grant.pk]
-    return now, fields, entry_row, budget_row, grant_row
 
 
 def refuse(error, analyst, event, ctx: audit.Context, *, request_id) -> bool:

@@ -116,9 +116,9 @@ def _finish_rows(outcomes: list[Outcome]) -> set:
         return {o.req.pk for o in outcomes if _finish_row(o)}
     now = timezone.now()
     field = Request._meta.get_field
-    params = []
+    params, rows = [], {}
     for o in outcomes:
-        values = _row(o, now)
+        rows[o.req.pk] = values = _row(o, now)
         params.append(field("id").get_db_prep_value(o.req.pk, connection))
         params += [field(k).get_db_prep_save(v, connection) for k, v in values.items()]
     with connection.cursor() as cur:
@@ -128,7 +128,7 @@ def _finish_rows(outcomes: list[Outcome]) -> set:
         if o.req.pk not in moved:
             log.warning("request %s was finished elsewhere (recovery sweep); its run's outcome is dropped", o.req.pk)
         else:
-            _written(o, now)
+            _written(o, rows[o.req.pk])
     return moved
 
 
@@ -137,9 +137,9 @@ def _row(o: Outcome, now) -> dict:
     return dict(zip(_ROW, (o.status, o.result, o.error, now, o.officer_report, {"phase": o.status, "fraction": 1.0})))
 
 
-def _written(o: Outcome, now) -> None:
-    """``o.req`` as its row now is (for the pushed final state)."""
-    for k, v in _row(o, now).items():
+def _written(o: Outcome, values: dict) -> None:
+    """``o.req`` as its row now is, ``values`` (``_row``'s) written (for the pushed final state)."""
+    for k, v in values.items():
         setattr(o.req, k, v)
 
 
@@ -156,12 +156,12 @@ def _finish_rows_sql(k: int) -> str:
 def _finish_row(o: Outcome) -> bool:
     """The request row's compare-and-set ``running -> o.status``; False (and logged) when
     it is no longer running (the recovery sweep finished it)."""
-    now = timezone.now()
-    moved = Request.objects.filter(pk=o.req.pk, status=Request.Status.RUNNING).update(**_row(o, now))
+    values = _row(o, timezone.now())
+    moved = Request.objects.filter(pk=o.req.pk, status=Request.Status.RUNNING).update(**values)
     if not moved:
         log.warning("request %s was finished elsewhere (recovery sweep); its run's outcome is dropped", o.req.pk)
     else:
-        _written(o, now)
+        _written(o, values)
     return bool(moved)
 
 

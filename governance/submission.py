@@ -71,12 +71,11 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
     plan = plan_request(ds, engine, kind, params)
     fp = fingerprint(ds, engine, kind, params)
     queue = plugins.info(engine)["queue"]
-    prior = _answered(analyst, fp)
     refusal = None
     try:
         with transaction.atomic():
             try:
-                out = _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key, prior)
+                out = _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key)
             except GATE_REFUSALS as e:
                 # A refusal is raised before the gate writes anything (the transaction is
                 # intact): the request row is deleted and the refusal's audit record written
@@ -99,13 +98,8 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
     return out
 
 
-def _new_request(analyst, ds, engine, kind, params, fp, plan, idempotency_key) -> Request:
-    return Request(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
-                   idempotency_key=idempotency_key, plan=_plan_json(plan), progress={"phase": "queued"})
-
-
-def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key, prior) -> tuple[Request, bool]:
-    if prior is not None:  # the analyst's answered request with the same fingerprint: replayed
+def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) -> tuple[Request, bool]:
+    if (prior := _answered(analyst, fp)) is not None:
         now = timezone.now()
         replay = Request.objects.create(
             analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
@@ -114,7 +108,8 @@ def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key, 
         audit.record_replay(ds, analyst, audit.Context.of_request(
             replay, result_sha256=audit.result_digest(prior.result), detail=f"replay of request {prior.pk}"))
         return replay, True
-    req = _new_request(analyst, ds, engine, kind, params, fp, plan, idempotency_key)
+    req = Request(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
+                  idempotency_key=idempotency_key, plan=_plan_json(plan), progress={"phase": "queued"})
     # A request with an Idempotency-Key is inserted before the budget lock, never under it:
     # a concurrent retry's insert of the same key waits for a worker finishing the first
     # request, which holds that request's row and waits for the budget lock (a deadlock if
