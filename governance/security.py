@@ -15,17 +15,17 @@ from rest_framework.throttling import UserRateThrottle
 
 log = logging.getLogger(__name__)
 
-# The officer's and analyst's pages use only their own origin; styles are inline <style>
-# blocks and SVG attributes. /api/docs/ (Swagger UI) loads its assets from a CDN and is left
-# without a policy.
+# Every page uses only its own origin; styles are inline <style> blocks and SVG attributes.
+# /api/docs/ (Swagger UI) too: its files are static files of ours (drf-spectacular-sidecar)
+# and its initializer a script of its own (/api/docs/?script=), not inline.
 CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; script-src 'self'; "
        "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'")
 PERMISSIONS_POLICY = "camera=(), microphone=(), geolocation=(), payment=(), usb=()"
 
 
 class SecurityHeaders:
-    """Content-Security-Policy and Permissions-Policy on every response but the API docs
-    (Django's SecurityMiddleware and XFrameOptionsMiddleware add nosniff, Referrer-Policy,
+    """Content-Security-Policy and Permissions-Policy on every response, the API docs
+    included (Django's SecurityMiddleware and XFrameOptionsMiddleware add nosniff, Referrer-Policy,
     HSTS when configured, and X-Frame-Options)."""
 
     def __init__(self, get_response):
@@ -33,8 +33,7 @@ class SecurityHeaders:
 
     def __call__(self, request):
         response = self.get_response(request)
-        if not request.path.startswith("/api/docs"):
-            response.headers.setdefault("Content-Security-Policy", CSP)
+        response.headers.setdefault("Content-Security-Policy", CSP)
         response.headers.setdefault("Permissions-Policy", PERMISSIONS_POLICY)
         response.headers.setdefault("Cross-Origin-Opener-Policy", "same-origin")
         return response

@@ -72,7 +72,34 @@ def test_it_renders_the_docs(api, officer):
         r = client.get("/api/docs/")
         assert r.status_code == 200
         assert b"swagger" in r.content.lower()
-        assert b"/api/schema/" in r.content
+        script = client.get("/api/docs/", {"script": ""})  # the initializer, a script of its own
+        assert script.status_code == 200 and script["Content-Type"].startswith("application/javascript")
+        assert b"/api/schema/" in script.content
+
+
+def test_the_docs_load_nothing_from_another_host_and_keep_the_csp(client):
+    """Issue 22: /api/docs/ loaded Swagger UI from a CDN and was exempt from the CSP (offline:
+    a blank page). Every asset is now one of our static files, every script a file (no
+    inline script: the CSP's script-src 'self' allows no other), and the page has the CSP."""
+    from django.contrib.staticfiles import finders
+
+    from governance.security import CSP
+
+    r = client.get("/api/docs/")
+    assert r.status_code == 200
+    assert r["Content-Security-Policy"] == CSP and "script-src 'self'" in CSP
+    html = r.content.decode()
+    refs = re.findall(r'(?:src|href)="([^"]*)"', html)
+    assert refs and not re.search(r"https?://|//[a-z]", html, re.I), refs
+    assert all(ref.startswith("/") and not ref.startswith("//") for ref in refs), refs
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), "an inline <script> the CSP would refuse"
+    static = [ref for ref in refs if ref.startswith(settings.STATIC_URL if settings.STATIC_URL.startswith("/")
+                                                    else "/" + settings.STATIC_URL)]
+    assert len(static) >= 4  # css, favicon, bundle, preset
+    for ref in static:
+        assert finders.find(ref.split("/", 2)[2]), f"{ref} is not a static file of ours"
+    script = client.get("/api/docs/", {"script": ""}).content.decode()
+    assert "SwaggerUIBundle(" in script and not re.search(r"https?://", script)
 
 
 def test_it_generates_a_valid_schema_without_warnings(tmp_path):
