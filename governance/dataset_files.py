@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from django.conf import settings
 
 
-from .errors import InvalidDataset
+from .errors import InvalidDataset, UploadTooLarge
 from .models import Dataset
 
 MAX_COLUMNS = 2_000
@@ -86,7 +86,8 @@ def store_file(source, name: str, declared_format: str | None = None) -> tuple[s
                         head = chunk[:8]
                     size += len(chunk)
                     if size > settings.MAX_UPLOAD_BYTES:
-                        raise InvalidDataset(f"The table is larger than MAX_UPLOAD_BYTES ({settings.MAX_UPLOAD_BYTES} bytes).")
+                        error = InvalidDataset if isinstance(source, (str, Path)) else UploadTooLarge
+                        raise error(f"The table is larger than MAX_UPLOAD_BYTES ({settings.MAX_UPLOAD_BYTES} bytes).")
                     digest.update(chunk)
                     out.write(chunk)
             finally:

@@ -38,6 +38,16 @@ class InvalidDataset(UserError):
     code = "dataset.invalid"
 
 
+class UploadTooLarge(InvalidDataset):
+    """An uploaded table over ``MAX_UPLOAD_BYTES``: 413, as the parser's refusal of a body
+    whose declared length is over it (a chunked body, or a file just over the limit inside
+    the form fields' allowance, is only found too large while it is copied). A table named
+    by a server path is not an upload: over the limit it stays a 400 ``dataset.invalid``."""
+
+    code = "request.too_large"
+    status = 413
+
+
 class BudgetExceeded(UserError):
     """The gate refused: composing this event would cross a budget or a grant's cap."""
 

@@ -50,6 +50,21 @@ def test_it_shows_errors_and_writes_nothing_for_a_bad_table(officer_client):
     assert not Dataset.objects.exists()
 
 
+def test_an_upload_over_the_limit_is_a_form_error_not_a_500(officer_client, csv_bytes, settings):
+    """The officer's upload form: a table over MAX_UPLOAD_BYTES (a 413 on the API) is an
+    error on the form, nothing stored."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    settings.MAX_UPLOAD_BYTES = len(csv_bytes) - 1
+    before = sorted((settings.DATA_DIR / "datasets").glob("*")) if (settings.DATA_DIR / "datasets").exists() else []
+    r = officer_client.post("/admin/governance/dataset/register/", {
+        "name": "clinic", "upload": SimpleUploadedFile("clinic.csv", csv_bytes),
+        "budget_epsilon": "1", "budget_delta": "auto", "policy": "rdp"})
+    assert r.status_code == 200 and b"larger than MAX_UPLOAD_BYTES" in r.content
+    assert not Dataset.objects.exists()
+    assert sorted((settings.DATA_DIR / "datasets").glob("*")) == before
+
+
 def test_it_edits_bounds_and_refuses_bad_ones(officer_client, make_dataset):
     ds = make_dataset()
     url = f"/admin/governance/dataset/{ds.pk}/change/"
