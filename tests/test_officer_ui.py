@@ -121,3 +121,59 @@ def test_the_analyst_page_after_a_token_sign_in(client, survey, analyst, analyst
 def test_verify_does_not_redirect_off_site(officer_client, survey):
     r = officer_client.get("/admin/governance/audit/verify/", {"next": "//evil.example/x"})
     assert r.status_code == 302 and r["Location"] == "/admin/"
+
+
+def _links(html: str, section: str) -> dict[str, str]:
+    """The pager links ("previous", "next") after the table ``section``."""
+    import html as html_lib
+    import re
+
+    part = html.split(f'id="{section}"')[1].split("</table>")[1].split("</p>")[0]
+    return {text: html_lib.unescape(href) for href, text in re.findall(r'<a href="([^"]*)">(\w+)</a>', part)}
+
+
+def test_paging_a_filtered_list_keeps_every_filter_and_the_other_page(officer_client, survey, analyst):
+    """Issue 22: the pager's links were ``?apage=2``: paging the filtered audit trail (or
+    ledger) dropped its filters, the other list's filters and the other list's page."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from governance import ledger
+
+    for _ in range(60):  # > 2 pages of committed entries and of commit records
+        ledger.commit(ledger.admit(survey, analyst, {"kind": "laplace", "epsilon": 0.001}))
+    url = f"/admin/governance/dataset/{survey.pk}/overview/"
+    filters = {"action": "commit", "actor": analyst.username, "lstatus": "committed", "lanalyst": analyst.username}
+    html = officer_client.get(url, {**filters, "lpage": "2"}).content.decode()
+
+    audit_next = parse_qs(urlsplit(_links(html, "audit")["next"]).query)
+    assert audit_next == {**{k: [v] for k, v in filters.items()}, "lpage": ["2"], "apage": ["2"]}
+    ledger_links = _links(html, "ledger")
+    assert parse_qs(urlsplit(ledger_links["next"]).query) == {**{k: [v] for k, v in filters.items()},
+                                                                "lpage": ["3"]}
+    assert parse_qs(urlsplit(ledger_links["previous"]).query)["lpage"] == ["1"]
+
+    # following the audit trail's next link: its page 2, still filtered, the ledger still on page 2
+    page = officer_client.get(url + _links(html, "audit")["next"]).content.decode()
+    audit_table = page.split('id="audit"')[1].split("</table>")[0]
+    assert "<td>commit</td>" in audit_table and "<td>refuse</td>" not in audit_table
+    assert "page 2 of" in page.split('id="audit"')[1] and "page 2 of" in page.split('id="ledger"')[1]
+    ledger_table = page.split('id="ledger"')[1].split("</table>")[0]
+    assert "<td>committed</td>" in ledger_table and "<td>released</td>" not in ledger_table
+
+    # the filter forms keep the rest of the query too; a list filtered anew starts at its page 1
+    ledger_form = page.split('id="ledger-filter"')[1].split("</form>")[0]
+    assert 'type="hidden" name="apage" value="2"' in ledger_form and 'name="lpage"' not in ledger_form
+    assert 'type="hidden" name="action" value="commit"' in ledger_form
+    audit_form = page.split('id="audit-filter"')[1].split("</form>")[0]
+    assert 'type="hidden" name="lpage" value="2"' in audit_form and 'name="apage"' not in audit_form
+    assert 'type="hidden" name="lstatus" value="committed"' in audit_form
+
+
+def test_the_pager_escapes_what_it_keeps(officer_client, survey, analyst):
+    from governance import ledger
+
+    for _ in range(30):
+        ledger.commit(ledger.admit(survey, analyst, {"kind": "laplace", "epsilon": 0.001}))
+    url = f"/admin/governance/dataset/{survey.pk}/overview/"
+    html = officer_client.get(url, {"lanalyst": '"><script>alert(1)</script>'}).content.decode()
+    assert "<script>alert(1)" not in html
