@@ -35,6 +35,7 @@ import math
 import numpy as np
 
 from . import events as ev
+from . import work
 from .costs import normalise
 from .rdp_math import ORDERS, laplace_at, pure_dp_at, subsampled_at
 
@@ -42,8 +43,12 @@ POINTS = 33
 
 
 def curve_at(event: ev.Event, a: np.ndarray) -> tuple[np.ndarray, float]:
-    """(RDP curve of ``event`` at the finite orders ``a``, sum of approximate-DP deltas)."""
-    curve, approx = _curve(collapse(event), np.asarray(a, dtype=float))
+    """(RDP curve of ``event`` at the finite orders ``a``, sum of approximate-DP deltas).
+    Charged to the open work budget (``accounting.work``) before it is computed."""
+    event = collapse(event)
+    a = np.asarray(a, dtype=float)
+    work.charge_orders(event, a)
+    curve, approx = _curve(event, a)
     return np.where(np.isnan(curve), math.inf, np.maximum(curve, 0.0)), approx
 
 
