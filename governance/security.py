@@ -90,7 +90,15 @@ class RequestCreationThrottle(UserRateThrottle):
     scope = "request_creation"
 
     def get_rate(self):
-        return settings.REQUEST_RATE_LIMIT or None
+        from .checks import rate_problem
+
+        rate = settings.REQUEST_RATE_LIMIT or None
+        if problem := rate_problem(rate):
+            # The system check (governance.E007) refuses it at start-up; should a process run
+            # with it anyway, no limit rather than a 500 on every POST /api/requests/.
+            log.error("rate limit not applied: %s", problem)
+            return None
+        return rate
 
     def allow_request(self, request, view):
         if self.rate is None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from django.core.exceptions import ImproperlyConfigured
+
 from .env import envbool, envint, envlist, envsecret, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -70,8 +72,12 @@ TEMPLATES = [
 DATABASE_URL = envsecret("DATABASE_URL", f"sqlite:///{VAR_DIR / 'governance.sqlite3'}")
 # Persistent connections: a new PostgreSQL connection per HTTP request or task cost ~35 ms
 # of CPU per DP request in bench/bench_requests.py; health checks drop broken ones.
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", 60),
-                                              conn_health_checks=True)}
+try:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", 60),
+                                                  conn_health_checks=True)}
+except ValueError as _e:  # an unknown scheme, a port that is not a number (no password in the message)
+    raise ImproperlyConfigured(f"DATABASE_URL is not a database URL (postgres://user@host:5432/db or "
+                               f"sqlite:///path): {type(_e).__name__}, scheme {DATABASE_URL.partition(':')[0]!r}") from None
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
         # BEGIN IMMEDIATE takes SQLite's write lock when a transaction starts, so the gate's
@@ -255,11 +261,15 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
+LOG_LEVEL = envstr("LOG_LEVEL", "WARNING").strip().upper()
+if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+    # Django configures logging before the system checks run: a bad level would be a traceback
+    raise ImproperlyConfigured(f"LOG_LEVEL={LOG_LEVEL!r} is not DEBUG, INFO, WARNING, ERROR or CRITICAL")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "WARNING")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     # 4xx answers are the API working as designed (a refused request is a 409): log 5xx only.
     "loggers": {"django.request": {"level": "ERROR"},
                 # a request for another host name is answered 400; no traceback per probe
