@@ -41,7 +41,7 @@ from .rdp_math import _FRACTIONAL_MAX_RATE, FINITE_ORDERS
 FRAC_TERM = 2
 PER_ORDER = 10
 # About one CPU second of Opacus's series on the reference machine (bench_compose.py).
-MAX_UNITS = 500_000
+MAX_UNITS = 600_000
 # The refinement off the grid (accounting.refine) evaluates the curve at 1 + 2 x 33
 # orders; each zoom is counted when its orders are known.
 

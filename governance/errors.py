@@ -96,3 +96,11 @@ class SqlUnsupported(UserError):
     """Valid SQL the aggregates engine does not answer; ``part`` names what (JOIN, OR, ...)."""
 
     code = "sql.unsupported"
+
+
+class TooCostly(UserError):
+    """A call whose input would take more than its budget of work (about one CPU second;
+    ``accounting.work``), refused before the work is done. ``work_units`` (counted so
+    far) and ``max_work_units`` say by how much."""
+
+    code = "request.too_costly"

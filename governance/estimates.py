@@ -7,23 +7,45 @@ stand, without locking or writing anything.
 
 from __future__ import annotations
 
+import contextlib
+
 from accounting import events as ev
+from accounting import work
 from accounting.costs import Cost, cost_of
 
 from . import ledger
-from .errors import NonPrivateRefused
+from .errors import NonPrivateRefused, TooCostly
 from .limits import budget_report, charge_summary
 from .models import Budget, Dataset, Grant
+
+
+@contextlib.contextmanager
+def bounded_work(units: int | None = None):
+    """A budget of work units (``accounting.work``, default ``MAX_UNITS``: about one CPU
+    second) for the accounting done inside, for endpoints whose cost grows with their
+    input; past it, a 400 ``request.too_costly`` before the work is done."""
+    try:
+        with work.limit(units) as meter:
+            yield meter
+    except work.TooCostly as e:
+        raise TooCostly(e.message, work_units=e.needed, max_work_units=e.limit) from None
 
 
 def estimate(dataset: Dataset, user, events) -> dict:
     """What ``events`` would cost, whether they would be admitted now, and how many fit.
 
     Reads the budget without locking or writing: the answer can be stale by the time a
-    request is sent, the gate is what decides.
+    request is sent, the gate is what decides. Bounded: events whose curves would take
+    more than about a CPU second are refused (``bounded_work``) before any is computed.
     """
     with ledger.event_errors():
         parsed = ev.parse_events(events)
+    with bounded_work():
+        work.charge_grid(parsed)
+        return _estimate(dataset, user, parsed)
+
+
+def _estimate(dataset: Dataset, user, parsed) -> dict:
     budget = Budget.objects.get(pk=dataset.pk)
     grant = None
     if user is not None:

@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from accounting import ACCOUNTANTS
 
 from .. import ledger
+from ..estimates import bounded_work
 from ..models import LedgerEntry
 from . import serializers as s
 from .permissions import is_officer
@@ -35,12 +36,16 @@ class LedgerViewSet(viewsets.ReadOnlyModelViewSet):
 @api_view(["POST"])
 @permission_classes([IsAuthenticated])
 def compose(request):
-    """Compose a list of events under every accountant at a target delta (pure maths; no ledger)."""
+    """Compose a list of events under every accountant at a target delta (pure maths; no
+    ledger). Bounded: a list whose RDP curves would take more than about a CPU second is
+    refused (400 ``request.too_costly``) before they are computed (``accounting.work``)."""
     data = s.ComposeInputSerializer(data=request.data)
     data.is_valid(raise_exception=True)
+    from accounting import work
     from accounting.events import parse_events
 
-    with ledger.event_errors():
+    with bounded_work(), ledger.event_errors():
         events = parse_events(data.validated_data["events"])
+        work.charge_grid(events)  # the refinement's zooms are charged as they come
         return Response({name: acc.compose(events, data.validated_data["delta"]).as_dict()
                          for name, acc in ACCOUNTANTS.items()})

@@ -85,3 +85,62 @@ def test_it_refuses_a_bad_request(api, analyst, data):
 
 def test_it_refuses_get(api, analyst):
     assert_error(api(analyst).get(URL), 405, "method.not_allowed")
+
+
+# ------------------------------------------------------------------ bounded work (issue 22)
+
+
+def _distinct(n):
+    return [{"kind": "subsampled_gaussian", "sample_rate": 0.001 + i * 1e-5, "noise_multiplier": 1.0 + i * 1e-3,
+             "steps": 100} for i in range(n)]
+
+
+@pytest.fixture
+def series(monkeypatch):
+    """Opacus's series with its terms counted, and no curve cached."""
+    from accounting import rdp_math
+    from tests.accounting.test_work import SeriesCounter
+
+    rdp_math._one_step_curve.cache_clear()
+    rdp_math._SERIES.clear()
+    return SeriesCounter(monkeypatch)
+
+
+def test_the_documented_maximum_of_distinct_subsampled_events_is_refused_before_any_series(api, analyst, series):
+    """2,000 distinct subsampled Gaussians held a web worker for about 200 CPU seconds."""
+    from accounting import work
+
+    r = api(analyst).post(URL, {"events": _distinct(2000), "delta": 1e-5}, format="json")
+    body = assert_error(r, 400, "request.too_costly")
+    assert body["max_work_units"] == work.MAX_UNITS and body["work_units"] > work.MAX_UNITS
+    assert f"{work.MAX_UNITS:,}" in body["detail"]
+    assert series.orders == 0  # not one order of one curve was computed
+
+
+def test_a_call_within_the_budget_runs_at_most_its_budget(api, analyst, series):
+    from accounting import work
+
+    r = api(analyst).post(URL, {"events": _distinct(8), "delta": 1e-5}, format="json")
+    assert r.status_code == 200, r.json()
+    assert 0 < series.units + work.PER_ORDER * series.orders <= work.MAX_UNITS
+
+
+def test_the_documented_maximum_of_equal_subsampled_events_is_one_curve(api, analyst, series):
+    event = {"kind": "subsampled_gaussian", "sample_rate": 0.01, "noise_multiplier": 1.1, "steps": 1000}
+    r = api(analyst).post(URL, {"events": [event] * 2000, "delta": 1e-5}, format="json")
+    assert r.status_code == 200, r.json()
+    from accounting import rdp_math
+
+    # one (q, z): the grid's 56 orders and the refinement's 1 + 2 x 33, no more
+    assert series.orders <= len(rdp_math.FINITE_ORDERS) + 1 + 2 * 33
+    one = api(analyst).post(URL, {"events": [dict(event, steps=2_000_000)], "delta": 1e-5}, format="json").json()
+    assert r.json()["rdp"] == one["rdp"]
+
+
+def test_a_repeated_composition_runs_no_series_again(api, analyst, series):
+    events = _distinct(3)
+    first = api(analyst).post(URL, {"events": events, "delta": 1e-5}, format="json").json()
+    before = series.orders
+    second = api(analyst).post(URL, {"events": events, "delta": 1e-5}, format="json").json()
+    assert before > 0 and series.orders == before  # every curve cached, per (q, z, order)
+    assert first == second

@@ -157,3 +157,24 @@ def test_it_accepts_an_empty_list(api, officer, clinic):
     r = api(officer).post(url(), {"events": []}, format="json")
     assert r.status_code == 200, r.json()
     assert r.json()["events"] == [] and r.json()["would_admit"] is True
+
+
+def test_it_refuses_events_too_costly_to_price_before_pricing_any(api, officer, clinic, monkeypatch):
+    """Bounded work (issue 22): 2,000 distinct subsampled Gaussians would take minutes."""
+    from accounting import rdp_math, work
+    from tests.accounting.test_work import SeriesCounter
+
+    rdp_math._one_step_curve.cache_clear()
+    rdp_math._SERIES.clear()
+    series = SeriesCounter(monkeypatch)
+    events = [{"kind": "subsampled_gaussian", "sample_rate": 0.001 + i * 1e-5, "noise_multiplier": 1.0 + i * 1e-3,
+               "steps": 100} for i in range(2000)]
+    body = assert_error(api(officer).post(url(), {"events": events}, format="json"), 400, "request.too_costly")
+    assert body["max_work_units"] == work.MAX_UNITS
+    assert series.orders == 0
+    assert LedgerEntry.objects.count() == 0
+    # the same pair 2,000 times is one curve
+    same = [events[0]] * 2000
+    r = api(officer).post(url(), {"events": same}, format="json")
+    assert r.status_code == 200, r.json()
+    assert series.orders <= len(rdp_math.FINITE_ORDERS)
