@@ -187,3 +187,13 @@ def test_post_requests_never_500s_whatever_the_rate(api, analyst, make_dataset, 
         assert r.status_code < 500, r.content[:500]
         assert r.status_code in (201, 202, 200) or (rate == "1/s" and r.status_code == 429), r.content[:300]
     cache.clear()
+
+
+def test_csrf_trusted_origins_without_a_scheme_are_djangos_own_check_error():
+    """CSRF_TRUSTED_ORIGINS is checked by Django itself (4_0.E001), with the rest at start-up."""
+    from django.core.checks import run_checks
+
+    with override_settings(CSRF_TRUSTED_ORIGINS=["governance.example.org"]):
+        assert "4_0.E001" in {p.id for p in run_checks()}
+    with override_settings(CSRF_TRUSTED_ORIGINS=["https://governance.example.org"]):
+        assert "4_0.E001" not in {p.id for p in run_checks()}
