@@ -8,7 +8,8 @@ unknown or malformed, so a ledger can hold nothing an accountant cannot read.
 Compatibility rules: the meaning of a kind or field never changes; new fields are
 optional with a default that keeps old events' meaning.
 
-JSON forms (``kind`` selects the event; every number finite):
+JSON forms (``kind`` selects the event; every number finite, every epsilon at most
+``MAX_EPSILON``):
 
 - ``{"kind": "laplace", "epsilon": e}`` or ``{"kind": "laplace", "scale": b,
   "sensitivity": s}``: Laplace noise of scale b on a query of L1 sensitivity s;
@@ -37,6 +38,9 @@ from typing import Any, Iterator
 MAX_DEPTH = 16
 MAX_NODES = 2_000
 MAX_COUNT = 10**9
+# An epsilon above this promises nothing (e^epsilon overflows a float past ~709) and is
+# surely a mistake: refused, as the service refuses any budget or request above it.
+MAX_EPSILON = 1e6
 
 
 class EventError(ValueError):
@@ -277,7 +281,7 @@ def _parse(data: Any, path: str, depth: int, counter: list[int]) -> Event:
         raise EventError(f"unknown field(s) for {kind}: {', '.join(sorted(map(str, extra)))}", path)
 
     if kind == "laplace":
-        eps = _number(data, "epsilon", path, required=False)
+        eps = _number(data, "epsilon", path, required=False, upper=MAX_EPSILON, upper_open=False)
         scale = _number(data, "scale", path, required=False)
         sens = _number(data, "sensitivity", path, required=False)
         if eps is not None and (scale is not None or sens is not None):
@@ -288,6 +292,8 @@ def _parse(data: Any, path: str, depth: int, counter: list[int]) -> Event:
             eps = sens / scale
             if not math.isfinite(eps) or eps <= 0:
                 raise EventError("sensitivity / scale must be a finite positive epsilon", path)
+            if eps > MAX_EPSILON:
+                raise EventError(f"sensitivity / scale must be an epsilon <= {MAX_EPSILON:g}, got {eps:g}", path)
             return LaplaceEvent(eps, scale, sens)
         return LaplaceEvent(eps)
     if kind == "gaussian":
@@ -303,7 +309,7 @@ def _parse(data: Any, path: str, depth: int, counter: list[int]) -> Event:
             _number(data, "delta", path, required=False, upper=1.0),
         )
     if kind == "epsilon_delta":
-        eps = _number(data, "epsilon", path)
+        eps = _number(data, "epsilon", path, upper=MAX_EPSILON, upper_open=False)
         delta = _number(data, "delta", path, required=False, upper=1.0, allow_zero=True)
         return EpsilonDeltaEvent(eps, delta or 0.0)
     if kind == "self_composed":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from accounting.events import MAX_EPSILON  # noqa: F401  (every engine's epsilon and rho bound)
+
 
 def is_number(v: Any) -> bool:
     """A finite JSON number (bool is not a number)."""

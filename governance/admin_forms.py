@@ -5,6 +5,7 @@ import json
 from django import forms
 
 from accounting import POLICIES
+from accounting.events import MAX_EPSILON
 
 from . import datasets
 from .dataset_files import table_schema
@@ -27,7 +28,7 @@ class DatasetRegisterForm(forms.Form):
                            help_text="inside DATASET_IMPORT_DIRS")
     unit_column = forms.CharField(required=False, max_length=200, label="Privacy-unit column",
                                   help_text="e.g. patient_id; blank = one row per person")
-    budget_epsilon = forms.FloatField(min_value=1e-9, initial=1.0)
+    budget_epsilon = forms.FloatField(min_value=1e-9, max_value=MAX_EPSILON, initial=1.0)
     budget_delta = forms.CharField(initial="auto", help_text='a number in [0, 1) or "auto" = 1/n^1.2')
     policy = forms.ChoiceField(choices=[(p, p) for p in POLICIES], initial="rdp")
     schema = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 80}), required=False,

@@ -76,8 +76,116 @@ def canonical(body: dict) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
+# Python writes a float of magnitude 1e16 or more in exponent form ("1e+16"); PostgreSQL's
+# jsonb stores it as a numeric and gives it back without one ("10000000000000000"), which
+# Python reads as an int. Below 1e16 (and for exponents below zero) the text comes back as
+# the same float. Every float that large is a whole number, so it is kept as that int.
+_EXPONENT_FORM = 1e16
+
+
+def storable(value):
+    """``value`` as a JSON value that every supported database stores and gives back
+    unchanged, so a record hashes the same after its round trip: a float of magnitude 1e16
+    or more becomes the int it equals, -0.0 becomes 0.0 (jsonb has no negative zero), NaN
+    and infinities become the strings "NaN", "Infinity" and "-Infinity" (JSON has no such
+    numbers), a NUL character becomes U+FFFD and a lone surrogate "?" (jsonb and UTF-8
+    hold neither), tuples become lists and keys strings. Iterative: no recursion limit."""
+    root = [value]
+    stack = [(root, 0)]
+    while stack:
+        parent, key = stack.pop()
+        v = parent[key]
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                parent[key] = "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+            elif abs(v) >= _EXPONENT_FORM:
+                parent[key] = int(v)
+            elif v == 0.0:
+                parent[key] = 0.0
+        elif isinstance(v, str):
+            parent[key] = storable_text(v)
+        elif isinstance(v, dict):
+            out = {(storable_text(k) if isinstance(k, str) else json.dumps(k)): item for k, item in v.items()}
+            parent[key] = out
+            stack.extend((out, k) for k in out)
+        elif isinstance(v, (list, tuple)):
+            out = list(v)
+            parent[key] = out
+            stack.extend((out, i) for i in range(len(out)))
+    return root[0]
+
+
+def storable_text(s: str) -> str:
+    """``s`` without what PostgreSQL's text and jsonb refuse (NUL) or UTF-8 cannot encode
+    (lone surrogates)."""
+    if "\x00" in s:
+        s = s.replace("\x00", "\ufffd")
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            s = s.encode("utf-8", "replace").decode("utf-8")
+    return s
+
+
 def digest(body: dict) -> str:
     return hashlib.sha256(canonical(body)).hexdigest()
+
+
+MAX_LEGACY_ZEROS = 8  # a legacy record with more zeros than this is not searched for the -0.0 it held
+
+
+def legacy_body(body: dict, hash_: str) -> dict | None:
+    """The body a record written before ``storable`` (its content as the writer hashed it)
+    had, if PostgreSQL's jsonb changed it on the way in and only so: its numbers of 1e16 or
+    more hashed in Python's exponent form and given back as ints, its -0.0 given back as
+    0.0. None if no such reading hashes to ``hash_``. Sound for every record, old or new: a
+    reading puts back exponent-form floats or -0.0, which ``storable`` never lets a new
+    record hold, so no edit of a new record can hash right under it."""
+    zeros: list[tuple] = []
+    floats: list = []
+    floated = _floated(body, zeros, floats)
+    if not floats and not zeros:
+        return None
+    if len(zeros) > MAX_LEGACY_ZEROS:
+        zeros = []
+    for mask in range(1 << len(zeros)):
+        for i, (parent, key) in enumerate(zeros):
+            parent[key] = -0.0 if mask >> i & 1 else 0.0
+        if digest(floated) == hash_:
+            return floated
+    return None
+
+
+def _floated(value, zeros: list, floats: list):
+    """A copy of ``value`` with every int of magnitude 1e16 or more as a float (each one
+    appended to ``floats``); the places of its float zeros appended to ``zeros`` as
+    (container, key). Records nest a few levels: recursion is safe here."""
+    if isinstance(value, dict):
+        out = {k: _floated(v, zeros, floats) for k, v in value.items()}
+        zeros.extend((out, k) for k, v in out.items() if isinstance(v, float) and v == 0.0)
+        return out
+    if isinstance(value, list):
+        out = [_floated(v, zeros, floats) for v in value]
+        zeros.extend((out, i) for i, v in enumerate(out) if isinstance(v, float) and v == 0.0)
+        return out
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _EXPONENT_FORM:
+        try:
+            floats.append(float(value))
+            return floats[-1]
+        except OverflowError:
+            return value
+    return value
+
+
+def hashed_body(rec: AuditRecord, dataset_name: str) -> dict:
+    """The body that ``rec.hash`` is the hash of: ``body``, or for a record written before
+    ``storable`` and changed by jsonb, its ``legacy_body`` (what exports carry, so that a
+    third party recomputes the hash)."""
+    b = body(rec, dataset_name)
+    if digest(b) == rec.hash:
+        return b
+    return legacy_body(b, rec.hash) or b
 
 
 def body(rec: AuditRecord, dataset_name: str) -> dict:
@@ -194,9 +302,11 @@ def prepare(budget: Budget, ds_name: str, ds_delta: float, *, action: str, actor
         detail=ctx.detail, event=event, reserved_event=reserved_event, charge=charge,
         totals=totals_of(committed, ds_delta), non_private=non_private, result_sha256=ctx.result_sha256,
         worker=ctx.worker[:200], cluster=ctx.cluster or None, requested_at=ctx.requested_at or (entry.created_at if entry is not None else None), prev_hash=budget.audit_head or GENESIS)
-    # the hash covers the values as the database will give them back (JSON round trip)
+    # the hash covers the values as every supported database gives them back (``storable``)
     for name in ("params", "event", "reserved_event", "charge", "totals", "cluster"):
-        setattr(rec, name, json.loads(canonical(getattr(rec, name))))
+        setattr(rec, name, storable(getattr(rec, name)))
+    for name in ("actor", "reference", "engine", "kind", "outcome", "reason", "detail", "worker"):
+        setattr(rec, name, storable_text(getattr(rec, name)))
     rec.hash = digest(body(rec, ds_name))
     updates = {"audit_seq": rec.seq, "audit_head": rec.hash}
     if committed_cost is not None:
@@ -249,6 +359,7 @@ class Verification:
     records: int = 0
     findings: list[Finding] = field(default_factory=list)
     heads: dict = field(default_factory=dict)
+    legacy: list = field(default_factory=list)  # (dataset, seq) that verify only under legacy_body
 
     @property
     def ok(self) -> bool:
@@ -263,7 +374,8 @@ class Verification:
         return {"ok": self.ok, "datasets": self.datasets, "records": self.records, "heads": self.heads,
                 "first_broken": None if first is None else {"dataset": first.dataset, "seq": first.seq,
                                                             "record_id": first.record_id, "problem": first.problem},
-                "problems": [str(f) for f in self.findings[:100]]}
+                "problems": [str(f) for f in self.findings[:100]],
+                "legacy_records": [{"dataset": d, "seq": q} for d, q in self.legacy[:100]]}
 
 
 def _close(a, b) -> bool:
@@ -302,14 +414,16 @@ def verify_dataset(ds: Dataset, out: Verification, *, stop_at_first: bool = True
                         "(a record before it was deleted, inserted, reordered or edited)"):
                 break
         if digest(b) != rec.hash:
-            if bad(rec, "its hash does not match its content (the record was edited)"):
+            if legacy_body(b, rec.hash) is not None:
+                out.legacy.append((ds.name, rec.seq))
+            elif bad(rec, "its hash does not match its content (the record was edited)"):
                 break
         prev = rec.hash
         problem = _agrees(rec, entries, seen, rec.totals.get("at_delta"))
         if problem is None and rec.action == AuditRecord.Action.COMMIT:
             entry = entries[rec.ledger_entry_id]
             state = state + Cost.from_json(entry.committed_cost or entry.cost)
-        if problem is None and not _close(rec.totals, totals_of(state, rec.totals.get("at_delta", -1.0))):
+        if problem is None and not _close(rec.totals, storable(totals_of(state, rec.totals.get("at_delta", -1.0)))):
             problem = "its running totals do not re-compose from the ledger's committed costs"
         if problem is not None and bad(rec, problem):
             break
@@ -349,7 +463,7 @@ def _agrees(rec: AuditRecord, entries: dict, seen: set, delta) -> str | None:
     if rec.action == AuditRecord.Action.COMMIT:
         if not _close(rec.event, spent):
             return f"its event differs from ledger entry {entry.pk}'s"
-        if not isinstance(delta, float) or not _close(rec.charge, charge_of(entry, delta)):
+        if not isinstance(delta, float) or not _close(rec.charge, storable(charge_of(entry, delta))):
             return f"its charge differs from ledger entry {entry.pk}'s cost"
         if rec.non_private != entry.non_private:
             return f"its non_private flag differs from ledger entry {entry.pk}'s"

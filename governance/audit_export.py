@@ -62,7 +62,7 @@ def dataset_export(ds: Dataset, budget: Budget, *, with_records: bool = True) ->
         if rec.action == "commit":
             committed_events.append((rec.seq, rec.event, (rec.totals or {}).get("at_delta")))
         if with_records:
-            records.append(audit.body(rec, ds.name) | {"hash": rec.hash})
+            records.append(audit.hashed_body(rec, ds.name) | {"hash": rec.hash})
     committed = Cost.from_json(budget.committed)
     return {
         "name": ds.name, "title": ds.title, "unit_column": ds.unit_column or None, "n_units": ds.n_units,

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import transaction
 
 from accounting import POLICIES
+from accounting.events import MAX_EPSILON
 
 from .dataset_files import (
     MAX_DECODED_RATIO,
@@ -31,8 +32,8 @@ from .models import Budget, Dataset
 
 
 def parse_budget(epsilon, delta, n_units: int) -> tuple[float, float, bool]:
-    if isinstance(epsilon, bool) or not is_finite_number(epsilon) or epsilon <= 0:
-        raise InvalidDataset(f"budget epsilon must be a finite number > 0, got {epsilon!r}")
+    if isinstance(epsilon, bool) or not is_finite_number(epsilon) or not 0 < epsilon <= MAX_EPSILON:
+        raise InvalidDataset(f"budget epsilon must be a finite number in (0, {MAX_EPSILON:g}], got {epsilon!r}")
     if delta in (None, "auto"):
         return float(epsilon), auto_delta(n_units), True
     if isinstance(delta, str):

@@ -166,6 +166,11 @@ REST_FRAMEWORK = {
         "governance.api.parsers.FormParser",
         "governance.api.parsers.MultiPartParser",
     ],
+    # DRF's renderers; JSON with non-finite numbers written as strings, never a 500 (renderers.py)
+    "DEFAULT_RENDERER_CLASSES": [
+        "governance.api.renderers.SafeJSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "governance.api.pagination.Pagination",
     "DEFAULT_FILTER_BACKENDS": [

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.types import DatasetMeta, PlanError
-from engines.validation import is_number
+from engines.validation import MAX_EPSILON, is_number
 
 KINDS = ("count", "sum", "mean", "variance", "histogram", "quantile")
 VALUE_KINDS = ("sum", "mean", "variance", "quantile")  # need a bounded numeric column
@@ -26,6 +26,7 @@ MAX_CANDIDATES = 100_000
 MAX_BINS = 10_000
 MAX_SCORE_CELLS = 20_000_000  # groups x (candidates + 1) for a grouped quantile
 MAX_UNKNOWN_REPORTED = 10
+MAX_HALFWIDTH = 1e15  # an accuracy target wider than any declared bound allows is a mistake
 
 COMMON_KEYS = {"where", "group_by", "mechanism", "epsilon", "rho", "accuracy", "max_rows_per_unit"}
 KIND_KEYS = {
@@ -58,11 +59,13 @@ class Query:
 
 
 
-def _positive(v: Any) -> str | None:
+def _positive(v: Any, upper: float | None = None) -> str | None:
     if not is_number(v):
         return f"must be a finite number, got {v!r}"
     if float(v) <= 0:
         return f"must be > 0, got {v!r}"
+    if upper is not None and float(v) > upper:
+        return f"must be at most {upper:g}, got {v!r}"
     return None
 
 
@@ -205,7 +208,7 @@ def validate(kind: str, params: Any, dataset: DatasetMeta) -> Query:
                                       f"give {'epsilon' if mech != 'gaussian' else 'rho'} for {kind}")
             elif not isinstance(v, dict) or set(v) != {"halfwidth"}:
                 errors["accuracy"] = 'must be {"halfwidth": h} (95% confidence half-width)'
-            elif (err := _positive(v["halfwidth"])):
+            elif (err := _positive(v["halfwidth"], MAX_HALFWIDTH)):
                 errors["accuracy"] = f"halfwidth {err}"
             else:
                 budget = ("halfwidth", float(v["halfwidth"]))
@@ -213,7 +216,7 @@ def validate(kind: str, params: Any, dataset: DatasetMeta) -> Query:
             errors["epsilon"] = "the gaussian mechanism is calibrated by rho (zCDP): give rho or accuracy"
         elif which == "rho" and mech != "gaussian":
             errors["rho"] = f"rho (zCDP) applies to the gaussian mechanism; the {mech} mechanism takes epsilon"
-        elif (err := _positive(v)):
+        elif (err := _positive(v, MAX_EPSILON)):  # rho too: rho = MAX_EPSILON is already meaningless
             errors[which] = err
         else:
             budget = (which, float(v))

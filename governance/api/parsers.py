@@ -6,9 +6,10 @@
   character or a lone UTF-16 surrogate (``"\\ud800"`` is legal JSON but not Unicode: it
   cannot be encoded as UTF-8 for the response, the audit hash or the database, and
   PostgreSQL refuses ``\\u0000`` in text and jsonb). Invalid UTF-8, NaN and Infinity are
-  refused as by DRF's parser; a body over Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` never
-  gets here (413, see ``errors.py``). Form fields that hold JSON text get the same checks
-  (``serializers.SafeJSONField``).
+  refused as by DRF's parser, and so are a number past a double's range (``1e999``, which
+  Python would read as an infinity) and an object with a duplicate key; a body over
+  Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` never gets here (413, see ``errors.py``). Form
+  fields that hold JSON text get the same checks (``serializers.SafeJSONField``).
 - Multipart: a body whose ``Content-Length`` exceeds ``MAX_UPLOAD_BYTES`` plus
   ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (the table plus the form fields) is refused with 413
   before it is read, instead of being spooled to disk first.
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -127,7 +129,8 @@ class JSONParser(parsers.JSONParser):
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         try:
             text = stream.read().decode(encoding)
-            data = json.loads(text, parse_constant=json.strict_constant if self.strict else None)
+            data = json.loads(text, parse_constant=json.strict_constant if self.strict else None,
+                              parse_float=_finite_float, object_pairs_hook=_no_duplicate_keys)
         except RecursionError:
             raise ParseError(f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels") from None
         except (ValueError, LookupError) as exc:  # invalid JSON, invalid UTF-8, NaN or Infinity
@@ -136,6 +139,26 @@ class JSONParser(parsers.JSONParser):
         if problem:
             raise ParseError(f"JSON parse error - {problem}")
         return data
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number with a fraction or exponent; one past a double's range (1e999) would
+    silently become an infinity."""
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        raise ValueError(f"the number {text[:30]} is beyond the range of a double")
+    return value
+
+
+def _no_duplicate_keys(pairs: list) -> dict:
+    """An object; refused if a key repeats (JSON leaves the meaning open: parsers differ on
+    which value wins, so what the analyst meant and what is charged could differ)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"duplicate key {key[:50]!r} in an object")
+    return out
 
 
 def form_problem(data) -> str | None:

@@ -5,6 +5,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from accounting import POLICIES
+from accounting.events import MAX_EPSILON
 from accounting.costs import Cost
 
 from ..limits import Limit, budget_report, charge_summary
@@ -106,7 +107,7 @@ class DatasetCreateSerializer(serializers.Serializer):
     format = serializers.ChoiceField(choices=["csv", "parquet"], required=False)
     unit_column = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
     schema = SafeJSONField(required=False, help_text="Column specs overriding the inferred schema")
-    budget_epsilon = FiniteFloatField(min_value=1e-9)
+    budget_epsilon = FiniteFloatField(min_value=1e-9, max_value=MAX_EPSILON)
     budget_delta = serializers.CharField(required=False, default="auto", help_text='a number in [0, 1) or "auto"')
     policy = serializers.ChoiceField(choices=POLICIES, default="rdp")
     activate = serializers.BooleanField(default=False, help_text="Activate at once (skip the draft review)")
@@ -121,7 +122,7 @@ class DatasetUpdateSerializer(serializers.Serializer):
     title = serializers.CharField(required=False, allow_blank=True, max_length=200)
     description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
     schema = SafeJSONField(required=False)
-    budget_epsilon = FiniteFloatField(required=False, min_value=1e-9)
+    budget_epsilon = FiniteFloatField(required=False, min_value=1e-9, max_value=MAX_EPSILON)
     budget_delta = serializers.CharField(required=False)
     policy = serializers.ChoiceField(choices=POLICIES, required=False)
     allow_non_private = serializers.BooleanField(
@@ -139,7 +140,7 @@ class DatasetUpdateSerializer(serializers.Serializer):
 class GrantSerializer(serializers.ModelSerializer):
     analyst = serializers.SlugRelatedField(slug_field="username", queryset=User.objects.all())
     dataset = serializers.SlugRelatedField(slug_field="name", queryset=Dataset.objects.all())
-    cap_epsilon = FiniteFloatField(required=False, allow_null=True, min_value=1e-9)
+    cap_epsilon = FiniteFloatField(required=False, allow_null=True, min_value=1e-9, max_value=MAX_EPSILON)
     cap_delta = FiniteFloatField(required=False, allow_null=True, min_value=0.0, max_value=0.999999)
     active = serializers.BooleanField(read_only=True)
     spent = serializers.SerializerMethodField(help_text="this analyst's share spent, under each accountant")
@@ -171,7 +172,7 @@ class GrantSerializer(serializers.ModelSerializer):
 
 
 class GrantUpdateSerializer(serializers.Serializer):
-    cap_epsilon = FiniteFloatField(required=False, allow_null=True, min_value=1e-9)
+    cap_epsilon = FiniteFloatField(required=False, allow_null=True, min_value=1e-9, max_value=MAX_EPSILON)
     cap_delta = FiniteFloatField(required=False, allow_null=True, min_value=0.0, max_value=0.999999)
 
 

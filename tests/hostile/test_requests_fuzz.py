@@ -39,7 +39,7 @@ def post_json(client, url, body):
 
 @pytest.fixture
 def analyst_client(api, analyst, make_dataset, grant, no_rate_limit):
-    ds = make_dataset("clinic", epsilon=1e15, unit_column="patient_id")  # refusals for cost, not exhaustion
+    ds = make_dataset("clinic", epsilon=1e6, unit_column="patient_id")  # refusals for cost, not exhaustion
     grant(analyst, ds)
     client = api(analyst)
     client.raise_request_exception = False

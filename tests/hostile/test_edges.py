@@ -1,0 +1,203 @@
+"""A hostile-input suite of edges, case by case (issue 22): every answer a 4xx or a 2xx,
+never a 5xx; after every case ``audit verify`` passes; a refused case leaves the ledger
+exactly as it was.
+
+The edges: numbers at the ends of float and int (as JSON text, so 1e999, -0.0 and
+2**64 reach the parser as a client writes them) in every numeric field an analyst or an
+officer can send; every class of Unicode in names, columns, predicates and references;
+path traversal in registration paths and URLs; duplicate keys; oversized bodies. Each
+case is one parametrized test, so a failure names its case.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from governance import audit
+from governance.models import Budget, Grant, LedgerEntry
+
+pytestmark = pytest.mark.django_db
+
+# JSON number texts: the edges of int and float, and past them.
+NUMBERS = ["0", "-0", "-0.0", "1", "-1", "5e-324", "-5e-324", "2.2250738585072014e-308", "1e-7", "0.1",
+           "0.30000000000000004", "999999.9999999999", "1e6", "1000000.0000000001", "1e15", "9007199254740991",
+           "9007199254740993", "1e16", "-1e16", "1.5e16", "1e300", "1e308", "-1e308", "1.7976931348623157e308",
+           "1e309", "1e999", "-1e999", "9223372036854775807", "9223372036854775808", "18446744073709551616",
+           "1" + "0" * 30, "1" + "0" * 400, "NaN", "Infinity", "-Infinity"]
+
+# Unicode classes: controls, NUL and lone surrogates as escapes, format characters, combining
+# marks, right-to-left overrides, emoji sequences, astral and private-use planes,
+# non-characters, CJK, a very long string.
+TEXTS = ['"\\u0000"', '"a\\u0000b"', '"\\ud800"', '"\\udfff x"', '"\\u0007\\u001b[31m"', '"\\ufeffbom"',
+         '"\\u202eevil\\u202c"', '"e\\u0301\\u0301\\u0301"', '"\\ud83d\\udc69\\u200d\\ud83d\\udc67"',
+         '"\\udbff\\udfff"', '"\\ue000"', '"\\uffff\\ufffe"', '"漢字"', '"Ω≈ç√∫"', '"' + "x" * 100_000 + '"',
+         '"../../etc/passwd"', '"%00"', '"\\\\\\\\server\\\\share"', '"\\n\\r\\t"', '" "', '""']
+
+
+@pytest.fixture
+def world(make_dataset, grant, analyst, officer, api, no_rate_limit, django_capture_on_commit_callbacks):
+    ds = make_dataset("clinic", epsilon=100.0, unit_column="patient_id")
+    grant(analyst, ds, cap_epsilon=50.0)
+    # a Gaussian and a Laplace release on the ledger, as the PATCH case of issue 22 needs
+    officer_client = api(officer)
+    for event in ({"kind": "gaussian", "noise_multiplier": 5.0}, {"kind": "laplace", "epsilon": 0.5}):
+        r = officer_client.post("/api/datasets/clinic/charges/", {"event": event}, format="json")
+        assert r.status_code == 201, r.content
+    clients = {"analyst": api(analyst), "officer": officer_client}
+    for c in clients.values():
+        c.raise_request_exception = False
+    return ds, clients
+
+
+def snapshot(ds):
+    budget = Budget.objects.get(pk=ds.pk)
+    return (budget.state, budget.committed, LedgerEntry.objects.filter(dataset=ds).count(),
+            list(Grant.objects.filter(dataset=ds).values_list("cap_epsilon", "state")))
+
+
+def send(world, capture, who, method, url, text: str):
+    ds, clients = world
+    before = snapshot(ds)
+    with capture(execute=True):
+        r = clients[who].generic(method, url, text.encode("utf-8", "surrogatepass"), content_type="application/json")
+    assert r.status_code < 500, (method, url, text[:200], r.status_code, r.content[:500])
+    body = r.json() if r.content else {}
+    if r.status_code >= 400:
+        assert body.get("code") and body.get("detail"), body
+        assert snapshot(ds) == before, f"a refused case changed the ledger: {text[:200]}"
+    result = audit.verify(stop_at_first=False).as_dict()
+    assert result["ok"], (text[:200], result)
+    return r
+
+
+# (who, method, url, body template with {} where the edge goes)
+NUMERIC_FIELDS = {
+    "count.epsilon": ("analyst", "POST", "/api/requests/",
+                      '{{"dataset":"clinic","engine":"aggregates","kind":"count","params":{{"epsilon":{}}}}}'),
+    "count.where": ("analyst", "POST", "/api/requests/",
+                    '{{"dataset":"clinic","engine":"aggregates","kind":"count","params":{{"epsilon":0.01,'
+                    '"where":[{{"column":"age","op":">=","value":{}}}]}}}}'),
+    "sum.k": ("analyst", "POST", "/api/requests/",
+              '{{"dataset":"clinic","engine":"aggregates","kind":"sum","params":{{"column":"age","epsilon":0.01,'
+              '"max_rows_per_unit":{}}}}}'),
+    "charge.laplace": ("officer", "POST", "/api/datasets/clinic/charges/", '{{"event":{{"kind":"laplace","epsilon":{}}}}}'),
+    "charge.gaussian": ("officer", "POST", "/api/datasets/clinic/charges/",
+                        '{{"event":{{"kind":"gaussian","noise_multiplier":{}}}}}'),
+    "compose.steps": ("analyst", "POST", "/api/compose/",
+                      '{{"events":[{{"kind":"subsampled_gaussian","sample_rate":0.01,"noise_multiplier":1.1,'
+                      '"steps":{}}}],"delta":1e-6}}'),
+    "estimate.delta": ("analyst", "POST", "/api/datasets/clinic/estimate/",
+                       '{{"event":{{"kind":"epsilon_delta","epsilon":0.1,"delta":{}}}}}'),
+    "patch.budget_delta": ("officer", "PATCH", "/api/datasets/clinic/", '{{"budget_delta":{}}}'),
+    "patch.budget_epsilon": ("officer", "PATCH", "/api/datasets/clinic/", '{{"budget_epsilon":{}}}'),
+}
+
+
+@pytest.mark.parametrize("number", NUMBERS)
+@pytest.mark.parametrize("field", list(NUMERIC_FIELDS))
+def test_numbers_at_the_edges(world, django_capture_on_commit_callbacks, field, number):
+    who, method, url, template = NUMERIC_FIELDS[field]
+    send(world, django_capture_on_commit_callbacks, who, method, url, template.format(number))
+
+
+TEXT_FIELDS = {
+    "count.where_value": ("analyst", "POST", "/api/requests/",
+                          '{{"dataset":"clinic","engine":"aggregates","kind":"count","params":{{"epsilon":0.01,'
+                          '"where":[{{"column":"site","op":"==","value":{}}}]}}}}'),
+    "count.column": ("analyst", "POST", "/api/requests/",
+                     '{{"dataset":"clinic","engine":"aggregates","kind":"histogram","params":{{"epsilon":0.01,'
+                     '"column":{}}}}}'),
+    "request.dataset": ("analyst", "POST", "/api/requests/",
+                        '{{"dataset":{},"engine":"aggregates","kind":"count","params":{{"epsilon":0.01}}}}'),
+    "charge.reference": ("officer", "POST", "/api/datasets/clinic/charges/",
+                         '{{"event":{{"kind":"laplace","epsilon":0.01}},"reference":{}}}'),
+    "patch.title": ("officer", "PATCH", "/api/datasets/clinic/", '{{"title":{}}}'),
+    "register.path": ("officer", "POST", "/api/datasets/", '{{"name":"other","path":{},"budget_epsilon":1}}'),
+}
+
+
+@pytest.mark.parametrize("text", TEXTS, ids=lambda t: t[:24])
+@pytest.mark.parametrize("field", list(TEXT_FIELDS))
+def test_every_class_of_unicode(world, django_capture_on_commit_callbacks, field, text):
+    who, method, url, template = TEXT_FIELDS[field]
+    send(world, django_capture_on_commit_callbacks, who, method, url, template.format(text))
+
+
+TRAVERSALS = ["/etc/passwd", "../../../../etc/passwd", "..%2f..%2fetc%2fpasswd", "/proc/self/environ",
+              "file:///etc/passwd", "s3://bucket/../../x", "~root/.ssh/id_rsa", "C:\\\\Windows\\\\win.ini"]
+
+
+@pytest.mark.parametrize("path", TRAVERSALS)
+def test_registration_paths_outside_the_import_dirs_are_refused(world, django_capture_on_commit_callbacks, path):
+    r = send(world, django_capture_on_commit_callbacks, "officer", "POST", "/api/datasets/",
+             json.dumps({"name": "stolen", "path": path, "budget_epsilon": 1}))
+    assert r.status_code == 400, r.content
+
+
+@pytest.mark.parametrize("url", ["/api/datasets/..%2f..%2fetc%2fpasswd/", "/api/datasets/%2e%2e/",
+                                 "/api/requests/..%2f..%2f/", "/api/datasets/clinic/preview/?rows=1&seed=-1",
+                                 "/api/datasets/clinic%00/", "/api/audit/?dataset=..%2fclinic"])
+def test_traversal_in_urls(world, url):
+    ds, clients = world
+    for client in clients.values():
+        r = client.get(url)
+        assert r.status_code < 500, (url, r.status_code, r.content[:300])
+    assert audit.verify().ok
+
+
+DUPLICATES = [
+    ("analyst", "POST", "/api/requests/",
+     '{"dataset":"clinic","engine":"aggregates","kind":"count","params":{"epsilon":0.01,"epsilon":1e16}}'),
+    ("analyst", "POST", "/api/requests/",
+     '{"dataset":"clinic","dataset":"other","engine":"aggregates","kind":"count","params":{"epsilon":0.01}}'),
+    ("officer", "POST", "/api/datasets/clinic/charges/", '{"event":{"kind":"laplace","epsilon":0.01,"epsilon":50}}'),
+    ("officer", "PATCH", "/api/datasets/clinic/", '{"budget_epsilon":100,"budget_epsilon":0.0001}'),
+]
+
+
+@pytest.mark.parametrize("case", range(len(DUPLICATES)))
+def test_duplicate_keys_are_refused(world, django_capture_on_commit_callbacks, case):
+    who, method, url, text = DUPLICATES[case]
+    r = send(world, django_capture_on_commit_callbacks, who, method, url, text)
+    assert r.status_code == 400 and "duplicate" in r.json()["detail"], r.content
+
+
+@pytest.mark.parametrize("size_mib", [11, 40])
+def test_oversized_bodies(world, django_capture_on_commit_callbacks, size_mib):
+    text = '{"dataset":"clinic","engine":"aggregates","kind":"count","params":{"epsilon":0.01,"pad":"' + \
+        "x" * (size_mib << 20) + '"}}'
+    r = send(world, django_capture_on_commit_callbacks, "analyst", "POST", "/api/requests/", text)
+    assert r.status_code == 413 and r.json()["code"] == "request.too_large"
+
+
+# --------------------------------------------------------------------------- the defects of issue 22
+
+
+def test_an_epsilon_of_1e16_is_a_400_and_the_chain_verifies(world, django_capture_on_commit_callbacks):
+    r = send(world, django_capture_on_commit_callbacks, "analyst", "POST", "/api/requests/",
+             '{"dataset":"clinic","engine":"aggregates","kind":"count","params":{"epsilon":1e16}}')
+    assert r.status_code == 400 and "epsilon" in json.dumps(r.json()), r.content
+
+
+def test_an_officer_charge_of_1e16_is_a_400(world, django_capture_on_commit_callbacks):
+    r = send(world, django_capture_on_commit_callbacks, "officer", "POST", "/api/datasets/clinic/charges/",
+             '{"event":{"kind":"laplace","epsilon":1e16}}')
+    assert r.status_code == 400, r.content
+
+
+def test_the_free_replay_of_a_count_whose_where_holds_1e16_keeps_the_chain(world, django_capture_on_commit_callbacks):
+    text = ('{"dataset":"clinic","engine":"aggregates","kind":"count","params":{"epsilon":0.01,'
+            '"where":[{"column":"age","op":"<","value":1e16}]}}')
+    first = send(world, django_capture_on_commit_callbacks, "analyst", "POST", "/api/requests/", text)
+    assert first.status_code == 202, first.content
+    again = send(world, django_capture_on_commit_callbacks, "analyst", "POST", "/api/requests/", text)
+    assert again.status_code == 200 and again.json()["replay_of"] == first.json()["id"], again.content
+
+
+def test_a_budget_delta_of_0_with_a_gaussian_release_is_a_400_not_a_500(world, django_capture_on_commit_callbacks):
+    r = send(world, django_capture_on_commit_callbacks, "officer", "PATCH", "/api/datasets/clinic/",
+             '{"budget_delta": 0}')
+    assert r.status_code == 400, r.content
+    assert r.json()["spent_epsilon"] == "Infinity"
