@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import events as ev
-from .rdp_math import _FRACTIONAL_MAX_RATE, FINITE_ORDERS
+from .rdp_math import _FRACTIONAL_MAX_RATE, _LRU, FINITE_ORDERS
 
 # One integer-order series term is the unit (about 2 us with the loop around it); a
 # fractional-order term costs about FRAC_TERM of them; each order's call PER_ORDER.
@@ -45,7 +45,8 @@ MAX_UNITS = 600_000
 # The refinement off the grid (accounting.refine) evaluates the curve at 1 + 2 x 33
 # orders; each zoom is counted when its orders are known.
 
-_CHUNK = 256
+_CHUNK = 32  # most series stop within 5 to 30 terms; the chunk doubles up to 65,536
+_COUNTS = _LRU(65_536)
 
 
 class TooCostly(Exception):
@@ -132,7 +133,18 @@ def series_units(q: float, z: float, orders, cap: int | None = None) -> int:
 
 def _frac_terms(q: float, sigma: float, alpha: float, cap: int | None) -> int:
     """How many terms Opacus's ``_compute_log_a_for_frac_alpha`` sums (its stopping rule,
-    vectorised over the terms); at most ``cap`` (+ a chunk) are looked at."""
+    vectorised over the terms); at most ``cap`` (+ a chunk) are looked at. A complete
+    count is cached per (q, sigma, alpha): it is a function of the three numbers."""
+    key = (q, sigma, alpha)
+    n = _COUNTS.get(key)
+    if n is None:
+        n = _count_frac_terms(q, sigma, alpha, cap)
+        if cap is None or n <= cap:
+            _COUNTS.put(key, n)
+    return n
+
+
+def _count_frac_terms(q: float, sigma: float, alpha: float, cap: int | None) -> int:
     from scipy import special
 
     with np.errstate(all="ignore"):

@@ -137,8 +137,8 @@ def _uncached(monkeypatch):
     monkeypatch.setattr(rm, "_one_step_curve", rm._one_step_curve.__wrapped__)
 
 
-pairs = st.tuples(st.sampled_from([1e-4, 0.001, 0.004, 0.01, 0.05, 0.2, 0.45]),
-                  st.sampled_from([0.7, 1.0, 1.1, 2.0, 4.0]))
+pairs = st.tuples(st.sampled_from([1e-4, 0.001, 0.004, 0.01, 0.05, 0.45]),
+                  st.sampled_from([1.0, 1.1, 2.0, 4.0]))
 event_lists = st.lists(
     st.one_of(
         st.builds(lambda p, t: {"kind": "subsampled_gaussian", "sample_rate": p[0], "noise_multiplier": p[1],
@@ -148,10 +148,10 @@ event_lists = st.lists(
         st.builds(lambda p, k: {"kind": "self_composed", "count": k,
                                 "event": {"kind": "subsampled_gaussian", "sample_rate": p[0],
                                           "noise_multiplier": p[1], "steps": 10}}, pairs, st.integers(1, 50)),
-    ), min_size=1, max_size=12).map(lambda xs: xs + xs[: len(xs) // 2])  # with repeats
+    ), min_size=1, max_size=8).map(lambda xs: xs + xs[: len(xs) // 2])  # with repeats
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=event_lists, delta=st.sampled_from([1e-9, 1e-5, 1e-3]))
 def test_the_cached_and_metered_path_equals_the_plain_one(monkeypatch, data, delta):
     """Same numbers bit for bit: caches warm (twice), under a budget, and with no cache."""
