@@ -17,7 +17,7 @@ from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import mark_safe
 
-from . import audit, audit_export, charts, estimates, ledger, limits, refined_reports
+from . import audit, audit_export, charts, estimates, ledger, limits, liveness, refined_reports
 from accounting import ACCOUNTANTS
 from accounting.costs import Cost
 from .errors import GovernanceError
@@ -66,7 +66,10 @@ class GovernanceAdminSite(admin.AdminSite):
             })
         totals = {"datasets": len(rows), "near_cap": sum(r["near_cap"] for r in rows),
                   "running": Request.objects.filter(status__in=["queued", "running"]).count()}
-        return super().index(request, {"rows": rows, "totals": totals, **(extra_context or {})})
+        # a worker that died is visible here (governance.liveness: one HGETALL or directory listing)
+        workers = liveness.summary()
+        return super().index(request, {"rows": rows, "totals": totals, "workers": workers,
+                                       **(extra_context or {})})
 
     # ------------------------------------------------------------------ one dataset
 

@@ -13,10 +13,18 @@ sweep (``sweep()``: the periodic task ``workers.sweep`` run by Celery beat, or
    failed in a data-dependent way; the steps it took are not known, so the whole reserved
    event is charged); otherwise it is **released**. One audit record either way.
 2. **Not picked up**: a request ``queued`` for longer than
-   ``REQUEST_REQUEUE_AFTER_SECONDS`` (default 6 h, past Redis's visibility timeout: a
-   message lost by a broker restart without persistence) has its task sent again, once
-   per such period (``progress.requeued_at``), so a backlog that is only slow is not
-   flooded with copies. A second delivery is harmless: the claim is a compare-and-set.
+   ``REQUEST_REQUEUE_AFTER_SECONDS`` has its task sent again, once per such period
+   (``progress.requeued_at``), so a backlog that is only slow is not flooded with copies.
+   A second delivery is harmless: the claim is a compare-and-set. The period depends on
+   the broker (settings.py):
+
+   - Redis: 6 h, past its visibility timeout (a message lost by a broker restart without
+     persistence; before that, one taken by a dead worker is delivered again by Redis).
+   - embedded (``filesystem://``, ``workers.broker``): 60 s, and only requests with no
+     message file left in the broker's folder (``workers.broker.pending_request_ids``):
+     a message there is waiting its turn; one that is gone was taken by a worker, which
+     claims it at once unless it died with it (``kill -9``; the transport keeps taken
+     messages in memory until they are acknowledged).
 3. **Not sent**: a request ``queued`` whose task could not be sent after its commit (Redis
    down or restarting, a broken broker connection: ``governance.dispatch`` lets the
    POST be answered and marks it with ``progress.unsent_at``, ``mark_unsent``) is sent by
@@ -70,12 +78,18 @@ def sweep(*, now=None, lost_after: float | None = None, requeue_after: float | N
     stale_queued = Request.objects.filter(
         Q(created_at__lt=now - timedelta(seconds=requeue_after)) | Q(progress__has_key="unsent_at"),
         status=Request.Status.QUEUED)
+    waiting = None  # embedded broker: the request ids whose message is still a file, read once
     for pk, engine, progress in stale_queued.values_list("pk", "engine", "progress"):
         progress = progress or {}
         last = progress.get("requeued_at")
         if "unsent_at" not in progress and last is not None and \
                 last > (now - timedelta(seconds=requeue_after)).timestamp():
             continue
+        if "unsent_at" not in progress and getattr(settings, "EMBEDDED_BROKER", False):
+            if waiting is None:
+                waiting = _embedded_pending()
+            if str(pk) in waiting:
+                continue  # its message is in the folder, waiting its turn: no copy
         stamped = {k: v for k, v in progress.items() if k != "unsent_at"}
         if not Request.objects.filter(pk=pk, status=Request.Status.QUEUED).update(
                 progress={**stamped, "requeued_at": now.timestamp()}):
@@ -89,6 +103,12 @@ def sweep(*, now=None, lost_after: float | None = None, requeue_after: float | N
     if lost or requeued:
         log.warning("recovery sweep: %d lost, %d requeued", len(lost), len(requeued))
     return {"lost": lost, "requeued": requeued}
+
+
+def _embedded_pending() -> set[str]:
+    from workers.broker import pending_request_ids
+
+    return pending_request_ids(settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("data_folder_in", settings.BROKER_DIR))
 
 
 def _finish_lost(pk, cutoff, now) -> bool:

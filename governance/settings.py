@@ -204,15 +204,21 @@ SPECTACULAR_SETTINGS = {
 }
 
 # ---------------------------------------------------------------------------- Celery
-# Production: Redis (REDIS_URL). Embedded default: kombu's filesystem transport, which needs
-# no server -- producers and a real worker process exchange messages as files in var/broker.
+# Production: Redis (REDIS_URL). Embedded default: a filesystem transport, which needs no
+# server -- producers and a real worker process exchange messages as files in var/broker.
+# filesystem:// is workers.broker's transport (registered by workers.celery), not kombu's
+# own: kombu's wrote a file under its final name and filled it afterwards, so a polling
+# worker could read it half-written and die ("Unrecoverable error: JSONDecodeError", exit 0).
+# Ours writes to a name no reader matches, fsyncs and renames; a file that cannot be parsed
+# is moved to var/broker/bad/ and logged, and the worker goes on.
 REDIS_URL = envsecret("REDIS_URL")
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
                       "KEY_PREFIX": "governance"}} if REDIS_URL else \
     {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 CELERY_BROKER_URL = envsecret("CELERY_BROKER_URL") or REDIS_URL or "filesystem://localhost/"
 BROKER_DIR = VAR_DIR / "broker"
-if CELERY_BROKER_URL.startswith("filesystem://"):
+EMBEDDED_BROKER = CELERY_BROKER_URL.startswith("filesystem://")
+if EMBEDDED_BROKER:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR),
         "data_folder_out": str(BROKER_DIR),
@@ -220,6 +226,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(BROKER_DIR / "control"),
         "store_processed": False,
         "polling_interval": 0.05,  # seconds: a DP count should not wait a whole second
+        "fsync": envbool("BROKER_FSYNC", True),  # each message on disk before it is visible
     }
 else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -247,10 +254,23 @@ CELERY_TASK_TIME_LIMIT = envint("CELERY_TASK_TIME_LIMIT", 3 * 3600 + 300)
 # Recovery (governance/recovery.py): a running request's worker writes a heartbeat every
 # REQUEST_HEARTBEAT_SECONDS; one silent for REQUEST_LOST_AFTER_SECONDS is declared lost by
 # the sweep (the periodic task workers.sweep, or manage.py recover). A queued request not
-# picked up within REQUEST_REQUEUE_AFTER_SECONDS has its task sent again.
+# picked up within REQUEST_REQUEUE_AFTER_SECONDS has its task sent again. The default
+# depends on the broker:
+# - Redis: 6 h, past the visibility timeout: before it a message taken by a worker that
+#   died is still "in flight" and Redis itself delivers it again; re-sending earlier only
+#   makes copies (harmless, the claim is a compare-and-set, but a backlog would fill up).
+# - embedded: 60 s. Nothing is in flight but invisible here: a message is either a file in
+#   var/broker (the sweep sees it and does not re-send) or in a worker's memory (gone if the
+#   worker died). So a request queued for 60 s with no file left is re-sent at once.
 REQUEST_HEARTBEAT_SECONDS = envint("REQUEST_HEARTBEAT_SECONDS", 15)
 REQUEST_LOST_AFTER_SECONDS = envint("REQUEST_LOST_AFTER_SECONDS", 120)
-REQUEST_REQUEUE_AFTER_SECONDS = envint("REQUEST_REQUEUE_AFTER_SECONDS", 6 * 3600)
+REQUEST_REQUEUE_AFTER_SECONDS = envint("REQUEST_REQUEUE_AFTER_SECONDS", 60 if EMBEDDED_BROKER else 6 * 3600)
+# Worker liveness (governance/liveness.py): each worker writes a record every
+# WORKER_HEARTBEAT_SECONDS (Redis with REDIS_URL, else files in var/workers); it counts as
+# alive while the record is younger than WORKER_ALIVE_SECONDS. `manage.py workers` and the
+# officer's dashboard read them.
+WORKER_HEARTBEAT_SECONDS = envint("WORKER_HEARTBEAT_SECONDS", 10)
+WORKER_ALIVE_SECONDS = envint("WORKER_ALIVE_SECONDS", 3 * WORKER_HEARTBEAT_SECONDS)
 # Release-path side channels (governance/execution.py RunClock; README): what an analyst
 # sees of a run that reads data (progress, the outcome) changes only on ticks this many
 # milliseconds apart from the claim, never when a sampler or query happens to finish.

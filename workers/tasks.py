@@ -6,6 +6,7 @@ from celery.signals import (
     task_postrun,
     task_prerun,
     worker_process_shutdown,
+    worker_ready,
     worker_shutdown,
 )
 
@@ -43,6 +44,28 @@ def sweep() -> dict:
     from governance.recovery import sweep as run_sweep
 
     return run_sweep()
+
+
+_HEARTBEAT = []
+
+
+@worker_ready.connect
+def _start_heartbeat(sender=None, **_kwargs):
+    """The worker's liveness record (governance.liveness), every WORKER_HEARTBEAT_SECONDS
+    from the main process: ``manage.py workers`` and the officer's dashboard read it."""
+    from governance.liveness import Heartbeat
+
+    try:
+        queues = list(sender.app.amqp.queues.consume_from or {})
+    except Exception:  # noqa: BLE001
+        queues = []
+    _HEARTBEAT.append(Heartbeat(getattr(sender, "hostname", "") or "worker", queues).start())
+
+
+@worker_shutdown.connect
+def _stop_heartbeat(**_kwargs):
+    while _HEARTBEAT:
+        _HEARTBEAT.pop().stop()
 
 
 @worker_process_shutdown.connect

@@ -1,0 +1,149 @@
+"""Which Celery workers are alive: a heartbeat each worker writes, read cheaply.
+
+A worker (``workers.tasks``: Celery's ``worker_ready`` signal) starts a thread that writes a
+small record every ``WORKER_HEARTBEAT_SECONDS`` (default 10): its node name, pid, queues
+and the time. A worker is **alive** while its last record is younger than
+``WORKER_ALIVE_SECONDS`` (default 3 beats). A clean stop removes the record; a worker that
+dies (``kill -9``, an unrecoverable error) simply stops writing.
+
+Where the records live follows the broker, since that is what web and workers share:
+with ``REDIS_URL``, one Redis hash (``governance:workers``); with the embedded broker, one
+JSON file per worker in ``<GOVERNANCE_VAR_DIR>/workers/``. Reading is one ``HGETALL`` or one
+small directory listing: cheap enough for the officer's dashboard on every view.
+
+Read by ``manage.py workers`` and the officer's dashboard (a warning when no worker is
+alive); Celery's ``inspect ping`` (deploy/entrypoint.sh health) asks one node over the
+broker and waits, which is too slow for a page.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+REDIS_KEY = "governance:workers"
+
+
+def _redis():
+    import redis
+
+    return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=2)
+
+
+def _folder() -> Path:
+    return Path(settings.VAR_DIR) / "workers"
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.@" else "_" for c in name)[:200]
+
+
+def write(record: dict):
+    """Store one worker's record (``record["node"]`` names it)."""
+    data = json.dumps(record)
+    if settings.REDIS_URL:
+        _redis().hset(REDIS_KEY, record["node"], data)
+        return
+    folder = _folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{_safe(record['node'])}.json"
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(data)
+    os.replace(tmp, path)  # a reader never sees half a record
+
+
+def remove(node: str):
+    if settings.REDIS_URL:
+        _redis().hdel(REDIS_KEY, node)
+        return
+    try:
+        (_folder() / f"{_safe(node)}.json").unlink()
+    except FileNotFoundError:
+        pass
+
+
+def records() -> list[dict]:
+    """Every stored record, alive or not, with ``age`` (seconds) and ``alive`` added;
+    newest first. An unreachable store raises."""
+    now = time.time()
+    raw = []
+    if settings.REDIS_URL:
+        raw = list(_redis().hgetall(REDIS_KEY).values())
+    else:
+        try:
+            raw = [p.read_bytes() for p in _folder().glob("*.json")]
+        except FileNotFoundError:
+            raw = []
+    out = []
+    for item in raw:
+        try:
+            rec = json.loads(item)
+            age = now - float(rec["at"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        rec["age"] = max(0.0, age)
+        rec["alive"] = age < settings.WORKER_ALIVE_SECONDS
+        out.append(rec)
+    return sorted(out, key=lambda r: r["age"])
+
+
+def alive() -> list[dict]:
+    return [r for r in records() if r["alive"]]
+
+
+def summary() -> dict:
+    """For the dashboard: ``{"checked": bool, "alive": [records], "error": str|None}``. Never
+    raises; not checked when tasks run in-process (``CELERY_TASK_ALWAYS_EAGER``)."""
+    from workers import app
+
+    if app.conf.task_always_eager:
+        return {"checked": False, "alive": [], "error": None}
+    try:
+        return {"checked": True, "alive": alive(), "error": None}
+    except Exception as exc:  # noqa: BLE001 - the page must render
+        return {"checked": True, "alive": [], "error": f"{type(exc).__name__}: {exc}"}
+
+
+class Heartbeat:
+    """The worker's side: a daemon thread writing this node's record until ``stop()``."""
+
+    def __init__(self, node: str, queues: list[str], interval: float | None = None):
+        self.node = node
+        self.record = {"node": node, "host": socket.gethostname(), "pid": os.getpid(), "queues": sorted(queues),
+                       "broker": settings.CELERY_BROKER_URL.split("@")[-1].split("://")[0],
+                       "started": time.time()}
+        self.interval = settings.WORKER_HEARTBEAT_SECONDS if interval is None else interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="governance-heartbeat", daemon=True)
+
+    def start(self):
+        self.beat()
+        self._thread.start()
+        return self
+
+    def beat(self):
+        try:
+            write({**self.record, "at": time.time()})
+        except Exception:  # noqa: BLE001 - a missed beat is retried; the worker keeps working
+            log.warning("worker heartbeat could not be written", exc_info=True)
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self.beat()
+
+    def stop(self):
+        self._stop.set()
+        if os.getpid() != self.record["pid"]:
+            return  # a pool process forked after the start: the record is its parent's
+        try:
+            remove(self.node)
+        except Exception:  # noqa: BLE001
+            log.warning("worker heartbeat could not be removed", exc_info=True)

@@ -1,0 +1,75 @@
+import sys
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django.utils import timezone
+
+from governance import liveness
+from governance.models import Request
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class Command(BaseCommand):
+    help = ("Which Celery workers are alive (the heartbeat each worker writes every WORKER_HEARTBEAT_SECONDS; "
+            "alive while younger than WORKER_ALIVE_SECONDS) and which queued requests wait on a queue no live "
+            "worker consumes. Exit status 1 when some do.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--ids", type=int, default=20, help="queued request ids listed per queue (default 20)")
+
+    def handle(self, *args, ids=20, **options):
+        from engines import plugins
+
+        out = self.stdout.write
+        out(f"broker: {settings.CELERY_BROKER_URL.split('@')[-1]}")
+        try:
+            recs = liveness.records()
+        except Exception as exc:  # noqa: BLE001
+            out(f"workers: cannot read the heartbeats ({type(exc).__name__}: {exc})")
+            recs = []
+        served = set()
+        for r in recs:
+            state = "alive" if r["alive"] else "DEAD (no heartbeat)"
+            out(f"worker {r['node']} pid {r.get('pid')} on {r.get('host')} queues {','.join(r.get('queues') or [])}: "
+                f"{state}, last heartbeat {_ago(r['age'])} ago")
+            if r["alive"]:
+                served.update(r.get("queues") or [])
+        n_alive = sum(r["alive"] for r in recs)
+        out(f"workers alive: {n_alive}" + ("" if n_alive else "  -- NO WORKER IS ALIVE: queued requests wait"))
+        now = timezone.now()
+        by_queue: dict[str, list] = {}
+        queued = Request.objects.filter(status=Request.Status.QUEUED).order_by("created_at")
+        for pk, engine, created in queued.values_list("pk", "engine", "created_at"):
+            try:
+                queue = plugins.info(engine)["queue"]
+            except Exception:  # noqa: BLE001
+                queue = "cpu"
+            by_queue.setdefault(queue, []).append((pk, created))
+        stranded = 0
+        for queue, items in sorted(by_queue.items()):
+            oldest = (now - items[0][1]).total_seconds()
+            ok = queue in served
+            line = f"queue {queue}: {len(items)} queued, oldest {_ago(oldest)}"
+            if ok:
+                out(line + "; served by a live worker")
+                continue
+            stranded += len(items)
+            listed = " ".join(str(pk) for pk, _ in items[:ids]) + (" ..." if len(items) > ids else "")
+            out(line + f"; NO LIVE WORKER: {listed}")
+        if not by_queue:
+            out("queued requests: 0")
+        running = Request.objects.filter(status=Request.Status.RUNNING).count()
+        out(f"running requests: {running}")
+        out(f"(checked {time.strftime('%Y-%m-%d %H:%M:%S')}; alive = a heartbeat within "
+            f"{settings.WORKER_ALIVE_SECONDS} s)")
+        if stranded:
+            sys.exit(1)
