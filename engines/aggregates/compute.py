@@ -1,10 +1,16 @@
 """Exact aggregates, vectorised (Arrow compute and numpy; no Python object per row).
 
-Everything here is deterministic except the choice of which rows a privacy unit keeps
-when it has more than k (``bound_contributions``): that choice is random, independent per
-unit, and uses numpy's generator. It is not released noise (every released number gets
-its noise from OpenDP in noise.py); DP holds whatever rows are kept, as long as each unit
-keeps at most k and its choice does not depend on other units' rows.
+Everything here is deterministic given the run's salt. Which rows a privacy unit keeps
+when it has more than k (``bound_by_content``, the aggregates engine's rule) is the k
+rows with the smallest salted hash of (unit id, the row's contribution): a function of
+the unit's own rows and the salt only, so any partitioning of the table (a Dask cluster
+that never brings a unit's rows together in one place, see engines/distributed) keeps the
+same rows as one process with the same salt; the salt is drawn per run, so which rows a
+unit keeps differs from run to run as a random choice would. ``bound_contributions`` (a
+uniform random choice with numpy's generator) is kept for the synthesis engine. Neither
+is released noise (every released number gets its noise from OpenDP in noise.py); DP
+holds whatever rows are kept, as long as each unit keeps at most k and its choice does
+not depend on other units' rows.
 
 Order of operations in a run: ``where`` predicates, then null values (for value kinds)
 and group/bin membership drop rows, then contribution bounding keeps at most k of each
@@ -28,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["numeric_values", "clamped_values", "predicate_mask", "category_codes", "bin_codes", "unit_codes",
-           "bound_contributions", "exact_sum", "exact_count", "grid_exponent", "grid_sum", "from_grid",
+           "bound_contributions", "bound_by_content", "unit_hash", "mix64", "exact_sum", "exact_count", "grid_exponent", "grid_sum", "from_grid",
            "quantile_histograms", "scores_from_histograms", "quantile_scores"]
 
 
@@ -255,6 +261,85 @@ def bound_contributions(mask: np.ndarray, units: np.ndarray, n_units: int, k: in
             keep[at] = _keep_first_k(hu[at], 1, rng)
     else:
         keep = _keep_first_k(hu, k, rng)
+    out = mask.copy()
+    out[hidx[~keep]] = False
+    return out, int(len(keep) - np.count_nonzero(keep))
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on a uint64 array (wrapping arithmetic): a bijection that
+    spreads every input bit over the output; the same on every machine."""
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64, copy=True)
+        z += _GOLDEN
+        z ^= z >> np.uint64(30)
+        z *= _MIX1
+        z ^= z >> np.uint64(27)
+        z *= _MIX2
+        z ^= z >> np.uint64(31)
+    return z
+
+
+def unit_hash(col) -> np.ndarray:
+    """A 64-bit hash of each privacy-unit id (``pa.Array`` / ``ChunkedArray``) that depends on
+    the id's value only: the same in every partition, process and machine (integers by
+    their value, anything else by pandas' ``hash_array``, SipHash with a fixed key)."""
+    import pandas as pd
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    if pa.types.is_integer(col.type) and col.null_count == 0:
+        return mix64(col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False).view(np.uint64))
+    return pd.util.hash_array(np.asarray(col.to_numpy(zero_copy_only=False)))
+
+
+def bound_by_content(mask: np.ndarray, units: np.ndarray, n_units: int, k: int, salt: int, ids,
+                     codes: np.ndarray | None = None, values: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """Keep at most ``k`` of each unit's rows among ``mask``: the rows with the smallest
+    ``key = mix(mix(mix(salt ^ unit_hash(id)) ^ code) ^ value bits)``, ties (equal keys)
+    broken by (code, value). ``units`` are dense unit codes of this table (``unit_codes``)
+    and ``ids`` the unit column (hashed only for the rows of units over k). The rows kept
+    are a function of the unit's own rows' (code, value) multiset and ``salt`` (rows equal
+    in both are interchangeable: they add the same to the aggregate), so every
+    partitioning of a table keeps the same rows. Returns the new mask and the number of
+    rows dropped."""
+    every = bool(mask.all())
+    idx = None if every else np.flatnonzero(mask)
+    u = units if every else units[idx]
+    counts = np.bincount(u, minlength=n_units)
+    if counts.size == 0 or counts.max() <= k:
+        return mask, 0
+    heavy_rows = np.flatnonzero((counts > k)[u])
+    hu = u[heavy_rows]
+    hidx = heavy_rows if every else idx[heavy_rows]
+    if codes is None and values is None:
+        # Every row of a unit adds the same (one to a count): keep any k, the first ones.
+        order = np.argsort(hu, kind="stable")
+    else:
+        hashed = ids.take(pa.array(hidx)) if not isinstance(ids, np.ndarray) else ids[hidx]
+        key = mix64(unit_hash(hashed) ^ np.uint64(salt & 0xFFFFFFFFFFFFFFFF))
+        ties = []
+        if codes is not None:
+            c = codes[hidx]
+            key = mix64(key ^ c.astype(np.int64).view(np.uint64))
+            ties.append(c)
+        if values is not None:
+            v = np.ascontiguousarray(values[hidx], dtype=np.float64)
+            key = mix64(key ^ v.view(np.uint64))
+            ties.append(v)
+        order = np.lexsort(tuple(reversed(ties)) + (key, hu))  # by unit, then key, then code, value
+    su = hu[order]
+    starts = np.flatnonzero(np.r_[True, su[1:] != su[:-1]])
+    rank = np.arange(len(su)) - np.repeat(starts, np.diff(np.r_[starts, len(su)]))
+    keep = np.empty(len(su), dtype=bool)
+    keep[order] = rank < k
     out = mask.copy()
     out[hidx[~keep]] = False
     return out, int(len(keep) - np.count_nonzero(keep))

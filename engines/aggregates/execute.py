@@ -40,13 +40,16 @@ def _noop(update: dict) -> None:
     return None
 
 
-def exact_parts(d: dict, data: pa.Table, n_max: int, rng: np.random.Generator, progress=_noop) -> dict:
+def exact_parts(d: dict, data: pa.Table, n_max: int, rng: np.random.Generator, progress=_noop,
+                salt: int | None = None) -> dict:
     """The exact aggregate of ``data`` in additive parts (``combine`` adds the parts of
     disjoint pieces of a table into those of the whole): ``count`` (int, or int64 per
     group), ``sum`` / ``sum_of_squares`` in grid units (``compute.grid_sum`` with
     ``n_max``, a bound on the whole table's rows), ``quantile`` histograms. Contribution
     bounding happens here, so ``data`` must hold every row of each privacy unit it holds
-    (the whole table, or a partition after a shuffle on the unit column)."""
+    (the whole table, or one of engines/distributed's unit buckets). Which rows a unit over
+    k keeps is ``compute.bound_by_content`` with ``salt`` (drawn from ``rng`` if None): the
+    same rows on any partitioning given the same salt."""
     kind = d["kind"]
     n = data.num_rows
 
@@ -74,8 +77,11 @@ def exact_parts(d: dict, data: pa.Table, n_max: int, rng: np.random.Generator, p
 
     progress({"phase": "bounding contributions", "fraction": 0.25})
     if d["unit_column"]:
+        if salt is None:
+            salt = int(rng.integers(0, 2**63))
         units, n_units = compute.unit_codes(data, d["unit_column"])
-        mask, _ = compute.bound_contributions(mask, units, n_units, int(d["max_rows_per_unit"]), rng)
+        mask, _ = compute.bound_by_content(mask, units, n_units, int(d["max_rows_per_unit"]), salt,
+                                           data.column(d["unit_column"]), codes, values)
 
     progress({"phase": "aggregating", "fraction": 0.5})
     # Every row selected (no where, no nulls, no out-of-domain group): use the arrays as

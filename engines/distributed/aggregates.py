@@ -8,10 +8,16 @@ and the driver (the Celery worker that runs the request) adds the noise once, th
 ``execute.finish`` with the plan's OpenDP measurements.
 
 Privacy units: when the dataset has a unit column, a unit's rows may be spread over
-partitions, so the rows are first shuffled on the unit column (``DataFrame.shuffle``: every
-row of a unit lands in one output partition), and the contribution bound is then applied
-per output partition: each unit keeps at most k rows of its whole, exactly as locally.
-Without a unit column (every row its own unit) the partitions are read as they are.
+partitions. No shuffle: each file's task keeps the rows that pass the ``where``
+predicates and deals them into unit buckets by the hash of the unit id
+(``cluster.by_unit``); each bucket's task gets its piece of every file (in memory, as
+task results) and runs ``exact_parts`` on the rows of its units, all of them. The bound
+keeps the k rows of smallest salted hash per unit (``compute.bound_by_content``) with one
+salt drawn by the driver for the run: a function of the unit's own rows, so the rows kept
+are those the local engine keeps with the same salt, whatever the partitioning, the
+number of workers, retries or lost workers (every task is pure: a re-run computes the
+same output). Without a unit column (every row its own unit) the partitions are read as
+they are.
 
 Grid sums use the whole table's row count (``n_max``) in every partition, so every
 partial sum and their total are integers on one grid: the distributed exact sum equals
@@ -29,27 +35,47 @@ from engines.types import DatasetMeta, EngineRequest, Plan, Release
 from . import cluster
 from .source import PartitionedTable
 
-__all__ = ["execute", "graph", "exact_parts", "partition_parts", "job"]
+__all__ = ["execute", "graph", "exact_parts", "partition_parts", "job", "new_salt"]
 
 
-def _parts(data: pa.Table, d: dict, n_max: int) -> dict:
-    return local.exact_parts(d, data, n_max, np.random.default_rng())
+def _parts(data: pa.Table, d: dict, n_max: int, salt: int | None) -> dict:
+    return local.exact_parts(d, data, n_max, np.random.default_rng(), salt=salt)
 
 
-def partition_parts(table: PartitionedTable, d: dict) -> list:
-    """One delayed ``exact_parts`` per partition (after a shuffle on the unit column, if
-    the plan bounds contributions per unit)."""
-    return cluster.per_partition(table, _parts, d, table.num_rows, unit=d.get("unit_column"))
+def _where(data: pa.Table, where: list) -> pa.Table:
+    """The rows that pass the predicates (the only ones bounding may keep): fewer rows to
+    deal into the unit buckets."""
+    from engines.aggregates.compute import predicate_mask
+
+    mask = predicate_mask(data, where)
+    return data if mask.all() else data.filter(pa.array(mask))
 
 
-def graph(table: PartitionedTable, d: dict):
+def new_salt() -> int:
+    """The run's bounding salt (drawn once, by the driver)."""
+    return int(np.random.default_rng().integers(0, 2**63))
+
+
+def partition_parts(table: PartitionedTable, d: dict, salt: int | None = None) -> list:
+    """One delayed ``exact_parts`` per file, or, if the plan bounds contributions per unit,
+    per unit bucket (``cluster.by_unit``; ``salt``: the bounding salt, drawn if None)."""
+    unit = d.get("unit_column")
+    if not unit:
+        return cluster.per_partition(table, _parts, d, table.num_rows, None)
+    salt = new_salt() if salt is None else salt
+    return cluster.by_unit(table, unit, _parts, d, table.num_rows, salt,
+                           pre=_where if d.get("where") else None, pre_args=(d.get("where"),))
+
+
+def graph(table: PartitionedTable, d: dict, salt: int | None = None):
     """The delayed combined exact parts of the whole partitioned table."""
-    return cluster.tree_reduce(partition_parts(table, d), local.combine)
+    return cluster.tree_reduce(partition_parts(table, d, salt), local.combine)
 
 
-def exact_parts(table: PartitionedTable, d: dict, progress=None) -> dict:
-    """The combined exact parts of the whole partitioned table, computed on the cluster."""
-    return cluster.compute(graph(table, d), table.scheduler, table.retries, progress)
+def exact_parts(table: PartitionedTable, d: dict, progress=None, salt: int | None = None) -> dict:
+    """The combined exact parts of the whole partitioned table, computed on the cluster
+    (with ``salt`` the rows a unit over k keeps are the local engine's with that salt)."""
+    return cluster.compute(graph(table, d, salt), table.scheduler, table.retries, progress)
 
 
 def job(table: PartitionedTable, total) -> dict:

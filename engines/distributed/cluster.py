@@ -20,12 +20,14 @@ import dask
 
 from engines.types import Cancelled
 
-__all__ = ["client", "compute", "tree_reduce", "per_partition", "public_address", "submitted", "take_submitted"]
+__all__ = ["client", "compute", "tree_reduce", "per_partition", "by_unit", "buckets_for", "public_address", "submitted",
+           "take_submitted"]
 
 _clients: dict = {}
 _lock = threading.Lock()
 _sent = threading.local()  # the jobs this thread sent to a cluster (see take_submitted)
 MAX_NOTED = 64
+MAX_BUCKETS = 128
 POLL_SECONDS = 0.25
 
 
@@ -82,26 +84,59 @@ def _on_file(table, path: str, fn, args):
     return fn(table.read_file(path), *args)
 
 
-def _on_frame(frame, columns: list[str], fn, args):
+def per_partition(table, fn, *args) -> list:
+    """One delayed ``fn(pyarrow.Table, *args)`` per file of ``table`` (a
+    ``PartitionedTable``). ``fn`` may be re-run (a retry, a lost worker): it must release
+    nothing and write nothing, only return what it computed from its partition; and it must
+    be importable on the workers."""
+    return [dask.delayed(_on_file, pure=False)(table, p, fn, args) for p in table.paths]
+
+
+def buckets_for(table) -> int:
+    """How many unit buckets ``by_unit`` deals a table's rows into: one per file, at most
+    ``MAX_BUCKETS`` (each bucket task holds ~rows / buckets rows)."""
+    return max(1, min(len(table.paths), MAX_BUCKETS))
+
+
+def _split(table, path: str, unit: str, buckets: int, pre, pre_args) -> tuple:
+    """One file's rows dealt into ``buckets`` pieces by the hash of their unit id (the same
+    hash in every file, so all of a unit's rows go to the same bucket)."""
+    import numpy as np
     import pyarrow as pa
 
-    return fn(pa.Table.from_pandas(frame[columns], preserve_index=False), *args)
+    from engines.aggregates.compute import unit_hash
+
+    data = table.read_file(path)
+    if pre is not None:
+        data = pre(data, *pre_args)
+    if buckets == 1:
+        return (data,)
+    which = (unit_hash(data.column(unit)) % np.uint64(buckets)).astype(np.int64)
+    order = np.argsort(which, kind="stable")
+    cuts = np.searchsorted(which[order], np.arange(buckets + 1))
+    return tuple(data.take(pa.array(order[cuts[b]:cuts[b + 1]])) for b in range(buckets))
 
 
-def per_partition(table, fn, *args, unit: str | None = None) -> list:
-    """One delayed ``fn(pyarrow.Table, *args)`` per partition of ``table`` (a
-    ``PartitionedTable``): its files as they are or, with a ``unit`` column, the partitions
-    of a shuffle on it (every row of a unit lands in one of them). ``fn`` may be re-run (a
-    retry, a lost worker): it must release nothing and write nothing, only return what it
-    computed from its partition; and it must be importable on the workers."""
-    if not unit:
-        return [dask.delayed(_on_file, pure=False)(table, p, fn, args) for p in table.paths]
-    import dask.dataframe as dd
+def _bucket(pieces: list, fn, args):
+    import pyarrow as pa
 
-    columns = list(table.columns)
-    frame = dd.read_parquet(list(table.paths), columns=columns, dtype_backend="pyarrow")
-    shuffled = frame.shuffle(on=unit, npartitions=max(frame.npartitions, 1))
-    return [dask.delayed(_on_frame, pure=False)(part, columns, fn, args) for part in shuffled.to_delayed()]
+    return fn(pa.concat_tables(pieces) if len(pieces) != 1 else pieces[0], *args)
+
+
+def by_unit(table, unit: str, fn, *args, pre=None, pre_args: tuple = (), buckets: int | None = None) -> list:
+    """One delayed ``fn(pyarrow.Table, *args)`` per unit bucket: a table holding every row
+    (of ``table``'s planned columns) of the privacy units whose id hashes to the bucket,
+    wherever they are stored. No shuffle service, no disk: each file's task deals its rows
+    into pieces (``pre(table, *pre_args)`` first, e.g. a row filter), each bucket's task
+    receives its piece of every file as an ordinary task result, in memory, from whichever
+    worker holds it. Every task is a pure function of its inputs, so a task re-run after a
+    retry or a lost worker computes the same pieces, and a bucket either gets every piece
+    or does not run: the answer is exact or the run fails, on workers that share no disk
+    as on one machine. Nothing is written to disk (unless a worker is configured to spill
+    memory: deploy/README.md)."""
+    n = buckets or buckets_for(table)
+    splits = [dask.delayed(_split, pure=False, nout=n)(table, p, unit, n, pre, pre_args) for p in table.paths]
+    return [dask.delayed(_bucket, pure=False)([s[b] for s in splits], fn, args) for b in range(n)]
 
 
 def tree_reduce(leaves: list, combine, fan_in: int = 8):

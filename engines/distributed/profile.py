@@ -1,11 +1,13 @@
 """What registering a partitioned table needs to know of its rows, computed on the cluster:
-the number of privacy units and the most rows any unit has (a group-by on the unit column,
-so a unit spread over partitions is counted once), null unit ids, and the distinct values
+the number of privacy units and the most rows any unit has (counted per unit bucket,
+``cluster.by_unit``: every row of a unit in one bucket, so a unit spread over partitions
+is counted once; no shuffle, nothing on disk), null unit ids, and the distinct values
 of text columns (proposed as categorical domains, capped: a column with more than
 ``max_domain`` values is text)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import dask
@@ -47,6 +49,21 @@ def _merge(parts: list[dict], cap: int) -> dict:
     return out
 
 
+def _unit_sizes(data: pa.Table, unit: str) -> dict:
+    col = data.column(unit)
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    col = col.drop_null()
+    if len(col) == 0:
+        return {"n_units": 0, "max_rows_per_unit": 0}
+    counts = pc.value_counts(col).field("counts")
+    return {"n_units": len(counts), "max_rows_per_unit": int(pc.max(counts).as_py())}
+
+
+def _add_sizes(parts: list[dict]) -> dict:
+    return {"n_units": sum(p["n_units"] for p in parts), "max_rows_per_unit": max(p["max_rows_per_unit"] for p in parts)}
+
+
 def profile(table: PartitionedTable, text_columns: list[str], max_domain: int) -> dict:
     """``{"uniques": {column: sorted values or None}, "unit_nulls", "n_units",
     "max_rows_per_unit"}`` (the last two only with a unit column)."""
@@ -55,15 +72,10 @@ def profile(table: PartitionedTable, text_columns: list[str], max_domain: int) -
     merged = cluster.tree_reduce(leaves, functools.partial(_merge, cap=max_domain))
     todo = {"files": merged}
     if unit:
-        import dask.dataframe as dd
-
-        frame = dd.read_parquet(list(table.paths), columns=[unit], dtype_backend="pyarrow")
-        sizes = frame[unit].value_counts(split_out=max(frame.npartitions // 4, 1))
-        todo["n_units"] = sizes.size.to_delayed()
-        todo["max_rows_per_unit"] = sizes.max().to_delayed()
+        units = dataclasses.replace(table, columns=(unit,))
+        todo["units"] = cluster.tree_reduce(cluster.by_unit(units, unit, _unit_sizes, unit), _add_sizes)
     done = cluster.compute(dask.delayed(dict)(**todo), table.scheduler, table.retries)
     out = dict(done["files"])
     if unit:
-        out["n_units"] = int(done["n_units"])
-        out["max_rows_per_unit"] = int(done["max_rows_per_unit"]) if out["n_units"] else 0
+        out.update({k: int(v) for k, v in done["units"].items()})
     return out

@@ -2,8 +2,8 @@
 are computed per partition and summed; selection, the graphical model and sampling run on
 the driver (their size depends on the columns' domains, not on the rows).
 
-Per partition (after a shuffle on the unit column when there is one, so that each unit's
-rows are together): the local engine's ``split`` holds out the given fraction of the
+Per partition, or with a unit column per unit bucket (``cluster.by_unit``: every row of
+a unit in one bucket, no shuffle, nothing on disk): the local engine's ``split`` holds out the given fraction of the
 partition's units and keeps at most k rows per training unit, ``encoding.encode`` codes
 the columns, and ``mst.marginal_counts`` / ``mst.fine_counts`` count. The driver adds the
 noise once (``mst.synthesize_from_counts``, ``mst.measure_fine_counts``: the plan's OpenDP
@@ -47,12 +47,12 @@ def _counts(data: pa.Table, spec_dict: dict, cap: int) -> dict:
     spec = Spec.from_dict(spec_dict)
     rng = local.secure_rng()
     train, holdout, _ = local.split(df, spec, rng)
-    sizes = {c["column"]: encoding.size(c) for c in spec.columns}
-    numeric = [c for c in spec.columns if c["type"] == "numeric"]
+    sizes = {c["column"]: encoding.cell_size(c) for c in spec.columns}
+    fine = [c for c in spec.columns if encoding.has_fine(c)]
     return {
-        "counts": mst.marginal_counts(encoding.encode(train, spec.columns), sizes),
-        "fine": mst.fine_counts({c["column"]: encoding.fine_encode(train, c) for c in numeric},
-                                {c["column"]: encoding.fine_size(c) for c in numeric}),
+        "counts": mst.marginal_counts(encoding.cell_encode(train, spec.columns), sizes),
+        "fine": mst.fine_counts({c["column"]: encoding.grid_encode(train, c) for c in fine},
+                                {c["column"]: encoding.grid_size(c) for c in fine}),
         "train": _sample(train, rng, cap), "holdout": _sample(holdout, rng, cap),
     }
 
@@ -75,7 +75,10 @@ def _combine(parts: list[dict], cap: int) -> dict:
 
 
 def graph(table: PartitionedTable, spec: Spec, cap: int = REPORT_SAMPLE_ROWS):
-    leaves = cluster.per_partition(table, _counts, spec.to_dict(), cap, unit=spec.unit_column)
+    if spec.unit_column:
+        leaves = cluster.by_unit(table, spec.unit_column, _counts, spec.to_dict(), cap)
+    else:
+        leaves = cluster.per_partition(table, _counts, spec.to_dict(), cap)
     return cluster.tree_reduce(leaves, functools.partial(_combine, cap=cap))
 
 
@@ -91,10 +94,10 @@ def execute(request, dataset, data: PartitionedTable, plan, progress, workdir):
     progress({"phase": "counting marginals on the cluster", "fraction": 0.0})
     total = graph(data, spec)
     got = cluster.compute(total, data.scheduler, data.retries, progress, phase="counting marginals on the cluster")
-    sizes = {c["column"]: encoding.size(c) for c in spec.columns}
-    codes, info = mst.synthesize_from_counts(got["counts"], sizes, d["mst"], spec.rows, progress)
+    codes, info, one_way = mst.synthesize_from_counts(got["counts"], spec.columns, d["mst"], spec.rows, progress)
     fine = mst.measure_fine_counts(got["fine"], d["mst"])
-    synthetic = encoding.decode(codes, spec.columns, local.secure_rng(), fine)
+    synthetic = encoding.cell_decode(codes, spec.columns, local.secure_rng(), one_way, fine,
+                                     d["mst"]["fine"]["scale"] if fine else None)
     train, holdout = got["train"][1], got["holdout"][1]
     note = (f"uniform samples of the private rows: {len(train):,} training and {len(holdout):,} held-out rows "
             f"(at most {REPORT_SAMPLE_ROWS:,} each; the table is partitioned over a Dask cluster)")

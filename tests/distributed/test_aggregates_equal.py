@@ -16,8 +16,10 @@ from engines.types import DatasetMeta, EngineRequest
 from .conftest import UNIT_COLUMNS
 
 # Above any unit's row count in the test table: bounding keeps every row. Below it, which
-# rows a unit keeps is random (per run), so only an ungrouped count is then determined.
+# rows a unit keeps is the salted-hash rule (compute.bound_by_content): the same rows on
+# the cluster as locally with the same salt.
 K_ALL = 40
+SALT = 0x5EED_1234_ABCD
 
 QUERIES = [
     ("count", {}),
@@ -31,6 +33,13 @@ QUERIES = [
     ("histogram", {"column": "site", "max_rows_per_unit": K_ALL}),
     ("histogram", {"column": "age", "bins": [18, 30, 45, 60, 75, 90], "max_rows_per_unit": K_ALL}),
     ("quantile", {"column": "income", "q": 0.5, "group_by": "site", "max_rows_per_unit": K_ALL}),
+    # k below the units' row counts: which rows are kept matters
+    ("count", {"group_by": "site", "max_rows_per_unit": 1}),
+    ("sum", {"column": "income", "group_by": "flag", "max_rows_per_unit": 2}),
+    ("mean", {"column": "age", "where": [{"column": "age", "op": ">=", "value": 30}], "max_rows_per_unit": 1}),
+    ("variance", {"column": "income", "max_rows_per_unit": 2}),
+    ("histogram", {"column": "age", "bins": [18, 30, 45, 60, 75, 90], "max_rows_per_unit": 1}),
+    ("quantile", {"column": "income", "q": 0.25, "max_rows_per_unit": 1}),
 ]
 
 
@@ -57,8 +66,8 @@ def test_it_computes_the_local_engines_exact_aggregate(dask_cluster, partitioned
     plan = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), _meta(table))
     d = plan.details
     n = table.num_rows
-    want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0)), n)
-    got = local.exact_values(d, dist.exact_parts(_source(manifest, dask_cluster, table), d), n)
+    want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
+    got = local.exact_values(d, dist.exact_parts(_source(manifest, dask_cluster, table), d, salt=SALT), n)
     _equal(want, got)
 
 
@@ -81,14 +90,14 @@ def test_it_runs_without_a_cluster_on_threads(partitioned):
                                                             "max_rows_per_unit": K_ALL}), _meta(table))
     d = plan.details
     n = table.num_rows
-    want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0)), n)
-    _equal(want, local.exact_values(d, dist.exact_parts(_source(manifest, "", table), d), n))
+    want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
+    _equal(want, local.exact_values(d, dist.exact_parts(_source(manifest, "", table), d, salt=SALT), n))
 
 
 def test_it_releases_through_the_same_noise_and_report(dask_cluster, partitioned):
     table, manifest, _ = partitioned
     meta = _meta(table)
-    req = EngineRequest("mean", {"epsilon": 1e9, "column": "age", "group_by": "site", "max_rows_per_unit": K_ALL})
+    req = EngineRequest("mean", {"epsilon": 1e6, "column": "age", "group_by": "site", "max_rows_per_unit": K_ALL})
     plan = plugins.plan("aggregates", req, meta)
     seen = []
     got = plugins.run("aggregates", req, meta, _source(manifest, dask_cluster, table), plan, seen.append)

@@ -38,7 +38,7 @@ def parts_dir(import_dir, table):
 
 def register(client, name, path, execution):
     r = client.post("/api/datasets/", {"name": name, "path": str(path), "execution": execution, "unit_column": "pid",
-                                       "schema": BOUNDS, "budget_epsilon": 1e7, "activate": True}, format="json")
+                                       "schema": BOUNDS, "budget_epsilon": 1e6, "activate": True}, format="json")
     assert r.status_code == 201, r.json()
     return r.json()
 
