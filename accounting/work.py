@@ -10,10 +10,13 @@ q = 0.001, z = 1). Every other mechanism is a closed form over the orders.
 A unit here is one term of that series (the fractional series' term, which evaluates
 two log-erfc's, is about two integer terms: ``FRAC_TERM``), plus ``PER_ORDER`` for
 the call around each order. ``series_units`` counts them for one (q, z) at given orders
-*without* running the series: the fractional series' stopping rule is evaluated on all
-terms at once with numpy (the same formulas, vectorised), so counting costs about a
-thousandth of computing. Counting is exact up to where rounding moves the stopping term
-by one; it is a price, not a result, and never enters an accountant's numbers.
+*without* running the series: the fractional series' stopping rule is evaluated on
+chunks of terms at once with numpy (the same formulas, vectorised), so counting costs
+about a seventh of computing the first time and nothing after (counts are cached per
+(q, z, order)). The count equalled the loop's on every case tried (400 random ones and
+the hypothesis test); it is a price, not a result, and never enters an accountant's
+numbers. Measured: 1.7 to 2.3 us of CPU per unit over 24 (q, z) from cheap to dearest,
+grid and refinement together (so ``MAX_UNITS`` is 1.0 to 1.4 s).
 
 ``limit(units)`` opens a budget for one call (a context variable, so the web thread's
 budget is its own); ``charge(units)`` spends from it and raises ``TooCostly`` before
@@ -47,6 +50,7 @@ MAX_UNITS = 600_000
 
 _CHUNK = 32  # most series stop within 5 to 30 terms; the chunk doubles up to 65,536
 _COUNTS = _LRU(65_536)
+_NEVER = 10**8  # terms: a series this long (minutes) is priced at least this, uncapped or not
 
 
 class TooCostly(Exception):
@@ -176,7 +180,7 @@ def _count_frac_terms(q: float, sigma: float, alpha: float, cap: int | None) -> 
                 return int(start + zero[0] + 1)
             start += size
             size = min(size * 2, 1 << 16)
-            if cap is not None and start > cap:
+            if start > (cap if cap is not None else _NEVER):
                 return start
 
 

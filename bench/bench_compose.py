@@ -52,6 +52,7 @@ def events(n: int, distinct: bool, seed: int = 0) -> list[SubsampledGaussianEven
 def cold():
     rdp_math._one_step_curve.cache_clear()
     rdp_math._SERIES.clear()
+    work._COUNTS.clear()
 
 
 def compose_all(evs):
