@@ -30,7 +30,7 @@ from django.db import connection
 from django.utils import timezone
 
 from engines import plugins
-from engines.types import Cancelled, EngineRequest, Plan
+from engines.types import Cancelled, EngineError, EngineRequest, Plan
 
 from . import outcomes
 from .data import load_columns
@@ -234,10 +234,13 @@ def _run(req: Request, clock: RunClock) -> str:
     except Exception as e:
         _log_failure_after_read(req.pk, e)
         _empty(workdir)
+        # An engine error may name the work done before it (a data-parallel run that lost a
+        # rank: the steps taken); that is charged, as for a cancellation.
+        spent = getattr(e, "actual_event", None) if isinstance(e, EngineError) else None
         return _finish(req, Request.Status.FAILED, error={
             "code": "request.failed_after_read",
             "detail": "The engine failed after reading the data; the charge stands (a failure can depend on the data)."},
-            charge=True, clock=clock, officer_report=_cluster_jobs())
+            actual_event=spent, charge=True, clock=clock, officer_report=_cluster_jobs())
     result = dict(release.result)
     files = _describe_files(workdir)
     if files:

@@ -23,6 +23,15 @@ the driver polls (and reports through the host's ``progress``); a cancellation s
 ``Event`` that rank 0 reads at the same steps the ranks agree on (an all-reduce of the
 flag), so all ranks stop after the same step and the steps taken are charged.
 
+A lost rank: each rank reads its rows before it joins the group, so from the first
+collective on the ranks are in lockstep and a collective waits at most
+``COLLECTIVE_SECONDS`` (45 s) for a rank. The driver watches the ranks' tasks and their
+workers (a task pinned to a worker that died would wait for it for ever); when a rank is
+lost, or a survivor's collective fails (at once if the peer's connection closed, else
+at the timeout), the run fails with ``RankLost``, within a minute, and is charged the
+steps and evaluations the survivors report taken, the one under way counted as taken
+(rank 0 may have drawn its noise); the whole plan if no rank could say.
+
 Rank 0 sends back the trained replicas (models, histories, the steps and evaluations
 spent), never rows; the driver writes the files and builds the release as a
 single-process run does (``engines.dpsgd.execute.finish``).
@@ -43,11 +52,25 @@ from engines.types import Cancelled, DatasetMeta, EngineError, EngineRequest, Pl
 from . import cluster
 from .source import PartitionedTable
 
-__all__ = ["execute", "rank_rows", "ranks_for"]
+__all__ = ["execute", "rank_rows", "ranks_for", "RankLost"]
 
-RENDEZVOUS_SECONDS = 120.0  # a rank waits this long for rank 0's address
-COLLECTIVE_SECONDS = 600.0  # a collective waits this long for a rank (a dead rank fails the others)
+RENDEZVOUS_SECONDS = 600.0  # a rank waits this long for rank 0's address (rank 0 reads its rows first)
+COLLECTIVE_SECONDS = 45.0  # a collective waits this long for a rank: the ranks are in lockstep (rows read before)
 CANCEL_GRACE_SECONDS = 120.0
+LOST_GRACE_SECONDS = COLLECTIVE_SECONDS + 10.0  # after a rank is lost, how long the survivors may take to stop
+WORKERS_POLL_SECONDS = 1.0
+
+
+class RankLost(EngineError):
+    """A rank of a data-parallel run died or failed: the run fails, charged the steps (and
+    evaluations) taken, the one under way included (``actual_event``; None if unknown:
+    the whole plan)."""
+
+    code = "dpsgd.rank_lost"
+
+    def __init__(self, message: str, actual_event: dict | None = None):
+        super().__init__(message)
+        self.actual_event = actual_event
 
 
 def rank_rows(table: PartitionedTable, rank: int, size: int) -> pa.Table:
@@ -82,6 +105,10 @@ def _rank_main(table: PartitionedTable, rank: int, size: int, job: str, d: dict)
     dev = device()
     worker = get_worker()
     torch.set_num_threads(max(1, worker.state.nthreads))  # the worker's share of cores, not every core
+    # Rows first, then the group: from the first collective on the ranks are in lockstep, so
+    # a collective's timeout can be short (a rank that died fails the others within it).
+    prep = prepare(rank_rows(table, rank, size), spec, secure_generator(torch.device("cpu")), dev,
+                   canaries=None if rank == 0 else 0)
     address = Variable(f"{job}-rendezvous")
     if rank == 0:
         host = urlparse(worker.address).hostname
@@ -90,8 +117,6 @@ def _rank_main(table: PartitionedTable, rank: int, size: int, job: str, d: dict)
     else:
         host, port = address.get(timeout=RENDEZVOUS_SECONDS).rsplit(":", 1)
         group = parallel.connect(rank, size, host, int(port), dev, timeout_s=COLLECTIVE_SECONDS)
-    prep = prepare(rank_rows(table, rank, size), spec, secure_generator(torch.device("cpu")), dev,
-                   canaries=None if rank == 0 else 0)
     stop, report = Event(f"{job}-stop"), Variable(f"{job}-progress")
 
     def progress(info: dict) -> None:  # called at the same steps on every rank
@@ -104,6 +129,8 @@ def _rank_main(table: PartitionedTable, rank: int, size: int, job: str, d: dict)
         trainers, outcomes = train_runs(spec, d, prep, secure_generator(dev), progress, group)
     except Cancelled as c:
         return {"rank": rank, "cancelled": c.actual_event}
+    except Exception as e:  # noqa: BLE001 - a collective failed: another rank died or stopped answering
+        return {"rank": rank, "failed": type(e).__name__, "spent": getattr(e, "actual_event", None)}
     if rank:
         return {"rank": rank, "steps": [t.steps for t in trainers]}
     return {"rank": 0, "trainers": [t.detached() for t in trainers], "outcomes": outcomes, "device": dev.type}
@@ -117,15 +144,47 @@ def ranks_for(requested: int, scheduler: str) -> list[str]:
     return workers[:requested] if len(workers) > 1 else []
 
 
-def _gather(futures: list, progress, stop, report) -> list[dict]:
+def _lost(futures: list, workers: list[str], c) -> str | None:
+    """Why a rank is lost, or None: its task failed, or its worker left the cluster (a
+    task pinned to a dead worker would wait for it for ever)."""
+    for f in futures:
+        if f.status in ("error", "cancelled", "lost"):
+            return f"rank {futures.index(f)}'s task {f.status}"
+    alive = set(c.scheduler_info(n_workers=-1)["workers"])
+    gone = [r for r, w in enumerate(workers) if w not in alive]
+    return f"rank {gone[0]}'s worker left the cluster" if gone else None
+
+
+def _spent(results: list[dict]) -> dict | None:
+    """What the ranks that stopped on a failure say was spent (rank 0's if it answered:
+    every rank is within the step under way of the others, which each counts)."""
+    spent = [o for o in results if o.get("spent")]
+    return min(spent, key=lambda o: o["rank"])["spent"] if spent else None
+
+
+def _gather(futures: list, workers: list[str], c, progress, stop, report) -> list[dict]:
     """The ranks' results, reporting rank 0's progress meanwhile; a cancellation sets
-    ``stop``, waits for the ranks to agree on it and raises with the steps they took."""
+    ``stop``, waits for the ranks to agree on it and raises with the steps they took. A
+    rank lost (its task failed, its worker died) or failed fails the run (``RankLost``)
+    once the survivors have stopped (at most ``LOST_GRACE_SECONDS``), charged with the
+    steps they report taken."""
+    checked = 0.0
     while True:
-        if all(f.done() for f in futures):
-            return [f.result() for f in futures]  # a rank that raised raises here
-        failed = [f for f in futures if f.status == "error"]
-        if failed:
-            failed[0].result()
+        done = [f.result() for f in futures if f.status == "finished"]
+        failed = [o for o in done if "failed" in o]
+        why = f"rank {failed[0]['rank']} failed: {failed[0]['failed']}" if failed else None
+        if why is None and len(done) == len(futures):
+            return done
+        if why is None and time.monotonic() - checked > WORKERS_POLL_SECONDS:
+            checked = time.monotonic()
+            why = _lost(futures, workers, c)
+        if why is not None:
+            deadline = time.monotonic() + LOST_GRACE_SECONDS
+            while time.monotonic() < deadline and not all(
+                    f.done() or w not in set(c.scheduler_info(n_workers=-1)["workers"]) for f, w in zip(futures, workers)):
+                time.sleep(cluster.POLL_SECONDS)
+            done = [f.result() for f in futures if f.status == "finished"]
+            raise RankLost(f"a training rank was lost on the cluster ({why})", _spent(done))
         time.sleep(cluster.POLL_SECONDS)
         try:
             progress(report.get(timeout=10))
@@ -136,9 +195,9 @@ def _gather(futures: list, progress, stop, report) -> list[dict]:
                 time.sleep(cluster.POLL_SECONDS)
             out = [f.result() for f in futures if f.done() and f.status == "finished"]
             spent = next((o["cancelled"] for o in out if o.get("cancelled")), None)
-            c = Cancelled("the request was cancelled")
-            c.actual_event = spent
-            raise c from None
+            err = Cancelled("the request was cancelled")
+            err.actual_event = spent
+            raise err from None
 
 
 def execute(request: EngineRequest, dataset: DatasetMeta, data: PartitionedTable, plan: Plan, progress,
@@ -169,8 +228,10 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data: PartitionedTable
                         allow_other_workers=False, pure=False, retries=0) for r, w in enumerate(workers)]
     cluster.submitted(data.scheduler, [f.key for f in futures], job)
     try:
-        out = _gather(futures, progress, stop, report)
-    except Cancelled:
+        out = _gather(futures, workers, c, progress, stop, report)
+    except (Cancelled, RankLost):
+        for f in futures:
+            f.cancel()
         raise
     except Exception as e:
         for f in futures:

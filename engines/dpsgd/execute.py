@@ -109,6 +109,13 @@ def train_runs(spec: Spec, d: dict, prep, gen: torch.Generator, progress, group=
         spent = [t.event() for t in trainers]
         c.actual_event = spent[0] if len(spent) == 1 else {"kind": "composed", "events": spent}
         raise
+    except Exception as e:  # e.g. a collective failed (a rank died): the step or evaluation under way counts
+        if trainers:  # as taken (engines/distributed/training.py charges it if the run fails for that)
+            last, run = trainers[-1], runs[len(trainers) - 1]
+            spent = [t.event() for t in trainers[:-1]] + [
+                last.event(min(last.steps + 1, d["steps"]), min(last.evals + 1, run["evals"]))]
+            e.actual_event = spent[0] if len(spent) == 1 else {"kind": "composed", "events": spent}
+        raise
     return trainers, outcomes
 
 

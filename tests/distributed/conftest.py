@@ -65,3 +65,48 @@ def partitioned(tmp_path_factory):
     table = make_table(12_000)
     manifest = write_partitions(table, tmp_path_factory.mktemp("parts"), 5)
     return table, manifest, schema_to_json(table.schema)
+
+
+# --------------------------------------------------------------------------- separate hosts
+
+
+@pytest.fixture(scope="session")
+def hosts(tmp_path_factory):
+    """A scheduler and 2 worker processes modelling 2 hosts: each worker (under its own
+    Nanny, which restarts it when it is killed) has its own local directory and its own
+    TMPDIR, and they share no scratch space. Yields ``(scheduler address, [host dirs])``."""
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    base = tmp_path_factory.mktemp("hosts")
+    dirs = []
+    workers = {}
+    for i in range(2):
+        d = base / f"host{i}"
+        (d / "tmp").mkdir(parents=True)
+        dirs.append(d)
+        workers[f"host{i}"] = {"cls": Nanny, "options": {
+            "nthreads": 1, "local_directory": str(d), "host": "127.0.0.1", "dashboard": False, "silence_logs": 40,
+            "env": {"TMPDIR": str(d / "tmp"), "DASK_TEMPORARY_DIRECTORY": str(d)}}}
+    cluster = SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1",
+                                                                                    "dashboard": False}},
+                          silence_logs=40)
+    try:
+        yield cluster.scheduler_address, dirs
+    finally:
+        from engines.distributed import cluster as dc
+
+        c = dc._clients.pop(cluster.scheduler_address, None)
+        if c is not None:
+            c.close()
+        cluster.close()
+
+
+def row_copies(dirs) -> dict:
+    """Every file under the hosts' directories that could hold rows: anything but Dask's
+    empty lock files (``*.lock``, ``*.dirlock``), with its size."""
+    out = {}
+    for d in dirs:
+        for p in d.rglob("*"):
+            if p.is_file() and not (p.name.endswith((".lock", ".dirlock")) and p.stat().st_size == 0):
+                out[str(p)] = p.stat().st_size
+    return out
