@@ -47,6 +47,7 @@ bench/setup_smartnoise.sh
 "$PY" bench/bench_synthesis.py "${quick[@]}"
 "$PY" bench/bench_accounting.py "${quick[@]}"
 "$PY" bench/bench_request_path.py "${quick[@]}"
+"$PY" bench/bench_embedded_broker.py "${quick[@]}"
 # distributed: 10M rows generated under var/bench (about 1 GB; never committed)
 "$PY" bench/gen_partitions.py --rows 10_000_000 --partitions 8 --out var/bench/parts-10M
 "$PY" bench/bench_distributed.py --data var/bench/parts-10M --exact

@@ -442,3 +442,17 @@ def test_a_worker_killed_is_seen_dead_and_its_taken_request_is_sent_again(embedd
     finally:
         again.terminate()
         again.wait(20)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_on_redis_writes_its_heartbeat_there(real_worker, redis_server, settings):
+    """With REDIS_URL the heartbeats live in Redis (one hash), shared by web and workers."""
+    from governance import liveness
+
+    settings.REDIS_URL = redis_server
+    pid = real_worker.process.pid  # (other test runs may share this Redis database)
+    mine = wait_for(lambda: [r for r in liveness.alive() if r["pid"] == pid], timeout=90, interval=0.3)
+    assert mine[0]["queues"] == ["cpu", "gpu"]
+    real_worker.process.terminate()
+    real_worker.process.wait(30)
+    assert [r for r in liveness.records() if r["pid"] == pid] == []  # a clean stop removes its record
