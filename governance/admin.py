@@ -109,7 +109,7 @@ class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
 
     @admin.action(description="Activate (schema reviewed)")
     def activate(self, request, queryset):
-        n = queryset.update(status=Dataset.Status.ACTIVE)
+        n = queryset.filter(status=Dataset.Status.DRAFT).update(status=Dataset.Status.ACTIVE)  # not pending/failed
         messages.success(request, f"Activated {n} dataset(s).")
 
     @admin.display(description="overview")

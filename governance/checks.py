@@ -61,11 +61,12 @@ POSITIVE = {  # setting: (smallest value, what it is)
     "SECURE_HSTS_SECONDS": (0, "seconds of HSTS (0: off)"),
     "REQUEST_REQUEUE_AFTER_SECONDS": (1, "seconds before a queued request's task is sent again"),
     "RELEASE_QUANTUM_MS": (0, "milliseconds between release ticks (0: off)"),
+    "REGISTER_INLINE_BYTES": (0, "bytes of a table read on the request thread (larger: by a worker)"),
 }
 POSITIVE_IDS = {"API_TOKEN_TTL_DAYS": "governance.E008",
                 "DASK_TASK_RETRIES": "governance.E015", "CELERY_DB_REUSE_MAX": "governance.E017",
                 "SECURE_HSTS_SECONDS": "governance.E023", "REQUEST_REQUEUE_AFTER_SECONDS": "governance.E021",
-                "RELEASE_QUANTUM_MS": "governance.E022"}
+                "RELEASE_QUANTUM_MS": "governance.E022", "REGISTER_INLINE_BYTES": "governance.E030"}
 
 
 def rate_problem(rate) -> str | None:

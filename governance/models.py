@@ -21,6 +21,8 @@ RELEASE_QUANTUM_MAX_MS = 60_000  # a dataset's release clock: 0 (off) .. one min
 
 class Dataset(models.Model):
     class Status(models.TextChoices):
+        PENDING = "pending", "pending (a worker is reading the table)"
+        FAILED = "failed", "failed (the table could not be registered: see registration)"
         DRAFT = "draft", "draft (schema under review; no requests)"
         ACTIVE = "active", "active"
 
@@ -53,6 +55,9 @@ class Dataset(models.Model):
     n_units = models.BigIntegerField(help_text="Privacy units: distinct unit ids, or rows.")
     max_rows_per_unit = models.IntegerField(default=1)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.DRAFT)
+    registration = models.JSONField(default=dict, blank=True, help_text="A table read off the request thread "
+                                    "(governance.datasets): while pending, what the officer asked for (schema, "
+                                    "budget delta, activate); once failed, the error. Empty once registered.")
     budget_epsilon = models.FloatField()
     budget_delta = models.FloatField()
     delta_auto = models.BooleanField(default=False, help_text="delta = 1 / n_units^1.2")

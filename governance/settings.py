@@ -142,6 +142,9 @@ DATA_DIR = Path(envstr("DATA_DIR", str(VAR_DIR / "data")))
 RESULTS_DIR = Path(envstr("RESULTS_DIR", str(VAR_DIR / "results")))
 DATASET_IMPORT_DIRS = [Path(p) for p in envlist("DATASET_IMPORT_DIRS", str(DATA_DIR / "import"))]
 MAX_UPLOAD_BYTES = envint("MAX_UPLOAD_BYTES", 2 * 1024**3)
+# A stored table larger than this is read by a worker, not on the request thread (about a
+# CPU second per 50 MB here): the dataset is "pending" until then (governance.datasets).
+REGISTER_INLINE_BYTES = envint("REGISTER_INLINE_BYTES", 32 * 1024**2)
 # Distributed datasets (execution "distributed", engines/distributed): Parquet partitions
 # registered where they are (not copied), under DATASET_IMPORT_DIRS or an object-store
 # prefix listed in DATASET_IMPORT_URIS ("s3://bucket/tables/", read by pyarrow's filesystems

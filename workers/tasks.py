@@ -38,12 +38,25 @@ def run_request(self, request_id: str) -> str:
     return execute(request_id, worker=self.request.hostname or "")
 
 
+@shared_task(name="workers.register_dataset", acks_late=True, ignore_result=True)
+def register_dataset(dataset_id: int) -> str:
+    """Read a pending dataset's table off the request thread (governance.datasets)."""
+    from governance.datasets import finish_registration
+
+    return finish_registration(dataset_id)
+
+
 @shared_task(name="workers.sweep", ignore_result=True)
 def sweep() -> dict:
     """The recovery sweep (governance.recovery), run every minute by Celery beat."""
+    from django.conf import settings
+
+    from governance.datasets import resend_stale_registrations
     from governance.recovery import sweep as run_sweep
 
-    return run_sweep()
+    out = run_sweep()
+    out["registrations"] = resend_stale_registrations(settings.REQUEST_LOST_AFTER_SECONDS)
+    return out
 
 
 _HEARTBEAT = []

@@ -34,11 +34,12 @@ class ApiError(Exception):
 
 
 class InvalidRequest(ApiError):
-    """400: bad parameters, an unknown engine or dataset, a malformed body. ``errors`` maps
+    """400: bad parameters, an unknown engine or dataset, a malformed body, a composition
+    that would cost more work than one call may (``request.too_costly``). ``errors`` maps
     each field (or parameter) to what is wrong with it."""
 
     codes = ("request.invalid", "request.malformed", "event.invalid", "dataset.invalid", "engine.unknown",
-             "dataset.partition_invalid", "request.not_acceptable", "method.not_allowed")
+             "dataset.partition_invalid", "request.not_acceptable", "method.not_allowed", "request.too_costly")
 
     @property
     def errors(self) -> dict[str, Any]:

@@ -51,9 +51,13 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
     def get_serializer_class(self):
         return s.OfficerDatasetSerializer if is_officer(self.request.user) else s.DatasetSerializer
 
-    @extend_schema(request=s.DatasetCreateSerializer, responses={201: s.OfficerDatasetSerializer})
+    @extend_schema(request=s.DatasetCreateSerializer, responses={201: s.OfficerDatasetSerializer,
+                                                                 202: s.OfficerDatasetSerializer})
     def create(self, request):
-        """Register a table: upload it (multipart ``file``) or name a server ``path``."""
+        """Register a table: upload it (multipart ``file``) or name a server ``path``. 201
+        with the dataset; 202 with the dataset ``pending`` when the table is larger than
+        ``REGISTER_INLINE_BYTES``: a worker reads it, and the dataset becomes ``draft`` (or
+        ``active``) or ``failed`` (``registration.error`` says why)."""
         data = s.DatasetCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
@@ -64,8 +68,9 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
             unit_column=v.get("unit_column", ""), schema=schema, budget_epsilon=v["budget_epsilon"],
             budget_delta=v.get("budget_delta", "auto"), policy=v["policy"], activate=v["activate"],
             execution=v["execution"])
+        pending = ds.status == Dataset.Status.PENDING  # a large table: read by a worker (datasets.py)
         return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data,
-                        status=status.HTTP_201_CREATED)
+                        status=status.HTTP_202_ACCEPTED if pending else status.HTTP_201_CREATED)
 
     @extend_schema(request=s.DatasetUpdateSerializer, responses=s.OfficerDatasetSerializer)
     def partial_update(self, request, name=None):
@@ -81,7 +86,9 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
     def activate(self, request, name=None):
         """Confirm the reviewed schema and open the dataset to requests."""
         ds = self.get_object()
-        Dataset.objects.filter(pk=ds.pk).update(status=Dataset.Status.ACTIVE)
+        ds_actions.not_registered(ds)
+        Dataset.objects.filter(pk=ds.pk, status__in=[Dataset.Status.DRAFT, Dataset.Status.ACTIVE]).update(
+            status=Dataset.Status.ACTIVE)
         ds.refresh_from_db()
         return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data)
 

@@ -88,7 +88,7 @@ class DatasetSerializer(serializers.ModelSerializer):
 class OfficerDatasetSerializer(DatasetSerializer):
     class Meta(DatasetSerializer.Meta):
         fields = DatasetSerializer.Meta.fields + ["max_rows_per_unit", "sha256", "created_by", "execution",
-                                                  "location", "partitions"]
+                                                  "location", "partitions", "registration"]
         read_only_fields = fields
 
 

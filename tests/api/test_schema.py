@@ -54,7 +54,7 @@ def test_it_documents_the_request_bodies(api, officer):
     assert "multipart/form-data" in create and "application/json" in create
     schemas = doc["components"]["schemas"]
     assert {"name", "budget_epsilon"} <= set(schemas["DatasetCreateRequest"]["required"])
-    assert schemas["DatasetStatusEnum"]["enum"] == ["draft", "active"]
+    assert schemas["DatasetStatusEnum"]["enum"] == ["pending", "failed", "draft", "active"]
     assert schemas["LedgerStatusEnum"]["enum"] == ["reserved", "committed", "released"]
     assert schemas["RequestStatusEnum"]["enum"] == ["queued", "running", "succeeded", "failed", "cancelled"]
     assert "/api/requests/" in doc["paths"] and "/api/engines/" in doc["paths"]

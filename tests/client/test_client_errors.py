@@ -190,6 +190,13 @@ def test_request_too_large(server, settings):
                            epsilon=0.1)
 
 
+def test_request_too_costly(server):
+    events = [{"kind": "subsampled_gaussian", "sample_rate": 0.01 + i * 1e-5, "noise_multiplier": 1.1, "steps": 100}
+              for i in range(2_000)]  # distinct curves: more than a CPU second of work
+    with raises(pc.InvalidRequest, "request.too_costly", 400):
+        server.analyst.estimate_events("clinic", events)
+
+
 def test_unsupported_media_type(server):
     with raises(pc.UnsupportedMediaType, "request.unsupported_media_type", 415):
         server.analyst.call("POST", "/api/requests/", data="dataset=clinic", headers={"Content-Type": "text/plain"})

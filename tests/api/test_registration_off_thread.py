@@ -1,0 +1,141 @@
+"""A table larger than REGISTER_INLINE_BYTES is read by a worker, not on the request thread
+(issue 22: bounded work per call). The POST answers 202 with the dataset ``pending``; the
+worker's task (Celery eager here, run when the POST's transaction commits) makes it draft
+or active with exactly what an inline registration gives, or ``failed`` with the reason.
+"""
+
+import pytest
+from django.utils import timezone
+
+from governance.models import Dataset
+from tests.conftest import small_frame
+
+from .conftest import assert_error, stored_files, upload
+
+URL = "/api/datasets/"
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def off_thread(settings):
+    settings.REGISTER_INLINE_BYTES = 1000  # the small test table (about 5 kB) goes to a worker
+
+
+def form(data: bytes, name="clinic", **fields):
+    return {"name": name, "budget_epsilon": "1.0", "file": upload(data), "unit_column": "patient_id", **fields}
+
+
+def inline(api, officer, csv_bytes, settings) -> dict:
+    settings.REGISTER_INLINE_BYTES = 10**9
+    r = api(officer).post(URL, form(csv_bytes, name="inline"), format="multipart")
+    assert r.status_code == 201, r.content
+    return r.json()
+
+
+def test_a_large_table_is_pending_until_a_worker_has_read_it(api, officer, csv_bytes, settings,
+                                                            django_capture_on_commit_callbacks):
+    want = inline(api, officer, csv_bytes, settings)
+    settings.REGISTER_INLINE_BYTES = 1000
+    with django_capture_on_commit_callbacks(execute=False) as sent:
+        r = api(officer).post(URL, form(csv_bytes), format="multipart")
+    assert r.status_code == 202, r.content
+    body = r.json()
+    assert body["status"] == "pending" and body["columns"] == [] and body["n_rows"] == 0
+    assert body["registration"]["activate"] is False
+    assert len(sent) == 1  # the task, sent when the POST's transaction committed
+    # while pending: no activation, no edit, no request
+    assert_error(api(officer).post(f"{URL}clinic/activate/"), 409, "dataset.inactive")
+    assert_error(api(officer).patch(f"{URL}clinic/", {"title": "x"}, format="json"), 409, "dataset.inactive")
+    assert_error(api(officer).post(f"{URL}clinic/charges/", {"event": {"kind": "laplace", "epsilon": 0.1}},
+                                   format="json"), 409, "dataset.inactive")
+    sent[0]()  # the worker reads the table
+    got = api(officer).get(f"{URL}clinic/").json()
+    assert got["status"] == "draft" and got["registration"] == {}
+    for key in ("columns", "n_rows", "n_units", "max_rows_per_unit", "budget_delta", "delta_auto", "sha256"):
+        assert got[key] == want[key], key
+    assert got["n_units"] == small_frame()["patient_id"].nunique()
+    r = api(officer).post(f"{URL}clinic/activate/")
+    assert r.status_code == 200 and r.json()["status"] == "active"
+
+
+def test_activate_true_makes_it_active_once_read(api, officer, csv_bytes, off_thread,
+                                                 django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        r = api(officer).post(URL, form(csv_bytes, activate="true"), format="multipart")
+    assert r.status_code == 202
+    assert Dataset.objects.get(name="clinic").status == "active"
+
+
+def test_a_table_that_cannot_be_registered_fails_with_the_reason(api, officer, csv_bytes, off_thread,
+                                                                 django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        r = api(officer).post(URL, form(csv_bytes, unit_column="nope"), format="multipart")
+    assert r.status_code == 202
+    ds = Dataset.objects.get(name="clinic")
+    assert ds.status == "failed" and "'nope' is not in the table" in ds.registration["error"]
+    assert stored_files() == []  # the stored copy is gone
+    assert_error(api(officer).post(f"{URL}clinic/activate/"), 409, "dataset.inactive")
+    # the name is free again
+    with django_capture_on_commit_callbacks(execute=True):
+        r = api(officer).post(URL, form(csv_bytes), format="multipart")
+    assert r.status_code == 202 and Dataset.objects.get(name="clinic").status == "draft"
+
+
+def test_a_bad_budget_is_refused_at_once(api, officer, csv_bytes, off_thread):
+    r = api(officer).post(URL, form(csv_bytes, budget_delta="2"), format="multipart")
+    assert_error(r, 400)
+    assert not Dataset.objects.exists() and stored_files() == []
+
+
+def test_analysts_do_not_see_a_pending_dataset(api, officer, analyst, csv_bytes, off_thread, grant,
+                                               django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False):
+        api(officer).post(URL, form(csv_bytes, activate="true"), format="multipart")
+    grant(analyst, Dataset.objects.get(name="clinic"))
+    assert api(analyst).get(URL).json()["results"] == []
+    r = api(analyst).post("/api/requests/", {"dataset": "clinic", "engine": "aggregates", "kind": "count",
+                                             "params": {"epsilon": 0.1}}, format="json")
+    assert_error(r, 400)
+    assert "No dataset" in r.json()["detail"]
+
+
+def test_the_sweep_sends_a_lost_registration_again(api, officer, csv_bytes, off_thread, settings,
+                                                   django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False):  # the task is lost (a worker died)
+        api(officer).post(URL, form(csv_bytes), format="multipart")
+    from workers.tasks import sweep
+
+    assert sweep.apply().get()["registrations"] == []  # too young to be lost
+    Dataset.objects.filter(name="clinic").update(
+        created_at=timezone.now() - timezone.timedelta(seconds=settings.REQUEST_LOST_AFTER_SECONDS + 1))
+    assert sweep.apply().get()["registrations"] == [Dataset.objects.get(name="clinic").pk]
+    assert Dataset.objects.get(name="clinic").status == "draft"
+    assert sweep.apply().get()["registrations"] == []  # done: nothing to send
+
+
+def test_a_second_delivery_changes_nothing(api, officer, csv_bytes, off_thread, django_capture_on_commit_callbacks):
+    from governance.datasets import finish_registration
+
+    with django_capture_on_commit_callbacks(execute=True):
+        api(officer).post(URL, form(csv_bytes), format="multipart")
+    ds = Dataset.objects.get(name="clinic")
+    assert finish_registration(ds.pk) == "gone"
+    assert Dataset.objects.get(pk=ds.pk).status == "draft"
+
+
+def test_the_officer_pages_show_a_pending_and_a_failed_dataset(api, officer, csv_bytes, off_thread, client,
+                                                               django_capture_on_commit_callbacks):
+    from django.urls import reverse
+
+    with django_capture_on_commit_callbacks(execute=False):
+        api(officer).post(URL, form(csv_bytes), format="multipart")
+    with django_capture_on_commit_callbacks(execute=True):
+        api(officer).post(URL, form(csv_bytes, name="broken", unit_column="nope"), format="multipart")
+    client.force_login(officer)
+    for ds in Dataset.objects.all():
+        for url in (reverse("admin:governance_overview", args=[ds.pk]),
+                    reverse("admin:governance_dataset_change", args=[ds.pk]),
+                    reverse("admin:governance_dataset_changelist"), reverse("admin:index")):
+            r = client.get(url)
+            assert r.status_code == 200, (url, r.status_code)
+            assert ds.status in r.content.decode() or url.endswith("/admin/"), url
