@@ -268,7 +268,10 @@ def one_run(args, run: int, ctx: dict, tmp: Path) -> dict:
     worker.stop()
     web.stop()
     if out["worker_deaths"]:
-        tail = "\n".join(line for line in worker_log.splitlines() if "rror" in line)[-2000:]
+        lines = worker_log.splitlines()
+        at = max((i for i, line in enumerate(lines) if "Unrecoverable error" in line or "Traceback" in line),
+                 default=max(0, len(lines) - 30))
+        tail = "\n".join(lines[at:at + 40])[-3000:]
         log(f"  run {run + 1}: the worker died (exit {worker_exit}):\n{tail}")
     return out
 
