@@ -298,7 +298,11 @@ def main():
     code = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                           text=True).stdout.strip()
     t0 = time.monotonic()
-    ctx = setup(args, tmp)
+    try:
+        ctx = setup(args, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     print(f"embedded broker (filesystem://: {ctx['transport']}), {ctx['where']}; gunicorn gthread x "
           f"{args.web_workers}, 1 worker (prefork, 1 process); {args.sequential} sequential + {args.concurrent} "
           f"concurrent ({args.clients} clients) DP counts x {args.runs} runs; git {code}; "
