@@ -1,5 +1,6 @@
 import sys
 import time
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
@@ -67,6 +68,13 @@ class Command(BaseCommand):
             out(line + f"; NO LIVE WORKER: {listed}")
         if not by_queue:
             out("queued requests: 0")
+        if getattr(settings, "EMBEDDED_BROKER", False):
+            folder = Path(settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("data_folder_in", settings.BROKER_DIR))
+            bad = folder / "bad"
+            n_bad = sum(1 for _ in bad.iterdir()) if bad.is_dir() else 0
+            waiting = sum(1 for p in folder.glob("*.msg")) if folder.is_dir() else 0
+            out(f"embedded broker: {waiting} message file(s) waiting in {folder}"
+                + (f"; {n_bad} unreadable file(s) set aside in {bad} (see the worker log)" if n_bad else ""))
         running = Request.objects.filter(status=Request.Status.RUNNING).count()
         out(f"running requests: {running}")
         out(f"(checked {time.strftime('%Y-%m-%d %H:%M:%S')}; alive = a heartbeat within "
