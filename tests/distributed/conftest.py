@@ -90,15 +90,40 @@ def hosts(tmp_path_factory):
     cluster = SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1",
                                                                                     "dashboard": False}},
                           silence_logs=40)
+    _HOSTS["cluster"] = cluster
     try:
         yield cluster.scheduler_address, dirs
     finally:
+        _HOSTS.clear()
         from engines.distributed import cluster as dc
 
         c = dc._clients.pop(cluster.scheduler_address, None)
         if c is not None:
             c.close()
         cluster.close()
+
+
+_HOSTS: dict = {}
+
+
+def heal_hosts(n: int = 2, timeout: float = 120.0) -> None:
+    """Wait until the ``hosts`` cluster has ``n`` workers again after a kill (each Nanny
+    starts a new worker); a Nanny that gave up (slow start on a loaded machine) is
+    replaced from its spec (same host directory)."""
+    from engines.distributed import cluster as dc
+
+    cluster = _HOSTS["cluster"]
+    c = dc.client(cluster.scheduler_address)
+    try:
+        c.wait_for_workers(n, timeout=30)
+        return
+    except TimeoutError:
+        pass
+    for name, w in list(cluster.workers.items()):
+        if getattr(w, "status", None) is not None and w.status.name in ("closed", "closing", "failed"):
+            del cluster.workers[name]
+    cluster.sync(cluster._correct_state)
+    c.wait_for_workers(n, timeout=timeout)
 
 
 def row_copies(dirs) -> dict:

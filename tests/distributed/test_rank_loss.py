@@ -15,7 +15,7 @@ from engines.distributed import PartitionedTable, cluster
 from engines.distributed.training import RankLost, ranks_for
 from engines.types import DatasetMeta, EngineRequest
 
-from .conftest import UNIT_COLUMNS, row_copies
+from .conftest import UNIT_COLUMNS, heal_hosts, row_copies
 from .test_dpsgd_ranks import PARAMS
 
 
@@ -24,7 +24,7 @@ def test_a_rank_that_dies_fails_the_run_within_a_minute_charged_the_steps_taken(
     scheduler, dirs = hosts
     table, manifest, _ = partitioned
     c = cluster.client(scheduler)
-    c.wait_for_workers(2, timeout=60)
+    heal_hosts(2)
     ds = DatasetMeta(name="events", columns=UNIT_COLUMNS, unit_column="pid", n_rows=table.num_rows,
                      n_units=len(set(table.column("pid").to_pylist())), delta=1e-6)
     req = EngineRequest("train", {**PARAMS, "epochs": 400, "canaries": 0})
@@ -48,5 +48,5 @@ def test_a_rank_that_dies_fails_the_run_within_a_minute_charged_the_steps_taken(
     trained = spent["events"][0] if spent["kind"] == "composed" else spent
     assert killed["steps"] <= trained["steps"] < planned["steps"]
     assert trained["sample_rate"] == planned["sample_rate"]
-    c.wait_for_workers(2, timeout=60)
+    heal_hosts(2)
     assert row_copies(dirs) == {}
