@@ -53,6 +53,7 @@ DCR_REFERENCE_ROWS = 50_000  # train rows they are measured against
 MIA_ROWS = 5_000  # members (train) and as many non-members (holdout)
 SYNTHETIC_REFERENCE_ROWS = 50_000  # synthetic rows the attacks search
 HISTOGRAM_BINS = 30
+TSTR_REPEATS = 5  # the plain run and 4 bootstraps of training and test rows: the interval
 MAX_NATIVE_CATEGORIES = 250  # larger domains go to the gradient boosting as ordinal codes
 DENSE_WIDTH = 256  # distance encodings wider than this stay sparse
 
@@ -400,14 +401,47 @@ def _usable(df: pd.DataFrame, spec: dict, column) -> pd.DataFrame:
 
 # --- quality -----------------------------------------------------------------------------
 
-def _discriminator(real: pd.DataFrame, fake: pd.DataFrame, schema: dict, columns: list, seed: int) -> float | None:
+def independent_floor(train: pd.DataFrame, columns: list, n: int, rng: np.random.Generator) -> pd.DataFrame:
+    """The trivial baseline: ``n`` rows, each column drawn on its own from the train rows."""
+    return pd.DataFrame({c: train[c].to_numpy()[rng.integers(0, len(train), n)] if len(train) else [] for c in columns})
+
+
+def quantile_coder(col: pd.Series, spec: dict, bins: int):
+    """(codes of a column, number of codes): a numeric column's quantile bins of the values
+    of ``col`` (the train rows; at most ``bins``, fewer where values repeat) plus null; a
+    categorical column its domain index plus null / other."""
+    if spec["type"] == "categorical":
+        domain = spec["domain"]
+        return (lambda s: _categorical_codes(s, domain)), len(domain) + 1
+    x = _numeric_values(col)
+    x = x[~np.isnan(x)]
+    edges = np.unique(np.quantile(x, np.linspace(0, 1, bins + 1)[1:-1])) if len(x) else np.zeros(0)
+
+    def code(s):
+        v = _numeric_values(s)
+        return np.where(np.isnan(v), len(edges) + 1, np.searchsorted(edges, v, side="right")).astype(np.int64)
+
+    return code, len(edges) + 2
+
+
+def _binned_matrix(df: pd.DataFrame, columns: list, coders: dict) -> tuple[np.ndarray, np.ndarray]:
+    X = np.column_stack([coders[c][0](df[c]).astype(float) for c in columns]) if columns else np.zeros((len(df), 1))
+    return X, np.array([coders[c][1] <= MAX_NATIVE_CATEGORIES for c in columns] or [False])
+
+
+def _discriminator(real: pd.DataFrame, fake: pd.DataFrame, schema: dict, columns: list, seed: int,
+                   coders: dict | None = None) -> float | None:
     from sklearn.metrics import roc_auc_score
     from sklearn.model_selection import train_test_split
 
     if min(len(real), len(fake)) < MIN_DISCRIMINATOR_ROWS:
         return None
-    X_real, categorical = _model_matrix(real, schema, columns)
-    X_fake, _ = _model_matrix(fake, schema, columns)
+    if coders is None:
+        X_real, categorical = _model_matrix(real, schema, columns)
+        X_fake, _ = _model_matrix(fake, schema, columns)
+    else:
+        X_real, categorical = _binned_matrix(real, columns, coders)
+        X_fake, _ = _binned_matrix(fake, columns, coders)
     X = np.vstack([X_real, X_fake])
     y = np.r_[np.ones(len(X_real), dtype=int), np.zeros(len(X_fake), dtype=int)]
     X_fit, X_test, y_fit, y_test = train_test_split(X, y, test_size=0.3, stratify=y, random_state=seed)
@@ -424,19 +458,28 @@ def _tstr(train, synthetic, holdout, schema, columns, target, seed) -> dict:
     X_test, categorical = _model_matrix(test, schema, features)
     y_test, _ = _target(test, spec, target)
     out = {"target": target, "metric": "r2" if spec["type"] == "numeric" else "auc_macro_ovr",
-           "training_rows": n, "test_rows": len(test), "tstr": None, "trtr": None, "gap": None}
+           "training_rows": n, "test_rows": len(test), "tstr": None, "trtr": None, "gap": None,
+           "repeats": TSTR_REPEATS, "tstr_interval": None, "trtr_interval": None}
     if n < 2 or len(test) < 2:
         return out
     for key, source, stream in (("tstr", synthetic, 11), ("trtr", train, 12)):
-        fit = _sample(source, n, _rng(seed, stream))
-        X_fit, _ = _model_matrix(fit, schema, features)
-        y_fit, _ = _target(fit, spec, target)
-        if spec["type"] == "numeric":
-            pred = _fit_regressor(X_fit, y_fit, categorical, seed).predict(X_test)
-            out[key] = _r2(y_test, pred)
-        else:
-            proba = _class_probabilities(X_fit, y_fit, X_test, categorical, len(spec["domain"]), seed)
-            out[key] = _macro_auc(y_test, proba)
+        scores = []
+        for r in range(TSTR_REPEATS):  # a bootstrap of the training rows and of the test rows each time
+            rng = _rng(seed, 100 * stream + r)
+            fit = source.iloc[rng.integers(0, len(source), n)] if r else _sample(source, n, _rng(seed, stream))
+            idx = rng.integers(0, len(test), len(test)) if r else np.arange(len(test))
+            X_fit, _ = _model_matrix(fit, schema, features)
+            y_fit, _ = _target(fit, spec, target)
+            if spec["type"] == "numeric":
+                pred = _fit_regressor(X_fit, y_fit, categorical, seed + r).predict(X_test[idx])
+                scores.append(_r2(y_test[idx], pred))
+            else:
+                proba = _class_probabilities(X_fit, y_fit, X_test[idx], categorical, len(spec["domain"]), seed + r)
+                scores.append(_macro_auc(y_test[idx], proba))
+        got = [v for v in scores if v is not None]
+        out[key] = scores[0]  # the plain run (no bootstrap), as before
+        out[key + "_interval"] = [float(min(got)), float(max(got))] if got else None
+        out[key + "_repeats"] = scores
     if out["tstr"] is not None and out["trtr"] is not None:
         out["gap"] = out["trtr"] - out["tstr"]
     return out
@@ -453,34 +496,47 @@ def quality_report(train: pd.DataFrame, synthetic: pd.DataFrame, holdout: pd.Dat
     if target is not None and target not in schema:
         raise ValueError(f"target {target!r} is not a schema column")
 
-    frames = {name: _sample(df, MARGINAL_ROWS, _rng(seed, i))
-              for i, (name, df) in enumerate((("train", train), ("synthetic", synthetic), ("holdout", holdout)))}
+    # Every table is scored against the train rows at one size: the synthetic table, the
+    # holdout (ceiling) and the independent floor (each column drawn on its own from the
+    # train rows) all at n rows (the smaller of the synthetic table and the holdout), on
+    # quantile bins of the train values (a skewed column keeps its resolution).
+    n_eval = min(len(synthetic) if len(synthetic) >= MIN_DISCRIMINATOR_ROWS else len(holdout), MARGINAL_ROWS)
+    if len(holdout) >= MIN_DISCRIMINATOR_ROWS:
+        n_eval = min(n_eval, len(holdout))
+    base = _sample(train, MARGINAL_ROWS, _rng(seed, 0))
+    floor = independent_floor(train, columns, n_eval, _rng(seed, 6))
+    frames = {"train": base, "synthetic": _sample(synthetic, n_eval, _rng(seed, 1)),
+              "holdout": _sample(holdout, n_eval, _rng(seed, 2)), "floor": floor}
+    scored = ("synthetic", "holdout", "floor")
 
     # univariate
+    coders = {c: quantile_coder(train[c], schema[c], UNIVARIATE_BINS) for c in columns}
     per_column = {}
     for c in columns:
-        k = _n_codes(schema[c], UNIVARIATE_BINS)
-        h = {name: _hist(_column_codes(df[c], schema[c], UNIVARIATE_BINS), k) for name, df in frames.items()}
-        per_column[c] = {"synthetic": _accuracy(h["train"], h["synthetic"]),
-                         "holdout": _accuracy(h["train"], h["holdout"])}
-    univariate = {"synthetic": _mean(v["synthetic"] for v in per_column.values()),
-                  "holdout": _mean(v["holdout"] for v in per_column.values()),
-                  "bins": UNIVARIATE_BINS, "columns": per_column}
+        code, k = coders[c]
+        h = {name: _hist(code(df[c]), k) for name, df in frames.items()}
+        per_column[c] = {name: _accuracy(h["train"], h[name]) for name in scored}
+    univariate = {**{name: _mean(v[name] for v in per_column.values()) for name in scored},
+                  "bins": UNIVARIATE_BINS, "binning": "quantiles of the train values", "rows_compared": n_eval,
+                  "columns": per_column}
 
-    # bivariate and associations, from the same 10-bin codes
-    ks = {c: _n_codes(schema[c], BIVARIATE_BINS) for c in columns}
-    codes = {name: {c: _column_codes(df[c], schema[c], BIVARIATE_BINS) for c in columns}
-             for name, df in frames.items()}
+    # bivariate, on 10 quantile bins
+    coders2 = {c: quantile_coder(train[c], schema[c], BIVARIATE_BINS) for c in columns}
+    kq = {c: coders2[c][1] for c in columns}
+    qcodes = {name: {c: coders2[c][0](df[c]) for c in columns} for name, df in frames.items()}
     pairs = []
     for a, b in combinations(columns, 2):
-        h = {name: _hist(codes[name][a] * ks[b] + codes[name][b], ks[a] * ks[b]) for name in frames}
-        pairs.append({"columns": [a, b], "synthetic": _accuracy(h["train"], h["synthetic"]),
-                      "holdout": _accuracy(h["train"], h["holdout"])})
-    bivariate = {"synthetic": _mean(p["synthetic"] for p in pairs), "holdout": _mean(p["holdout"] for p in pairs),
-                 "bins": BIVARIATE_BINS, "pairs": pairs}
-    overall = {key: _mean([univariate[key]] + ([bivariate[key]] if pairs else [])) for key in ("synthetic", "holdout")}
+        h = {name: _hist(qcodes[name][a] * kq[b] + qcodes[name][b], kq[a] * kq[b]) for name in frames}
+        pairs.append({"columns": [a, b], **{name: _accuracy(h["train"], h[name]) for name in scored}})
+    bivariate = {**{name: _mean(p[name] for p in pairs) for name in scored}, "bins": BIVARIATE_BINS,
+                 "binning": "quantiles of the train values", "rows_compared": n_eval, "pairs": pairs}
+    overall = {key: _mean([univariate[key]] + ([bivariate[key]] if pairs else [])) for key in scored}
 
-    matrices = {name: _association_matrix(codes[name], ks, columns) for name in frames}
+    # associations: the declared-range codes (as the heatmaps show them)
+    ks = {c: _n_codes(schema[c], BIVARIATE_BINS) for c in columns}
+    codes = {name: {c: _column_codes(df[c], schema[c], BIVARIATE_BINS) for c in columns}
+             for name, df in frames.items() if name != "floor"}
+    matrices = {name: _association_matrix(codes[name], ks, columns) for name in codes}
 
     def _difference(name):
         diffs = [abs(matrices["train"][i][j] - matrices[name][i][j]) for i, j in combinations(range(len(columns)), 2)
@@ -491,33 +547,46 @@ def quality_report(train: pd.DataFrame, synthetic: pd.DataFrame, holdout: pd.Dat
                    "measure": "bias-corrected Cramér's V over discretised codes (10 bins)",
                    "columns": columns, "matrices": matrices}
 
-    # discriminator: the same train sample and the same number of rows for both comparisons
+    # discriminators: the same train sample and the same number of rows for every comparison;
+    # on the raw values (numeric as they are) and on the quantile-bin codes
     n = min(len(train), len(synthetic), DISCRIMINATOR_ROWS)
     if len(holdout) >= MIN_DISCRIMINATOR_ROWS:  # else there is no ceiling: do not shrink the synthetic test
         n = min(n, len(holdout))
     real = _sample(train, n, _rng(seed, 3))
-    discriminator = {"synthetic": _discriminator(real, _sample(synthetic, n, _rng(seed, 4)), schema, columns, seed),
-                     "holdout": _discriminator(real, _sample(holdout, n, _rng(seed, 5)), schema, columns, seed),
-                     "rows_per_class": n}
+    others = {"synthetic": _sample(synthetic, n, _rng(seed, 4)), "holdout": _sample(holdout, n, _rng(seed, 5)),
+              "floor": independent_floor(train, columns, n, _rng(seed, 7))}
+    discriminator = {name: _discriminator(real, df, schema, columns, seed) for name, df in others.items()}
+    discriminator["rows_per_class"] = n
+    discriminator["values"] = "raw (numeric values as they are, categories as codes)"
+    binned = {name: _discriminator(real, df, schema, columns, seed, coders=coders2) for name, df in others.items()}
+    binned["rows_per_class"] = n
+    binned["values"] = f"quantile-bin codes ({BIVARIATE_BINS} bins of the train values) and categories"
 
     tstr = _tstr(train, synthetic, holdout, schema, columns, target, seed) if target is not None else None
 
-    summary = {
-        "univariate_accuracy": univariate["synthetic"], "univariate_accuracy_ceiling": univariate["holdout"],
-        "bivariate_accuracy": bivariate["synthetic"], "bivariate_accuracy_ceiling": bivariate["holdout"],
-        "overall_accuracy": overall["synthetic"], "overall_accuracy_ceiling": overall["holdout"],
-        "correlation_difference": correlation["synthetic"], "correlation_difference_ceiling": correlation["holdout"],
-        "discriminator_auc": discriminator["synthetic"], "discriminator_auc_ceiling": discriminator["holdout"],
-    }
+    summary = {}
+    for metric, table in (("univariate_accuracy", univariate), ("bivariate_accuracy", bivariate),
+                          ("overall_accuracy", overall), ("discriminator_auc", discriminator),
+                          ("discriminator_auc_binned", binned)):
+        summary[metric] = table["synthetic"]
+        summary[metric + "_ceiling"] = table["holdout"]
+        summary[metric + "_floor"] = table["floor"]
+    summary["correlation_difference"] = correlation["synthetic"]
+    summary["correlation_difference_ceiling"] = correlation["holdout"]
+    for metric in ("overall_accuracy", "bivariate_accuracy"):  # where the table sits between floor and ceiling
+        f, c, v = summary[metric + "_floor"], summary[metric + "_ceiling"], summary[metric]
+        summary[metric + "_of_the_way"] = (v - f) / (c - f) if None not in (f, c, v) and c - f > 1e-9 else None
     if tstr is not None:
-        summary.update({"tstr": tstr["tstr"], "trtr": tstr["trtr"], "tstr_gap": tstr["gap"]})
+        summary.update({"tstr": tstr["tstr"], "trtr": tstr["trtr"], "tstr_gap": tstr["gap"],
+                        "tstr_interval": tstr["tstr_interval"], "trtr_interval": tstr["trtr_interval"]})
     return _clean({
-        "rows": {"train": len(train), "synthetic": len(synthetic), "holdout": len(holdout)},
+        "rows": {"train": len(train), "synthetic": len(synthetic), "holdout": len(holdout), "compared": n_eval},
         "univariate_accuracy": univariate,
         "bivariate_accuracy": bivariate,
         "overall_accuracy": overall,
         "correlation_difference": correlation,
         "discriminator_auc": discriminator,
+        "discriminator_auc_binned": binned,
         "tstr": tstr,
         "summary": summary,
         "notes": QUALITY_NOTES,
