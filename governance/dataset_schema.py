@@ -20,6 +20,7 @@ from .errors import InvalidDataset
 COLUMN_TYPES = ("numeric", "categorical", "text", "unit")
 MAX_DOMAIN = 1000
 MAX_DECLARED_DOMAIN = 10_000
+MAX_DECIMALS = 9  # numeric values on a grid of 10**-decimals (synthesis keeps them there)
 
 # --------------------------------------------------------------------------- schema
 
@@ -134,8 +135,18 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
             errors[name] = f"bounds apply only to numeric columns; this column is {typ}"
         if "sensitive" in c and not isinstance(c["sensitive"], bool):
             errors[name] = "sensitive must be true or false"
+        if "nullable" in c and not isinstance(c["nullable"], bool):
+            errors[name] = "nullable must be true or false"
+        if c.get("decimals") is not None and name not in errors:
+            d = c["decimals"]
+            if typ != "numeric":
+                errors[name] = f"decimals apply only to numeric columns; this column is {typ}"
+            elif isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= MAX_DECIMALS:
+                errors[name] = f"decimals must be an integer from 0 to {MAX_DECIMALS}"
+            elif c.get("integer") and d != 0:
+                errors[name] = "an integer column has 0 decimals"
         allowed_keys = {"name", "type", "lower", "upper", "integer", "domain", "domain_from_data", "description",
-                        "sensitive"}
+                        "sensitive", "nullable", "decimals"}
         extra = set(c) - allowed_keys
         if extra and name not in errors:
             errors[name] = f"unknown key(s): {', '.join(sorted(extra))}"

@@ -94,10 +94,13 @@ def execute(request, dataset, data: PartitionedTable, plan, progress, workdir):
     progress({"phase": "counting marginals on the cluster", "fraction": 0.0})
     total = graph(data, spec)
     got = cluster.compute(total, data.scheduler, data.retries, progress, phase="counting marginals on the cluster")
-    codes, info, one_way = mst.synthesize_from_counts(got["counts"], spec.columns, d["mst"], spec.rows, progress)
     fine = mst.measure_fine_counts(got["fine"], d["mst"])
-    synthetic = encoding.cell_decode(codes, spec.columns, local.secure_rng(), one_way, fine,
-                                     d["mst"]["fine"]["scale"] if fine else None)
+    scale = d["mst"]["fine"]["scale"] if fine else None
+    heavy = {c["column"]: encoding.heavy_leaf_mass(c, fine[c["column"]], scale)
+             for c in spec.columns if c["column"] in fine}
+    codes, info, weights = mst.synthesize_from_counts(got["counts"], spec.columns, d["mst"], spec.rows, progress,
+                                                      heavy=heavy)
+    synthetic = encoding.cell_decode(codes, spec.columns, local.secure_rng(), weights, fine, scale)
     train, holdout = got["train"][1], got["holdout"][1]
     note = (f"uniform samples of the private rows: {len(train):,} training and {len(holdout):,} held-out rows "
             f"(at most {REPORT_SAMPLE_ROWS:,} each; the table is partitioned over a Dask cluster)")

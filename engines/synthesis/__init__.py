@@ -17,9 +17,11 @@ NAME = "synthesis"
 
 DESCRIPTION = (
     "A differentially private synthetic copy of a dataset's declared columns, downloadable as CSV and Parquet. "
-    "method mst: one- and two-way marginals measured with OpenDP's discrete Gaussian, a maximum spanning tree "
-    "of pairs selected with report-noisy-max, a graphical model fitted with mbi (private-pgm), rows sampled "
-    "with values drawn inside their bins. method vae: a tabular VAE trained with DP-SGD. Every part of epsilon "
+    "method mst: one- and two-way marginals measured with OpenDP's discrete Gaussian over the declared domain "
+    "(numeric columns as a tree of histograms, cells merged privately as in the reference MST), a maximum "
+    "spanning tree of pairs selected with report-noisy-max, a graphical model fitted with mbi (private-pgm); "
+    "values kept on the declared integer / decimal grid, no nulls in a column declared nullable: false. "
+    "method vae: a tabular VAE trained with DP-SGD. Every part of epsilon "
     "is planned and reserved before the data is read; a quality and a privacy report go to the privacy officer."
 )
 

@@ -1,5 +1,9 @@
 """Columns to small integer codes and back, from the declared schema only.
 
+MST uses the *cells* below (``cell_encode`` / ``cell_decode``, the section "MST's
+cells"); the VAE the bins of ``encode`` / ``decode``; ``enforce`` puts any synthetic
+table back on its declarations (grid, bounds, domain, ``nullable: false``).
+
 A numeric column becomes ``bins`` equal-width bins of its declared [lower, upper]
 (values clamped) plus one code for null; a categorical column its index in the declared
 domain plus one code for null or a value outside the domain.
@@ -117,3 +121,233 @@ def _numeric_values(c: np.ndarray, col: dict, rng: np.random.Generator, hist) ->
         pick = cells[rng.choice(len(cells), size=len(rows), p=p)]
         x[rows] = start[pick] + rng.random(len(rows)) * (end[pick] - start[pick])
     return np.clip(x, col["lower"], col["upper"])
+
+
+# --------------------------------------------------------------------------- MST's cells
+#
+# MST measures each column on its *cells*, from the declared schema only: a numeric
+# column with a declared grid (``integer``, or ``decimals``) of at most ``cells`` values
+# gets one cell per grid value, any other numeric column BASE_CELLS equal-width cells of
+# [lower, upper] (a numeric column of more than TREE_MIN cells is measured as a tree of
+# histograms, so that mst.py can choose a partition of them privately: fine where the
+# rows are, coarse where they are not); a categorical column one cell per declared value. A nullable
+# column (the default) adds one cell for null (and, categorical, for a value outside the
+# domain); a column declared ``nullable: false`` has none, so it can never come back null
+# (a null or out-of-domain value in such a column is put in its first cell). mst.py then
+# merges cells privately (from their noisy one-way counts) into the model's domain.
+#
+# A numeric column whose grid is wider than ``cells`` but at most MAX_GRID values also
+# gets a noisy histogram over its whole grid (the plan's ``fine`` measurements): grid
+# values whose noisy count clears a threshold (``heavy_threshold``: false positives among
+# MAX_GRID empty values about 5%) are drawn with their counts, and the rest of a cell's
+# mass uniformly over the cell's other grid values. Every value is a grid value.
+
+BASE_CELLS = 256
+TREE_MIN = 32
+MAX_GRID = 200_000
+
+
+def nullable(col: dict) -> bool:
+    return bool(col.get("nullable", True))
+
+
+def grid(col: dict) -> tuple[int, float, int, int] | None:
+    """(index of the first grid value, step, number of values, decimals) of a numeric
+    column declared ``integer`` or with ``decimals``; the value of index i is i * step."""
+    if col["type"] != "numeric":
+        return None
+    d = 0 if col.get("integer") else col.get("decimals")
+    if d is None:
+        return None
+    step = 10.0 ** -int(d)
+    first, last = math.ceil(col["lower"] / step - 1e-9), math.floor(col["upper"] / step + 1e-9)
+    n = last - first + 1
+    return (first, step, n, int(d)) if n >= 1 else None
+
+
+def cells(col: dict) -> int:
+    """Equal-width cells of a numeric column without a small grid."""
+    return BASE_CELLS
+
+
+def tree_blocks(col: dict) -> list[int]:
+    """A numeric column with more than TREE_MIN value cells is measured as a tree: one
+    histogram per level, each of blocks of ``b`` consecutive cells, b = 4^(L-1), ..., 4,
+    1 (L levels below the whole range); any other column as one histogram ([1])."""
+    nv = n_values(col)
+    if col["type"] != "numeric" or nv <= TREE_MIN:
+        return [1]
+    levels = math.ceil(math.log(nv, 4) - 1e-9)
+    return [4 ** j for j in range(levels - 1, -1, -1)]
+
+
+def one_way_releases(col: dict) -> int:
+    """Noisy histograms of the column's one-way measurement (planned and charged)."""
+    return len(tree_blocks(col))
+
+
+def _exact(col: dict) -> bool:
+    g = grid(col)
+    return g is not None and g[2] <= cells(col)
+
+
+def n_values(col: dict) -> int:
+    """Cells of a column's values (without the null cell)."""
+    if col["type"] == "numeric":
+        return grid(col)[2] if _exact(col) else cells(col)
+    return len(col["domain"])
+
+
+def cell_size(col: dict) -> int:
+    return n_values(col) + (1 if nullable(col) else 0)
+
+
+def has_fine(col: dict) -> bool:
+    g = grid(col)
+    return g is not None and cells(col) < g[2] <= MAX_GRID
+
+
+def grid_size(col: dict) -> int:
+    return grid(col)[2]
+
+
+def heavy_threshold(n: int) -> float:
+    """Noisy counts above this many noise standard deviations are taken as real values."""
+    return math.sqrt(2.0 * math.log(max(n, 2))) + 1.0
+
+
+def _grid_index(x: np.ndarray, col: dict) -> np.ndarray:
+    first, step, n, _ = grid(col)
+    return np.clip(np.round(np.clip(x, col["lower"], col["upper"]) / step) - first, 0, n - 1).astype(np.int64)
+
+
+def cell_encode(df: pd.DataFrame, columns: list[dict]) -> dict[str, np.ndarray]:
+    out = {}
+    for col in columns:
+        values, nv = df[col["column"]], n_values(col)
+        null_code = nv if nullable(col) else 0
+        if col["type"] == "numeric":
+            x = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+            isnull = np.isnan(x)
+            x = np.where(isnull, col["lower"], x)
+            if _exact(col):
+                code = _grid_index(x, col)
+            else:
+                lo, hi = col["lower"], col["upper"]
+                code = np.clip(np.floor((np.clip(x, lo, hi) - lo) / (hi - lo) * nv), 0, nv - 1)
+            code = np.where(isnull, null_code, code)
+        else:
+            code = pd.Categorical(values.where(values.isin(col["domain"])), categories=col["domain"]).codes
+            code = np.where(code < 0, null_code, code)
+        out[col["column"]] = np.asarray(code, dtype=np.int64)
+    return out
+
+
+def grid_encode(df: pd.DataFrame, col: dict) -> np.ndarray:
+    """Grid index of each non-null value of a numeric column with a grid."""
+    x = pd.to_numeric(df[col["column"]], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    if not nullable(col):
+        x = np.where(np.isnan(x), col["lower"], x)
+    return _grid_index(x[~np.isnan(x)], col)
+
+
+def _on_grid(x: np.ndarray, col: dict) -> np.ndarray:
+    first, step, n, d = grid(col)
+    return np.round((first + _grid_index(x, col)) * step, d)
+
+
+def cell_decode(codes: dict[str, np.ndarray], columns: list[dict], rng: np.random.Generator,
+                one_way: dict[str, np.ndarray] | None = None, fine: dict[str, np.ndarray] | None = None,
+                fine_scale: float | None = None) -> pd.DataFrame:
+    """Values from cells. ``one_way``: each column's noisy cell counts; ``fine``: the noisy
+    grid histograms (``has_fine`` columns) measured with noise sd ``fine_scale``."""
+    out = {}
+    for col in columns:
+        name, c = col["column"], np.asarray(codes[col["column"]], dtype=np.int64)
+        nv = n_values(col)
+        if col["type"] == "categorical":
+            domain = np.array(list(col["domain"]) + [None], dtype=object)
+            out[name] = pd.Series(domain[np.minimum(c, nv)], dtype=object)
+            continue
+        x = np.full(len(c), np.nan)
+        valued = c < nv
+        if _exact(col):
+            first, step, _, d = grid(col)
+            x[valued] = np.round((first + c[valued]) * step, d)
+        else:
+            lo, hi = col["lower"], col["upper"]
+            w = (hi - lo) / nv
+            x[valued] = lo + (c[valued] + rng.random(int(valued.sum()))) * w
+            if grid(col) is not None:
+                x[valued] = _on_grid(x[valued], col)
+                hist = (fine or {}).get(name)
+                if hist is not None and fine_scale:
+                    x = _heavy_values(x, c, col, rng, np.asarray(hist, dtype=float), fine_scale,
+                                      None if one_way is None else one_way.get(name))
+        out[name] = pd.Series(np.clip(x, col["lower"], col["upper"]), dtype="float64")
+    return pd.DataFrame(out)
+
+
+def heavy_leaf_mass(col: dict, hist: np.ndarray, scale: float) -> np.ndarray:
+    """Per measured cell of a ``has_fine`` column: the noisy counts of its heavy grid values."""
+    first, step, n, d = grid(col)
+    lo, hi, nv = col["lower"], col["upper"], n_values(col)
+    hist = np.asarray(hist, dtype=float)
+    heavy = np.flatnonzero(hist > heavy_threshold(n) * scale)
+    values = (first + heavy) * step
+    cell_of = np.clip(np.floor((values - lo) / (hi - lo) * nv), 0, nv - 1).astype(np.int64)
+    return np.bincount(cell_of, weights=hist[heavy], minlength=cell_size(col))
+
+
+def _heavy_values(x, c, col, rng, hist, scale, counts):
+    """Within each equal-width cell, a heavy grid value with its noisy count, else the
+    value already drawn uniformly on the cell's grid (the rest of the cell's mass)."""
+    first, step, n, d = grid(col)
+    lo, hi, nv = col["lower"], col["upper"], n_values(col)
+    heavy = np.flatnonzero(hist > heavy_threshold(n) * scale)
+    if not len(heavy):
+        return x
+    values = np.round((first + heavy) * step, d)
+    cell_of = np.clip(np.floor((values - lo) / (hi - lo) * nv), 0, nv - 1).astype(np.int64)
+    for cell in np.unique(cell_of):
+        rows = np.flatnonzero(c == cell)
+        if not len(rows):
+            continue
+        mine = np.flatnonzero(cell_of == cell)
+        w_heavy = hist[heavy[mine]]
+        total = max(float(counts[cell]), 0.0) if counts is not None else 0.0
+        rest = max(total - float(w_heavy.sum()), 0.0)
+        p = np.append(w_heavy, rest)
+        pick = rng.choice(len(p), size=len(rows), p=p / p.sum())
+        take = pick < len(mine)
+        x[rows[take]] = values[mine[pick[take]]]
+    return x
+
+
+def enforce(df: pd.DataFrame, columns: list[dict], rng: np.random.Generator) -> pd.DataFrame:
+    """The declarations on any synthetic table (post-processing): numeric values on their
+    grid and in bounds, categorical values in the domain, and no nulls in a column declared
+    ``nullable: false`` (a null there is replaced by one of the column's other synthetic
+    values). MST's tables already hold them; the VAE's need it."""
+    df = df.copy()
+    for col in columns:
+        name = col["column"]
+        s = df[name]
+        if col["type"] == "numeric":
+            x = np.array(pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan))
+            ok = ~np.isnan(x)
+            x[ok] = np.clip(x[ok], col["lower"], col["upper"])
+            if grid(col) is not None:
+                x[ok] = _on_grid(x[ok], col)
+            s = pd.Series(x, dtype="float64")
+        else:
+            s = s.where(s.isin(col["domain"]))
+        if not nullable(col) and s.isna().any():
+            present = s.dropna().to_numpy()
+            fill = (rng.choice(present, size=int(s.isna().sum())) if len(present)
+                    else np.array([col["lower"] if col["type"] == "numeric" else col["domain"][0]] * int(s.isna().sum()),
+                                  dtype=object))
+            s = s.copy()
+            s[s.isna()] = fill
+        df[name] = s
+    return df

@@ -70,18 +70,21 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
     if spec.method == "mst":
         from . import mst
 
-        sizes = {c["column"]: encoding.size(c) for c in spec.columns}
-        codes, info = mst.synthesize(encoding.encode(train, spec.columns), sizes, d["mst"], spec.rows, progress)
-        numeric = [c for c in spec.columns if c["type"] == "numeric"]
-        fine = mst.measure_fine({c["column"]: encoding.fine_encode(train, c) for c in numeric},
-                                {c["column"]: encoding.fine_size(c) for c in numeric}, d["mst"])
-        synthetic = encoding.decode(codes, spec.columns, rng, fine)
+        fine_cols = [c for c in spec.columns if encoding.has_fine(c)]
+        fine = mst.measure_fine({c["column"]: encoding.grid_encode(train, c) for c in fine_cols},
+                                {c["column"]: encoding.grid_size(c) for c in fine_cols}, d["mst"])
+        fine_scale = d["mst"]["fine"]["scale"] if fine else None
+        heavy = {c["column"]: encoding.heavy_leaf_mass(c, fine[c["column"]], fine_scale) for c in fine_cols}
+        codes, info, weights = mst.synthesize(encoding.cell_encode(train, spec.columns), spec.columns, d["mst"],
+                                              spec.rows, progress, heavy=heavy)
+        synthetic = encoding.cell_decode(codes, spec.columns, rng, weights, fine, fine_scale)
     else:
         from . import vae
 
         synthetic, info = vae.synthesize(train, spec, d["vae"], progress,
                                          units=train_units if spec.unit_column else None)
-    return finish(d, spec, synthetic[spec.names], info, train, holdout, progress, workdir)
+    synthetic = encoding.enforce(synthetic[spec.names], spec.columns, rng)  # a no-op on MST's tables
+    return finish(d, spec, synthetic, info, train, holdout, progress, workdir)
 
 
 def finish(d: dict, spec: Spec, synthetic: pd.DataFrame, info: dict, train: pd.DataFrame, holdout: pd.DataFrame,

@@ -3,6 +3,14 @@ estimate a graphical model, sample. The measurements use only the noise the plan
 for: OpenDP's discrete Gaussian for marginal counts and OpenDP's report-noisy-max for
 the selections (see planner.py for the accounting).
 
+Domain compression as in the reference MST (McKenna's mst.py ``compress_domain``), from
+the noisy one-way counts only: a categorical column's rare values (noisy count below 3
+sigma) become one cell; a numeric column is measured as a tree of histograms, partitioned
+top-down where the noisy counts allow (``measure_one_way``), and its partition cells
+merged left to right into private quantile bins (``compress``). The model works on the
+compressed cells; sampled rows go back to measured cells in proportion to their noisy
+counts (and the heavy grid values' counts, ``encoding.heavy_leaf_mass``).
+
 Sampling is mbi 2.0's ``synthetic_data`` (randomised rounding along the junction tree),
 which shuffles rows within each parent group before filling a child column: the fix of
 the trap in mbi 1.x / smartnoise-synth 1.0.8, where columns sharing a parent were filled
@@ -12,10 +20,13 @@ in row order and became falsely correlated.
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 
 from engines.aggregates.noise import Noise
+
+from . import encoding
 
 
 def _mbi():
@@ -62,34 +73,161 @@ def marginal_counts(codes: dict[str, np.ndarray], sizes: dict[str, int]) -> dict
                     for a, b in itertools.combinations(cols, 2)}}
 
 
-def synthesize(codes: dict[str, np.ndarray], sizes: dict[str, int], details: dict, rows: int, progress,
-               iters: int = 1000) -> tuple[dict[str, np.ndarray], dict]:
-    """Codes of ``rows`` synthetic rows, and what the run released (the selected pairs)."""
-    return synthesize_from_counts(marginal_counts(codes, sizes), sizes, details, rows, progress, iters)
+def synthesize(codes: dict[str, np.ndarray], columns: list[dict], details: dict, rows: int, progress,
+               iters: int = 1000, heavy: dict | None = None) -> tuple[dict[str, np.ndarray], dict, dict]:
+    """Cells of ``rows`` synthetic rows (``encoding.cell_encode``), what the run released
+    (the selected pairs) and each column's noisy one-way cell counts (for decoding)."""
+    sizes = {c["column"]: encoding.cell_size(c) for c in columns}
+    return synthesize_from_counts(marginal_counts(codes, sizes), columns, details, rows, progress, iters, heavy)
 
 
-def synthesize_from_counts(counts: dict, sizes: dict[str, int], details: dict, rows: int, progress,
-                           iters: int = 1000) -> tuple[dict[str, np.ndarray], dict]:
-    """MST from the exact marginals (``marginal_counts``): noise, selection, fit, sample."""
+SPLIT = 8.0  # a tree node is split into its children when its noisy count reaches SPLIT noise sds
+
+
+def measure_one_way(exact: np.ndarray, col: dict, noise: Noise) -> tuple[np.ndarray, np.ndarray]:
+    """(each measured cell's partition cell, each partition cell's noisy count). A flat
+    column: its cells, one noisy histogram. A tree column (``encoding.tree_blocks``): one
+    noisy histogram per level (blocks of 4^j consecutive cells; the null cell with the
+    last level), then, as post-processing, a partition from the top: a block whose noisy
+    count reaches SPLIT sds is replaced by its 4 children, else it is a partition cell
+    (with its noisy count): fine cells where the rows are, wide ones where they are not."""
+    blocks = encoding.tree_blocks(col)
+    if blocks == [1]:
+        y = np.asarray(noise.release(exact), dtype=float)
+        return np.arange(len(exact)), y
+    nv = encoding.n_values(col)
+    exact = np.asarray(exact)
+    values, null = exact[:nv], exact[nv:]
+    levels = []
+    for b in blocks:
+        agg = np.add.reduceat(values, np.arange(0, nv, b))
+        if b == 1:
+            agg = np.append(agg, null)
+        levels.append(np.asarray(noise.release(agg.astype(np.int64)), dtype=float))
+    parts: list[tuple[int, int, float]] = []
+    theta = SPLIT * noise.scale
+
+    def visit(level: int, i: int):
+        b = blocks[level]
+        start = i * b
+        if start >= nv:
+            return
+        y = levels[level][i]
+        if level == len(blocks) - 1 or y < theta:
+            parts.append((start, min(start + b, nv), y))
+        else:
+            for child in range(4 * i, 4 * i + 4):
+                visit(level + 1, child)
+
+    for i in range(len(levels[0]) if len(blocks) else 0):
+        visit(0, i)
+    cellmap = np.zeros(len(exact), dtype=np.int64)
+    counts = []
+    for j, (a, z, y) in enumerate(parts):
+        cellmap[a:z] = j
+        counts.append(y)
+    if len(null):
+        cellmap[nv] = len(parts)
+        counts.append(levels[-1][nv])
+    return cellmap, np.array(counts, dtype=float)
+
+
+def compress(y: np.ndarray, sigma: float, col: dict, nv: int | None = None) -> np.ndarray:
+    """The compressed cell of each partition cell, from their noisy counts ``y`` only
+    (post-processing), as in the reference MST's ``compress_domain``: a categorical
+    column's values whose noisy count is below 3 sigma (with the null cell) become one
+    cell; a numeric column's adjacent cells are merged left to right until each group
+    holds at least max(3 sigma, total / bins) of soft-thresholded mass (max(y - sigma, 0):
+    empty cells add next to nothing), so groups are private quantile bins and a value
+    that alone carries that much keeps a cell of its own; its null cell stays apart when
+    its noisy count clears 3 sigma, else it joins the largest cell's group (and is drawn
+    there with its soft-thresholded weight, usually 0). ``nv``: the cells of values (the
+    rest is the null cell)."""
+    nv = encoding.n_values(col) if nv is None else nv
+    n = len(y)
+    mapping = np.zeros(n, dtype=np.int64)
+    if col["type"] == "categorical":
+        keep = y[:nv] >= 3 * sigma
+        mapping[:nv] = np.where(keep, np.cumsum(keep) - 1, keep.sum())
+        if n > nv:  # null (or a value outside the domain) goes with the rare values
+            mapping[nv] = keep.sum()
+            if y[nv] < 3 * sigma and keep.all():  # no rare value: with the largest cell (drawn with weight ~0)
+                mapping[nv] = mapping[int(np.argmax(y[:nv]))]
+        return _dense(mapping)
+    w = np.clip(y[:nv] - sigma, 0, None)
+    target = max(3 * sigma, float(np.clip(y, 0, None).sum()) / col.get("bins", 20))
+    group, acc = 0, 0.0
+    for i in range(nv):
+        mapping[i] = group
+        acc += w[i]
+        if acc >= target:
+            group, acc = group + 1, 0.0
+    if group > 0 and mapping[nv - 1] == group and acc < target:  # a short last group joins the one before
+        mapping[:nv][mapping[:nv] == group] = group - 1
+    if n > nv:
+        mapping[nv] = mapping[:nv].max() + 1 if y[nv] >= 3 * sigma else mapping[int(np.argmax(y[:nv]))]
+    return _dense(mapping)
+
+
+def _dense(mapping: np.ndarray) -> np.ndarray:
+    return np.unique(mapping, return_inverse=True)[1].astype(np.int64)
+
+
+def _within(y: np.ndarray, sigma: float, mapping: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each compressed cell: its measured cells and their sampling probabilities
+    (soft-thresholded noisy counts; clipped ones, then uniform, when those are all 0)."""
+    out = []
+    for g in range(int(mapping.max()) + 1):
+        cells = np.flatnonzero(mapping == g)
+        for w in (np.clip(y[cells] - sigma, 0, None), np.clip(y[cells], 0, None), np.ones(len(cells))):
+            if w.sum() > 0:
+                out.append((cells, w / w.sum()))
+                break
+    return out
+
+
+def _compressed_pair(exact: np.ndarray, ma: np.ndarray, mb: np.ndarray) -> np.ndarray:
+    ca, cb = int(ma.max()) + 1, int(mb.max()) + 1
+    idx = (ma[:, None] * cb + mb[None, :]).ravel()
+    return np.bincount(idx, weights=np.asarray(exact, dtype=float), minlength=ca * cb)
+
+
+def synthesize_from_counts(counts: dict, columns: list[dict], details: dict, rows: int, progress,
+                           iters: int = 1000, heavy: dict | None = None) -> tuple[dict[str, np.ndarray], dict, dict]:
+    """MST from the exact marginals (``marginal_counts`` of the cells): noise, private
+    compression of each column's cells, selection, fit, sample, and back to cells.
+    ``heavy``: per measured cell of a column, the noisy mass of its heavy grid values
+    (``encoding.heavy_leaf_mass``): a partition cell's rows go to its measured cells in
+    proportion to that mass plus an even share of the rest of the cell's count. Returns
+    the cells, what was released (pairs) and each measured cell's weight (for decoding)."""
     mbi, MirrorDescent = _mbi()
+    spec = {c["column"]: c for c in columns}
     cols = list(counts["one"])
+    sizes = {c: len(counts["one"][c]) for c in cols}
     one, two = Noise.from_dict(details["one_way"]), Noise.from_dict(details["two_way"])
 
     progress({"phase": "measuring one-way marginals", "fraction": 0.05, "marginals_measured": 0})
-    measurements, noisy = [], {}
+    cellmap, ycell, maps, measurements = {}, {}, {}, []
     for c in cols:
-        y = np.asarray(one.release(counts["one"][c]), dtype=float)
-        noisy[c] = y
-        measurements.append(mbi.LinearMeasurement(y, (c,), stddev=one.scale))
-    total = max(float(np.mean([np.clip(y, 0, None).sum() for y in noisy.values()])), 1.0)
-    prob = {c: np.clip(y, 0, None) / max(np.clip(y, 0, None).sum(), 1e-12) for c, y in noisy.items()}
+        cellmap[c], ycell[c] = measure_one_way(counts["one"][c], spec[c], one)
+        nv = int(cellmap[c][:encoding.n_values(spec[c])].max()) + 1
+        maps[c] = compress(ycell[c], one.scale, spec[c], nv)
+        measurements.append(mbi.LinearMeasurement(ycell[c], (c,), stddev=one.scale).compress(
+            {c: maps[c]}, mbi.Domain([c], [len(ycell[c])])))
+    leafmap = {c: maps[c][cellmap[c]] for c in cols}  # measured cell -> model cell
+    csize = {c: int(maps[c].max()) + 1 for c in cols}
+    total = max(float(np.mean([np.clip(y, 0, None).sum() for y in ycell.values()])), 1.0)
+    prob = {}
+    for c in cols:
+        y = np.clip(np.bincount(maps[c], weights=ycell[c], minlength=csize[c]), 0, None)
+        prob[c] = y / max(y.sum(), 1e-12)
 
     progress({"phase": "selecting pairs", "fraction": 0.15, "marginals_measured": len(cols)})
     pairs = list(itertools.combinations(cols, 2))
-    error = {}
+    exact, error = {}, {}
     for a, b in pairs:  # L1 error of the independence model on each pair (the selection score)
-        exact = counts["two"][a, b]
-        error[a, b] = float(np.abs(exact - np.outer(prob[a], prob[b]).ravel() * total).sum())
+        exact[a, b] = _compressed_pair(counts["two"][a, b], leafmap[a], leafmap[b])
+        error[a, b] = float(np.abs(exact[a, b] - np.outer(prob[a], prob[b]).ravel() * total).sum())
     comps, tree = _Components(cols), []
     for _ in range(len(cols) - 1):
         candidates = [p for p in pairs if comps.find(p[0]) != comps.find(p[1])]
@@ -100,17 +238,41 @@ def synthesize_from_counts(counts: dict, sizes: dict[str, int], details: dict, r
     for i, (a, b) in enumerate(tree):
         progress({"phase": "measuring two-way marginals", "fraction": round(0.2 + 0.2 * i / len(tree), 4),
                   "marginals_measured": len(cols) + i})
-        exact = counts["two"][a, b]
-        measurements.append(mbi.LinearMeasurement(np.asarray(two.release(exact), dtype=float), (a, b),
-                                                  stddev=two.scale))
+        y = np.asarray(two.release(np.rint(exact[a, b]).astype(np.int64)), dtype=float)
+        measurements.append(mbi.LinearMeasurement(y, (a, b), stddev=two.scale))
 
     progress({"phase": "fitting the graphical model", "fraction": 0.45, "marginals_measured": len(measurements)})
-    # (the numeric columns' fine histograms are measured by measure_fine, before decoding)
-    domain = mbi.Domain(cols, [sizes[c] for c in cols])
+    domain = mbi.Domain(cols, [csize[c] for c in cols])
     model = MirrorDescent().estimate(domain, measurements, known_total=total, iters=iters)
     progress({"phase": "sampling", "fraction": 0.8, "marginals_measured": len(measurements)})
     data = model.synthetic_data(rows).to_dict()
-    return {c: np.asarray(data[c], dtype=np.int64) for c in cols}, {"selected_pairs": [list(p) for p in tree]}
+    rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
+    out, noisy = {}, {}
+    for c in cols:
+        z = np.asarray(data[c], dtype=np.int64)
+        part = np.zeros(len(z), dtype=np.int64)
+        for g, (members, p) in enumerate(_within(ycell[c], one.scale, maps[c])):
+            rows_g = np.flatnonzero(z == g)
+            part[rows_g] = members[rng.choice(len(members), size=len(rows_g), p=p)]
+        width = np.bincount(cellmap[c], minlength=len(ycell[c]))
+        share = np.clip(ycell[c], 0, None)[cellmap[c]] / width[cellmap[c]]  # the partition cell's count, evenly
+        weight = share
+        if heavy and c in heavy:
+            h = np.asarray(heavy[c], dtype=float)
+            in_part = np.bincount(cellmap[c], weights=h, minlength=len(ycell[c]))
+            rest = np.clip(np.clip(ycell[c], 0, None) - in_part, 0, None)
+            weight = h + (rest / width)[cellmap[c]]
+        cells = np.zeros(len(z), dtype=np.int64)
+        for j in np.unique(part):  # a measured cell of the partition cell
+            rows_j = np.flatnonzero(part == j)
+            members = np.flatnonzero(cellmap[c] == j)
+            w = weight[members]
+            p = w / w.sum() if w.sum() > 0 else np.full(len(members), 1.0 / len(members))
+            cells[rows_j] = members[rng.choice(len(members), size=len(rows_j), p=p)]
+        out[c] = cells
+        noisy[c] = weight
+    info = {"selected_pairs": [list(p) for p in tree], "model_cells": {c: csize[c] for c in cols}}
+    return out, info, noisy
 
 
 def fine_counts(fine_codes: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, np.ndarray]:

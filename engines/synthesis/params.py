@@ -18,6 +18,7 @@ DEFAULT_ROWS_PER_UNIT = 4
 # other batch sizes did no better.
 VAE_DEFAULTS = {"epochs": 30, "batch_size": 512, "latent_dim": 8, "hidden": [64], "learning_rate": 5e-3}
 MAX_ROWS_PER_UNIT = 1000
+MAX_DECIMALS = 9
 KEYS = {"method", "epsilon", "delta", "rows", "columns", "bins", "max_rows_per_unit", "holdout_fraction", "target",
         "epochs", "batch_size", "latent_dim", "hidden", "learning_rate", "accountant"}
 
@@ -59,13 +60,20 @@ def _column(name: str, col: dict, bins: int) -> dict | str:
         if not (_finite(lo) and _finite(hi) and lo < hi):
             return (f"numeric column {name!r} has no declared bounds: the officer must declare lower and upper "
                     "(bounds read from the data would leak)")
+        decimals = col.get("decimals")
+        if decimals is not None and (isinstance(decimals, bool) or not isinstance(decimals, int)
+                                     or not 0 <= decimals <= MAX_DECIMALS):
+            return f"numeric column {name!r}: decimals must be an integer from 0 to {MAX_DECIMALS}"
         return {"column": name, "type": "numeric", "lower": float(lo), "upper": float(hi), "bins": bins,
-                "integer": bool(col.get("integer", False))}
+                "integer": bool(col.get("integer", False)) or decimals == 0,
+                "decimals": None if decimals is None or decimals == 0 else decimals,
+                "nullable": col.get("nullable", True) is not False}
     if typ == "categorical":
         domain = col.get("domain")
         if not isinstance(domain, list) or not domain:
             return f"categorical column {name!r} has no declared domain"
-        return {"column": name, "type": "categorical", "domain": list(domain)}
+        return {"column": name, "type": "categorical", "domain": list(domain),
+                "nullable": col.get("nullable", True) is not False}
     return f"column {name!r} is of type {typ!r}: only numeric and categorical columns can be synthesized"
 
 

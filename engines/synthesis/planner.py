@@ -1,26 +1,32 @@
 """Planning a synthesis request: the event the whole run costs, before any data is read.
 
-**MST** (McKenna, Miklau, Sheldon 2021), over d columns (numerics cut into ``bins``
-equal-width bins of their declared range, plus a null cell; categoricals over their
-declared domain plus an "other/null" cell):
+**MST** (McKenna, Miklau, Sheldon 2021), over d columns measured on their cells
+(``encoding``: from the declared schema only; a numeric column one cell per grid value
+when its ``integer`` / ``decimals`` grid has at most 256 values, else 256 equal-width
+cells; a categorical column one per declared value; a null cell unless ``nullable:
+false``):
 
-1. measure every one-way marginal with the discrete Gaussian (d releases);
+1. measure every one-way marginal with the discrete Gaussian: one histogram per column,
+   or, for a numeric column of more than 32 cells, one per level of a tree of blocks of
+   4^j cells (n1 releases in all, ``encoding.one_way_releases``); mst.py turns them into
+   a private partition and compresses it (post-processing);
 2. select d - 1 pairs forming a maximum spanning tree, each round by report-noisy-max
    with exponential noise (the exponential mechanism; pure epsilon each) over the L1
    error of the independence model on the pairs still joining two components;
-3. measure the selected two-way marginals with the discrete Gaussian (d - 1 releases);
-4. measure each numeric column's fine histogram (one cell per integer, or 10 per bin)
-   with the discrete Gaussian (one release per numeric column): decoding draws values
-   inside a bin from it (see encoding.py).
+3. measure the selected two-way marginals (on the compressed cells) with the discrete
+   Gaussian (d - 1 releases);
+4. measure the grid histogram of each numeric column whose grid has more values than
+   cells but at most 200,000 (m releases): its heavy grid values are drawn with their
+   counts (see encoding.py).
 
 A privacy unit adds or removes at most k = ``max_rows_per_unit`` rows, so each marginal
 vector moves by at most k in L2 and each selection score by at most k. The event is
 
-    composed[ self_composed(gaussian(z1), d), self_composed(epsilon_delta(e_sel), d - 1),
+    composed[ self_composed(gaussian(z1), n1), self_composed(epsilon_delta(e_sel), d - 1),
               self_composed(gaussian(z2), d - 1), self_composed(gaussian(zf), m) ]
 
-(m numeric columns) with the budget split 20% / 10% / 60% / 10% of a zCDP rho (without
-numeric columns the fine share goes to the two-way marginals; the selection's pure
+with the budget split 35% / 10% / 45% / 10% of a zCDP rho (without grid histograms the
+fine share goes to the two-way marginals; the selection's pure
 epsilon is counted at its randomised-response RDP curve, which is conservative), and rho the
 largest for which the service's RDP accountant charges at most the requested epsilon
 at delta. Every noise scale and its cost come from OpenDP (its privacy maps).
@@ -50,8 +56,8 @@ from engines.types import DatasetMeta, EngineRequest, Plan, PlanError
 
 from .params import Spec, validate
 
-DETAILS_VERSION = 1
-SHARES = {"one_way": 0.2, "select": 0.1, "two_way": 0.6, "fine": 0.1}
+DETAILS_VERSION = 2  # 2: MST on cells with private compression, fine = grid histograms
+SHARES = {"one_way": 0.35, "select": 0.1, "two_way": 0.45, "fine": 0.1}
 MIN_SIGNAL = 10.0  # refuse when the one-way noise exceeds a tenth of the table
 
 
@@ -66,10 +72,10 @@ def _rdp_epsilon(event: dict, delta: float) -> float:
     return compose_events(rdp, [parse_event(event)], delta).epsilon
 
 
-def _mst_parts(rho: float, d: int, m: int, k: int) -> dict:
+def _mst_parts(rho: float, d: int, m: int, k: int, n1: int | None = None) -> dict:
     """Noise scales for a total zCDP ``rho`` (before OpenDP's nudging)."""
     fine = SHARES["fine"] if m else 0.0
-    rho1 = SHARES["one_way"] * rho / d
+    rho1 = SHARES["one_way"] * rho / (n1 or d)
     rho2 = (SHARES["two_way"] + SHARES["fine"] - fine) * rho / (d - 1)
     eps_sel = math.sqrt(2.0 * SHARES["select"] * rho / (d - 1))
     sigma_f = k / math.sqrt(2 * fine * rho / m) if m else None
@@ -81,8 +87,9 @@ def _gaussians(z: float, count: int) -> dict:
     return {"kind": "self_composed", "event": {"kind": "gaussian", "noise_multiplier": z}, "count": count}
 
 
-def _mst_event(z1: float, eps_sel: float, z2: float, zf: float | None, d: int, m: int) -> dict:
-    parts = [_gaussians(z1, d),
+def _mst_event(z1: float, eps_sel: float, z2: float, zf: float | None, d: int, m: int,
+               n1: int | None = None) -> dict:
+    parts = [_gaussians(z1, n1 or d),
              {"kind": "self_composed", "event": {"kind": "epsilon_delta", "epsilon": eps_sel, "delta": 0.0},
               "count": d - 1},
              _gaussians(z2, d - 1)]
@@ -91,11 +98,11 @@ def _mst_event(z1: float, eps_sel: float, z2: float, zf: float | None, d: int, m
     return {"kind": "composed", "events": parts}
 
 
-def _measured(rho: float, d: int, m: int, k: int) -> dict:
+def _measured(rho: float, d: int, m: int, k: int, n1: int | None = None) -> dict:
     """The noise MST uses at zCDP ``rho``: OpenDP's discrete Gaussians for the one-way,
     two-way and fine measurements (each with its cost, OpenDP's rho after nudging) and
     the report-noisy-max scale and epsilon of each selection round."""
-    parts = _mst_parts(rho, d, m, k)
+    parts = _mst_parts(rho, d, m, k, n1)
 
     def noise(sigma):
         return opendp_noise.calibrate("gaussian", k, (k / sigma) ** 2 / 2, integer=True, vector=True)
@@ -106,20 +113,21 @@ def _measured(rho: float, d: int, m: int, k: int) -> dict:
             "select_scale": select_scale, "select_epsilon": select_cost(select_scale, k)}
 
 
-def pld_epsilon(meas: dict, d: int, m: int, delta: float, interval: float | None = None) -> float:
+def pld_epsilon(meas: dict, d: int, m: int, delta: float, interval: float | None = None,
+                n1: int | None = None) -> float:
     """The whole MST run's epsilon at ``delta`` certified by PLD (one row per unit): d
     one-way, d - 1 two-way and m fine discrete-Gaussian measurements and d - 1 pure-DP
     selections, composed by ``engines.dpsgd.pld.composition_epsilon``."""
     from engines.dpsgd import pld
 
-    gaussians = [(meas["one"][0].scale, d), (meas["two"][0].scale, d - 1)]
+    gaussians = [(meas["one"][0].scale, n1 or d), (meas["two"][0].scale, d - 1)]
     if m:
         gaussians.append((meas["fine"][0].scale, m))
     return pld.composition_epsilon(gaussians, [(meas["select_epsilon"], d - 1)], delta,
                                    pld.INTERVAL if interval is None else interval)
 
 
-def _pld_rho(spec: Spec, rho_rdp: float, d: int, m: int) -> tuple[float, float]:
+def _pld_rho(spec: Spec, rho_rdp: float, d: int, m: int, n1: int | None = None) -> tuple[float, float]:
     """(rho, PLD epsilon): the largest zCDP rho (to 0.2%) whose run PLD certifies at the
     requested epsilon. Searched as the noise factor x = 1 / sqrt(rho) (noise grows with
     x) from RDP's answer (PLD never needs more noise) down to a quarter of it."""
@@ -129,14 +137,14 @@ def _pld_rho(spec: Spec, rho_rdp: float, d: int, m: int) -> tuple[float, float]:
 
     def meas(x):
         if x not in memo:
-            memo[x] = _measured(1.0 / (x * x), d, m, 1)
+            memo[x] = _measured(1.0 / (x * x), d, m, 1, n1)
         return memo[x]
 
     def eps(x):
-        return pld_epsilon(meas(x), d, m, spec.delta)
+        return pld_epsilon(meas(x), d, m, spec.delta, n1=n1)
 
     def coarse(x):
-        return pld_epsilon(meas(x), d, m, spec.delta, pld.COARSE_INTERVAL)
+        return pld_epsilon(meas(x), d, m, spec.delta, pld.COARSE_INTERVAL, n1)
 
     top = 1.0 / math.sqrt(rho_rdp)
     if eps(top) > spec.epsilon:
@@ -148,12 +156,16 @@ def _pld_rho(spec: Spec, rho_rdp: float, d: int, m: int) -> tuple[float, float]:
 
 def _plan_mst(spec: Spec) -> tuple[dict, dict, float | None]:
     """(event, details, the PLD certificate or None)."""
+    from .encoding import has_fine, one_way_releases
+
     d, k = len(spec.columns), spec.max_rows_per_unit
-    m = sum(1 for c in spec.columns if c["type"] == "numeric")
+    m = sum(1 for c in spec.columns if has_fine(c))
+    n1 = sum(one_way_releases(c) for c in spec.columns)
 
     def event_of(rho):
-        p = _mst_parts(rho, d, m, k)
-        return _mst_event(p["sigma1"] / k, p["eps_sel"], p["sigma2"] / k, p["sigma_f"] and p["sigma_f"] / k, d, m)
+        p = _mst_parts(rho, d, m, k, n1)
+        return _mst_event(p["sigma1"] / k, p["eps_sel"], p["sigma2"] / k, p["sigma_f"] and p["sigma_f"] / k, d, m,
+                          n1)
 
     lo, hi = 1e-8, 1e4  # rho: eps(lo) <= target < eps(hi)
     if _rdp_epsilon(event_of(lo), spec.delta) > spec.epsilon:
@@ -166,11 +178,12 @@ def _plan_mst(spec: Spec) -> tuple[dict, dict, float | None]:
             hi = mid
     rho, certified = lo, None
     if spec.accountant == "pld":
-        rho, certified = _pld_rho(spec, lo, d, m)
-    meas = _measured(rho, d, m, k)
+        rho, certified = _pld_rho(spec, lo, d, m, n1)
+    meas = _measured(rho, d, m, k, n1)
     (one, c1), (two, c2), (fine, cf) = meas["one"], meas["two"], meas["fine"]
     eps_sel = meas["select_epsilon"]
-    event = _mst_event(1 / math.sqrt(2 * c1), eps_sel, 1 / math.sqrt(2 * c2), cf and 1 / math.sqrt(2 * cf), d, m)
+    event = _mst_event(1 / math.sqrt(2 * c1), eps_sel, 1 / math.sqrt(2 * c2), cf and 1 / math.sqrt(2 * cf), d, m,
+                       n1)
     if one.scale > spec.n_train_units / MIN_SIGNAL:
         raise PlanError(
             f"epsilon {spec.epsilon:g} is too small for MST on {spec.n_train_units:,} privacy units and {d} columns: "
@@ -178,7 +191,8 @@ def _plan_mst(spec: Spec) -> tuple[dict, dict, float | None]:
             "epsilon, synthesize fewer columns or use fewer bins",
             {"epsilon": f"too small for MST here (one-way noise sd {one.scale:,.0f})"})
     details = {"one_way": one.to_dict(), "two_way": two.to_dict(), "fine": fine and fine.to_dict(),
-               "select_scale": meas["select_scale"], "select_epsilon": eps_sel, "shares": SHARES}
+               "select_scale": meas["select_scale"], "select_epsilon": eps_sel, "shares": SHARES,
+               "one_way_releases": n1}
     return event, details, certified
 
 

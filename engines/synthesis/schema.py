@@ -26,7 +26,8 @@ def params_schema() -> dict:
         "columns": {"type": "array", "items": {"type": "string"},
                     "description": "default: every bounded numeric and categorical column"},
         "bins": {"type": "integer", "minimum": 2, "maximum": MAX_BINS, "default": DEFAULT_BINS,
-                 "description": "equal-width bins of each numeric column's declared range"},
+                 "description": "mst: at most this many model cells per numeric column (private quantile bins of its "
+                                "measured cells); vae: equal-width bins of its declared range"},
         "max_rows_per_unit": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS_PER_UNIT,
                               "default": DEFAULT_ROWS_PER_UNIT, "description": "datasets with a privacy unit"},
         "holdout_fraction": {"type": "number", "minimum": 0, "maximum": 0.5, "default": 0.2,

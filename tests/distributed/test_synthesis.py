@@ -1,5 +1,5 @@
 """MST on a real local Dask cluster: the marginals (one-way, every pair, the numeric
-columns' fine histograms) counted per partition after a shuffle on the unit equal the
+columns' grid histograms) counted per partition after a shuffle on the unit equal the
 local engine's counts on the whole table; a synthesis request on a distributed dataset
 runs through the REST API, its reports computed on samples and saying so."""
 
@@ -30,16 +30,16 @@ def test_it_counts_the_local_engines_marginals(dask_cluster, partitioned):
                               num_rows=data.num_rows, unit_column="pid", scheduler=dask_cluster)
     got = dist.exact_counts(source, spec)
     train, _, _ = split(data.to_pandas(), spec, np.random.default_rng(0))  # k above every unit's rows: all kept
-    sizes = {c["column"]: encoding.size(c) for c in spec.columns}
-    want = mst.marginal_counts(encoding.encode(train, spec.columns), sizes)
+    sizes = {c["column"]: encoding.cell_size(c) for c in spec.columns}
+    want = mst.marginal_counts(encoding.cell_encode(train, spec.columns), sizes)
     assert list(got["counts"]["one"]) == list(want["one"]) and list(got["counts"]["two"]) == list(want["two"])
     for c in want["one"]:
         np.testing.assert_array_equal(got["counts"]["one"][c], want["one"][c])
     for pair in want["two"]:
         np.testing.assert_array_equal(got["counts"]["two"][pair], want["two"][pair])
-    numeric = [c for c in spec.columns if c["type"] == "numeric"]
-    fine = mst.fine_counts({c["column"]: encoding.fine_encode(train, c) for c in numeric},
-                           {c["column"]: encoding.fine_size(c) for c in numeric})
+    gridded = [c for c in spec.columns if encoding.has_fine(c)]
+    fine = mst.fine_counts({c["column"]: encoding.grid_encode(train, c) for c in gridded},
+                           {c["column"]: encoding.grid_size(c) for c in gridded})
     assert fine.keys() == got["fine"].keys() and all(np.array_equal(fine[c], got["fine"][c]) for c in fine)
 
 

@@ -164,3 +164,51 @@ def test_the_dp_vae_clips_per_privacy_unit_on_a_group_level_dataset(api, analyst
     table = pd.read_parquet(io.BytesIO(download(client, body["id"], "synthetic.parquet")))
     assert len(table) == 300 and set(table["site"].dropna()) <= {"north", "south", "east"}
     assert "patient_id" not in table.columns  # the unit column is never synthesized
+
+
+def test_the_schemas_declarations_hold_in_the_table(api, analyst, officer, make_dataset, grant,
+                                                    django_capture_on_commit_callbacks):
+    """Issue 24: ``integer`` at a range of 40,001 integers, ``decimals``, ``nullable: false``
+    are accepted by the dataset schema and hold exactly in the synthetic table; the officer's
+    report puts the score between its floor and ceiling."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    grade = rng.choice(list("ABC"), n)
+    frame = pd.DataFrame({
+        "amount": rng.integers(1, 41, n) * 1000,
+        "rate": np.where(grade == "A", 6.08, np.where(grade == "B", 10.9, 15.05)),
+        "grade": grade,
+        "emp": np.where(rng.random(n) < 0.1, np.nan, rng.integers(0, 11, n)),
+    })
+    ds = make_dataset("loans", epsilon=10.0, frame=frame, schema={
+        "amount": {"type": "numeric", "lower": 0, "upper": 40_000, "integer": True, "nullable": False},
+        "rate": {"type": "numeric", "lower": 5, "upper": 35, "decimals": 2, "nullable": False},
+        "grade": {"type": "categorical", "domain": ["A", "B", "C"], "nullable": False},
+        "emp": {"type": "numeric", "lower": 0, "upper": 10, "integer": True}})
+    grant(analyst, ds)
+    client = api(analyst)
+    body = run(client, {"epsilon": 3.0, "holdout_fraction": 0.2, "target": "grade"},
+               django_capture_on_commit_callbacks, dataset="loans")
+    table = pd.read_parquet(io.BytesIO(download(client, body["id"], "synthetic.parquet")))
+    assert table[["amount", "rate", "grade"]].notna().all().all()
+    assert (table["amount"] == np.round(table["amount"])).all() and (table["amount"] % 1000 == 0).mean() > 0.8
+    assert np.allclose(np.round(table["rate"], 2), table["rate"]) and table["rate"].isin([6.08, 10.9, 15.05]).mean() > 0.9
+    s = Request.objects.get(pk=body["id"]).officer_report["quality"]["summary"]
+    assert s["bivariate_accuracy"] > s["bivariate_accuracy_floor"] + 0.05
+    assert s["tstr_interval"][0] <= s["tstr"] <= s["tstr_interval"][1]
+
+
+@pytest.mark.parametrize("spec, problem", [
+    ({"type": "numeric", "lower": 0, "upper": 1, "decimals": -1}, "decimals must be an integer"),
+    ({"type": "numeric", "lower": 0, "upper": 1, "decimals": 1.5}, "decimals must be an integer"),
+    ({"type": "numeric", "lower": 0, "upper": 1, "integer": True, "decimals": 2}, "0 decimals"),
+    ({"type": "categorical", "domain": ["a"], "decimals": 1}, "only to numeric"),
+    ({"type": "numeric", "lower": 0, "upper": 1, "nullable": "no"}, "nullable must be true or false"),
+])
+def test_bad_declarations_are_refused(make_dataset, spec, problem):
+    from governance.errors import InvalidDataset
+
+    frame = pd.DataFrame({"x": [0.5, 0.25]})
+    with pytest.raises(InvalidDataset) as e:
+        make_dataset("bad", frame=frame, schema={"x": spec})
+    assert problem in e.value.extra["errors"]["x"]
