@@ -22,8 +22,12 @@ medians of --repeat rounds, each running every variant once in rotating order.
 
 Queries (row-level privacy unless named unit_*): count (where age >= 30), grouped_mean
 (value in [0, 100] by region), sum, histogram (age, 9 bins), quantile (median of value);
-with --exact also unit_count (k = 1) and unit_sum (k = 64) on the pid unit, which shuffle
-the rows on the unit first. Each timing is the median of --repeat runs (reading the partitions
+with --exact (or --queries naming them) also the unit-level queries on the pid unit:
+unit_count (k = 1), unit_sum (k = 64), unit_grouped_mean (k = 2), unit_histogram (k = 2),
+which deal the rows into unit buckets on the cluster (engines.distributed.cluster.by_unit:
+no shuffle, nothing on disk) and keep each unit's k rows of smallest salted hash; the
+local engine and Dask use the same salt, so their exact aggregates must be identical
+(unit_X is also compared per row with the row-level X on Dask: "unit / row"). Each timing is the median of --repeat runs (reading the partitions
 included; the local engine's read is timed apart too): on Dask the whole DP answer (the
 exact parts on the cluster, then the OpenDP noise once and the result JSON, kept in the
 JSON file as dp_answer); on the local engine the exact aggregate (its noise step is the
@@ -65,9 +69,15 @@ QUERIES = {
     "quantile": ("quantile", {"column": "value", "q": 0.5}),
 }
 UNIT_QUERIES = {
-    "unit_count": ("count", {"max_rows_per_unit": 1}),
+    "unit_count": ("count", {"where": [{"column": "age", "op": ">=", "value": 30}], "max_rows_per_unit": 1}),
     "unit_sum": ("sum", {"column": "value", "max_rows_per_unit": 64}),
+    "unit_grouped_mean": ("mean", {"column": "value", "group_by": "region", "max_rows_per_unit": 2}),
+    "unit_histogram": ("histogram", {"column": "age", "bins": [18, 26, 34, 42, 50, 58, 66, 74, 82, 90],
+                                     "max_rows_per_unit": 2}),
 }
+ROW_TWIN = {"unit_count": "count", "unit_sum": "sum", "unit_grouped_mean": "grouped_mean",
+            "unit_histogram": "histogram"}
+SALT = 20261125  # the bounding salt of every unit-level run here (local and Dask alike)
 
 
 def log(*a):
@@ -97,7 +107,7 @@ def run_local(paths, plan, n, repeat):
 
     def once():
         table = read()
-        return local.exact_parts(plan.details, table, n, np.random.default_rng())
+        return local.exact_parts(plan.details, table, n, np.random.default_rng(), salt=SALT)
 
     t_read, _ = timed(read, 1)
     t, parts = timed(once, repeat)
@@ -113,7 +123,7 @@ def run_dist(paths, plan, n, scheduler, repeat):
                              unit_column=plan.details["unit_column"], scheduler=scheduler)
 
     def once():
-        parts = dist.exact_parts(table, plan.details)
+        parts = dist.exact_parts(table, plan.details, salt=SALT)
         release = local.finish(plan.details, parts, n, np.random.default_rng(), lambda u: None)
         return parts, release.result
 
@@ -131,7 +141,7 @@ def bench(a) -> dict:
     paths = sorted(str(p) for p in Path(a.data).glob("*.parquet"))
     n = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
     names = a.queries.split(",")
-    queries = {k: QUERIES[k] for k in names}
+    queries = {k: {**QUERIES, **UNIT_QUERIES}[k] for k in names}
     if a.exact:
         queries.update(UNIT_QUERIES)
     log(f"{n:,} rows in {len(paths)} partitions; queries: {', '.join(queries)}; workers {a.workers}")
@@ -160,8 +170,13 @@ def bench(a) -> dict:
                     rec["exact_equal_to_local"] = same(exact, exact_local[name])
                     rec["ratio_to_local"] = t / out["queries"][name]["local"]["seconds"]
                 out["queries"][name][f"dask_{w}"] = rec
+                twin = out["queries"].get(ROW_TWIN.get(name, ""), {}).get(f"dask_{w}")
+                if twin:
+                    rec["unit_over_row"] = t / twin["seconds"]
                 extra = "" if name not in exact_local else \
                     f"  x{rec['ratio_to_local']:.2f} of local; exact equal: {rec['exact_equal_to_local']}"
+                if "unit_over_row" in rec:
+                    extra += f"; unit / row x{rec['unit_over_row']:.2f}"
                 log(f"  dask {w} worker(s) {name:13s} {t:8.2f} s  ({t / n * 1e9:6.1f} ns/row){extra}")
             client = dcluster._clients.pop(cl.scheduler_address, None)
             if client is not None:
@@ -176,14 +191,16 @@ def table(res: dict) -> str:
                    for k in ("load_before", "load_after") if k in res)
     lines = [f"{res['rows']:,} rows, {res['partitions']} partitions, median of {res['repeat']} "
              f"({res['machine']}{load})", "| query | " + " | ".join(f"{c} s (ns/row)" for c in cols) +
-             " | dask_2 / local | exact equal |", "|---" * (len(cols) + 3) + "|"]
+             " | dask_2 / local | unit / row (dask_1, dask_2) | exact equal |", "|---" * (len(cols) + 4) + "|"]
     for name, q in res["queries"].items():
         cells = [f"{q[c]['seconds']:.2f} ({q[c]['ns_per_row']:.1f})" if c in q else "-" for c in cols]
         d2 = q.get("dask_2", {})
         ratio = f"{d2['ratio_to_local']:.2f}x" if "ratio_to_local" in d2 else "-"
         eq = ", ".join(str(q[c]["exact_equal_to_local"]) for c in ("dask_1", "dask_2")
                        if "exact_equal_to_local" in q.get(c, {})) or "-"
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} | {eq} |")
+        unit = ", ".join(f"{q[c]['unit_over_row']:.2f}x" for c in ("dask_1", "dask_2")
+                         if "unit_over_row" in q.get(c, {})) or "-"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} | {unit} | {eq} |")
     return "\n".join(lines)
 
 
@@ -313,7 +330,7 @@ def main(argv=None) -> int:
     ap.add_argument("--queries", default="count,grouped_mean,sum,histogram,quantile")
     ap.add_argument("--workers", default="1,2", help="Dask worker counts to measure")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--exact", action="store_true", help="also the unit-level queries (shuffle on the unit)")
+    ap.add_argument("--exact", action="store_true", help="also the unit-level queries (unit buckets)")
     ap.add_argument("--no-local", action="store_true", help="skip the local engine (a table too big for one process)")
     ap.add_argument("--memory-limit", default="4GB", help="per Dask worker")
     ap.add_argument("--json", help="where to write the results")

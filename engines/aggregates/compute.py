@@ -300,6 +300,30 @@ def unit_hash(col) -> np.ndarray:
     return pd.util.hash_array(np.asarray(col.to_numpy(zero_copy_only=False)))
 
 
+def _by_unit_then_key(hu: np.ndarray, key: np.ndarray, c, v) -> np.ndarray:
+    """The rows in (unit, key, code, value) order, or in an order that keeps the same
+    multiset per unit: one argsort of ``unit << (64 - b) | key >> b`` (b bits hold the unit
+    codes; the truncated key orders as the key does wherever it differs), with the
+    exact four-key sort only if two rows of a unit tie on it while they differ in code or
+    value (rows equal in both are interchangeable)."""
+    bits = max(int(hu.max()).bit_length(), 1)
+    comp = (hu.astype(np.uint64) << np.uint64(64 - bits)) | (key >> np.uint64(bits))
+    order = np.argsort(comp)
+    sc = comp[order]
+    tie = np.flatnonzero(sc[1:] == sc[:-1])
+    if tie.size:
+        a, b = order[tie], order[tie + 1]
+        differ = np.zeros(tie.size, dtype=bool)
+        if c is not None:
+            differ |= c[a] != c[b]
+        if v is not None:
+            differ |= v[a].view(np.uint64) != v[b].view(np.uint64)
+        if differ.any():
+            ties = [x for x in (v, c) if x is not None]
+            order = np.lexsort(tuple(ties) + (key, hu))
+    return order
+
+
 def bound_by_content(mask: np.ndarray, units: np.ndarray, n_units: int, k: int, salt: int, ids,
                      codes: np.ndarray | None = None, values: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Keep at most ``k`` of each unit's rows among ``mask``: the rows with the smallest
@@ -320,21 +344,18 @@ def bound_by_content(mask: np.ndarray, units: np.ndarray, n_units: int, k: int, 
     hu = u[heavy_rows]
     hidx = heavy_rows if every else idx[heavy_rows]
     if codes is None and values is None:
-        # Every row of a unit adds the same (one to a count): keep any k, the first ones.
-        order = np.argsort(hu, kind="stable")
+        # Every row of a unit adds the same (one to a count): keep any k.
+        order = np.argsort(hu)
     else:
         hashed = ids.take(pa.array(hidx)) if not isinstance(ids, np.ndarray) else ids[hidx]
         key = mix64(unit_hash(hashed) ^ np.uint64(salt & 0xFFFFFFFFFFFFFFFF))
-        ties = []
-        if codes is not None:
-            c = codes[hidx]
+        c = codes[hidx] if codes is not None else None
+        v = np.ascontiguousarray(values[hidx], dtype=np.float64) if values is not None else None
+        if c is not None:
             key = mix64(key ^ c.astype(np.int64).view(np.uint64))
-            ties.append(c)
-        if values is not None:
-            v = np.ascontiguousarray(values[hidx], dtype=np.float64)
+        if v is not None:
             key = mix64(key ^ v.view(np.uint64))
-            ties.append(v)
-        order = np.lexsort(tuple(reversed(ties)) + (key, hu))  # by unit, then key, then code, value
+        order = _by_unit_then_key(hu, key, c, v)
     su = hu[order]
     starts = np.flatnonzero(np.r_[True, su[1:] != su[:-1]])
     rank = np.arange(len(su)) - np.repeat(starts, np.diff(np.r_[starts, len(su)]))

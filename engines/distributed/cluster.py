@@ -111,8 +111,8 @@ def _split(table, path: str, unit: str, buckets: int, pre, pre_args) -> tuple:
         data = pre(data, *pre_args)
     if buckets == 1:
         return (data,)
-    which = (unit_hash(data.column(unit)) % np.uint64(buckets)).astype(np.int64)
-    order = np.argsort(which, kind="stable")
+    which = (unit_hash(data.column(unit)) % np.uint64(buckets)).astype(np.uint8)  # MAX_BUCKETS <= 256
+    order = np.argsort(which, kind="stable")  # a radix sort on 8 bits
     cuts = np.searchsorted(which[order], np.arange(buckets + 1))
     return tuple(data.take(pa.array(order[cuts[b]:cuts[b + 1]])) for b in range(buckets))
 

@@ -107,3 +107,45 @@ def test_it_releases_through_the_same_noise_and_report(dask_cluster, partitioned
     for g, w in zip(got.result["groups"], want.result["groups"]):
         assert g["key"] == w["key"]
         assert g["value"] == pytest.approx(w["value"], abs=1e-3)
+
+
+def _kept(units, codes, values, k, salt, order):
+    """The multiset of (unit, code, value) that bound_by_content keeps on the rows in ``order``."""
+    import pyarrow as pa
+
+    from engines.aggregates import compute
+
+    ids = pa.array(units[order])
+    dense, n_units = compute.unit_codes(pa.table({"u": ids}), "u")
+    mask = np.ones(len(order), dtype=bool)
+    kept, dropped = compute.bound_by_content(mask, dense, n_units, k, salt, ids, codes[order], values[order])
+    assert np.bincount(dense[kept], minlength=n_units).max() <= k
+    rows = sorted(zip(units[order][kept].tolist(), codes[order][kept].tolist(), values[order][kept].tolist()))
+    return rows, dropped
+
+
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_the_rows_a_unit_keeps_depend_on_its_rows_only(k):
+    """Any order of the rows (any partitioning) keeps the same multiset per unit; another
+    salt keeps other rows; duplicated rows are interchangeable."""
+    rng = np.random.default_rng(k)
+    n = 20_000
+    units = np.array([f"u{i}" for i in rng.integers(0, 3_000, n)], dtype=object)
+    codes = rng.integers(0, 4, n)
+    values = np.round(rng.random(n) * 10, 1)  # many equal values: ties on content
+    first, dropped = _kept(units, codes, values, k, 99, np.arange(n))
+    assert dropped > 0
+    for seed in range(3):
+        assert _kept(units, codes, values, k, 99, np.random.default_rng(seed).permutation(n)) == (first, dropped)
+    assert _kept(units, codes, values, k, 100, np.arange(n))[0] != first
+
+
+def test_a_tie_on_the_short_key_falls_back_to_the_full_order():
+    from engines.aggregates.compute import _by_unit_then_key
+
+    hu = np.array([0, 0, 0, 1], dtype=np.int32)
+    key = np.array([5, 5, 3, 1], dtype=np.uint64)  # rows 0 and 1 tie, and differ in value
+    values = np.array([2.0, 1.0, 7.0, 0.0])
+    codes = np.zeros(4, dtype=np.int64)
+    order = _by_unit_then_key(hu, key, codes, values)
+    assert order.tolist() == [2, 1, 0, 3]  # by unit, key, then value
