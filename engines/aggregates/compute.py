@@ -344,7 +344,16 @@ def bound_by_content(mask: np.ndarray, units: np.ndarray, n_units: int, k: int, 
     hu = u[heavy_rows]
     hidx = heavy_rows if every else idx[heavy_rows]
     if codes is None and values is None:
-        # Every row of a unit adds the same (one to a count): keep any k.
+        # Every row of a unit adds the same (one to a count): keep any k; k = 1: one row each,
+        # the one whose position survives the scatter (whichever write numpy keeps).
+        if k == 1:
+            pos = np.arange(len(hu))
+            first = np.empty(n_units, dtype=np.int64)
+            first[hu] = pos
+            keep = first[hu] == pos
+            out = mask.copy()
+            out[hidx[~keep]] = False
+            return out, int(len(keep) - np.count_nonzero(keep))
         order = np.argsort(hu)
     else:
         hashed = ids.take(pa.array(hidx)) if not isinstance(ids, np.ndarray) else ids[hidx]

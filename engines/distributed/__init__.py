@@ -10,8 +10,9 @@ once, to the combined exact aggregate. Other engines get the partitions read int
 
 Modules: ``source`` (partitions, their manifest and its check: footers only, no rows),
 ``cluster`` (the Dask client and running a graph with retries and progress),
-``aggregates`` (the aggregates engine's exact parts per partition, after a shuffle on the
-privacy unit when there is one), ``profile`` (counts a registration needs),
+``cluster.by_unit`` (a unit's rows brought together without a shuffle: pure in-memory
+tasks deal each file's rows into unit buckets), ``aggregates`` (the aggregates engine's
+exact parts per partition, or per unit bucket when there is a privacy unit), ``profile`` (counts a registration needs),
 ``synthesis`` (MST's marginals as distributed group-by counts).
 """
 

@@ -6,7 +6,8 @@ runs on threads in the calling process (the embedded default needs no cluster). 
 Celery worker runs many requests).
 
 Retries: Dask re-runs a task whose worker died, and ``retries`` more times a task that
-raised. The tasks sent here are pure functions of a partition (exact partial aggregates);
+raised. The tasks sent here are pure functions of a partition or of a unit bucket's
+pieces (``by_unit``; exact partial aggregates); they write no file;
 they never draw released noise and never touch the ledger, so a re-run changes nothing
 that is charged or released: the noise is drawn once, by the caller, from the gathered
 result, and the host charges the request once (compare-and-set on its ledger entry).
