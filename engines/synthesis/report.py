@@ -575,7 +575,8 @@ def quality_report(train: pd.DataFrame, synthetic: pd.DataFrame, holdout: pd.Dat
     summary["correlation_difference_ceiling"] = correlation["holdout"]
     for metric in ("overall_accuracy", "bivariate_accuracy"):  # where the table sits between floor and ceiling
         f, c, v = summary[metric + "_floor"], summary[metric + "_ceiling"], summary[metric]
-        summary[metric + "_of_the_way"] = (v - f) / (c - f) if None not in (f, c, v) and c - f > 1e-9 else None
+        # None when the ceiling is not clearly above the floor (a small holdout, or one of other units)
+        summary[metric + "_of_the_way"] = (v - f) / (c - f) if None not in (f, c, v) and c - f >= 0.005 else None
     if tstr is not None:
         summary.update({"tstr": tstr["tstr"], "trtr": tstr["trtr"], "tstr_gap": tstr["gap"],
                         "tstr_interval": tstr["tstr_interval"], "trtr_interval": tstr["trtr_interval"]})
