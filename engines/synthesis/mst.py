@@ -84,8 +84,9 @@ def synthesize(codes: dict[str, np.ndarray], columns: list[dict], details: dict,
 SPLIT = 8.0  # a tree node is split into its children when its noisy count reaches SPLIT noise sds
 
 
-def measure_one_way(exact: np.ndarray, col: dict, noise: Noise) -> tuple[np.ndarray, np.ndarray]:
-    """(each measured cell's partition cell, each partition cell's noisy count). A flat
+def measure_one_way(exact: np.ndarray, col: dict, noise: Noise) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(each measured cell's partition cell, each partition cell's noisy count, each
+    measured cell's own noisy count: the tree's last level). A flat
     column: its cells, one noisy histogram. A tree column (``encoding.tree_blocks``): one
     noisy histogram per level (blocks of 4^j consecutive cells; the null cell with the
     last level), then, as post-processing, a partition from the top: a block whose noisy
@@ -94,7 +95,7 @@ def measure_one_way(exact: np.ndarray, col: dict, noise: Noise) -> tuple[np.ndar
     blocks = encoding.tree_blocks(col)
     if blocks == [1]:
         y = np.asarray(noise.release(exact), dtype=float)
-        return np.arange(len(exact)), y
+        return np.arange(len(exact)), y, y
     nv = encoding.n_values(col)
     exact = np.asarray(exact)
     values, null = exact[:nv], exact[nv:]
@@ -129,7 +130,7 @@ def measure_one_way(exact: np.ndarray, col: dict, noise: Noise) -> tuple[np.ndar
     if len(null):
         cellmap[nv] = len(parts)
         counts.append(levels[-1][nv])
-    return cellmap, np.array(counts, dtype=float)
+    return cellmap, np.array(counts, dtype=float), levels[-1]
 
 
 def compress(y: np.ndarray, sigma: float, col: dict, nv: int | None = None) -> np.ndarray:
@@ -207,9 +208,9 @@ def synthesize_from_counts(counts: dict, columns: list[dict], details: dict, row
     one, two = Noise.from_dict(details["one_way"]), Noise.from_dict(details["two_way"])
 
     progress({"phase": "measuring one-way marginals", "fraction": 0.05, "marginals_measured": 0})
-    cellmap, ycell, maps, measurements = {}, {}, {}, []
+    cellmap, ycell, yleaf, maps, measurements = {}, {}, {}, {}, []
     for c in cols:
-        cellmap[c], ycell[c] = measure_one_way(counts["one"][c], spec[c], one)
+        cellmap[c], ycell[c], yleaf[c] = measure_one_way(counts["one"][c], spec[c], one)
         nv = int(cellmap[c][:encoding.n_values(spec[c])].max()) + 1
         maps[c] = compress(ycell[c], one.scale, spec[c], nv)
         measurements.append(mbi.LinearMeasurement(ycell[c], (c,), stddev=one.scale).compress(
@@ -254,14 +255,19 @@ def synthesize_from_counts(counts: dict, columns: list[dict], details: dict, row
         for g, (members, p) in enumerate(_within(ycell[c], one.scale, maps[c])):
             rows_g = np.flatnonzero(z == g)
             part[rows_g] = members[rng.choice(len(members), size=len(rows_g), p=p)]
+        # a partition cell's count shared among its measured cells by their own noisy counts
+        # (soft-thresholded: empty cells get next to nothing), evenly when those are all 0
         width = np.bincount(cellmap[c], minlength=len(ycell[c]))
-        share = np.clip(ycell[c], 0, None)[cellmap[c]] / width[cellmap[c]]  # the partition cell's count, evenly
-        weight = share
+        own = np.clip(yleaf[c] - one.scale, 0, None)
+        own_sum = np.bincount(cellmap[c], weights=own, minlength=len(ycell[c]))
+        frac = np.where(own_sum[cellmap[c]] > 0, own / np.maximum(own_sum[cellmap[c]], 1e-12),
+                        1.0 / width[cellmap[c]])
+        weight = np.clip(ycell[c], 0, None)[cellmap[c]] * frac
         if heavy and c in heavy:
             h = np.asarray(heavy[c], dtype=float)
             in_part = np.bincount(cellmap[c], weights=h, minlength=len(ycell[c]))
             rest = np.clip(np.clip(ycell[c], 0, None) - in_part, 0, None)
-            weight = h + (rest / width)[cellmap[c]]
+            weight = h + rest[cellmap[c]] * frac
         cells = np.zeros(len(z), dtype=np.int64)
         for j in np.unique(part):  # a measured cell of the partition cell
             rows_j = np.flatnonzero(part == j)

@@ -132,6 +132,6 @@ def test_the_tree_partition_is_fine_where_the_rows_are():
     exact = np.bincount(encoding.cell_encode(pd.DataFrame({"x": x}), [col])["x"], minlength=encoding.cell_size(col))
     noise = Noise.from_dict({"mechanism": "gaussian", "scale": 5.0, "integer": True, "vector": True,
                              "sensitivity": 1})
-    cellmap, y = mst.measure_one_way(exact, col, noise)
+    cellmap, y, _ = mst.measure_one_way(exact, col, noise)
     assert len(np.unique(cellmap[:8])) == 8  # one cell per unit of [0, 8): 625 rows each
     assert len(np.unique(cellmap[64:])) <= 3  # [64, 256): 3 rows, coarse
