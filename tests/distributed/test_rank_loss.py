@@ -50,3 +50,56 @@ def test_a_rank_that_dies_fails_the_run_within_a_minute_charged_the_steps_taken(
     assert trained["sample_rate"] == planned["sample_rate"]
     heal_hosts(2)
     assert row_copies(dirs) == {}
+
+
+@pytest.mark.django_db
+def test_through_the_api_a_lost_rank_fails_the_request_charged_the_steps_taken(
+        hosts, settings, api, officer, analyst, grant, import_dir, django_capture_on_commit_callbacks):
+    from governance.models import Dataset, LedgerEntry, Request
+
+    from .conftest import make_table, write_partitions
+    from .test_distributed_api import ask
+
+    scheduler, dirs = hosts
+    settings.DASK_SCHEDULER_ADDRESS = scheduler
+    heal_hosts(2)
+    table = make_table(6_000, seed=11)
+    write_partitions(table, import_dir / "events", 3)
+    r = api(officer).post("/api/datasets/", {"name": "events", "path": str(import_dir / "events"),
+                                             "execution": "distributed", "unit_column": "pid",
+                                             "schema": {"age": {"lower": 18, "upper": 90},
+                                                        "income": {"lower": 0, "upper": 100_000}},
+                                             "budget_epsilon": 10.0, "activate": True}, format="json")
+    assert r.status_code == 201, r.json()
+    grant(analyst, Dataset.objects.get(name="events"))
+    c = cluster.client(scheduler)
+    victim = c.run(os.getpid)[ranks_for(2, scheduler)[1]]
+
+    def kill_once_training():  # rank 0 reports its progress in a Dask Variable named after the job
+        from distributed import Variable
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            keys = [str(k) for k in c.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks))
+                    if str(k).startswith("dpsgd-") and str(k).endswith("-rank0")]
+            if keys:
+                info = Variable(keys[0][:-len("-rank0")] + "-progress", client=c).get(timeout=5)
+                if info.get("steps", 0) >= 1:
+                    os.kill(victim, signal.SIGKILL)
+                    return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_once_training, daemon=True)
+    killer.start()
+    body = ask(api(analyst), "events", "train", {**PARAMS, "epochs": 400, "canaries": 0},
+               django_capture_on_commit_callbacks, engine="dpsgd")
+    killer.join(5)
+    assert body["status"] == "failed" and body["error"]["code"] == "request.failed_after_read", body
+    entry = LedgerEntry.objects.get()
+    planned = Request.objects.get(pk=body["id"]).plan["event"]["events"][0]
+    spent = entry.committed_event
+    assert entry.status == "committed" and spent is not None  # not the whole plan
+    trained = spent["events"][0] if spent["kind"] == "composed" else spent
+    assert 0 < trained["steps"] < planned["steps"]
+    heal_hosts(2)
+    assert row_copies(dirs) == {}
