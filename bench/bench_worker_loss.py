@@ -34,7 +34,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from bench_distributed import SALT, UNIT_QUERIES, meta, same  # noqa: E402

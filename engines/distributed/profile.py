@@ -61,7 +61,8 @@ def _unit_sizes(data: pa.Table, unit: str) -> dict:
 
 
 def _add_sizes(parts: list[dict]) -> dict:
-    return {"n_units": sum(p["n_units"] for p in parts), "max_rows_per_unit": max(p["max_rows_per_unit"] for p in parts)}
+    return {"n_units": sum(p["n_units"] for p in parts),
+            "max_rows_per_unit": max(p["max_rows_per_unit"] for p in parts)}
 
 
 def profile(table: PartitionedTable, text_columns: list[str], max_domain: int) -> dict:

@@ -180,8 +180,10 @@ def _gather(futures: list, workers: list[str], c, progress, stop, report) -> lis
             why = _lost(futures, workers, c)
         if why is not None:
             deadline = time.monotonic() + LOST_GRACE_SECONDS
-            while time.monotonic() < deadline and not all(
-                    f.done() or w not in set(c.scheduler_info(n_workers=-1)["workers"]) for f, w in zip(futures, workers)):
+            while time.monotonic() < deadline:
+                alive = set(c.scheduler_info(n_workers=-1)["workers"])
+                if all(f.done() or w not in alive for f, w in zip(futures, workers)):
+                    break
                 time.sleep(cluster.POLL_SECONDS)
             done = [f.result() for f in futures if f.status == "finished"]
             raise RankLost(f"a training rank was lost on the cluster ({why})", _spent(done))
