@@ -184,18 +184,26 @@ def test_a_failed_or_cancelled_run_leaves_no_rows_behind(hosts, data):
 
 
 def _slow_reads(delay: float) -> None:
-    """Run on each worker process (``Client.run``): its partition reads take ``delay``
-    seconds more, until the process ends (a worker the Nanny restarts reads at full speed)."""
+    """Run on each worker process (``Client.run``): its partition reads and its unit
+    buckets' aggregates take ``delay`` seconds more (so a kill lands in either phase),
+    until the process ends (a worker the Nanny restarts runs at full speed)."""
+    from engines.distributed import aggregates
     from engines.distributed.source import PartitionedTable as T
 
     if not hasattr(T, "_fast_read_file"):
         T._fast_read_file = T.read_file
+        aggregates._fast_parts = aggregates._parts
 
     def read_file(self, path):
         time.sleep(delay)
         return T._fast_read_file(self, path)
 
+    def parts(*args):  # a bucket's task finds it by name when its function is unpickled
+        time.sleep(delay)
+        return aggregates._fast_parts(*args)
+
     T.read_file = read_file
+    aggregates._parts = parts
 
 
 @pytest.mark.django_db
