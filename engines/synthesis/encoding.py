@@ -136,11 +136,12 @@ def _numeric_values(c: np.ndarray, col: dict, rng: np.random.Generator, hist) ->
 # (a null or out-of-domain value in such a column is put in its first cell). mst.py then
 # merges cells privately (from their noisy one-way counts) into the model's domain.
 #
-# A numeric column whose grid is wider than ``cells`` but at most MAX_GRID values also
-# gets a noisy histogram over its whole grid (the plan's ``fine`` measurements): grid
-# values whose noisy count clears a threshold (``heavy_threshold``: false positives among
-# MAX_GRID empty values about 5%) are drawn with their counts, and the rest of a cell's
-# mass uniformly over the cell's other grid values. Every value is a grid value.
+# A numeric column whose grid is wider than ``cells`` also gets a noisy histogram over its
+# grid (the plan's ``fine`` measurements; a grid of more than MAX_GRID values is counted on
+# the first 10^k times coarser grid of at most MAX_GRID, rows off it not counted there):
+# grid values whose noisy count clears a threshold (``heavy_threshold``) are drawn with
+# their counts, and the rest of a cell's mass uniformly over the cell's grid values.
+# Every value is a grid value.
 
 BASE_CELLS = 256
 TREE_MIN = 32
@@ -202,13 +203,31 @@ def cell_size(col: dict) -> int:
     return n_values(col) + (1 if nullable(col) else 0)
 
 
+def value_grid(col: dict) -> tuple[int, float, int, int, int] | None:
+    """The grid a ``has_fine`` column's value histogram is measured on: its declared grid,
+    or, when that has more than MAX_GRID values, the first 10^k times coarser one that has
+    at most MAX_GRID (only rows whose value lies on it are counted there: round amounts).
+    (index of the first value, step, number of values, decimals, k)."""
+    g = grid(col)
+    if g is None:
+        return None
+    first, step, n, d = g
+    k = 0
+    while n > MAX_GRID:
+        k += 1
+        step = 10.0 ** (k - d)
+        first = math.ceil(col["lower"] / step - 1e-9)
+        n = math.floor(col["upper"] / step + 1e-9) - first + 1
+    return first, step, n, max(d - k, 0), k
+
+
 def has_fine(col: dict) -> bool:
     g = grid(col)
-    return g is not None and cells(col) < g[2] <= MAX_GRID
+    return g is not None and g[2] > cells(col)
 
 
 def grid_size(col: dict) -> int:
-    return grid(col)[2]
+    return value_grid(col)[2]
 
 
 def heavy_threshold(n: int) -> float:
@@ -244,11 +263,18 @@ def cell_encode(df: pd.DataFrame, columns: list[dict]) -> dict[str, np.ndarray]:
 
 
 def grid_encode(df: pd.DataFrame, col: dict) -> np.ndarray:
-    """Grid index of each non-null value of a numeric column with a grid."""
+    """Index on ``value_grid`` of each non-null value of a ``has_fine`` column (on a
+    coarsened grid, of the values that lie on it)."""
     x = pd.to_numeric(df[col["column"]], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     if not nullable(col):
         x = np.where(np.isnan(x), col["lower"], x)
-    return _grid_index(x[~np.isnan(x)], col)
+    x = x[~np.isnan(x)]
+    first, step, n, _, k = value_grid(col)
+    if k == 0:
+        return _grid_index(x, col)
+    q = np.clip(x, col["lower"], col["upper"]) / step
+    on = np.abs(q - np.round(q)) < 1e-6
+    return np.clip(np.round(q[on]) - first, 0, n - 1).astype(np.int64)
 
 
 def _on_grid(x: np.ndarray, col: dict) -> np.ndarray:
@@ -290,7 +316,7 @@ def cell_decode(codes: dict[str, np.ndarray], columns: list[dict], rng: np.rando
 
 def heavy_leaf_mass(col: dict, hist: np.ndarray, scale: float) -> np.ndarray:
     """Per measured cell of a ``has_fine`` column: the noisy counts of its heavy grid values."""
-    first, step, n, d = grid(col)
+    first, step, n, d, _ = value_grid(col)
     lo, hi, nv = col["lower"], col["upper"], n_values(col)
     hist = np.asarray(hist, dtype=float)
     heavy = np.flatnonzero(hist > heavy_threshold(n) * scale)
@@ -302,7 +328,7 @@ def heavy_leaf_mass(col: dict, hist: np.ndarray, scale: float) -> np.ndarray:
 def _heavy_values(x, c, col, rng, hist, scale, counts):
     """Within each equal-width cell, a heavy grid value with its noisy count, else the
     value already drawn uniformly on the cell's grid (the rest of the cell's mass)."""
-    first, step, n, d = grid(col)
+    first, step, n, d, _ = value_grid(col)
     lo, hi, nv = col["lower"], col["upper"], n_values(col)
     heavy = np.flatnonzero(hist > heavy_threshold(n) * scale)
     if not len(heavy):

@@ -16,8 +16,9 @@ false``):
 3. measure the selected two-way marginals (on the compressed cells) with the discrete
    Gaussian (d - 1 releases);
 4. measure the grid histogram of each numeric column whose grid has more values than
-   cells but at most 200,000 (m releases): its heavy grid values are drawn with their
-   counts (see encoding.py).
+   cells (m releases; a grid of more than 200,000 values on its first 10^k times coarser
+   grid of at most 200,000): its heavy grid values are drawn with their counts (see
+   encoding.py).
 
 A privacy unit adds or removes at most k = ``max_rows_per_unit`` rows, so each marginal
 vector moves by at most k in L2 and each selection score by at most k. The event is

@@ -104,7 +104,9 @@ def test_the_plan_charges_every_histogram(loans):
     one_way = plan.event["events"][0]
     assert one_way["count"] == releases
     fine = plan.event["events"][3]
-    assert fine["count"] == sum(encoding.has_fine(c) for c in spec) == 2  # amount, rate (income: 2e8 > MAX_GRID)
+    assert fine["count"] == sum(encoding.has_fine(c) for c in spec) == 3  # amount, rate, income (on a 100 grid)
+    income = next(c for c in spec if c["column"] == "income")
+    assert encoding.value_grid(income)[1:] == (100.0, 20_001, 0, 4)  # 2e8 cents -> 20,001 hundreds
     assert release.result["planned_epsilon"] == pytest.approx(2.0, abs=1e-6)
     assert release.result["planned_epsilon"] <= 2.0
 
