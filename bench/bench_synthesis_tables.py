@@ -15,8 +15,12 @@ privacy unit (75% train / 25% holdout, seed 20261125).
 **Methods.** ``engine`` -- this engine's MST through ``engines.plugins.plan`` / ``run``
 (params ``{"method": "mst", "epsilon", "rows": <train rows>, "holdout_fraction": 0}``,
 everything else default (4 rows per unit); delta 1/n^1.2 with n the units; on ``males``
-``max_rows_per_unit: 1``, since the default 4 is refused at epsilon 1 on its 409 units). ``floor`` -- every column sampled independently
+``max_rows_per_unit: 1``, since the default 4 is refused at epsilon 1 on its 409 units).
+``floor`` -- every column sampled independently
 from its own training marginal (not private). ``ceiling`` -- the real holdout.
+``sn-mst`` / ``sn-aim`` -- smartnoise-synth 1.0.8 (``run_smartnoise``: its own venv, made
+by bench/setup_smartnoise.sh; 20 equal-width bins of the declared bounds, the declared
+domains; no privacy unit).
 
 **Scores**, every table compared with the training rows at one size (n = the holdout's
 rows: the synthetic table and the floor are subsampled to it): univariate and bivariate

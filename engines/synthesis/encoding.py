@@ -370,9 +370,9 @@ def enforce(df: pd.DataFrame, columns: list[dict], rng: np.random.Generator) -> 
             s = s.where(s.isin(col["domain"]))
         if not nullable(col) and s.isna().any():
             present = s.dropna().to_numpy()
-            fill = (rng.choice(present, size=int(s.isna().sum())) if len(present)
-                    else np.array([col["lower"] if col["type"] == "numeric" else col["domain"][0]] * int(s.isna().sum()),
-                                  dtype=object))
+            missing = int(s.isna().sum())
+            default = col["lower"] if col["type"] == "numeric" else col["domain"][0]
+            fill = rng.choice(present, size=missing) if len(present) else np.array([default] * missing, dtype=object)
             s = s.copy()
             s[s.isna()] = fill
         df[name] = s
