@@ -16,7 +16,7 @@ from engines import plugins
 from engines.aggregates import compute
 from engines.types import Cancelled, DatasetMeta, EngineError, EngineRequest, Plan
 
-HUGE = 1e9  # epsilon (or rho) at which the noise is negligible
+HUGE = 1e6  # epsilon (or rho) at which the noise is negligible
 N = 20_000
 DOMAIN = ["north", "south", "east"]
 
