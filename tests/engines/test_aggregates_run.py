@@ -271,7 +271,7 @@ def test_a_unit_with_1000_rows_contributes_at_most_k(k):
     frame = heavy_unit_frame()
     assert run("count", {"epsilon": HUGE, "max_rows_per_unit": k}, frame, HEAVY_META)["value"] == 200 + k
     assert run("sum", {"column": "x", "epsilon": HUGE, "max_rows_per_unit": k}, frame, HEAVY_META)[
-        "value"] == pytest.approx(100 * k)
+        "value"] == pytest.approx(100 * k, rel=1e-4)  # noise at epsilon 1e6 (the cap): ~3e-6 of it
     r = run("count", {"epsilon": HUGE, "max_rows_per_unit": k, "group_by": "site"}, frame, HEAVY_META)
     assert groups(r) == {"north": k, "south": 200}
 
