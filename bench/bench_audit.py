@@ -18,7 +18,7 @@ What is built (through the service's write path, nothing inserted behind its bac
   than reserved (a partial refund), every 1,000th request refused at the gate (an event
   above the budget: ``BudgetExceeded`` -> ``audit.record_refusal``, as submission does).
   Events rotate over Laplace, Gaussian (delta stamped by the ledger, or stated) and
-  subsampled Gaussian (DP-SGD); 5 analysts with grants; budget epsilon 1e6, policy rdp.
+  subsampled Gaussian (DP-SGD); 5 analysts with grants; budget epsilon 1e5, policy rdp.
 * ``--datasets`` - 1 more datasets (default 99) with ``--small`` records each (default
   100), built the same way: the dashboard lists ``--datasets`` datasets.
 
@@ -82,7 +82,7 @@ EVENTS = [
 KINDS = {"laplace": ("aggregates", "count", {"column": "age", "where": "age >= 65"}),
          "gaussian": ("aggregates", "mean", {"column": "income", "lower": 0, "upper": 200000}),
          "subsampled_gaussian": ("dpsgd", "train", {"target": "income", "epochs": 3, "batch_size": 256})}
-REFUSED = {"kind": "laplace", "epsilon": 1e7}  # above the 1e6 budget: refused at the gate
+REFUSED = {"kind": "laplace", "epsilon": 1e6}  # above the 1e5 budget: refused at the gate
 ANALYSTS = 5
 
 
@@ -177,7 +177,7 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
     schema = {"age": {"lower": 18, "upper": 90}, "income": {"lower": 0, "upper": 200_000}}
 
     def make(name):
-        ds = datasets.register(name=name, created_by=officer, path=str(csv_path), budget_epsilon=1e6,
+        ds = datasets.register(name=name, created_by=officer, path=str(csv_path), budget_epsilon=1e5,
                                budget_delta="auto", policy="rdp", schema=schema, activate=True,
                                title=f"Benchmark dataset {name}")
         for a in analysts:

@@ -535,7 +535,7 @@ def make_principals(args, tmp: Path) -> dict:
         g = Grant.objects.create(analyst=u, dataset=ds, created_by=officer, cap_epsilon=cap if capped else None)
         analysts.append(u)
         caps[g.pk] = cap if capped else None
-    gate_ds = datasets.register(name="gate", created_by=officer, path=str(csv), budget_epsilon=1e9,
+    gate_ds = datasets.register(name="gate", created_by=officer, path=str(csv), budget_epsilon=1e6,
                                 budget_delta=BUDGET_DELTA, policy="rdp", schema=schema, activate=True)
     Grant.objects.create(analyst=analysts[-1], dataset=gate_ds, created_by=officer)
     from django.db import connections
