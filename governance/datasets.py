@@ -6,6 +6,7 @@ The file side is ``dataset_files``, the schema side ``dataset_schema``.
 
 from __future__ import annotations
 
+import logging
 import re
 
 import pyarrow as pa
@@ -27,6 +28,9 @@ from .dataset_files import (
 from .dataset_schema import infer_schema, is_finite_number, validate_schema
 from .errors import DatasetNotActive, InvalidDataset
 from .models import Budget, Dataset
+
+log = logging.getLogger(__name__)
+REGISTER_DATASET = "workers.register_dataset"
 
 # --------------------------------------------------------------------------- budget
 
@@ -170,9 +174,15 @@ def _register_later(*, name, created_by, rel, fmt, sha, title, description, unit
 
 
 def send_registration(dataset_id: int) -> None:
-    from workers.tasks import register_dataset
+    """Send the registration task by name (governance never imports workers.tasks). A broker
+    that refuses it leaves the dataset pending; the recovery sweep sends it again."""
+    from . import dispatch
 
-    register_dataset.apply_async((dataset_id,), queue="cpu")
+    try:
+        dispatch.task(REGISTER_DATASET).apply_async((dataset_id,), queue="cpu")
+    except Exception:  # noqa: BLE001 - the pending dataset is safe in the database
+        log.warning("the registration of dataset %s was not sent; the recovery sweep will send it",
+                    dataset_id, exc_info=True)
 
 
 def finish_registration(dataset_id: int) -> str:

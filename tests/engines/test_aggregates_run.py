@@ -237,7 +237,7 @@ def test_numeric_histogram_clamps_then_bins_with_a_closed_last_bin():
 def test_clamping_holds_whatever_the_values():
     frame = pd.DataFrame({"x": [1e12, -1e12, 5.0, 1e300, np.inf, -np.inf]})
     ds = DatasetMeta("c", {"x": {"type": "numeric", "lower": -10, "upper": 10}}, None, 6, 6, 1e-6)
-    assert run("sum", {"column": "x", "epsilon": HUGE}, frame, ds)["value"] == pytest.approx(10 - 10 + 5 + 10 + 10 - 10)
+    assert run("sum", {"column": "x", "epsilon": HUGE}, frame, ds)["value"] == pytest.approx(10 - 10 + 5 + 10 + 10 - 10, abs=0.01)
     assert -10 <= run("mean", {"column": "x", "epsilon": HUGE}, frame, ds)["value"] <= 10
     assert run("quantile", {"column": "x", "q": 0.99, "epsilon": 1e3}, frame, ds)["value"] <= 10
 
