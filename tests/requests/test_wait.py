@@ -71,7 +71,7 @@ def test_a_get_with_wait_returns_once_another_process_finishes_it(api, analyst, 
     if signal:
         import os
 
-        settings.REDIS_URL = f"redis://127.0.0.1:{os.environ.get('REDIS_PORT', '6379')}/14"
+        settings.REDIS_URL = f"redis://127.0.0.1:{os.environ.get('REDIS_PORT', '63799')}/14"
         try:
             waiting._client().ping()
         except Exception:  # noqa: BLE001
@@ -113,7 +113,7 @@ def test_a_post_with_wait_answers_from_the_final_state_the_worker_pushed(api, an
     from governance import ledger, submission
     from governance.api import request_views
 
-    settings.REDIS_URL = f"redis://127.0.0.1:{os.environ.get('REDIS_PORT', '6379')}/14"
+    settings.REDIS_URL = f"redis://127.0.0.1:{os.environ.get('REDIS_PORT', '63799')}/14"
     try:
         waiting._client().ping()
     except Exception:  # noqa: BLE001
