@@ -1,3 +1,5 @@
+import argparse
+
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
@@ -12,13 +14,17 @@ class Command(BaseCommand):
         parser.add_argument("--pool", default="prefork", choices=["prefork", "solo", "threads"],
                             help="Celery pool (default prefork)")
         parser.add_argument("--loglevel", default="WARNING")
-        parser.add_argument("--beat", action="store_true",
+        parser.add_argument("--beat", action=argparse.BooleanOptionalAction, default=None,
                             help="also run Celery beat in this worker (the recovery sweep every minute); "
-                                 "exactly one process of a deployment should")
+                                 "exactly one process of a deployment should. Default: on with the embedded "
+                                 "broker (one machine: a dead worker's requests are re-sent within a minute "
+                                 "of its restart), off with Redis (run `entrypoint.sh beat` once)")
 
-    def handle(self, *args, queues, concurrency, pool, loglevel, beat=False, **options):
+    def handle(self, *args, queues, concurrency, pool, loglevel, beat=None, **options):
         from workers import app
 
+        if beat is None:
+            beat = settings.EMBEDDED_BROKER
         self.stderr.write(f"worker: broker {settings.CELERY_BROKER_URL.split('@')[-1]}, queues {queues}")
         argv = ["worker", "-Q", queues, "-c", str(concurrency), "--pool", pool, "--loglevel", loglevel,
                 "--without-gossip", "--without-mingle", "--without-heartbeat"]
