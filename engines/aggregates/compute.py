@@ -126,9 +126,23 @@ def _to_bool(arr) -> np.ndarray:
 def predicate_mask(table: pa.Table, where: list[dict]) -> np.ndarray:
     """Rows matching every predicate (AND). A null (or NaN) never matches, not even
     ``!=`` or ``not_in`` (SQL semantics)."""
+    return _mask(table, where, {})
+
+
+def _mask(table: pa.Table, where: list[dict], cache: dict) -> np.ndarray:
+    """``predicate_mask`` with nested ``{"or": [list, ...]}`` (any list holds) and ``{"not": list}``
+    (the list does not hold: SQL's NOT, so a row whose predicate meets a null is in neither)."""
     mask = np.ones(table.num_rows, dtype=bool)
-    cache: dict[str, np.ndarray] = {}
     for p in where:
+        if "or" in p:
+            m = np.zeros(table.num_rows, dtype=bool)
+            for branch in p["or"]:
+                m |= _mask(table, branch, cache)
+            mask &= m
+            continue
+        if "not" in p:
+            mask &= ~_mask(table, p["not"], cache) & _known(table, p["not"])
+            continue
         name, op, value = p["column"], p["op"], p["value"]
         if p["type"] == "numeric":
             if op in _COMPARE:
@@ -152,6 +166,20 @@ def predicate_mask(table: pa.Table, where: list[dict]) -> np.ndarray:
                 m = ~hit & _to_bool(pc.is_valid(col))
         mask &= m
     return mask
+
+
+def _known(table: pa.Table, where: list[dict]) -> np.ndarray:
+    """Rows where every column the predicates read is non-null (SQL's three-valued logic, made
+    two-valued: NOT of a predicate on a null is not true either)."""
+    from .planner import where_columns
+
+    ok = np.ones(table.num_rows, dtype=bool)
+    for name in dict.fromkeys(where_columns(where)):
+        col = _column(table, name)
+        ok &= _to_bool(pc.is_valid(col))
+        if pa.types.is_floating(col.type):
+            ok &= ~np.isnan(numeric_values(table, name))
+    return ok
 
 
 def category_codes(table: pa.Table, name: str, domain: list) -> np.ndarray:

@@ -109,8 +109,41 @@ def _domain(spec: dict) -> list | None:
     return list(dom)
 
 
-def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict) -> dict | None:
-    key = f"where[{i}]"
+MAX_WHERE_DEPTH = 8
+
+
+def where_list(where: Any, dataset: DatasetMeta, errors: dict, key: str = "where", depth: int = 0) -> list[dict]:
+    """A validated where list: predicates ANDed; an item may also be ``{"or": [list, list, ...]}``
+    (any of the lists holds) or ``{"not": list}`` (the list does not hold), nested."""
+    if not isinstance(where, list):
+        errors[key] = 'must be a list of {"column", "op", "value"} (or {"or": [...]}, {"not": [...]})'
+        return []
+    if len(where) > MAX_PREDICATES:
+        errors[key] = f"at most {MAX_PREDICATES} predicates"
+        return []
+    if depth > MAX_WHERE_DEPTH:
+        errors[key] = f"nested more than {MAX_WHERE_DEPTH} levels deep"
+        return []
+    out = []
+    for i, p in enumerate(where):
+        item_key = f"{key}[{i}]"
+        if isinstance(p, dict) and set(p) == {"or"}:
+            if not isinstance(p["or"], list) or not 2 <= len(p["or"]) <= MAX_PREDICATES:
+                errors[item_key] = f'"or" must be a list of 2 to {MAX_PREDICATES} predicate lists'
+                continue
+            out.append({"or": [where_list(b, dataset, errors, f"{item_key}.or[{j}]", depth + 1)
+                               for j, b in enumerate(p["or"])]})
+        elif isinstance(p, dict) and set(p) == {"not"}:
+            out.append({"not": where_list(p["not"], dataset, errors, f"{item_key}.not", depth + 1)})
+        else:
+            one = _predicate(i, p, dataset, errors, item_key)
+            if one:
+                out.append(one)
+    return out
+
+
+def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict, key: str | None = None) -> dict | None:
+    key = key or f"where[{i}]"
     if not isinstance(p, dict):
         errors[key] = 'must be an object {"column", "op", "value"}'
         return None
@@ -153,7 +186,31 @@ def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict) -> dict | Non
             errors[key] = f"value must be a {what}"
             return None
         value = float(value) if ctype == "numeric" else value
+    if ctype == "categorical" and (dom := _domain(spec)) is not None:
+        outside = [v for v in (value if op in ("in", "not_in") else [value]) if not in_domain(v, dom)]
+        if outside:
+            shown = ", ".join(repr(v) for v in outside[:5]) + (" ..." if len(outside) > 5 else "")
+            listed = ", ".join(repr(v) for v in dom[:20]) + (" ..." if len(dom) > 20 else "")
+            errors[key] = (f"{shown} {'is' if len(outside) == 1 else 'are'} not in the declared domain of "
+                           f"{p['column']!r} ({listed}): compare with declared values only")
+            return None
     return {"column": p["column"], "op": op, "value": value, "type": ctype}
+
+
+def in_domain(value: Any, domain: list) -> bool:
+    """``value`` is one of the declared ``domain`` values, compared as the run's lookup does
+    (compute._lookup: the column's own type, or both sides as strings: "3" matches 3)."""
+    if any(value == d and type(value) is type(d) for d in domain):
+        return True
+    return _as_text(value) in {_as_text(d) for d in domain}
+
+
+def _as_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
 
 
 def _fmt(x: float) -> str:
@@ -272,12 +329,7 @@ def validate(kind: str, params: Any, dataset: DatasetMeta) -> Query:
     # ---- where
     where = params.get("where")
     if where is not None:
-        if not isinstance(where, list):
-            errors["where"] = 'must be a list of {"column", "op", "value"}'
-        elif len(where) > MAX_PREDICATES:
-            errors["where"] = f"at most {MAX_PREDICATES} predicates"
-        else:
-            q.where = [p for p in (_predicate(i, p, dataset, errors) for i, p in enumerate(where)) if p]
+        q.where = where_list(where, dataset, errors)
 
     # ---- group_by
     gb = params.get("group_by")

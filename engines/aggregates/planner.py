@@ -89,7 +89,32 @@ def _budget_error(q: Query, e: Exception) -> PlanError:
 
 
 def make_plan(request: EngineRequest, dataset: DatasetMeta) -> Plan:
+    if request.kind == "query":  # several aggregates, composite groups, post-processing (query.py)
+        from .query import make_plan as make_query_plan
+
+        return make_query_plan(request, dataset)
     q = validate(request.kind, request.params, dataset)
+    event, details = plan_validated(q, dataset)
+    columns = list(dict.fromkeys(c for c in [q.column, q.group_by, *where_columns(q.where)] if c))
+    return Plan(event=event, columns=columns, details=details)
+
+
+def where_columns(where: list[dict]) -> list[str]:
+    """The columns a (validated) where list reads, nested OR / NOT included."""
+    out = []
+    for p in where:
+        if "or" in p:
+            for branch in p["or"]:
+                out += where_columns(branch)
+        elif "not" in p:
+            out += where_columns(p["not"])
+        else:
+            out.append(p["column"])
+    return out
+
+
+def plan_validated(q: Query, dataset: DatasetMeta) -> tuple[dict, dict]:
+    """The event and the run's details of a validated query."""
     if q.bounds is not None and q.kind != "quantile":
         largest = max(dataset.n_rows, 1) * max(sens for _, sens, _ in components(q))
         if not largest <= MAX_MAGNITUDE:
@@ -97,7 +122,6 @@ def make_plan(request: EngineRequest, dataset: DatasetMeta) -> Plan:
                             f"to {largest:.3g}, too close to the range of 64-bit floats (rows x bound, squared "
                             f"for a variance, must stay under {MAX_MAGNITUDE:.0e})",
                             {"column": "declared bounds too wide"})
-    columns = list(dict.fromkeys(c for c in [q.column, q.group_by, *(p["column"] for p in q.where)] if c))
     details = {
         "version": DETAILS_VERSION,
         "kind": q.kind,
@@ -120,7 +144,7 @@ def make_plan(request: EngineRequest, dataset: DatasetMeta) -> Plan:
             event = _plan_noise(q, details, grouped)
     except (ValueError, ArithmeticError, noise.OpenDPError) as e:  # overflow, underflow to zero
         raise _budget_error(q, e) from None
-    return Plan(event=event, columns=columns, details=details)
+    return event, details
 
 
 def _plan_noise(q: Query, details: dict, vector: bool) -> dict:

@@ -94,12 +94,12 @@ def translate(sql: str, options: dict | None = None) -> SqlRequest:
     if shape:
         raise SqlSyntaxError(
             f"with sql, params holds only the privacy options ({', '.join(OPTION_KEYS)}); "
-            f"{', '.join(map(str, shape[:10]))} come from the query itself", part="params",
-            errors={str(k)[:100]: "comes from the SQL query" for k in shape[:10]})
+            + "; ".join(_option_problem(k) for k in shape[:10]), part="params",
+            errors={str(k)[:100]: _option_problem(k) for k in shape[:10]})
     try:
         statements = [s for s in sqlglot.parse(sql, error_level=sqlglot.ErrorLevel.RAISE) if s is not None]
     except (ParseError, TokenError) as e:
-        raise SqlSyntaxError(f"not valid SQL: {_first_line(e)}", part="syntax") from None
+        raise SqlSyntaxError(f"not valid SQL: {_first_line(e)}{_hint(sql)}", part="syntax") from None
     except RecursionError:
         raise SqlSyntaxError("not valid SQL: nested too deeply", part="syntax") from None
     except Exception as e:  # noqa: BLE001 - any other parser failure is still the text's fault, never a 500
@@ -125,6 +125,32 @@ def translate(sql: str, options: dict | None = None) -> SqlRequest:
         if key in options:
             params[key] = options[key]
     return SqlRequest(dataset=dataset, kind=kind, params=params)
+
+
+_SHAPE_KEYS = {"where", "group_by", "column", "q", "bins", "kind", "select", "having", "order_by", "limit"}
+
+
+def _option_problem(key) -> str:
+    """Why ``key`` is not a privacy option: a part of the query's shape, or a typo of an option."""
+    import difflib
+
+    name = str(key)[:100]
+    if name in _SHAPE_KEYS:
+        return f"{name!r} comes from the query itself (write it in the SQL)"
+    close = difflib.get_close_matches(name, OPTION_KEYS, n=1, cutoff=0.6)
+    if close:
+        return f"unknown option {name!r}: did you mean {close[0]!r}?"
+    return f"unknown option {name!r}"
+
+
+def _hint(sql: str) -> str:
+    """What probably went wrong, for the commonest parse failures."""
+    import re
+
+    m = re.search(r"\bFROM\s+([A-Za-z_][\w]*(?:-[\w]+)+)", sql, re.IGNORECASE)
+    if m:
+        return f' (a table name with a hyphen must be quoted: FROM "{m.group(1)}")'
+    return ""
 
 
 def _first_line(e: Exception) -> str:

@@ -137,6 +137,8 @@ def test_other_engines_get_none_from_every_hook():
     ("count", {"epsilon": 1, "colour": "blue"}, "colour"),  # unknown key
     ("count", {"epsilon": 1, "column": "age"}, "column"),  # count takes no column
     ("sum", {"column": "age", "epsilon": 1, "q": 0.5}, "q"),
+    ("count", {"epsilon": 1, "where": [{"column": "site", "op": "==", "value": "atlantis"}]}, "where[0]"),
+    ("count", {"epsilon": 1, "where": [{"column": "site", "op": "not_in", "value": ["north", "x"]}]}, "where[0]"),
 ])
 def test_bad_input_is_a_plan_error_naming_the_parameter(kind, params, key):
     assert key in errors_of(kind, params)
@@ -291,3 +293,11 @@ def test_a_plan_never_needs_data():
     # plan() receives no data at all; its details are plain JSON
     p = plan("variance", {"column": "income", "group_by": "site", "epsilon": 1, "max_rows_per_unit": 4})
     assert json.loads(json.dumps(p.details)) == p.details
+
+
+def test_a_literal_outside_the_declared_domain_is_refused_before_any_data():
+    err = errors_of("count", {"epsilon": 1, "where": [{"column": "site", "op": "==", "value": "atlantis"}]})
+    assert "'atlantis' is not in the declared domain of 'site'" in err["where[0]"]
+    # declared values pass; numbers outside a numeric column's bounds are allowed (raw values are compared)
+    plan("count", {"epsilon": 1, "where": [{"column": "site", "op": "in", "value": ["north", "east"]},
+                                           {"column": "age", "op": ">", "value": 200}]})

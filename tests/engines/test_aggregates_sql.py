@@ -148,3 +148,12 @@ def test_every_expressible_json_request_round_trips_through_sql(kind, column, wh
     out = sqlplan.translate(_render(kind, params), {"epsilon": epsilon})
     assert out.as_json() == {"dataset": "the-data", "engine": "aggregates", "kind": kind,
                              "params": {**params, "epsilon": epsilon}}
+
+
+def test_a_hyphenated_table_name_gets_a_hint_to_quote_it_and_a_typo_a_suggestion():
+    with pytest.raises(sqlplan.SqlSyntaxError) as e:
+        sqlplan.translate("SELECT COUNT(*) FROM gss-wages", {"epsilon": 1})
+    assert 'FROM "gss-wages"' in e.value.message
+    with pytest.raises(sqlplan.SqlSyntaxError) as e:
+        sqlplan.translate("SELECT COUNT(*) FROM t", {"epsilonn": 1})
+    assert "did you mean 'epsilon'" in e.value.errors["epsilonn"]
