@@ -1,4 +1,4 @@
-"""Every setting README's Configuration table lists is checked at start-up (issue 22):
+"""Every setting the Configuration table lists (docs/operations.md) is checked at start-up (issue 22):
 ``REQUEST_RATE_LIMIT=100000`` (no ``/period``) passed ``manage.py check`` and then every
 ``POST /api/requests/`` was a 500. A malformed value is now a system check error with a
 stable id (governance.E007-E024), or, where Django needs the value before the checks run
