@@ -73,8 +73,14 @@ def type_of(schema: dict) -> str:
     return out
 
 
+def op_id(method: str, path: str, op: dict) -> str:
+    """The operation's anchor: its operationId, as the heading's id."""
+    raw = op.get("operationId") or (method + path)
+    return "".join(c if c.isalnum() else "-" for c in raw.lower()).strip("-")
+
+
 def operation(path: str, method: str, op: dict) -> list[str]:
-    lines = [f"### `{method.upper()} {path}` {{#{op.get('operationId', method + path).replace('_', '-')}}}", ""]
+    lines = [f"### `{method.upper()} {path}` {{#{op_id(method, path, op)}}}", ""]
     if op.get("description"):
         lines += [para(op["description"]), ""]
     auth = [next(iter(s), None) for s in op.get("security", [])]
@@ -122,7 +128,7 @@ def render(schema: dict) -> str:
         "",
     ]
     for path, ops in paths.items():
-        methods = ", ".join(m.upper() for m in METHODS if m in ops)
+        methods = ", ".join(f"[{m.upper()}](#{op_id(m, path, ops[m])})" for m in METHODS if m in ops)
         lines.append(f"- `{path}` ({methods})")
     lines.append("")
     by_tag: dict[str, list[tuple[str, str, dict]]] = {}
