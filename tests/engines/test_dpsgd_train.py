@@ -22,9 +22,7 @@ from engines.dpsgd import calibrate, execute, features, train
 from engines.dpsgd.model_spec import build
 from engines.dpsgd.params import validate
 from engines.types import Cancelled, EngineRequest, Plan
-from accounting import rdp
-from accounting.events import parse_event
-from tests.engines.dpsgd_helpers import DELTA, GENEROUS, make_table, rows_meta, units_meta
+from tests.engines.dpsgd_helpers import DELTA, GENEROUS, ledger_epsilon, make_table, rows_meta, units_meta
 from tests.engines.dpsgd_helpers import one_thread  # noqa: F401  (autouse)
 
 FIXED = {"target": "y", "features": ["x1", "x2", "c"], "noise_multiplier": 1.0, "epochs": 5, "batch_size": 64,
@@ -68,14 +66,6 @@ def run(params, ds, table, workdir, progress=None, kind="train"):
                           progress or (lambda _: None), workdir=workdir)
     json.dumps(release.result)  # always JSON
     return p, release
-
-
-def ledger_epsilon(event):
-    """What the ledger charges for the event under RDP: its cost vector on the grid (plain
-    ``rdp.compose`` refines the order off the grid and may be lower)."""
-    from accounting.costs import price
-
-    return rdp.spent(price(parse_event(event), DELTA).cost, DELTA).epsilon
 
 
 def test_a_learnable_task_is_learnt_and_the_saved_model_reloads(table, tmp_path, seeded, trainers):
