@@ -27,7 +27,7 @@ DESCRIPTION = (
 
 @hookimpl
 def engine_info():
-    return {"name": NAME, "kinds": list(KINDS), "queue": "cpu", "description": DESCRIPTION,
+    return {"name": NAME, "kinds": [*KINDS, "query"], "queue": "cpu", "description": DESCRIPTION,
             "params_schema": params_schema(), "distributed": True}
 
 

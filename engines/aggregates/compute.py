@@ -214,6 +214,43 @@ def _dictionary_codes(col: pa.ChunkedArray, domain: list) -> np.ndarray:
     return out
 
 
+def group_codes(table: pa.Table, keys: list[dict]) -> tuple[np.ndarray, int]:
+    """The group of each row under several keys (categorical: the declared domain; bins: the
+    value clamped to the declared bounds, then binned by the public edges), as one code in the
+    cartesian product (the first key varies slowest); -1 when any key has none (null, or a
+    value outside a declared domain)."""
+    codes = np.zeros(table.num_rows, dtype=np.int64)
+    bad = np.zeros(table.num_rows, dtype=bool)
+    total = 1
+    for k in keys:
+        if k["type"] == "categorical":
+            c = category_codes(table, k["column"], k["labels"])
+        else:
+            lo, hi = k["bounds"]
+            values, _ = clamped_values(table, k["column"], lo, hi)
+            c = bin_codes(values, k["edges"])
+        size = len(k["labels"])
+        bad |= c < 0
+        codes = codes * size + np.maximum(c, 0)
+        total *= size
+    codes[bad] = -1
+    return codes, total
+
+
+def first_per_pair(mask: np.ndarray, units: np.ndarray, codes: np.ndarray | None) -> np.ndarray:
+    """``mask`` keeping only the first selected row of each (unit, group) pair."""
+    idx = np.flatnonzero(mask)
+    if idx.size == 0:
+        return mask
+    key = units[idx].astype(np.int64)
+    if codes is not None:
+        key = key * (int(codes.max()) + 1) + codes[idx]
+    _, first = np.unique(key, return_index=True)
+    out = np.zeros_like(mask)
+    out[idx[first]] = True
+    return out
+
+
 def bin_codes(clamped: np.ndarray, edges: list[float]) -> np.ndarray:
     """Bin index of each (clamped) value: bins [e_i, e_i+1), the last one closed;
     -1 for NaN or a value outside [e_0, e_last]."""

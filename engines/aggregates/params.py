@@ -56,6 +56,7 @@ class Query:
     hist: dict | None = None  # {"type": "categorical", "labels"} | {"type": "numeric", "edges"}
     q: float | None = None
     candidates: int | None = None
+    distinct_units: bool = False  # count_distinct of the unit column (query.py)
 
 
 

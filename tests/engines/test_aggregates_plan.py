@@ -42,7 +42,7 @@ def errors_of(kind, params, ds=UNITS) -> dict:
 def test_engine_info_lists_kinds_queue_and_a_schema_per_kind():
     info = agg.engine_info()
     assert info["name"] == "aggregates" and info["queue"] == "cpu" and info["description"]
-    assert info["kinds"] == ["count", "sum", "mean", "variance", "histogram", "quantile"]
+    assert info["kinds"] == ["count", "sum", "mean", "variance", "histogram", "quantile", "query"]
     assert set(info["params_schema"]) == set(info["kinds"])
     for schema in info["params_schema"].values():
         jsonschema.Draft202012Validator.check_schema(schema)
@@ -53,6 +53,11 @@ def test_engine_info_lists_kinds_queue_and_a_schema_per_kind():
     ("sum", {"column": "income", "rho": 0.1, "mechanism": "gaussian", "group_by": "site"}),
     ("histogram", {"column": "age", "bins": [18, 40, 90], "accuracy": {"halfwidth": 10}}),
     ("quantile", {"column": "age", "q": 0.9, "candidates": 200, "epsilon": 1}),
+    ("query", {"select": [{"name": "site", "group": 0}, {"name": "n", "agg": "count"},
+                          {"name": "m", "agg": "quantile", "column": "age", "q": 0.5}],
+               "group_by": [{"column": "site"}], "epsilon": 1,
+               "where": [{"or": [[{"column": "age", "op": "<", "value": 30}], [{"not": [
+                   {"column": "site", "op": "==", "value": "north"}]}]]}]}),
 ])
 def test_valid_params_match_the_published_schema_and_plan(kind, params):
     jsonschema.validate(params, agg.engine_info()["params_schema"][kind])
