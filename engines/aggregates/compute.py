@@ -517,13 +517,20 @@ def quantile_histograms(values: np.ndarray, candidates: np.ndarray, codes: np.nd
 
 def scores_from_histograms(hists: np.ndarray, alpha_num: int, alpha_den: int) -> np.ndarray:
     """OpenDP's quantile scores from ``quantile_histograms``, one row per group."""
+    return np.abs(signed_scores_from_histograms(hists, alpha_num, alpha_den))
+
+
+def signed_scores_from_histograms(hists: np.ndarray, alpha_num: int, alpha_den: int) -> np.ndarray:
+    """``(den - num) * #(x < c) - num * #(x > c)`` per candidate (OpenDP's score before its
+    absolute value): negative below the q-quantile, positive above; a unit moves it by at
+    most the score sensitivity, as it moves the score (|a + t| is 1-Lipschitz in a for a constant t)."""
     hist_lo, hist_ro = hists[0], hists[1]
     m = hist_lo.shape[1] - 1
     n = hist_lo.sum(axis=1)
     lt = np.cumsum(hist_ro[:, :m], axis=1)  # #(x < c_i)
     le = np.cumsum(hist_lo[:, :m], axis=1)  # #(x <= c_i)
     gt = n[:, None] - le
-    return np.abs((alpha_den - alpha_num) * lt - alpha_num * gt)
+    return (alpha_den - alpha_num) * lt - alpha_num * gt
 
 
 def quantile_scores(values: np.ndarray, candidates: np.ndarray, alpha_num: int, alpha_den: int,

@@ -191,6 +191,14 @@ def _quantile(d: dict, hists: np.ndarray, progress) -> dict:
     scores = compute.scores_from_histograms(hists, qd["alpha_num"], qd["alpha_den"])
     progress({"phase": "adding noise", "fraction": 0.8})
     picks = [float(grid[noise.noisy_argmin(row, qd["scale"])]) for row in scores]
-    result = report.quantile(d, picks)
+    ends = None
+    if "interval" in qd:  # plans from before intervals (stored, replayed) have none
+        iv = qd["interval"]
+        _check_cost(iv["epsilon"], noise.noisy_min_cost(iv["scale"], qd["score_sensitivity"]))
+        signed = compute.signed_scores_from_histograms(hists, qd["alpha_num"], qd["alpha_den"])
+        lows = [float(grid[noise.noisy_argmin(np.abs(row + iv["shift"]), iv["scale"])]) for row in signed]
+        highs = [float(grid[noise.noisy_argmin(np.abs(row - iv["shift"]), iv["scale"])]) for row in signed]
+        ends = list(zip(lows, highs))
+    result = report.quantile(d, picks, ends)
     progress({"phase": "done", "fraction": 1.0})
     return result

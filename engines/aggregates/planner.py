@@ -27,7 +27,9 @@ Costs come from OpenDP's privacy maps of the exact measurements the run builds
 - laplace:  ``{"kind": "laplace", "epsilon": map(d_in)}``
 - gaussian: ``{"kind": "gaussian", "noise_multiplier": 1 / sqrt(2 * rho)}`` with
   rho = map(d_in) (zCDP; noise std = multiplier x L2 sensitivity)
-- quantile: ``{"kind": "epsilon_delta", "epsilon": map(k), "delta": 0}``
+- quantile: ``{"kind": "epsilon_delta", "epsilon": map(k), "delta": 0}``, the sum of three
+  such chains: the answer (half of the budget) and the two ends of its interval (a quarter
+  each; report.py)
 - mean / variance: ``{"kind": "composed", "events": [...]}`` of their components.
 """
 
@@ -49,6 +51,8 @@ MAX_INTEGER_SCALE = 1e12  # count noise beyond this says nothing and nears the i
 # answer of inf or NaN is not JSON and would fail the run after the data was read (charged).
 # So no noise scale beyond this, and no sum that could exceed it (rows x sensitivity).
 MAX_MAGNITUDE = 1e150
+#: a quantile's budget: the answer's share, and each end of its 95% interval's (report.py)
+POINT_SHARE, END_SHARE = 0.5, 0.25
 
 
 def _times(k: int, x: float) -> float:
@@ -188,14 +192,19 @@ def _plan_quantile(q: Query, details: dict) -> dict:
         raise PlanError("the candidate grid is not strictly increasing: the bounds are too close for "
                         f"{q.candidates} candidates", {"candidates": "too many for the column's range"})
     epsilon = q.budget[1]
-    scale, score_sens, cost = noise.quantile_chain_cost(grid.tolist(), q.q, q.k, epsilon)
-    if not scale <= MAX_MAGNITUDE:  # the pick would be uniform, and its rank error overflow
-        raise ValueError(f"the noise scale would be {scale:.3g}: the pick would be pure noise")
+    # half of the budget for the answer, a quarter for each end of its interval (report.py)
+    scale, score_sens, cost = noise.quantile_chain_cost(grid.tolist(), q.q, q.k, epsilon * POINT_SHARE)
+    e_scale, _, e_cost = noise.quantile_chain_cost(grid.tolist(), q.q, q.k, epsilon * END_SHARE)
+    if not max(scale, e_scale) <= MAX_MAGNITUDE:  # the pick would be uniform, and its rank error overflow
+        raise ValueError(f"the noise scale would be {max(scale, e_scale):.3g}: the pick would be pure noise")
     num, den = noise.quantile_alpha(q.q)
+    shift = math.ceil(e_scale * math.log(2 * 20 * q.candidates))  # each end errs by more w.p. <= 2.5%
+    total = cost + 2 * e_cost
     details["quantile"] = {
         "q": q.q, "alpha_num": num, "alpha_den": den,
         "grid": {"lower": lo, "upper": hi, "count": q.candidates},
         "scale": scale, "score_sensitivity": score_sens, "epsilon": cost,
+        "interval": {"scale": e_scale, "epsilon": e_cost, "shift": shift},
     }
-    details["cost"] = {"epsilon": cost}
-    return {"kind": "epsilon_delta", "epsilon": cost, "delta": 0.0}
+    details["cost"] = {"epsilon": total}
+    return {"kind": "epsilon_delta", "epsilon": total, "delta": 0.0}
