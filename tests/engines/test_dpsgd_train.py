@@ -75,6 +75,8 @@ def test_a_learnable_task_is_learnt_and_the_saved_model_reloads(table, tmp_path,
     assert release.actual_event is None and r["stopped"] == "completed"
     # Clearly better than chance (the classes are about balanced) on the DP held-out metric.
     assert r["test"]["accuracy"] > 0.75
+    lo, hi = r["test"]["accuracy_ci95"]  # the noise's 95% interval (engines/dpsgd/intervals.py)
+    assert lo <= r["test"]["accuracy"] <= hi and r["eval_ci95_halfwidth"] == p.details["runs"][0]["eval_ci95_halfwidth"]
     # The counts shown are the public ones (from n_units), never the exact counts of usable rows.
     assert r["task"] == "binary" and (r["train_units"], r["test_units"]) == (1600, 400)
 

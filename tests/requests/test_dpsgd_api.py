@@ -51,6 +51,10 @@ def test_it_trains_a_model_with_dp_metrics_epsilon_per_epoch_and_an_audit(
     assert [h["epoch"] for h in history] == [1, 2]
     assert history[0]["epsilon"] < history[1]["epsilon"] == pytest.approx(res["epsilon_spent"])
     assert res["test"]["accuracy"] > 0.65
+    # with its 95% interval from the evaluation noise, as narrow as the plan said
+    lo, hi = res["test"]["accuracy_ci95"]
+    assert lo <= res["test"]["accuracy"] <= hi and all("val_accuracy_ci95" in h for h in history)
+    assert (hi - lo) / 2 < 0.1 and (hi - lo) / 2 <= 2 * res["eval_ci95_halfwidth"]
     # The split's public sizes (from n_units; the exact count of rows with an income would leak).
     assert (res["train_units"], res["test_units"]) == (61_697 - 12_339, 12_339)
     audit = res["audit"]
