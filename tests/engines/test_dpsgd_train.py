@@ -270,7 +270,9 @@ def test_each_step_adds_noise_of_the_planned_scale():
     ("r", "mae", lambda v: v < 2.5),  # predicting the middle of [-10, 10] gives an MAE of about 3.8
 ])
 def test_multiclass_and_regression_tasks_train(table, tmp_path, seeded, target, metric, better_than):
-    params = {**FIXED, "target": target, "features": ["x1", "x2"], "epochs": 3, "eval_epsilon": 1.0}
+    # eval_epsilon 30 over 3 epochs: the released metric within ~0.02 of the exact one (at
+    # 1.0 its noise alone moved the MAE across the bar now and then)
+    params = {**FIXED, "target": target, "features": ["x1", "x2"], "epochs": 3, "eval_epsilon": 30.0}
     _, release = run(params, rows_meta(), table, tmp_path)
     r = release.result
     assert r["task"] == ("multiclass" if target == "klass" else "regression")
