@@ -60,6 +60,8 @@ def test_the_default_configuration_passes():
     ({"REQUEST_HEARTBEAT_SECONDS": 120, "REQUEST_LOST_AFTER_SECONDS": 120}, "governance.E020"),
     ({"REQUEST_HEARTBEAT_SECONDS": 0}, "governance.E020"),
     ({"MAX_UPLOAD_BYTES": 0}, "governance.E006"),
+    ({"WORKER_HEARTBEAT_SECONDS": 0}, "governance.E031"),
+    ({"WORKER_HEARTBEAT_SECONDS": 30, "WORKER_ALIVE_SECONDS": 30}, "governance.E031"),
 ])
 def test_a_malformed_setting_is_a_check_error(overrides, error_id):
     with override_settings(**overrides):
