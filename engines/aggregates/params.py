@@ -57,6 +57,7 @@ class Query:
     q: float | None = None
     candidates: int | None = None
     distinct_units: bool = False  # count_distinct of the unit column (query.py)
+    integer: bool = False  # the value column is declared integer (a quantile's interval ends are whole)
 
 
 
@@ -310,6 +311,7 @@ def validate(kind: str, params: Any, dataset: DatasetMeta) -> Query:
                                         f"{params['column']!r} is {spec.get('type')!r}"
                                         + (" without bounds" if spec.get("type") == "numeric" else ""))
                 q.column = params["column"]
+                q.integer = spec.get("integer") is True
             else:
                 q.column = params["column"]
                 _histogram(q, spec, params, errors)

@@ -18,7 +18,9 @@ Intervals describe the added noise, not sampling error:
   probability >= 97.5% each end's score is within t of its best (the bound below, at 2.5%),
   so the low end has s <= 0 (at or below the q-quantile) and the high end s >= 0: the pair
   holds the true q-quantile with probability >= 95%, up to the grid's resolution, which is
-  why each end is moved one grid step further out (and the interval holds the answer).
+  why each end is moved one grid step further out (and the interval holds the answer); on a
+  column declared integer the ends are rounded out to whole numbers first (many rows tie at
+  each value, and a pick between two values stands for both).
   The shift is a constant, so the shifted score has the sensitivity of the score, and both
   ends cost what OpenDP's map of the chain says, like the answer. Only released picks and
   public numbers make the interval: it reads no data. ``rank_error95`` says how good
@@ -136,6 +138,10 @@ def quantile_interval(details: dict, pick: float, ends) -> list[float] | None:
     g = details["quantile"]["grid"]
     step = (g["upper"] - g["lower"]) / max(g["count"] - 1, 1)
     lo, hi = ends
+    if details["quantile"].get("interval", {}).get("integer"):
+        # a declared-integer column's quantile is a whole number: a pick between two of them
+        # (on a tie's plateau) stands for the whole numbers around it
+        lo, hi = math.floor(lo), math.ceil(hi)
     return _interval(max(g["lower"], min(lo - step, pick)), min(g["upper"], max(hi + step, pick)))
 
 
