@@ -124,6 +124,17 @@ def query_frame(result: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(out, columns=columns + [f"{c}_ci_{e}" for c in aggs for e in ("low", "high")])
 
 
+def _has_parquet() -> bool:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        try:
+            import fastparquet  # noqa: F401
+        except ImportError:
+            return False
+    return True
+
+
 class Result:
     """A request as the service last showed it (``status``, ``progress``, ``event``,
     ``charge``, ``result``), with its release as a DataFrame and its files downloadable."""
@@ -199,5 +210,7 @@ class Result:
         """A synthetic table's rows (downloads ``synthetic.parquet``, or the CSV)."""
         for name, reader in (("synthetic.parquet", pd.read_parquet), ("synthetic.csv", pd.read_csv)):
             if name in self.files:
+                if reader is pd.read_parquet and not _has_parquet() and "synthetic.csv" in self.files:
+                    continue  # no Parquet reader here (pyarrow is a dependency, but a bare pandas may run this)
                 return reader(self.download(name, Path(directory) / name))
         raise ValueError(f"this result holds no synthetic table; its files: {self.files}")
