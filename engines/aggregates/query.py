@@ -87,6 +87,11 @@ def _group_key(i: int, g: Any, dataset: DatasetMeta, errors: dict) -> dict | Non
         if not is_number(w) or w <= 0 or not is_number(mult) or mult == 0:
             _err(errors, key, "width must be a number > 0 and multiplier a non-zero number")
             return None
+        w, mult = float(w), float(mult)
+        ratios = (lo / w, hi / w, (hi / w + 2) * abs(mult), (lo / w - 1) * abs(mult))
+        if not all(math.isfinite(x) and abs(x) < 2**52 for x in ratios):
+            _err(errors, key, f"width {w:g} and multiplier {mult:g} give bins beyond the number range")
+            return None
         first, last = math.floor(lo / w), math.floor(hi / w)
         if last - first + 1 > MAX_GROUPS:
             _err(errors, key, f"{last - first + 1} bins of width {w} in [{lo:g}, {hi:g}]: at most {MAX_GROUPS}")
@@ -105,6 +110,9 @@ def _group_key(i: int, g: Any, dataset: DatasetMeta, errors: dict) -> dict | Non
         return None
     if not isinstance(labels, list) or len(labels) != len(th) + 1 or not all(P._scalar_ok(v) for v in labels):
         _err(errors, key, f"labels must be {len(th) + 1} values (one per bin, the last for ELSE)")
+        return None
+    if len(th) >= MAX_GROUPS or not all(abs(float(t)) < 1e300 for t in th):
+        _err(errors, key, f"at most {MAX_GROUPS - 1} thresholds, each a number below 1e300")
         return None
     cuts = [float(t) if closed == "left" else math.nextafter(float(t), math.inf) for t in th]
     # bins [e_i, e_i+1) over the clamped values; the outer edges hold every value in [lo, hi]
@@ -159,6 +167,9 @@ def validate(params: Any, dataset: DatasetMeta) -> tuple[list, list, list, dict]
             errors[key] = 'must be {"name", "agg", ...} or {"name", "group": index}'
             continue
         name = it["name"]
+        if len(name) > 200:
+            errors[key] = "a column name is at most 200 characters"
+            continue
         if name in names:
             errors[key] = f"the column name {name!r} is used twice: give each its own alias"
             continue
