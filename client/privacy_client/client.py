@@ -181,9 +181,17 @@ class Client:
         raise AssertionError("unreachable")
 
     def run(self, dataset: str, kind: str, *, engine: str = "aggregates", params: dict | None = None,
-            timeout: float | None = None, progress: Any = None, **kw: Any) -> Result:
+            timeout: float | None = None, progress: Any = None, dummy: bool = False, dummy_rows: int = 1000,
+            seed: int = 0, **kw: Any) -> Result:
         """Submit and wait for the result (a progress bar while it runs). Raises
-        ``RequestFailed`` if the request ends without a result."""
+        ``RequestFailed`` if the request ends without a result. ``dummy=True`` (an aggregate
+        but a histogram; so ``count(..., dummy=True)`` and the like too): the request as SQL,
+        run locally on dummy rows like ``sql(..., dummy=True)``, nothing charged."""
+        if dummy:
+            from . import dummy as dummy_run
+
+            sql, options = dummy_run.sql_of(dataset, engine, kind, _params(params, kw))
+            return dummy_run.run(self, sql, dataset, rows=dummy_rows, seed=seed, **options)
         return self._run({"dataset": dataset, "engine": engine, "kind": kind, "params": _params(params, kw)},
                          timeout, progress)
 

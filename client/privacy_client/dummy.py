@@ -99,3 +99,50 @@ def _release(request: dict, names: list[str], answer: list[list]) -> dict:
     value = answer[0][-1] if answer and answer[0] else None
     return {"kind": kind, "value": value, "ci95": None, "dummy": True}
 
+
+
+_AGG = {"count": "COUNT(*)", "sum": "SUM({c})", "mean": "AVG({c})", "variance": "VARIANCE({c})",
+        "quantile": "QUANTILE({c}, {q})"}
+_OPS = {"==": "=", "!=": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">=", "in": "IN", "not_in": "NOT IN"}
+SHAPE_KEYS = ("column", "q", "where", "group_by")
+
+
+def _ident(name: str) -> str:
+    return '"' + str(name).replace('"', '""') + '"'
+
+
+def _lit(v: Any) -> str:
+    if isinstance(v, bool):
+        return "TRUE" if v else "FALSE"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return "'" + str(v).replace("'", "''") + "'"
+
+
+def _where(preds: list) -> str:
+    out = []
+    for p in preds:
+        if "or" in p:
+            out.append("(" + " OR ".join("(" + _where(b) + ")" for b in p["or"]) + ")")
+        elif "not" in p:
+            out.append("NOT (" + _where(p["not"]) + ")")
+        elif p["op"] in ("in", "not_in"):
+            out.append(f"{_ident(p['column'])} {_OPS[p['op']]} ({', '.join(_lit(v) for v in p['value'])})")
+        else:
+            out.append(f"{_ident(p['column'])} {_OPS[p['op']]} {_lit(p['value'])}")
+    return " AND ".join(out)
+
+
+def sql_of(dataset: str, engine: str, kind: str, params: dict) -> tuple[str, dict]:
+    """An aggregates request (JSON) as the SQL it equals, and its privacy options."""
+    if engine != "aggregates" or kind not in _AGG:
+        raise ValueError(f"dummy=True runs aggregates as SQL: count, sum, mean, variance, quantile; not "
+                         f"{engine}.{kind} (try a histogram as a GROUP BY query with sql(..., dummy=True))")
+    agg = _AGG[kind].format(c=_ident(params.get("column", "")), q=_lit(params.get("q", 0.5)))
+    by = params.get("group_by")
+    sql = "SELECT " + (f"{_ident(by)}, " if by else "") + agg + f" FROM {_ident(dataset)}"
+    if params.get("where"):
+        sql += " WHERE " + _where(params["where"])
+    if by:
+        sql += f" GROUP BY {_ident(by)}"
+    return sql, {k: v for k, v in params.items() if k not in SHAPE_KEYS}

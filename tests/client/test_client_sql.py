@@ -122,3 +122,18 @@ def test_the_command_line_says_when_the_service_is_unreachable(capsys):
         port = s.getsockname()[1]
     assert cli.main(["--url", f"http://127.0.0.1:{port}", "--token", "t", "datasets"]) == 3
     assert "connection.failed" in capsys.readouterr().err
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_pandas_like_calls_take_dummy_too(server):
+    pytest.importorskip("duckdb")
+    dummy = server.analyst.mean("clinic", "income", by="site", where=[("age", ">=", 30), ("site", "in", ["north", "east"])],
+                                dummy=True, dummy_rows=300)
+    real = server.analyst.mean("clinic", "income", by="site", where=[("age", ">=", 30), ("site", "in", ["north", "east"])],
+                               epsilon=0.5)
+    assert list(dummy.df.columns) == list(real.df.columns) and dummy.df.index.name == real.df.index.name == "site"
+    assert set(dummy.df.index) <= set(real.df.index)
+    assert server.analyst.count("clinic", dummy=True, dummy_rows=77).df["value"].iloc[0] == 77
+    assert LedgerEntry.objects.count() == 1  # only the real one
+    with pytest.raises(ValueError):
+        server.analyst.histogram("clinic", "site", dummy=True)
