@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -21,7 +22,7 @@ from urllib.parse import quote
 import pandas as pd
 import requests
 
-from .errors import ApiError, RequestFailed, ServerTimeout, ServerUnreachable, WaitTimeout, error_for
+from .errors import ApiError, NotFound, RequestFailed, ServerTimeout, ServerUnreachable, WaitTimeout, error_for
 from .results import Dataset, Estimate, Result, datasets_frame
 from .waiting import Backoff, progress_sink
 
@@ -119,7 +120,8 @@ class Client:
         return datasets_frame(self.datasets())
 
     def dataset(self, name: str) -> Dataset:
-        return Dataset.from_json(self._call("GET", f"/api/datasets/{_seg(name)}/"))
+        with _naming_dataset(name):
+            return Dataset.from_json(self._call("GET", f"/api/datasets/{_seg(name)}/"))
 
     def engines(self) -> list[dict[str, Any]]:
         """The engines, their kinds and each kind's parameter schema."""
@@ -128,7 +130,8 @@ class Client:
     def preview(self, dataset: str, rows: int = 100, seed: int = 0) -> pd.DataFrame:
         """Dummy rows generated from the dataset's public schema alone (free; no stored row
         is read): for trying code and queries before spending budget."""
-        body = self._call("GET", f"/api/datasets/{_seg(dataset)}/preview/", params={"rows": rows, "seed": seed})
+        with _naming_dataset(dataset):
+            body = self._call("GET", f"/api/datasets/{_seg(dataset)}/preview/", params={"rows": rows, "seed": seed})
         return pd.DataFrame(body["data"], columns=body["columns"])
 
     # ------------------------------------------------------------------ cost first
@@ -364,6 +367,17 @@ def _table_of(sql: str) -> str:
 
 def _seg(value: Any) -> str:
     return quote(str(value), safe="")
+
+
+@contextlib.contextmanager
+def _naming_dataset(name: str):
+    """A 404 on a dataset's URL says which dataset, and where the names are."""
+    try:
+        yield
+    except NotFound as e:
+        detail = (f"No dataset {name!r} that you may use (the service says: {e.detail or 'not found'}); "
+                  "datasets() lists yours")
+        raise NotFound(e.code, e.status, detail, {**e.body, "dataset": name}) from None
 
 
 def _reason(e: Exception) -> str:

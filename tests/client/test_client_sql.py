@@ -137,3 +137,14 @@ def test_the_pandas_like_calls_take_dummy_too(server):
     assert LedgerEntry.objects.count() == 1  # only the real one
     with pytest.raises(ValueError):
         server.analyst.histogram("clinic", "site", dummy=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dataset_that_is_not_there_is_named_in_the_error(server):
+    import privacy_client as pc
+
+    with pytest.raises(pc.NotFound) as e:
+        server.analyst.preview("nope")
+    assert "'nope'" in str(e.value) and "datasets()" in str(e.value) and e.value.code == "not_found"
+    with pytest.raises(pc.NotFound):
+        server.analyst.dataset("nope")
