@@ -2,7 +2,9 @@
 
 ``translate(sql, options)`` parses one statement with sqlglot and returns a ``SqlRequest``:
 the dataset (the FROM table), the aggregates kind and its ``params`` exactly as a JSON
-request would write them. Nothing here reads data or knows Django; the engine's own
+request would write them: the simplest shape (one aggregate without an alias, at most one
+plain GROUP BY column, predicates joined by AND) as its own kind (count, mean, ...), any
+other as the ``query`` kind (query.py). Nothing here reads data or knows Django; the engine's own
 ``validate``/``make_plan`` then check columns, bounds and domains and price the request,
 so a SQL query and its JSON twin give the same event, the same cost and the same
 fingerprint (the second one is replayed free).
@@ -10,14 +12,19 @@ fingerprint (the second one is replayed free).
 What is understood (everything else is a ``SqlUnsupported`` naming the part):
 
 - one table: ``FROM name`` (quote names with a hyphen: ``FROM "gss-wages"``);
-- one aggregate in the select list, optionally beside the GROUP BY column:
-  ``COUNT(*)`` (or ``COUNT(1)``), ``SUM(col)``, ``AVG(col)``, ``VARIANCE(col)`` / ``VAR_POP(col)`` /
-  ``VAR_SAMP(col)`` (the engine's variance, the population form), ``MEDIAN(col)``,
-  ``QUANTILE(col, q)``, ``APPROX_QUANTILE(col, q)`` and
-  ``PERCENTILE_CONT(q) WITHIN GROUP (ORDER BY col)``; an alias is allowed;
-- ``WHERE``: predicates joined by AND: ``col op literal`` (=, <>, !=, <, <=, >, >=, either
-  side), ``col [NOT] IN (literals)``, ``col BETWEEN a AND b`` (two predicates);
-- ``GROUP BY col``: one column (the engine requires a declared domain).
+- aggregates in the select list, beside the GROUP BY keys, each with an optional alias
+  (it names the column): ``COUNT(*)`` (or ``COUNT(1)``), ``COUNT(DISTINCT unit_column)``,
+  ``SUM(col)``, ``AVG(col)``, ``VARIANCE(col)`` / ``VAR_POP(col)`` / ``VAR_SAMP(col)`` (the
+  engine's variance, the population form), ``MEDIAN(col)``, ``QUANTILE(col, q)``,
+  ``APPROX_QUANTILE(col, q)``, ``PERCENTILE_CONT(q) WITHIN GROUP (ORDER BY col)``, ``MIN`` /
+  ``MAX`` (the DP quantiles ``MIN_Q`` / ``MAX_Q``);
+- ``WHERE``: ``col op literal`` (=, <>, !=, <, <=, >, >=, either side), ``col [NOT] IN
+  (literals)``, ``col BETWEEN a AND b``, joined by AND, OR and NOT;
+- ``GROUP BY``: up to 4 keys, each a column with a declared domain, ``FLOOR(col / w) [* m]``
+  or ``CASE WHEN col < a THEN 'x' ... ELSE 'z' END`` (bins over the declared bounds), by
+  the expression, its alias or its position;
+- ``HAVING`` (comparisons of selected columns with literals, ANDed), ``ORDER BY`` and
+  ``LIMIT``: post-processing of the released values (query.py).
 
 The privacy options (``epsilon``, ``rho``, ``accuracy``, ``mechanism``,
 ``max_rows_per_unit``, ``candidates``) come beside the SQL, never inside it.
@@ -261,6 +268,12 @@ def _group_keys(tree: exp.Select) -> tuple[list[dict], list[str]]:
     for node in group.expressions:
         if isinstance(node, exp.Column) and not node.args.get("table") and node.name in aliases:
             node = aliases[node.name]  # GROUP BY decade, the alias of FLOOR(age / 10) * 10
+        elif isinstance(node, exp.Literal) and not node.is_string:  # GROUP BY 1: the first selected column
+            pos = _literal(node, "GROUP BY")
+            if not isinstance(pos, int) or not 1 <= pos <= len(tree.expressions):
+                raise _unsupported(f"GROUP BY {node.sql()[:20]}", f"a position between 1 and {len(tree.expressions)}")
+            item = tree.expressions[pos - 1]
+            node = item.this if isinstance(item, exp.Alias) else item
         keys.append(_group_key(node))
         texts.append(_norm(node))
     return keys, texts

@@ -146,6 +146,8 @@ CASES = [
     Case("order-key", "gss", "SELECT maritalcat, MEDIAN(age) AS m FROM gss GROUP BY maritalcat ORDER BY maritalcat",
          truth="SELECT maritalcat, MEDIAN(age) FROM gss WHERE maritalcat IS NOT NULL GROUP BY maritalcat "
                "ORDER BY maritalcat"),
+    Case("group-position", "cps", "SELECT region, AVG(experience) AS e FROM cps GROUP BY 1"),
+    Case("not-between", "gss", "SELECT AVG(prestg10) AS p FROM gss WHERE age NOT BETWEEN 30 AND 60"),
     # ---- COUNT(DISTINCT unit)
     Case("distinct-units", "cps", "SELECT COUNT(DISTINCT rownames) AS people FROM cps"),
     Case("distinct-units-grouped", "cps", "SELECT region, COUNT(DISTINCT rownames) AS people FROM cps "
