@@ -67,6 +67,8 @@ class Coordinator:
         self.run_nonce = secrets.token_hex(16)
         self.node_site: dict[int, str] = {}
         self.refused: dict[int, str] = {}  # node -> why (unregistered, bad MAC, schema, other dataset)
+        self.refused_sites: set[str] = set()
+        self.lost: dict[int, str] = {}  # node -> site: bound, then silent past a round's timeout  # registered sites that proved who they are but were refused
         self.rounds = 0
         self.evals = 0
         self.history: list[dict] = []
@@ -114,7 +116,7 @@ class Coordinator:
         return site, None, arrays, reply
 
     def identify(self) -> None:
-        new = [n for n in self.t.nodes() if n not in self.node_site and n not in self.refused]
+        new = [n for n in self.t.nodes() if n not in self.node_site and n not in self.refused and n not in self.lost]
         if not new:
             return
         jobs = {n: self._job("hello", self.rounds) for n in new}
@@ -129,13 +131,16 @@ class Coordinator:
                 self.node_site[n] = site
             else:
                 self.refused[n] = why if site is None else f"{site}: {why}"
+                if site is not None:
+                    self.refused_sites.add(site)
                 self.emit({"event": "refused", "node": str(n), "site": site, "why": why})
 
     def wait_for_sites(self) -> None:
         deadline = time.monotonic() + self.wait_sites_seconds
         while True:
             self.identify()
-            if len(self.node_site) >= len(self.keys) or time.monotonic() >= deadline:
+            answered = set(self.node_site.values()) | self.refused_sites
+            if answered >= set(self.keys) or time.monotonic() >= deadline:
                 return
             time.sleep(0.5)
 
@@ -166,8 +171,9 @@ class Coordinator:
         accepted, rejected, recv_bytes = [], {}, 0
         for n in sends:
             site = self.node_site[n]
-            if n not in got:
+            if n not in got:  # dropped (killed, cut off): its share counts 0; a restart is a new node
                 rejected[site] = "no reply in time"
+                self.lost[n] = self.node_site.pop(n)
                 continue
             _, why, arrays, _ = self._check(n, "train", jobs[n], got[n])
             if why is None:
@@ -208,6 +214,7 @@ class Coordinator:
         sites = []
         for n in nodes:
             if n not in got:
+                self.lost[n] = self.node_site.pop(n)
                 continue
             site, why, _, reply = self._check(n, "evaluate", jobs[n], got[n])
             ev = reply.get("eval") if why is None else None

@@ -92,38 +92,42 @@ def execute(request: EngineRequest, dataset, fed: Federation, plan: Plan, progre
 
 
 def _follow(d: dict, jobdir: Path, run_id: str, fed: Federation, progress, workdir: Path | None) -> Release:
-    seen = 0
-    last = time.monotonic()
+    state = {"seen": 0, "rounds": 0, "evals": 0, "last": time.monotonic()}
     quiet = fed.wait_sites_seconds + 3 * fed.round_timeout + 60
     result_path = jobdir / "result.json"
-    rounds = evals = 0
-    while not result_path.exists():
-        lines = (jobdir / "progress.jsonl").read_text().splitlines() if (jobdir / "progress.jsonl").exists() else []
-        for line in lines[seen:]:
+
+    def drain() -> None:
+        """Forward the ServerApp's new progress lines (a cancel raised here stops the run)."""
+        path = jobdir / "progress.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        complete = lines if not lines or path.read_text().endswith("\n") else lines[:-1]
+        for line in complete[state["seen"]:]:
+            state["seen"] += 1
+            state["last"] = time.monotonic()
             ev = json.loads(line)
-            last = time.monotonic()
             if ev.get("event") == "round":
-                rounds = ev["round"]
-                evals = ev.get("evals", evals)
+                state["rounds"], state["evals"] = ev["round"], ev.get("evals", state["evals"])
                 try:
                     progress(_round_progress(d, ev))
                 except Cancelled as c:
-                    c.actual_event = _cancel(d, jobdir, rounds, evals)
+                    c.actual_event = _cancel(d, jobdir, state["rounds"], state["evals"])
                     raise
             elif ev.get("event") in ("sites", "refused"):
                 progress({"phase": "sites", "fraction": 0.0, **{k: v for k, v in ev.items() if k != "event"}})
-        seen = len(lines)
-        if time.monotonic() - last > quiet:
-            status = run_status(jobdir, run_id)
-            if status.startswith("finished"):
+
+    while not result_path.exists():
+        drain()
+        if time.monotonic() - state["last"] > quiet:
+            if run_status(jobdir, run_id).startswith("finished"):
                 break
-            last = time.monotonic()
+            state["last"] = time.monotonic()
         time.sleep(0.2)
     if not result_path.exists():
         status = run_status(jobdir, run_id)
         err = FederatedRunError(f"the ServerApp ended without a result: {status}")
-        err.actual_event = planner.rounds_event(d, rounds, evals) if rounds else None
+        err.actual_event = planner.rounds_event(d, state["rounds"], state["evals"]) if state["rounds"] else None
         raise err
+    drain()
     result = json.loads(result_path.read_text())
     return _release(d, result, workdir, run_id)
 
