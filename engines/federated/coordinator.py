@@ -76,7 +76,9 @@ class Coordinator:
         self.shapes = [a.shape for a in self.weights]
         self.private = self.spec["private"]
         self.eval_at = set(planner.eval_rounds(self.spec["rounds"], self.spec["eval_every"]))
-        self.clip = self.spec["clip_norm"] if self.private else math.inf
+        self.local = details.get("local")  # local sample-level DP: per-site q, z, steps
+        # central DP bounds each site's update by C; local DP's updates are private already (finite is enough)
+        self.clip = self.spec["clip_norm"] if self.private and not self.local else math.inf
         self.noise = Noise.from_dict(details["eval_noise"]) if details.get("eval_noise") else None
         import torch
 
@@ -84,13 +86,18 @@ class Coordinator:
         self.gen.manual_seed(int.from_bytes(os.urandom(8), "little"))
 
     # ------------------------------------------------------------------ messages
-    def _job(self, kind: str, rnd: int) -> dict:
+    def _job(self, kind: str, rnd: int, site: str | None = None) -> dict:
         s = self.spec
         site_spec = {k: s[k] for k in ("features", "target", "task", "test_fraction", "local_epochs",
                                       "local_learning_rate", "local_batch_size")}
         site_spec["clip_norm"] = s["clip_norm"] if self.private else None
-        return {"kind": kind, "round": rnd, "nonce": secrets.token_hex(16), "run_nonce": self.run_nonce,
-                "dataset": self.d["dataset"], "spec": site_spec}
+        job = {"kind": kind, "round": rnd, "nonce": secrets.token_hex(16), "run_nonce": self.run_nonce,
+               "dataset": self.d["dataset"], "spec": site_spec}
+        if self.local and site is not None:
+            ls = self.local[site]
+            job["local_dp"] = {"q": ls["q"], "z": ls["z"], "steps": ls["steps_per_round"], "clip": s["clip_norm"],
+                               "n_train": ls["n_train"]}
+        return job
 
     def _check(self, node: int, kind: str, job: dict, got) -> tuple[str | None, str | None, list, dict]:
         """(site or None, why refused or None, arrays, reply)."""
@@ -163,7 +170,7 @@ class Coordinator:
         for s in sampled:
             if s in site_node:
                 n = site_node[s]
-                jobs[n] = self._job("train", rnd)
+                jobs[n] = self._job("train", rnd, s)
                 sends[n] = ("train", jobs[n], self.weights)
         sent_bytes = sum(a.nbytes for a in self.weights) * len(sends)
         got = self.t.exchange(sends, self.round_timeout)
@@ -187,7 +194,9 @@ class Coordinator:
             for t, a in zip(total, arrays):
                 t += a
         # the round is spent once the noisy sum is formed, whoever replied
-        if self.private:
+        if self.private and self.local:  # noise was added at the sites: the plain mean of the replies
+            mean = [t / max(len(accepted), 1) for t in total]
+        elif self.private:
             z, c = self.d["noise_multiplier"], self.spec["clip_norm"]
             mean = dpfedavg.noisy_mean(total, z * c, q * self.spec["n_sites"], self.gen)
         else:

@@ -3,8 +3,9 @@
 
 Parameters (kind ``train``): ``target``, ``task`` (binary | multiclass), ``target_threshold``,
 ``positive_values``, ``features`` (as the dpsgd engine: declared numeric columns with bounds
-and categorical columns with a domain); ``mode`` ("central": client-level DP-FedAvg, the
-only mode so far); ``rounds``; ``sites_per_round`` (expected sites per round: q =
+and categorical columns with a domain); ``mode`` ("central": client-level DP-FedAvg; "local":
+sample-level DP-SGD at each site, ``clip_norm`` then clipping each row's gradient and
+``local_batch_size`` the expected Poisson batch; see ``planner``); ``rounds``; ``sites_per_round`` (expected sites per round: q =
 sites_per_round / registered sites, default all); ``target_epsilon`` (a number, or "inf"
 for non-private FedAvg) or ``noise_multiplier``; ``max_epsilon`` (stop before a round that
 would pass it); ``clip_norm`` C (of a site's whole update); ``local_epochs``,
@@ -23,7 +24,7 @@ from engines.types import DatasetMeta, PlanError
 from engines.validation import is_number
 
 KINDS = ("train",)
-MODES = ("central",)
+MODES = ("central", "local")
 MAX_ROUNDS = 1000
 MAX_FEATURES = 200
 DEFAULT_EVAL_SHARE = 0.05
@@ -89,7 +90,9 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
                              "evaluation bounds rows, not units)")
     mode = params.get("mode", "central")
     if mode not in MODES:
-        errors["mode"] = f"must be one of {', '.join(MODES)} (local sample-level DP is not built yet), got {mode!r}"
+        errors["mode"] = f"must be one of {', '.join(MODES)}, got {mode!r}"
+    elif mode == "local" and any(not isinstance(s.get("n_rows"), int) or s["n_rows"] < 10 for s in sites):
+        errors["dataset"] = "local DP needs every registered site's row count (at least 10): it fixes the sampling"
     if params.get("secure_aggregation", False) is not False:
         errors["secure_aggregation"] = "SecAgg+ is not wired yet: the server checks each site's update itself"
 

@@ -9,7 +9,8 @@ Parquet file), ``key-file`` (its secret). Kinds:
   schema sent in the job; refuses a dataset other than its own.
 - ``train``: local SGD from the global weights on the site's training split; the update
   (new minus global weights) is clipped to ``clip_norm`` here, before it leaves the site
-  (the server checks it again); also the exact held-out sums of the global model.
+  (the server checks it again); also the exact held-out sums of the global model. In
+  local mode (``local_dp`` in the job) the site runs DP-SGD instead (``model.dp_sgd``).
 - ``evaluate``: the exact held-out sums (correct predictions, rows) of the global model;
   the server adds the noise (central DP: the service is the trusted aggregator).
 
@@ -65,9 +66,13 @@ def handle(kind: str, job: dict, arrays: list[np.ndarray], node_config: dict) ->
                      "count": float(len(x_te))}
     if kind == "evaluate":
         return sign(out)
-    rng = np.random.default_rng()
-    new = model.local_train(w, x_tr, y_tr, epochs=spec["local_epochs"], lr=spec["local_learning_rate"],
-                            batch=spec["local_batch_size"], rng=rng)
+    local = job.get("local_dp")
+    if local:  # sample-level DP at the site: the update leaves the site already private
+        new = model.dp_sgd(w, x_tr, y_tr, steps=local["steps"], q=local["q"], z=local["z"], clip=local["clip"],
+                           expected=local["q"] * local["n_train"], lr=spec["local_learning_rate"])
+    else:
+        new = model.local_train(w, x_tr, y_tr, epochs=spec["local_epochs"], lr=spec["local_learning_rate"],
+                                batch=spec["local_batch_size"], rng=np.random.default_rng())
     update = [a - b for a, b in zip(new, w)]
     misbehave = str(node_config.get("misbehave", ""))
     if misbehave == "oversized":
@@ -76,7 +81,7 @@ def handle(kind: str, job: dict, arrays: list[np.ndarray], node_config: dict) ->
     elif misbehave == "nan":
         update[0] = update[0].copy()
         update[0].flat[0] = np.nan
-    elif spec["clip_norm"] is not None:
+    elif spec["clip_norm"] is not None and not local:
         update, norm = dpfedavg.clip(update, spec["clip_norm"])
         reply["norm_before_clip"] = norm
     return sign(update)

@@ -119,3 +119,12 @@ def test_poisson_sampling_with_few_sites_per_round(tmp_path, tables):
     sizes = {len(h["sites"]["sampled"]) for h in r["history"]}
     assert sizes <= {0, 1, 2, 3}
     assert [bool(h["eval"]) for h in r["history"]] == [False] * 5 + [True]
+
+
+def test_local_dp_mode_trains_with_dp_sgd_at_each_site(tmp_path, tables):
+    c, r, p = run(tmp_path, [node(tmp_path, s, t) for s, t in zip(SITES, tables)], target_epsilon=8.0,
+                  mode="local", rounds=3, local_batch_size=32, eval_epsilon=1.0)
+    assert r["stopped"] == "completed" and all(h["sites"]["accepted"] == SITES for h in r["history"])
+    assert r["epsilon"] == pytest.approx(p.details["planned_epsilon"]) and r["epsilon"] <= 8.0 * (1 + 1e-9)
+    assert r["history"][-1]["eval"]["accuracy"] > 0.6  # noisy DP estimate of a model that learned
+    assert all(np.all(np.isfinite(np.asarray(w))) for w in r["weights"])

@@ -66,7 +66,7 @@ def test_non_private_fedavg_is_a_non_private_event():
 
 @pytest.mark.parametrize("params, field", [
     ({"target_epsilon": 1.0, "noise_multiplier": 1.0}, "target_epsilon"),
-    ({"target_epsilon": 1.0, "mode": "local"}, "mode"),
+    ({"target_epsilon": 1.0, "mode": "secure"}, "mode"),
     ({"target_epsilon": 1.0, "secure_aggregation": True}, "secure_aggregation"),
     ({"target_epsilon": 1.0, "sites_per_round": 9}, "sites_per_round"),
     ({"target_epsilon": 1.0, "rounds": 0}, "rounds"),
@@ -100,3 +100,23 @@ def test_the_engine_answers_through_the_plugin_manager():
         assert math.isfinite(p.details["noise_multiplier"])
     finally:
         plugins.pm.unregister(name="engines.federated-test")
+
+
+def test_local_mode_states_the_costliest_sites_dp_sgd_run():
+    from engines.federated.types import FederatedDatasetMeta
+
+    base = meta(SITES)
+    sites = tuple({"site": s, "n_rows": n} for s, n in zip(SITES, [200, 400, 400, 800, 1600]))
+    ds = FederatedDatasetMeta(**{**base.__dict__, "sites": sites})
+    p = plan(ds, target_epsilon=3.0, rounds=4, mode="local", local_batch_size=32, eval_epsilon=0.0)
+    local = p.details["local"]
+    assert local["s0"]["q"] == pytest.approx(32 / 160) and local["s0"]["steps_per_round"] == 5
+    for s in local.values():  # every site's own run meets the target
+        assert calibrate.epsilon(s["q"], s["z"], 4 * s["steps_per_round"], 0, 0, 1e-5) <= 3.0 * (1 + 1e-9)
+    eps = {k: calibrate.epsilon(s["q"], s["z"], 4 * s["steps_per_round"], 0, 0, 1e-5) for k, s in local.items()}
+    worst = max(eps, key=eps.get)
+    assert p.event["noise_multiplier"] == local[worst]["z"] and p.event["sample_rate"] == local[worst]["q"]
+    assert p.details["planned_epsilon"] == pytest.approx(max(eps.values()))
+    assert planner.rounds_event(p.details, 2, 0)["steps"] == 2 * local[max(
+        local, key=lambda k: calibrate.epsilon(local[k]["q"], local[k]["z"], 2 * local[k]["steps_per_round"], 0, 0,
+                                               1e-5))]["steps_per_round"]
