@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.types import DatasetMeta, PlanError
-from engines.validation import MAX_EPSILON, is_number
+from engines.validation import MAX_EPSILON, MAX_UNKNOWN_REPORTED, is_number, unknown_keys
 
 KINDS = ("count", "sum", "mean", "variance", "histogram", "quantile")
 VALUE_KINDS = ("sum", "mean", "variance", "quantile")  # need a bounded numeric column
@@ -25,7 +25,6 @@ DEFAULT_CANDIDATES = 1024
 MAX_CANDIDATES = 100_000
 MAX_BINS = 10_000
 MAX_SCORE_CELLS = 20_000_000  # groups x (candidates + 1) for a grouped quantile
-MAX_UNKNOWN_REPORTED = 10
 MAX_HALFWIDTH = 1e15  # an accuracy target wider than any declared bound allows is a mistake
 
 COMMON_KEYS = {"where", "group_by", "mechanism", "epsilon", "rho", "accuracy", "max_rows_per_unit"}
@@ -234,11 +233,11 @@ def validate(kind: str, params: Any, dataset: DatasetMeta) -> Query:
         raise PlanError("params must be a JSON object", {"params": "must be an object"})
     errors: dict[str, str] = {}
     allowed = COMMON_KEYS | KIND_KEYS[kind]
-    unknown = sorted(set(params) - allowed, key=str)
-    for key in unknown[:MAX_UNKNOWN_REPORTED]:  # a hostile request may send a million
-        errors[str(key)[:100]] = f"unknown parameter for {kind}; allowed: {', '.join(sorted(allowed))}"
-    if len(unknown) > MAX_UNKNOWN_REPORTED:
-        errors["params"] = f"{len(unknown)} unknown parameters in all"
+    unknown, n_unknown = unknown_keys(params, allowed)
+    for key in unknown:  # a hostile request may send a million
+        errors[key[:100]] = f"unknown parameter for {kind}; allowed: {', '.join(sorted(allowed))}"
+    if n_unknown > MAX_UNKNOWN_REPORTED:
+        errors["params"] = f"{n_unknown} unknown parameters in all"
 
     # ---- mechanism and privacy budget
     mech = params.get("mechanism")

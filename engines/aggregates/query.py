@@ -35,7 +35,7 @@ import math
 from typing import Any
 
 from engines.types import DatasetMeta, EngineRequest, Plan, PlanError
-from engines.validation import is_number
+from engines.validation import is_number, unknown_keys
 
 from . import params as P
 
@@ -139,7 +139,7 @@ def validate(params: Any, dataset: DatasetMeta) -> tuple[list, list, list, dict]
     if not isinstance(params, dict):
         raise PlanError("params must be a JSON object", {"params": "must be an object"})
     errors: dict[str, str] = {}
-    for k in sorted(set(params) - QUERY_KEYS, key=str)[:P.MAX_UNKNOWN_REPORTED]:
+    for k in unknown_keys(params, QUERY_KEYS)[0]:
         errors[str(k)[:100]] = f"unknown parameter for query; allowed: {', '.join(sorted(QUERY_KEYS))}"
     gb = params.get("group_by", [])
     keys: list[dict] = []

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 from engines.dpsgd.params import _Errors, _feature_spec, _target_spec
 from engines.types import DatasetMeta, PlanError
-from engines.validation import is_number
+from engines.validation import is_number, unknown_keys, unknown_message
 
 KINDS = ("train",)
 MODES = ("central", "local")
@@ -76,9 +76,9 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     if not isinstance(params, dict):
         raise PlanError("params must be an object", {"params": "must be an object"})
     errors = _Errors()
-    unknown = sorted(set(params) - KEYS)
+    unknown, n_unknown = unknown_keys(params, KEYS)
     if unknown:
-        errors["params"] = f"unknown parameter(s): {', '.join(unknown)}"
+        errors["params"] = f"unknown parameter(s): {unknown_message(unknown, n_unknown)}"
     sites = registered_sites(ds)
     ids = [s.get("site") for s in sites]
     if not sites:
