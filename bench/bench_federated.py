@@ -59,6 +59,8 @@ from engines.types import DatasetMeta, EngineRequest  # noqa: E402
 FEATURES = ["age", "prestg10", "childs", "occrecode", "wrkstat", "gender", "educcat", "maritalcat"]
 TARGET = {"target": "realrinc", "target_threshold": 20_000}
 DELTA = 1e-5
+# dp_accounting's orders: every 0.01 below 64 (a coarse grid alone misses the best order by up to a few %)
+DENSE_ORDERS = [1 + i / 100 for i in range(1, 6300)] + list(range(64, 257))
 
 
 def log(*a):
@@ -114,7 +116,7 @@ def independent_epsilon(event: dict, delta: float) -> float | None:
             return dp_accounting.ComposedDpEvent([conv(x) for x in e["events"]])
         raise ValueError(k)
 
-    acc = rdp_lib.RdpAccountant(orders=[1 + x / 20 for x in range(1, 200)] + list(range(11, 257)))
+    acc = rdp_lib.RdpAccountant(orders=DENSE_ORDERS)
     acc.compose(conv(event))
     return acc.get_epsilon(delta)
 
