@@ -57,13 +57,14 @@ class LocalTransport:
 class Coordinator:
     def __init__(self, details: dict, site_keys: dict[str, str], transport, *, emit: Callable[[dict], None],
                  cancelled: Callable[[], bool] = lambda: False, wait_sites_seconds: float = 30.0,
-                 round_timeout: float = 120.0):
+                 round_timeout: float = 120.0, min_sites: int | None = None):
         self.d = details
         self.spec = details["spec"]
         self.keys = {s: k for s, k in site_keys.items() if s in self.spec["sites"]}  # registered for this dataset
         self.t = transport
         self.emit, self.cancelled = emit, cancelled
         self.wait_sites_seconds, self.round_timeout = wait_sites_seconds, round_timeout
+        self.min_sites = min_sites
         self.run_nonce = secrets.token_hex(16)
         self.node_site: dict[int, str] = {}
         self.refused: dict[int, str] = {}  # node -> why (unregistered, bad MAC, schema, other dataset)
@@ -147,7 +148,8 @@ class Coordinator:
         while True:
             self.identify()
             answered = set(self.node_site.values()) | self.refused_sites
-            if answered >= set(self.keys) or time.monotonic() >= deadline:
+            enough = self.min_sites is not None and len(self.node_site) >= self.min_sites
+            if answered >= set(self.keys) or enough or time.monotonic() >= deadline:
                 return
             time.sleep(0.5)
 

@@ -83,7 +83,8 @@ def execute(request: EngineRequest, dataset, fed: Federation, plan: Plan, progre
     try:
         (jobdir / "job.json").write_text(json.dumps({
             "details": d, "site_keys": {s: k for s, k in fed.site_keys.items() if s in d["spec"]["sites"]},
-            "wait_sites_seconds": fed.wait_sites_seconds, "round_timeout": fed.round_timeout}))
+            "wait_sites_seconds": fed.wait_sites_seconds, "round_timeout": fed.round_timeout,
+            "min_sites": fed.min_sites}))
         progress({"phase": "submitting", "fraction": 0.0})
         run_id = submit(jobdir, fed)
         return _follow(d, jobdir, run_id, fed, progress, Path(workdir) if workdir else None)

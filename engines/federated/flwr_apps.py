@@ -105,7 +105,7 @@ def main(grid: Grid, context: Context) -> None:
     coord = Coordinator(job["details"], job["site_keys"], GridTransport(grid), emit=emit,
                         cancelled=lambda: (jobdir / "cancel").exists(),
                         wait_sites_seconds=job.get("wait_sites_seconds", 30.0),
-                        round_timeout=job.get("round_timeout", 120.0))
+                        round_timeout=job.get("round_timeout", 120.0), min_sites=job.get("min_sites"))
     emit({"event": "started", "pid": os.getpid()})
     try:
         reason = coord.run()

@@ -28,5 +28,6 @@ class Federation:
     site_keys: dict = field(default_factory=dict)  # site id -> shared secret (str)
     insecure: bool = True  # plain HTTP on a trusted network (localhost in tests); TLS: root_certificates
     root_certificates: str | None = None
-    wait_sites_seconds: float = 30.0  # how long the first round waits for sampled sites to connect
+    wait_sites_seconds: float = 30.0  # how long the first round waits for the registered sites to connect
+    min_sites: int | None = None  # start as soon as this many registered sites are connected (None: all)
     round_timeout: float = 120.0  # a sampled site that has not replied by then is dropped from the round

@@ -76,7 +76,8 @@ def test_a_site_killed_mid_run_and_a_site_joining_late(cluster, tmp_path):
             cluster.kill_site("c")
             cluster.start_site("d", tables[3])
 
-    rel = plugins.run("federated", req, ds, fed(cluster, registered, wait_sites_seconds=5, round_timeout=25),
+    rel = plugins.run("federated", req, ds, fed(cluster, registered, wait_sites_seconds=60, min_sites=3,
+                                                       round_timeout=30),
                       plan, progress, None)
     h = rel.result["history"]
     assert len(h) == 3 and rel.result["stopped"] == "completed"
