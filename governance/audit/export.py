@@ -30,10 +30,11 @@ import math
 import re
 from datetime import UTC, datetime
 
-from . import audit
+from .verification import verify
+from ..ledger import trail
 from accounting import ACCOUNTANTS
 from accounting.costs import Cost
-from .models import AuditRecord, Budget, Dataset
+from ..models import AuditRecord, Budget, Dataset
 
 CSV_COLUMNS = ("dataset", "seq", "at", "action", "outcome", "actor", "engine", "kind", "request", "ledger_entry",
                "reference", "reason", "epsilon_basic", "epsilon_advanced", "epsilon_rdp", "total_epsilon_basic",
@@ -62,15 +63,15 @@ def dataset_export(ds: Dataset, budget: Budget, *, with_records: bool = True) ->
         if rec.action == "commit":
             committed_events.append((rec.seq, rec.event, (rec.totals or {}).get("at_delta")))
         if with_records:
-            records.append(audit.hashed_body(rec, ds.name) | {"hash": rec.hash})
+            records.append(trail.hashed_body(rec, ds.name) | {"hash": rec.hash})
     committed = Cost.from_json(budget.committed)
     return {
         "name": ds.name, "title": ds.title, "unit_column": ds.unit_column or None, "n_units": ds.n_units,
         "sha256": ds.sha256,
         "budget": {"epsilon": ds.budget_epsilon, "delta": ds.budget_delta, "policy": ds.policy,
                    "delta_auto": ds.delta_auto, "approx_delta_share": ds.approx_delta_share},
-        "head": {"seq": budget.audit_seq, "hash": budget.audit_head or audit.GENESIS},
-        "totals": last_totals or audit.totals_of(committed, ds.budget_delta),
+        "head": {"seq": budget.audit_seq, "hash": budget.audit_head or trail.GENESIS},
+        "totals": last_totals or trail.totals_of(committed, ds.budget_delta),
         "spent_filter": {name: _num(acc.filter_epsilon(committed, ds.budget_delta, ds.approx_delta_share))
                          for name, acc in ACCOUNTANTS.items()},
         "refined": refined_totals(committed, committed_events, ds.budget_delta),
@@ -89,8 +90,8 @@ def refined_totals(committed: Cost, commits: list, delta: float) -> dict:
     re-derives at the stated order. ``commits``: (seq, event, at_delta) of each commit."""
     from accounting.events import compose, parse_event
 
-    from .limits import refined
-    from .refined_reports import event_refined
+    from ..ledger.limits import refined
+    from ..ledger.refined_reports import event_refined
 
     try:
         r = refined(committed, delta, compose([parse_event(e) for _, e, _ in commits]))
@@ -116,13 +117,13 @@ def _num(x: float):
 def build(datasets, user=None, *, with_records: bool = True) -> dict:
     """The export of ``datasets`` (a queryset or list), verified first."""
     datasets = list(datasets)
-    verification = audit.verify(datasets, stop_at_first=False)
+    verification = verify(datasets, stop_at_first=False)
     budgets = {b.pk: b for b in Budget.objects.filter(pk__in=[d.pk for d in datasets])}
     return {
-        "format": audit.FORMAT,
+        "format": trail.FORMAT,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "generated_by": user.get_username() if user is not None else "",
-        "hashing": {"algorithm": "sha256", "genesis": audit.GENESIS,
+        "hashing": {"algorithm": "sha256", "genesis": trail.GENESIS,
                     "canonical": 'json.dumps(record without "hash", sort_keys=True, separators=(",", ":"), '
                                  "ensure_ascii=False).encode()"},
         "accounting": accounting_rules(),
@@ -202,7 +203,7 @@ def http_response(datasets, user, fmt: str):
 def render(export: dict, fmt: str) -> tuple[bytes, str]:
     """(bytes, content type) of the export in ``fmt`` (json, csv or pdf)."""
     if fmt == "pdf":
-        from .reports.pdf import render_pdf
+        from .pdf import render_pdf
 
         return render_pdf(export), "application/pdf"
     content_type, fn = FORMATS[fmt]

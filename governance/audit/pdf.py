@@ -1,7 +1,7 @@
 """The audit export as a PDF report for people (auditors, privacy officers).
 
 ``render_pdf(export)`` takes the JSON audit export exactly as
-``governance.audit_export.build`` makes it (or as it was loaded back from a file) and
+``governance.audit.export.build`` makes it (or as it was loaded back from a file) and
 returns the bytes of an A4 PDF: the chain's verification result, a summary per dataset,
 each dataset's budget burn-down chart, releases per analyst and its last records, the
 accounting rules and how to verify the export independently.
@@ -579,7 +579,7 @@ def _how_to_verify(export: dict) -> list:
 
 
 def render_pdf(export: dict, *, compress: bool = True) -> bytes:
-    """The PDF audit report of ``export`` (the dict of ``governance.audit_export.build``).
+    """The PDF audit report of ``export`` (the dict of ``governance.audit.export.build``).
 
     ``compress=False`` writes uncompressed page streams and an invariant document (no
     timestamp or random ID), for tests that look for text in the bytes.
@@ -612,7 +612,7 @@ def render_pdf(export: dict, *, compress: bool = True) -> bytes:
     doc = SimpleDocTemplate(
         buf, pagesize=A4, leftMargin=MARGIN, rightMargin=MARGIN, topMargin=MARGIN, bottomMargin=MARGIN + 3 * mm,
         title="Privacy audit report", author=_plain(export.get("generated_by") or ""),
-        subject=f"Audit export {_plain(export.get('format') or '')}".strip(), creator="governance.reports.pdf",
+        subject=f"Audit export {_plain(export.get('format') or '')}".strip(), creator="governance.audit.pdf",
         **({} if compress else {"pageCompression": 0, "invariant": 1}))
     doc.build(story, onFirstPage=footer, onLaterPages=footer)
     return buf.getvalue()

@@ -50,7 +50,7 @@ def check_configuration(app_configs, **kwargs):
 # README "Configuration": each setting that can be malformed is refused here, at start-up
 # (`manage.py check`, which `deploy/entrypoint.sh web` runs before gunicorn), with the
 # setting's name, rather than as a 500 on the first request that reads it. The environment
-# readers in governance.env already refuse what is not a boolean or an integer.
+# readers in governance.core.env already refuse what is not a boolean or an integer.
 
 RATE_RE = re.compile(r"^([1-9][0-9]*)/(s|sec|second|m|min|minute|h|hour|d|day)$")
 DASK_PROTOCOLS = ("tcp", "tls", "inproc", "ucx", "ws", "wss")

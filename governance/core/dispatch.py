@@ -10,7 +10,7 @@ When the broker refuses the message (Redis down or restarting: Celery's
 ``OperationalError`` once its publish retries are spent; or kombu's Redis channel torn
 down under a publish by another thread's reconnection), the admitted, charged request
 must not turn its POST into a 500: it stays ``queued``, marked unsent
-(``progress.unsent_at``), and the next recovery sweep sends it (``governance.recovery``,
+(``progress.unsent_at``), and the next recovery sweep sends it (``governance.requests.recovery``,
 rule 3). ``workers.tasks.RequestTask`` calls ``publish_or_mark`` for that, so a task sent
 directly (tests, the fault bench) is guarded the same way.
 """
@@ -65,7 +65,7 @@ def publish_or_mark(publish, request_id):
 
 def mark_unsent(request_id) -> bool:
     """Rule 3 of the recovery sweep: the broker did not take the task of this queued request."""
-    from .models import Request
+    from ..models import Request
 
     if request_id is None:
         return False

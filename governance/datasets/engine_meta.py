@@ -2,7 +2,7 @@
 
 from engines.types import DatasetMeta
 
-from .models import Dataset
+from ..models import Dataset
 
 
 def dataset_meta(ds: Dataset) -> DatasetMeta:

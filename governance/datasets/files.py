@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 from django.conf import settings
 
 
-from .errors import InvalidDataset, UploadTooLarge
-from .models import Dataset
+from ..core.errors import InvalidDataset, UploadTooLarge
+from ..models import Dataset
 
 MAX_COLUMNS = 2_000
 # A Parquet file is compressed: a few hundred kilobytes can decode to gigabytes (a column of
@@ -204,14 +204,3 @@ def check_columns(schema: pa.Schema) -> None:
 
 def dataset_path(ds: Dataset) -> Path:
     return settings.DATA_DIR / ds.file
-
-
-def table_schema(ds: Dataset) -> pa.Schema:
-    """The stored table's Arrow schema (Parquet: from the footer, without reading rows)."""
-    if ds.execution == Dataset.Execution.DISTRIBUTED:  # recorded from the partitions' footers
-        from .partitions import arrow_schema
-
-        return arrow_schema(ds)
-    if ds.file_format == "parquet":
-        return pq.read_schema(dataset_path(ds))
-    return read_table(dataset_path(ds), ds.file_format).schema

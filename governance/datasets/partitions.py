@@ -6,7 +6,7 @@ under DATASET_IMPORT_URIS; ``partitions`` is its manifest (each file's name rela
 the location, its rows and bytes) and ``arrow_schema`` its Arrow schema, both written at
 registration; ``sha256`` is the digest of the manifest.
 
-A run (``open_columns``, called by ``governance.data.load_columns``) checks every
+A run (``open_columns``, called by ``governance.datasets.data.load_columns``) checks every
 partition's footer against the manifest before any row is read: a missing partition or
 one with another schema (or row count) fails the request *before the read*, so the
 reservation is refunded (README, charging rules). The engine then gets an
@@ -27,8 +27,8 @@ from django.db import transaction
 
 from engines.distributed import PartitionedTable, PartitionError, source
 
-from .errors import InvalidDataset
-from .models import Budget, Dataset
+from ..core.errors import InvalidDataset
+from ..models import Budget, Dataset
 
 __all__ = ["PartitionInvalid", "resolve_location", "register", "open_columns", "arrow_schema"]
 
@@ -138,14 +138,14 @@ def _draft_table(schema: pa.Schema, uniques: dict[str, list | None], cap: int) -
 def register(*, name: str, created_by, location: str, title: str = "", description: str = "",
              unit_column: str = "", schema=None, budget_epsilon=None, budget_delta="auto", policy: str = "rdp",
              activate: bool = False) -> Dataset:
-    """Register Parquet partitions as a distributed dataset (``datasets.register`` has
+    """Register Parquet partitions as a distributed dataset (``registry.register`` has
     already checked the name and policy). Reads footers, then counts units and distinct
     values of text columns on the cluster."""
     from engines.distributed.profile import profile
 
-    from . import datasets
-    from .dataset_files import check_columns
-    from .dataset_schema import MAX_DOMAIN, infer_schema, validate_schema
+    from . import budget
+    from .files import check_columns
+    from .schema import MAX_DOMAIN, infer_schema, validate_schema
 
     location = resolve_location(location)
     base, manifest, schema_found = _manifest(location)
@@ -170,7 +170,7 @@ def register(*, name: str, created_by, location: str, title: str = "", descripti
     final = validate_schema(schema, schema_found, unit_column, base=draft)
     n_units = prof["n_units"] if unit_column else n_rows
     max_rows = prof["max_rows_per_unit"] if unit_column else 1
-    eps, delta, delta_auto = datasets.parse_budget(budget_epsilon, budget_delta, n_units)
+    eps, delta, delta_auto = budget.parse_budget(budget_epsilon, budget_delta, n_units)
     schema_json = source.schema_to_json(schema_found)
     with transaction.atomic():
         ds = Dataset.objects.create(

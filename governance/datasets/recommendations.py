@@ -11,7 +11,7 @@ publish one person's record outright (Dwork-Roth 2014, sec. 2.3), so we recommen
 
 from __future__ import annotations
 
-from .datasets import auto_delta
+from .budget import auto_delta
 
 RANGES = {
     "high": (0.1, 1.0, "Health, financial, children's or other special-category data."),

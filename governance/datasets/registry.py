@@ -1,7 +1,8 @@
 """Registering tables and editing datasets: the actions behind the API and the admin.
 
 Raw rows never leave these modules through the API: only the schema, counts and budget.
-The file side is ``dataset_files``, the schema side ``dataset_schema``.
+The file side is ``files``, the schema side ``schema``, the budget's parsing ``budget``,
+reading a stored table ``data``, distributed (Parquet partition) datasets ``partitions``.
 """
 
 from __future__ import annotations
@@ -15,45 +16,16 @@ from django.conf import settings
 from django.db import transaction
 
 from accounting import POLICIES
-from accounting.events import MAX_EPSILON
 
-from .dataset_files import (
-    MAX_DECODED_RATIO,
-    check_columns,
-    read_table,
-    resolve_server_path,
-    store_file,
-    table_schema,
-)
-from .dataset_schema import infer_schema, is_finite_number, validate_schema
-from .errors import DatasetNotActive, InvalidDataset
-from .models import Budget, Dataset
+from .files import MAX_DECODED_RATIO, check_columns, read_table, resolve_server_path, store_file
+from .budget import parse_budget
+from .data import table_schema
+from .schema import infer_schema, validate_schema
+from ..core.errors import DatasetNotActive, InvalidDataset
+from ..models import Budget, Dataset
 
 log = logging.getLogger(__name__)
 REGISTER_DATASET = "workers.register_dataset"
-
-# --------------------------------------------------------------------------- budget
-
-
-def parse_budget(epsilon, delta, n_units: int) -> tuple[float, float, bool]:
-    if isinstance(epsilon, bool) or not is_finite_number(epsilon) or not 0 < epsilon <= MAX_EPSILON:
-        raise InvalidDataset(f"budget epsilon must be a finite number in (0, {MAX_EPSILON:g}], got {epsilon!r}")
-    if delta in (None, "auto"):
-        return float(epsilon), auto_delta(n_units), True
-    if isinstance(delta, str):
-        try:
-            delta = float(delta)
-        except ValueError:
-            raise InvalidDataset(f"budget delta must be a number in [0, 1) or \"auto\", got {delta!r}") from None
-    if isinstance(delta, bool) or not is_finite_number(delta) or not 0 <= delta < 1:
-        raise InvalidDataset(f"budget delta must be a number in [0, 1) or \"auto\", got {delta!r}")
-    return float(epsilon), float(delta), False
-
-
-def auto_delta(n_units: int) -> float:
-    """1 / n^1.2: well below 1/n, the level at which one record could be released whole."""
-    return 1.0 / max(n_units, 1) ** 1.2
-
 
 def count_units(table: pa.Table, unit_column: str) -> tuple[int, int, int]:
     n_rows = table.num_rows
@@ -77,7 +49,7 @@ def register(*, name: str, created_by, upload=None, path: str | None = None, fil
              execution: str = "local") -> Dataset:
     """Register a table (an uploaded file or a server path) as a dataset. All-or-nothing.
     ``execution="distributed"``: ``path`` names Parquet partitions, registered where they
-    are (governance.partitions)."""
+    are (governance.datasets.partitions)."""
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise InvalidDataset("name must be 1-100 lowercase letters, digits, '-' or '_'", field="name")
     failed = Dataset.objects.filter(name=name, status=Dataset.Status.FAILED).first()
@@ -176,7 +148,7 @@ def _register_later(*, name, created_by, rel, fmt, sha, title, description, unit
 def send_registration(dataset_id: int) -> None:
     """Send the registration task by name (governance never imports workers.tasks). A broker
     that refuses it leaves the dataset pending; the recovery sweep sends it again."""
-    from . import dispatch
+    from ..core import dispatch
 
     try:
         dispatch.task(REGISTER_DATASET).apply_async((dataset_id,), queue="cpu")
@@ -238,7 +210,7 @@ def update(ds: Dataset, *, schema=None, **fields) -> Dataset:
     """Officer edits: schema, budget, policy, texts, allow_non_private. Budget changes lock the budget row."""
     from accounting.costs import Cost
 
-    from .limits import Limit
+    from ..ledger.limits import Limit
 
     with transaction.atomic():
         budget = Budget.objects.select_for_update().get(pk=ds.pk)

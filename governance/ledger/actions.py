@@ -35,17 +35,10 @@ from django.utils import timezone
 from accounting import events as ev
 from accounting.costs import Cost, NoDeltaLeft, Price, price
 
-from . import audit, ledger_sql
-from .errors import (
-    BudgetExceeded,
-    DatasetNotActive,
-    InvalidEvent,
-    LedgerConflict,
-    NoGrant,
-    NonPrivateRefused,
-)
+from . import trail, sql as ledger_sql
+from ..core.errors import (BudgetExceeded, DatasetNotActive, InvalidEvent, LedgerConflict, NoGrant, NonPrivateRefused)
 from .limits import Limit, charge_summary, num, refusal
-from .models import Budget, Dataset, Grant, LedgerEntry, Request
+from ..models import Budget, Dataset, Grant, LedgerEntry, Request
 
 
 @contextmanager
@@ -214,7 +207,7 @@ def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delt
     return entry_id, now, fields
 
 
-def refuse(error, analyst, event, ctx: audit.Context, *, request_id) -> bool:
+def refuse(error, analyst, event, ctx: trail.Context, *, request_id) -> bool:
     """Record a refusal ``admit`` just raised, still under its lock, in one statement
     (PostgreSQL): delete the request row ``request_id`` if it was inserted before the gate
     (a request with an Idempotency-Key; others are written by the gate itself), write the
@@ -224,7 +217,7 @@ def refuse(error, analyst, event, ctx: audit.Context, *, request_id) -> bool:
     budget = getattr(error, "budget_row", None)
     if sql.refuse is None or budget is None or request_id is None:
         return False
-    rec, head = audit.prepare_refusal(budget, budget.name, budget.delta, analyst, event, error, ctx)
+    rec, head = trail.prepare_refusal(budget, budget.name, budget.delta, analyst, event, error, ctx)
     with connection.cursor() as cur:
         cur.execute(sql.refuse, [Request._meta.pk.get_db_prep_value(request_id, connection)]
                     + ledger_sql.audit_values(rec) + [head["audit_seq"], head["audit_head"], budget.pk])
@@ -260,7 +253,7 @@ def _settled(entry_id: int, status: str, target: str, refusal: str) -> LedgerEnt
 
 
 def _audit_budget(locked: ledger_sql.LockedEntry):
-    """What ``audit.append`` reads and advances of the locked budget row."""
+    """What ``trail.append`` reads and advances of the locked budget row."""
     return SimpleNamespace(pk=locked.dataset_id, committed=locked.committed, audit_seq=locked.audit_seq,
                            audit_head=locked.audit_head)
 
@@ -281,7 +274,7 @@ def _refund(cur, sql, locked: ledger_sql.LockedEntry, delta_cost: Cost, when, *,
         cur.execute(sql.grant_state, [ledger_sql.dumps(gstate.to_json()), locked.grant_id])
 
 
-def commit(entry: LedgerEntry | int, actual_event=None, *, audit_ctx: audit.Context | None = None,
+def commit(entry: LedgerEntry | int, actual_event=None, *, audit_ctx: trail.Context | None = None,
            savepoint: bool = True) -> LedgerEntry:
     """``reserved -> committed``, optionally with a cheaper actual event (refunding the
     rest), and the release's audit record written in the same transaction.
@@ -320,7 +313,7 @@ def commit(entry: LedgerEntry | int, actual_event=None, *, audit_ctx: audit.Cont
         spent = Cost.from_json(committed_cost) if committed_cost is not None else reserved
         done = _entry(locked, status=LedgerEntry.Status.COMMITTED, committed_at=now, committed_event=committed_event,
                       committed_cost=committed_cost)
-        chain = {"action": "commit", "actor": locked.username, "ctx": audit_ctx or audit.Context(outcome="charged"),
+        chain = {"action": "commit", "actor": locked.username, "ctx": audit_ctx or trail.Context(outcome="charged"),
                  "entry": done, "event": committed_event or locked.event,
                  "reserved_event": locked.event if committed_event else None,
                  "charge": charge_summary(spent, locked.budget_delta), "committed_cost": spent,
@@ -330,7 +323,7 @@ def commit(entry: LedgerEntry | int, actual_event=None, *, audit_ctx: audit.Cont
             # PostgreSQL, nothing refunded: the compare-and-set, the audit record (hashed
             # here, under the lock) and the chain head in one statement; the last two are
             # written only if the first moved the entry.
-            rec, head = audit.prepare(_audit_budget(locked), locked.dataset_name, locked.budget_delta, **chain)
+            rec, head = trail.prepare(_audit_budget(locked), locked.dataset_name, locked.budget_delta, **chain)
             cur.execute(sql.commit_audited, cas + ledger_sql.audit_values(rec) + ledger_sql.head_values(head, locked))
             moved = cur.fetchone()[0]
         else:
@@ -341,11 +334,11 @@ def commit(entry: LedgerEntry | int, actual_event=None, *, audit_ctx: audit.Cont
         if not one_statement:
             if committed_cost is not None:
                 _refund(cur, sql, locked, Cost.from_json(committed_cost) - reserved, when)
-            audit.append(_audit_budget(locked), locked.dataset_name, locked.budget_delta, **chain)
+            trail.append(_audit_budget(locked), locked.dataset_name, locked.budget_delta, **chain)
         return done
 
 
-def release(entry: LedgerEntry | int, *, audit_ctx: audit.Context | None = None,
+def release(entry: LedgerEntry | int, *, audit_ctx: trail.Context | None = None,
             savepoint: bool = True) -> LedgerEntry:
     """``reserved -> released``: refund the reservation, with its audit record. Releasing
     twice is a no-op. SQL like ``commit``."""
@@ -364,8 +357,8 @@ def release(entry: LedgerEntry | int, *, audit_ctx: audit.Context | None = None,
             return _settled(entry_id, _status_now(cur, sql, entry_id), LedgerEntry.Status.RELEASED, NEVER_REFUNDED)
         _refund(cur, sql, locked, Cost.zero() - Cost.from_json(locked.cost), when, entries=-1)
         done = _entry(locked, status=LedgerEntry.Status.RELEASED, released_at=now)
-        audit.append(_audit_budget(locked), locked.dataset_name, locked.budget_delta, action="release",
-                     actor=locked.username, ctx=audit_ctx or audit.Context(outcome="released"), entry=done,
+        trail.append(_audit_budget(locked), locked.dataset_name, locked.budget_delta, action="release",
+                     actor=locked.username, ctx=audit_ctx or trail.Context(outcome="released"), entry=done,
                      event=locked.event)
         return done
 

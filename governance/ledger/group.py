@@ -1,5 +1,5 @@
 """Group commit of the ledger: several reserved entries of one dataset committed under one
-budget row lock, with their audit records chained in order (``governance.outcomes``).
+budget row lock, with their audit records chained in order (``governance.requests.outcomes``).
 
 ``ledger.commit`` holds the budget row for two statements per entry (the lock, then the
 compare-and-set with its audit record and chain head), with the record hashed in Python
@@ -9,7 +9,7 @@ the records are prepared in order, each on the chain head the previous one left;
 data-modifying statement moves every entry ``reserved -> committed`` by compare-and-set,
 inserts the records and advances the head, the last two only when every entry moved.
 
-What it does not change: the same records as ``commit`` writes (the same ``audit.prepare``),
+What it does not change: the same records as ``commit`` writes (the same ``trail.prepare``),
 in the caller's transaction, under the budget row lock. An entry that is not ``reserved``
 under the lock (a second delivery, the sweep) raises ``GroupConflict`` before anything is
 written, and an entry that moved meanwhile makes the statement write no record: the caller
@@ -29,16 +29,16 @@ from django.utils import timezone
 
 from accounting.costs import Cost
 
-from . import audit, ledger, ledger_sql
+from . import trail, actions as ledger, sql as ledger_sql
 from .limits import charge_summary
-from .models import AuditRecord, Budget, LedgerEntry
+from ..models import AuditRecord, Budget, LedgerEntry
 
 
 class GroupConflict(Exception):
     """An entry of the group was not reserved under the lock; commit them one by one."""
 
 
-def commit_many(items: list[tuple[int, audit.Context]]) -> list[LedgerEntry]:
+def commit_many(items: list[tuple[int, trail.Context]]) -> list[LedgerEntry]:
     """``reserved -> committed`` for each ``(entry id, audit context)``, all entries of one
     dataset, in the caller's transaction (see the module doc); the committed entries, in
     order."""
@@ -62,8 +62,8 @@ def commit_many(items: list[tuple[int, audit.Context]]) -> list[LedgerEntry]:
             cost = Cost.from_json(e.cost)
             done = ledger._entry(e, status=LedgerEntry.Status.COMMITTED, committed_at=now)
             entries.append(done)
-            rec, head = audit.prepare(chain, e.dataset_name, e.budget_delta, action="commit", actor=e.username,
-                                      ctx=ctx or audit.Context(outcome="charged"), entry=done, event=e.event,
+            rec, head = trail.prepare(chain, e.dataset_name, e.budget_delta, action="commit", actor=e.username,
+                                      ctx=ctx or trail.Context(outcome="charged"), entry=done, event=e.event,
                                       charge=charge_summary(cost, e.budget_delta), committed_cost=cost,
                                       non_private=e.non_private)
             chain.committed, chain.audit_seq, chain.audit_head = (head["committed"], head["audit_seq"],

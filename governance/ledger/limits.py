@@ -17,8 +17,8 @@ from accounting.base import Spent
 from accounting.costs import Cost
 from accounting.events import ComposedEvent, Event
 
-from .errors import BudgetExceeded
-from .models import Dataset, Grant
+from ..core.errors import BudgetExceeded
+from ..models import Dataset, Grant
 
 
 def num(x: float):

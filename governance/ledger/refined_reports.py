@@ -16,7 +16,7 @@ from accounting import events as ev
 from accounting.costs import Cost, cost_of
 
 from .limits import Limit, budget_report, charge_summary, refined
-from .models import Dataset, Grant, LedgerEntry
+from ..models import Dataset, Grant, LedgerEntry
 
 
 def entry_event(entry: LedgerEntry) -> ev.Event:

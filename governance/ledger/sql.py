@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import orjson
 from django.db import connection
 
-from .models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
+from ..models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,7 @@ def audit_values(rec: AuditRecord) -> list:
 
 
 def head_values(head: dict, locked: LockedEntry) -> list:
-    """The budget row's new chain head (``audit.prepare``) in ``commit_audited``'s order."""
+    """The budget row's new chain head (``trail.prepare``) in ``commit_audited``'s order."""
     return [head["audit_seq"], head["audit_head"], dumps(head["committed"]), locked.dataset_id]
 
 

@@ -33,10 +33,10 @@ from engines import plugins
 from engines.types import Cancelled, EngineError, EngineRequest, Plan
 
 from . import outcomes
-from .data import load_columns
-from .engine_meta import dataset_meta
-from .models import Dataset, Request
-from .raw_rows import concrete, from_row
+from ..datasets.data import load_columns
+from ..datasets.engine_meta import dataset_meta
+from ..models import Dataset, Request
+from ..core.raw_rows import concrete, from_row
 from .releaser import RELEASER
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,9 @@ class RunClock:
       on its persistent connection. A cancellation is noticed at such a write and raised
       (``Cancelled``) at the engine's next report.
     - The final state: written on the next tick by the process's releaser thread
-      (``governance.releaser``), so the task returns at once; ``hold()`` (sleeping until
+      (``governance.requests.releaser``), so the task returns at once; ``hold()`` (sleeping until
       the tick) is for runs without a clock thread.
-    - Heartbeat: written at least every ``REQUEST_HEARTBEAT_SECONDS`` (governance.recovery
+    - Heartbeat: written at least every ``REQUEST_HEARTBEAT_SECONDS`` (governance.requests.recovery
       tells a long, silent engine from a dead worker by it).
 
     Run eagerly in-process (tests) there is no thread: a report is written at once, at most
@@ -339,7 +339,7 @@ def _finish(req: Request, status: str, *, result=None, error=None, actual_event=
     """Write the outcome; once the data was read (``clock`` given), on the clock's next tick.
     In a real worker (the clock has its thread) the process's releaser thread writes it,
     with every other outcome due at that moment in one transaction (group commit,
-    ``governance.outcomes``), so the task slot is free meanwhile; at quantum 0 too, the
+    ``governance.requests.outcomes``), so the task slot is free meanwhile; at quantum 0 too, the
     tick being now. Run in-process (no clock thread) the task sleeps until the tick and
     writes it itself."""
     out = outcomes.Outcome(req, status, result=result, error=error, actual_event=actual_event, charge=charge,

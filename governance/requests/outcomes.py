@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 from django.utils import timezone
 
-from . import audit, ledger, ledger_group
-from .models import Request
+from ..ledger import trail, actions as ledger, group as ledger_group
+from ..models import Request
 from .waiting import final_state, signal_done, signal_done_many
 
 log = logging.getLogger(__name__)
@@ -182,11 +182,11 @@ def _plain(o: Outcome) -> bool:
     return bool(o.req.ledger_entry_id) and o.charge and o.actual_event is None
 
 
-def _context(o: Outcome) -> audit.Context:
+def _context(o: Outcome) -> trail.Context:
     error = o.error or {}
-    return audit.Context.of_request(o.req, outcome=o.status, reason=error.get("code", ""),
-                                    detail=error.get("detail", ""), result_sha256=audit.result_digest(o.result),
-                                    cluster=audit.cluster_job(o.officer_report))
+    return trail.Context.of_request(o.req, outcome=o.status, reason=error.get("code", ""),
+                                    detail=error.get("detail", ""), result_sha256=trail.result_digest(o.result),
+                                    cluster=trail.cluster_job(o.officer_report))
 
 
 def _status(o: Outcome) -> str:

@@ -8,7 +8,7 @@ sweep (``sweep()``: the periodic task ``workers.sweep`` run by Celery beat, or
 1. **Lost**: a request ``running`` whose heartbeat is older than
    ``REQUEST_LOST_AFTER_SECONDS`` (grace period, default 120 s) is finished as ``failed``
    with ``request.worker_lost``. Its reservation follows the charging rule of
-   ``governance.execution``: if the worker had started reading the data (``data_read``)
+   ``governance.requests.execution``: if the worker had started reading the data (``data_read``)
    the reservation is **committed in full** (the engine may have released something, or
    failed in a data-dependent way; the steps it took are not known, so the whole reserved
    event is charged); otherwise it is **released**. One audit record either way.
@@ -26,7 +26,7 @@ sweep (``sweep()``: the periodic task ``workers.sweep`` run by Celery beat, or
      claims it at once unless it died with it (``kill -9``; the transport keeps taken
      messages in memory until they are acknowledged).
 3. **Not sent**: a request ``queued`` whose task could not be sent after its commit (Redis
-   down or restarting, a broken broker connection: ``governance.dispatch`` lets the
+   down or restarting, a broken broker connection: ``governance.core.dispatch`` lets the
    POST be answered and marks it with ``progress.unsent_at``, ``mark_unsent``) is sent by
    the next sweep, without waiting for rule 2's period: no copy of its message exists.
 
@@ -46,9 +46,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import audit, ledger
-from .dispatch import mark_unsent  # noqa: F401 - rule 3's marker lives with the sending
-from .models import Request
+from ..ledger import trail, actions as ledger
+from ..core.dispatch import mark_unsent  # noqa: F401 - rule 3's marker lives with the sending
+from ..models import Request
 
 log = logging.getLogger(__name__)
 LOST = {"code": "request.worker_lost",
@@ -113,7 +113,7 @@ def _embedded_pending() -> set[str]:
 
 def _finish_lost(pk, cutoff, now) -> bool:
     with transaction.atomic():
-        # the request row first, then the ledger: the order governance.execution uses
+        # the request row first, then the ledger: the order governance.requests.execution uses
         done = Request.objects.filter(_stale(cutoff), pk=pk, status=Request.Status.RUNNING).update(
             status=Request.Status.FAILED, error=LOST, finished_at=now)
         if not done:
@@ -121,7 +121,7 @@ def _finish_lost(pk, cutoff, now) -> bool:
         req = Request.objects.get(pk=pk)
         Request.objects.filter(pk=pk).update(progress={**(req.progress or {}), "phase": "failed"})
         if req.ledger_entry_id:
-            ctx = audit.Context.of_request(req, outcome=Request.Status.FAILED, reason=LOST["code"],
+            ctx = trail.Context.of_request(req, outcome=Request.Status.FAILED, reason=LOST["code"],
                                            detail=LOST["detail"])
             if req.data_read:
                 ledger.commit(req.ledger_entry_id, audit_ctx=ctx)

@@ -1,7 +1,7 @@
 """Outcomes written on their tick without holding a worker's task slot.
 
 A run that read data shows its outcome on the next tick of its release clock
-(``governance.execution.RunClock``). Sleeping until that tick in the task would hold one
+(``governance.requests.execution.RunClock``). Sleeping until that tick in the task would hold one
 worker process per run for up to a quantum, capping a pool of N processes at N runs per
 quantum (2 per second at the 1 s default, whatever the query costs). Instead the task
 hands the outcome's write to this process's releaser, a thread that runs each write at its
@@ -10,7 +10,7 @@ through it too, so that they use its one persistent database connection (a short
 thread's own connection is a new PostgreSQL backend each time).
 
 Group commit: the outcome writes due when the thread wakes are handed over together and
-written in one transaction (``governance.outcomes.write_group``: one BEGIN/COMMIT and one
+written in one transaction (``governance.requests.outcomes.write_group``: one BEGIN/COMMIT and one
 budget row lock per dataset for the group instead of per request); at quantum 0 a real
 worker's task hands its outcome here too, so outcomes that finish while a group is being
 written form the next group. Progress and heartbeat writes stay one by one.
@@ -49,7 +49,7 @@ class Releaser:
         """Run ``write()`` at monotonic time ``due`` (at once if it has passed). With
         ``group`` (a function of a list of writes), the writes of that group that are due
         when the thread wakes are handed to it together instead, in the order they were
-        due (group commit: ``governance.outcomes.write_group``)."""
+        due (group commit: ``governance.requests.outcomes.write_group``)."""
         with self.cv:
             heapq.heappush(self.heap, (due, next(self.order), write, group))
             if self.thread is None or not self.thread.is_alive():  # also after a fork

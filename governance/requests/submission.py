@@ -23,16 +23,11 @@ from django.utils import timezone
 from engines import plugins
 from engines.types import EngineRequest, PlanError
 
-from . import audit, dispatch, ledger, ledger_sql
-from .engine_meta import dataset_meta
-from .errors import (
-    DatasetNotActive,
-    IdempotencyKeyReused,
-    InvalidRequest,
-    LedgerConflict,
-    UserError,
-)
-from .models import Dataset, Request
+from ..ledger import trail, actions as ledger, sql as ledger_sql
+from ..core import dispatch
+from ..datasets.engine_meta import dataset_meta
+from ..core.errors import DatasetNotActive, IdempotencyKeyReused, InvalidRequest, LedgerConflict, UserError
+from ..models import Dataset, Request
 
 
 class EngineRequestInvalid(UserError):
@@ -82,10 +77,10 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
                 # in the same transaction, so a 409 never goes out without its record (on
                 # PostgreSQL in one statement, under the gate's lock). No savepoint: two
                 # statements fewer on every admitted POST.
-                ctx = audit.Context(engine=engine, kind=kind, params=params)
+                ctx = trail.Context(engine=engine, kind=kind, params=params)
                 if not ledger.refuse(e, analyst, plan.event, ctx, request_id=getattr(e, "request_id", None)):
                     _discard(getattr(e, "request_id", None))
-                    audit.record_refusal(ds, analyst, plan.event, e, ctx)
+                    trail.record_refusal(ds, analyst, plan.event, e, ctx)
                 refusal = e
     except IntegrityError:
         # The same Idempotency-Key in two concurrent POSTs: the other one won (PostgreSQL
@@ -105,8 +100,8 @@ def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) 
             analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
             idempotency_key=idempotency_key, plan=prior.plan, replay_of=prior, status=Request.Status.SUCCEEDED,
             result=prior.result, progress={"phase": "replayed", "fraction": 1.0}, started_at=now, finished_at=now)
-        audit.record_replay(ds, analyst, audit.Context.of_request(
-            replay, result_sha256=audit.result_digest(prior.result), detail=f"replay of request {prior.pk}"))
+        trail.record_replay(ds, analyst, trail.Context.of_request(
+            replay, result_sha256=trail.result_digest(prior.result), detail=f"replay of request {prior.pk}"))
         return replay, True
     req = Request(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
                   idempotency_key=idempotency_key, plan=_plan_json(plan), progress={"phase": "queued"})
@@ -180,7 +175,7 @@ def _plan_json(plan) -> dict:
 
 
 def enqueue(request_id, queue: str):
-    """Send the request's task (by name, ``governance.dispatch``); marked unsent if the broker refuses."""
+    """Send the request's task (by name, ``governance.core.dispatch``); marked unsent if the broker refuses."""
     dispatch.send(request_id, queue)
 
 
@@ -193,7 +188,7 @@ def cancel(req: Request) -> Request:
             progress={"phase": "cancelled"}, error={"code": "request.cancelled", "detail": "Cancelled before it ran."})
         if n:
             if req.ledger_entry_id:
-                ledger.release(req.ledger_entry_id, audit_ctx=audit.Context.of_request(
+                ledger.release(req.ledger_entry_id, audit_ctx=trail.Context.of_request(
                     req, outcome="cancelled", reason="request.cancelled", detail="Cancelled before it ran."))
             return Request.objects.get(pk=req.pk)
         if Request.objects.filter(pk=req.pk, status=Request.Status.RUNNING).update(cancel_requested=True):

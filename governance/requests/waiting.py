@@ -1,6 +1,6 @@
 """Waiting for a request's answer in the call that asks (``?wait=seconds``), not by polling.
 
-The worker that finishes a request (``governance.execution``) signals it after the commit:
+The worker that finishes a request (``governance.requests.execution``) signals it after the commit:
 with Redis (``REDIS_URL``) an entry pushed on a short-lived list per request, which a
 waiting web thread takes with ``BLPOP``; the waiter then reads the row. Without Redis (the
 embedded default) the waiter re-reads the row at growing intervals (5 ms to 100 ms).
@@ -49,7 +49,7 @@ def _client():
 
 def parse_wait(raw) -> float:
     """``?wait=`` as seconds in [0, MAX_WAIT_SECONDS]; raises ``InvalidRequest`` (400) otherwise."""
-    from .errors import InvalidRequest
+    from ..core.errors import InvalidRequest
 
     try:
         value = float(raw)

@@ -1,6 +1,6 @@
 """Django admin: every model, with budget spent/remaining in the list views.
 
-Ledger entries are read-only here: they change only through ``governance.ledger``.
+Ledger entries are read-only here: they change only through ``governance.ledger.actions``.
 Datasets are registered through the API or ``manage.py registerdataset``; the admin edits
 texts and shows the schema and budget.
 """
@@ -10,12 +10,12 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from . import datasets
+from ..datasets import registry as datasets
 from accounting.costs import Cost
 from .admin_forms import DatasetChangeForm, DatasetRegisterForm
-from .errors import InvalidDataset
-from .limits import Limit
-from .models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
+from ..core.errors import InvalidDataset
+from ..ledger.limits import Limit
+from ..models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
 
 
 class OfficerPermissions:
@@ -156,7 +156,7 @@ class GrantAdmin(OfficerPermissions, admin.ModelAdmin):
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         if db_field.name == "analyst":  # as the API: officers need no grant, auditors may hold none
-            from .audit import AUDITORS_GROUP
+            from ..core.roles import AUDITORS_GROUP
 
             kwargs["queryset"] = (db_field.remote_field.model.objects.filter(is_staff=False, is_active=True)
                                   .exclude(groups__name=AUDITORS_GROUP).order_by("username"))

@@ -1,4 +1,4 @@
-"""Admin forms: registering a table and editing a dataset go through ``governance.datasets``."""
+"""Admin forms: registering a table and editing a dataset go through ``governance.datasets.registry``."""
 
 import json
 
@@ -7,10 +7,10 @@ from django import forms
 from accounting import POLICIES
 from accounting.events import MAX_EPSILON
 
-from . import datasets
-from .dataset_files import table_schema
-from .dataset_schema import validate_schema
-from .errors import InvalidDataset
+from ..datasets import budget, registry
+from ..datasets.data import table_schema
+from ..datasets.schema import validate_schema
+from ..core.errors import InvalidDataset
 
 
 def _raise(e: InvalidDataset):
@@ -46,7 +46,7 @@ class DatasetRegisterForm(forms.Form):
     def register(self, user):
         d = self.cleaned_data
         try:
-            return datasets.register(
+            return registry.register(
                 name=d["name"], created_by=user, upload=d.get("upload") or None, path=d.get("path") or None,
                 title=d.get("title", ""), unit_column=d.get("unit_column", ""), schema=d.get("schema"),
                 budget_epsilon=d["budget_epsilon"], budget_delta=d["budget_delta"], policy=d["policy"])
@@ -58,13 +58,13 @@ class DatasetRegisterForm(forms.Form):
 
 
 class DatasetChangeForm(forms.ModelForm):
-    """Schema and budget edits are validated by ``datasets.update`` when saved."""
+    """Schema and budget edits are validated by ``registry.update`` when saved."""
 
     schema = forms.JSONField(widget=forms.Textarea(attrs={"rows": 20, "cols": 100}))
     budget_delta_text = forms.CharField(label="Budget delta", help_text='a number in [0, 1) or "auto"')
 
     class Meta:
-        from .models import Dataset
+        from ..models import Dataset
 
         model = Dataset
         fields = ["title", "description", "schema", "budget_epsilon", "allow_non_private", "release_quantum_ms",
@@ -85,7 +85,7 @@ class DatasetChangeForm(forms.ModelForm):
         if data.get("approx_delta_share") is None:
             data["approx_delta_share"] = ds.approx_delta_share
         try:
-            datasets.parse_budget(data.get("budget_epsilon"), data.get("budget_delta_text"), ds.n_units)
+            budget.parse_budget(data.get("budget_epsilon"), data.get("budget_delta_text"), ds.n_units)
             validate_schema(data.get("schema"), table_schema(ds), ds.unit_column, base=ds.schema)
         except InvalidDataset as e:
             _raise(e)

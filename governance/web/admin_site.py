@@ -17,11 +17,14 @@ from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import mark_safe
 
-from . import audit, audit_export, charts, estimates, ledger, limits, liveness, refined_reports
+from ..audit import verification, export as audit_export
+from . import charts
+from ..ledger import estimates, actions as ledger, limits, refined_reports
+from ..core import liveness
 from accounting import ACCOUNTANTS
 from accounting.costs import Cost
-from .errors import GovernanceError
-from .models import AuditRecord, Dataset, Grant, LedgerEntry, Request
+from ..core.errors import GovernanceError
+from ..models import AuditRecord, Dataset, Grant, LedgerEntry, Request
 
 SPARK_POINTS = 40
 CHART_POINTS = 600
@@ -66,7 +69,7 @@ class GovernanceAdminSite(admin.AdminSite):
             })
         totals = {"datasets": len(rows), "near_cap": sum(r["near_cap"] for r in rows),
                   "running": Request.objects.filter(status__in=["queued", "running"]).count()}
-        # a worker that died is visible here (governance.liveness: one HGETALL or directory listing)
+        # a worker that died is visible here (governance.core.liveness: one HGETALL or directory listing)
         workers = liveness.summary()
         return super().index(request, {"rows": rows, "totals": totals, "workers": workers,
                                        **(extra_context or {})})
@@ -144,7 +147,7 @@ class GovernanceAdminSite(admin.AdminSite):
     def audit_verify(self, request):
         names = request.GET.getlist("dataset")
         datasets = list(Dataset.objects.filter(name__in=names)) if names else None
-        result = audit.verify(datasets)
+        result = verification.verify(datasets)
         if result.ok:
             messages.success(request, f"Audit chain verified: {result.records} record{'s' * (result.records != 1)} "
                                       "agree with the ledger.")

@@ -15,9 +15,9 @@ from django.views.decorators.http import require_POST
 from rest_framework.authtoken.models import Token
 
 from accounting.costs import Cost
-from .api.common import role_of
-from .limits import Limit, budget_report
-from .models import Dataset, Grant, Request
+from ..core.roles import role_of
+from ..ledger.limits import Limit, budget_report
+from ..models import Dataset, Grant, Request
 
 
 class TokenLoginForm(forms.Form):
