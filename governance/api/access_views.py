@@ -16,12 +16,12 @@ from rest_framework.response import Response
 
 from ..core import roles
 from ..core.errors import InvalidRequest
+from ..core.roles import role_of
+from ..core.roles import is_officer
 from ..models import Grant
 from . import serializers as s
 from .common import FormatSuffix, User
-from ..core.roles import role_of
 from .permissions import IsOfficer, OfficerWritesOnly
-from ..core.roles import is_officer
 
 
 class GrantViewSet(FormatSuffix, viewsets.ModelViewSet):

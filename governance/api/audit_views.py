@@ -16,10 +16,10 @@ from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.response import Response
 
-from ..audit import verification, export as audit_export
+from ..audit import export as audit_export, verification
 from ..core import roles
-from ..datasets.registry import NAME_RE
 from ..core.errors import InvalidRequest
+from ..datasets.registry import NAME_RE
 from ..models import AuditRecord
 from .common import FormatSuffix
 

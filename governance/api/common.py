@@ -16,9 +16,9 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.http import FileResponse
 
-from ..models import Dataset, Grant, LedgerEntry, Request
 from ..core.raw_rows import concrete, from_row
 from ..core.roles import is_officer
+from ..models import Dataset, Grant, LedgerEntry, Request
 
 User = get_user_model()
 

@@ -12,18 +12,18 @@ from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from ..ledger import trail, estimates, actions as ledger
+from ..core.errors import InvalidRequest
+from ..core.roles import is_officer
 from ..datasets import registry as ds_actions
 from ..datasets import preview as dummy_data
-from ..core.errors import InvalidRequest
-from ..models import Dataset, LedgerEntry
 from ..datasets.preview import DEFAULT_PREVIEW_ROWS, MAX_PREVIEW_ROWS
 from ..datasets.recommendations import RANGES, recommend
+from ..ledger import actions as ledger, estimates, trail
+from ..models import Dataset, LedgerEntry
 from . import serializers as s
 from .common import FormatSuffix, visible_datasets
 from .parsers import FormParser, JSONParser, MultiPartParser
 from .permissions import IsOfficer, OfficerWritesOnly
-from ..core.roles import is_officer
 
 
 class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -8,11 +8,11 @@ from rest_framework.response import Response
 
 from accounting import ACCOUNTANTS
 
+from ..core.roles import is_officer
 from ..ledger import actions as ledger
 from ..ledger.estimates import bounded_work
 from ..models import LedgerEntry
 from . import serializers as s
-from ..core.roles import is_officer
 
 
 class LedgerViewSet(viewsets.ReadOnlyModelViewSet):

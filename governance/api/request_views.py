@@ -17,11 +17,11 @@ from rest_framework.response import Response
 
 from ..core.dispatch import app
 from ..core.errors import InvalidRequest
+from ..core.roles import is_officer
 from ..models import Request
 from ..requests.waiting import MAX_WAIT_SECONDS, apply_final_state, parse_wait, wait_final
 from . import serializers as s
 from .common import FormatSuffix, file_response, usable_dataset, visible_request
-from ..core.roles import is_officer
 
 WAIT_PARAM = OpenApiParameter(
     "wait", float, OpenApiParameter.QUERY, required=False,

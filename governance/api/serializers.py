@@ -9,8 +9,8 @@ from accounting.events import MAX_EPSILON
 from accounting.costs import Cost
 
 from ..ledger.limits import Limit, budget_report, charge_summary
-from ..models import Dataset, Grant, LedgerEntry, Request
 from ..ledger.refined_reports import active_event, dataset_report, entry_charge
+from ..models import Dataset, Grant, LedgerEntry, Request
 
 User = get_user_model()
 

@@ -30,8 +30,8 @@ import math
 import re
 from datetime import UTC, datetime
 
-from .verification import verify
 from ..ledger import trail
+from .verification import verify
 from accounting import ACCOUNTANTS
 from accounting.costs import Cost
 from ..models import AuditRecord, Budget, Dataset

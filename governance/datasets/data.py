@@ -7,8 +7,8 @@ import functools
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .files import dataset_path, read_table
 from ..models import Dataset
+from .files import dataset_path, read_table
 
 
 def load_columns(ds: Dataset, columns: list[str]) -> pa.Table:

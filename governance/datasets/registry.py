@@ -17,12 +17,12 @@ from django.db import transaction
 
 from accounting import POLICIES
 
-from .files import MAX_DECODED_RATIO, check_columns, read_table, resolve_server_path, store_file
-from .budget import parse_budget
-from .data import table_schema
-from .schema import infer_schema, validate_schema
 from ..core.errors import DatasetNotActive, InvalidDataset
 from ..models import Budget, Dataset
+from .budget import parse_budget
+from .data import table_schema
+from .files import MAX_DECODED_RATIO, check_columns, read_table, resolve_server_path, store_file
+from .schema import infer_schema, validate_schema
 
 log = logging.getLogger(__name__)
 REGISTER_DATASET = "workers.register_dataset"

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
-from .files import MAX_COLUMNS
 from ..core.errors import InvalidDataset
+from .files import MAX_COLUMNS
 
 COLUMN_TYPES = ("numeric", "categorical", "text", "unit")
 MAX_DOMAIN = 1000

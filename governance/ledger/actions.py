@@ -35,10 +35,17 @@ from django.utils import timezone
 from accounting import events as ev
 from accounting.costs import Cost, NoDeltaLeft, Price, price
 
-from . import trail, sql as ledger_sql
-from ..core.errors import (BudgetExceeded, DatasetNotActive, InvalidEvent, LedgerConflict, NoGrant, NonPrivateRefused)
-from .limits import Limit, charge_summary, num, refusal
+from ..core.errors import (
+    BudgetExceeded,
+    DatasetNotActive,
+    InvalidEvent,
+    LedgerConflict,
+    NoGrant,
+    NonPrivateRefused,
+)
 from ..models import Budget, Dataset, Grant, LedgerEntry, Request
+from . import sql as ledger_sql, trail
+from .limits import Limit, charge_summary, num, refusal
 
 
 @contextmanager

@@ -13,10 +13,10 @@ from accounting import events as ev
 from accounting import work
 from accounting.costs import Cost, cost_of
 
-from . import actions as ledger
 from ..core.errors import NonPrivateRefused, TooCostly
-from .limits import budget_report, charge_summary
 from ..models import Budget, Dataset, Grant
+from . import actions as ledger
+from .limits import budget_report, charge_summary
 
 
 @contextlib.contextmanager

@@ -29,9 +29,9 @@ from django.utils import timezone
 
 from accounting.costs import Cost
 
-from . import trail, actions as ledger, sql as ledger_sql
-from .limits import charge_summary
 from ..models import AuditRecord, Budget, LedgerEntry
+from . import actions as ledger, sql as ledger_sql, trail
+from .limits import charge_summary
 
 
 class GroupConflict(Exception):

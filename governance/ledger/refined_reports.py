@@ -15,8 +15,8 @@ from __future__ import annotations
 from accounting import events as ev
 from accounting.costs import Cost, cost_of
 
-from .limits import Limit, budget_report, charge_summary, refined
 from ..models import Dataset, Grant, LedgerEntry
+from .limits import Limit, budget_report, charge_summary, refined
 
 
 def entry_event(entry: LedgerEntry) -> ev.Event:

@@ -32,11 +32,11 @@ from django.utils import timezone
 from engines import plugins
 from engines.types import Cancelled, EngineError, EngineRequest, Plan
 
-from . import outcomes
+from ..core.raw_rows import concrete, from_row
 from ..datasets.data import load_columns
 from ..datasets.engine_meta import dataset_meta
 from ..models import Dataset, Request
-from ..core.raw_rows import concrete, from_row
+from . import outcomes
 from .releaser import RELEASER
 
 log = logging.getLogger(__name__)

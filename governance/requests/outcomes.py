@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ..ledger import trail, actions as ledger, group as ledger_group
+from ..ledger import actions as ledger, group as ledger_group, trail
 from ..models import Request
 from .waiting import final_state, signal_done, signal_done_many
 

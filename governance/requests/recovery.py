@@ -46,8 +46,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from ..ledger import trail, actions as ledger
 from ..core.dispatch import mark_unsent  # noqa: F401 - rule 3's marker lives with the sending
+from ..ledger import actions as ledger, trail
 from ..models import Request
 
 log = logging.getLogger(__name__)

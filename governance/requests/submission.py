@@ -23,10 +23,10 @@ from django.utils import timezone
 from engines import plugins
 from engines.types import EngineRequest, PlanError
 
-from ..ledger import trail, actions as ledger, sql as ledger_sql
 from ..core import dispatch
-from ..datasets.engine_meta import dataset_meta
 from ..core.errors import DatasetNotActive, IdempotencyKeyReused, InvalidRequest, LedgerConflict, UserError
+from ..datasets.engine_meta import dataset_meta
+from ..ledger import actions as ledger, sql as ledger_sql, trail
 from ..models import Dataset, Request
 
 

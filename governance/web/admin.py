@@ -12,10 +12,10 @@ from django.utils.html import format_html
 
 from ..datasets import registry as datasets
 from accounting.costs import Cost
-from .admin_forms import DatasetChangeForm, DatasetRegisterForm
 from ..core.errors import InvalidDataset
 from ..ledger.limits import Limit
 from ..models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
+from .admin_forms import DatasetChangeForm, DatasetRegisterForm
 
 
 class OfficerPermissions:

@@ -7,10 +7,10 @@ from django import forms
 from accounting import POLICIES
 from accounting.events import MAX_EPSILON
 
+from ..core.errors import InvalidDataset
 from ..datasets import budget, registry
 from ..datasets.data import table_schema
 from ..datasets.schema import validate_schema
-from ..core.errors import InvalidDataset
 
 
 def _raise(e: InvalidDataset):

@@ -17,10 +17,10 @@ from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import mark_safe
 
-from ..audit import verification, export as audit_export
-from . import charts
-from ..ledger import estimates, actions as ledger, limits, refined_reports
+from ..audit import export as audit_export, verification
 from ..core import liveness
+from ..ledger import actions as ledger, estimates, limits, refined_reports
+from . import charts
 from accounting import ACCOUNTANTS
 from accounting.costs import Cost
 from ..core.errors import GovernanceError

@@ -8,7 +8,14 @@ from django.core.exceptions import ValidationError
 
 from governance.ledger import actions as ledger
 from accounting.costs import Cost
-from governance.core.errors import (BudgetExceeded, DatasetNotActive, InvalidEvent, LedgerConflict, NoGrant, NonPrivateRefused)
+from governance.core.errors import (
+    BudgetExceeded,
+    DatasetNotActive,
+    InvalidEvent,
+    LedgerConflict,
+    NoGrant,
+    NonPrivateRefused,
+)
 from governance.models import Budget, LedgerEntry
 
 LAP = {"kind": "laplace", "epsilon": 0.25}

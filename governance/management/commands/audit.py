@@ -5,7 +5,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...audit import verification, export as audit_export
+from ...audit import export as audit_export, verification
 from ...ledger import trail
 
 HELP = """
