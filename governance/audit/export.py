@@ -30,11 +30,12 @@ import math
 import re
 from datetime import UTC, datetime
 
-from ..ledger import trail
-from .verification import verify
 from accounting import ACCOUNTANTS
 from accounting.costs import Cost
+
+from ..ledger import trail
 from ..models import AuditRecord, Budget, Dataset
+from .verification import verify
 
 CSV_COLUMNS = ("dataset", "seq", "at", "action", "outcome", "actor", "engine", "kind", "request", "ledger_entry",
                "reference", "reason", "epsilon_basic", "epsilon_advanced", "epsilon_rdp", "total_epsilon_basic",

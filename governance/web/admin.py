@@ -10,9 +10,10 @@ from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from ..datasets import registry as datasets
 from accounting.costs import Cost
+
 from ..core.errors import InvalidDataset
+from ..datasets import registry as datasets
 from ..ledger.limits import Limit
 from ..models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
 from .admin_forms import DatasetChangeForm, DatasetRegisterForm

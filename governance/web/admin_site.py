@@ -17,14 +17,15 @@ from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import mark_safe
 
-from ..audit import export as audit_export, verification
-from ..core import liveness
-from ..ledger import actions as ledger, estimates, limits, refined_reports
-from . import charts
 from accounting import ACCOUNTANTS
 from accounting.costs import Cost
+
+from ..audit import export as audit_export, verification
+from ..core import liveness
 from ..core.errors import GovernanceError
+from ..ledger import actions as ledger, estimates, limits, refined_reports
 from ..models import AuditRecord, Dataset, Grant, LedgerEntry, Request
+from . import charts
 
 SPARK_POINTS = 40
 CHART_POINTS = 600
