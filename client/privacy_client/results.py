@@ -93,6 +93,8 @@ def aggregate_frame(result: dict[str, Any]) -> pd.DataFrame:
     def ci(pair: Any) -> tuple[Any, Any]:
         return (pair[0], pair[1]) if isinstance(pair, (list, tuple)) and len(pair) == 2 else (None, None)
 
+    if result.get("kind") == "query":
+        return query_frame(result)
     if "groups" in result:
         index = result.get("group_by") or ("bin" if result.get("kind") == "histogram" else "key")
         rows = [{index: g.get("key"), "value": g.get("value"), "ci_low": ci(g.get("ci95"))[0],
@@ -101,6 +103,36 @@ def aggregate_frame(result: dict[str, Any]) -> pd.DataFrame:
     low, high = ci(result.get("ci95"))
     return pd.DataFrame([{"value": result.get("value"), "ci_low": low, "ci_high": high}],
                         columns=["value", "ci_low", "ci_high"], index=pd.Index([result.get("kind")], name="kind"))
+
+
+def query_frame(result: dict[str, Any]) -> pd.DataFrame:
+    """A SQL query's release: the SELECT list's columns in order (named by their aliases),
+    then ``<name>_ci_low`` and ``<name>_ci_high`` (95%) for every aggregate."""
+    columns = list(result.get("columns") or [])
+    rows = result.get("rows") or []
+    cis = result.get("ci95") or [[None] * len(columns) for _ in rows]
+    names = {a.get("name") for a in result.get("aggregates") or []}
+    aggs = [c for c in columns if c in names]
+    out = []
+    for row, ci in zip(rows, cis):
+        rec = dict(zip(columns, row))
+        for c, pair in zip(columns, ci):
+            if c in names:
+                ok = isinstance(pair, (list, tuple)) and len(pair) == 2
+                rec[f"{c}_ci_low"], rec[f"{c}_ci_high"] = (pair[0], pair[1]) if ok else (None, None)
+        out.append(rec)
+    return pd.DataFrame(out, columns=columns + [f"{c}_ci_{e}" for c in aggs for e in ("low", "high")])
+
+
+def _has_parquet() -> bool:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        try:
+            import fastparquet  # noqa: F401
+        except ImportError:
+            return False
+    return True
 
 
 class Result:
@@ -178,5 +210,7 @@ class Result:
         """A synthetic table's rows (downloads ``synthetic.parquet``, or the CSV)."""
         for name, reader in (("synthetic.parquet", pd.read_parquet), ("synthetic.csv", pd.read_csv)):
             if name in self.files:
+                if reader is pd.read_parquet and not _has_parquet() and "synthetic.csv" in self.files:
+                    continue  # no Parquet reader here (pyarrow is a dependency, but a bare pandas may run this)
                 return reader(self.download(name, Path(directory) / name))
         raise ValueError(f"this result holds no synthetic table; its files: {self.files}")

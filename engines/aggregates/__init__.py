@@ -1,10 +1,12 @@
-"""The built-in DP aggregates engine: count, sum, mean, variance, histogram, quantile.
+"""The built-in DP aggregates engine: count, sum, mean, variance, histogram, quantile, and
+query (several of them in one request: what SQL becomes).
 
 Modules: ``params`` (validation), ``planner`` (sensitivities, budget split, events; the
 sensitivity statement is its docstring), ``noise`` (the only code that draws released
 noise, all through OpenDP), ``compute`` (vectorised exact aggregates and contribution
 bounding), ``report`` (result JSON and 95% intervals), ``execute`` (a run),
-``schema`` (JSON schemas). No Django here.
+``schema`` (JSON schemas), ``sql`` (SQL text to a request), ``query`` (the query kind).
+No Django here.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ DESCRIPTION = (
     "variance, histogram and quantile, optionally filtered (where) and grouped by a categorical "
     "column's declared domain. Laplace (pure epsilon) or Gaussian (zCDP rho) noise from OpenDP's "
     "floating-point-safe samplers; quantiles by the exponential mechanism. Values are clamped to "
-    "the declared bounds; each privacy unit contributes at most max_rows_per_unit rows."
+    "the declared bounds; each privacy unit contributes at most max_rows_per_unit rows. The query kind (what "
+    "SQL becomes) releases several aggregates over the same rows as one request, grouped by several "
+    "declared columns and public bins, with HAVING / ORDER BY / LIMIT applied to the released values."
 )
 
 
 @hookimpl
 def engine_info():
-    return {"name": NAME, "kinds": list(KINDS), "queue": "cpu", "description": DESCRIPTION,
+    return {"name": NAME, "kinds": [*KINDS, "query"], "queue": "cpu", "description": DESCRIPTION,
             "params_schema": params_schema(), "distributed": True}
 
 

@@ -126,9 +126,23 @@ def _to_bool(arr) -> np.ndarray:
 def predicate_mask(table: pa.Table, where: list[dict]) -> np.ndarray:
     """Rows matching every predicate (AND). A null (or NaN) never matches, not even
     ``!=`` or ``not_in`` (SQL semantics)."""
+    return _mask(table, where, {})
+
+
+def _mask(table: pa.Table, where: list[dict], cache: dict) -> np.ndarray:
+    """``predicate_mask`` with nested ``{"or": [list, ...]}`` (any list holds) and ``{"not": list}``
+    (the list does not hold: SQL's NOT, so a row whose predicate meets a null is in neither)."""
     mask = np.ones(table.num_rows, dtype=bool)
-    cache: dict[str, np.ndarray] = {}
     for p in where:
+        if "or" in p:
+            m = np.zeros(table.num_rows, dtype=bool)
+            for branch in p["or"]:
+                m |= _mask(table, branch, cache)
+            mask &= m
+            continue
+        if "not" in p:
+            mask &= ~_mask(table, p["not"], cache) & _known(table, p["not"])
+            continue
         name, op, value = p["column"], p["op"], p["value"]
         if p["type"] == "numeric":
             if op in _COMPARE:
@@ -152,6 +166,20 @@ def predicate_mask(table: pa.Table, where: list[dict]) -> np.ndarray:
                 m = ~hit & _to_bool(pc.is_valid(col))
         mask &= m
     return mask
+
+
+def _known(table: pa.Table, where: list[dict]) -> np.ndarray:
+    """Rows where every column the predicates read is non-null (SQL's three-valued logic, made
+    two-valued: NOT of a predicate on a null is not true either)."""
+    from .planner import where_columns
+
+    ok = np.ones(table.num_rows, dtype=bool)
+    for name in dict.fromkeys(where_columns(where)):
+        col = _column(table, name)
+        ok &= _to_bool(pc.is_valid(col))
+        if pa.types.is_floating(col.type):
+            ok &= ~np.isnan(numeric_values(table, name))
+    return ok
 
 
 def category_codes(table: pa.Table, name: str, domain: list) -> np.ndarray:
@@ -183,6 +211,43 @@ def _dictionary_codes(col: pa.ChunkedArray, domain: list) -> np.ndarray:
             if ind.null_count:
                 out[off:off + n][ind.is_null().to_numpy(zero_copy_only=False)] = -1
         off += n
+    return out
+
+
+def group_codes(table: pa.Table, keys: list[dict]) -> tuple[np.ndarray, int]:
+    """The group of each row under several keys (categorical: the declared domain; bins: the
+    value clamped to the declared bounds, then binned by the public edges), as one code in the
+    cartesian product (the first key varies slowest); -1 when any key has none (null, or a
+    value outside a declared domain)."""
+    codes = np.zeros(table.num_rows, dtype=np.int64)
+    bad = np.zeros(table.num_rows, dtype=bool)
+    total = 1
+    for k in keys:
+        if k["type"] == "categorical":
+            c = category_codes(table, k["column"], k["labels"])
+        else:
+            lo, hi = k["bounds"]
+            values, _ = clamped_values(table, k["column"], lo, hi)
+            c = bin_codes(values, k["edges"])
+        size = len(k["labels"])
+        bad |= c < 0
+        codes = codes * size + np.maximum(c, 0)
+        total *= size
+    codes[bad] = -1
+    return codes, total
+
+
+def first_per_pair(mask: np.ndarray, units: np.ndarray, codes: np.ndarray | None) -> np.ndarray:
+    """``mask`` keeping only the first selected row of each (unit, group) pair."""
+    idx = np.flatnonzero(mask)
+    if idx.size == 0:
+        return mask
+    key = units[idx].astype(np.int64)
+    if codes is not None:
+        key = key * (int(codes.max()) + 1) + codes[idx]
+    _, first = np.unique(key, return_index=True)
+    out = np.zeros_like(mask)
+    out[idx[first]] = True
     return out
 
 
@@ -452,13 +517,20 @@ def quantile_histograms(values: np.ndarray, candidates: np.ndarray, codes: np.nd
 
 def scores_from_histograms(hists: np.ndarray, alpha_num: int, alpha_den: int) -> np.ndarray:
     """OpenDP's quantile scores from ``quantile_histograms``, one row per group."""
+    return np.abs(signed_scores_from_histograms(hists, alpha_num, alpha_den))
+
+
+def signed_scores_from_histograms(hists: np.ndarray, alpha_num: int, alpha_den: int) -> np.ndarray:
+    """``(den - num) * #(x < c) - num * #(x > c)`` per candidate (OpenDP's score before its
+    absolute value): negative below the q-quantile, positive above; a unit moves it by at
+    most the score sensitivity, as it moves the score (|a + t| is 1-Lipschitz in a for a constant t)."""
     hist_lo, hist_ro = hists[0], hists[1]
     m = hist_lo.shape[1] - 1
     n = hist_lo.sum(axis=1)
     lt = np.cumsum(hist_ro[:, :m], axis=1)  # #(x < c_i)
     le = np.cumsum(hist_lo[:, :m], axis=1)  # #(x <= c_i)
     gt = n[:, None] - le
-    return np.abs((alpha_den - alpha_num) * lt - alpha_num * gt)
+    return (alpha_den - alpha_num) * lt - alpha_num * gt
 
 
 def quantile_scores(values: np.ndarray, candidates: np.ndarray, alpha_num: int, alpha_den: int,

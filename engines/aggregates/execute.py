@@ -52,6 +52,11 @@ def exact_parts(d: dict, data: pa.Table, n_max: int, rng: np.random.Generator, p
     same rows on any partitioning given the same salt."""
     kind = d["kind"]
     n = data.num_rows
+    if kind == "query":  # each aggregate's parts, under its index (combine adds them by name)
+        if salt is None and d["unit_column"]:
+            salt = int(rng.integers(0, 2**63))
+        return {f"{i}:{name}": v for i, sub in enumerate(d["aggregates"])
+                for name, v in exact_parts(sub, data, n_max, rng, progress, salt).items()}
 
     progress({"phase": "filtering", "fraction": 0.05})
     mask = compute.predicate_mask(data, d["where"])
@@ -69,11 +74,17 @@ def exact_parts(d: dict, data: pa.Table, n_max: int, rng: np.random.Generator, p
         else:
             codes = compute.bin_codes(values, hist["edges"])
         groups = len(hist["labels"])
+    elif d.get("group_keys"):
+        codes, groups = compute.group_codes(data, d["group_keys"])
     elif d["group_by"]:
         codes = compute.category_codes(data, d["group_by"], d["domain"])
         groups = len(d["domain"])
     if codes is not None:
         mask &= codes >= 0
+    if d.get("distinct_units") and d["unit_column"]:
+        # COUNT(DISTINCT unit): one row per (unit, group); bounding then keeps k groups per unit
+        units, n_units = compute.unit_codes(data, d["unit_column"])
+        mask = compute.first_per_pair(mask, units, codes)
 
     progress({"phase": "bounding contributions", "fraction": 0.25})
     if d["unit_column"]:
@@ -146,6 +157,14 @@ def exact_values(d: dict, parts: dict, n_max: int) -> dict:
 def finish(d: dict, parts: dict, n_max: int, rng: np.random.Generator, progress) -> Release:
     """Noise, once, on the exact aggregate of the whole table, and the result JSON."""
     kind = d["kind"]
+    if kind == "query":
+        from .query import assemble
+
+        results = []
+        for i, sub in enumerate(d["aggregates"]):
+            own = {name.split(":", 1)[1]: v for name, v in parts.items() if name.split(":", 1)[0] == str(i)}
+            results.append(finish(sub, own, n_max, rng, progress).result)
+        return Release(result=assemble(d, results))
     if kind == "quantile":
         return Release(result=_quantile(d, parts["quantile"], progress))
     exact = exact_values(d, parts, n_max)
@@ -172,6 +191,14 @@ def _quantile(d: dict, hists: np.ndarray, progress) -> dict:
     scores = compute.scores_from_histograms(hists, qd["alpha_num"], qd["alpha_den"])
     progress({"phase": "adding noise", "fraction": 0.8})
     picks = [float(grid[noise.noisy_argmin(row, qd["scale"])]) for row in scores]
-    result = report.quantile(d, picks)
+    ends = None
+    if "interval" in qd:  # plans from before intervals (stored, replayed) have none
+        iv = qd["interval"]
+        _check_cost(iv["epsilon"], noise.noisy_min_cost(iv["scale"], qd["score_sensitivity"]))
+        signed = compute.signed_scores_from_histograms(hists, qd["alpha_num"], qd["alpha_den"])
+        lows = [float(grid[noise.noisy_argmin(np.abs(row + iv["shift"]), iv["scale"])]) for row in signed]
+        highs = [float(grid[noise.noisy_argmin(np.abs(row - iv["shift"]), iv["scale"])]) for row in signed]
+        ends = list(zip(lows, highs))
+    result = report.quantile(d, picks, ends)
     progress({"phase": "done", "fraction": 1.0})
     return result

@@ -75,8 +75,8 @@ class Noise:
             arg = int(exact) if self.integer else float(exact)
         return self.measurement()(arg)
 
-    def halfwidth(self) -> float:
-        """Half-width h of the 95% interval value +- h: P(|noise| > h) <= 0.05.
+    def halfwidth(self, alpha: float = ALPHA) -> float:
+        """Half-width h of the 95% interval value +- h: P(|noise| > h) <= 0.05 (``alpha``).
 
         Float noise: Laplace b ln(20), Gaussian 1.96 sigma (OpenDP's accuracy helpers).
         Integer noise: OpenDP's discrete helpers give the smallest a with
@@ -89,14 +89,15 @@ class Noise:
         b = float(self.scale)
         if not self.integer:
             if self.mechanism == "laplace":
-                return float(dp.laplacian_scale_to_accuracy(b, ALPHA))
-            return float(dp.gaussian_scale_to_accuracy(b, ALPHA))
+                return float(dp.laplacian_scale_to_accuracy(b, alpha))
+            return float(dp.gaussian_scale_to_accuracy(b, alpha))
         if self.mechanism == "laplace":
-            a = dp.discrete_laplacian_scale_to_accuracy(b, ALPHA)
+            a = dp.discrete_laplacian_scale_to_accuracy(b, alpha)
         elif b <= 1e4:
-            a = dp.discrete_gaussian_scale_to_accuracy(b, ALPHA)
+            a = dp.discrete_gaussian_scale_to_accuracy(b, alpha)
         else:
-            return float(math.floor(Z95 * b + 1.0))
+            z = Z95 if alpha == ALPHA else float(dp.gaussian_scale_to_accuracy(1.0, alpha))
+            return float(math.floor(z * b + 1.0))
         if not math.isfinite(a):
             if b >= 1.0:  # pragma: no cover - OpenDP only gives up at tiny scales
                 raise ValueError(f"no accuracy for noise scale {b}")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.types import DatasetMeta, PlanError
-from engines.validation import MAX_EPSILON, is_number
+from engines.validation import MAX_EPSILON, MAX_UNKNOWN_REPORTED, is_number, unknown_keys
 
 KINDS = ("count", "sum", "mean", "variance", "histogram", "quantile")
 VALUE_KINDS = ("sum", "mean", "variance", "quantile")  # need a bounded numeric column
@@ -25,7 +25,6 @@ DEFAULT_CANDIDATES = 1024
 MAX_CANDIDATES = 100_000
 MAX_BINS = 10_000
 MAX_SCORE_CELLS = 20_000_000  # groups x (candidates + 1) for a grouped quantile
-MAX_UNKNOWN_REPORTED = 10
 MAX_HALFWIDTH = 1e15  # an accuracy target wider than any declared bound allows is a mistake
 
 COMMON_KEYS = {"where", "group_by", "mechanism", "epsilon", "rho", "accuracy", "max_rows_per_unit"}
@@ -56,6 +55,8 @@ class Query:
     hist: dict | None = None  # {"type": "categorical", "labels"} | {"type": "numeric", "edges"}
     q: float | None = None
     candidates: int | None = None
+    distinct_units: bool = False  # count_distinct of the unit column (query.py)
+    integer: bool = False  # the value column is declared integer (a quantile's interval ends are whole)
 
 
 
@@ -109,8 +110,41 @@ def _domain(spec: dict) -> list | None:
     return list(dom)
 
 
-def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict) -> dict | None:
-    key = f"where[{i}]"
+MAX_WHERE_DEPTH = 8
+
+
+def where_list(where: Any, dataset: DatasetMeta, errors: dict, key: str = "where", depth: int = 0) -> list[dict]:
+    """A validated where list: predicates ANDed; an item may also be ``{"or": [list, list, ...]}``
+    (any of the lists holds) or ``{"not": list}`` (the list does not hold), nested."""
+    if not isinstance(where, list):
+        errors[key] = 'must be a list of {"column", "op", "value"} (or {"or": [...]}, {"not": [...]})'
+        return []
+    if len(where) > MAX_PREDICATES:
+        errors[key] = f"at most {MAX_PREDICATES} predicates"
+        return []
+    if depth > MAX_WHERE_DEPTH:
+        errors[key] = f"nested more than {MAX_WHERE_DEPTH} levels deep"
+        return []
+    out = []
+    for i, p in enumerate(where):
+        item_key = f"{key}[{i}]"
+        if isinstance(p, dict) and set(p) == {"or"}:
+            if not isinstance(p["or"], list) or not 2 <= len(p["or"]) <= MAX_PREDICATES:
+                errors[item_key] = f'"or" must be a list of 2 to {MAX_PREDICATES} predicate lists'
+                continue
+            out.append({"or": [where_list(b, dataset, errors, f"{item_key}.or[{j}]", depth + 1)
+                               for j, b in enumerate(p["or"])]})
+        elif isinstance(p, dict) and set(p) == {"not"}:
+            out.append({"not": where_list(p["not"], dataset, errors, f"{item_key}.not", depth + 1)})
+        else:
+            one = _predicate(i, p, dataset, errors, item_key)
+            if one:
+                out.append(one)
+    return out
+
+
+def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict, key: str | None = None) -> dict | None:
+    key = key or f"where[{i}]"
     if not isinstance(p, dict):
         errors[key] = 'must be an object {"column", "op", "value"}'
         return None
@@ -153,7 +187,31 @@ def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict) -> dict | Non
             errors[key] = f"value must be a {what}"
             return None
         value = float(value) if ctype == "numeric" else value
+    if ctype == "categorical" and (dom := _domain(spec)) is not None:
+        outside = [v for v in (value if op in ("in", "not_in") else [value]) if not in_domain(v, dom)]
+        if outside:
+            shown = ", ".join(repr(v) for v in outside[:5]) + (" ..." if len(outside) > 5 else "")
+            listed = ", ".join(repr(v) for v in dom[:20]) + (" ..." if len(dom) > 20 else "")
+            errors[key] = (f"{shown} {'is' if len(outside) == 1 else 'are'} not in the declared domain of "
+                           f"{p['column']!r} ({listed}): compare with declared values only")
+            return None
     return {"column": p["column"], "op": op, "value": value, "type": ctype}
+
+
+def in_domain(value: Any, domain: list) -> bool:
+    """``value`` is one of the declared ``domain`` values, compared as the run's lookup does
+    (compute._lookup: the column's own type, or both sides as strings: "3" matches 3)."""
+    if any(value == d and type(value) is type(d) for d in domain):
+        return True
+    return _as_text(value) in {_as_text(d) for d in domain}
+
+
+def _as_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
 
 
 def _fmt(x: float) -> str:
@@ -175,11 +233,11 @@ def validate(kind: str, params: Any, dataset: DatasetMeta) -> Query:
         raise PlanError("params must be a JSON object", {"params": "must be an object"})
     errors: dict[str, str] = {}
     allowed = COMMON_KEYS | KIND_KEYS[kind]
-    unknown = sorted(set(params) - allowed, key=str)
-    for key in unknown[:MAX_UNKNOWN_REPORTED]:  # a hostile request may send a million
-        errors[str(key)[:100]] = f"unknown parameter for {kind}; allowed: {', '.join(sorted(allowed))}"
-    if len(unknown) > MAX_UNKNOWN_REPORTED:
-        errors["params"] = f"{len(unknown)} unknown parameters in all"
+    unknown, n_unknown = unknown_keys(params, allowed)
+    for key in unknown:  # a hostile request may send a million
+        errors[key[:100]] = f"unknown parameter for {kind}; allowed: {', '.join(sorted(allowed))}"
+    if n_unknown > MAX_UNKNOWN_REPORTED:
+        errors["params"] = f"{n_unknown} unknown parameters in all"
 
     # ---- mechanism and privacy budget
     mech = params.get("mechanism")
@@ -252,6 +310,7 @@ def validate(kind: str, params: Any, dataset: DatasetMeta) -> Query:
                                         f"{params['column']!r} is {spec.get('type')!r}"
                                         + (" without bounds" if spec.get("type") == "numeric" else ""))
                 q.column = params["column"]
+                q.integer = spec.get("integer") is True
             else:
                 q.column = params["column"]
                 _histogram(q, spec, params, errors)
@@ -272,12 +331,7 @@ def validate(kind: str, params: Any, dataset: DatasetMeta) -> Query:
     # ---- where
     where = params.get("where")
     if where is not None:
-        if not isinstance(where, list):
-            errors["where"] = 'must be a list of {"column", "op", "value"}'
-        elif len(where) > MAX_PREDICATES:
-            errors["where"] = f"at most {MAX_PREDICATES} predicates"
-        else:
-            q.where = [p for p in (_predicate(i, p, dataset, errors) for i, p in enumerate(where)) if p]
+        q.where = where_list(where, dataset, errors)
 
     # ---- group_by
     gb = params.get("group_by")

@@ -27,7 +27,9 @@ Costs come from OpenDP's privacy maps of the exact measurements the run builds
 - laplace:  ``{"kind": "laplace", "epsilon": map(d_in)}``
 - gaussian: ``{"kind": "gaussian", "noise_multiplier": 1 / sqrt(2 * rho)}`` with
   rho = map(d_in) (zCDP; noise std = multiplier x L2 sensitivity)
-- quantile: ``{"kind": "epsilon_delta", "epsilon": map(k), "delta": 0}``
+- quantile: ``{"kind": "epsilon_delta", "epsilon": map(k), "delta": 0}``, the sum of three
+  such chains: the answer (half of the budget) and the two ends of its interval (a quarter
+  each; report.py)
 - mean / variance: ``{"kind": "composed", "events": [...]}`` of their components.
 """
 
@@ -49,6 +51,8 @@ MAX_INTEGER_SCALE = 1e12  # count noise beyond this says nothing and nears the i
 # answer of inf or NaN is not JSON and would fail the run after the data was read (charged).
 # So no noise scale beyond this, and no sum that could exceed it (rows x sensitivity).
 MAX_MAGNITUDE = 1e150
+#: a quantile's budget: the answer's share, and each end of its 95% interval's (report.py)
+POINT_SHARE, END_SHARE = 0.5, 0.25
 
 
 def _times(k: int, x: float) -> float:
@@ -89,7 +93,32 @@ def _budget_error(q: Query, e: Exception) -> PlanError:
 
 
 def make_plan(request: EngineRequest, dataset: DatasetMeta) -> Plan:
+    if request.kind == "query":  # several aggregates, composite groups, post-processing (query.py)
+        from .query import make_plan as make_query_plan
+
+        return make_query_plan(request, dataset)
     q = validate(request.kind, request.params, dataset)
+    event, details = plan_validated(q, dataset)
+    columns = list(dict.fromkeys(c for c in [q.column, q.group_by, *where_columns(q.where)] if c))
+    return Plan(event=event, columns=columns, details=details)
+
+
+def where_columns(where: list[dict]) -> list[str]:
+    """The columns a (validated) where list reads, nested OR / NOT included."""
+    out = []
+    for p in where:
+        if "or" in p:
+            for branch in p["or"]:
+                out += where_columns(branch)
+        elif "not" in p:
+            out += where_columns(p["not"])
+        else:
+            out.append(p["column"])
+    return out
+
+
+def plan_validated(q: Query, dataset: DatasetMeta) -> tuple[dict, dict]:
+    """The event and the run's details of a validated query."""
     if q.bounds is not None and q.kind != "quantile":
         largest = max(dataset.n_rows, 1) * max(sens for _, sens, _ in components(q))
         if not largest <= MAX_MAGNITUDE:
@@ -97,7 +126,6 @@ def make_plan(request: EngineRequest, dataset: DatasetMeta) -> Plan:
                             f"to {largest:.3g}, too close to the range of 64-bit floats (rows x bound, squared "
                             f"for a variance, must stay under {MAX_MAGNITUDE:.0e})",
                             {"column": "declared bounds too wide"})
-    columns = list(dict.fromkeys(c for c in [q.column, q.group_by, *(p["column"] for p in q.where)] if c))
     details = {
         "version": DETAILS_VERSION,
         "kind": q.kind,
@@ -120,7 +148,7 @@ def make_plan(request: EngineRequest, dataset: DatasetMeta) -> Plan:
             event = _plan_noise(q, details, grouped)
     except (ValueError, ArithmeticError, noise.OpenDPError) as e:  # overflow, underflow to zero
         raise _budget_error(q, e) from None
-    return Plan(event=event, columns=columns, details=details)
+    return event, details
 
 
 def _plan_noise(q: Query, details: dict, vector: bool) -> dict:
@@ -164,14 +192,19 @@ def _plan_quantile(q: Query, details: dict) -> dict:
         raise PlanError("the candidate grid is not strictly increasing: the bounds are too close for "
                         f"{q.candidates} candidates", {"candidates": "too many for the column's range"})
     epsilon = q.budget[1]
-    scale, score_sens, cost = noise.quantile_chain_cost(grid.tolist(), q.q, q.k, epsilon)
-    if not scale <= MAX_MAGNITUDE:  # the pick would be uniform, and its rank error overflow
-        raise ValueError(f"the noise scale would be {scale:.3g}: the pick would be pure noise")
+    # half of the budget for the answer, a quarter for each end of its interval (report.py)
+    scale, score_sens, cost = noise.quantile_chain_cost(grid.tolist(), q.q, q.k, epsilon * POINT_SHARE)
+    e_scale, _, e_cost = noise.quantile_chain_cost(grid.tolist(), q.q, q.k, epsilon * END_SHARE)
+    if not max(scale, e_scale) <= MAX_MAGNITUDE:  # the pick would be uniform, and its rank error overflow
+        raise ValueError(f"the noise scale would be {max(scale, e_scale):.3g}: the pick would be pure noise")
     num, den = noise.quantile_alpha(q.q)
+    shift = math.ceil(e_scale * math.log(2 * 20 * q.candidates))  # each end errs by more w.p. <= 2.5%
+    total = cost + 2 * e_cost
     details["quantile"] = {
         "q": q.q, "alpha_num": num, "alpha_den": den,
         "grid": {"lower": lo, "upper": hi, "count": q.candidates},
         "scale": scale, "score_sensitivity": score_sens, "epsilon": cost,
+        "interval": {"scale": e_scale, "epsilon": e_cost, "shift": shift, "integer": q.integer},
     }
-    details["cost"] = {"epsilon": cost}
-    return {"kind": "epsilon_delta", "epsilon": cost, "delta": 0.0}
+    details["cost"] = {"epsilon": total}
+    return {"kind": "epsilon_delta", "epsilon": total, "delta": 0.0}

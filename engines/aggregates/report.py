@@ -9,7 +9,21 @@ Intervals describe the added noise, not sampling error:
   parametric bootstrap: the declared noise distributions are drawn again around the
   released noisy components and the estimator recomputed; the 2.5% and 97.5% points are
   reported. Only released values are used, so numpy's generator is fine here.
-- quantile: no value interval (that would need the data). ``rank_error95`` says how good
+- quantile: the interval is released with the answer, at half of the quantile's budget
+  (the answer gets the other half; planner.py): two more picks by the same OpenDP
+  report-noisy-max on the same candidate grid, on the score shifted by t score units:
+  ``|s(c) + t|`` for the low end and ``|s(c) - t|`` for the high end, where
+  ``s(c) = (1-q) #(x < c) - q #(x > c)`` (OpenDP's score before its absolute value; in units
+  of 1 / alpha_den) and t = ceil(s_e ln(40 m)) for the ends' noise scale s_e. With
+  probability >= 97.5% each end's score is within t of its best (the bound below, at 2.5%),
+  so the low end has s <= 0 (at or below the q-quantile) and the high end s >= 0: the pair
+  holds the true q-quantile with probability >= 95%, up to the grid's resolution, which is
+  why each end is moved one grid step further out (and the interval holds the answer); on a
+  column declared integer the ends are rounded out to whole numbers first (many rows tie at
+  each value, and a pick between two values stands for both).
+  The shift is a constant, so the shifted score has the sensitivity of the score, and both
+  ends cost what OpenDP's map of the chain says, like the answer. Only released picks and
+  public numbers make the interval: it reads no data. ``rank_error95`` says how good
   the pick is: with probability >= 95% the released candidate c satisfies
   ``|(1-q) #(x < c) - q #(x > c)| <= best + rank_error95``, where ``best`` is the smallest
   such value on the grid (about the number of rows tied at the best candidate), so for
@@ -116,9 +130,25 @@ def ratio(details: dict, noisy: dict, nzs: dict[str, Noise], rng: np.random.Gene
     return out
 
 
-def quantile(details: dict, picks: list[float]) -> dict:
+def quantile_interval(details: dict, pick: float, ends) -> list[float] | None:
+    """The 95% interval of a quantile: the two end picks, one grid step further out each
+    (a candidate grid resolves no finer), holding the answer, inside the declared bounds."""
+    if ends is None:
+        return None
+    g = details["quantile"]["grid"]
+    step = (g["upper"] - g["lower"]) / max(g["count"] - 1, 1)
+    lo, hi = ends
+    if details["quantile"].get("interval", {}).get("integer"):
+        # a declared-integer column's quantile is a whole number: a pick between two of them
+        # (on a tie's plateau) stands for the whole numbers around it
+        lo, hi = math.floor(lo), math.ceil(hi)
+    return _interval(max(g["lower"], min(lo - step, pick)), min(g["upper"], max(hi + step, pick)))
+
+
+def quantile(details: dict, picks: list[float], ends: list | None = None) -> dict:
     qd = details["quantile"]
     m = qd["grid"]["count"]
+    cis = [quantile_interval(details, p, ends[i] if ends else None) for i, p in enumerate(picks)]
     out = _base(details)
     out.update({
         "q": qd["q"],
@@ -128,8 +158,8 @@ def quantile(details: dict, picks: list[float]) -> dict:
     })
     if details["group_by"]:
         out["group_by"] = details["group_by"]
-        out["groups"] = _grouped(details, details["domain"], picks, [None] * len(picks))
+        out["groups"] = _grouped(details, details["domain"], picks, cis)
     else:
         out["value"] = picks[0]
-        out["ci95"] = None
+        out["ci95"] = cis[0]
     return out

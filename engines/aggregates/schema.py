@@ -14,9 +14,15 @@ _SCALAR = {"type": ["string", "number", "boolean"]}
 _COMMON = {
     "where": {
         "type": "array", "maxItems": MAX_PREDICATES,
-        "description": "predicates ANDed; only on declared numeric or categorical columns; "
-                       "a null never matches",
-        "items": {
+        "description": "predicates ANDed; only on declared numeric or categorical columns (a categorical "
+                       "literal must be in the declared domain); a null never matches; an item may also be "
+                       '{"or": [list, list, ...]} (any list holds) or {"not": list} (the list does not hold), nested',
+        "items": {"anyOf": [
+            {"type": "object", "additionalProperties": False, "required": ["or"],
+             "properties": {"or": {"type": "array", "minItems": 2, "items": {"$ref": "#/properties/where"}}}},
+            {"type": "object", "additionalProperties": False, "required": ["not"],
+             "properties": {"not": {"$ref": "#/properties/where"}}},
+            {
             "type": "object", "additionalProperties": False, "required": ["column", "op", "value"],
             "properties": {
                 "column": {"type": "string"},
@@ -24,7 +30,7 @@ _COMMON = {
                 "value": {"oneOf": [_SCALAR, {"type": "array", "items": _SCALAR, "minItems": 1,
                                               "maxItems": MAX_IN_VALUES}]},
             },
-        },
+            }]},
     },
     "group_by": {"type": "string", "description": "a categorical column with a declared domain: one output "
                                                   "per domain value, in domain order"},
@@ -75,4 +81,32 @@ def params_schema() -> dict:
         if kind == "histogram":
             props.pop("group_by")
         out[kind] = {"type": "object", "additionalProperties": False, "properties": props, "required": required}
+    out["query"] = _QUERY
     return out
+
+
+_QUERY = {
+    "type": "object", "additionalProperties": False, "required": ["select"],
+    "description": "several aggregates over the same rows and groups, one request (what SQL becomes; "
+                   "engines/aggregates/query.py). The budget is the query's, split equally between the aggregates.",
+    "properties": {
+        "select": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string"}, "group": {"type": "integer", "minimum": 0},
+            "agg": {"enum": ["count", "count_distinct", "sum", "mean", "variance", "quantile"]},
+            "column": {"type": "string"}, "q": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}}}},
+        "group_by": {"type": "array", "maxItems": 4, "items": {"type": "object", "required": ["column"], "properties": {
+            "column": {"type": "string"}, "name": {"type": "string"},
+            "width": _POSITIVE, "multiplier": {"type": "number"},
+            "thresholds": {"type": "array", "items": {"type": "number"}, "minItems": 1},
+            "closed": {"enum": ["left", "right"]}, "labels": {"type": "array", "items": _SCALAR}}},
+            "description": "categorical columns (declared domain) or bins of bounded numeric columns: "
+                           "width (FLOOR(col / width) * multiplier) or thresholds (CASE WHEN col < t ...)"},
+        "where": _COMMON["where"],
+        "having": {"type": "array", "items": {"type": "object"}, "description": "on released values"},
+        "order_by": {"type": "array", "items": {"type": "object", "properties": {
+            "column": {"type": "string"}, "desc": {"type": "boolean"}}}},
+        "limit": {"type": "integer", "minimum": 0},
+        **{k: _COMMON[k] for k in ("mechanism", "epsilon", "rho", "accuracy", "max_rows_per_unit")},
+        "candidates": {"type": "integer", "minimum": 2, "maximum": MAX_CANDIDATES, "default": DEFAULT_CANDIDATES},
+    },
+}

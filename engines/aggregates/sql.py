@@ -2,7 +2,9 @@
 
 ``translate(sql, options)`` parses one statement with sqlglot and returns a ``SqlRequest``:
 the dataset (the FROM table), the aggregates kind and its ``params`` exactly as a JSON
-request would write them. Nothing here reads data or knows Django; the engine's own
+request would write them: the simplest shape (one aggregate without an alias, at most one
+plain GROUP BY column, predicates joined by AND) as its own kind (count, mean, ...), any
+other as the ``query`` kind (query.py). Nothing here reads data or knows Django; the engine's own
 ``validate``/``make_plan`` then check columns, bounds and domains and price the request,
 so a SQL query and its JSON twin give the same event, the same cost and the same
 fingerprint (the second one is replayed free).
@@ -10,14 +12,19 @@ fingerprint (the second one is replayed free).
 What is understood (everything else is a ``SqlUnsupported`` naming the part):
 
 - one table: ``FROM name`` (quote names with a hyphen: ``FROM "gss-wages"``);
-- one aggregate in the select list, optionally beside the GROUP BY column:
-  ``COUNT(*)`` (or ``COUNT(1)``), ``SUM(col)``, ``AVG(col)``, ``VARIANCE(col)`` / ``VAR_POP(col)`` /
-  ``VAR_SAMP(col)`` (the engine's variance, the population form), ``MEDIAN(col)``,
-  ``QUANTILE(col, q)``, ``APPROX_QUANTILE(col, q)`` and
-  ``PERCENTILE_CONT(q) WITHIN GROUP (ORDER BY col)``; an alias is allowed;
-- ``WHERE``: predicates joined by AND: ``col op literal`` (=, <>, !=, <, <=, >, >=, either
-  side), ``col [NOT] IN (literals)``, ``col BETWEEN a AND b`` (two predicates);
-- ``GROUP BY col``: one column (the engine requires a declared domain).
+- aggregates in the select list, beside the GROUP BY keys, each with an optional alias
+  (it names the column): ``COUNT(*)`` (or ``COUNT(1)``), ``COUNT(DISTINCT unit_column)``,
+  ``SUM(col)``, ``AVG(col)``, ``VARIANCE(col)`` / ``VAR_POP(col)`` / ``VAR_SAMP(col)`` (the
+  engine's variance, the population form), ``MEDIAN(col)``, ``QUANTILE(col, q)``,
+  ``APPROX_QUANTILE(col, q)``, ``PERCENTILE_CONT(q) WITHIN GROUP (ORDER BY col)``, ``MIN`` /
+  ``MAX`` (the DP quantiles ``MIN_Q`` / ``MAX_Q``);
+- ``WHERE``: ``col op literal`` (=, <>, !=, <, <=, >, >=, either side), ``col [NOT] IN
+  (literals)``, ``col BETWEEN a AND b``, joined by AND, OR and NOT;
+- ``GROUP BY``: up to 4 keys, each a column with a declared domain, ``FLOOR(col / w) [* m]``
+  or ``CASE WHEN col < a THEN 'x' ... ELSE 'z' END`` (bins over the declared bounds), by
+  the expression, its alias or its position;
+- ``HAVING`` (comparisons of selected columns with literals, ANDed), ``ORDER BY`` and
+  ``LIMIT``: post-processing of the released values (query.py).
 
 The privacy options (``epsilon``, ``rho``, ``accuracy``, ``mechanism``,
 ``max_rows_per_unit``, ``candidates``) come beside the SQL, never inside it.
@@ -81,7 +88,9 @@ def _unsupported(part: str, why: str) -> SqlUnsupported:
 
 
 def translate(sql: str, options: dict | None = None) -> SqlRequest:
-    """Plan ``sql`` (one SELECT) with ``options`` (epsilon, ...) into an aggregates request."""
+    """Plan ``sql`` (one SELECT) with ``options`` (epsilon, ...) into an aggregates request:
+    the simplest shape (one unnamed aggregate, at most one plain GROUP BY column, ANDed
+    predicates) as the kind it equals (count, sum, ...), anything more as a ``query``."""
     if not isinstance(sql, str) or not sql.strip():
         raise SqlSyntaxError("sql must be a non-empty string", part="sql")
     if len(sql) > MAX_SQL_CHARS:
@@ -94,12 +103,12 @@ def translate(sql: str, options: dict | None = None) -> SqlRequest:
     if shape:
         raise SqlSyntaxError(
             f"with sql, params holds only the privacy options ({', '.join(OPTION_KEYS)}); "
-            f"{', '.join(map(str, shape[:10]))} come from the query itself", part="params",
-            errors={str(k)[:100]: "comes from the SQL query" for k in shape[:10]})
+            + "; ".join(_option_problem(k) for k in shape[:10]), part="params",
+            errors={str(k)[:100]: _option_problem(k) for k in shape[:10]})
     try:
         statements = [s for s in sqlglot.parse(sql, error_level=sqlglot.ErrorLevel.RAISE) if s is not None]
     except (ParseError, TokenError) as e:
-        raise SqlSyntaxError(f"not valid SQL: {_first_line(e)}", part="syntax") from None
+        raise SqlSyntaxError(f"not valid SQL: {_first_line(e)}{_hint(sql)}", part="syntax") from None
     except RecursionError:
         raise SqlSyntaxError("not valid SQL: nested too deeply", part="syntax") from None
     except Exception as e:  # noqa: BLE001 - any other parser failure is still the text's fault, never a 500
@@ -112,19 +121,80 @@ def translate(sql: str, options: dict | None = None) -> SqlRequest:
             name = str(tree.this).split()[0].upper() if isinstance(tree, exp.Command) else tree.key.upper()
             raise _unsupported(name[:60], "only SELECT queries are answered")
         raise SqlSyntaxError(f"not a SELECT statement: {sql.strip()[:100]}", part="syntax")
+    try:
+        return _translate(tree, options)
+    except RecursionError:
+        raise SqlSyntaxError("not valid SQL: nested too deeply", part="syntax") from None
+
+
+def _translate(tree: exp.Select, options: dict) -> SqlRequest:
     _refuse_clauses(tree)
     dataset = _table(tree)
-    group_by = _group_by(tree)
-    kind, params = _aggregate(tree, group_by)
-    where = tree.args.get("where")
-    if where is not None:
-        params["where"] = _predicates(where.this)
-    if group_by is not None:
-        params["group_by"] = group_by
+    keys, key_sql = _group_keys(tree)
+    items = _select_items(tree, keys, key_sql)
+    where_node = tree.args.get("where")
+    where = _predicates(where_node.this) if where_node is not None else []
+    having = _having(tree, items)
+    order_by = _order_by(tree, items)
+    limit = _limit(tree)
+    aggs = [it for it in items if "agg" in it]
+    simple = (len(aggs) == 1 and not aggs[0]["named"] and aggs[0]["agg"] in _SIMPLE_AGGS
+              and len(keys) <= 1 and all(set(k) == {"column"} for k in keys)
+              and all("column" in p for p in where) and not having and not order_by and limit is None)
+    if simple:
+        a = aggs[0]
+        kind = a["agg"]
+        params = {k: v for k, v in a.items() if k in ("column", "q")}
+        if where:
+            params["where"] = where
+        if keys:
+            params["group_by"] = keys[0]["column"]
+        for key in OPTION_KEYS:
+            if key in options:
+                params[key] = options[key]
+        return SqlRequest(dataset=dataset, kind=kind, params=params)
+    select = [{k: v for k, v in it.items() if k not in ("named", "sql")} for it in items]
+    params = {"select": select}
+    if keys:
+        params["group_by"] = keys
+    if where:
+        params["where"] = where
+    if having:
+        params["having"] = having
+    if order_by:
+        params["order_by"] = order_by
+    if limit is not None:
+        params["limit"] = limit
     for key in OPTION_KEYS:
         if key in options:
             params[key] = options[key]
-    return SqlRequest(dataset=dataset, kind=kind, params=params)
+    return SqlRequest(dataset=dataset, kind="query", params=params)
+
+
+_SHAPE_KEYS = {"where", "group_by", "column", "q", "bins", "kind", "select", "having", "order_by", "limit"}
+
+
+def _option_problem(key) -> str:
+    """Why ``key`` is not a privacy option: a part of the query's shape, or a typo of an option."""
+    import difflib
+
+    name = str(key)[:100]
+    if name in _SHAPE_KEYS:
+        return f"{name!r} comes from the query itself (write it in the SQL)"
+    close = difflib.get_close_matches(name, OPTION_KEYS, n=1, cutoff=0.6)
+    if close:
+        return f"unknown option {name!r}: did you mean {close[0]!r}?"
+    return f"unknown option {name!r}"
+
+
+def _hint(sql: str) -> str:
+    """What probably went wrong, for the commonest parse failures."""
+    import re
+
+    m = re.search(r"\bFROM\s+([A-Za-z_][\w]*(?:-[\w]+)+)", sql, re.IGNORECASE)
+    if m:
+        return f' (a table name with a hyphen must be quoted: FROM "{m.group(1)}")'
+    return ""
 
 
 def _first_line(e: Exception) -> str:
@@ -133,13 +203,13 @@ def _first_line(e: Exception) -> str:
 
 
 def _refuse_clauses(tree: exp.Select) -> None:
-    named = [("with_", "WITH"), ("joins", "JOIN"), ("having", "HAVING"), ("order", "ORDER BY"),
-             ("limit", "LIMIT"), ("offset", "OFFSET"), ("distinct", "DISTINCT"), ("qualify", "QUALIFY"),
+    named = [("with_", "WITH"), ("joins", "JOIN"), ("offset", "OFFSET"), ("distinct", "DISTINCT"), ("qualify", "QUALIFY"),
              ("windows", "WINDOW"), ("laterals", "LATERAL"), ("into", "INTO"), ("sample", "TABLESAMPLE"),
              ("locks", "FOR UPDATE"), ("pivots", "PIVOT")]
     for arg, part in named:
         if tree.args.get(arg):
-            raise _unsupported(part, "a DP aggregate is one table, one aggregate, public filters and groups")
+            raise _unsupported(part, "a DP query is one table, aggregates over public filters and groups; "
+                                     "HAVING, ORDER BY and LIMIT act on the released values")
     for node in tree.walk():
         if isinstance(node, (exp.Subquery, exp.Union, exp.Intersect, exp.Except)) or (
                 isinstance(node, exp.Select) and node is not tree):
@@ -174,66 +244,257 @@ def _column(node: exp.Expression, where: str) -> str:
     return node.name
 
 
-def _group_by(tree: exp.Select) -> str | None:
+#: MIN and MAX are answered as these DP quantiles (q = 0 or 1 would let every candidate below
+#: the smallest value tie at the best score, and the pick would drift to the declared bound)
+MIN_Q, MAX_Q = 0.01, 0.99
+_SIMPLE_AGGS = ("count", "sum", "mean", "variance", "quantile")
+_BINS_HINT = ("group by a column with a declared domain, FLOOR(col / w) * w, or "
+              "CASE WHEN col < a THEN 'x' WHEN col < b THEN 'y' ELSE 'z' END")
+
+
+def _group_keys(tree: exp.Select) -> tuple[list[dict], list[str]]:
+    """The GROUP BY keys (JSON) and each key's SQL text (to find it in the select list)."""
     group = tree.args.get("group")
     if group is None:
-        return None
+        return [], []
     for arg in ("rollup", "cube", "grouping_sets"):
         if group.args.get(arg):
-            raise _unsupported(f"GROUP BY {arg.upper().replace('_', ' ')}", "group by one column")
-    cols = group.expressions
-    if len(cols) != 1:
-        raise _unsupported(f"GROUP BY {len(cols)} columns", "group by one column with a declared domain")
-    return _column(cols[0], "GROUP BY")
+            raise _unsupported(f"GROUP BY {arg.upper().replace('_', ' ')}", "group by plain keys: " + _BINS_HINT)
+    if len(group.expressions) > 4:
+        raise _unsupported(f"GROUP BY {len(group.expressions)} keys", "group by at most 4 keys")
+    aliases = {item.alias: item.this for item in tree.expressions
+               if isinstance(item, exp.Alias) and not isinstance(item.this, exp.Column)}
+    keys, texts = [], []
+    for node in group.expressions:
+        if isinstance(node, exp.Column) and not node.args.get("table") and node.name in aliases:
+            node = aliases[node.name]  # GROUP BY decade, the alias of FLOOR(age / 10) * 10
+        elif isinstance(node, exp.Literal) and not node.is_string:  # GROUP BY 1: the first selected column
+            pos = _literal(node, "GROUP BY")
+            if not isinstance(pos, int) or not 1 <= pos <= len(tree.expressions):
+                raise _unsupported(f"GROUP BY {node.sql()[:20]}", f"a position between 1 and {len(tree.expressions)}")
+            item = tree.expressions[pos - 1]
+            node = item.this if isinstance(item, exp.Alias) else item
+        keys.append(_group_key(node))
+        texts.append(_norm(node))
+    return keys, texts
 
 
-def _aggregate(tree: exp.Select, group_by: str | None) -> tuple[str, dict]:
-    found: list[tuple[str, dict]] = []
+def _norm(node: exp.Expression) -> str:
+    return node.sql(normalize=True, pretty=False).lower()
+
+
+def _group_key(node: exp.Expression) -> dict:
+    if isinstance(node, exp.Paren):
+        return _group_key(node.this)
+    if isinstance(node, exp.Column):
+        return {"column": _column(node, "GROUP BY")}
+    mult = 1
+    inner = node
+    if isinstance(node, exp.Mul):  # FLOOR(col / w) * m, or m * FLOOR(col / w)
+        a, b = node.this, node.expression
+        if isinstance(b, (exp.Literal, exp.Neg)) and isinstance(a, exp.Floor):
+            inner, mult = a, _literal(b, "GROUP BY")
+        elif isinstance(a, (exp.Literal, exp.Neg)) and isinstance(b, exp.Floor):
+            inner, mult = b, _literal(a, "GROUP BY")
+    if isinstance(inner, exp.Floor) and inner.args.get("decimals") is None:
+        arg = inner.this.this if isinstance(inner.this, exp.Paren) else inner.this
+        if isinstance(arg, (exp.Div, exp.IntDiv)):
+            width = _literal(arg.expression, "GROUP BY")
+            if isinstance(width, (int, float)) and not isinstance(width, bool) and width > 0 and \
+                    isinstance(mult, (int, float)) and not isinstance(mult, bool):
+                return {"column": _column(arg.this, "GROUP BY"), "width": width, "multiplier": mult}
+        elif isinstance(arg, exp.Column):
+            return {"column": _column(arg, "GROUP BY"), "width": 1, "multiplier": mult}
+    if isinstance(node, exp.Case):
+        return _case_bins(node)
+    raise _unsupported(f"GROUP BY {node.sql()[:100]}", _BINS_HINT)
+
+
+def _case_bins(node: exp.Case) -> dict:
+    """CASE WHEN col < t1 THEN l1 WHEN col < t2 THEN l2 ... ELSE ln END (or <=), thresholds ascending."""
+    if node.this is not None:
+        raise _unsupported("CASE col WHEN ...", "bin with CASE WHEN col < a THEN ... ELSE ... END")
+    default = node.args.get("default")
+    if default is None:
+        raise _unsupported("CASE without ELSE", "end the bins with ELSE 'label' (every row needs a group)")
+    column, ops, thresholds, labels = None, set(), [], []
+    for when in node.args.get("ifs") or []:
+        cond = when.this
+        op = {exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}.get(type(cond))
+        left, right = (cond.this, cond.expression) if op else (None, None)
+        if op in (">", ">=") and isinstance(right, exp.Column):  # t > col  is  col < t
+            left, right, op = right, left, {">": "<", ">=": "<="}[op]
+        if op not in ("<", "<=") or not isinstance(left, exp.Column):
+            raise _unsupported(f"CASE WHEN {cond.sql()[:80]}",
+                               "bins are WHEN col < t (or col <= t) with t increasing, then ELSE")
+        c = _column(left, "CASE")
+        if column not in (None, c):
+            raise _unsupported("CASE over two columns", "bin one column per CASE")
+        column = c
+        ops.add(op)
+        thresholds.append(_literal(right, "CASE"))
+        labels.append(_literal(when.args["true"], "CASE THEN"))
+    labels.append(_literal(default, "CASE ELSE"))
+    if len(ops) != 1:
+        raise _unsupported("CASE mixing < and <=", "use one comparison for every WHEN")
+    if any(not isinstance(t, (int, float)) or isinstance(t, bool) for t in thresholds) or \
+            any(a >= b for a, b in zip(thresholds[:-1], thresholds[1:])):
+        raise _unsupported("CASE thresholds", "numbers in increasing order")
+    return {"column": column, "thresholds": thresholds, "closed": "left" if "<" in ops else "right",
+            "labels": labels}
+
+
+def _select_items(tree: exp.Select, keys: list[dict], key_sql: list[str]) -> list[dict]:
+    items: list[dict] = []
     for item in tree.expressions:
+        alias = item.alias if isinstance(item, exp.Alias) else None
         node = item.this if isinstance(item, exp.Alias) else item
-        if isinstance(node, exp.Column) and group_by is not None and _column(node, "SELECT") == group_by:
-            continue  # the group key, shown beside its value
+        text = _norm(node)
+        if text in key_sql:
+            g = key_sql.index(text)
+            name = alias or (keys[g]["column"] if set(keys[g]) == {"column"} else f"{keys[g]['column']}_bin")
+            items.append({"name": name, "group": g, "named": bool(alias), "sql": text})
+            continue
         if isinstance(node, exp.Column):
             raise _unsupported(f"column {node.sql()[:100]} in SELECT",
-                               "select one aggregate, and the GROUP BY column beside it")
-        found.append(_one_aggregate(node))
-    if not found:
+                               "select aggregates, and GROUP BY keys beside them")
+        agg, extra, default = _one_aggregate(node)
+        items.append({"name": alias or default, "agg": agg, **extra, "named": bool(alias), "sql": text})
+    if not any("agg" in it for it in items):
         raise _unsupported("SELECT without an aggregate",
-                           "select COUNT(*), SUM, AVG, VARIANCE, MEDIAN, QUANTILE or PERCENTILE_CONT")
-    if len(found) > 1:
-        raise _unsupported(f"{len(found)} aggregates in one query",
-                           "one aggregate per query (each is its own release and charge)")
-    return found[0]
+                           "select COUNT(*), COUNT(DISTINCT unit), SUM, AVG, VARIANCE, MIN, MAX, MEDIAN, QUANTILE "
+                           "or PERCENTILE_CONT")
+    seen = set()
+    for it in items:
+        if it["name"] in seen:
+            raise _unsupported(f"two columns named {it['name']}", "give each an alias: ... AS name")
+        seen.add(it["name"])
+    return items
 
 
-def _one_aggregate(node: exp.Expression) -> tuple[str, dict]:
+def _find(node: exp.Expression, items: list[dict], where: str) -> str:
+    """The select item ``node`` refers to (its alias, or the same expression)."""
+    if isinstance(node, exp.Paren):
+        return _find(node.this, items, where)
+    if isinstance(node, exp.Column) and not node.args.get("table"):
+        for it in items:
+            if it["name"] == node.name:
+                return it["name"]
+    text = _norm(node)
+    for it in items:
+        if it["sql"] == text:
+            return it["name"]
+    raise _unsupported(f"{node.sql()[:100]} in {where}",
+                       f"{where} refers to the SELECT list's columns (by alias or the same expression); "
+                       "select it with an alias first")
+
+
+def _having(tree: exp.Select, items: list[dict]) -> list[dict]:
+    node = tree.args.get("having")
+    if node is None:
+        return []
+    out = []
+
+    def walk(n):
+        if isinstance(n, exp.Paren):
+            return walk(n.this)
+        if isinstance(n, exp.And):
+            walk(n.this)
+            walk(n.expression)
+            return
+        for cls, op in _COMPARISONS.items():
+            if type(n) is cls:
+                left, right = n.this, n.expression
+                if isinstance(right, (exp.Literal, exp.Neg, exp.Boolean)):
+                    out.append({"column": _find(left, items, "HAVING"), "op": op, "value": _literal(right, "HAVING")})
+                elif isinstance(left, (exp.Literal, exp.Neg, exp.Boolean)):
+                    out.append({"column": _find(right, items, "HAVING"), "op": _FLIPPED[op],
+                                "value": _literal(left, "HAVING")})
+                else:
+                    raise _unsupported(f"HAVING {n.sql()[:80]}", "compare a selected column with a literal")
+                return
+        raise _unsupported(f"HAVING {n.sql()[:80]}", "HAVING takes comparisons with literals joined by AND")
+
+    walk(node.this)
+    return out
+
+
+def _order_by(tree: exp.Select, items: list[dict]) -> list[dict]:
+    order = tree.args.get("order")
+    if order is None:
+        return []
+    out = []
+    for o in order.expressions:
+        node = o.this
+        if isinstance(node, exp.Literal) and not node.is_string:
+            pos = _literal(node, "ORDER BY")
+            if not isinstance(pos, int) or not 1 <= pos <= len(items):
+                raise _unsupported(f"ORDER BY {pos}", f"a position between 1 and {len(items)}")
+            name = items[pos - 1]["name"]
+        else:
+            name = _find(node, items, "ORDER BY")
+        out.append({"column": name, "desc": bool(o.args.get("desc"))})
+    return out
+
+
+def _limit(tree: exp.Select) -> int | None:
+    node = tree.args.get("limit")
+    if node is None:
+        return None
+    value = _literal(node.expression, "LIMIT") if node.expression is not None else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _unsupported("LIMIT", "LIMIT takes a non-negative integer literal")
+    return value
+
+
+def _one_aggregate(node: exp.Expression) -> tuple[str, dict, str]:
+    """(agg, its parameters, the column name it gets without an alias)."""
     if isinstance(node, exp.Count):
         inner = node.this
         if isinstance(inner, exp.Star) or (isinstance(inner, exp.Literal) and not inner.is_string):
-            return "count", {}  # COUNT(*), COUNT(1): rows
+            return "count", {}, "count"  # COUNT(*), COUNT(1): rows
         if isinstance(inner, exp.Distinct):
-            raise _unsupported("COUNT(DISTINCT ...)", "distinct counts are not answered; use COUNT(*)")
-        raise _unsupported("COUNT(column)", "counts of non-null values are not answered; use COUNT(*)")
+            if len(inner.expressions) != 1:
+                raise _unsupported("COUNT(DISTINCT a, b)", "COUNT(DISTINCT unit_column) counts privacy units")
+            col = _column(inner.expressions[0], "COUNT(DISTINCT)")
+            return "count_distinct", {"column": col}, f"count_distinct_{col}"
+        raise _unsupported("COUNT(column)", "counts of non-null values are not answered; use COUNT(*) "
+                                            "(with WHERE column >= lower to skip nulls of a numeric column)")
     for cls, kind in _SIMPLE.items():
         if type(node) is cls:
-            return kind, {"column": _column(node.this, node.key.upper())}
+            col = _column(node.this, node.key.upper())
+            return kind, {"column": col}, {"sum": "sum", "mean": "avg", "variance": "var"}[kind] + "_" + col
+    if isinstance(node, (exp.Min, exp.Max)):
+        if node.expressions:
+            raise _unsupported(f"{node.key.upper()} of several values", "MIN(column) / MAX(column)")
+        col = _column(node.this, node.key.upper())
+        q = MIN_Q if isinstance(node, exp.Min) else MAX_Q
+        return "quantile", {"column": col, "q": q}, f"{node.key.lower()}_{col}"
     if isinstance(node, exp.Median):
-        return "quantile", {"column": _column(node.this, "MEDIAN"), "q": 0.5}
+        col = _column(node.this, "MEDIAN")
+        return "quantile", {"column": col, "q": 0.5}, f"median_{col}"
     if isinstance(node, (exp.Quantile, exp.ApproxQuantile)):
         q = node.args.get("quantile")
-        return "quantile", {"column": _column(node.this, "QUANTILE"), "q": _probability(q)}
+        col = _column(node.this, "QUANTILE")
+        p = _probability(q)
+        return "quantile", {"column": col, "q": p}, f"quantile_{col}_{p:g}"
     if isinstance(node, exp.WithinGroup):
         fn, order = node.this, node.expression
         if isinstance(fn, exp.PercentileCont) and isinstance(order, exp.Order) and len(order.expressions) == 1:
             ordered = order.expressions[0]
             if ordered.args.get("desc"):
                 raise _unsupported("ORDER BY ... DESC in PERCENTILE_CONT", "order ascending")
-            return "quantile", {"column": _column(ordered.this, "PERCENTILE_CONT"), "q": _probability(fn.this)}
+            col = _column(ordered.this, "PERCENTILE_CONT")
+            p = _probability(fn.this)
+            return "quantile", {"column": col, "q": p}, f"quantile_{col}_{p:g}"
         raise _unsupported(f"{fn.sql()[:60]} WITHIN GROUP",
                            "PERCENTILE_CONT(q) WITHIN GROUP (ORDER BY column) is the one form answered")
+    if isinstance(node, exp.Stddev) or isinstance(node, (exp.StddevPop, exp.StddevSamp)):
+        raise _unsupported(f"{node.sql_name()}", "use VARIANCE(column) (its square root is post-processing)")
     name = node.sql_name() if isinstance(node, exp.Func) else node.sql()
-    raise _unsupported(f"{name[:60]}", "not an aggregate this engine answers: COUNT(*), SUM, AVG, VARIANCE, "
-                                       "MEDIAN, QUANTILE, PERCENTILE_CONT")
+    raise _unsupported(f"{name[:60]}", "not an aggregate this engine answers: COUNT(*), COUNT(DISTINCT unit), SUM, "
+                                       "AVG, VARIANCE, MIN, MAX, MEDIAN, QUANTILE, PERCENTILE_CONT "
+                                       "(arithmetic on aggregates is not answered: compute it from the result)")
 
 
 def _probability(node: Any) -> float:
@@ -270,12 +531,19 @@ def _predicates(node: exp.Expression) -> list[dict]:
     if isinstance(node, exp.And):
         return _predicates(node.this) + _predicates(node.expression)
     if isinstance(node, exp.Or):
-        raise _unsupported("OR", "WHERE joins predicates with AND (use IN for alternatives of one column)")
+        branches = []
+        for side in (node.this, node.expression):
+            inner = side.this if isinstance(side, exp.Paren) else side
+            if isinstance(inner, exp.Or):  # a OR b OR c: one list of branches
+                branches += _predicates(inner)[0]["or"]
+            else:
+                branches.append(_predicates(side))
+        return [{"or": branches}]
     if isinstance(node, exp.Not):
         inner = node.this.this if isinstance(node.this, exp.Paren) else node.this
         if isinstance(inner, exp.In):
             return [_in(inner, negate=True)]
-        raise _unsupported("NOT", "negate with <> or NOT IN")
+        return [{"not": _predicates(inner)}]
     if isinstance(node, exp.In):
         return [_in(node, negate=False)]
     if isinstance(node, exp.Between):
@@ -291,10 +559,12 @@ def _predicates(node: exp.Expression) -> list[dict]:
                 return [{"column": _column(right, "WHERE"), "op": _FLIPPED[op], "value": _literal(left, "WHERE")}]
             raise _unsupported(f"predicate {node.sql()[:100]}", "compare one column with one literal")
     if isinstance(node, exp.Is):
-        raise _unsupported("IS [NOT] NULL", "NULL tests are not answered")
+        raise _unsupported("IS [NOT] NULL", "NULL tests are not answered; a comparison never matches a null "
+                                            "(WHERE col >= lower keeps a numeric column's non-null rows)")
     if isinstance(node, (exp.Like, exp.ILike)):
         raise _unsupported("LIKE", "compare with = or IN over the declared domain")
-    raise _unsupported(f"predicate {node.sql()[:100]}", "WHERE takes column comparisons, IN and BETWEEN")
+    raise _unsupported(f"predicate {node.sql()[:100]}",
+                       "WHERE takes column comparisons with literals, IN, BETWEEN, AND, OR and NOT")
 
 
 def _in(node: exp.In, negate: bool) -> dict:

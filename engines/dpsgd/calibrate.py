@@ -5,15 +5,21 @@ released by the Laplace mechanism at epsilon e each, is the event
 
     composed[ subsampled_gaussian(q, z, T), self_composed(laplace(e), E) ]
 
-and its epsilon at delta is the service's own RDP accountant (``accounting``,
-pure Python, no Django): the one-step subsampled-Gaussian curve of Opacus's analysis on
-56 orders, composed additively, converted by Balle et al. 2020 and never above the
-basic-composition bound. That is the same computation the ledger uses, so the epsilon an
-analyst targets is the epsilon the ledger reports for the run. It is close to Opacus's
-``get_noise_multiplier`` with its RDP accountant (the same conversion), but not always at
-least as tight: our grid reaches further but is coarser between orders 2 and 11, so ours
-is up to ~1.4% noisier where the best order falls between grid points
-(``tests/engines/test_dpsgd_calibrate.py`` compares them).
+and its epsilon at delta is the service's own RDP accountant (``accounting``, pure
+Python, no Django) for that fixed composition: the curve of Opacus's analysis composed
+additively, converted by Balle et al. 2020, at the order refined off the ledger's grid
+(``accounting.rdp.compose``, as ``POST /api/compose/`` and the ledger's ``refined_epsilon``
+compute it). The parameters of one run are fixed before it starts, so any order gives a
+valid bound (Mironov 2017, Prop. 3); the refined order is within 0.1% of a dense search
+and up to a few per cent below the grid's best order, so the run gets no more noise than
+its target needs. The ledger's gate still admits it on the grid's filter (orders fixed in
+advance, valid under adaptivity: ``accounting.rdp``), whose figure is a little higher.
+
+Calibration: first the smallest z on the grid (a coarse search on the integer orders,
+then bisection on the full grid); the refined epsilon is never above the grid's, so that z
+meets the target, and a bisection on the refined epsilon below it finds the z that meets
+it tightly. ``tests/engines/test_dpsgd_calibrate.py`` checks it is never noisier than
+Opacus's ``get_noise_multiplier`` (which searches a denser grid of its own).
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ import math
 
 import numpy as np
 
+from accounting import rdp
+from accounting.events import parse_event
+from accounting.refine import epsilon_at
 from accounting.rdp_math import (
     FINITE_ORDERS,
     conversion_terms,
@@ -37,6 +46,10 @@ MAX_NOISE = 500.0  # above it the model learns nothing: "epsilon too small to tr
 REL_TOL = 1e-4
 REFINE_STEPS = 8  # full-grid bisection steps after the coarse search: z to within 0.1 / 2^8 = 0.04%
 # (at small z epsilon moves up to ~5x faster than z: 0.3% in z cost up to 1.3% of the target)
+TIGHTEN_STEPS = 10  # refined-order bisection below the grid's z: within 0.1 / 2^10 = 0.01% of z
+TIGHTEN_ROUNDS = 3
+NEAR = np.geomspace(0.6, 1.4, 17)  # orders (alpha - 1 relative to the refined one's) tried in the bisection
+TIGHTEN_SPAN = 0.9  # the refined z is within 10% of the grid's (the orders differ by a few per cent)
 
 # The coarse search uses the integer orders up to 256, where Opacus's analysis is a short
 # closed sum (the full grid's fractional and very large orders cost 10-100x more). Fewer
@@ -71,7 +84,17 @@ def run_event(q: float, z: float | None, steps: int, eval_epsilon_each: float, e
 
 
 def epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals: int, delta: float) -> float:
-    """The run's epsilon at ``delta`` under the RDP accountant (0 steps and 0 evals: 0)."""
+    """The run's epsilon at ``delta``: RDP of its fixed composition at the order refined
+    off the grid (0 steps and 0 evals: 0). Never above ``grid_epsilon``."""
+    event = run_event(q, z, steps, eval_epsilon_each, evals)
+    if event["kind"] == "no_op":
+        return 0.0
+    return rdp.compose([parse_event(event)], delta).epsilon
+
+
+def grid_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals: int, delta: float) -> float:
+    """The run's epsilon at ``delta`` at the best order of the ledger's grid (0 steps and 0
+    evals: 0)."""
     curve = np.zeros_like(laplace_curve(1.0))
     if steps:
         curve = curve + subsampled_gaussian_curve(q, z, steps)
@@ -102,10 +125,60 @@ def _coarse_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, ev
 
 def noise_multiplier(target: float, delta: float, q: float, steps: int, eval_epsilon_each: float = 0.0,
                      evals: int = 0) -> float:
+    """The smallest noise multiplier (to about 0.01%) whose run costs at most ``target`` at
+    the refined order (``epsilon``).
+
+    From the grid's z (which meets the target, the refined epsilon being never above the
+    grid's), until the refined epsilon is within 0.05% of the target (at most
+    ``TIGHTEN_ROUNDS`` times): find the run's refined order at z, then bisect z below it
+    on the smallest epsilon over ``NEAR`` orders around that one (the best order moves as
+    z does). Every z it keeps meets the target at some order, so its refined epsilon meets
+    it too."""
+    z = grid_noise_multiplier(target, delta, q, steps, eval_epsilon_each, evals)
+    for _ in range(TIGHTEN_ROUNDS):
+        if z <= MIN_NOISE:
+            return z
+        order, eps = _refined(q, z, steps, eval_epsilon_each, evals, delta)
+        if order is None or eps >= target * (1 - 5e-4):
+            return z
+
+        near = 1.0 + (order - 1.0) * NEAR
+
+        def over(z_):
+            event = parse_event(run_event(q, z_, steps, eval_epsilon_each, evals))
+            return float(np.min(epsilon_at(event, delta, near))) > target
+
+        lo, hi = math.log(max(MIN_NOISE, z * TIGHTEN_SPAN)), math.log(z)  # at z itself: refined <= target
+        if not over(math.exp(lo)):
+            z = math.exp(lo)
+            continue
+        if over(math.exp(hi)):  # the grid's z, over at this order (its best order is elsewhere)
+            return z
+        for _ in range(TIGHTEN_STEPS):
+            mid = (lo + hi) / 2
+            if over(math.exp(mid)):
+                lo = mid
+            else:
+                hi = mid
+        z = math.exp(hi)
+    return z
+
+
+def _refined(q, z, steps, eval_epsilon_each, evals, delta) -> tuple[float | None, float]:
+    """(refined order or None if there is none to refine, refined epsilon) of the run."""
+    event = run_event(q, z, steps, eval_epsilon_each, evals)
+    if event["kind"] == "no_op":
+        return None, 0.0
+    best = rdp.compose([parse_event(event)], delta)
+    return (best.order if best.order is not None and math.isfinite(best.order) else None), best.epsilon
+
+
+def grid_noise_multiplier(target: float, delta: float, q: float, steps: int, eval_epsilon_each: float = 0.0,
+                          evals: int = 0) -> float:
     """The smallest noise multiplier (to about 0.04%) whose run costs at most ``target``
     on the ledger's full grid of orders."""
     def eps(z):
-        return epsilon(q, z, steps, eval_epsilon_each, evals, delta)
+        return grid_epsilon(q, z, steps, eval_epsilon_each, evals, delta)
 
     def coarse(z):
         return _coarse_epsilon(q, z, steps, eval_epsilon_each, evals, delta)

@@ -50,6 +50,7 @@ def _run_result(trainer: Trainer, run: dict, reason: str, planned_steps: int, au
         "epochs_completed": len(trainer.history),
         "stopped": reason,
         "test": {k.removeprefix("val_"): v for k, v in test.items()},
+        "eval_ci95_halfwidth": run.get("eval_ci95_halfwidth"),  # what the plan stated
         "history": trainer.history,
         "audit": audit_result,
     }

@@ -12,7 +12,7 @@ from typing import Any
 
 from engines.types import DatasetMeta, PlanError
 from engines.validation import RUN_ACCOUNTANTS as ACCOUNTANTS
-from engines.validation import is_number, run_accountant_error
+from engines.validation import is_number, run_accountant_error, unknown_keys, unknown_message
 
 from .model_spec import ModelSpecError, expand_model
 
@@ -200,9 +200,9 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     if not isinstance(params, dict):
         raise PlanError("params must be an object", {"params": "must be an object"})
     errors = _Errors()
-    unknown = sorted(set(params) - KIND_KEYS[kind])
+    unknown, n_unknown = unknown_keys(params, KIND_KEYS[kind])
     if unknown:
-        errors["params"] = f"unknown parameter(s) for {kind}: {', '.join(unknown)}"
+        errors["params"] = f"unknown parameter(s) for {kind}: {unknown_message(unknown, n_unknown)}"
 
     task, target = _target_spec(params, ds, errors)
     features = []

@@ -6,15 +6,18 @@ non-private baseline, event ``non_private``), charged as the composition of its 
 Held-out evaluations (one per epoch) take ``eval_epsilon`` of each run's budget, split
 evenly over the epochs, each released through OpenDP's Laplace mechanism (L1
 sensitivity 3: a unit moves the metric sum, the loss sum and the unit count by at most 1
-each).
+each), the metric with its 95% interval (``intervals``); each run states the interval's
+expected half-width (``eval_ci95_halfwidth``) so the share can be chosen before spending.
 """
 
 from __future__ import annotations
 
 from engines.aggregates import noise as opendp_noise
+from engines.aggregates.noise import Noise
 from engines.types import DatasetMeta, EngineRequest, Plan, PlanError
 
 from . import calibrate, pld
+from .intervals import ALPHA_EACH, expected_halfwidth
 from .model_spec import describe, n_parameters
 from .params import DEFAULT_EVAL_SHARE, Spec, validate
 
@@ -41,12 +44,16 @@ def _run(spec: Spec, q: float, steps: int, *, label: str, target: float | None, 
             raise PlanError(str(e), {field: str(e)}) from None
     evals = spec.epochs if noise else 0
     planned = calibrate.epsilon(q, z, steps, each, evals, spec.delta)
+    # what the evaluations' 95% interval will be (a metric near 0.5 over the declared
+    # held-out units), stated before any data is read
+    halfwidth = (expected_halfwidth(Noise.from_dict(noise).halfwidth(ALPHA_EACH), spec.n_test_units)
+                 if noise else None)
     # planned_epsilon: what the ledger charges (the run's event by its RDP curve, composed by
     # the gate's filter); certified_epsilon: the run's own guarantee, by the accountant that
     # calibrated it (PLD is valid for this one pre-planned run, never as the gate's filter)
     certified = pld.epsilon(q, z, steps, each, evals, spec.delta) if spec.accountant == pld.NAME else planned
     return {"label": label, "target_epsilon": target, "noise_multiplier": z, "eval_noise": noise,
-            "eval_epsilon_each": each, "evals": evals, "planned_epsilon": planned,
+            "eval_epsilon_each": each, "evals": evals, "eval_ci95_halfwidth": halfwidth, "planned_epsilon": planned,
             "certified_by": spec.accountant, "certified_epsilon": certified,
             "event": calibrate.run_event(q, z, steps, each, evals)}
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from . import calibrate, clipping, features, pld
+from .intervals import ALPHA_EACH, ratio_interval
 from .model_spec import build
 
 LOSS_CAP = 5.0  # nats: per-row classification loss is clipped here for the released loss
@@ -280,7 +281,8 @@ class Trainer:
         """Held-out metric and loss, released with OpenDP Laplace noise (or exact for a
         non-private baseline): the noisy sums over units divided by the noisy number of
         units (how many held-out units have a usable target depends on the data, so it is
-        released too). A unit moves each of the three by at most 1: L1 sensitivity 3."""
+        released too). A unit moves each of the three by at most 1: L1 sensitivity 3.
+        A private metric comes with its 95% interval (``intervals.ratio_interval``)."""
         values = self._exact_metrics()
         if self.z is not None and self.eval_noise is None:
             return {}
@@ -292,13 +294,17 @@ class Trainer:
         elif self.z is not None:
             values = self.eval_noise.release(list(values))
         self.evals += 1
-        metric_sum, loss_sum, n = values
-        n = max(n, 1.0)
+        metric_sum, loss_sum, n_released = values
+        n = max(n_released, 1.0)
         metric, loss = (min(max(v / n, 0.0), 1.0) for v in (metric_sum, loss_sum))
+        # the metric's 95% interval from the noise (post-processing: ``intervals``)
+        ci = (ratio_interval(metric_sum, n_released, self.eval_noise.halfwidth(ALPHA_EACH))
+              if self.z is not None else None)
         if self.spec.task == "regression":
             span = self.spec.target["upper"] - self.spec.target["lower"]
-            return {"val_mae": metric * span, "val_mse_scaled": loss}
-        return {"val_accuracy": metric, "val_loss": loss * LOSS_CAP}
+            return {"val_mae": metric * span, "val_mse_scaled": loss,
+                    **({"val_mae_ci95": [v * span for v in ci]} if ci else {})}
+        return {"val_accuracy": metric, "val_loss": loss * LOSS_CAP, **({"val_accuracy_ci95": ci} if ci else {})}
 
     # ------------------------------------------------------------------ the run
     def fit(self, epochs: int, progress, *, label: str = "", max_epsilon: float | None = None,

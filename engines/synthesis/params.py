@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from engines.types import DatasetMeta, PlanError
-from engines.validation import is_number as _finite, run_accountant_error
+from engines.validation import is_number as _finite, run_accountant_error, unknown_keys, unknown_message
 
 KINDS = ("synthesize",)
 METHODS = ("mst", "vae")
@@ -81,9 +81,9 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     if not isinstance(params, dict):
         raise PlanError("params must be an object", {"params": "must be an object"})
     errors: dict[str, str] = {}
-    unknown = sorted(set(params) - KEYS)
+    unknown, n_unknown = unknown_keys(params, KEYS)
     if unknown:
-        errors["params"] = f"unknown parameter(s): {', '.join(unknown)}"
+        errors["params"] = f"unknown parameter(s): {unknown_message(unknown, n_unknown)}"
     method = params.get("method", "mst")
     if method not in METHODS:
         errors["method"] = f"must be one of {', '.join(METHODS)}, got {method!r}"

@@ -214,7 +214,9 @@ def _plan_vae(spec: Spec) -> tuple[dict, dict]:
     q, per_epoch = calibrate.sampling(spec.n_train_units, v["batch_size"], v["epochs"])
     steps = per_epoch * v["epochs"]
     try:
-        z = calibrate.noise_multiplier(spec.epsilon, spec.delta, q, steps)
+        # on the grid, as the synthesis plan reports its epsilon (``_rdp_epsilon``); DP-SGD
+        # training calibrates and reports at the refined order
+        z = calibrate.grid_noise_multiplier(spec.epsilon, spec.delta, q, steps)
     except calibrate.CalibrationError as e:
         raise PlanError(str(e), {"epsilon": str(e)}) from None
     return calibrate.run_event(q, z, steps, 0.0, 0), {"sample_rate": q, "noise_multiplier": z, "steps": steps,

@@ -29,12 +29,16 @@ class SafeJSONField(serializers.JSONField):
     """A JSON field whose value is safe to store, hash and render. A JSON body was checked
     by the parser (parsers.py); JSON text sent as a form field (multipart, urlencoded) is
     parsed here, so it gets the same limits: at most MAX_JSON_DEPTH deep, no NUL
-    characters, no lone surrogates."""
+    characters, no lone surrogates. A value from a JSON body is taken as parsed."""
 
     def to_internal_value(self, data):
         from .parsers import json_problem
 
         from_text = self.binary or getattr(data, "is_json_string", False)
+        if not from_text:
+            # already parsed from the JSON body (parsers.py): DRF's check would encode it
+            # again (json.dumps of a million keys is seconds of a web worker's CPU)
+            return data
         try:
             value = super().to_internal_value(data)
         except RecursionError:

@@ -151,6 +151,12 @@ def check_settings(app_configs, **kwargs):
         error(f"RELEASE_QUANTUM_MS={quantum} is not shorter than REQUEST_LOST_AFTER_SECONDS={lost}: a run's "
               "heartbeat is written on its ticks, so every run would be declared lost.", "governance.E022")
 
+    every, alive = s.WORKER_HEARTBEAT_SECONDS, s.WORKER_ALIVE_SECONDS
+    if not (isinstance(every, int) and isinstance(alive, int) and 0 < every < alive):
+        error(f"WORKER_HEARTBEAT_SECONDS={every!r} and WORKER_ALIVE_SECONDS={alive!r}: both positive and the "
+              "heartbeat shorter than the time a worker counts as alive, or every worker would be shown dead.",
+              "governance.E031")
+
     for name in ("PRIVACY_ENGINES_DISABLE_ENTRYPOINTS",):
         raw = os.environ.get(name, "")
         if raw not in ("", "0", "1", "true", "false"):

@@ -33,7 +33,7 @@ def test_the_notebook_runs_against_a_live_server(live_server, make_dataset, anal
         last = eval(compile(ast.Expression(tail.value), f"<cell {i}>", "eval"), namespace) if tail else None  # noqa: S307
     out = capsys.readouterr().out
     assert "replayed free: True | same event: True" in out
-    assert "sql.unsupported -> OR" in out and "budget.exceeded (dataset)" in out
+    assert "sql.unsupported -> LIKE" in out and "budget.exceeded (dataset)" in out
     result = namespace["result"].df
     assert list(result.index) == ["Male", "Female"] and (result["ci_low"] < result["ci_high"]).all()
     assert isinstance(namespace["median"].df, pd.DataFrame) and last is None

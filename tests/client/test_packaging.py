@@ -34,7 +34,10 @@ def test_the_wheel_holds_the_typed_package_and_few_dependencies(wheel):
     (meta,) = [n for n in names if n.endswith("METADATA")]
     text = zipfile.ZipFile(wheel).read(meta).decode()
     requires = sorted(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:"))
-    assert requires == ["pandas>=1.5", "requests>=2.28", 'tqdm>=4.60; extra == "progress"']
+    assert requires == ['duckdb>=1.0; extra == "dummy"', 'ipywidgets>=8; extra == "progress"', "pandas>=1.5",
+                        "pyarrow>=12", "requests>=2.28", 'tqdm>=4.60; extra == "progress"']
+    entry = [n for n in names if n.endswith("entry_points.txt")]
+    assert entry and "privacy-client = privacy_client.cli:main" in zipfile.ZipFile(wheel).read(entry[0]).decode()
 
 
 def test_it_imports_from_the_wheel_without_django_or_this_repository(wheel, tmp_path):

@@ -34,6 +34,12 @@ def test_the_client_waits_for_a_real_worker_and_downloads_its_table(server, real
     assert calls[0] == ("POST", "/api/requests/", hold), calls
     assert all(m == "GET" and p == hold for m, _, p in calls[1:]), calls
 
+    # a SQL query of several aggregates: one request, its plan through the database to the worker
+    q = c.sql("SELECT site, COUNT(*) AS n, AVG(income) AS mean_income, MEDIAN(age) AS median_age FROM clinic "
+              "WHERE age < 60 OR site = 'north' GROUP BY site ORDER BY n DESC", epsilon=0.6, timeout=120)
+    assert list(q.df.columns[:4]) == ["site", "n", "mean_income", "median_age"] and len(q.df) == 4
+    assert list(q.df["n"]) == sorted(q.df["n"], reverse=True) and q.epsilon == pytest.approx(0.6, rel=1e-6)
+
     synth = c.synthesize("wide", epsilon=2.0, rows=300, columns=["age", "site"], holdout_fraction=0.1, progress=True, timeout=240)
     table = synth.table(tmp_path)
     assert table.shape[0] == 300 and set(table.columns) == {"age", "site"}

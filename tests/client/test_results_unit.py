@@ -50,3 +50,30 @@ def test_an_estimate_of_one_event_shows_it():
     est = Estimate.from_json({"events": [{"event": {"kind": "laplace", "epsilon": 0.1}}],
                               "total": {"basic": {"epsilon": 0.1}}, "would_admit": True, "fits": 9})
     assert est.event == {"kind": "laplace", "epsilon": 0.1} and est.epsilon == 0.1 and est.fits == 9
+
+
+def test_a_sql_query_is_a_frame_of_its_named_columns_then_their_intervals():
+    df = Result({"engine": "aggregates", "kind": "query", "result": {
+        "kind": "query", "columns": ["region", "n", "mean_wage"], "rows": [["south", 10, 5.0], ["west", 7, 6.5]],
+        "ci95": [[None, [8, 12], [4.0, 6.0]], [None, [5, 9], [5.5, 7.5]]],
+        "aggregates": [{"name": "n"}, {"name": "mean_wage"}]}}).df
+    assert list(df.columns) == ["region", "n", "mean_wage", "n_ci_low", "n_ci_high", "mean_wage_ci_low",
+                                "mean_wage_ci_high"]
+    assert df.iloc[1].tolist() == ["west", 7, 6.5, 5, 9, 5.5, 7.5]
+
+
+def test_table_reads_the_csv_when_no_parquet_reader_is_installed(monkeypatch, tmp_path):
+    import pandas as pd
+
+    from privacy_client import results
+
+    class Stub:
+        def download(self, rid, name, path, sha256=None):
+            assert name == "synthetic.csv"
+            pd.DataFrame({"a": [1, 2]}).to_csv(path, index=False)
+            return path
+
+    monkeypatch.setattr(results, "_has_parquet", lambda: False)
+    synth = Result({"id": "r", "engine": "synthesis", "kind": "synthesize",
+                    "result": {"files": [{"name": "synthetic.parquet"}, {"name": "synthetic.csv"}]}}, Stub())
+    assert synth.table(tmp_path)["a"].tolist() == [1, 2]

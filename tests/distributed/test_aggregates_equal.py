@@ -40,6 +40,14 @@ QUERIES = [
     ("variance", {"column": "income", "max_rows_per_unit": 2}),
     ("histogram", {"column": "age", "bins": [18, 30, 45, 60, 75, 90], "max_rows_per_unit": 1}),
     ("quantile", {"column": "income", "q": 0.25, "max_rows_per_unit": 1}),
+    # several aggregates over composite and binned groups, OR / NOT, distinct units (a SQL query)
+    ("query", {"select": [{"name": "n", "agg": "count"}, {"name": "m", "agg": "mean", "column": "income"},
+                          {"name": "p", "agg": "quantile", "column": "age", "q": 0.5},
+                          {"name": "u", "agg": "count_distinct", "column": "pid"}],
+               "group_by": [{"column": "site"}, {"column": "age", "width": 10, "multiplier": 10}],
+               "where": [{"or": [[{"column": "age", "op": "<", "value": 40}],
+                                 [{"not": [{"column": "site", "op": "==", "value": "north"}]}]]}],
+               "max_rows_per_unit": 2}),
 ]
 
 

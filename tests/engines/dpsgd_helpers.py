@@ -13,6 +13,20 @@ N_ROWS = 2000
 N_UNITS = 500
 DELTA = 1e-5
 
+
+def ledger_epsilon(event, delta=DELTA):
+    """What the ledger reports for the event's fixed composition under RDP: the order
+    refined off the grid (its ``refined_epsilon``), which the run calibrates to and reports;
+    the grid's best order is never lower."""
+    from accounting import rdp
+    from accounting.costs import price
+    from accounting.events import parse_event
+
+    refined = rdp.compose([parse_event(event)], delta).epsilon
+    assert refined <= rdp.spent(price(parse_event(event), delta).cost, delta).epsilon
+    return refined
+
+
 COLUMNS = {
     "pid": {"type": "unit"},
     "x1": {"type": "numeric", "lower": -3, "upper": 3},

@@ -42,7 +42,7 @@ def errors_of(kind, params, ds=UNITS) -> dict:
 def test_engine_info_lists_kinds_queue_and_a_schema_per_kind():
     info = agg.engine_info()
     assert info["name"] == "aggregates" and info["queue"] == "cpu" and info["description"]
-    assert info["kinds"] == ["count", "sum", "mean", "variance", "histogram", "quantile"]
+    assert info["kinds"] == ["count", "sum", "mean", "variance", "histogram", "quantile", "query"]
     assert set(info["params_schema"]) == set(info["kinds"])
     for schema in info["params_schema"].values():
         jsonschema.Draft202012Validator.check_schema(schema)
@@ -53,6 +53,11 @@ def test_engine_info_lists_kinds_queue_and_a_schema_per_kind():
     ("sum", {"column": "income", "rho": 0.1, "mechanism": "gaussian", "group_by": "site"}),
     ("histogram", {"column": "age", "bins": [18, 40, 90], "accuracy": {"halfwidth": 10}}),
     ("quantile", {"column": "age", "q": 0.9, "candidates": 200, "epsilon": 1}),
+    ("query", {"select": [{"name": "site", "group": 0}, {"name": "n", "agg": "count"},
+                          {"name": "m", "agg": "quantile", "column": "age", "q": 0.5}],
+               "group_by": [{"column": "site"}], "epsilon": 1,
+               "where": [{"or": [[{"column": "age", "op": "<", "value": 30}], [{"not": [
+                   {"column": "site", "op": "==", "value": "north"}]}]]}]}),
 ])
 def test_valid_params_match_the_published_schema_and_plan(kind, params):
     jsonschema.validate(params, agg.engine_info()["params_schema"][kind])
@@ -137,6 +142,8 @@ def test_other_engines_get_none_from_every_hook():
     ("count", {"epsilon": 1, "colour": "blue"}, "colour"),  # unknown key
     ("count", {"epsilon": 1, "column": "age"}, "column"),  # count takes no column
     ("sum", {"column": "age", "epsilon": 1, "q": 0.5}, "q"),
+    ("count", {"epsilon": 1, "where": [{"column": "site", "op": "==", "value": "atlantis"}]}, "where[0]"),
+    ("count", {"epsilon": 1, "where": [{"column": "site", "op": "not_in", "value": ["north", "x"]}]}, "where[0]"),
 ])
 def test_bad_input_is_a_plan_error_naming_the_parameter(kind, params, key):
     assert key in errors_of(kind, params)
@@ -213,8 +220,10 @@ def test_quantile_is_an_exponential_mechanism_epsilon_delta_event():
     qd = p.details["quantile"]
     assert qd["grid"] == {"lower": 18.0, "upper": 90.0, "count": 1024}
     assert (qd["alpha_num"], qd["alpha_den"]) == (1, 2)
-    # report-noisy-max on scores of sensitivity 1 (q = 1/2): epsilon = 2 * 1 / scale
-    assert qd["scale"] == pytest.approx(2 / 0.8)
+    # report-noisy-max on scores of sensitivity 1 (q = 1/2): epsilon = 2 * 1 / scale; half of the
+    # budget for the answer, a quarter for each end of its interval
+    assert qd["scale"] == pytest.approx(2 / 0.4) and qd["interval"]["scale"] == pytest.approx(2 / 0.2)
+    assert qd["epsilon"] + 2 * qd["interval"]["epsilon"] == pytest.approx(0.8)
 
 
 @pytest.mark.parametrize("kind, extra, name, per_row", [
@@ -291,3 +300,11 @@ def test_a_plan_never_needs_data():
     # plan() receives no data at all; its details are plain JSON
     p = plan("variance", {"column": "income", "group_by": "site", "epsilon": 1, "max_rows_per_unit": 4})
     assert json.loads(json.dumps(p.details)) == p.details
+
+
+def test_a_literal_outside_the_declared_domain_is_refused_before_any_data():
+    err = errors_of("count", {"epsilon": 1, "where": [{"column": "site", "op": "==", "value": "atlantis"}]})
+    assert "'atlantis' is not in the declared domain of 'site'" in err["where[0]"]
+    # declared values pass; numbers outside a numeric column's bounds are allowed (raw values are compared)
+    plan("count", {"epsilon": 1, "where": [{"column": "site", "op": "in", "value": ["north", "east"]},
+                                           {"column": "age", "op": ">", "value": 200}]})

@@ -8,7 +8,7 @@ from engines.aggregates import sql as sqlplan
 
 
 def test_it_reads_the_dataset_kind_column_filters_and_group():
-    out = sqlplan.translate('SELECT region, AVG(income) AS avg_income FROM "gss-wages" '
+    out = sqlplan.translate('SELECT region, AVG(income) FROM "gss-wages" '
                             "WHERE age >= 18 AND sex IN ('f', 'm') AND year BETWEEN 2000 AND 2010 "
                             "GROUP BY region", {"epsilon": 0.2})
     assert out.dataset == "gss-wages" and out.engine == "aggregates" and out.kind == "mean"
@@ -16,6 +16,43 @@ def test_it_reads_the_dataset_kind_column_filters_and_group():
         "column": "income", "group_by": "region", "epsilon": 0.2,
         "where": [{"column": "age", "op": ">=", "value": 18}, {"column": "sex", "op": "in", "value": ["f", "m"]},
                   {"column": "year", "op": ">=", "value": 2000}, {"column": "year", "op": "<=", "value": 2010}]}
+
+
+def test_an_alias_or_several_aggregates_make_a_query_whose_columns_they_name():
+    out = sqlplan.translate("SELECT region, COUNT(*) AS n, AVG(income) AS mean_income FROM t GROUP BY region",
+                            {"epsilon": 1})
+    assert out.kind == "query"
+    assert out.params == {"select": [{"name": "region", "group": 0}, {"name": "n", "agg": "count"},
+                                     {"name": "mean_income", "agg": "mean", "column": "income"}],
+                          "group_by": [{"column": "region"}], "epsilon": 1}
+
+
+@pytest.mark.parametrize("sql,key,expected", [
+    ("SELECT COUNT(*) FROM t WHERE a = 1 OR b = 'x' OR c < 2", "where",
+     [{"or": [[{"column": "a", "op": "==", "value": 1}], [{"column": "b", "op": "==", "value": "x"}],
+              [{"column": "c", "op": "<", "value": 2}]]}]),
+    ("SELECT COUNT(*) FROM t WHERE NOT (a = 1 AND b = 2)", "where",
+     [{"not": [{"column": "a", "op": "==", "value": 1}, {"column": "b", "op": "==", "value": 2}]}]),
+    ("SELECT FLOOR(age / 10) * 10 AS decade, COUNT(*) FROM t GROUP BY decade", "group_by",
+     [{"column": "age", "width": 10, "multiplier": 10}]),
+    ("SELECT COUNT(*) FROM t GROUP BY FLOOR(age / 5)", "group_by", [{"column": "age", "width": 5, "multiplier": 1}]),
+    ("SELECT COUNT(*) FROM t GROUP BY CASE WHEN age <= 30 THEN 'a' ELSE 'b' END", "group_by",
+     [{"column": "age", "thresholds": [30], "closed": "right", "labels": ["a", "b"]}]),
+    ("SELECT a, b, COUNT(*) FROM t GROUP BY a, b", "group_by", [{"column": "a"}, {"column": "b"}]),
+    ("SELECT a, COUNT(*) AS n FROM t GROUP BY a HAVING COUNT(*) > 5 AND n < 100", "having",
+     [{"column": "n", "op": ">", "value": 5}, {"column": "n", "op": "<", "value": 100}]),
+    ("SELECT a, COUNT(*) AS n FROM t GROUP BY a ORDER BY n DESC, 1", "order_by",
+     [{"column": "n", "desc": True}, {"column": "a", "desc": False}]),
+    ("SELECT a, COUNT(*) AS n FROM t GROUP BY a LIMIT 3", "limit", 3),
+    ("SELECT MIN(x) AS lo, MAX(x) AS hi FROM t", "select",
+     [{"name": "lo", "agg": "quantile", "column": "x", "q": sqlplan.MIN_Q},
+      {"name": "hi", "agg": "quantile", "column": "x", "q": sqlplan.MAX_Q}]),
+    ("SELECT COUNT(DISTINCT pid) FROM t", "select", [{"name": "count_distinct_pid", "agg": "count_distinct",
+                                                      "column": "pid"}]),
+])
+def test_it_reads_the_query_forms(sql, key, expected):
+    out = sqlplan.translate(sql, {"epsilon": 1})
+    assert out.kind == "query" and out.params[key] == expected
 
 
 @pytest.mark.parametrize("select,kind,extra", [
@@ -70,10 +107,15 @@ def test_options_come_beside_the_sql_and_shape_keys_are_refused():
     ("SELECT 1 FROM t", "1"),
     ("SELECT COUNT(*) OVER () FROM t", "window function (OVER)"),
     ("SELECT DISTINCT COUNT(*) FROM t", "DISTINCT"),
-    ("SELECT COUNT(*) FROM t HAVING COUNT(*) > 1", "HAVING"),
+    ("SELECT COUNT(*) FROM t HAVING SUM(x) > 1", "SUM(x) in HAVING"),
+    ("SELECT COUNT(*) FROM t GROUP BY a ORDER BY b", "b in ORDER BY"),
+    ("SELECT COUNT(*) FROM t LIMIT 1 OFFSET 2", "OFFSET"),
+    ("SELECT STDDEV(x) FROM t", "STDDEV"),
+    ("SELECT COUNT(*) FROM t GROUP BY CASE WHEN a < 1 THEN 'x' END", "CASE without ELSE"),
+    ("SELECT COUNT(*) FROM t GROUP BY ROUND(a)", "GROUP BY ROUND(a)"),
+    ("SELECT COUNT(*) AS n, SUM(x) AS n FROM t", "two columns named n"),
     ("WITH u AS (SELECT 1) SELECT COUNT(*) FROM u", "WITH"),
     ("SELECT COUNT(*) FROM t WHERE a IN (SELECT b FROM u)", "subquery"),
-    ("SELECT COUNT(*) FROM t WHERE NOT a = 1", "NOT"),
     ("SELECT COUNT(*) FROM t WHERE a = NULL", "NULL"),
     ("SELECT PERCENTILE_DISC(0.5) WITHIN GROUP (ORDER BY x) FROM t", "PERCENTILE_DISC(0.5) WITHIN GROUP"),
     ("SELECT QUANTILE(x, 'a') FROM t", "quantile level"),
@@ -148,3 +190,12 @@ def test_every_expressible_json_request_round_trips_through_sql(kind, column, wh
     out = sqlplan.translate(_render(kind, params), {"epsilon": epsilon})
     assert out.as_json() == {"dataset": "the-data", "engine": "aggregates", "kind": kind,
                              "params": {**params, "epsilon": epsilon}}
+
+
+def test_a_hyphenated_table_name_gets_a_hint_to_quote_it_and_a_typo_a_suggestion():
+    with pytest.raises(sqlplan.SqlSyntaxError) as e:
+        sqlplan.translate("SELECT COUNT(*) FROM gss-wages", {"epsilon": 1})
+    assert 'FROM "gss-wages"' in e.value.message
+    with pytest.raises(sqlplan.SqlSyntaxError) as e:
+        sqlplan.translate("SELECT COUNT(*) FROM t", {"epsilonn": 1})
+    assert "did you mean 'epsilon'" in e.value.errors["epsilonn"]

@@ -1,8 +1,8 @@
 """Noise-multiplier calibration (engines/dpsgd/calibrate.py): the calibrated z meets the
-target epsilon under the service's RDP accountant and is tight (within 1%), is monotone,
-accounts for the evaluation releases, refuses targets too small to train, and is never
-noisier than Opacus's own ``get_noise_multiplier`` by more than 2% (it is not always at
-least as tight: see OPACUS_SLACK).
+target epsilon under the service's RDP accountant at the refined order and is tight
+(within 1%), the refined epsilon is within 0.1% of a dense search over orders, z is
+monotone, accounts for the evaluation releases, refuses targets too small to train, and
+is never noisier than Opacus's own ``get_noise_multiplier``.
 
 Calibration evaluates Opacus's subsampled-Gaussian RDP series about 20 times per call
 (0.5-2 s at q around 0.01), so the subsampled properties run few examples; with q = 1
@@ -10,6 +10,8 @@ Calibration evaluates Opacus's subsampled-Gaussian RDP series about 20 times per
 """
 
 import warnings
+
+import numpy as np
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -53,12 +55,12 @@ def test_full_batch_calibration_meets_the_target_tightly(target, delta, steps):
 def test_subsampled_calibration_meets_the_target_tightly(target, delta, q, steps):
     z = noise_multiplier(target, delta, q, steps)
     assert_calibrated(z, target, q, steps, delta)
-    # The ledger's own charge of the run's event (its cost vector on the grid) agrees;
-    # plain composition (the order refined off the grid) is never above it.
+    # The ledger's plain composition of the run's event (the order refined off the grid,
+    # its refined_epsilon) agrees; the grid's best order is never below it.
     event = parse_event(calibrate.run_event(q, z, steps, 0.0, 0))
-    ledger = rdp.spent(price(event, delta).cost, delta).epsilon
-    assert TIGHT * target <= ledger <= target * (1 + 1e-9)
-    assert rdp.compose([event], delta).epsilon <= ledger
+    refined = rdp.compose([event], delta).epsilon
+    assert TIGHT * target <= refined <= target * (1 + 1e-9)
+    assert refined <= rdp.spent(price(event, delta).cost, delta).epsilon
 
 
 @FAST
@@ -122,20 +124,17 @@ def test_sampling_rate_and_steps_per_epoch():
 
 
 # Opacus's calibration bisects until its epsilon is within 0.01 below the target, on its
-# own grid of orders (1.1, 1.2, ..., 10.9, 12, ..., 63). Ours searches z to 0.04% on the
-# ledger's grid, which reaches further but is coarser between orders 2 and 11. Where the
-# best order falls between our grid points ours is a little noisier: measured up to 1.4%
-# in z (q = 0.001, z about 0.5, best orders 3.2-3.3 vs our 3.0 and 3.5), hence 2%.
-OPACUS_SLACK = 1.02
-
-
+# own grid of orders (1.1, 1.2, ..., 10.9, 12, ..., 63). Ours refines the order off the
+# ledger's grid (within 0.1% of a dense search) and z to 0.01%: never noisier, and close
+# (the same analysis). On the grid alone ours was up to 1.4% noisier (q = 0.001, z about
+# 0.5, best orders 3.2-3.3 between the grid's 3.0 and 3.5).
 @pytest.mark.parametrize("target, delta, q, steps", [
     (1.0, 1e-5, 0.01, 1000),
     (0.5, 1e-7, 0.004, 2000),
     (3.0, 1e-6, 0.02, 300),
-    (4.6, 2e-5, 0.001, 1900),  # the largest gap found: ours 1.36% noisier
+    (4.6, 2e-5, 0.001, 1900),  # on the grid alone: ours 1.36% noisier
 ])
-def test_never_noisier_than_opacus_by_more_than_two_percent(target, delta, q, steps):
+def test_never_noisier_than_opacus(target, delta, q, steps):
     from opacus.accountants.utils import get_noise_multiplier
 
     with warnings.catch_warnings():
@@ -143,5 +142,26 @@ def test_never_noisier_than_opacus_by_more_than_two_percent(target, delta, q, st
         theirs = get_noise_multiplier(target_epsilon=target, target_delta=delta, sample_rate=q, steps=steps,
                                       accountant="rdp")
     ours = noise_multiplier(target, delta, q, steps)
-    assert ours <= theirs * OPACUS_SLACK, (ours, theirs)
+    assert ours <= theirs * (1 + 1e-4), (ours, theirs)
     assert ours >= theirs * 0.97, (ours, theirs)  # the same analysis: close either way
+
+
+@pytest.mark.parametrize("target, delta, q, steps, each, evals", [
+    (3.0, 1e-5, 0.01796, 280, 0.0, 0),  # the issue's run: the grid gave 2.9997 where this event costs 2.922
+    (4.6, 2e-5, 0.001, 1900, 0.0, 0),
+    (2.0, 1e-6, 0.05, 200, 0.02, 5),
+])
+def test_the_refined_epsilon_is_a_dense_search_over_orders(target, delta, q, steps, each, evals):
+    """The epsilon reported and charged (the refined order) is within 0.1% of the minimum
+    over 600 orders around it, and the grid's best order costs more."""
+    from accounting.refine import epsilon_at
+
+    z = noise_multiplier(target, delta, q, steps, each, evals)
+    event = parse_event(calibrate.run_event(q, z, steps, each, evals))
+    got = rdp.compose([event], delta)
+    assert got.epsilon == pytest.approx(epsilon(q, z, steps, each, evals, delta))
+    dense = 1.0 + np.geomspace((got.order - 1) / 3, (got.order - 1) * 3, 600)
+    best = float(np.min(epsilon_at(event, delta, dense)))
+    assert got.epsilon <= best * 1.001  # (the refined order may sit between the 600: a little below)
+    assert TIGHT * target <= got.epsilon <= target
+    assert calibrate.grid_epsilon(q, z, steps, each, evals, delta) >= got.epsilon

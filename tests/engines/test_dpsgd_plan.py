@@ -11,9 +11,7 @@ import pytest
 from engines import plugins
 from engines.dpsgd import calibrate
 from engines.types import EngineRequest, Plan
-from accounting import rdp
-from accounting.events import parse_event
-from tests.engines.dpsgd_helpers import DELTA, GENEROUS, rows_meta, units_meta
+from tests.engines.dpsgd_helpers import DELTA, GENEROUS, ledger_epsilon, rows_meta, units_meta
 
 FIXED = {"target": "y", "features": ["x1", "x2", "c"], "noise_multiplier": 1.3, "epochs": 4, "batch_size": 32}
 
@@ -21,14 +19,6 @@ FIXED = {"target": "y", "features": ["x1", "x2", "c"], "noise_multiplier": 1.3, 
 def plan(params, ds=None, kind="train") -> Plan:
     p = plugins.plan("dpsgd", EngineRequest(kind, params), ds or rows_meta())
     return Plan(**json.loads(json.dumps(asdict(p))))  # stored as JSON by the service
-
-
-def ledger_epsilon(event, delta=DELTA):
-    """What the ledger charges for the event under RDP: its cost vector on the grid (plain
-    ``rdp.compose`` refines the order off the grid and may be lower)."""
-    from accounting.costs import price
-
-    return rdp.spent(price(parse_event(event), delta).cost, delta).epsilon
 
 
 def test_the_event_is_the_subsampled_gaussian_composed_with_the_evaluations():

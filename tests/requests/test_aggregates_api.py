@@ -63,7 +63,7 @@ def test_a_mean_and_a_variance_are_right_on_every_database(api, analyst, make_da
 
 def test_it_lists_the_engines_with_their_parameter_schemas(api, analyst):
     engines = {e["name"]: e for e in api(analyst).get("/api/engines/").json()["results"]}
-    assert set(engines["aggregates"]["kinds"]) == {"count", "sum", "mean", "variance", "histogram", "quantile"}
+    assert set(engines["aggregates"]["kinds"]) == {"count", "sum", "mean", "variance", "histogram", "quantile", "query"}
     assert engines["aggregates"]["queue"] == "cpu"
 
 

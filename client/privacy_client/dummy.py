@@ -1,0 +1,148 @@
+"""``Client.sql(..., dummy=True)``: the query run locally with DuckDB on dummy rows.
+
+The dummy rows are the service's ``preview``: generated from the dataset's public schema
+alone, never from its stored rows, so the answer says nothing about the data and costs
+nothing. The query is first priced by the service (``estimate_sql``, free), which also
+checks it exactly as a real run would (unsupported SQL, literals outside the declared
+domain, ... raise the same errors) and says which request it becomes; DuckDB then runs the
+same SQL on the dummy rows and the answer is put in the shape of the service's release, so
+``Result.df`` has the same columns as the real answer's (its intervals are empty: no noise
+was added). Needs DuckDB: ``pip install './client[dummy]'``.
+
+Where the engine's meaning differs from DuckDB's, the query is adjusted before it runs:
+VARIANCE is the population variance (``VAR_POP``); MIN / MAX are the 1st / 99th
+percentile, as the engine answers them; QUANTILE(col, q) is ``QUANTILE_CONT``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client import Client
+
+from .results import Result
+
+DEFAULT_ROWS = 1000
+
+_REWRITES = [
+    (re.compile(r"\bVAR_SAMP\s*\(", re.IGNORECASE), "VAR_POP("),
+    (re.compile(r"\bVARIANCE\s*\(", re.IGNORECASE), "VAR_POP("),
+    (re.compile(r"\b(?:APPROX_)?QUANTILE\s*\(", re.IGNORECASE), "QUANTILE_CONT("),
+    (re.compile(r"\bMIN\s*\(([^()]*)\)", re.IGNORECASE), r"QUANTILE_CONT(\1, 0.01)"),
+    (re.compile(r"\bMAX\s*\(([^()]*)\)", re.IGNORECASE), r"QUANTILE_CONT(\1, 0.99)"),
+]
+
+
+def duckdb_sql(sql: str) -> str:
+    """``sql`` with the engine's meanings spelled for DuckDB."""
+    for pattern, repl in _REWRITES:
+        sql = pattern.sub(repl, sql)
+    return sql
+
+
+def run(client: "Client", sql: str, dataset: str, rows: int = DEFAULT_ROWS, seed: int = 0,
+        **options: Any) -> Result:
+    try:
+        import duckdb
+    except ImportError:  # pragma: no cover - depends on the install
+        raise ImportError("dummy=True runs the query locally with DuckDB: pip install './client[dummy]' "
+                          "(or pip install duckdb)") from None
+    if not any(options.get(k) is not None for k in ("epsilon", "rho", "accuracy")):
+        options = {**options, "epsilon": 1.0}  # only to price it (free); nothing is spent
+    estimate = client.estimate_sql(sql, dataset=dataset, **options)
+    request = estimate.request or {}
+    frame = client.preview(dataset, rows=rows, seed=seed)
+    con = duckdb.connect()
+    try:
+        con.register(dataset, frame)
+        out = con.execute(duckdb_sql(sql))
+        names = [d[0] for d in out.description]
+        answer = [list(r) for r in out.fetchall()]
+    finally:
+        con.close()
+    result = _release(request, names, answer)
+    body = {"id": "dummy", "dataset": dataset, "engine": "aggregates", "kind": request.get("kind"),
+            "params": request.get("params") or {}, "status": "succeeded", "progress": {}, "event": None,
+            "charge": {}, "replayed": False, "error": None, "result": result, "dummy": True,
+            "dummy_rows": {"rows": rows, "seed": seed}, "estimate": estimate.raw}
+    return Result(body, client)
+
+
+def _plain(v: Any) -> Any:
+    if hasattr(v, "item"):
+        try:
+            return v.item()
+        except (ValueError, AttributeError):
+            return v
+    return v
+
+
+def _release(request: dict, names: list[str], answer: list[list]) -> dict:
+    """DuckDB's answer in the shape of the service's release of ``request``."""
+    kind = request.get("kind")
+    params = request.get("params") or {}
+    answer = [[_plain(v) for v in row] for row in answer]
+    if kind == "query":
+        select = params.get("select") or []
+        columns = [it.get("name") for it in select] if len(select) == len(names) else names
+        aggregates = [{"name": it.get("name"), "agg": it.get("agg"), "column": it.get("column")}
+                      for it in select if "agg" in it]
+        return {"kind": "query", "columns": columns, "rows": answer, "ci95": [[None] * len(columns) for _ in answer],
+                "aggregates": aggregates, "group_by": [g.get("column") for g in params.get("group_by") or []],
+                "dummy": True}
+    if params.get("group_by"):
+        return {"kind": kind, "group_by": params["group_by"], "dummy": True,
+                "groups": [{"key": row[0] if len(row) > 1 else None, "value": row[-1], "ci95": None}
+                           for row in answer]}
+    value = answer[0][-1] if answer and answer[0] else None
+    return {"kind": kind, "value": value, "ci95": None, "dummy": True}
+
+
+
+_AGG = {"count": "COUNT(*)", "sum": "SUM({c})", "mean": "AVG({c})", "variance": "VARIANCE({c})",
+        "quantile": "QUANTILE({c}, {q})"}
+_OPS = {"==": "=", "!=": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">=", "in": "IN", "not_in": "NOT IN"}
+SHAPE_KEYS = ("column", "q", "where", "group_by")
+
+
+def _ident(name: str) -> str:
+    return '"' + str(name).replace('"', '""') + '"'
+
+
+def _lit(v: Any) -> str:
+    if isinstance(v, bool):
+        return "TRUE" if v else "FALSE"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return "'" + str(v).replace("'", "''") + "'"
+
+
+def _where(preds: list) -> str:
+    out = []
+    for p in preds:
+        if "or" in p:
+            out.append("(" + " OR ".join("(" + _where(b) + ")" for b in p["or"]) + ")")
+        elif "not" in p:
+            out.append("NOT (" + _where(p["not"]) + ")")
+        elif p["op"] in ("in", "not_in"):
+            out.append(f"{_ident(p['column'])} {_OPS[p['op']]} ({', '.join(_lit(v) for v in p['value'])})")
+        else:
+            out.append(f"{_ident(p['column'])} {_OPS[p['op']]} {_lit(p['value'])}")
+    return " AND ".join(out)
+
+
+def sql_of(dataset: str, engine: str, kind: str, params: dict) -> tuple[str, dict]:
+    """An aggregates request (JSON) as the SQL it equals, and its privacy options."""
+    if engine != "aggregates" or kind not in _AGG:
+        raise ValueError(f"dummy=True runs aggregates as SQL: count, sum, mean, variance, quantile; not "
+                         f"{engine}.{kind} (try a histogram as a GROUP BY query with sql(..., dummy=True))")
+    agg = _AGG[kind].format(c=_ident(params.get("column", "")), q=_lit(params.get("q", 0.5)))
+    by = params.get("group_by")
+    sql = "SELECT " + (f"{_ident(by)}, " if by else "") + agg + f" FROM {_ident(dataset)}"
+    if params.get("where"):
+        sql += " WHERE " + _where(params["where"])
+    if by:
+        sql += f" GROUP BY {_ident(by)}"
+    return sql, {k: v for k, v in params.items() if k not in SHAPE_KEYS}

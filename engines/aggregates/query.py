@@ -1,0 +1,371 @@
+"""The ``query`` kind: several aggregates over the same filtered rows and the same groups,
+planned as one request (what a SQL SELECT with more than the simplest shape becomes).
+
+Params (JSON)::
+
+    {"select": [{"name": "region", "group": 0},                      # a group key, shown
+                {"name": "n", "agg": "count"},
+                {"name": "mean_income", "agg": "mean", "column": "income"},
+                {"name": "p90", "agg": "quantile", "column": "income", "q": 0.9},
+                {"name": "people", "agg": "count_distinct", "column": "<the unit column>"}],
+     "group_by": [{"column": "region"},                               # categorical: declared domain
+                  {"column": "age", "width": 10, "multiplier": 10},  # FLOOR(age / 10) * 10
+                  {"column": "age", "thresholds": [30, 60], "closed": "left",
+                   "labels": ["young", "middle", "old"]}],           # CASE WHEN age < 30 ...
+     "where": [...], "having": [{"column": "n", "op": ">", "value": 100}],
+     "order_by": [{"column": "n", "desc": true}], "limit": 10,
+     "epsilon": 1.0, ...}
+
+Privacy: the aggregates are released on the same rows, so their costs add up (sequential
+composition): the budget given (epsilon, or rho for the gaussian mechanism) is the whole
+query's and is split equally between the aggregates; ``accuracy`` applies to each. The event
+is ``{"kind": "composed", "events": [one per aggregate]}``, charged once. Every aggregate
+is planned, bounded and noised exactly as its own kind (planner.py), on the groups of the
+cartesian product of the group keys' public labels (declared domains, and bins from the
+declared bounds: never from the data). ``count_distinct`` of the privacy-unit column counts
+each unit once per group, keeping at most ``max_rows_per_unit`` groups per unit (sensitivity
+``max_rows_per_unit``, as a count). HAVING, ORDER BY and LIMIT act on the released (noisy)
+values only: post-processing, free.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+from engines.types import DatasetMeta, EngineRequest, Plan, PlanError
+from engines.validation import is_number, unknown_keys
+
+from . import params as P
+
+AGGS = {"count": "count", "count_distinct": "count", "sum": "sum", "mean": "mean", "variance": "variance",
+        "quantile": "quantile"}
+QUERY_KEYS = {"select", "group_by", "where", "having", "order_by", "limit", "mechanism", "epsilon", "rho",
+              "accuracy", "max_rows_per_unit", "candidates"}
+MAX_SELECT = 20
+MAX_GROUP_KEYS = 4
+MAX_GROUPS = 10_000
+MAX_LIMIT = 1_000_000
+HAVING_OPS = ("==", "!=", "<", "<=", ">", ">=")
+
+
+def _err(errors: dict, key: str, message: str) -> None:
+    errors.setdefault(key, message)
+
+
+def _group_key(i: int, g: Any, dataset: DatasetMeta, errors: dict) -> dict | None:
+    key = f"group_by[{i}]"
+    if not isinstance(g, dict) or "column" not in g:
+        _err(errors, key, 'must be an object with "column" (and "width" or "thresholds" to bin a numeric one)')
+        return None
+    extra = set(g) - {"column", "width", "multiplier", "thresholds", "closed", "labels", "name"}
+    if extra:
+        _err(errors, key, f"unknown key(s): {', '.join(sorted(map(str, extra)))}")
+        return None
+    spec, err = P._column_spec(dataset, g["column"])
+    if err:
+        _err(errors, key, err)
+        return None
+    col = g["column"]
+    name = g.get("name") if isinstance(g.get("name"), str) else col
+    if "width" not in g and "thresholds" not in g:
+        dom = P._domain(spec)
+        if dom is None:
+            _err(errors, key, f"group by needs a categorical column with a declared domain, or bins of a bounded "
+                              f"numeric column (FLOOR({col} / w) * w, CASE WHEN {col} < a THEN ...); "
+                              f"{col!r} is {spec.get('type')!r}")
+            return None
+        return {"name": name, "column": col, "type": "categorical", "labels": dom}
+    bounds = P._bounds(spec)
+    if bounds is None:
+        _err(errors, key, f"bins need a numeric column with declared bounds; {col!r} is {spec.get('type')!r}")
+        return None
+    lo, hi = bounds
+    if "width" in g:
+        w, mult = g["width"], g.get("multiplier", 1)
+        if not is_number(w) or w <= 0 or not is_number(mult) or mult == 0:
+            _err(errors, key, "width must be a number > 0 and multiplier a non-zero number")
+            return None
+        w, mult = float(w), float(mult)
+        ratios = (lo / w, hi / w, (hi / w + 2) * abs(mult), (lo / w - 1) * abs(mult))
+        if not all(math.isfinite(x) and abs(x) < 2**52 for x in ratios):
+            _err(errors, key, f"width {w:g} and multiplier {mult:g} give bins beyond the number range")
+            return None
+        first, last = math.floor(lo / w), math.floor(hi / w)
+        if last - first + 1 > MAX_GROUPS:
+            _err(errors, key, f"{last - first + 1} bins of width {w} in [{lo:g}, {hi:g}]: at most {MAX_GROUPS}")
+            return None
+        idx = list(range(first, last + 2))
+        edges = [float(j * w) for j in idx]
+        labels = [_num(j * mult) for j in idx[:-1]]
+        return {"name": name, "column": col, "type": "bins", "bounds": [lo, hi], "edges": edges, "labels": labels}
+    th, closed, labels = g.get("thresholds"), g.get("closed", "left"), g.get("labels")
+    if (not isinstance(th, list) or not th or not all(is_number(t) for t in th)
+            or any(a >= b for a, b in zip(th[:-1], th[1:]))):
+        _err(errors, key, "thresholds must be a strictly increasing list of numbers")
+        return None
+    if closed not in ("left", "right"):
+        _err(errors, key, "closed must be 'left' (col < t) or 'right' (col <= t)")
+        return None
+    if not isinstance(labels, list) or len(labels) != len(th) + 1 or not all(P._scalar_ok(v) for v in labels):
+        _err(errors, key, f"labels must be {len(th) + 1} values (one per bin, the last for ELSE)")
+        return None
+    if len(th) >= MAX_GROUPS or not all(abs(float(t)) < 1e300 for t in th):
+        _err(errors, key, f"at most {MAX_GROUPS - 1} thresholds, each a number below 1e300")
+        return None
+    cuts = [float(t) if closed == "left" else math.nextafter(float(t), math.inf) for t in th]
+    # bins [e_i, e_i+1) over the clamped values; the outer edges hold every value in [lo, hi]
+    edges = [min(lo, cuts[0]) - 1.0] + cuts + [math.nextafter(max(hi, cuts[-1]) + 1.0, math.inf)]
+    if len(set(labels)) != len(labels):  # the same label for two bins: they are one group
+        _err(errors, key, "labels must differ (merge the bins with one threshold instead)")
+        return None
+    return {"name": name, "column": col, "type": "bins", "bounds": [lo, hi], "edges": edges, "labels": labels}
+
+
+def _num(x: float):
+    return int(x) if float(x).is_integer() and abs(x) < 2**53 else float(x)
+
+
+def group_domain(keys: list[dict]) -> list:
+    """The groups, in order: the cartesian product of the keys' labels (a label alone for one key)."""
+    if len(keys) == 1:
+        return list(keys[0]["labels"])
+    return [list(t) for t in itertools.product(*(k["labels"] for k in keys))]
+
+
+def validate(params: Any, dataset: DatasetMeta) -> tuple[list, list, list, dict]:
+    """(select items, group keys, aggregates as (name, Query), post-processing) or PlanError."""
+    if not isinstance(params, dict):
+        raise PlanError("params must be a JSON object", {"params": "must be an object"})
+    errors: dict[str, str] = {}
+    for k in unknown_keys(params, QUERY_KEYS)[0]:
+        errors[str(k)[:100]] = f"unknown parameter for query; allowed: {', '.join(sorted(QUERY_KEYS))}"
+    gb = params.get("group_by", [])
+    keys: list[dict] = []
+    if not isinstance(gb, list) or len(gb) > MAX_GROUP_KEYS:
+        errors["group_by"] = f"must be a list of at most {MAX_GROUP_KEYS} group keys"
+    else:
+        keys = [k for k in (_group_key(i, g, dataset, errors) for i, g in enumerate(gb)) if k]
+        n_groups = math.prod(len(k["labels"]) for k in keys) if keys else 1
+        if n_groups > MAX_GROUPS:
+            errors["group_by"] = f"{n_groups} groups (the product of the keys' labels): at most {MAX_GROUPS}"
+    select = params.get("select")
+    if not isinstance(select, list) or not select or len(select) > MAX_SELECT + MAX_GROUP_KEYS:
+        raise PlanError(f"invalid query request: select must be a list of 1 to {MAX_SELECT} aggregates "
+                        "(and the group keys)", {**errors, "select": "must be a non-empty list"})
+    items, aggs, names = [], [], set()
+    n_aggs = sum(1 for it in select if isinstance(it, dict) and "agg" in it)
+    if not 1 <= n_aggs <= MAX_SELECT:
+        errors["select"] = f"select 1 to {MAX_SELECT} aggregates, got {n_aggs}"
+        n_aggs = max(n_aggs, 1)
+    shared = {k: params[k] for k in ("where", "mechanism", "max_rows_per_unit") if k in params}
+    budget = {k: params[k] for k in ("epsilon", "rho", "accuracy") if params.get(k) is not None}
+    for i, it in enumerate(select):
+        key = f"select[{i}]"
+        if not isinstance(it, dict) or not isinstance(it.get("name"), str) or not it["name"]:
+            errors[key] = 'must be {"name", "agg", ...} or {"name", "group": index}'
+            continue
+        name = it["name"]
+        if len(name) > 200:
+            errors[key] = "a column name is at most 200 characters"
+            continue
+        if name in names:
+            errors[key] = f"the column name {name!r} is used twice: give each its own alias"
+            continue
+        names.add(name)
+        if "group" in it:
+            g = it["group"]
+            if set(it) != {"name", "group"} or isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < len(gb):
+                errors[key] = "a group item is {\"name\", \"group\": index into group_by}"
+                continue
+            items.append({"name": name, "group": g})
+            continue
+        agg = it.get("agg")
+        if agg not in AGGS:
+            errors[key] = f"agg must be one of {', '.join(AGGS)}, got {agg!r}"
+            continue
+        sub = {k: v for k, v in it.items() if k not in ("name", "agg")}
+        sub.update(shared)
+        share = dict(budget)
+        for b in ("epsilon", "rho"):
+            if is_number(share.get(b)) and share[b] > 0:
+                share[b] = share[b] / n_aggs
+        if AGGS[agg] == "quantile":
+            if "candidates" in params:
+                sub.setdefault("candidates", params["candidates"])
+            sub.pop("mechanism", None)
+        sub.update(share)
+        if agg == "count_distinct":
+            col = sub.pop("column", None)
+            if not dataset.unit_column:
+                errors[key] = ("COUNT(DISTINCT ...) counts privacy units, and this dataset has none: every row is "
+                               "a unit, so COUNT(*) is the distinct count")
+                continue
+            if col != dataset.unit_column:
+                errors[key] = (f"COUNT(DISTINCT {col}) is not answered: only the privacy-unit column "
+                               f"{dataset.unit_column!r} (its contributions are bounded per unit); "
+                               f"COUNT(DISTINCT {dataset.unit_column}) counts units")
+                continue
+        sub_errors: dict[str, str] = {}
+        try:
+            q = P.validate(AGGS[agg], sub, dataset)
+        except PlanError as e:
+            sub_errors = dict(e.errors)
+        for k, v in sub_errors.items():
+            errors.setdefault(k if k.startswith("where") or k in ("epsilon", "rho", "accuracy", "mechanism",
+                                                                    "max_rows_per_unit") else f"{key}.{k}", v)
+        if sub_errors:
+            continue
+        q.distinct_units = agg == "count_distinct"
+        items.append({"name": name, "agg": len(aggs)})
+        aggs.append((name, agg, q))
+    post = _post(params, names, errors)
+    if errors:
+        detail = "; ".join(f"{k}: {v}" for k, v in errors.items())
+        raise PlanError(f"invalid query request: {detail}", errors)
+    return items, keys, aggs, post
+
+
+def _post(params: dict, names: set, errors: dict) -> dict:
+    out: dict = {"having": [], "order_by": [], "limit": None}
+    having = params.get("having", [])
+    if not isinstance(having, list):
+        errors["having"] = "must be a list of {column, op, value}"
+    else:
+        for i, h in enumerate(having):
+            if (not isinstance(h, dict) or set(h) != {"column", "op", "value"} or h["column"] not in names
+                    or h["op"] not in HAVING_OPS or not P._scalar_ok(h["value"])):
+                errors[f"having[{i}]"] = (f"must be {{column, op, value}} on a selected column ({', '.join(sorted(names))}), "
+                                          f"op one of {', '.join(HAVING_OPS)}, value a literal")
+            else:
+                out["having"].append(dict(h))
+    order = params.get("order_by", [])
+    if not isinstance(order, list):
+        errors["order_by"] = "must be a list of {column, desc}"
+    else:
+        for i, o in enumerate(order):
+            if not isinstance(o, dict) or o.get("column") not in names or not isinstance(o.get("desc", False), bool):
+                errors[f"order_by[{i}]"] = f"must be {{column, desc}} on a selected column ({', '.join(sorted(names))})"
+            else:
+                out["order_by"].append({"column": o["column"], "desc": o.get("desc", False)})
+    limit = params.get("limit")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
+            errors["limit"] = f"must be an integer between 0 and {MAX_LIMIT}"
+        else:
+            out["limit"] = limit
+    return out
+
+
+def make_plan(request: EngineRequest, dataset: DatasetMeta) -> Plan:
+    from .planner import DETAILS_VERSION, plan_validated, where_columns
+
+    items, keys, aggs, post = validate(request.params, dataset)
+    domain = group_domain(keys) if keys else None
+    label = ", ".join(k["name"] for k in keys) if keys else None
+    events, subs, errors = [], [], {}
+    total: dict[str, float] = {}
+    for name, agg, q in aggs:
+        if keys:
+            q.group_by, q.domain = label, domain
+            if q.kind == "quantile" and len(domain) * (q.candidates + 1) > P.MAX_SCORE_CELLS:
+                errors[f"{name}.candidates"] = (f"{len(domain)} groups x {q.candidates} candidates is too many; "
+                                                f"keep groups x candidates under {P.MAX_SCORE_CELLS:,}")
+                continue
+        try:
+            event, details = plan_validated(q, dataset)
+        except PlanError as e:
+            errors.update({f"{name}.{k}" if not k.startswith(("epsilon", "rho", "accuracy")) else k: v
+                           for k, v in e.errors.items()})
+            continue
+        details["name"], details["agg"] = name, agg
+        details["group_keys"] = keys or None
+        details["distinct_units"] = bool(getattr(q, "distinct_units", False))
+        events.append(event)
+        subs.append(details)
+        for k, v in details["cost"].items():
+            total[k] = total.get(k, 0.0) + v
+    if errors:
+        raise PlanError("invalid query request: " + "; ".join(f"{k}: {v}" for k, v in errors.items()), errors)
+    first = aggs[0][2]
+    details = {
+        "version": DETAILS_VERSION, "kind": "query", "mechanism": subs[0]["mechanism"],
+        "unit_column": dataset.unit_column, "n_rows": int(dataset.n_rows), "max_rows_per_unit": first.k,
+        "where": first.where, "group_keys": keys or None, "select": items, "aggregates": subs,
+        "cost": total, **post,
+    }
+    event = events[0] if len(events) == 1 else {"kind": "composed", "events": events}
+    columns = [c for s in subs for c in [s["column"]] if c]
+    columns += [k["column"] for k in keys] + where_columns(first.where)
+    return Plan(event=event, columns=list(dict.fromkeys(columns)), details=details)
+
+
+# --------------------------------------------------------------------------- the release (post-processing)
+
+
+def _cell(result: dict, g: int | None) -> tuple[Any, Any]:
+    if g is None:
+        return result.get("value"), result.get("ci95")
+    row = result["groups"][g]
+    return row["value"], row.get("ci95")
+
+
+def assemble(d: dict, results: list[dict]) -> dict:
+    """The query's table from its aggregates' releases: one row per group (or one row), the
+    select list's columns in order, then HAVING, ORDER BY and LIMIT on the released values."""
+    keys = d["group_keys"] or []
+    domain = group_domain(keys) if keys else [None]
+    columns = [it["name"] for it in d["select"]]
+    rows, cis = [], []
+    for g, labels in enumerate(domain):
+        parts = labels if len(keys) > 1 else [labels]
+        row, ci = [], []
+        for it in d["select"]:
+            if "group" in it:
+                row.append(parts[it["group"]])
+                ci.append(None)
+            else:
+                v, c = _cell(results[it["agg"]], g if keys else None)
+                row.append(v)
+                ci.append(c)
+        rows.append(row)
+        cis.append(ci)
+    pos = {c: i for i, c in enumerate(columns)}
+    keep = [i for i, row in enumerate(rows) if all(_holds(row[pos[h["column"]]], h["op"], h["value"])
+                                                   for h in d["having"])]
+    for o in reversed(d["order_by"]):
+        j = pos[o["column"]]
+        keep.sort(key=lambda i: _sort_key(rows[i][j]), reverse=o["desc"])
+    if d["limit"] is not None:
+        keep = keep[:d["limit"]]
+    aggregates = []
+    for s, r in zip(d["aggregates"], results):
+        info = {k: v for k, v in r.items() if k not in ("groups", "value", "ci95", "group_by")}
+        info.update({"name": s["name"], "agg": s["agg"], "column": s["column"]})
+        aggregates.append(info)
+    out = {"kind": "query", "columns": columns, "rows": [rows[i] for i in keep], "ci95": [cis[i] for i in keep],
+           "group_by": [k["name"] for k in keys], "aggregates": aggregates, "mechanism": d["mechanism"],
+           "max_rows_per_unit": d["max_rows_per_unit"]}
+    out.update(d["cost"])
+    if d["having"] or d["limit"] is not None:
+        out["post_processing"] = "HAVING / LIMIT applied to the noisy values; rows left out were released too"
+    return out
+
+
+def _holds(v, op: str, value) -> bool:
+    if v is None:
+        return False
+    try:
+        return {"==": v == value, "!=": v != value, "<": v < value, "<=": v <= value, ">": v > value,
+                ">=": v >= value}[op]
+    except TypeError:
+        return False
+
+
+def _sort_key(v):
+    if v is None:
+        return (2, 0, "")
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return (0, v, "")
+    return (1, 0, str(v))

@@ -1,0 +1,48 @@
+"""The federated engine: DP-FedAvg on Flower across sites that keep their rows (issue 27).
+
+Modules: ``params`` (validation against the declared schema and registered sites),
+``planner`` (the event: Poisson-subsampled Gaussian over sites, plus the DP evaluations;
+noise calibrated by ``engines.dpsgd.calibrate``), ``dpfedavg`` (clip, check, sample, the
+noisy mean), ``model`` (softmax regression in numpy), ``site_data`` and ``siteapp`` (the
+site side), ``auth`` (per-site HMAC), ``coordinator`` (the server's rounds over any
+transport), ``flwr_apps`` and ``flwrapp/`` (Flower's ServerApp/ClientApp and the FAB),
+``execute`` (``flwr run`` against the SuperLink, progress, cancel), ``processes`` and
+``site`` (SuperLink/SuperNode processes; the site agent). No Django here; flwr is imported
+only by the ServerApp, the ClientApp and ``execute``'s subprocesses.
+
+Not in ``engines.plugins.BUILTINS`` yet: the governance side (federated datasets, the site
+registry, the SuperLink setting) registers it when it is wired (tests register it).
+"""
+
+from __future__ import annotations
+
+from engines.hookspecs import hookimpl
+
+NAME = "federated"
+DESCRIPTION = ("Federated training across sites that keep their rows (Flower): DP-FedAvg with client-level DP "
+               "(updates clipped at the site and checked at the server, Gaussian noise on the sum, sites Poisson-"
+               "sampled each round), epsilon per round, a cap, cancel charges the rounds done.")
+
+
+@hookimpl
+def engine_info():
+    return {"name": NAME, "kinds": ["train"], "queue": "cpu", "description": DESCRIPTION,
+            "params_schema": {"train": {"type": "object"}}, "federated": True}
+
+
+@hookimpl
+def plan(engine, request, dataset):
+    if engine != NAME:
+        return None
+    from .planner import make_plan
+
+    return make_plan(request, dataset)
+
+
+@hookimpl
+def run(engine, request, dataset, data, plan, progress, workdir):
+    if engine != NAME:
+        return None
+    from .execute import execute
+
+    return execute(request, dataset, data, plan, progress, workdir)

@@ -1,0 +1,272 @@
+"""The server's side of a run (what the ServerApp runs), over any transport.
+
+A transport has ``nodes()`` (the ids of the connected nodes) and ``exchange(sends,
+timeout)`` (``sends``: node id -> (kind, job, arrays); returns node id -> (arrays, reply)
+or an error string, for the replies that arrived in time). ``serverapp.GridTransport``
+is Flower's Grid (real SuperNodes); ``LocalTransport`` calls ``siteapp.handle`` in this
+process (unit tests and the bench's simulated sites).
+
+Per round: new nodes are asked to prove which site they are (``hello``: MAC, the dataset
+they serve, their table against the declared schema); sites are Poisson-sampled among
+the *registered* ones (a sampled site that is not connected, or does not reply in time,
+contributes nothing: the round goes on with the rest); each reply is checked (MAC, the
+node bound to that site, the dataset, the update's shape, finiteness and norm: a bad one
+is rejected and reported, never averaged); the accepted updates are summed and noised once
+(``dpfedavg.noisy_mean``). Then the global model is evaluated on the held-out rows of every
+bound site, and the sums released with the plan's Laplace noise and a 95% interval.
+Before each round: a cancel stops the run (``Stopped``), as does a round that would pass
+``max_epsilon``. The events of the rounds and evaluations done are always known.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import time
+from typing import Callable
+
+import numpy as np
+
+from engines.aggregates.noise import Noise
+from engines.dpsgd.intervals import ALPHA_EACH, ratio_interval
+
+from . import auth, dpfedavg, model, planner, siteapp
+
+
+class LocalTransport:
+    """Sites in this process: node id -> node_config (as a SuperNode's)."""
+
+    def __init__(self, node_configs: dict[int, dict]):
+        self.node_configs = dict(node_configs)
+        self.bytes = 0
+
+    def nodes(self):
+        return list(self.node_configs)
+
+    def exchange(self, sends: dict, timeout: float) -> dict:
+        out = {}
+        for node, (kind, job, arrays) in sends.items():
+            try:
+                out[node] = siteapp.handle(kind, job, arrays, self.node_configs[node])
+            except Exception as e:  # a site's crash is that site's problem
+                out[node] = f"{type(e).__name__}: {e}"
+        return out
+
+
+class Coordinator:
+    def __init__(self, details: dict, site_keys: dict[str, str], transport, *, emit: Callable[[dict], None],
+                 cancelled: Callable[[], bool] = lambda: False, wait_sites_seconds: float = 30.0,
+                 round_timeout: float = 120.0):
+        self.d = details
+        self.spec = details["spec"]
+        self.keys = {s: k for s, k in site_keys.items() if s in self.spec["sites"]}  # registered for this dataset
+        self.t = transport
+        self.emit, self.cancelled = emit, cancelled
+        self.wait_sites_seconds, self.round_timeout = wait_sites_seconds, round_timeout
+        self.run_nonce = secrets.token_hex(16)
+        self.node_site: dict[int, str] = {}
+        self.refused: dict[int, str] = {}  # node -> why (unregistered, bad MAC, schema, other dataset)
+        self.refused_sites: set[str] = set()
+        self.lost: dict[int, str] = {}  # node -> site: bound, then silent past a round's timeout  # registered sites that proved who they are but were refused
+        self.rounds = 0
+        self.evals = 0
+        self.history: list[dict] = []
+        self.weights = model.init(self.spec["features"], self.spec["classes"])
+        self.shapes = [a.shape for a in self.weights]
+        self.private = self.spec["private"]
+        self.eval_at = set(planner.eval_rounds(self.spec["rounds"], self.spec["eval_every"]))
+        self.local = details.get("local")  # local sample-level DP: per-site q, z, steps
+        # central DP bounds each site's update by C; local DP's updates are private already (finite is enough)
+        self.clip = self.spec["clip_norm"] if self.private and not self.local else math.inf
+        self.noise = Noise.from_dict(details["eval_noise"]) if details.get("eval_noise") else None
+        import torch
+
+        self.gen = torch.Generator()
+        self.gen.manual_seed(int.from_bytes(os.urandom(8), "little"))
+
+    # ------------------------------------------------------------------ messages
+    def _job(self, kind: str, rnd: int, site: str | None = None) -> dict:
+        s = self.spec
+        site_spec = {k: s[k] for k in ("features", "target", "task", "test_fraction", "local_epochs",
+                                      "local_learning_rate", "local_batch_size")}
+        site_spec["clip_norm"] = s["clip_norm"] if self.private else None
+        job = {"kind": kind, "round": rnd, "nonce": secrets.token_hex(16), "run_nonce": self.run_nonce,
+               "dataset": self.d["dataset"], "spec": site_spec}
+        if self.local and site is not None:
+            ls = self.local[site]
+            job["local_dp"] = {"q": ls["q"], "z": ls["z"], "steps": ls["steps_per_round"], "clip": s["clip_norm"],
+                               "n_train": ls["n_train"]}
+        return job
+
+    def _check(self, node: int, kind: str, job: dict, got) -> tuple[str | None, str | None, list, dict]:
+        """(site or None, why refused or None, arrays, reply)."""
+        if isinstance(got, str):
+            return self.node_site.get(node), f"error: {got[:200]}", [], {}
+        arrays, reply = got
+        site = reply.get("site")
+        if site not in self.keys:
+            return None, f"unregistered site {site!r}", [], reply
+        fields = dict(nonce=job["nonce"], round=job["round"], site=site, dataset=reply.get("dataset", ""), kind=kind,
+                      payload=auth.digest(arrays))
+        if reply.get("nonce") != job["nonce"] or not auth.verify(self.keys[site], reply.get("mac"), **fields):
+            return None, f"bad MAC for site {site!r}", [], reply
+        bound = self.node_site.get(node)
+        if bound is not None and bound != site:
+            return None, f"node speaks for {bound!r}, claims {site!r}", [], reply
+        if kind != "hello" and bound is None:
+            return None, "not identified", [], reply
+        if reply.get("dataset") != self.d["dataset"]:
+            return site, f"serves dataset {reply.get('dataset')!r}", [], reply
+        if reply.get("refused"):
+            return site, str(reply["refused"]), [], reply
+        return site, None, arrays, reply
+
+    def identify(self) -> None:
+        new = [n for n in self.t.nodes() if n not in self.node_site and n not in self.refused and n not in self.lost]
+        if not new:
+            return
+        jobs = {n: self._job("hello", self.rounds) for n in new}
+        got = self.t.exchange({n: ("hello", jobs[n], []) for n in new}, self.round_timeout)
+        for n in new:
+            if n not in got:
+                continue  # no reply yet: asked again next round
+            site, why, _, _ = self._check(n, "hello", jobs[n], got[n])
+            if why is None and site in self.node_site.values():
+                why = f"site {site!r} is already connected on another node"
+            if why is None:
+                self.node_site[n] = site
+            else:
+                self.refused[n] = why if site is None else f"{site}: {why}"
+                if site is not None:
+                    self.refused_sites.add(site)
+                self.emit({"event": "refused", "node": str(n), "site": site, "why": why})
+
+    def wait_for_sites(self) -> None:
+        deadline = time.monotonic() + self.wait_sites_seconds
+        while True:
+            self.identify()
+            answered = set(self.node_site.values()) | self.refused_sites
+            if answered >= set(self.keys) or time.monotonic() >= deadline:
+                return
+            time.sleep(0.5)
+
+    # ------------------------------------------------------------------ one round
+    def epsilon(self, rounds: int | None = None, evals: int | None = None):
+        return planner.epsilon_after(self.d, self.rounds if rounds is None else rounds,
+                                     self.evals if evals is None else evals)
+
+    def event(self) -> dict:
+        return planner.rounds_event(self.d, self.rounds, self.evals)
+
+    def train_round(self) -> dict:
+        t0 = time.monotonic()
+        rnd = self.rounds + 1
+        self.identify()
+        q = self.spec["sample_rate"]
+        sampled = dpfedavg.sample_sites(self.spec["sites"], q)
+        site_node = {s: n for n, s in self.node_site.items()}
+        sends, jobs = {}, {}
+        for s in sampled:
+            if s in site_node:
+                n = site_node[s]
+                jobs[n] = self._job("train", rnd, s)
+                sends[n] = ("train", jobs[n], self.weights)
+        sent_bytes = sum(a.nbytes for a in self.weights) * len(sends)
+        got = self.t.exchange(sends, self.round_timeout)
+        total = [np.zeros_like(a) for a in self.weights]
+        accepted, rejected, recv_bytes = [], {}, 0
+        for n in sends:
+            site = self.node_site[n]
+            if n not in got:  # dropped (killed, cut off): its share counts 0; a restart is a new node
+                rejected[site] = "no reply in time"
+                self.lost[n] = self.node_site.pop(n)
+                continue
+            _, why, arrays, _ = self._check(n, "train", jobs[n], got[n])
+            if why is None:
+                arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
+                recv_bytes += sum(a.nbytes for a in arrays)
+                why = dpfedavg.check_update(arrays, self.shapes, self.clip)
+            if why is not None:
+                rejected[site] = why
+                continue
+            accepted.append(site)
+            for t, a in zip(total, arrays):
+                t += a
+        # the round is spent once the noisy sum is formed, whoever replied
+        if self.private and self.local:  # noise was added at the sites: the plain mean of the replies
+            mean = [t / max(len(accepted), 1) for t in total]
+        elif self.private:
+            z, c = self.d["noise_multiplier"], self.spec["clip_norm"]
+            mean = dpfedavg.noisy_mean(total, z * c, q * self.spec["n_sites"], self.gen)
+        else:
+            mean = [t / max(len(accepted), 1) for t in total]
+        lr = self.spec["server_learning_rate"]
+        self.weights = [w + lr * m for w, m in zip(self.weights, mean)]
+        self.rounds = rnd
+        row = {"round": rnd, "sites": {"sampled": sorted(sampled), "accepted": sorted(accepted),
+                                       "rejected": rejected,
+                                       "not_connected": sorted(s for s in sampled if s not in site_node)},
+               "bytes": {"sent": int(sent_bytes), "received": int(recv_bytes)}}
+        row["eval"] = self.evaluate(rnd) if rnd in self.eval_at else {}
+        row["epsilon"] = self.epsilon()
+        row["evals"] = self.evals
+        row["seconds"] = round(time.monotonic() - t0, 3)
+        self.history.append(row)
+        return row
+
+    def evaluate(self, rnd: int) -> dict:
+        nodes = list(self.node_site)
+        jobs = {n: self._job("evaluate", rnd) for n in nodes}
+        got = self.t.exchange({n: ("evaluate", jobs[n], self.weights) for n in nodes}, self.round_timeout)
+        correct = count = 0.0
+        sites = []
+        for n in nodes:
+            if n not in got:
+                self.lost[n] = self.node_site.pop(n)
+                continue
+            site, why, _, reply = self._check(n, "evaluate", jobs[n], got[n])
+            ev = reply.get("eval") if why is None else None
+            if not ev:
+                continue
+            c, k = float(ev.get("correct", 0)), float(ev.get("count", 0))
+            if not (math.isfinite(c) and math.isfinite(k) and 0 <= c <= k):
+                continue
+            correct, count = correct + c, count + k
+            sites.append(site)
+        if not self.private:
+            acc = correct / count if count else None
+            return {"accuracy": acc, "n": count, "sites": sorted(sites), "dp": False}
+        if self.noise is None:
+            return {}
+        released = self.noise.release([correct, count])  # OpenDP Laplace: the plan's budget per round
+        self.evals += 1
+        s, k = released
+        acc = min(max(s / max(k, 1.0), 0.0), 1.0)
+        ci = ratio_interval(s, k, self.noise.halfwidth(ALPHA_EACH))
+        return {"accuracy": acc, "accuracy_ci95": ci, "n_released": k, "sites": sorted(sites), "dp": True}
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> str:
+        """Train; returns why it stopped: completed, max_epsilon, cancelled."""
+        self.wait_for_sites()
+        self.emit({"event": "sites", "connected": sorted(self.node_site.values()),
+                   "refused": {str(n): w for n, w in self.refused.items()}})
+        cap = self.spec["max_epsilon"]
+        with_eval = self.noise is not None
+        for _ in range(self.spec["rounds"]):
+            if self.cancelled():
+                return "cancelled"
+            nxt = self.rounds + 1
+            if cap is not None and self.epsilon(nxt, self.evals + int(with_eval and nxt in self.eval_at)) > cap:
+                return "max_epsilon"
+            row = self.train_round()
+            self.emit({"event": "round", **row})
+        return "completed"
+
+    def result(self, reason: str) -> dict:
+        return {"stopped": reason, "rounds": self.rounds, "evals": self.evals, "epsilon": self.epsilon(),
+                "event": self.event(), "history": self.history,
+                "sites": {"connected": sorted(self.node_site.values()),
+                          "refused": {str(n): w for n, w in self.refused.items()}},
+                "weights": [a.tolist() for a in self.weights]}

@@ -1,0 +1,173 @@
+"""A federated run from the engine's side (the Celery worker): submit the Flower App to the
+SuperLink with ``flwr run``, follow the ServerApp's progress file, stop it on a cancel.
+
+The job directory (0700, removed after the run) holds ``job.json`` with the plan's details
+and the registered sites' secrets (never in the plan, never in Flower's run config, which
+names only the directory), ``progress.jsonl`` and ``result.json`` written by the ServerApp,
+and ``cancel``, which the engine creates when ``progress`` raises ``Cancelled``: the
+ServerApp finishes the round under way and stops. The release then charges the rounds and
+evaluations done (``Cancelled.actual_event``), as the DP-SGD engine charges its steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from engines.types import Cancelled, EngineError, EngineRequest, Plan, Release
+
+from . import planner, processes
+from .types import Federation
+
+APP_DIR = Path(__file__).resolve().parent / "flwrapp"
+SUBMIT_TIMEOUT = 120.0
+CANCEL_WAIT = 300.0
+
+
+class FederatedRunError(EngineError):
+    code = "federated.failed"
+
+
+def _flwr_home(jobdir: Path, fed: Federation) -> Path:
+    home = jobdir / "flwr"
+    home.mkdir()
+    lines = ['[superlink]', 'default = "service"', '', '[superlink.service]', f'address = "{fed.superlink}"']
+    lines.append("insecure = true" if fed.insecure else f'root-certificates = "{fed.root_certificates}"')
+    (home / "config.toml").write_text("\n".join(lines) + "\n")
+    return home
+
+
+def submit(jobdir: Path, fed: Federation) -> str:
+    home = _flwr_home(jobdir, fed)
+    cmd = [str(processes.BIN / "flwr"), "run", str(APP_DIR), "service", "--run-config", f'job="{jobdir}"',
+           "--format", "json"]
+    out = subprocess.run(cmd, env=processes.env(home), capture_output=True, text=True, timeout=SUBMIT_TIMEOUT)
+    try:
+        res = json.loads(out.stdout[out.stdout.index("{"):])
+    except ValueError:
+        res = {}
+    if out.returncode != 0 or not res.get("success"):
+        raise FederatedRunError(f"flwr run failed ({out.returncode}): {(out.stdout + out.stderr)[-800:]}")
+    return str(res["run-id"])
+
+
+def run_status(jobdir: Path, run_id: str) -> str:
+    cmd = [str(processes.BIN / "flwr"), "ls", "service", "--run-id", run_id, "--format", "json"]
+    out = subprocess.run(cmd, env=processes.env(jobdir / "flwr"), capture_output=True, text=True, timeout=60)
+    try:
+        runs = json.loads(out.stdout[out.stdout.index("{"):]).get("runs", [])
+        return runs[0]["status"] + (f" ({runs[0].get('status-details')})" if runs[0].get("status-details") else "")
+    except (ValueError, IndexError, KeyError):
+        return "unknown"
+
+
+def _round_progress(d: dict, ev: dict) -> dict:
+    rounds = d["spec"]["rounds"]
+    return {"phase": "training", "fraction": round(min(ev["round"] / rounds, 0.99), 4), "round": ev["round"],
+            "rounds": rounds, "epsilon_spent": ev.get("epsilon"), "sites": ev.get("sites"), "eval": ev.get("eval")}
+
+
+def execute(request: EngineRequest, dataset, fed: Federation, plan: Plan, progress, workdir=None) -> Release:
+    d = plan.details
+    if d.get("version") != planner.DETAILS_VERSION:
+        raise EngineError("plan details from an unknown version of the federated engine")
+    if not isinstance(fed, Federation):
+        raise EngineError("a federated dataset runs on its sites: run() needs a Federation, not a table")
+    jobdir = Path(tempfile.mkdtemp(prefix="federated-job-"))
+    os.chmod(jobdir, 0o700)
+    try:
+        (jobdir / "job.json").write_text(json.dumps({
+            "details": d, "site_keys": {s: k for s, k in fed.site_keys.items() if s in d["spec"]["sites"]},
+            "wait_sites_seconds": fed.wait_sites_seconds, "round_timeout": fed.round_timeout}))
+        progress({"phase": "submitting", "fraction": 0.0})
+        run_id = submit(jobdir, fed)
+        return _follow(d, jobdir, run_id, fed, progress, Path(workdir) if workdir else None)
+    finally:
+        shutil.rmtree(jobdir, ignore_errors=True)
+
+
+def _follow(d: dict, jobdir: Path, run_id: str, fed: Federation, progress, workdir: Path | None) -> Release:
+    state = {"seen": 0, "rounds": 0, "evals": 0, "last": time.monotonic()}
+    quiet = fed.wait_sites_seconds + 3 * fed.round_timeout + 60
+    result_path = jobdir / "result.json"
+
+    def drain() -> None:
+        """Forward the ServerApp's new progress lines (a cancel raised here stops the run)."""
+        path = jobdir / "progress.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        complete = lines if not lines or path.read_text().endswith("\n") else lines[:-1]
+        for line in complete[state["seen"]:]:
+            state["seen"] += 1
+            state["last"] = time.monotonic()
+            ev = json.loads(line)
+            if ev.get("event") == "round":
+                state["rounds"], state["evals"] = ev["round"], ev.get("evals", state["evals"])
+                try:
+                    progress(_round_progress(d, ev))
+                except Cancelled as c:
+                    c.actual_event = _cancel(d, jobdir, state["rounds"], state["evals"])
+                    raise
+            elif ev.get("event") in ("sites", "refused"):
+                progress({"phase": "sites", "fraction": 0.0, **{k: v for k, v in ev.items() if k != "event"}})
+
+    while not result_path.exists():
+        drain()
+        if time.monotonic() - state["last"] > quiet:
+            if run_status(jobdir, run_id).startswith("finished"):
+                break
+            state["last"] = time.monotonic()
+        time.sleep(0.2)
+    if not result_path.exists():
+        status = run_status(jobdir, run_id)
+        err = FederatedRunError(f"the ServerApp ended without a result: {status}")
+        err.actual_event = planner.rounds_event(d, state["rounds"], state["evals"]) if state["rounds"] else None
+        raise err
+    drain()
+    result = json.loads(result_path.read_text())
+    return _release(d, result, workdir, run_id)
+
+
+def _cancel(d: dict, jobdir: Path, rounds: int, evals: int) -> dict:
+    """Ask the ServerApp to stop; the event of what it really did (a round may be under way)."""
+    (jobdir / "cancel").touch()
+    deadline = time.monotonic() + CANCEL_WAIT
+    while time.monotonic() < deadline and not (jobdir / "result.json").exists():
+        time.sleep(0.2)
+    if (jobdir / "result.json").exists():
+        r = json.loads((jobdir / "result.json").read_text())
+        return planner.rounds_event(d, r["rounds"], r["evals"])
+    # no answer: charge the round that may have been under way as done
+    return planner.rounds_event(d, min(rounds + 1, d["spec"]["rounds"]),
+                                min(evals + 1, d["evals"]) if d["evals"] else 0)
+
+
+def _release(d: dict, r: dict, workdir: Path | None, run_id: str) -> Release:
+    spec = d["spec"]
+    if r["stopped"] == "failed":
+        err = FederatedRunError(f"federated run failed after {r['rounds']} round(s): {r.get('error')}")
+        err.actual_event = planner.rounds_event(d, r["rounds"], r["evals"]) if r["rounds"] else None
+        raise err
+    if r["stopped"] == "cancelled":
+        c = Cancelled("cancelled")
+        c.actual_event = planner.rounds_event(d, r["rounds"], r["evals"])
+        raise c
+    files = {}
+    if workdir is not None:
+        (workdir / "model.json").write_text(json.dumps({
+            "format": "governance.federated/1", "model": "softmax regression", "weights": r["weights"],
+            "features": spec["features"], "target": spec["target"], "task": spec["task"]}))
+        files["model"] = "model.json"
+    last = r["history"][-1] if r["history"] else {}
+    result = {"flower_run_id": run_id, "mode": spec["mode"], "stopped": r["stopped"], "rounds": r["rounds"],
+              "planned_rounds": spec["rounds"], "epsilon_spent": r["epsilon"], "planned_epsilon": d["planned_epsilon"],
+              "noise_multiplier": d["noise_multiplier"], "sample_rate": spec["sample_rate"],
+              "clip_norm": spec["clip_norm"], "delta": spec["delta"], "registered_sites": spec["sites"],
+              "sites": r["sites"], "history": r["history"], "test": last.get("eval"),
+              "eval_ci95_halfwidth": d["eval_ci95_halfwidth"], "weights": r["weights"], **files}
+    done = r["rounds"] < spec["rounds"] or r["evals"] < d["evals"]
+    return Release(result=result, actual_event=planner.rounds_event(d, r["rounds"], r["evals"]) if done else None)

@@ -1,0 +1,123 @@
+"""The Flower ServerApp and ClientApp of the federated engine (flwr 1.42 Message API).
+
+ServerApp: started by the SuperLink for a run that ``execute`` submitted with ``flwr run``;
+its run config names a job directory (``job``) written by the engine, private to the
+request: ``job.json`` (the plan's details, the registered sites' secrets, timeouts). It
+writes ``progress.jsonl`` (one line per event: sites, refused, round) and ``result.json``
+there, and stops before the next round when ``cancel`` appears in it. The ServerApp runs
+on the machine of the SuperLink, which shares that directory with the Celery worker.
+
+ClientApp: started by each site's SuperNode per message; reads its table and secret from
+the SuperNode's node config (``siteapp``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from . import siteapp
+
+MESSAGE_TYPE = {"hello": "query", "train": "train", "evaluate": "evaluate"}
+
+server_app = ServerApp()
+client_app = ClientApp()
+
+
+def _pack(arrays: list[np.ndarray], meta: dict) -> RecordDict:
+    rd = RecordDict({"meta": ConfigRecord({"json": json.dumps(meta)})})
+    if arrays:
+        rd["arrays"] = ArrayRecord([np.asarray(a) for a in arrays])
+    return rd
+
+
+def _unpack(content: RecordDict) -> tuple[list[np.ndarray], dict]:
+    meta = json.loads(content["meta"]["json"])
+    arrays = content["arrays"].to_numpy_ndarrays() if "arrays" in content else []
+    return arrays, meta
+
+
+class GridTransport:
+    """The coordinator's transport over Flower's Grid (real SuperNodes)."""
+
+    def __init__(self, grid: Grid):
+        self.grid = grid
+
+    def nodes(self):
+        return list(self.grid.get_node_ids())
+
+    def exchange(self, sends: dict, timeout: float) -> dict:
+        if not sends:
+            return {}
+        msgs = [Message(_pack(arrays, job), dst_node_id=n, message_type=MESSAGE_TYPE[kind])
+                for n, (kind, job, arrays) in sends.items()]
+        out = {}
+        for reply in self.grid.send_and_receive(msgs, timeout=timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                out[node] = f"site error {reply.error.code}: {(reply.error.reason or '')[:300]}"
+                continue
+            try:
+                out[node] = _unpack(reply.content)
+            except Exception as e:  # a malformed reply is refused like any bad one
+                out[node] = f"malformed reply: {type(e).__name__}"
+        return out
+
+
+def _site(kind: str, msg: Message, context: Context) -> Message:
+    arrays, job = _unpack(msg.content)
+    arrays, reply = siteapp.handle(kind, job, arrays, dict(context.node_config))
+    return Message(_pack(arrays, reply), reply_to=msg)
+
+
+@client_app.query()
+def hello(msg: Message, context: Context) -> Message:
+    return _site("hello", msg, context)
+
+
+@client_app.train()
+def train(msg: Message, context: Context) -> Message:
+    return _site("train", msg, context)
+
+
+@client_app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return _site("evaluate", msg, context)
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    from .coordinator import Coordinator
+
+    jobdir = Path(str(context.run_config["job"]))
+    job = json.loads((jobdir / "job.json").read_text())
+    log = open(jobdir / "progress.jsonl", "a", buffering=1)
+
+    def emit(event: dict) -> None:
+        log.write(json.dumps(event, default=str) + "\n")
+
+    coord = Coordinator(job["details"], job["site_keys"], GridTransport(grid), emit=emit,
+                        cancelled=lambda: (jobdir / "cancel").exists(),
+                        wait_sites_seconds=job.get("wait_sites_seconds", 30.0),
+                        round_timeout=job.get("round_timeout", 120.0))
+    emit({"event": "started", "pid": os.getpid()})
+    try:
+        reason = coord.run()
+    except BaseException as e:
+        result = coord.result("failed")
+        result["error"] = f"{type(e).__name__}: {e}"
+        _write(jobdir / "result.json", result)
+        raise
+    _write(jobdir / "result.json", coord.result(reason))
+
+
+def _write(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, path)

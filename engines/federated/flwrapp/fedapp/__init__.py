@@ -1,0 +1,1 @@
+"""Flower entry points of the federated engine (see engines/federated/flwr_apps.py)."""

@@ -1,0 +1,70 @@
+"""A site's table: read, checked against the declared schema, split, encoded (site side).
+
+``check_schema`` refuses a table that does not match what the service declared for the
+dataset: a missing column, a numeric column that is not numeric, a categorical column
+whose values fall outside the declared domain. The site then trains nothing and says why
+(the server reports the site as refused); it never encodes a column it was not told about.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engines.dpsgd import features as enc
+
+
+class SchemaMismatch(ValueError):
+    pass
+
+
+def read_table(path: str) -> pa.Table:
+    if path.endswith(".csv"):
+        import pyarrow.csv as pcsv
+
+        return pcsv.read_csv(path)
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path)
+
+
+def schema_fingerprint(columns: list[dict]) -> str:
+    return hashlib.sha256(json.dumps(columns, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def check_schema(table: pa.Table, columns: list[dict]) -> None:
+    problems = []
+    for c in columns:
+        name = c["column"]
+        if name not in table.column_names:
+            problems.append(f"missing column {name!r}")
+            continue
+        col = table.column(name)
+        if c["type"] == "numeric":
+            if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type)):
+                problems.append(f"column {name!r} is {col.type}, declared numeric")
+        else:
+            domain = c["domain"]
+            values = set(pc.unique(col.drop_null()).to_pylist()) if len(col) else set()
+            extra = values - set(domain)
+            if extra:
+                problems.append(f"column {name!r} has {len(extra)} value(s) outside its declared domain")
+    if problems:
+        raise SchemaMismatch("; ".join(problems))
+
+
+def prepare(table: pa.Table, spec: dict, seed: bytes | None = None):
+    """(x_train, y_train, x_test, y_test): usable rows, split at random (``test_fraction``)."""
+    cols = spec["features"] + [spec["target"]]
+    check_schema(table, cols)
+    x = enc.encode_features(table, spec["features"]).astype(np.float64)
+    y, ok = enc.encode_target(table, spec["task"], spec["target"])
+    x, y = x[ok], np.asarray(y)[ok].astype(np.int64)
+    rng = np.random.default_rng(int.from_bytes(seed or os.urandom(16), "little"))
+    test = rng.random(len(x)) < spec["test_fraction"]
+    return x[~test], y[~test], x[test], y[test]

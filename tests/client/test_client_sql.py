@@ -1,0 +1,150 @@
+"""The client's SQL against a live server: several aggregates as one charged request with
+named columns, dummy=True on DuckDB (free, same columns), the privacy-client command line;
+and, without a server, typed errors for an unreachable or silent service."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from governance.models import LedgerEntry, Request
+
+from .conftest import make_client
+
+QUERY = ("SELECT site, COUNT(*) AS n, AVG(income) AS mean_income, MEDIAN(age) AS median_age FROM clinic "
+         "WHERE age < 60 OR site = 'north' GROUP BY site ORDER BY site")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_several_aggregates_are_one_request_with_named_columns_and_intervals(server):
+    result = server.analyst.sql(QUERY, epsilon=0.9)
+    df = result.df
+    assert list(df.columns) == ["site", "n", "mean_income", "median_age", "n_ci_low", "n_ci_high",
+                                "mean_income_ci_low", "mean_income_ci_high", "median_age_ci_low", "median_age_ci_high"]
+    assert list(df["site"]) == sorted(["north", "south", "east", "west"])
+    for c in ("n", "mean_income", "median_age"):
+        assert (df[f"{c}_ci_low"] <= df[c]).all() and (df[c] <= df[f"{c}_ci_high"]).all()
+    assert result.epsilon == pytest.approx(0.9, rel=1e-6)
+    assert Request.objects.count() == 1 and LedgerEntry.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dummy_runs_on_dummy_rows_with_duckdb_charging_nothing_in_the_same_shape(server):
+    pytest.importorskip("duckdb")
+    dummy = server.analyst.sql(QUERY, dummy=True, dummy_rows=200)
+    assert not LedgerEntry.objects.exists() and not Request.objects.exists()
+    real = server.analyst.sql(QUERY, epsilon=0.5)
+    assert list(dummy.df.columns) == list(real.df.columns)
+    assert dummy.raw["dummy"] is True and dummy.df["n"].sum() <= 200
+    simple = server.analyst.sql("SELECT site, COUNT(*) FROM clinic GROUP BY site", dummy=True, dummy_rows=50)
+    assert list(simple.df.columns) == ["value", "ci_low", "ci_high"] and simple.df.index.name == "site"
+    assert simple.df["value"].sum() == 50
+    # the same checks as a real run: a literal outside the declared domain is refused
+    import privacy_client as pc
+
+    with pytest.raises(pc.InvalidRequest) as e:
+        server.analyst.sql("SELECT COUNT(*) FROM clinic WHERE site = 'atlantis'", dummy=True)
+    assert "where[0]" in e.value.errors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_command_line_runs_prices_and_tries_a_query(server, capsys):
+    from privacy_client import cli
+
+    base = ["--url", server.url, "--token", server.tokens["ann"]]
+    assert cli.main(base + ["sql", "SELECT site, COUNT(*) AS n FROM clinic GROUP BY site", "--estimate",
+                            "--epsilon", "0.3"]) == 0
+    assert '"would_admit": true' in capsys.readouterr().out and not LedgerEntry.objects.exists()
+    assert cli.main(base + ["sql", "SELECT site, COUNT(*) AS n FROM clinic GROUP BY site", "--epsilon", "0.3",
+                            "--format", "csv"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == ",site,n,n_ci_low,n_ci_high" and LedgerEntry.objects.count() == 1
+    assert cli.main(base + ["sql", "SELECT COUNT(*) FROM clinic WHERE site LIKE 'n%'", "--epsilon", "0.3"]) == 2
+    err = capsys.readouterr().err
+    assert "sql.unsupported" in err and "part: LIKE" in err
+
+
+def test_an_unreachable_service_is_a_typed_error_not_a_requests_exception():
+    import privacy_client as pc
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = make_client(f"http://127.0.0.1:{port}", "t", retries=0)
+    with pytest.raises(pc.ServerUnreachable) as e:
+        client.datasets()
+    assert e.value.code == "connection.failed" and isinstance(e.value, pc.ApiError)
+    assert "Connection refused" in str(e.value) and e.value.url.startswith("http://127.0.0.1")
+
+
+def test_a_silent_service_is_a_typed_timeout():
+    import privacy_client as pc
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    accepted = []
+    stop = threading.Event()
+
+    def accept():  # take connections, never answer
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        client = make_client(f"http://127.0.0.1:{listener.getsockname()[1]}", "t", timeout=0.3, retries=1)
+        with pytest.raises(pc.ServerTimeout) as e:
+            client.datasets()
+        assert e.value.code == "connection.timeout" and isinstance(e.value, TimeoutError)
+        with pytest.raises(pc.ServerUnreachable):  # a POST is retried (same Idempotency-Key), then raises
+            client.submit_sql("SELECT COUNT(*) FROM clinic", epsilon=0.1)
+        assert len(accepted) >= 3
+    finally:
+        stop.set()
+        t.join()
+        for c in accepted:
+            c.close()
+        listener.close()
+
+
+def test_the_command_line_says_when_the_service_is_unreachable(capsys):
+    from privacy_client import cli
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert cli.main(["--url", f"http://127.0.0.1:{port}", "--token", "t", "datasets"]) == 3
+    assert "connection.failed" in capsys.readouterr().err
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_pandas_like_calls_take_dummy_too(server):
+    pytest.importorskip("duckdb")
+    dummy = server.analyst.mean("clinic", "income", by="site", where=[("age", ">=", 30), ("site", "in", ["north", "east"])],
+                                dummy=True, dummy_rows=300)
+    real = server.analyst.mean("clinic", "income", by="site", where=[("age", ">=", 30), ("site", "in", ["north", "east"])],
+                               epsilon=0.5)
+    assert list(dummy.df.columns) == list(real.df.columns) and dummy.df.index.name == real.df.index.name == "site"
+    assert set(dummy.df.index) <= set(real.df.index)
+    assert server.analyst.count("clinic", dummy=True, dummy_rows=77).df["value"].iloc[0] == 77
+    assert LedgerEntry.objects.count() == 1  # only the real one
+    with pytest.raises(ValueError):
+        server.analyst.histogram("clinic", "site", dummy=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dataset_that_is_not_there_is_named_in_the_error(server):
+    import privacy_client as pc
+
+    with pytest.raises(pc.NotFound) as e:
+        server.analyst.preview("nope")
+    assert "'nope'" in str(e.value) and "datasets()" in str(e.value) and e.value.code == "not_found"
+    with pytest.raises(pc.NotFound):
+        server.analyst.dataset("nope")

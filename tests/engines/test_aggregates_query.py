@@ -1,0 +1,111 @@
+"""The aggregates engine's ``query`` kind (engines/aggregates/query.py): several aggregates,
+one plan and one composed event; composite and binned groups; HAVING / ORDER BY / LIMIT on
+released values; COUNT(DISTINCT unit)."""
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from accounting.events import parse_event
+from engines import plugins
+from engines.aggregates import sql as sqlplan
+from engines.types import DatasetMeta, EngineRequest, PlanError
+
+HUGE = 1e6
+N = 6000
+COLUMNS = {
+    "pid": {"type": "unit"},
+    "age": {"type": "numeric", "lower": 18, "upper": 90},
+    "income": {"type": "numeric", "lower": 0, "upper": 100_000},
+    "site": {"type": "categorical", "domain": ["north", "south", "east"]},
+    "notes": {"type": "text"},
+}
+DS = DatasetMeta("t", COLUMNS, "pid", N, N // 4, 1e-6)
+
+
+@pytest.fixture(scope="module")
+def frame():
+    rng = np.random.default_rng(3)
+    return pd.DataFrame({"pid": rng.integers(0, N // 4, N), "age": rng.integers(18, 91, N),
+                         "income": rng.uniform(0, 100_000, N), "site": rng.choice(["north", "south", "east"], N),
+                         "notes": ["x"] * N})
+
+
+def plan_sql(sql, **options):
+    req = sqlplan.translate(sql, {"epsilon": HUGE, **options})
+    return EngineRequest(req.kind, req.params), plugins.plan("aggregates", EngineRequest(req.kind, req.params), DS)
+
+
+def run_sql(sql, frame, **options):
+    req, plan = plan_sql(sql, **options)
+    return plugins.run("aggregates", req, DS, pa.Table.from_pandas(frame), plan, lambda u: None).result
+
+
+def test_several_aggregates_are_one_plan_with_one_composed_event_costing_the_budget():
+    _, plan = plan_sql("SELECT site, COUNT(*) AS n, AVG(income) AS m, MEDIAN(age) AS med FROM t GROUP BY site",
+                       epsilon=1.0)
+    assert plan.event["kind"] == "composed" and len(plan.event["events"]) == 3
+    assert plan.details["cost"]["epsilon"] == pytest.approx(1.0, rel=1e-9)
+    assert plan.details["cost"]["epsilon"] <= 1.0
+    parse_event(plan.event)  # the ledger takes it
+    assert set(plan.columns) == {"income", "age", "site"}
+
+
+def test_the_answer_equals_pandas_at_a_huge_epsilon_with_named_columns(frame):
+    r = run_sql("SELECT site, FLOOR(age / 10) * 10 AS decade, COUNT(*) AS n, SUM(income) AS total FROM t "
+                "WHERE site = 'north' OR age < 40 GROUP BY site, decade ORDER BY site, decade", frame,
+                max_rows_per_unit=100)
+    assert r["columns"] == ["site", "decade", "n", "total"]
+    sub = frame[(frame.site == "north") | (frame.age < 40)]
+    ref = sub.groupby(["site", (sub.age // 10) * 10]).agg(n=("pid", "size"), total=("income", "sum"))
+    got = {(row[0], row[1]): row for row in r["rows"]}
+    for (site, decade), want in ref.iterrows():
+        row = got[(site, int(decade))]
+        cis = r["ci95"][r["rows"].index(row)]
+        assert row[2] == want["n"] and cis[2][0] <= want["n"] <= cis[2][1]
+        half = (cis[3][1] - cis[3][0]) / 2  # 95% per cell: allow 3 half-widths (one cell in 10^5 misses)
+        assert abs(row[3] - want["total"]) <= 3 * half
+
+
+def test_case_bins_follow_sql(frame):
+    r = run_sql("SELECT CASE WHEN age <= 29 THEN 'young' WHEN age <= 60 THEN 'mid' ELSE 'old' END AS band, "
+                "COUNT(*) AS n FROM t GROUP BY band", frame, max_rows_per_unit=100)
+    ref = pd.cut(frame.age, [-np.inf, 29, 60, np.inf], labels=["young", "mid", "old"]).value_counts()
+    assert {row[0]: row[1] for row in r["rows"]} == ref.to_dict()
+
+
+def test_having_order_and_limit_act_on_released_values(frame):
+    r = run_sql("SELECT FLOOR(age / 10) * 10 AS d, COUNT(*) AS n FROM t GROUP BY d HAVING n > 500 "
+                "ORDER BY n DESC LIMIT 2", frame, max_rows_per_unit=100)
+    counts = frame.groupby((frame.age // 10) * 10).size()
+    want = counts[counts > 500].sort_values(ascending=False).head(2)
+    assert [row[0] for row in r["rows"]] == list(want.index) and len(r["rows"]) == 2
+
+
+def test_count_distinct_of_the_unit_column_counts_units_per_group(frame):
+    r = run_sql("SELECT site, COUNT(DISTINCT pid) AS people FROM t GROUP BY site", frame, max_rows_per_unit=3)
+    ref = frame.groupby("site").pid.nunique()
+    assert {row[0]: row[1] for row in r["rows"]} == ref.to_dict()
+    r = run_sql("SELECT COUNT(DISTINCT pid) AS people FROM t", frame)
+    assert r["rows"] == [[frame.pid.nunique()]]
+
+
+@pytest.mark.parametrize("sql,key,words", [
+    ("SELECT COUNT(DISTINCT site) AS k FROM t", "select[0]", "privacy-unit column 'pid'"),
+    ("SELECT notes, COUNT(*) AS n FROM t GROUP BY notes", "group_by[0]", "declared domain"),
+    ("SELECT FLOOR(notes / 2) AS b, COUNT(*) AS n FROM t GROUP BY b", "group_by[0]", "declared bounds"),
+    ("SELECT COUNT(*) AS n FROM t WHERE site = 'atlantis' OR age < 3", "where[0].or[0][0]", "declared domain"),
+    ("SELECT SUM(notes) AS s FROM t", "select[0].column", "numeric column"),
+    ("SELECT CASE WHEN age < 3 THEN 'a' WHEN age <= 5 THEN 'b' ELSE 'c' END AS b, COUNT(*) AS n FROM t GROUP BY b",
+     None, "CASE mixing"),
+])
+def test_query_errors_name_the_part(sql, key, words):
+    if key is None:  # refused by the SQL reader
+        with pytest.raises(sqlplan.SqlUnsupported) as e:
+            plan_sql(sql)
+        assert words in e.value.part
+        return
+    with pytest.raises(PlanError) as e:
+        plan_sql(sql)
+    assert key in e.value.errors and words in e.value.errors[key], e.value.errors

@@ -1,0 +1,130 @@
+"""The server's rounds over in-process sites (``LocalTransport``; the real processes are in
+test_processes.py): identification, refusals, rejected updates, the cap, a cancel."""
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from engines.federated import coordinator, planner
+from engines.types import EngineRequest
+from tests.federated.helpers import meta, write_sites
+
+SITES = ["a", "b", "c"]
+
+
+@pytest.fixture
+def tables(tmp_path):
+    return write_sites(tmp_path, 4, rows=300)
+
+
+def node(tmp_path, site, table, dataset="clinics", key=None, **extra):
+    kf = tmp_path / f"{site}-{len(list(tmp_path.iterdir()))}.key"
+    kf.write_text(key or f"key-{site}")
+    return {"site": site, "dataset": dataset, "table": str(table), "key-file": str(kf), **extra}
+
+
+def run(tmp_path, nodes, sites=SITES, cancel_after=None, **params):
+    p = planner.make_plan(EngineRequest("train", {"target": "label", "rounds": 3, **params}), meta(sites))
+    events = []
+    state = {"rounds": 0}
+
+    def emit(e):
+        events.append(e)
+        if e.get("event") == "round":
+            state["rounds"] = e["round"]
+
+    c = coordinator.Coordinator(p.details, {s: f"key-{s}" for s in sites},
+                                coordinator.LocalTransport(dict(enumerate(nodes, 1))), emit=emit,
+                                cancelled=lambda: cancel_after is not None and state["rounds"] >= cancel_after,
+                                wait_sites_seconds=0)
+    why = c.run()
+    return c, c.result(why), p
+
+
+def test_it_trains_non_private_fedavg_to_a_useful_model(tmp_path, tables):
+    c, r, _ = run(tmp_path, [node(tmp_path, s, t) for s, t in zip(SITES, tables)], target_epsilon="inf", rounds=5)
+    assert r["stopped"] == "completed" and r["rounds"] == 5
+    assert r["history"][-1]["eval"]["accuracy"] > 0.75
+    assert all(h["sites"]["accepted"] == SITES for h in r["history"])
+
+
+def test_a_private_round_reports_epsilon_and_a_dp_evaluation_with_its_interval(tmp_path, tables):
+    c, r, p = run(tmp_path, [node(tmp_path, s, t) for s, t in zip(SITES, tables)], target_epsilon=8.0,
+                  eval_epsilon=1.0)
+    eps = [h["epsilon"] for h in r["history"]]
+    assert eps == sorted(eps) and eps[-1] == pytest.approx(p.details["planned_epsilon"])
+    ev = r["history"][-1]["eval"]
+    assert ev["dp"] and ev["accuracy_ci95"][0] <= ev["accuracy"] <= ev["accuracy_ci95"][1]
+    assert r["event"] == p.event
+
+
+def test_unregistered_bad_key_other_dataset_and_schema_sites_are_refused(tmp_path, tables):
+    bad_schema = tmp_path / "bad.parquet"
+    pq.write_table(pq.read_table(tables[3]).drop(["color"]), bad_schema)
+    nodes = [node(tmp_path, "a", tables[0]), node(tmp_path, "b", tables[1]),
+             node(tmp_path, "mallory", tables[2]),  # not registered
+             node(tmp_path, "c", tables[2], key="wrong"),  # registered id, wrong secret
+             node(tmp_path, "c", tables[2], dataset="other"),  # registered, serves another dataset
+             ]
+    c, r, _ = run(tmp_path, nodes, target_epsilon="inf", rounds=2)
+    refused = r["sites"]["refused"]
+    assert "unregistered site 'mallory'" in refused["3"]
+    assert "bad MAC" in refused["4"]
+    assert "serves dataset 'other'" in refused["5"]
+    assert r["sites"]["connected"] == ["a", "b"]
+    assert all(set(h["sites"]["accepted"]) == {"a", "b"} for h in r["history"])
+
+    c2, r2, _ = run(tmp_path, [node(tmp_path, "a", tables[0]), node(tmp_path, "b", bad_schema)],
+                    sites=["a", "b"], target_epsilon="inf", rounds=1)
+    assert "schema: missing column 'color'" in r2["sites"]["refused"]["2"]
+
+
+def test_a_second_node_claiming_a_connected_site_is_refused(tmp_path, tables):
+    c, r, _ = run(tmp_path, [node(tmp_path, "a", tables[0]), node(tmp_path, "a", tables[1])], sites=["a"],
+                  target_epsilon="inf", rounds=1)
+    assert "already connected" in r["sites"]["refused"]["2"]
+
+
+@pytest.mark.parametrize("misbehave, why", [("nan", "not_finite"), ("oversized", "norm")])
+def test_nan_and_oversized_updates_are_rejected_never_averaged(tmp_path, tables, misbehave, why):
+    nodes = [node(tmp_path, "a", tables[0]), node(tmp_path, "b", tables[1]),
+             node(tmp_path, "c", tables[2], misbehave=misbehave)]
+    c, r, _ = run(tmp_path, nodes, target_epsilon=8.0)
+    for h in r["history"]:
+        assert why in h["sites"]["rejected"]["c"] and "c" not in h["sites"]["accepted"]
+    assert all(np.all(np.isfinite(np.asarray(w))) for w in r["weights"])
+
+
+def test_the_cap_stops_before_a_round_that_would_pass_it(tmp_path, tables):
+    p = planner.make_plan(EngineRequest("train", {"target": "label", "rounds": 10, "target_epsilon": 4.0}),
+                          meta(SITES))
+    cap = planner.epsilon_after(p.details, 4, 4) * 1.001
+    c, r, _ = run(tmp_path, [node(tmp_path, s, t) for s, t in zip(SITES, tables)], target_epsilon=4.0, rounds=10,
+                  max_epsilon=cap)
+    assert r["stopped"] == "max_epsilon" and r["rounds"] == 4
+    assert r["event"] == planner.rounds_event(p.details, 4, 4) and r["epsilon"] <= cap
+
+
+def test_a_cancel_stops_after_the_round_under_way_and_states_its_rounds(tmp_path, tables):
+    c, r, p = run(tmp_path, [node(tmp_path, s, t) for s, t in zip(SITES, tables)], target_epsilon=3.0,
+                  rounds=5, cancel_after=2)
+    assert r["stopped"] == "cancelled" and r["rounds"] == 2
+    assert r["event"]["events"][0]["steps"] == 2 and r["event"]["events"][1]["count"] == 2
+
+
+def test_poisson_sampling_with_few_sites_per_round(tmp_path, tables):
+    c, r, p = run(tmp_path, [node(tmp_path, s, t) for s, t in zip(SITES, tables)], target_epsilon=8.0,
+                  sites_per_round=1, rounds=6, eval_every=6)
+    assert p.event["events"][0]["sample_rate"] == pytest.approx(1 / 3)
+    sizes = {len(h["sites"]["sampled"]) for h in r["history"]}
+    assert sizes <= {0, 1, 2, 3}
+    assert [bool(h["eval"]) for h in r["history"]] == [False] * 5 + [True]
+
+
+def test_local_dp_mode_trains_with_dp_sgd_at_each_site(tmp_path, tables):
+    c, r, p = run(tmp_path, [node(tmp_path, s, t) for s, t in zip(SITES, tables)], target_epsilon=8.0,
+                  mode="local", rounds=3, local_batch_size=32, eval_epsilon=1.0)
+    assert r["stopped"] == "completed" and all(h["sites"]["accepted"] == SITES for h in r["history"])
+    assert r["epsilon"] == pytest.approx(p.details["planned_epsilon"]) and r["epsilon"] <= 8.0 * (1 + 1e-9)
+    assert r["history"][-1]["eval"]["accuracy"] > 0.6  # noisy DP estimate of a model that learned
+    assert all(np.all(np.isfinite(np.asarray(w))) for w in r["weights"])

@@ -1,0 +1,111 @@
+"""Federated runs on real processes: a ``flower-superlink`` and site agents
+(``python -m engines.federated.site`` -> ``flower-supernode``) on localhost, the engine
+submitting its Flower App with ``flwr run`` (through the plugin manager's hooks)."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from engines import federated, plugins
+from engines.federated import planner
+from engines.federated.types import Federation
+from engines.types import Cancelled, EngineRequest
+from tests.federated.helpers import meta, write_sites
+
+
+
+@pytest.fixture(autouse=True)
+def engine():
+    plugins.pm.register(federated, name="engines.federated-test")
+    yield
+    plugins.pm.unregister(name="engines.federated-test")
+
+
+def fed(cluster, sites, **kw):
+    return Federation(cluster.address, {s: f"key-{s}" for s in sites}, **kw)
+
+
+def test_bad_sites_are_refused_and_bad_updates_rejected_on_real_supernodes(cluster, tmp_path):
+    tables = write_sites(tmp_path, 4, rows=300)
+    schema = tmp_path / "schema.csv"
+    import pyarrow.csv as pcsv
+
+    pcsv.write_csv(pq.read_table(tables[3]).drop(["x2"]), schema)
+    registered = ["a", "b", "c", "e"]  # (an oversized update: test_coordinator.py, in-process)
+    cluster.start_site("a", tables[0])
+    cluster.start_site("b", tables[1])
+    cluster.start_site("c", tables[2], misbehave="nan")
+    cluster.start_site("e", schema)  # registered, but its table lacks a declared column
+    cluster.start_site("mallory", tables[0])  # not registered: its own secret, no registration
+    ds = meta(registered, rows=300)
+    req = EngineRequest("train", {"target": "label", "rounds": 2, "eval_every": 2, "target_epsilon": 8.0,
+                                  "eval_epsilon": 1.0})
+    plan = plugins.plan("federated", req, ds)
+    seen = []
+    out = tmp_path / "out"
+    out.mkdir()
+    rel = plugins.run("federated", req, ds, fed(cluster, registered, wait_sites_seconds=40, round_timeout=30),
+                      plan, seen.append, out)
+    r = rel.result
+    assert r["stopped"] == "completed" and r["rounds"] == 2 and rel.actual_event is None
+    assert sorted(r["sites"]["connected"]) == ["a", "b", "c"]
+    refused = " | ".join(r["sites"]["refused"].values())
+    assert "unregistered site 'mallory'" in refused
+    assert "e: schema: missing column 'x2'" in refused
+    for h in r["history"]:
+        assert h["sites"]["accepted"] == ["a", "b"]
+        assert "not_finite" in h["sites"]["rejected"]["c"]
+    assert r["epsilon_spent"] == pytest.approx(plan.details["planned_epsilon"])
+    assert r["test"]["dp"] and len(r["test"]["accuracy_ci95"]) == 2
+    assert [p["round"] for p in seen if p.get("phase") == "training"] == [1, 2]
+    assert (out / "model.json").exists()
+
+
+def test_a_site_killed_mid_run_and_a_site_joining_late(cluster, tmp_path):
+    tables = write_sites(tmp_path, 4, rows=300)
+    registered = ["a", "b", "c", "d"]
+    for s, t in zip("abc", tables):
+        cluster.start_site(s, t)
+    ds = meta(registered, rows=300)
+    req = EngineRequest("train", {"target": "label", "rounds": 3, "eval_every": 3, "target_epsilon": "inf"})
+    plan = plugins.plan("federated", req, ds)
+
+    def progress(p):
+        if p.get("round") == 1:  # after round 1: c dies (SIGKILL, its SuperNode and ClientApp), d comes up
+            cluster.kill_site("c")
+            cluster.start_site("d", tables[3])
+
+    rel = plugins.run("federated", req, ds, fed(cluster, registered, wait_sites_seconds=5, round_timeout=25),
+                      plan, progress, None)
+    h = rel.result["history"]
+    assert len(h) == 3 and rel.result["stopped"] == "completed"
+    assert h[0]["sites"]["accepted"] == ["a", "b", "c"] and h[0]["sites"]["not_connected"] == ["d"]
+    # c's round-2 update never arrives: the round completes with the others, c's share counts 0
+    assert "c" in h[1]["sites"]["rejected"] and "c" not in h[1]["sites"]["accepted"]
+    assert {"a", "b"} <= set(h[1]["sites"]["accepted"])
+    assert "d" in h[2]["sites"]["accepted"]  # joined late, identified, trained
+    assert "c" not in h[2]["sites"]["accepted"]
+
+
+def test_a_cancel_charges_only_the_rounds_done(cluster, tmp_path):
+    tables = write_sites(tmp_path, 2, rows=300)
+    for s, t in zip("ab", tables):
+        cluster.start_site(s, t)
+    ds = meta(["a", "b"], rows=300)
+    req = EngineRequest("train", {"target": "label", "rounds": 6, "target_epsilon": 3.0, "eval_every": 6})
+    plan = plugins.plan("federated", req, ds)
+    rounds = []
+
+    def progress(p):
+        if p.get("phase") == "training":
+            rounds.append((p["round"], p["epsilon_spent"]))
+            raise Cancelled("cancelled by the analyst")
+
+    with pytest.raises(Cancelled) as e:
+        plugins.run("federated", req, ds, fed(cluster, ["a", "b"], wait_sites_seconds=20, round_timeout=30),
+                    plan, progress, None)
+    assert rounds[0][0] == 1 and rounds[0][1] == pytest.approx(planner.epsilon_after(plan.details, 1, 0))
+    done = e.value.actual_event["steps"]
+    assert done in (1, 2)  # the round under way when the cancel came finishes
+    assert e.value.actual_event == planner.rounds_event(plan.details, done, 0)
