@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Admission benchmark: the cost of the gate (``governance.ledger.admit``) against a bare
+"""Admission benchmark: the cost of the gate (``governance.ledger.actions.admit``) against a bare
 insert of a ledger row, on the same throwaway database, in one run.
 
     .venv/bin/python bench/bench_admission.py                 # SQLite, N = 100000
@@ -113,7 +113,8 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
     from django.test.utils import CaptureQueriesContext
     from django.utils import timezone
 
-    from governance import datasets, ledger
+    from governance.datasets import registry as datasets
+    from governance.ledger import actions as ledger
     from governance.models import Grant, LedgerEntry
 
     perf = time.perf_counter_ns

@@ -13,7 +13,7 @@ For each query (epsilon 1.0, Laplace, one row per unit) it times, with
 ``time.perf_counter`` after warm-up, and prints medians:
 
 * engine, read   ``engines.plugins.plan`` + ``pyarrow.parquet.read_table(columns=plan.columns)``
-                 (what the worker's ``governance.data.load_columns`` does on a cache miss;
+                 (what the worker's ``governance.datasets.data.load_columns`` does on a cache miss;
                  the file is in the OS page cache, nothing is dropped) + ``engines.plugins.run``;
 * engine, mem    plan + run on the columns already in memory (the worker's LRU cache hit);
 * raw, read/mem  the same exact (non-private) aggregate in numpy/pyarrow: the same read,

@@ -12,11 +12,11 @@ What is built (through the service's write path, nothing inserted behind its bac
 
 * dataset ``big``: a chain of exactly ``--records`` audit records (default 100,000), one
   request each: ``ledger.admit`` then ``ledger.commit`` (the commit writes the audit
-  record in its transaction) with an ``audit.Context`` like the worker's (request id,
+  record in its transaction) with an ``trail.Context`` like the worker's (request id,
   engine, kind, params, result digest, worker); every 100th request refunded instead
   (``ledger.release``), every 250th subsampled-Gaussian request committed with fewer steps
   than reserved (a partial refund), every 1,000th request refused at the gate (an event
-  above the budget: ``BudgetExceeded`` -> ``audit.record_refusal``, as submission does).
+  above the budget: ``BudgetExceeded`` -> ``trail.record_refusal``, as submission does).
   Events rotate over Laplace, Gaussian (delta stamped by the ledger, or stated) and
   subsampled Gaussian (DP-SGD); 5 analysts with grants; budget epsilon 1e5, policy rdp.
 * ``--datasets`` - 1 more datasets (default 99) with ``--small`` records each (default
@@ -25,7 +25,7 @@ What is built (through the service's write path, nothing inserted behind its bac
 What is timed (time.perf_counter, medians; the operations of a group interleaved in
 rotating order so machine noise hits them alike; one untimed warm-up each):
 
-* verify   ``audit.verify([big])``: re-hash every record, chain links, agreement with
+* verify   ``verification.verify([big])``: re-hash every record, chain links, agreement with
            the ledger (entry, event, charge), running totals re-composed from the ledger;
   baselines: ``SELECT`` of the chain's rows (raw cursor, fetchall); the same rows re-hashed
   (canonical JSON + sha256 + link check, no ledger checks: what hashing alone costs, and it
@@ -157,8 +157,10 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    from governance import audit, audit_export, datasets, ledger
-    from governance.errors import BudgetExceeded
+    from governance.audit import verification, export as audit_export
+    from governance.ledger import trail, actions as ledger
+    from governance.datasets import registry as datasets
+    from governance.core.errors import BudgetExceeded
     from governance.models import AuditRecord, Budget, Grant, LedgerEntry
 
     perf = time.perf_counter
@@ -201,11 +203,11 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
             entry = ledger.admit(ds, who, event, reference=f"request {i}")
             t1 = time.perf_counter_ns()
         except BudgetExceeded as err:
-            audit.record_refusal(ds, who, event, err, audit.Context(engine=engine, kind=kind, params=params))
+            trail.record_refusal(ds, who, event, err, trail.Context(engine=engine, kind=kind, params=params))
             counts["refuse"] += 1
             return
         admit_ns.append(t1 - t0)
-        ctx = audit.Context(request_id=uuid.uuid4(), engine=engine, kind=kind, params=params,
+        ctx = trail.Context(request_id=uuid.uuid4(), engine=engine, kind=kind, params=params,
                             worker=f"celery@worker{i % 3}", requested_at=entry.created_at)
         t0 = time.perf_counter_ns()
         if i % 100 == 50:
@@ -304,7 +306,7 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
         return json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(), h
 
     def raw_rehash():
-        prev = audit.GENESIS
+        prev = trail.GENESIS
         bad = 0
         for row in raw_rows():
             data, h = canonical_of(row)
@@ -322,7 +324,7 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
             hashlib.sha256(b).hexdigest()
 
     def verify_full():
-        v = audit.verify([big])
+        v = verification.verify([big])
         assert v.ok and v.records == args.records, v.as_dict()
         return v
 
@@ -360,7 +362,7 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
     pdf_render = None
     for attempt in range(args.pdf_retries + 1):
         try:
-            from governance.reports.pdf import render_pdf  # noqa: F401
+            from governance.audit.pdf import render_pdf  # noqa: F401
 
             pdf_render = lambda e: audit_export.render(e, "pdf")[0]  # noqa: E731
             break
@@ -573,7 +575,7 @@ def report(results: list[dict]) -> str:
     row("  median commit/release (+ audit record) us", lambda r: r["fill"]["commit_us"], "{:,.0f}")
     row("  the other datasets: wall s", lambda r: r["fill"]["small_wall_s"], "{:,.1f}")
     add(f"verify the chain of {n:,} records (s)")
-    row("  audit.verify([big]) (re-hash + ledger + totals)", lambda r: r["verify"]["verify"]["median"])
+    row("  verification.verify([big]) (re-hash + ledger + totals)", lambda r: r["verify"]["verify"]["median"])
     row("  raw: SELECT + canonical JSON + sha256 + links", lambda r: r["verify"]["rehash"]["median"])
     row("  raw: plain SELECT of the rows (cursor fetchall)", lambda r: r["verify"]["select"]["median"])
     row("  raw: sha256 alone over the canonical bytes", lambda r: r["verify"]["sha"]["median"], "{:,.3f}")

@@ -54,7 +54,7 @@ from privacy_client import Backoff, Client  # noqa: E402
 
 SETUP = r"""
 import sys
-from governance import datasets
+from governance.datasets import registry as datasets
 from django.contrib.auth import get_user_model
 from governance.models import Grant
 from rest_framework.authtoken.models import Token

@@ -595,7 +595,7 @@ def setup_django(tmp: Path, redis_url: str):
     from django.core.management import call_command
     from rest_framework.authtoken.models import Token
 
-    from governance import datasets
+    from governance.datasets import registry as datasets
     from governance.management.commands.demo import GSS_SCHEMA
     from governance.models import Grant
 
@@ -689,7 +689,7 @@ def latency(args) -> list[str]:
         # epsilon never used before, so no calibration or curve is cached).
         from engines import plugins
         from engines.types import EngineRequest
-        from governance.engine_meta import dataset_meta
+        from governance.datasets.engine_meta import dataset_meta
 
         base = {"target": "realrinc", "target_threshold": 20000, "epochs": args.epochs}
         plan_times = []

@@ -159,7 +159,7 @@ def setup(args, tmp: Path) -> dict:
     from django.core.management import call_command
     from rest_framework.authtoken.models import Token
 
-    from governance import datasets
+    from governance.datasets import registry as datasets
     from governance.models import Grant
 
     assert settings.CELERY_BROKER_URL.startswith("filesystem://"), settings.CELERY_BROKER_URL

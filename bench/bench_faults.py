@@ -17,7 +17,7 @@ with the flags of scripts/services.sh: no RDB snapshots, no AOF, so a restart lo
 queued message; the shared Redis on 63799 is never restarted), then the real processes of
 the image: ``deploy/entrypoint.sh web`` (gunicorn) and two ``deploy/entrypoint.sh worker``
 (``manage.py worker``, prefork, one pool process each): one on the ``cpu`` queue
-(aggregates), one on ``gpu`` (training). The recovery sweep (``governance.recovery.sweep``,
+(aggregates), one on ``gpu`` (training). The recovery sweep (``governance.requests.recovery.sweep``,
 what beat's ``workers.sweep`` and ``manage.py recover`` run) runs in this process every
 ``--sweep-every`` seconds (beat's schedule is fixed at 60 s) with short grace settings,
 given to every process through the environment: REQUEST_HEARTBEAT_SECONDS
@@ -336,7 +336,7 @@ class Clients:
 
 
 class SweepLoop(threading.Thread):
-    """governance.recovery.sweep() every ``every`` seconds, as beat would run it."""
+    """governance.requests.recovery.sweep() every ``every`` seconds, as beat would run it."""
 
     def __init__(self, every: float):
         super().__init__(name="sweep", daemon=True)
@@ -350,7 +350,7 @@ class SweepLoop(threading.Thread):
     def run(self):
         from django.db import connection
 
-        from governance.recovery import sweep
+        from governance.requests.recovery import sweep
 
         while not self.stopping.wait(self.every):
             try:
@@ -440,7 +440,7 @@ def register(args, port: int, tmp: Path) -> dict:
     from django.db import connections
     from rest_framework.authtoken.models import Token
 
-    from governance.demo_data import GSS_SCHEMA
+    from governance.datasets.demo_data import GSS_SCHEMA
 
     officer = get_user_model().objects.create_user("olivia", is_staff=True)
     otoken = Token.objects.create(user=officer).key
@@ -604,16 +604,9 @@ def checks(args, clients: Clients, faults: list[dict], env: dict, sweep_loop: Sw
     from django.db.models import Count
     from django.utils import timezone
 
-    from governance import ledger
+    from governance.ledger import actions as ledger
     from accounting.costs import Cost
-    from governance.models import (
-        AuditRecord,
-        Budget,
-        Dataset,
-        Grant,
-        LedgerEntry,
-        Request,
-    )
+    from governance.models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
 
     ds = Dataset.objects.get(name=DATASET)
     posts = clients.posts

@@ -505,7 +505,9 @@ def make_principals(args, tmp: Path) -> dict:
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
-    from governance import datasets, ledger, submission
+    from governance.datasets import registry as datasets
+    from governance.ledger import actions as ledger
+    from governance.requests import submission
     from accounting import ACCOUNTANTS
     from accounting.costs import price
     from governance.models import Dataset, Grant
@@ -711,7 +713,7 @@ def reliability(args, setup: dict, records: list, env: dict) -> dict:
     """The checks, from the database (and the clients' answers)."""
     from django.db.models import Count
 
-    from governance import ledger
+    from governance.ledger import actions as ledger
     from accounting import ACCOUNTANTS
     from accounting.costs import Cost
     from governance.models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
@@ -878,7 +880,8 @@ def gate_in_process(setup: dict, n: int) -> dict:
     gate, Celery message to Redis on commit), on the "gate" dataset of the same database."""
     from django.contrib.auth import get_user_model
 
-    from governance import ledger, submission
+    from governance.ledger import actions as ledger
+    from governance.requests import submission
     from governance.models import Dataset
 
     ds = Dataset.objects.get(pk=setup["gate_pk"])

@@ -16,7 +16,7 @@ Rows of the table, each closed-loop clients for ``--duration`` seconds:
 - ``drf insert``: POST /bench/insert/ -- a bare DRF endpoint (the service's authentication,
   parsers, renderers) that inserts one row in a transaction;
 - ``celery no-op``: a client sends a no-op task by name and blocks on the worker's reply
-  (a Redis list, as governance.waiting does);
+  (a Redis list, as governance.requests.waiting does);
 - ``drf insert + no-op``: both in one HTTP call (POST /bench/path/);
 - ``dp count, quantum Q``: POST /api/requests/?wait=30 (a count, epsilon 1e-6 * (1 + k *
   1e-9), k unique: nothing is a free replay), then GET ?wait=30 if it was not final; the
@@ -198,7 +198,7 @@ def setup_django(tmp: Path, redis_url: str):
     from django.db import connection, connections
     from rest_framework.authtoken.models import Token
 
-    from governance import datasets
+    from governance.datasets import registry as datasets
     from governance.models import Grant
 
     call_command("migrate", verbosity=0, interactive=False)
@@ -246,8 +246,8 @@ def profile_one(ds_pk, token, n, cprofile=0):
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    from governance import dispatch
-    from governance.execution import execute
+    from governance.core import dispatch
+    from governance.requests.execution import execute
 
     from workers import app
 
@@ -424,7 +424,8 @@ def main():
         # ---------------------------------------------------------------- server split + checks
         from django.db.models import Count
 
-        from governance import audit, ledger
+        from governance.audit import verification
+        from governance.ledger import actions as ledger
         from governance.models import Budget, LedgerEntry, Request
 
         req_rows = {str(r["id"]): r for r in Request.objects.filter(dataset_id=ds_pk).values(
@@ -442,7 +443,7 @@ def main():
             "one committed ledger entry per request": None not in entry_ids and len(set(entry_ids)) == n_req
             and entries == {"committed": n_req},
             "running state == recompute": abs(state.eps - recomputed.eps) <= 1e-9 * max(1.0, abs(state.eps)),
-            "audit chain verifies": audit.verify().ok,
+            "audit chain verifies": verification.verify().ok,
         }
         load1 = os.getloadavg()
 

@@ -274,7 +274,7 @@ def setup_django(tmp: Path, redis_url: str):
     from django.core.management import call_command
     from rest_framework.authtoken.models import Token
 
-    from governance import datasets
+    from governance.datasets import registry as datasets
     from governance.models import Grant
 
     call_command("migrate", verbosity=0, interactive=False)
@@ -487,7 +487,7 @@ def main():
         # ---------------------------------------------------------------- server-side split + checks
         from django.db.models import Count
 
-        from governance import ledger
+        from governance.ledger import actions as ledger
         from governance.models import Budget, LedgerEntry, Request
 
         rows = {str(r["id"]): r for r in Request.objects.filter(dataset_id=ds_pk).values(

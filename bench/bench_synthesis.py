@@ -9,7 +9,7 @@ MST and AIM on ``stevedata/gss_wages``, every table scored by the same report fu
 
 **Data.** ``tests.real_data.gss_wages()`` (61,697 rows, 10 columns) with the declared schema
 ``tests.real_data.GSS_SCHEMA`` completed as the service completes it on registration
-(``governance.dataset_schema.infer_schema`` + ``validate_schema`` on the Arrow table: types, and
+(``governance.datasets.schema.infer_schema`` + ``validate_schema`` on the Arrow table: types, and
 ``integer`` from the Arrow type, i.e. only ``year``: the other numeric columns hold nulls
 and are float64). Split once, 80/20, by a permutation from ``--split-seed``: the 80%
 (49,358 rows) is what every synthesizer trains on, the 20% (12,339 rows) is the holdout.
@@ -130,7 +130,7 @@ def declared_columns(train) -> dict:
     import django
 
     django.setup()
-    from governance.dataset_schema import infer_schema, validate_schema
+    from governance.datasets.schema import infer_schema, validate_schema
     from tests.real_data import GSS_SCHEMA
 
     table = pa.Table.from_pandas(train, preserve_index=False)
@@ -139,7 +139,7 @@ def declared_columns(train) -> dict:
 
 
 def auto_delta(n: int) -> float:
-    from governance.datasets import auto_delta as service_auto_delta
+    from governance.datasets.budget import auto_delta as service_auto_delta
 
     return service_auto_delta(n)
 

@@ -5,10 +5,10 @@ from django.contrib.admin import apps as admin_apps
 
 
 class GovernanceAdminConfig(admin_apps.AdminConfig):
-    """The admin, with the privacy officer's dashboard as its index (governance.admin_site)."""
+    """The admin, with the privacy officer's dashboard as its index (governance.web.admin_site)."""
 
     default = False
-    default_site = "governance.admin_site.GovernanceAdminSite"
+    default_site = "governance.web.admin_site.GovernanceAdminSite"
 
 
 class GovernanceConfig(AppConfig):
@@ -18,7 +18,8 @@ class GovernanceConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks  # noqa: F401  (registers the system checks)
+        from .core import checks  # noqa: F401  (registers the system checks)
+        from .web import admin  # noqa: F401  (registers the models with the admin; Django looks for governance.admin)
 
         from django.conf import settings
 

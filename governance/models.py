@@ -238,9 +238,9 @@ class Request(models.Model):
 class AuditRecord(models.Model):
     """One link of a dataset's hash chain: a release, a refund, a refusal or a replay.
 
-    Written by ``governance.audit.append`` in the transaction (and under the budget row
+    Written by ``governance.ledger.trail.append`` in the transaction (and under the budget row
     lock) of the ledger action it records; never edited or deleted. ``hash`` is the
-    SHA-256 of the record's canonical JSON (``governance.audit.body``), which includes
+    SHA-256 of the record's canonical JSON (``governance.ledger.trail.body``), which includes
     ``prev_hash``, the hash of the record before it (64 zeros for the first).
     """
 

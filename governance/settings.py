@@ -2,7 +2,7 @@
 
 The embedded default needs nothing: SQLite under ./var, DEBUG on, a development secret.
 Production sets DATABASE_URL (PostgreSQL), SECRET_KEY (or SECRET_KEY_FILE), DEBUG=false
-and ALLOWED_HOSTS; the system checks in ``governance.checks`` refuse unsafe mixes.
+and ALLOWED_HOSTS; the system checks in ``governance.core.checks`` refuse unsafe mixes.
 """
 
 import os
@@ -12,7 +12,7 @@ import dj_database_url
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .env import envbool, envint, envlist, envsecret, envstr
+from .core.env import envbool, envint, envlist, envsecret, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("GOVERNANCE_VAR_DIR", str(BASE_DIR / "var")))
@@ -48,7 +48,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "governance.security.SecurityHeaders",
+    "governance.core.security.SecurityHeaders",
 ]
 
 ROOT_URLCONF = "governance.urls"
@@ -143,7 +143,7 @@ RESULTS_DIR = Path(envstr("RESULTS_DIR", str(VAR_DIR / "results")))
 DATASET_IMPORT_DIRS = [Path(p) for p in envlist("DATASET_IMPORT_DIRS", str(DATA_DIR / "import"))]
 MAX_UPLOAD_BYTES = envint("MAX_UPLOAD_BYTES", 2 * 1024**3)
 # A stored table larger than this is read by a worker, not on the request thread (about a
-# CPU second per 50 MB here): the dataset is "pending" until then (governance.datasets).
+# CPU second per 50 MB here): the dataset is "pending" until then (governance.datasets.registry).
 REGISTER_INLINE_BYTES = envint("REGISTER_INLINE_BYTES", 32 * 1024**2)
 # Distributed datasets (execution "distributed", engines/distributed): Parquet partitions
 # registered where they are (not copied), under DATASET_IMPORT_DIRS or an object-store
@@ -159,7 +159,7 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "governance.security.ExpiringTokenAuthentication",
+        "governance.core.security.ExpiringTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -239,7 +239,7 @@ else:
         "visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT", 4 * 3600),
     }
 # Acknowledge after the task ran: a worker that dies mid-task leaves the message to be
-# delivered again (the claim in governance.execution makes the second delivery harmless).
+# delivered again (the claim in governance.requests.execution makes the second delivery harmless).
 CELERY_TASK_ACKS_LATE = True
 # One message at a time per worker process: training runs are long, and a prefetched
 # message would wait behind one while another worker sits idle.
@@ -254,7 +254,7 @@ CELERY_DB_REUSE_MAX = envint("CELERY_DB_REUSE_MAX", 1000)
 # was read); the hard limit kills a task that ignores it. DP-SGD runs need hours, not days.
 CELERY_TASK_SOFT_TIME_LIMIT = envint("CELERY_TASK_SOFT_TIME_LIMIT", 3 * 3600)
 CELERY_TASK_TIME_LIMIT = envint("CELERY_TASK_TIME_LIMIT", 3 * 3600 + 300)
-# Recovery (governance/recovery.py): a running request's worker writes a heartbeat every
+# Recovery (governance/requests/recovery.py): a running request's worker writes a heartbeat every
 # REQUEST_HEARTBEAT_SECONDS; one silent for REQUEST_LOST_AFTER_SECONDS is declared lost by
 # the sweep (the periodic task workers.sweep, or manage.py recover). A queued request not
 # picked up within REQUEST_REQUEUE_AFTER_SECONDS has its task sent again. The default
@@ -268,13 +268,13 @@ CELERY_TASK_TIME_LIMIT = envint("CELERY_TASK_TIME_LIMIT", 3 * 3600 + 300)
 REQUEST_HEARTBEAT_SECONDS = envint("REQUEST_HEARTBEAT_SECONDS", 15)
 REQUEST_LOST_AFTER_SECONDS = envint("REQUEST_LOST_AFTER_SECONDS", 120)
 REQUEST_REQUEUE_AFTER_SECONDS = envint("REQUEST_REQUEUE_AFTER_SECONDS", 60 if EMBEDDED_BROKER else 6 * 3600)
-# Worker liveness (governance/liveness.py): each worker writes a record every
+# Worker liveness (governance/core/liveness.py): each worker writes a record every
 # WORKER_HEARTBEAT_SECONDS (Redis with REDIS_URL, else files in var/workers); it counts as
 # alive while the record is younger than WORKER_ALIVE_SECONDS. `manage.py workers` and the
 # officer's dashboard read them.
 WORKER_HEARTBEAT_SECONDS = envint("WORKER_HEARTBEAT_SECONDS", 10)
 WORKER_ALIVE_SECONDS = envint("WORKER_ALIVE_SECONDS", 3 * WORKER_HEARTBEAT_SECONDS)
-# Release-path side channels (governance/execution.py RunClock; README): what an analyst
+# Release-path side channels (governance/requests/execution.py RunClock; README): what an analyst
 # sees of a run that reads data (progress, the outcome) changes only on ticks this many
 # milliseconds apart from the claim, never when a sampler or query happens to finish.
 RELEASE_QUANTUM_MS = envint("RELEASE_QUANTUM_MS", 1000)

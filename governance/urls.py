@@ -3,7 +3,7 @@ from django.http import HttpResponse, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from . import analyst_views
+from .web import analyst_views
 
 def no_favicon(request):
     return HttpResponse(status=204)

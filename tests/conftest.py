@@ -81,7 +81,7 @@ def csv_bytes():
 @pytest.fixture
 def make_dataset(officer, import_dir):
     """Register a dataset through the action layer: ``make_dataset(name, epsilon=1.0, ...)``."""
-    from governance import datasets
+    from governance.datasets import registry as datasets
 
     def make(name="clinic", *, epsilon=1.0, delta="auto", policy="rdp", unit_column="", activate=True,
              frame=None, schema=None):

@@ -4,7 +4,7 @@ the rows)."""
 
 import functools
 
-from governance.demo_data import GSS_SCHEMA as DEMO_SCHEMA
+from governance.datasets.demo_data import GSS_SCHEMA as DEMO_SCHEMA
 
 GSS_COLUMNS = ["year", "realrinc", "age", "prestg10", "childs", "occrecode", "wrkstat", "gender", "educcat",
                "maritalcat"]

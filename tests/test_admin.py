@@ -3,7 +3,7 @@ table by upload, editing the schema, granting."""
 
 import pytest
 
-from governance import ledger
+from governance.ledger import actions as ledger
 from governance.models import Dataset, Grant
 
 pytestmark = pytest.mark.django_db

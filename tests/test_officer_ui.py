@@ -86,12 +86,12 @@ def test_requests_and_audit_records_are_listed_read_only(officer_client, survey)
 def test_non_officers_are_sent_to_the_login(client, survey, analyst, django_user_model, who):
     from django.contrib.auth.models import Group
 
-    from governance import audit
+    from governance.core import roles
 
     user = analyst
     if who == "auditor":
         user = django_user_model.objects.create_user("audrey")
-        user.groups.add(Group.objects.get_or_create(name=audit.AUDITORS_GROUP)[0])
+        user.groups.add(Group.objects.get_or_create(name=roles.AUDITORS_GROUP)[0])
     client.force_login(user)
     for url in ("/admin/", f"/admin/governance/dataset/{survey.pk}/overview/",
                 f"/admin/governance/audit/export/?dataset={survey.name}&format=json"):
@@ -137,7 +137,7 @@ def test_paging_a_filtered_list_keeps_every_filter_and_the_other_page(officer_cl
     ledger) dropped its filters, the other list's filters and the other list's page."""
     from urllib.parse import parse_qs, urlsplit
 
-    from governance import ledger
+    from governance.ledger import actions as ledger
 
     for _ in range(60):  # > 2 pages of committed entries and of commit records
         ledger.commit(ledger.admit(survey, analyst, {"kind": "laplace", "epsilon": 0.001}))
@@ -170,7 +170,7 @@ def test_paging_a_filtered_list_keeps_every_filter_and_the_other_page(officer_cl
 
 
 def test_the_pager_escapes_what_it_keeps(officer_client, survey, analyst):
-    from governance import ledger
+    from governance.ledger import actions as ledger
 
     for _ in range(30):
         ledger.commit(ledger.admit(survey, analyst, {"kind": "laplace", "epsilon": 0.001}))

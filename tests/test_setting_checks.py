@@ -16,8 +16,8 @@ from django.conf import settings as django_settings
 from django.test import override_settings
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from governance import checks
-from governance.security import RequestCreationThrottle
+from governance.core import checks
+from governance.core.security import RequestCreationThrottle
 
 ROOT = Path(__file__).resolve().parents[1]
 

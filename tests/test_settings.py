@@ -10,8 +10,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from governance import checks
-from governance.env import envbool, envint, envlist, envsecret
+from governance.core import checks
+from governance.core.env import envbool, envint, envlist, envsecret
 
 
 def test_envbool_reads_the_usual_spellings_and_refuses_others(monkeypatch):

@@ -16,7 +16,7 @@ class RequestTask(Task):
     (``transaction.on_commit``). When the message cannot be sent, raising would turn the POST
     of an admitted, charged request into a 500 (the analyst never learns its id); instead
     the request stays ``queued``, marked unsent, and the next recovery sweep sends it
-    (``governance.recovery``, rule 3; ``governance.dispatch.publish_or_mark`` marks it).
+    (``governance.requests.recovery``, rule 3; ``governance.core.dispatch.publish_or_mark`` marks it).
     Seen in bench/bench_faults.py: Redis restarting or unreachable past Celery's publish
     retries (``OperationalError``), and kombu's Redis channel torn down under a publish by
     the reconnection of another thread (``AttributeError: 'NoneType' object has no attribute 'client'``)."""
@@ -24,7 +24,7 @@ class RequestTask(Task):
     def apply_async(self, args=None, kwargs=None, **options):
         if self.app.conf.task_always_eager:  # run in-process (tests): nothing is sent, errors are the task's own
             return super().apply_async(args, kwargs, **options)
-        from governance.dispatch import publish_or_mark
+        from governance.core.dispatch import publish_or_mark
 
         request_id = (args or [None])[0] or (kwargs or {}).get("request_id")
         return publish_or_mark(lambda: super(RequestTask, self).apply_async(args, kwargs, **options), request_id)
@@ -33,26 +33,26 @@ class RequestTask(Task):
 @shared_task(name="workers.run_request", base=RequestTask, acks_late=True, ignore_result=True, bind=True)
 def run_request(self, request_id: str) -> str:
     """Run an admitted request through its engine and commit (or refund) its charge."""
-    from governance.execution import execute
+    from governance.requests.execution import execute
 
     return execute(request_id, worker=self.request.hostname or "")
 
 
 @shared_task(name="workers.register_dataset", acks_late=True, ignore_result=True)
 def register_dataset(dataset_id: int) -> str:
-    """Read a pending dataset's table off the request thread (governance.datasets)."""
-    from governance.datasets import finish_registration
+    """Read a pending dataset's table off the request thread (governance.datasets.registry)."""
+    from governance.datasets.registry import finish_registration
 
     return finish_registration(dataset_id)
 
 
 @shared_task(name="workers.sweep", ignore_result=True)
 def sweep() -> dict:
-    """The recovery sweep (governance.recovery), run every minute by Celery beat."""
+    """The recovery sweep (governance.requests.recovery), run every minute by Celery beat."""
     from django.conf import settings
 
-    from governance.datasets import resend_stale_registrations
-    from governance.recovery import sweep as run_sweep
+    from governance.datasets.registry import resend_stale_registrations
+    from governance.requests.recovery import sweep as run_sweep
 
     out = run_sweep()
     out["registrations"] = resend_stale_registrations(settings.REQUEST_LOST_AFTER_SECONDS)
@@ -64,9 +64,9 @@ _HEARTBEAT = []
 
 @worker_ready.connect
 def _start_heartbeat(sender=None, **_kwargs):
-    """The worker's liveness record (governance.liveness), every WORKER_HEARTBEAT_SECONDS
+    """The worker's liveness record (governance.core.liveness), every WORKER_HEARTBEAT_SECONDS
     from the main process: ``manage.py workers`` and the officer's dashboard read it."""
-    from governance.liveness import Heartbeat
+    from governance.core.liveness import Heartbeat
 
     try:
         queues = list(sender.app.amqp.queues.consume_from or {})
@@ -84,8 +84,8 @@ def _stop_heartbeat(**_kwargs):
 @worker_process_shutdown.connect
 @worker_shutdown.connect
 def _write_pending_outcomes(**_kwargs):
-    """A worker stopping cleanly writes the outcomes waiting for their tick first (governance.releaser)."""
-    from governance.releaser import RELEASER
+    """A worker stopping cleanly writes the outcomes waiting for their tick first (governance.requests.releaser)."""
+    from governance.requests.releaser import RELEASER
 
     RELEASER.drain()
 

@@ -1,5 +1,5 @@
 """The Celery no-op of the baseline: it only answers on a Redis list the caller blocks on
-(as a worker's finishing commit signals a waiting web thread, governance.waiting)."""
+(as a worker's finishing commit signals a waiting web thread, governance.requests.waiting)."""
 
 import functools
 

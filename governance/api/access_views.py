@@ -14,12 +14,14 @@ from rest_framework.decorators import action, api_view
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from .. import audit
-from ..errors import InvalidRequest
+from ..core import roles
+from ..core.errors import InvalidRequest
+from ..core.roles import role_of
+from ..core.roles import is_officer
 from ..models import Grant
 from . import serializers as s
-from .common import FormatSuffix, User, role_of
-from .permissions import IsOfficer, OfficerWritesOnly, is_officer
+from .common import FormatSuffix, User
+from .permissions import IsOfficer, OfficerWritesOnly
 
 
 class GrantViewSet(FormatSuffix, viewsets.ModelViewSet):
@@ -93,7 +95,7 @@ class AnalystViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
             if data.validated_data["role"] == "auditor":
                 from django.contrib.auth.models import Group
 
-                user.groups.add(Group.objects.get_or_create(name=audit.AUDITORS_GROUP)[0])
+                user.groups.add(Group.objects.get_or_create(name=roles.AUDITORS_GROUP)[0])
             token = Token.objects.create(user=user)
         return Response({"id": user.pk, "username": user.username, "role": data.validated_data["role"],
                          "token": token.key}, status=201)

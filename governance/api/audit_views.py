@@ -16,9 +16,10 @@ from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.response import Response
 
-from .. import audit, audit_export
-from ..datasets import NAME_RE
-from ..errors import InvalidRequest
+from ..audit import export as audit_export, verification
+from ..core import roles
+from ..core.errors import InvalidRequest
+from ..datasets.registry import NAME_RE
 from ..models import AuditRecord
 from .common import FormatSuffix
 
@@ -27,7 +28,7 @@ class CanAudit(BasePermission):
     message = "Only privacy officers and auditors may read the audit trail."
 
     def has_permission(self, request, view):
-        return audit.can_audit(request.user)
+        return roles.can_audit(request.user)
 
 
 class AuditRecordSerializer(serializers.ModelSerializer):
@@ -75,7 +76,7 @@ class AuditViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMixi
     @action(detail=False, methods=["get"])
     def verify(self, request):
         """Re-hash the chains and check them against the ledger (``manage.py audit verify``)."""
-        return Response(audit.verify(_datasets(request), stop_at_first=False).as_dict())
+        return Response(verification.verify(_datasets(request), stop_at_first=False).as_dict())
 
     @extend_schema(
         parameters=[OpenApiParameter("dataset", str, required=True,

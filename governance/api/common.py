@@ -16,10 +16,9 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.http import FileResponse
 
-from .. import audit
+from ..core.raw_rows import concrete, from_row
+from ..core.roles import is_officer
 from ..models import Dataset, Grant, LedgerEntry, Request
-from ..raw_rows import concrete, from_row
-from .permissions import is_officer
 
 User = get_user_model()
 
@@ -108,15 +107,6 @@ class FormatSuffix:
 
     def get_format_suffix(self, **kwargs):
         return getattr(self, "_format_suffix", None)
-
-
-
-def role_of(user) -> str:
-    if is_officer(user):
-        return "privacy_officer"
-    return "auditor" if audit.is_auditor(user) else "analyst"
-
-
 
 
 def file_response(path, name: str) -> FileResponse:

@@ -12,17 +12,18 @@ from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from .. import audit, estimates, ledger
-from .. import datasets as ds_actions
-from .. import preview as dummy_data
-from ..errors import InvalidRequest
+from ..core.errors import InvalidRequest
+from ..core.roles import is_officer
+from ..datasets import registry as ds_actions
+from ..datasets import preview as dummy_data
+from ..datasets.preview import DEFAULT_PREVIEW_ROWS, MAX_PREVIEW_ROWS
+from ..datasets.recommendations import RANGES, recommend
+from ..ledger import actions as ledger, estimates, trail
 from ..models import Dataset, LedgerEntry
-from ..preview import DEFAULT_PREVIEW_ROWS, MAX_PREVIEW_ROWS
-from ..recommendations import RANGES, recommend
 from . import serializers as s
 from .common import FormatSuffix, visible_datasets
 from .parsers import FormParser, JSONParser, MultiPartParser
-from .permissions import IsOfficer, OfficerWritesOnly, is_officer
+from .permissions import IsOfficer, OfficerWritesOnly
 
 
 class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -68,7 +69,7 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
             unit_column=v.get("unit_column", ""), schema=schema, budget_epsilon=v["budget_epsilon"],
             budget_delta=v.get("budget_delta", "auto"), policy=v["policy"], activate=v["activate"],
             execution=v["execution"])
-        pending = ds.status == Dataset.Status.PENDING  # a large table: read by a worker (datasets.py)
+        pending = ds.status == Dataset.Status.PENDING  # a large table: read by a worker (governance/datasets/registry.py)
         return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data,
                         status=status.HTTP_202_ACCEPTED if pending else status.HTTP_201_CREATED)
 
@@ -109,7 +110,7 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         data.is_valid(raise_exception=True)
         v = data.validated_data
         if "sql" in v or "kind" in v:
-            from ..submission import plan_request
+            from ..requests.submission import plan_request
 
             if "sql" in v:
                 from .sql_requests import from_sql
@@ -158,13 +159,13 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         ds = self.get_object()
         data = s.ChargeInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        from ..submission import GATE_REFUSALS
+        from ..requests.submission import GATE_REFUSALS
 
         try:
             entry = ledger.charge(ds, request.user, data.validated_data["event"],
                                   reference=data.validated_data["reference"])
         except GATE_REFUSALS as e:
-            audit.record_refusal(ds, request.user, data.validated_data["event"], e, audit.Context(
+            trail.record_refusal(ds, request.user, data.validated_data["event"], e, trail.Context(
                 kind="external charge", detail=data.validated_data["reference"]))
             raise
         return Response(s.LedgerEntrySerializer(entry).data, status=status.HTTP_201_CREATED)

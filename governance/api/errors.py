@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 from rest_framework.views import set_rollback
 
-from ..errors import GovernanceError
+from ..core.errors import GovernanceError
 from .parsers import RequestTooLarge
 
 # An error body is for people: a hostile request (a million unknown parameters) must not

@@ -8,11 +8,11 @@ from rest_framework.response import Response
 
 from accounting import ACCOUNTANTS
 
-from .. import ledger
-from ..estimates import bounded_work
+from ..core.roles import is_officer
+from ..ledger import actions as ledger
+from ..ledger.estimates import bounded_work
 from ..models import LedgerEntry
 from . import serializers as s
-from .permissions import is_officer
 
 
 class LedgerViewSet(viewsets.ReadOnlyModelViewSet):

@@ -1,9 +1,6 @@
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
-
-def is_officer(user) -> bool:
-    """Privacy officers are staff users."""
-    return bool(user and user.is_authenticated and user.is_staff)
+from ..core.roles import is_officer
 
 
 class IsOfficer(BasePermission):

@@ -15,13 +15,13 @@ from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 
-from ..dispatch import app
-from ..errors import InvalidRequest
+from ..core.dispatch import app
+from ..core.errors import InvalidRequest
+from ..core.roles import is_officer
 from ..models import Request
-from ..waiting import MAX_WAIT_SECONDS, apply_final_state, parse_wait, wait_final
+from ..requests.waiting import MAX_WAIT_SECONDS, apply_final_state, parse_wait, wait_final
 from . import serializers as s
 from .common import FormatSuffix, file_response, usable_dataset, visible_request
-from .permissions import is_officer
 
 WAIT_PARAM = OpenApiParameter(
     "wait", float, OpenApiParameter.QUERY, required=False,
@@ -41,7 +41,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
     filterset_fields = {"status": ["exact"], "dataset__name": ["exact"], "engine": ["exact"], "kind": ["exact"]}
 
     def get_throttles(self):
-        from ..security import RequestCreationThrottle
+        from ..core.security import RequestCreationThrottle
 
         return [RequestCreationThrottle()] if self.action == "create" else []
     ordering_fields = ["created_at"]
@@ -76,7 +76,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         answered is replayed from the stored release at no cost (200, ``replayed: true``).
         With ``?wait=seconds`` the answer waits up to that long for the result (same status
         code; the body shows the request as it is when the wait ends)."""
-        from ..submission import submit
+        from ..requests.submission import submit
 
         key = _idempotency_key(request)
         wait = _wait(request)
@@ -140,7 +140,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
     def cancel(self, request, pk=None):
         """Cancel: a queued request is cancelled and refunded; a running one is asked to stop
         (its data was read, the charge stands); a finished one gives 409."""
-        from ..submission import cancel
+        from ..requests.submission import cancel
 
         req = self.get_object()
         if req.analyst_id != request.user.pk and not is_officer(request.user):
@@ -156,7 +156,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
     def files(self, request, pk=None, name=None):
         """Download a file the request released (a trained model, a plot, a table): listed
         with its size and SHA-256 in ``result.files``. Only the analyst who asked may."""
-        from ..execution import results_dir
+        from ..requests.execution import results_dir
 
         req = self.get_object()
         listed = {f["name"] for f in ((req.result or {}).get("files") or [])}
@@ -176,7 +176,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
     def officer_files(self, request, pk=None, name=None):
         """Download a file of the officer's report (e.g. a synthetic table's quality and
         privacy report as HTML): privacy officers only; they are computed on the private rows."""
-        from ..execution import results_dir
+        from ..requests.execution import results_dir
 
         req = self.get_object()
         listed = {f["name"] for f in ((req.officer_report or {}).get("files") or [])}

@@ -8,9 +8,9 @@ from accounting import POLICIES
 from accounting.events import MAX_EPSILON
 from accounting.costs import Cost
 
-from ..limits import Limit, budget_report, charge_summary
+from ..ledger.limits import Limit, budget_report, charge_summary
+from ..ledger.refined_reports import active_event, dataset_report, entry_charge
 from ..models import Dataset, Grant, LedgerEntry, Request
-from ..refined_reports import active_event, dataset_report, entry_charge
 
 User = get_user_model()
 
@@ -166,7 +166,7 @@ class GrantSerializer(serializers.ModelSerializer):
         return budget_report(Cost.from_json(grant.state), limit, active_event(ds, grant) if one else None)
 
     def validate_analyst(self, user):
-        from ..audit import is_auditor
+        from ..core.roles import is_auditor
 
         if user.is_staff:
             raise serializers.ValidationError("Privacy officers need no grant.")
@@ -217,7 +217,7 @@ class AnalystSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "is_staff", "date_joined"]
 
     def get_role(self, user) -> str:
-        from ..audit import is_auditor
+        from ..core.roles import is_auditor
 
         return "auditor" if is_auditor(user) else "analyst"
 
@@ -326,7 +326,7 @@ def request_charge(req, request) -> dict:
     entry = req.ledger_entry
     if entry is None or entry.status == LedgerEntry.Status.RELEASED:
         return {**charge_summary(Cost.zero(), req.dataset.budget_delta), "ledger_status": entry and entry.status}
-    # rdp with refined_epsilon / refined_order: the order off the grid (governance/refined_reports.py);
+    # rdp with refined_epsilon / refined_order: the order off the grid (governance/ledger/refined_reports.py);
     # not in the answer to the POST that admitted it (the admission path stays as fast as it was)
     refine = request is None or request.method == "GET"
     return {**entry_charge(entry, req.dataset.budget_delta, refine=refine), "ledger_status": entry.status}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from engines.aggregates import sql as sqlplan
 
-from ..errors import InvalidRequest, SqlInvalid, SqlUnsupported
+from ..core.errors import InvalidRequest, SqlInvalid, SqlUnsupported
 
 
 def from_sql(sql: str, options, dataset: str | None = None) -> sqlplan.SqlRequest:

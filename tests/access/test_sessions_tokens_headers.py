@@ -285,7 +285,7 @@ def settings_in_a_process(env: dict) -> dict:
 
 
 def test_production_settings_read_secrets_from_files_and_turn_debug_off(tmp_path):
-    """The settings module itself (not only governance.env) reads SECRET_KEY_FILE and
+    """The settings module itself (not only governance.core.env) reads SECRET_KEY_FILE and
     DATABASE_URL_FILE, and they win over the plain variables; DEBUG=false makes the
     cookies secure. (Deploy files set DEBUG=false: tests/deploy; the deploy checks refuse
     DEBUG on and the development key: tests/test_settings.py.)"""

@@ -134,7 +134,7 @@ def test_it_runs_as_a_pipe():
 
 @pytest.mark.django_db
 def test_a_datasets_committed_history_is_composed_off_the_grid(make_dataset, officer):
-    from governance import ledger, limits
+    from governance.ledger import actions as ledger, limits
 
     ds = make_dataset(epsilon=5.0, delta=1e-5)
     for event in ({"kind": "subsampled_gaussian", "sample_rate": 0.001, "noise_multiplier": 1.5, "steps": 1000},

@@ -2,8 +2,8 @@
 
 import pytest
 
-from governance import ledger
-from governance.errors import BudgetExceeded
+from governance.ledger import actions as ledger
+from governance.core.errors import BudgetExceeded
 from governance.models import Budget, Grant, LedgerEntry
 
 from .conftest import assert_error

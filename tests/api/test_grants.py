@@ -2,8 +2,8 @@
 
 import pytest
 
-from governance import ledger
-from governance.errors import BudgetExceeded, NoGrant
+from governance.ledger import actions as ledger
+from governance.core.errors import BudgetExceeded, NoGrant
 from governance.models import Grant
 
 from .conftest import assert_error

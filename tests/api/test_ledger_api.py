@@ -2,7 +2,7 @@
 
 import pytest
 
-from governance import ledger
+from governance.ledger import actions as ledger
 from governance.models import LedgerEntry
 
 from .conftest import assert_error

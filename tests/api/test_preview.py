@@ -72,7 +72,7 @@ def test_bad_parameters_are_400(api, analyst, twins, query, field):
 
 
 def test_a_wide_table_gets_fewer_rows(api, analyst, twins, monkeypatch):
-    from governance import preview
+    from governance.datasets import preview
 
     monkeypatch.setattr(preview, "MAX_PREVIEW_CELLS", 400)  # 4 columns: at most 100 rows
     assert api(analyst).get("/api/datasets/twin-a/preview/?rows=100").status_code == 200
@@ -85,7 +85,7 @@ def test_a_wide_table_gets_fewer_rows(api, analyst, twins, monkeypatch):
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from governance.preview import dummy_rows  # noqa: E402
+from governance.datasets.preview import dummy_rows  # noqa: E402
 
 _bounds = st.tuples(st.floats(-1e12, 1e12), st.floats(-1e12, 1e12)).filter(lambda b: b[0] < b[1])
 _column = st.one_of(

@@ -114,7 +114,7 @@ def test_the_sweep_sends_a_lost_registration_again(api, officer, csv_bytes, off_
 
 
 def test_a_second_delivery_changes_nothing(api, officer, csv_bytes, off_thread, django_capture_on_commit_callbacks):
-    from governance.datasets import finish_registration
+    from governance.datasets.registry import finish_registration
 
     with django_capture_on_commit_callbacks(execute=True):
         api(officer).post(URL, form(csv_bytes), format="multipart")

@@ -83,7 +83,7 @@ def test_the_docs_load_nothing_from_another_host_and_keep_the_csp(client):
     inline script: the CSP's script-src 'self' allows no other), and the page has the CSP."""
     from django.contrib.staticfiles import finders
 
-    from governance.security import CSP
+    from governance.core.security import CSP
 
     r = client.get("/api/docs/")
     assert r.status_code == 200

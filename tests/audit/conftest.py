@@ -3,8 +3,8 @@
 import pytest
 from django.db import connection
 
-from governance import audit, ledger
-from governance.submission import GATE_REFUSALS
+from governance.ledger import trail, actions as ledger
+from governance.requests.submission import GATE_REFUSALS
 
 EVENTS = [
     {"kind": "laplace", "epsilon": 0.1},
@@ -17,7 +17,7 @@ EVENTS = [
 
 
 def ctx(**kw):
-    return audit.Context(engine="aggregates", kind="count", params={"column": "age", "note": "ü<b>&"}, **kw)
+    return trail.Context(engine="aggregates", kind="count", params={"column": "age", "note": "ü<b>&"}, **kw)
 
 
 def build_history(ds, analysts, n=30):
@@ -28,7 +28,7 @@ def build_history(ds, analysts, n=30):
         try:
             entry = ledger.admit(ds, who, event, reference=f"request {i}")
         except GATE_REFUSALS as err:
-            audit.record_refusal(ds, who, event, err, ctx())
+            trail.record_refusal(ds, who, event, err, ctx())
             out["refuse"] += 1
             continue
         if i % 5 == 4:

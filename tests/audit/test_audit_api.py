@@ -10,7 +10,8 @@ import pytest
 from django.contrib.auth.models import Group
 from django.core.management import call_command
 
-from governance import audit
+from governance.core import roles
+from governance.ledger import trail
 from accounting import ACCOUNTANTS, parse_event
 from accounting.costs import cost_of, resolve
 from governance.models import AuditRecord
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def auditor(django_user_model):
     user = django_user_model.objects.create_user("audrey")
-    user.groups.add(Group.objects.get_or_create(name=audit.AUDITORS_GROUP)[0])
+    user.groups.add(Group.objects.get_or_create(name=roles.AUDITORS_GROUP)[0])
     return user
 
 
@@ -93,7 +94,7 @@ def test_json_export_recomposes_to_its_totals(history, api, auditor):
     prev = export["hashing"]["genesis"]
     for rec in d["records"]:
         body = {k: v for k, v in rec.items() if k != "hash"}
-        assert rec["prev_hash"] == prev and audit.digest(body) == rec["hash"]
+        assert rec["prev_hash"] == prev and trail.digest(body) == rec["hash"]
         prev = rec["hash"]
     assert prev == d["head"]["hash"]
     # re-compose the committed events from the export alone

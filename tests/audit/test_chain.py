@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from governance import audit
+from governance.ledger import trail
 from accounting import ACCOUNTANTS
 from accounting.costs import Cost
 from governance.models import AuditRecord, Budget, LedgerEntry
@@ -42,7 +42,7 @@ def test_every_final_ledger_change_has_one_record(history):
     assert {a: sum(r.action == a for r in recs) for a in counts} == counts
     finals = LedgerEntry.objects.filter(dataset=ds).exclude(status="reserved")
     assert sorted(r.ledger_entry_id for r in recs if r.ledger_entry_id) == sorted(e.pk for e in finals)
-    assert recs[0].prev_hash == audit.GENESIS
+    assert recs[0].prev_hash == trail.GENESIS
     assert all(b.prev_hash == a.hash for a, b in itertools.pairwise(recs))
     budget = Budget.objects.get(pk=ds.pk)
     assert budget.audit_seq == len(recs) and budget.audit_head == recs[-1].hash
@@ -104,7 +104,7 @@ def test_edited_charge_with_a_recomputed_hash_disagrees_with_the_ledger(history,
     ds, _ = history
     rec = AuditRecord.objects.filter(dataset=ds, action="commit").order_by("seq")[2]
     rec.charge = {k: {**v, "epsilon": 0.0} for k, v in rec.charge.items()}
-    new_hash = audit.digest(audit.body(rec, ds.name))
+    new_hash = trail.digest(trail.body(rec, ds.name))
     sql(f"UPDATE {T} SET charge = %s, hash = %s WHERE id = %s", [json.dumps(rec.charge), new_hash, rec.pk])
     code, _, err = run_verify()
     assert code == 1 and f"record {rec.seq} " in err and "charge differs" in err
@@ -120,7 +120,7 @@ def test_a_rewritten_tail_is_found_by_the_ledger_agreement(history, tamperer):
         if rec.pk == target.pk:
             rec.event = {"kind": "laplace", "epsilon": 1e-6}
         rec.prev_hash = prev
-        rec.hash = audit.digest(audit.body(rec, ds.name))
+        rec.hash = trail.digest(trail.body(rec, ds.name))
         sql(f"UPDATE {T} SET event = %s, prev_hash = %s, hash = %s WHERE id = %s",
             [json.dumps(rec.event), rec.prev_hash, rec.hash, rec.pk])
         prev = rec.hash
@@ -175,7 +175,7 @@ def test_a_committed_entry_without_record_is_found(history, tamperer):
     for r in recs:
         r.seq -= 1
         r.prev_hash = prev
-        r.hash = audit.digest(audit.body(r, ds.name))
+        r.hash = trail.digest(trail.body(r, ds.name))
         sql(f"UPDATE {T} SET seq = %s, prev_hash = %s, hash = %s WHERE id = %s", [r.seq, r.prev_hash, r.hash, r.pk])
         prev = r.hash
     sql(f"UPDATE {Budget._meta.db_table} SET audit_head = %s, audit_seq = audit_seq - 1 WHERE dataset_id = %s",

@@ -1,4 +1,4 @@
-"""The PDF audit report (governance.reports.pdf) on export dicts built here: no database.
+"""The PDF audit report (governance.audit.pdf) on export dicts built here: no database.
 
 Text is looked for in the uncompressed PDF (``render_pdf(..., compress=False)``): the
 built-in fonts write each line as a literal string, ``(...) Tj``.
@@ -10,7 +10,7 @@ import math
 import re
 from datetime import UTC, datetime, timedelta
 
-from governance.reports.pdf import render_pdf
+from governance.audit.pdf import render_pdf
 
 GENESIS = "0" * 64
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -96,7 +96,7 @@ def export_dataset(name: str, n: int, *, policy: str = "rdp", epsilon: float = 3
 
 
 def make_export(n: int = 14, *, broken: bool = False, datasets=None) -> dict:
-    """An export as governance.audit_export.build makes it: "survey" (rdp, ``n`` records,
+    """An export as governance.audit.export.build makes it: "survey" (rdp, ``n`` records,
     an "inf" charge at the end) and "census" (basic, a few records)."""
     if datasets is None:
         datasets = [export_dataset("survey", n, with_inf=True), export_dataset("census", 5, policy="basic", epsilon=1.0)]

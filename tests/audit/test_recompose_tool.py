@@ -20,9 +20,11 @@ import pytest
 from django.conf import settings
 from django.db import transaction
 
-from governance import audit, audit_export, datasets, ledger
+from governance.ledger import trail, actions as ledger
+from governance.audit import export as audit_export
+from governance.datasets import registry as datasets
 from governance.models import Dataset, Grant
-from governance.submission import GATE_REFUSALS
+from governance.requests.submission import GATE_REFUSALS
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "recompose_audit.py"
@@ -46,7 +48,7 @@ NON_PRIVATE = {"kind": "composed", "events": [{"kind": "laplace", "epsilon": 0.0
 
 
 def ctx(**kw):
-    return audit.Context(engine="aggregates", kind="count", params={"column": "age", "note": "ü<b>&"}, **kw)
+    return trail.Context(engine="aggregates", kind="count", params={"column": "age", "note": "ü<b>&"}, **kw)
 
 
 def register(officer, name, policy, epsilon=3.0):
@@ -70,7 +72,7 @@ def build_history(ds, analysts, n=40, non_private=False):
         try:
             entry = ledger.admit(ds, who, event, reference=f"request {i}")
         except GATE_REFUSALS as err:
-            audit.record_refusal(ds, who, event, err, ctx())
+            trail.record_refusal(ds, who, event, err, ctx())
             counts["refuse"] += 1
             continue
         if i % 5 == 4:
@@ -84,7 +86,7 @@ def build_history(ds, analysts, n=40, non_private=False):
             counts["commit"] += 1
         if i == 6:
             with transaction.atomic():
-                audit.record_replay(ds, who, ctx())
+                trail.record_replay(ds, who, ctx())
             counts["replay"] += 1
     return counts
 
@@ -527,7 +529,7 @@ def pld_export(officer, analyst, tmp_path):
     plan = plugins.plan("synthesis", EngineRequest("synthesize", params), meta)
     assert plan.details["certified_by"] == "pld" and plan.details["planned_epsilon"] > 2.0
     entry = ledger.admit(ds, analyst, plan.event, reference="mst")
-    ledger.commit(entry, audit_ctx=audit.Context(engine="synthesis", kind="synthesize", params=params,
+    ledger.commit(entry, audit_ctx=trail.Context(engine="synthesis", kind="synthesize", params=params,
                                                  outcome="succeeded"))
     path = tmp_path / "pld.json"
     path.write_bytes(audit_export.to_json(audit_export.build([ds])))

@@ -14,9 +14,10 @@ import math
 import pytest
 from django.db import connection, transaction
 
-from governance import audit, audit_export, ledger
+from governance.audit import verification, export as audit_export
+from governance.ledger import trail, actions as ledger
 from governance.models import AuditRecord
-from governance.submission import GATE_REFUSALS
+from governance.requests.submission import GATE_REFUSALS
 
 EXTREME_NUMBERS = [1e16, -1e16, 1.5e16, 123456789012345678.0, 1e308, -1e308, 1.7976931348623157e308, 5e-324,
                    -5e-324, -0.0, 0.0, 2**63, -(2**63), 2**64 + 1, 2**53 + 1, 10**30, 1e-7, 0.1 + 0.2, 1e15,
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.django_db
 
 
 def _ctx(value):
-    return audit.Context(engine="aggregates", kind="count", detail=value if isinstance(value, str) else "",
+    return trail.Context(engine="aggregates", kind="count", detail=value if isinstance(value, str) else "",
                          params={"epsilon": value, "where": {"age": value, value if isinstance(value, str) else "k":
                                                              [value, {"nested": value}]}, "list": [value] * 3})
 
@@ -43,7 +44,7 @@ def dataset(make_dataset, grant, analyst):
 
 
 def _verify_ok():
-    out = audit.verify()
+    out = verification.verify()
     assert out.ok, out.as_dict()
     return out
 
@@ -51,7 +52,7 @@ def _verify_ok():
 @pytest.mark.parametrize("value", VALUES, ids=lambda v: repr(v)[:30])
 def test_a_refusal_holding_it_verifies(dataset, analyst, value):
     err = GATE_REFUSALS[0]("refused")
-    audit.record_refusal(dataset, analyst, {"kind": "laplace", "epsilon": value}, err, _ctx(value))
+    trail.record_refusal(dataset, analyst, {"kind": "laplace", "epsilon": value}, err, _ctx(value))
     _verify_ok()
 
 
@@ -64,13 +65,13 @@ def test_a_commit_a_refund_and_a_replay_holding_it_verify(dataset, analyst, valu
     ledger.release(entry, audit_ctx=_ctx(value))
     _verify_ok()
     with transaction.atomic():
-        audit.record_replay(dataset, analyst, _ctx(value))
+        trail.record_replay(dataset, analyst, _ctx(value))
     _verify_ok()
 
 
 def test_every_extreme_value_in_one_chain_verifies_and_exports(dataset, analyst):
     for value in VALUES:
-        audit.record_refusal(dataset, analyst, {"kind": "laplace", "epsilon": value},
+        trail.record_refusal(dataset, analyst, {"kind": "laplace", "epsilon": value},
                              GATE_REFUSALS[0]("refused"), _ctx(value))
         _verify_ok()
     export = json.loads(audit_export.to_json(audit_export.build([dataset])))
@@ -86,10 +87,10 @@ def test_stored_values_are_what_was_hashed():
     """``storable`` is a fixed point of the database round trip, shown on the values
     themselves: JSON text of the stored form parses back to an equal form."""
     for value in VALUES:
-        stored = audit.storable({"v": value, "l": [value]})
+        stored = trail.storable({"v": value, "l": [value]})
         again = json.loads(json.dumps(stored, allow_nan=False))
-        assert audit.canonical(again) == audit.canonical(stored)
-        assert "\x00" not in audit.canonical(stored).decode()
+        assert trail.canonical(again) == trail.canonical(stored)
+        assert "\x00" not in trail.canonical(stored).decode()
 
 
 def _old_rule_record(dataset, analyst, params):
@@ -98,12 +99,12 @@ def _old_rule_record(dataset, analyst, params):
     from governance.models import Budget
 
     budget = Budget.objects.select_for_update().get(pk=dataset.pk)
-    rec, head = audit.prepare(budget, dataset.name, dataset.budget_delta, action=AuditRecord.Action.REPLAY,
-                              actor=analyst.get_username(), ctx=audit.Context(engine="aggregates", kind="count"))
+    rec, head = trail.prepare(budget, dataset.name, dataset.budget_delta, action=AuditRecord.Action.REPLAY,
+                              actor=analyst.get_username(), ctx=trail.Context(engine="aggregates", kind="count"))
     rec.params = params
-    rec.hash = audit.digest(audit.body(rec, dataset.name))
+    rec.hash = trail.digest(trail.body(rec, dataset.name))
     head["audit_head"] = rec.hash
-    audit.write(budget, rec, head)
+    trail.write(budget, rec, head)
     return rec
 
 
@@ -116,28 +117,28 @@ def test_a_chain_written_under_the_old_rule_verifies_under_it(dataset, analyst):
     else:  # SQLite keeps the JSON text as written: the record verifies as it is
         assert out.legacy == []
     # new records after it are written under the new rule and verify as they are
-    audit.record_refusal(dataset, analyst, {"kind": "laplace", "epsilon": 1e16}, GATE_REFUSALS[0]("x"), _ctx(1e16))
+    trail.record_refusal(dataset, analyst, {"kind": "laplace", "epsilon": 1e16}, GATE_REFUSALS[0]("x"), _ctx(1e16))
     out = _verify_ok()
     assert len(out.legacy) == (1 if connection.vendor == "postgresql" else 0)
     rec = AuditRecord.objects.get(dataset=dataset, seq=1)
-    body = audit.hashed_body(rec, dataset.name)
-    assert audit.digest(body) == rec.hash and body["params"]["epsilon"] == 1e16
+    body = trail.hashed_body(rec, dataset.name)
+    assert trail.digest(body) == rec.hash and body["params"]["epsilon"] == 1e16
 
 
 def test_an_edited_old_rule_record_is_still_found(dataset, analyst, tamperer):
     with transaction.atomic():
         rec = _old_rule_record(dataset, analyst, {"epsilon": 1e16})
     AuditRecord.objects.filter(pk=rec.pk).update(params={"epsilon": 2e16})
-    out = audit.verify()
+    out = verification.verify()
     assert not out.ok and "its hash does not match" in out.first_broken.problem
 
 
 def test_a_new_record_cannot_be_passed_off_under_the_old_reading(dataset, analyst, tamperer):
     """A new record holds 10000000000000000 as an int; an edit that the old reading would
     float back to the same number (10000000000000001) is still found."""
-    audit.record_refusal(dataset, analyst, {"kind": "laplace", "epsilon": 1e16}, GATE_REFUSALS[0]("x"), _ctx(1e16))
+    trail.record_refusal(dataset, analyst, {"kind": "laplace", "epsilon": 1e16}, GATE_REFUSALS[0]("x"), _ctx(1e16))
     rec = AuditRecord.objects.get(dataset=dataset, seq=1)
     assert rec.params["epsilon"] == 10**16 and isinstance(rec.params["epsilon"], int)
     AuditRecord.objects.filter(pk=rec.pk).update(params={**rec.params, "epsilon": 10**16 + 1})
-    out = audit.verify()
+    out = verification.verify()
     assert not out.ok and "its hash does not match" in out.first_broken.problem

@@ -8,7 +8,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from governance import ledger
+from governance.ledger import actions as ledger
 from tests.browser.test_officer_browser import PASSWORD, login
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -2,7 +2,7 @@
 the client raises the typed error carrying the code, the HTTP status and the numbers.
 
 ``test_every_code_of_the_service_is_covered_here`` reads the codes out of the service's
-source (governance/errors.py, governance/api/errors.py, the engines' errors and a
+source (governance/core/errors.py, governance/api/errors.py, the engines' errors and a
 request's ``error.code`` values) and fails when one has no case below.
 """
 
@@ -222,7 +222,7 @@ def test_failed_after_read_keeps_the_charge(server, probe_engine):  # noqa: F811
 
 
 def test_cancelled(server, monkeypatch):
-    from governance import submission
+    from governance.requests import submission
 
     monkeypatch.setattr(submission, "enqueue", lambda pk, queue: None)  # stays queued
     queued = server.analyst.submit("clinic", "count", epsilon=0.5)
@@ -232,7 +232,7 @@ def test_cancelled(server, monkeypatch):
 
 
 def test_worker_lost(server, monkeypatch):
-    from governance import recovery, submission
+    from governance.requests import recovery, submission
 
     monkeypatch.setattr(submission, "enqueue", lambda pk, queue: None)
     queued = server.analyst.submit("clinic", "count", epsilon=0.5)
@@ -246,7 +246,7 @@ def test_worker_lost(server, monkeypatch):
 
 
 def test_wait_timeout_leaves_the_request_going(server, monkeypatch):
-    from governance import submission
+    from governance.requests import submission
 
     monkeypatch.setattr(submission, "enqueue", lambda pk, queue: None)
     queued = server.analyst.submit("clinic", "count", epsilon=0.5)
@@ -280,8 +280,8 @@ RACE_OR_BUG_ONLY = {"conflict", "error", "dataset.partition_invalid", "engine.er
 
 
 def test_every_code_of_the_service_is_covered_here():
-    sources = ["governance/errors.py", "governance/api/errors.py", "governance/api/parsers.py",
-               "governance/execution.py", "governance/recovery.py", "governance/submission.py",
+    sources = ["governance/core/errors.py", "governance/api/errors.py", "governance/api/parsers.py",
+               "governance/requests/execution.py", "governance/requests/recovery.py", "governance/requests/submission.py",
                "engines/types.py", "accounting/events.py"]
     text = "\n".join((ROOT / p).read_text() for p in sources if (ROOT / p).exists())
     codes = set(re.findall(r'(?:code = |"code": |: )"([a-z_]+(?:\.[a-z_]+)*)"', text))

@@ -106,7 +106,7 @@ def test_wait_polls_a_queued_request_until_it_is_done(server, monkeypatch):
     """The task is sent only after the client has its 202: the client waits (``?wait=`` or backoff)."""
     import threading
 
-    from governance import submission
+    from governance.requests import submission
 
     sent = []
     monkeypatch.setattr(submission, "enqueue", lambda pk, queue: sent.append(pk))

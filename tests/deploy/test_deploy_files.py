@@ -185,7 +185,7 @@ def container_env(container: dict) -> dict[str, object]:
 
 
 def settings_env_vars() -> set[str]:
-    """The environment variables governance/settings.py reads (through governance/env.py)."""
+    """The environment variables governance/settings.py reads (through governance/core/env.py)."""
     tree = ast.parse((ROOT / "governance" / "settings.py").read_text())
     names = set()
     for node in ast.walk(tree):

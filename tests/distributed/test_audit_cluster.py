@@ -1,4 +1,4 @@
-"""The audit record of a distributed run names its cluster job (governance/audit.py
+"""The audit record of a distributed run names its cluster job (governance/trail.py
 ``cluster``): the scheduler without credentials and the Dask keys. The key is optional in
 the hashed body, so a chain written before it existed (and every local run's record)
 hashes and verifies as before, also with the independent tool; a changed job id is caught."""
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from governance import audit, audit_export, ledger
+from governance.audit import verification, export as audit_export
+from governance.ledger import trail, actions as ledger
 from governance.models import AuditRecord
 from tests.audit.conftest import build_history, ctx, tamperer  # noqa: F401 (fixture)
 
@@ -24,8 +25,8 @@ JOB = {"backend": "dask", "scheduler": "tcp://10.0.0.5:8786", "keys": ["finalize
 
 def old_digest(rec: AuditRecord, name: str) -> str:
     """The hash as the code before the ``cluster`` key computed it: the same fields, no more."""
-    body = audit.body(rec, name)
-    return audit.digest({k: body[k] for k in audit.FIELDS})
+    body = trail.body(rec, name)
+    return trail.digest({k: body[k] for k in trail.FIELDS})
 
 
 @pytest.fixture
@@ -44,15 +45,15 @@ def test_records_without_a_cluster_job_hash_as_before(mixed_chain):
     ds, old = mixed_chain
     assert len(old) >= 8
     for rec in old:
-        assert rec.cluster is None and "cluster" not in audit.body(rec, ds.name)
+        assert rec.cluster is None and "cluster" not in trail.body(rec, ds.name)
         assert rec.hash == old_digest(rec, ds.name)
-    assert audit.verify().ok
+    assert verification.verify().ok
 
 
 def test_a_distributed_records_job_is_hashed_and_checked_by_the_tool(mixed_chain, tmp_path):
     ds, _ = mixed_chain
     last = AuditRecord.objects.filter(dataset=ds).latest("seq")
-    assert audit.body(last, ds.name)["cluster"] == JOB
+    assert trail.body(last, ds.name)["cluster"] == JOB
     assert last.hash != old_digest(last, ds.name)  # the job is under the hash
     path = tmp_path / "export.json"
     path.write_bytes(audit_export.to_json(audit_export.build([ds])))
@@ -68,15 +69,15 @@ def test_a_tampered_job_id_is_detected(mixed_chain, tamperer):  # noqa: F811
     with connection.cursor() as cur:
         cur.execute(f"UPDATE {AuditRecord._meta.db_table} SET cluster = %s WHERE id = %s",
                     [json.dumps(forged), last.pk])
-    found = audit.verify()
+    found = verification.verify()
     assert not found.ok and found.first_broken.seq == last.seq
 
 
 def test_the_job_names_the_scheduler_without_credentials():
-    job = audit.cluster_job({"cluster": {"backend": "dask", "scheduler": "tls://ops:s3cret@dask.internal:8786?t=1",
+    job = trail.cluster_job({"cluster": {"backend": "dask", "scheduler": "tls://ops:s3cret@dask.internal:8786?t=1",
                                          "graph_key": "finalize-abc", "partitions": 4}})
     assert job == {"backend": "dask", "scheduler": "tls://dask.internal:8786", "keys": ["finalize-abc"]}
-    assert audit.cluster_job({"other": 1}) is None and audit.cluster_job(None) is None
+    assert trail.cluster_job({"other": 1}) is None and trail.cluster_job(None) is None
 
 
 def test_a_distributed_counts_record_names_its_graph(api, analyst, events, on_cluster,  # noqa: F811
@@ -87,7 +88,7 @@ def test_a_distributed_counts_record_names_its_graph(api, analyst, events, on_cl
     rec = AuditRecord.objects.filter(action="commit").latest("seq")
     assert rec.cluster["scheduler"] == on_cluster and rec.cluster["backend"] == "dask"
     assert len(rec.cluster["keys"]) == 1 and rec.cluster["keys"][0]
-    assert audit.verify().ok
+    assert verification.verify().ok
 
 
 def test_a_distributed_run_that_fails_on_the_cluster_names_its_job_too(api, analyst, events, on_cluster,  # noqa: F811
@@ -104,4 +105,4 @@ def test_a_distributed_run_that_fails_on_the_cluster_names_its_job_too(api, anal
     assert body["status"] == "failed" and body["error"]["code"] == "request.failed_after_read", body
     rec = AuditRecord.objects.filter(action="commit").latest("seq")
     assert rec.outcome == "failed" and rec.cluster["scheduler"] == on_cluster and len(rec.cluster["keys"]) == 1
-    assert audit.verify().ok
+    assert verification.verify().ok

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from governance.execution import execute
+from governance.requests.execution import execute
 from governance.models import AuditRecord, Dataset, LedgerEntry, Request
 
 from .conftest import make_table, write_partitions

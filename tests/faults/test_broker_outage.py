@@ -2,7 +2,7 @@
 Redis restart, POSTs of requests that had been admitted and charged were answered 500, so
 their analysts never learnt the id). The task is sent after the commit; when it cannot be
 sent, the POST is answered 202, the request stays ``queued`` marked unsent, and the next
-recovery sweep sends it (governance/recovery.py, rule 3).
+recovery sweep sends it (governance/requests/recovery.py, rule 3).
 
 Two failures were seen: Celery's ``OperationalError`` once its publish retries are spent
 (Redis down), and, more rarely, kombu's Redis channel torn down under a publish by another
@@ -15,9 +15,9 @@ import pytest
 from celery.app.task import Task
 from kombu.exceptions import OperationalError
 
-from governance import audit
+from governance.audit import verification
 from governance.models import LedgerEntry, Request
-from governance.recovery import sweep
+from governance.requests.recovery import sweep
 
 URL = "/api/requests/"
 COUNT = {"dataset": "clinic", "engine": "aggregates", "kind": "count", "params": {"epsilon": 0.25}}
@@ -82,7 +82,7 @@ def test_a_post_while_the_broker_is_down_is_answered_and_sent_by_the_next_sweep(
     progress = Request.objects.get(pk=rid).progress
     assert "unsent_at" not in progress and "requeued_at" in progress
     assert sweep(requeue_after=3600)["requeued"] == []  # now rule 2's period applies: not sent twice
-    assert LedgerEntry.objects.get().status == "reserved" and audit.verify().ok
+    assert LedgerEntry.objects.get().status == "reserved" and verification.verify().ok
 
 
 @pytest.mark.django_db

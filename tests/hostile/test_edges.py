@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from governance import audit
+from governance.audit import verification
 from governance.models import Budget, Grant, LedgerEntry
 
 pytestmark = pytest.mark.django_db
@@ -67,7 +67,7 @@ def send(world, capture, who, method, url, text: str):
     if r.status_code >= 400:
         assert body.get("code") and body.get("detail"), body
         assert snapshot(ds) == before, f"a refused case changed the ledger: {text[:200]}"
-    result = audit.verify(stop_at_first=False).as_dict()
+    result = verification.verify(stop_at_first=False).as_dict()
     assert result["ok"], (text[:200], result)
     return r
 
@@ -144,7 +144,7 @@ def test_traversal_in_urls(world, url):
     for client in clients.values():
         r = client.get(url)
         assert r.status_code < 500, (url, r.status_code, r.content[:300])
-    assert audit.verify().ok
+    assert verification.verify().ok
 
 
 DUPLICATES = [

@@ -80,7 +80,7 @@ def officer_client(api, officer, make_dataset, no_rate_limit):
 @fuzz_settings(CI_EXAMPLES, FULL_EXAMPLES)
 @given(st.lists(plausible_events(), min_size=1, max_size=3), st.booleans())
 def test_hostile_events_at_the_gate_keep_the_audit_chain_whole(officer_client, evs, as_list):
-    from governance import audit
+    from governance.audit import verification
 
     body = {"events": evs} if as_list else {"event": evs[0]}
     r = post_json(officer_client, "/api/datasets/ledgered/estimate/", body)
@@ -89,5 +89,5 @@ def test_hostile_events_at_the_gate_keep_the_audit_chain_whole(officer_client, e
     r = post_json(officer_client, "/api/datasets/ledgered/charges/", {"event": evs[0], "reference": "fuzz"})
     assert r.status_code in (201, 400, 409), (r.status_code, r.content[:500])
     event(f"charge {r.status_code} {r.json().get('code', '')}")
-    result = audit.verify(None, stop_at_first=False).as_dict()
+    result = verification.verify(None, stop_at_first=False).as_dict()
     assert result["ok"], result

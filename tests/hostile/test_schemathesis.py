@@ -105,7 +105,7 @@ def world(officer, analyst, outsider, make_dataset, grant, api, no_rate_limit, d
 def _auditor(user_model):
     from django.contrib.auth.models import Group
 
-    from governance.audit import AUDITORS_GROUP
+    from governance.core.roles import AUDITORS_GROUP
 
     user = user_model.objects.create_user("audrey")
     user.groups.add(Group.objects.get_or_create(name=AUDITORS_GROUP)[0])
@@ -177,7 +177,7 @@ def _ledger(world):
 @fuzz_settings(CI_EXAMPLES, FULL_EXAMPLES)
 @pytest.mark.django_db
 def test_no_server_errors(case, data, world, roles, django_capture_on_commit_callbacks):
-    from governance import audit
+    from governance.audit import verification
 
     _restore(world)
     _aim(case, data, world)
@@ -196,5 +196,5 @@ def test_no_server_errors(case, data, world, roles, django_capture_on_commit_cal
     case.validate_response(response, checks=[not_a_server_error, response_schema_conformance])
     if response.status_code >= 400:
         assert _ledger(world) == before, f"a refused {case.method} {case.path} changed the ledger"
-    verified = audit.verify(stop_at_first=False)
+    verified = verification.verify(stop_at_first=False)
     assert verified.ok, verified.as_dict()

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from governance import dataset_files, datasets
+from governance.datasets import files as dataset_files, registry as datasets
 from governance.models import AuditRecord, Dataset
 from tests.api.conftest import assert_error, stored_files, upload
 from tests.conftest import small_frame

@@ -10,8 +10,9 @@ import pytest
 from accounting import rdp
 from accounting.costs import Cost, cost_of
 from accounting.events import parse_event
-from governance import datasets, ledger, limits
-from governance.errors import BudgetExceeded, InvalidDataset
+from governance.datasets import registry as datasets
+from governance.ledger import actions as ledger, limits
+from governance.core.errors import BudgetExceeded, InvalidDataset
 from governance.models import Budget
 
 pytestmark = pytest.mark.django_db

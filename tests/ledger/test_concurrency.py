@@ -9,8 +9,8 @@ import threading
 import pytest
 from django.db import connection, connections
 
-from governance import ledger
-from governance.errors import BudgetExceeded
+from governance.ledger import actions as ledger
+from governance.core.errors import BudgetExceeded
 from accounting.costs import Cost
 from governance.models import LedgerEntry
 

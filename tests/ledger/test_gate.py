@@ -6,10 +6,16 @@ import random
 import pytest
 from django.core.exceptions import ValidationError
 
-from governance import ledger
+from governance.ledger import actions as ledger
 from accounting.costs import Cost
-from governance.errors import (BudgetExceeded, DatasetNotActive, InvalidEvent, LedgerConflict, NoGrant,
-                               NonPrivateRefused)
+from governance.core.errors import (
+    BudgetExceeded,
+    DatasetNotActive,
+    InvalidEvent,
+    LedgerConflict,
+    NoGrant,
+    NonPrivateRefused,
+)
 from governance.models import Budget, LedgerEntry
 
 LAP = {"kind": "laplace", "epsilon": 0.25}

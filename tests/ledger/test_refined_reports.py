@@ -1,4 +1,4 @@
-"""The ledger's reported RDP epsilon refined off the grid (governance/refined_reports.py,
+"""The ledger's reported RDP epsilon refined off the grid (governance/ledger/refined_reports.py,
 limits.refined): a dataset's detail, a ledger entry's and a request's charge, the
 officer's overview. The issue's case: a small DP-SGD charge, 0.0632 on the 56-order grid
 and 0.0471 with the order refined (34% apart)."""
@@ -7,7 +7,7 @@ import pytest
 
 from accounting import parse_event, rdp
 from accounting.costs import Cost
-from governance import ledger, limits, refined_reports
+from governance.ledger import actions as ledger, limits, refined_reports
 from governance.models import Budget, Dataset, Request
 
 pytestmark = pytest.mark.django_db

@@ -5,8 +5,9 @@ cap overspent, and no row left by a refusal."""
 
 import pytest
 
-from governance import ledger, submission
-from governance.errors import BudgetExceeded
+from governance.ledger import actions as ledger
+from governance.requests import submission
+from governance.core.errors import BudgetExceeded
 from governance.models import LedgerEntry, Request
 
 from .test_concurrency import PER_THREAD, THREADS, run_threads

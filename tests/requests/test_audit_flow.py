@@ -3,7 +3,8 @@ a release, a failure after the read, a refund, a cancellation, a refusal and a r
 
 import pytest
 
-from governance import audit
+from governance.audit import verification
+from governance.ledger import trail
 from governance.models import AuditRecord, Request
 from tests.requests.test_requests_api import post
 
@@ -31,11 +32,11 @@ def test_a_release_is_recorded_with_its_request_result_and_worker(api, analyst, 
     assert (rec.action, rec.outcome, rec.actor, str(rec.request_id)) == ("commit", "succeeded", "ann", rid)
     assert (rec.engine, rec.kind, rec.params) == ("probe", "count", {"epsilon": 0.25})
     assert rec.ledger_entry_id == req.ledger_entry_id and rec.event == {"kind": "laplace", "epsilon": 0.25}
-    assert rec.result_sha256 == audit.result_digest(req.result) and len(rec.result_sha256) == 64
+    assert rec.result_sha256 == trail.result_digest(req.result) and len(rec.result_sha256) == 64
     assert rec.worker == req.worker and rec.requested_at == req.created_at
     assert rec.charge["basic"]["epsilon"] == pytest.approx(0.25)
     assert rec.totals["basic"]["epsilon"] == pytest.approx(0.25)
-    assert audit.verify().ok
+    assert verification.verify().ok
 
 
 def test_a_failure_after_the_read_is_a_charged_record_without_result(api, analyst, clinic,
@@ -83,7 +84,7 @@ def test_a_refusal_is_recorded_though_nothing_else_is_written(api, analyst, clin
     assert (rec.action, rec.outcome, rec.reason, rec.actor) == ("refuse", "refused", "budget.exceeded", "ann")
     assert rec.event == {"kind": "laplace", "epsilon": 1.5} and rec.params == {"epsilon": 1.5}
     assert "limit 1" in rec.detail and rec.ledger_entry_id is None
-    assert audit.verify().ok
+    assert verification.verify().ok
 
 
 def test_a_refused_external_charge_is_recorded(api, officer, clinic):
@@ -103,4 +104,4 @@ def test_a_replay_is_recorded_at_no_charge(api, analyst, clinic, django_capture_
     rec = only_record(dataset=clinic, action="replay")
     assert str(rec.request_id) == again["id"] and first["id"] in rec.detail
     assert rec.charge is None and rec.result_sha256 == only_record(action="commit").result_sha256
-    assert audit.verify().ok
+    assert verification.verify().ok

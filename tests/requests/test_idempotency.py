@@ -6,8 +6,10 @@ import threading
 import pytest
 from django.db import connections
 
-from governance import audit, submission
-from governance.errors import BudgetExceeded
+from governance.audit import verification
+from governance.ledger import trail
+from governance.requests import submission
+from governance.core.errors import BudgetExceeded
 from governance.models import AuditRecord, LedgerEntry, Request
 
 pytestmark = pytest.mark.django_db
@@ -121,9 +123,9 @@ def test_a_refusal_is_not_answered_when_its_audit_record_cannot_be_written(analy
     def broken(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    # every record goes through audit.prepare (audit.append, and on PostgreSQL the gate's
+    # every record goes through trail.prepare (trail.append, and on PostgreSQL the gate's
     # one-statement refusal, ledger.refuse)
-    monkeypatch.setattr(audit, "prepare", broken)
+    monkeypatch.setattr(trail, "prepare", broken)
     with pytest.raises(RuntimeError, match="disk full"):  # a 500, not a 409 without its record
         submission.submit(analyst, clinic, "probe", "count", {"epsilon": 1.5})
     assert not Request.objects.exists() and not AuditRecord.objects.exists()
@@ -132,7 +134,7 @@ def test_a_refusal_is_not_answered_when_its_audit_record_cannot_be_written(analy
         submission.submit(analyst, clinic, "probe", "count", {"epsilon": 1.5})
     rec = AuditRecord.objects.get()
     assert (rec.action, rec.outcome, rec.reason) == ("refuse", "refused", "budget.exceeded")
-    assert audit.verify().ok
+    assert verification.verify().ok
 
 
 @pytest.mark.django_db(transaction=True)

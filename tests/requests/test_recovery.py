@@ -8,10 +8,10 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from governance import audit
-from governance.execution import execute
+from governance.audit import verification
+from governance.requests.execution import execute
 from governance.models import AuditRecord, LedgerEntry, Request
-from governance.recovery import sweep
+from governance.requests.recovery import sweep
 from tests.requests.test_requests_api import post
 
 pytestmark = pytest.mark.django_db
@@ -48,7 +48,7 @@ def test_a_lost_request_is_finished_by_the_rule(api, analyst, clinic, django_cap
     rec = AuditRecord.objects.get(dataset=clinic)
     assert (rec.action, rec.outcome, rec.reason, rec.worker) == (action, "failed", "request.worker_lost", "cpu@dead")
     assert sweep()["lost"] == []  # nothing happens twice
-    assert AuditRecord.objects.count() == 1 and audit.verify().ok
+    assert AuditRecord.objects.count() == 1 and verification.verify().ok
 
 
 def test_a_request_with_a_recent_heartbeat_is_left_alone(api, analyst, clinic, django_capture_on_commit_callbacks):
@@ -67,13 +67,13 @@ def test_a_worker_that_comes_back_after_the_sweep_changes_nothing(api, analyst, 
     # the task is delivered again (Redis redelivers unacknowledged messages): the claim refuses
     assert execute(rid, worker="cpu@back") == "failed"
     # and a run that was still going finds its request finished: its result is dropped
-    from governance.execution import _finish
+    from governance.requests.execution import _finish
 
     req = Request.objects.get(pk=rid)
     assert _finish(req, "succeeded", result={"rows": 1}, charge=True) == "failed"
     body = client.get(f"/api/requests/{rid}/").json()
     assert body["status"] == "failed" and body["result"] is None
-    assert AuditRecord.objects.count() == 1 and audit.verify().ok
+    assert AuditRecord.objects.count() == 1 and verification.verify().ok
 
 
 def test_a_queued_request_never_picked_up_is_sent_again(api, analyst, clinic, django_capture_on_commit_callbacks):
@@ -87,7 +87,7 @@ def test_a_queued_request_never_picked_up_is_sent_again(api, analyst, clinic, dj
 
 def test_a_slow_backlog_is_sent_again_once_per_period(api, analyst, clinic, django_capture_on_commit_callbacks,
                                                       monkeypatch):
-    from governance import submission
+    from governance.requests import submission
 
     sent = []
     monkeypatch.setattr(submission, "enqueue", lambda pk, queue: sent.append(str(pk)))

@@ -174,7 +174,7 @@ def test_a_revoked_grant_or_a_draft_dataset_counts_at_the_next_post(api, analyst
 
 
 def test_a_task_delivered_twice_changes_nothing(api, analyst, clinic, django_capture_on_commit_callbacks):
-    from governance.execution import execute
+    from governance.requests.execution import execute
 
     with django_capture_on_commit_callbacks(execute=True):
         rid = post(api(analyst), {"epsilon": 0.3}).json()["id"]

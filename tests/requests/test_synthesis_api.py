@@ -207,7 +207,7 @@ def test_the_schemas_declarations_hold_in_the_table(api, analyst, officer, make_
     ({"type": "numeric", "lower": 0, "upper": 1, "nullable": "no"}, "nullable must be true or false"),
 ])
 def test_bad_declarations_are_refused(make_dataset, spec, problem):
-    from governance.errors import InvalidDataset
+    from governance.core.errors import InvalidDataset
 
     frame = pd.DataFrame({"x": [0.5, 0.25]})
     with pytest.raises(InvalidDataset) as e:

@@ -1,4 +1,4 @@
-"""The API token's authentication (governance.security: one written-out statement per call,
+"""The API token's authentication (governance.core.security: one written-out statement per call,
 never cached) gives the user as stored and counts a deactivation at once."""
 
 import pytest

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from governance import waiting
+from governance.requests import waiting
 from governance.models import LedgerEntry, Request
 
 URL = "/api/requests/"
@@ -78,7 +78,7 @@ def test_a_get_with_wait_returns_once_another_process_finishes_it(api, analyst, 
             pytest.skip("no Redis on REDIS_PORT")
     else:
         settings.REDIS_URL = ""
-    from governance import submission
+    from governance.requests import submission
 
     monkeypatch.setattr(submission, "enqueue", lambda pk, queue: None)  # no worker: it stays queued
     rid = api(analyst).post(URL, {**COUNT, "dataset": clinic.name}, format="json").json()["id"]
@@ -110,7 +110,8 @@ def test_a_post_with_wait_answers_from_the_final_state_the_worker_pushed(api, an
     read of the row gives."""
     import os
 
-    from governance import ledger, submission
+    from governance.ledger import actions as ledger
+    from governance.requests import submission
     from governance.api import request_views
 
     settings.REDIS_URL = f"redis://127.0.0.1:{os.environ.get('REDIS_PORT', '63799')}/14"
@@ -120,7 +121,7 @@ def test_a_post_with_wait_answers_from_the_final_state_the_worker_pushed(api, an
         pytest.skip("no Redis on REDIS_PORT")
     threads = []
 
-    def worker(pk, queue):  # as governance.outcomes does: commit, then push what was committed
+    def worker(pk, queue):  # as governance.requests.outcomes does: commit, then push what was committed
         def run():
             time.sleep(0.3)
             Request.objects.filter(pk=pk).update(status="succeeded", result={"count": 7}, finished_at=timezone.now(),

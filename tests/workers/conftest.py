@@ -54,7 +54,7 @@ def real_worker(redis_server, settings, tmp_path, monkeypatch):
 
     Yields ``send(request_id)``, which delivers a task for a request once more.
     """
-    from governance import submission
+    from governance.requests import submission
     from workers import app
     from workers.tasks import run_request
 

@@ -218,7 +218,7 @@ def embedded(settings, tmp_path):
 
 
 def _queued(client, n, *, eps=0.1):
-    from governance import submission
+    from governance.requests import submission
 
     real = submission.enqueue
     submission.enqueue = lambda pk, queue: None  # the message is not sent (lost)
@@ -256,8 +256,8 @@ def test_the_requeue_default_is_a_minute_on_the_embedded_broker_and_six_hours_on
 @pytest.mark.django_db
 def test_a_queued_request_whose_message_is_gone_is_sent_again_after_a_minute(api, analyst, clinic, embedded,
                                                                             settings, monkeypatch):
-    from governance import submission
-    from governance.recovery import sweep
+    from governance.requests import submission
+    from governance.requests.recovery import sweep
 
     settings.REQUEST_REQUEUE_AFTER_SECONDS = 60
     client = api(analyst)
@@ -283,7 +283,7 @@ def test_a_queued_request_whose_message_is_gone_is_sent_again_after_a_minute(api
 
 @pytest.mark.django_db
 def test_manage_workers_says_no_worker_is_alive_and_what_waits(api, analyst, clinic, embedded, settings):
-    from governance import liveness
+    from governance.core import liveness
 
     rid = _queued(api(analyst), 1)[0]
     out = _workers_command()
@@ -318,7 +318,7 @@ def _workers_command() -> _Out:
 
 @pytest.mark.django_db
 def test_the_dashboard_warns_when_no_worker_is_alive(client, officer, embedded):
-    from governance import liveness
+    from governance.core import liveness
     from workers import app
 
     client.force_login(officer)
@@ -341,7 +341,7 @@ def test_the_dashboard_warns_when_no_worker_is_alive(client, officer, embedded):
 def embedded_worker(embedded, settings, tmp_path, monkeypatch):
     """``manage.py worker`` on the embedded broker in ``tmp_path/var/broker`` (no Redis),
     against the test database; this process's sends go to the same folder."""
-    from governance import submission
+    from governance.requests import submission
     from workers import app
 
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "REDIS_URL_FILE", "CELERY_BROKER_URL")}
@@ -376,7 +376,7 @@ def embedded_worker(embedded, settings, tmp_path, monkeypatch):
 _PRODUCER = """
 import sys, django
 django.setup()
-from governance.dispatch import send
+from governance.core.dispatch import send
 for rid in sys.argv[1:]:
     send(rid, "cpu")
 """
@@ -423,7 +423,7 @@ def test_a_worker_killed_is_seen_dead_and_its_taken_request_is_sent_again(embedd
     """``kill -9`` of the worker: its heartbeat goes stale (``manage.py workers`` says DEAD);
     a request queued with no message left is re-sent by the next sweep after a minute, and a
     new worker runs it."""
-    from governance.recovery import sweep
+    from governance.requests.recovery import sweep
 
     wait_for(lambda: ": alive" in _workers_command().text, timeout=60, interval=0.3)
     embedded_worker.kill()
@@ -447,7 +447,7 @@ def test_a_worker_killed_is_seen_dead_and_its_taken_request_is_sent_again(embedd
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_on_redis_writes_its_heartbeat_there(real_worker, redis_server, settings):
     """With REDIS_URL the heartbeats live in Redis (one hash), shared by web and workers."""
-    from governance import liveness
+    from governance.core import liveness
 
     settings.REDIS_URL = redis_server
     pid = real_worker.process.pid  # (other test runs may share this Redis database)

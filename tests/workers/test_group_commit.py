@@ -1,4 +1,4 @@
-"""Group commit (governance.outcomes.write_group): the outcomes due at one moment written in
+"""Group commit (governance.requests.outcomes.write_group): the outcomes due at one moment written in
 one transaction, request rows first, then each dataset's ledger entries under its budget
 row lock with their audit records chained in order; one failing outcome loses no other."""
 
@@ -7,10 +7,12 @@ import time
 
 import pytest
 
-from governance import audit, outcomes
-from governance.execution import claim
+from governance.audit import verification
+from governance.ledger import trail
+from governance.requests import outcomes
+from governance.requests.execution import claim
 from governance.models import AuditRecord, LedgerEntry, Request
-from governance.releaser import Releaser
+from governance.requests.releaser import Releaser
 
 pytestmark = pytest.mark.django_db
 
@@ -52,7 +54,7 @@ def test_a_group_of_two_datasets_is_one_transaction_and_both_chains_verify(
     for ds, mine in ((a, reqs[0::2]), (b, reqs[1::2])):
         chain = list(AuditRecord.objects.filter(dataset=ds, action="commit").order_by("seq"))
         assert [r.request_id for r in chain] == [r.pk for r in mine]  # chained in hand-over order
-    assert audit.verify().ok
+    assert verification.verify().ok
 
 
 def test_one_failing_outcome_in_a_group_loses_no_other(api, analyst, two_datasets, django_capture_on_commit_callbacks):
@@ -74,7 +76,7 @@ def test_one_failing_outcome_in_a_group_loses_no_other(api, analyst, two_dataset
     assert bad.status == "running" and bad.result is None  # left to the recovery sweep, as before
     assert LedgerEntry.objects.get(pk=bad.ledger_entry_id).status == "reserved"
     assert AuditRecord.objects.filter(request_id=bad.pk).count() == 0
-    assert AuditRecord.objects.filter(action="commit").count() == 2 and audit.verify().ok
+    assert AuditRecord.objects.filter(action="commit").count() == 2 and verification.verify().ok
 
 
 def test_a_group_drops_the_outcome_of_a_request_the_sweep_finished(api, analyst, two_datasets,
@@ -90,7 +92,7 @@ def test_a_group_drops_the_outcome_of_a_request_the_sweep_finished(api, analyst,
     kept.refresh_from_db()
     assert swept.status == "failed" and swept.result is None  # never shown
     assert LedgerEntry.objects.get(pk=swept.ledger_entry_id).status == "reserved"  # the sweep's to settle
-    assert kept.status == "succeeded" and audit.verify().ok
+    assert kept.status == "succeeded" and verification.verify().ok
 
 
 def test_a_refund_and_a_charge_of_one_dataset_in_one_group(api, analyst, two_datasets,
@@ -105,7 +107,7 @@ def test_a_refund_and_a_charge_of_one_dataset_in_one_group(api, analyst, two_dat
     assert LedgerEntry.objects.get(pk=refunded.ledger_entry_id).status == "released"
     assert LedgerEntry.objects.get(pk=charged.ledger_entry_id).status == "committed"
     assert [r.action for r in AuditRecord.objects.filter(dataset=a).order_by("seq")] == ["release", "commit"]
-    assert audit.verify().ok
+    assert verification.verify().ok
 
 
 def test_a_dataset_s_charges_in_a_group_are_two_statements_under_its_lock(api, analyst, two_datasets,
@@ -113,25 +115,25 @@ def test_a_dataset_s_charges_in_a_group_are_two_statements_under_its_lock(api, a
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from governance import ledger_group
+    from governance.ledger import group as ledger_group
 
     client = api(analyst)
     a, _ = two_datasets
     reqs = [claimed(client, django_capture_on_commit_callbacks, a, 0.1 + k * 0.01) for k in range(3)]
     with CaptureQueriesContext(connection) as q:
-        ledger_group.commit_many([(r.ledger_entry_id, audit.Context.of_request(r, outcome="succeeded")) for r in reqs])
+        ledger_group.commit_many([(r.ledger_entry_id, trail.Context.of_request(r, outcome="succeeded")) for r in reqs])
     if connection.vendor == "postgresql":
         assert len(q.captured_queries) == 2  # lock + read all; compare-and-set + records + chain head
     assert [r.request_id for r in AuditRecord.objects.filter(dataset=a).order_by("seq")] == [r.pk for r in reqs]
     assert set(LedgerEntry.objects.filter(dataset=a).values_list("status", flat=True)) == {"committed"}
-    assert audit.verify().ok
+    assert verification.verify().ok
 
 
 def test_an_entry_committed_elsewhere_sends_the_group_one_by_one_and_nothing_is_recorded_twice(
         api, analyst, two_datasets, django_capture_on_commit_callbacks):
     from django.db import connection
 
-    from governance import ledger
+    from governance.ledger import actions as ledger
 
     client = api(analyst)
     a, _ = two_datasets
@@ -145,12 +147,12 @@ def test_an_entry_committed_elsewhere_sends_the_group_one_by_one_and_nothing_is_
     assert set(Request.objects.filter(pk__in=[first.pk, again.pk, other.pk]).values_list("status", flat=True)) == {
         "succeeded"}
     assert AuditRecord.objects.filter(ledger_entry_id=again.ledger_entry_id).count() == 1
-    assert AuditRecord.objects.filter(dataset=a, action="commit").count() == 3 and audit.verify().ok
+    assert AuditRecord.objects.filter(dataset=a, action="commit").count() == 3 and verification.verify().ok
 
 
 def test_each_wake_up_carries_what_was_committed_as_the_row_reads(api, analyst, two_datasets,
                                                                   django_capture_on_commit_callbacks, monkeypatch):
-    from governance import waiting
+    from governance.requests import waiting
 
     client = api(analyst)
     a, b = two_datasets
@@ -212,4 +214,4 @@ def test_a_real_worker_at_quantum_0_writes_outcomes_through_its_releaser(real_wo
     wait_for(lambda: Request.objects.filter(pk__in=ids, status="succeeded").count() == len(ids), timeout=60)
     assert LedgerEntry.objects.filter(status="committed").count() == len(ids)
     assert AuditRecord.objects.filter(action="commit", request_id__in=ids).count() == len(ids)
-    assert audit.verify().ok
+    assert verification.verify().ok

@@ -143,9 +143,9 @@ def test_a_worker_killed_mid_training_is_recovered_by_the_sweep(real_worker, api
     import signal
     import time
 
-    from governance import audit
+    from governance.audit import verification
     from governance.models import AuditRecord
-    from governance.recovery import sweep
+    from governance.requests.recovery import sweep
     from tests.real_data import GSS_SCHEMA, GSS_TRAIN, gss_wages
 
     grant(analyst, make_dataset("gss", epsilon=10.0, frame=gss_wages(), schema=GSS_SCHEMA))
@@ -172,4 +172,4 @@ def test_a_worker_killed_mid_training_is_recovered_by_the_sweep(real_worker, api
     assert req.status == "failed" and req.error["code"] == "request.worker_lost" and req.result is None
     assert entry.status == "committed" and entry.committed_cost is None and entry.cost == reserved
     assert AuditRecord.objects.filter(request_id=rid).count() == 1
-    assert sweep(lost_after=2)["lost"] == [] and audit.verify().ok
+    assert sweep(lost_after=2)["lost"] == [] and verification.verify().ok

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from governance.execution import RunClock
+from governance.requests.execution import RunClock
 from governance.models import LedgerEntry, Request
 
 from .conftest import wait_for
@@ -106,7 +106,7 @@ def test_a_cancellation_reaches_a_real_training_run_through_the_clock(ticks, rea
 @pytest.mark.django_db
 def test_a_dataset_s_own_quantum_replaces_the_server_default(settings, api, analyst, make_dataset, grant,
                                                               django_capture_on_commit_callbacks):
-    from governance.execution import quantum_ms
+    from governance.requests.execution import quantum_ms
 
     settings.RELEASE_QUANTUM_MS = 0
     ds = make_dataset(epsilon=5.0)
@@ -143,7 +143,7 @@ def test_the_officer_sees_and_changes_the_quantum_in_the_admin_within_bounds(cli
         assert r.status_code == 200 and b"errornote" in r.content, bad  # the form shows the error, saves nothing
     ds.refresh_from_db()
     assert ds.release_quantum_ms is None
-    with caplog.at_level("WARNING", logger="governance.datasets"):
+    with caplog.at_level("WARNING", logger="governance.datasets.registry"):
         r = client.post(url, {**form, "release_quantum_ms": "50"})
     assert r.status_code == 302
     ds.refresh_from_db()
@@ -180,7 +180,7 @@ def test_a_worker_takes_the_next_request_while_the_last_waits_for_its_tick(ticks
 
 
 def test_the_releaser_writes_each_outcome_at_its_tick_in_order_and_drains():
-    from governance.releaser import Releaser
+    from governance.requests.releaser import Releaser
 
     r = Releaser()
     now = time.monotonic()

@@ -5,11 +5,12 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from governance import audit, audit_export
+from ...audit import export as audit_export, verification
+from ...ledger import trail
 
 HELP = """
 Check and export the audit trail (one hash-chained record per release, refund, refusal
-and replay; see governance/audit.py).
+and replay; see governance/trail.py).
 
   audit verify [--dataset D ...] [--all]
       Re-hash every record, check each links to the one before, and check the chain
@@ -54,7 +55,7 @@ class Command(BaseCommand):
         return self.export(datasets, opts["format"], opts.get("output"))
 
     def verify(self, datasets, show_all: bool):
-        result = audit.verify(datasets, stop_at_first=not show_all)
+        result = verification.verify(datasets, stop_at_first=not show_all)
         for name, head in result.heads.items():
             self.stdout.write(f"{name}: {head['seq']} records, head {head['hash']}")
         if result.ok:

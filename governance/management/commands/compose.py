@@ -80,7 +80,7 @@ class Command(BaseCommand):
     def _dataset(self, name, accountant, delta):
         from accounting import events as ev
         from accounting.costs import Cost
-        from governance.models import Dataset, LedgerEntry
+        from ...models import Dataset, LedgerEntry
 
         ds = Dataset.objects.filter(name=name).first()
         if ds is None:

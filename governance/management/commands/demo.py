@@ -15,8 +15,8 @@ from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from governance.demo_data import GSS_SCHEMA, GSS_SYNTHESIS, GSS_TRAINING, NAFLD_SCHEMA
-from governance.models import Dataset
+from ...datasets.demo_data import GSS_SCHEMA, GSS_SYNTHESIS, GSS_TRAINING, NAFLD_SCHEMA
+from ...models import Dataset
 
 User = get_user_model()
 

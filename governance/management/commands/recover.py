@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from governance.recovery import sweep
+from ...requests.recovery import sweep
 
 
 class Command(BaseCommand):

@@ -6,8 +6,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from governance import liveness
-from governance.models import Request
+from ...core import liveness
+from ...models import Request
 
 
 def _ago(seconds: float) -> str:

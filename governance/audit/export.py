@@ -1,0 +1,211 @@
+"""Audit exports: JSON (re-verifiable), CSV (one row per record) and PDF (for people).
+
+The JSON export (``FORMAT``) is what a third party needs to check the service without
+trusting it: every record with its mechanism event, charge, running totals and hashes,
+the dataset's budget and policy, the accounting rules, and the chain's verification
+result as the service saw it. ``tools/recompose_audit.py`` re-composes the events with an
+independent accountant and re-hashes the chain. Shape::
+
+    {"format": "privacy-audit/1", "generated_at": ISO, "generated_by": username,
+     "hashing": {"algorithm": "sha256", "canonical": "...", "genesis": "000..."},
+     "accounting": {"basic": {"theorem": ...}, "advanced": {...}, "rdp": {...}},
+     "verification": {"ok", "datasets", "records", "heads", "first_broken", "problems"},
+     "datasets": [{"name", "title", "unit_column", "n_units", "sha256",
+                   "budget": {"epsilon", "delta", "policy", "delta_auto"},
+                   "head": {"seq", "hash"},
+                   "totals": {"at_delta", "basic": {"epsilon", "delta"}, ...},   # committed, now
+                   "spent_filter": {"basic": eps, ...},  # what each accountant's filter charges
+                   "refined": {"rdp": {"epsilon", "order", "at_delta"},   # plain RDP, order off the grid
+                               "charges": [{"seq", "epsilon", "order", "at_delta"}]},  # each commit's
+                   "counts": {"commit", "release", "refuse", "replay", "non_private"},
+                   "records": [{...record body..., "hash"}]}]}
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+from datetime import UTC, datetime
+
+from accounting import ACCOUNTANTS
+from accounting.costs import Cost
+
+from ..ledger import trail
+from ..models import AuditRecord, Budget, Dataset
+from .verification import verify
+
+CSV_COLUMNS = ("dataset", "seq", "at", "action", "outcome", "actor", "engine", "kind", "request", "ledger_entry",
+               "reference", "reason", "epsilon_basic", "epsilon_advanced", "epsilon_rdp", "total_epsilon_basic",
+               "total_epsilon_advanced", "total_epsilon_rdp", "non_private", "event", "params", "result_sha256",
+               "worker", "requested_at", "prev_hash", "hash")
+
+
+def accounting_rules() -> dict:
+    from accounting.rdp_math import ORDERS
+
+    rules = {name: {"theorem": acc.THEOREM, "gates_with": "filter_epsilon", "doc": (acc.__doc__ or "").strip()}
+             for name, acc in ACCOUNTANTS.items()}
+    rules["rdp"]["orders"] = [_num(float(a)) for a in ORDERS]
+    return rules
+
+
+def dataset_export(ds: Dataset, budget: Budget, *, with_records: bool = True) -> dict:
+    counts = {a: 0 for a in AuditRecord.Action.values} | {"non_private": 0}
+    records = []
+    committed_events = []
+    last_totals = None
+    for rec in AuditRecord.objects.filter(dataset=ds).order_by("seq").iterator(chunk_size=2000):
+        counts[rec.action] += 1
+        counts["non_private"] += rec.action == "commit" and rec.non_private
+        last_totals = rec.totals
+        if rec.action == "commit":
+            committed_events.append((rec.seq, rec.event, (rec.totals or {}).get("at_delta")))
+        if with_records:
+            records.append(trail.hashed_body(rec, ds.name) | {"hash": rec.hash})
+    committed = Cost.from_json(budget.committed)
+    return {
+        "name": ds.name, "title": ds.title, "unit_column": ds.unit_column or None, "n_units": ds.n_units,
+        "sha256": ds.sha256,
+        "budget": {"epsilon": ds.budget_epsilon, "delta": ds.budget_delta, "policy": ds.policy,
+                   "delta_auto": ds.delta_auto, "approx_delta_share": ds.approx_delta_share},
+        "head": {"seq": budget.audit_seq, "hash": budget.audit_head or trail.GENESIS},
+        "totals": last_totals or trail.totals_of(committed, ds.budget_delta),
+        "spent_filter": {name: _num(acc.filter_epsilon(committed, ds.budget_delta, ds.approx_delta_share))
+                         for name, acc in ACCOUNTANTS.items()},
+        "refined": refined_totals(committed, committed_events, ds.budget_delta),
+        "counts": counts,
+        "records": records,
+    }
+
+
+def refined_totals(committed: Cost, commits: list, delta: float) -> dict:
+    """The committed events' plain RDP composition at ``delta`` with the order refined off
+    the grid (``limits.refined``), and each commit's own at its record's delta: tighter
+    than the records' ``totals`` and ``charge`` (the grid), any order being valid for a
+    report. Outside the hashed records (which keep the grid: their totals are written on
+    every record, refusals and replays at admission too, where an O(history) refinement
+    does not belong); each figure is a function of hashed events, which the tool
+    re-derives at the stated order. ``commits``: (seq, event, at_delta) of each commit."""
+    from accounting.events import compose, parse_event
+
+    from ..ledger.limits import refined
+    from ..ledger.refined_reports import event_refined
+
+    try:
+        r = refined(committed, delta, compose([parse_event(e) for _, e, _ in commits]))
+    except ValueError:  # an unreadable event: the records' checks say which
+        return {}
+    charges = []
+    for seq, e, at in commits:
+        try:
+            charges.append({"seq": seq, **_renamed(event_refined(e, at)), "at_delta": at})
+        except (ValueError, TypeError):  # no delta in its totals, or an event without stated deltas
+            continue
+    return {"rdp": {**_renamed(r), "at_delta": delta}, "charges": charges}
+
+
+def _renamed(r: dict) -> dict:
+    return {"epsilon": r["refined_epsilon"], "order": r["refined_order"]}
+
+
+def _num(x: float):
+    return x if math.isfinite(x) else str(x)
+
+
+def build(datasets, user=None, *, with_records: bool = True) -> dict:
+    """The export of ``datasets`` (a queryset or list), verified first."""
+    datasets = list(datasets)
+    verification = verify(datasets, stop_at_first=False)
+    budgets = {b.pk: b for b in Budget.objects.filter(pk__in=[d.pk for d in datasets])}
+    return {
+        "format": trail.FORMAT,
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "generated_by": user.get_username() if user is not None else "",
+        "hashing": {"algorithm": "sha256", "genesis": trail.GENESIS,
+                    "canonical": 'json.dumps(record without "hash", sort_keys=True, separators=(",", ":"), '
+                                 "ensure_ascii=False).encode()"},
+        "accounting": accounting_rules(),
+        "verification": verification.as_dict(),
+        "datasets": [dataset_export(d, budgets[d.pk], with_records=with_records) for d in datasets],
+    }
+
+
+def to_json(export: dict) -> bytes:
+    return json.dumps(export, indent=1, ensure_ascii=False, allow_nan=False).encode()
+
+
+def _cell(value) -> str:
+    """A CSV cell that a spreadsheet will not run: formula-like text gets a leading quote."""
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        value = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    text = str(value)
+    if text[:1] in ("=", "+", "-", "@", "\t", "\r") and not _is_number(text):
+        return "'" + text
+    return text
+
+
+_PLAIN_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+
+
+def _is_number(text: str) -> bool:
+    """A plain decimal number, which a spreadsheet reads as a number (float() would also
+    accept "-inf", "+nan" and "-1_0", which a spreadsheet runs as formulas)."""
+    return _PLAIN_NUMBER.fullmatch(text) is not None
+
+
+def to_csv(export: dict) -> bytes:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for ds in export["datasets"]:
+        for r in ds["records"]:
+            charge, totals = r.get("charge") or {}, r.get("totals") or {}
+            w.writerow([_cell(v) for v in (
+                ds["name"], r["seq"], r["at"], r["action"], r["outcome"], r["actor"], r["engine"], r["kind"],
+                r["request"], r["ledger_entry"], r["reference"], r["reason"],
+                *((charge.get(a) or {}).get("epsilon") for a in ("basic", "advanced", "rdp")),
+                *((totals.get(a) or {}).get("epsilon") for a in ("basic", "advanced", "rdp")),
+                r["non_private"], r["event"], r["params"], r["result_sha256"], r["worker"], r["requested_at"],
+                r["prev_hash"], r["hash"])])
+    return buf.getvalue().encode()
+
+
+FORMATS = {"json": ("application/json", to_json), "csv": ("text/csv", to_csv)}
+
+
+def datasets_named(names) -> list:
+    """The datasets ``names`` (all of them for none or ``["all"]``), in name order;
+    ``LookupError`` naming the ones that do not exist."""
+    if not names or list(names) == ["all"]:
+        return list(Dataset.objects.order_by("name"))
+    found = {d.name: d for d in Dataset.objects.filter(name__in=names)}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise LookupError(f"no dataset named {', '.join(str(n)[:100] for n in missing[:5])}")
+    return [found[n] for n in names]
+
+
+def http_response(datasets, user, fmt: str):
+    """The export as a download (``audit-<dataset or all>.<fmt>``)."""
+    from django.http import HttpResponse
+
+    data, content_type = render(build(datasets, user), fmt)
+    response = HttpResponse(data, content_type=content_type)
+    name = datasets[0].name if len(datasets) == 1 else "all"
+    response["Content-Disposition"] = f'attachment; filename="audit-{name}.{fmt}"'
+    return response
+
+
+def render(export: dict, fmt: str) -> tuple[bytes, str]:
+    """(bytes, content type) of the export in ``fmt`` (json, csv or pdf)."""
+    if fmt == "pdf":
+        from .pdf import render_pdf
+
+        return render_pdf(export), "application/pdf"
+    content_type, fn = FORMATS[fmt]
+    return fn(export), content_type

@@ -1,0 +1,166 @@
+"""Verifying the audit trail: the hash chain, then its agreement with the ledger.
+
+``verify`` checks each dataset's chain (``governance.ledger.trail`` wrote it: each
+record's hash over its canonical body, each ``prev_hash`` the hash before it, the budget
+row's length and head), then that it agrees with the ledger: every final ledger entry has
+exactly its record, events and charges match, and the running totals re-compose from the
+ledger's costs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from accounting.costs import Cost
+
+from ..ledger.limits import charge_summary
+from ..ledger.trail import GENESIS, body, digest, hashed_body, legacy_body, storable, totals_of
+from ..models import AuditRecord, Budget, Dataset, LedgerEntry
+
+@dataclass
+class Finding:
+    dataset: str
+    seq: int | None
+    record_id: int | None
+    problem: str
+
+    def __str__(self):
+        where = f"record {self.seq} (id {self.record_id})" if self.seq is not None else "the chain"
+        return f"dataset {self.dataset}: {where}: {self.problem}"
+
+
+@dataclass
+class Verification:
+    datasets: int = 0
+    records: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    heads: dict = field(default_factory=dict)
+    legacy: list = field(default_factory=list)  # (dataset, seq) that verify only under legacy_body
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    @property
+    def first_broken(self) -> Finding | None:
+        return self.findings[0] if self.findings else None
+
+    def as_dict(self) -> dict:
+        first = self.first_broken
+        return {"ok": self.ok, "datasets": self.datasets, "records": self.records, "heads": self.heads,
+                "first_broken": None if first is None else {"dataset": first.dataset, "seq": first.seq,
+                                                            "record_id": first.record_id, "problem": first.problem},
+                "problems": [str(f) for f in self.findings[:100]],
+                "legacy_records": [{"dataset": d, "seq": q} for d, q in self.legacy[:100]]}
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+    return a == b
+
+
+def verify_dataset(ds: Dataset, out: Verification, *, stop_at_first: bool = True) -> None:
+    """Check ``ds``'s chain and its agreement with the ledger; append findings to ``out``."""
+    def bad(rec, problem):
+        out.findings.append(Finding(ds.name, rec.seq if rec else None, rec.pk if rec else None, problem))
+        return stop_at_first
+
+    budget = Budget.objects.get(pk=ds.pk)
+    entries = {e.pk: e for e in LedgerEntry.objects.filter(dataset=ds).only(
+        "id", "status", "event", "committed_event", "cost", "committed_cost", "non_private")}
+    seen: set[int] = set()
+    state = Cost.zero()
+    prev = GENESIS
+    expected_seq = 1
+    n = 0
+    out.datasets += 1
+    for rec in AuditRecord.objects.filter(dataset=ds).order_by("seq", "id").iterator(chunk_size=2000):
+        n += 1
+        b = body(rec, ds.name)
+        if rec.seq != expected_seq:
+            if bad(rec, f"out of sequence: expected record {expected_seq}, found {rec.seq} "
+                        "(a record was deleted, inserted or reordered)"):
+                break
+        expected_seq = rec.seq + 1
+        if rec.prev_hash != prev:
+            if bad(rec, "prev_hash does not match the hash of the record before it "
+                        "(a record before it was deleted, inserted, reordered or edited)"):
+                break
+        if digest(b) != rec.hash:
+            if legacy_body(b, rec.hash) is not None:
+                out.legacy.append((ds.name, rec.seq))
+            elif bad(rec, "its hash does not match its content (the record was edited)"):
+                break
+        prev = rec.hash
+        problem = _agrees(rec, entries, seen, rec.totals.get("at_delta"))
+        if problem is None and rec.action == AuditRecord.Action.COMMIT:
+            entry = entries[rec.ledger_entry_id]
+            state = state + Cost.from_json(entry.committed_cost or entry.cost)
+        if problem is None and not _close(rec.totals, storable(totals_of(state, rec.totals.get("at_delta", -1.0)))):
+            problem = "its running totals do not re-compose from the ledger's committed costs"
+        if problem is not None and bad(rec, problem):
+            break
+    out.records += n
+    out.heads[ds.name] = {"seq": budget.audit_seq, "hash": budget.audit_head or GENESIS}
+    if out.findings and stop_at_first:
+        return
+    if n != budget.audit_seq or prev != (budget.audit_head or GENESIS):
+        bad(None, f"the budget row records {budget.audit_seq} records ending in {budget.audit_head[:12] or '-'}, "
+                  f"the chain has {n} ending in {prev[:12]} (records were deleted or added at the end)")
+        return
+    missing = [pk for pk, e in entries.items() if e.status != LedgerEntry.Status.RESERVED and pk not in seen]
+    if missing:
+        bad(None, f"ledger entr{'y' if len(missing) == 1 else 'ies'} {', '.join(map(str, missing[:10]))} "
+                  "ha{} no audit record".format("s" if len(missing) == 1 else "ve"))
+        return
+    if not _close(Cost.from_json(budget.committed).to_json(), state.to_json()):
+        bad(None, "the budget row's committed totals differ from the chain's")
+
+
+def _agrees(rec: AuditRecord, entries: dict, seen: set, delta) -> str | None:
+    """None if the record agrees with its ledger entry, else what is wrong."""
+    if rec.action in (AuditRecord.Action.REFUSE, AuditRecord.Action.REPLAY):
+        if rec.ledger_entry_id is not None or rec.charge is not None:
+            return f"a {rec.action} record carries a ledger entry or a charge"
+        return None
+    entry = entries.get(rec.ledger_entry_id)
+    if entry is None:
+        return f"ledger entry {rec.ledger_entry_id} does not exist in this dataset's ledger"
+    if rec.ledger_entry_id in seen:
+        return f"ledger entry {rec.ledger_entry_id} has a second final record"
+    seen.add(rec.ledger_entry_id)
+    want = LedgerEntry.Status.COMMITTED if rec.action == AuditRecord.Action.COMMIT else LedgerEntry.Status.RELEASED
+    if entry.status != want:
+        return f"ledger entry {entry.pk} is {entry.status}, the record says {rec.action}"
+    spent = entry.committed_event or entry.event
+    if rec.action == AuditRecord.Action.COMMIT:
+        if not _close(rec.event, spent):
+            return f"its event differs from ledger entry {entry.pk}'s"
+        if not isinstance(delta, float) or not _close(rec.charge, storable(charge_of(entry, delta))):
+            return f"its charge differs from ledger entry {entry.pk}'s cost"
+        if rec.non_private != entry.non_private:
+            return f"its non_private flag differs from ledger entry {entry.pk}'s"
+    elif not _close(rec.event, entry.event):
+        return f"its event differs from ledger entry {entry.pk}'s"
+    return None
+
+
+def charge_of(entry: LedgerEntry, delta: float) -> dict:
+    """What a committed entry charged, per accountant, reported at ``delta``."""
+    return charge_summary(Cost.from_json(entry.committed_cost or entry.cost), delta)
+
+
+def verify(datasets=None, *, stop_at_first: bool = True) -> Verification:
+    out = Verification()
+    qs = Dataset.objects.order_by("name")
+    if datasets is not None:
+        qs = qs.filter(pk__in=[d.pk for d in datasets])
+    for ds in qs:
+        verify_dataset(ds, out, stop_at_first=stop_at_first)
+        if out.findings and stop_at_first:
+            break
+    return out

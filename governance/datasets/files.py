@@ -1,0 +1,206 @@
+"""A dataset's file: stored on upload or found under the import directory, read back as
+an Arrow table with bounded memory (a compressed Parquet file can decode to gigabytes),
+and its columns checked. Raw rows leave this module only to the worker that runs a
+request; the API sees schemas and counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from django.conf import settings
+
+
+from ..core.errors import InvalidDataset, UploadTooLarge
+from ..models import Dataset
+
+MAX_COLUMNS = 2_000
+# A Parquet file is compressed: a few hundred kilobytes can decode to gigabytes (a column of
+# one repeated value). At registration the decoded table may take at most this many times
+# MAX_UPLOAD_BYTES in memory: about what a CSV of MAX_UPLOAD_BYTES decodes to at worst.
+MAX_DECODED_RATIO = 4
+PARQUET_BATCH_ROWS = 65_536
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _detect_format(name: str, head: bytes, declared: str | None) -> str:
+    if declared:
+        if declared not in ("csv", "parquet"):
+            raise InvalidDataset(f"format must be 'csv' or 'parquet', got {declared!r}")
+        return declared
+    if head[:4] == b"PAR1":
+        return "parquet"
+    lower = name.lower()
+    if lower.endswith((".parquet", ".pq")):
+        return "parquet"
+    return "csv"
+
+
+def resolve_server_path(path: str) -> Path:
+    """A server-side path the officer may register: inside DATASET_IMPORT_DIRS, a regular file."""
+    try:
+        real = Path(os.path.realpath(path))
+        for root in settings.DATASET_IMPORT_DIRS:
+            root_real = Path(os.path.realpath(root))
+            if real == root_real or root_real in real.parents:
+                if not real.is_file():
+                    raise InvalidDataset(f"{path!r} is not a file.")
+                return real
+    except (OSError, ValueError) as e:  # a name too long, a NUL byte, a permission
+        raise InvalidDataset(f"{path!r} cannot be used: {getattr(e, 'strerror', None) or e}.") from None
+    allowed = ", ".join(str(p) for p in settings.DATASET_IMPORT_DIRS)
+    raise InvalidDataset(f"{path!r} is outside the directories tables may be registered from ({allowed}).")
+
+
+def store_file(source, name: str, declared_format: str | None = None) -> tuple[str, str, str]:
+    """Copy an uploaded file object or a server path into DATA_DIR.
+
+    Returns (path relative to DATA_DIR, format, sha256). Refuses files over MAX_UPLOAD_BYTES.
+    """
+    target_dir = settings.DATA_DIR / "datasets"
+    target_dir.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    size = 0
+    fd, tmp = tempfile.mkstemp(dir=target_dir, suffix=".part")
+    head = b""
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                src = open(source, "rb") if isinstance(source, (str, Path)) else source
+            except OSError as e:  # a server path that exists but cannot be read
+                raise InvalidDataset(f"{str(source)!r} cannot be read: {e.strerror}.") from None
+            try:
+                if hasattr(src, "seek"):
+                    src.seek(0)
+                while chunk := src.read(1 << 20):
+                    if not head:
+                        head = chunk[:8]
+                    size += len(chunk)
+                    if size > settings.MAX_UPLOAD_BYTES:
+                        error = InvalidDataset if isinstance(source, (str, Path)) else UploadTooLarge
+                        raise error(f"The table is larger than MAX_UPLOAD_BYTES ({settings.MAX_UPLOAD_BYTES} bytes).")
+                    digest.update(chunk)
+                    out.write(chunk)
+            finally:
+                if isinstance(source, (str, Path)):
+                    src.close()
+        if size == 0:
+            raise InvalidDataset("The file is empty.")
+        fmt = _detect_format(str(getattr(source, "name", source)), head, declared_format)
+        sha = digest.hexdigest()
+        rel = f"datasets/{name}-{sha[:12]}.{fmt}"
+        os.replace(tmp, settings.DATA_DIR / rel)
+        return rel, fmt, sha
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_table(path: Path | str, fmt: str, columns: list[str] | None = None, *,
+               max_bytes: int | None = None) -> pa.Table:
+    """Read a stored table with Arrow (vectorised; no Python object per row). With
+    ``max_bytes``, a Parquet file is read batch by batch and refused once its decoded size
+    passes it (registration: a compression bomb must not exhaust the memory)."""
+    try:
+        if fmt == "parquet" and max_bytes is not None:
+            table = _read_parquet_bounded(path, max_bytes)
+        elif fmt == "parquet":
+            table = pq.read_table(path, columns=columns)
+        else:
+            opts = pacsv.ConvertOptions(include_columns=columns) if columns else None
+            table = pacsv.read_csv(path, convert_options=opts)
+        names = table.schema.names  # Arrow decodes names lazily: a binary file fails here
+    except (pa.ArrowException, OSError, ValueError, UnicodeDecodeError) as e:
+        raise InvalidDataset(f"The file is not a readable {fmt.upper()} table: {str(e)[:300]}") from e
+    if len(set(names)) != len(names):
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        raise InvalidDataset(f"The table has duplicate column names: {', '.join(dupes)[:300]}")
+    if fmt == "csv":
+        # Arrow reads cells that are not UTF-8 as a binary column: the file is not CSV text.
+        binary = [f.name for f in table.schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+        if binary:
+            raise InvalidDataset(f"The file is not UTF-8 CSV text (column(s) {', '.join(binary)[:300]} "
+                                 "hold binary data).")
+    return table
+
+
+def _read_parquet_bounded(path, max_bytes: int) -> pa.Table:
+    """The whole table, refused as soon as its decoded size could pass ``max_bytes``:
+    first by the footer's uncompressed sizes, then batch by batch, with text columns read
+    dictionary-encoded so that a dictionary bomb (one long value repeated a million times,
+    a few bytes on disk) is measured, not materialised."""
+    pf = pq.ParquetFile(path)
+    md = pf.metadata
+    if md.num_columns > MAX_COLUMNS:  # before decoding anything
+        raise InvalidDataset(f"The table has {md.num_columns} columns; at most {MAX_COLUMNS} can be registered.")
+    schema = pf.schema_arrow
+    check_columns(schema)  # nested columns (a list of long strings could be a bomb too) before any row
+
+    def refuse(size: str):
+        return InvalidDataset(
+            f"The Parquet file ({os.path.getsize(path)} bytes on disk) decodes to {size} bytes, over the limit of "
+            f"{max_bytes} ({MAX_DECODED_RATIO} x MAX_UPLOAD_BYTES): a table too large, or a compression bomb.")
+
+    stored = sum(md.row_group(i).column(j).total_uncompressed_size
+                 for i in range(md.num_row_groups) for j in range(md.num_columns))
+    if stored > max_bytes:
+        raise refuse(f"at least {stored}")
+    text = [f.name for f in schema if _is_text(f.type)]
+    if text:
+        pf = pq.ParquetFile(path, read_dictionary=text)
+    batches, total = [], 0
+    for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+        total += batch.nbytes + sum(_expanded_bytes(col) for col in batch.columns
+                                    if pa.types.is_dictionary(col.type))
+        if total > max_bytes:
+            raise refuse(f"over {total}")
+        batches.append(batch)
+    table = pa.Table.from_batches(batches) if batches else schema.empty_table()
+    return table.cast(schema) if text else table
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or \
+        pa.types.is_large_binary(t)
+
+
+def _expanded_bytes(col: pa.DictionaryArray) -> int:
+    """Bytes the dictionary-encoded ``col`` takes once each row holds its value."""
+    if not _is_text(col.type.value_type):
+        return 0
+    lengths = pc.binary_length(col.dictionary)
+    return int(pc.sum(pc.take(lengths, col.indices)).as_py() or 0) + 4 * len(col)
+
+
+def check_columns(schema: pa.Schema) -> None:
+    """Columns the service can hold: at most MAX_COLUMNS, each named (the empty name means
+    "no unit column"), no NUL in a name (PostgreSQL cannot store it), no nested types."""
+    if len(schema) > MAX_COLUMNS:
+        raise InvalidDataset(f"The table has {len(schema)} columns; at most {MAX_COLUMNS} can be registered.")
+    problems = {}
+    for i, field in enumerate(schema):
+        if field.name == "":
+            problems[f"column {i + 1}"] = "has no name"
+        elif "\x00" in field.name:
+            problems[f"column {i + 1}"] = "its name holds a NUL character (\\u0000)"
+        elif pa.types.is_nested(field.type) or (pa.types.is_dictionary(field.type)
+                                                and pa.types.is_nested(field.type.value_type)):
+            problems[field.name] = (f"nested type {str(field.type)[:100]}: only flat columns (numbers, text, "
+                                    "booleans, dates) can be registered; flatten it first")
+    if problems:
+        raise InvalidDataset("The table has columns the service cannot hold: "
+                             + "; ".join(f"{k}: {v}" for k, v in list(problems.items())[:10]), errors=problems)
+
+
+def dataset_path(ds: Dataset) -> Path:
+    return settings.DATA_DIR / ds.file

@@ -1,0 +1,258 @@
+"""Registering tables and editing datasets: the actions behind the API and the admin.
+
+Raw rows never leave these modules through the API: only the schema, counts and budget.
+The file side is ``files``, the schema side ``schema``, the budget's parsing ``budget``,
+reading a stored table ``data``, distributed (Parquet partition) datasets ``partitions``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from django.conf import settings
+from django.db import transaction
+
+from accounting import POLICIES
+
+from ..core.errors import DatasetNotActive, InvalidDataset
+from ..models import Budget, Dataset
+from .budget import parse_budget
+from .data import table_schema
+from .files import MAX_DECODED_RATIO, check_columns, read_table, resolve_server_path, store_file
+from .schema import infer_schema, validate_schema
+
+log = logging.getLogger(__name__)
+REGISTER_DATASET = "workers.register_dataset"
+
+def count_units(table: pa.Table, unit_column: str) -> tuple[int, int, int]:
+    n_rows = table.num_rows
+    if not unit_column:
+        return n_rows, n_rows, 1
+    col = table.column(unit_column)
+    if col.null_count:
+        raise InvalidDataset(f"privacy-unit column {unit_column!r} has {col.null_count} empty values")
+    counts = pc.value_counts(col)
+    n_units = len(counts)
+    max_rows = int(pc.max(counts.field("counts")).as_py()) if n_units else 0
+    return n_rows, n_units, max_rows
+
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
+
+
+def register(*, name: str, created_by, upload=None, path: str | None = None, file_format: str | None = None,
+             title: str = "", description: str = "", unit_column: str = "", schema=None,
+             budget_epsilon=None, budget_delta="auto", policy: str = "rdp", activate: bool = False,
+             execution: str = "local") -> Dataset:
+    """Register a table (an uploaded file or a server path) as a dataset. All-or-nothing.
+    ``execution="distributed"``: ``path`` names Parquet partitions, registered where they
+    are (governance.datasets.partitions)."""
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise InvalidDataset("name must be 1-100 lowercase letters, digits, '-' or '_'", field="name")
+    failed = Dataset.objects.filter(name=name, status=Dataset.Status.FAILED).first()
+    if failed is not None:  # a registration that failed holds nothing: its name is free again
+        Budget.objects.filter(pk=failed.pk).delete()
+        failed.delete()
+        _drop_file(failed.file)
+    if Dataset.objects.filter(name=name).exists():
+        raise InvalidDataset(f"a dataset named {name!r} already exists", field="name")
+    if policy not in POLICIES:
+        raise InvalidDataset(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}", field="policy")
+    if (upload is None) == (path is None):
+        raise InvalidDataset("give exactly one of an uploaded 'file' or a server 'path'")
+    if execution not in Dataset.Execution.values:
+        raise InvalidDataset(f"execution must be one of {', '.join(Dataset.Execution.values)}", field="execution")
+    if execution == Dataset.Execution.DISTRIBUTED:
+        if path is None:
+            raise InvalidDataset("a distributed dataset is registered from a server 'path' (Parquet partitions: "
+                                 "a directory, a file or a URI), not an upload", field="path")
+        from . import partitions
+
+        return partitions.register(name=name, created_by=created_by, location=path, title=title,
+                                   description=description, unit_column=unit_column, schema=schema,
+                                   budget_epsilon=budget_epsilon, budget_delta=budget_delta, policy=policy,
+                                   activate=activate)
+    source = resolve_server_path(path) if path is not None else upload
+    rel, fmt, sha = store_file(source, name, file_format)
+    stored = settings.DATA_DIR / rel
+    try:
+        if stored.stat().st_size > settings.REGISTER_INLINE_BYTES:
+            return _register_later(name=name, created_by=created_by, rel=rel, fmt=fmt, sha=sha, title=title,
+                                   description=description, unit_column=unit_column, schema=schema,
+                                   budget_epsilon=budget_epsilon, budget_delta=budget_delta, policy=policy,
+                                   activate=activate)
+        described = describe_table(stored, fmt, unit_column, schema)
+        eps, delta, delta_auto = parse_budget(budget_epsilon, budget_delta, described["n_units"])
+        with transaction.atomic():
+            ds = Dataset.objects.create(
+                name=name, title=title or name, description=description, file=rel, file_format=fmt, sha256=sha,
+                unit_column=unit_column, budget_epsilon=eps, budget_delta=delta, delta_auto=delta_auto, policy=policy,
+                status=Dataset.Status.ACTIVE if activate else Dataset.Status.DRAFT, created_by=created_by,
+                **described)
+            Budget.objects.create(dataset=ds)
+        return ds
+    except BaseException:
+        _drop_file(rel)
+        raise
+
+
+def describe_table(stored, fmt: str, unit_column: str, schema) -> dict:
+    """Read a stored table and describe it: its checked schema, rows, units and the most
+    rows of one unit (``Dataset`` fields). The work that grows with the table."""
+    table = read_table(stored, fmt, max_bytes=MAX_DECODED_RATIO * settings.MAX_UPLOAD_BYTES)
+    check_columns(table.schema)
+    if table.num_columns == 0 or table.num_rows == 0:
+        raise InvalidDataset("The table has no columns or no rows.")
+    if unit_column and unit_column not in table.schema.names:
+        raise InvalidDataset(f"privacy-unit column {unit_column!r} is not in the table", field="unit_column")
+    draft = infer_schema(table, unit_column)
+    final = validate_schema(schema, table.schema, unit_column, base=draft)
+    n_rows, n_units, max_rows = count_units(table, unit_column)
+    return {"schema": final, "n_rows": n_rows, "n_units": n_units, "max_rows_per_unit": max_rows}
+
+
+def _drop_file(rel: str) -> None:
+    stored = settings.DATA_DIR / rel
+    if stored.exists() and not Dataset.objects.filter(file=rel).exists():
+        stored.unlink()
+
+
+# --------------------------------------------------------------------------- off the request thread
+#
+# Reading a table costs about a CPU second per 50 MB here: a table larger than
+# REGISTER_INLINE_BYTES is stored (copied and hashed, as every upload) on the request
+# thread and read by a worker (task workers.register_dataset). The dataset exists at once
+# as "pending" (invisible to analysts, closed to requests, edits and activation) and
+# becomes draft or active, or "failed" with the error, when the worker is done. The budget
+# is checked at once (its delta "auto" waits for the unit count).
+
+
+def _register_later(*, name, created_by, rel, fmt, sha, title, description, unit_column, schema, budget_epsilon,
+                    budget_delta, policy, activate) -> Dataset:
+    eps, delta, delta_auto = parse_budget(budget_epsilon, budget_delta, 1)
+    with transaction.atomic():
+        ds = Dataset.objects.create(
+            name=name, title=title or name, description=description, file=rel, file_format=fmt, sha256=sha,
+            schema={"columns": []}, unit_column=unit_column, n_rows=0, n_units=0, budget_epsilon=eps,
+            budget_delta=delta, delta_auto=delta_auto, policy=policy, status=Dataset.Status.PENDING,
+            created_by=created_by, registration={"schema": schema, "budget_delta": budget_delta,
+                                                 "activate": bool(activate)})
+        Budget.objects.create(dataset=ds)
+        transaction.on_commit(lambda: send_registration(ds.pk))
+    return ds
+
+
+def send_registration(dataset_id: int) -> None:
+    """Send the registration task by name (governance never imports workers.tasks). A broker
+    that refuses it leaves the dataset pending; the recovery sweep sends it again."""
+    from ..core import dispatch
+
+    try:
+        dispatch.task(REGISTER_DATASET).apply_async((dataset_id,), queue="cpu")
+    except Exception:  # noqa: BLE001 - the pending dataset is safe in the database
+        log.warning("the registration of dataset %s was not sent; the recovery sweep will send it",
+                    dataset_id, exc_info=True)
+
+
+def finish_registration(dataset_id: int) -> str:
+    """Read a pending dataset's table and register it (draft or active), or mark it failed
+    with the reason. Idempotent: a second delivery finds it no longer pending. Returns the
+    status it left."""
+    ds = Dataset.objects.filter(pk=dataset_id, status=Dataset.Status.PENDING).first()
+    if ds is None:
+        return "gone"
+    asked = ds.registration or {}
+    try:
+        described = describe_table(settings.DATA_DIR / ds.file, ds.file_format, ds.unit_column, asked.get("schema"))
+        eps, delta, delta_auto = parse_budget(ds.budget_epsilon, asked.get("budget_delta", "auto"),
+                                              described["n_units"])
+    except InvalidDataset as e:
+        errors = e.extra.get("errors") or {}
+        detail = e.detail + "".join(f" {k}: {v}" for k, v in errors.items())
+        if Dataset.objects.filter(pk=ds.pk, status=Dataset.Status.PENDING).update(
+                status=Dataset.Status.FAILED, registration={"error": detail[:2000]}):
+            (settings.DATA_DIR / ds.file).unlink(missing_ok=True)  # a failed registration keeps no copy
+        return Dataset.Status.FAILED
+    status = Dataset.Status.ACTIVE if asked.get("activate") else Dataset.Status.DRAFT
+    Dataset.objects.filter(pk=ds.pk, status=Dataset.Status.PENDING).update(
+        budget_delta=delta, delta_auto=delta_auto, status=status, registration={}, **described)
+    return status
+
+
+def resend_stale_registrations(older_than_seconds: float) -> list[int]:
+    """Pending registrations older than this whose worker may have died: sent again (a
+    second delivery of a live one finds it done)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    ids = list(Dataset.objects.filter(status=Dataset.Status.PENDING, created_at__lt=cutoff).values_list("pk", flat=True))
+    for pk in ids:
+        send_registration(pk)
+    return ids
+
+
+def not_registered(ds: Dataset) -> None:
+    """Refuse an edit or an activation of a table still being read, or whose reading failed."""
+    if ds.status == Dataset.Status.PENDING:
+        raise DatasetNotActive(f"dataset {ds.name!r} is still being registered (a worker is reading the table); "
+                               "try again when its status is draft")
+    if ds.status == Dataset.Status.FAILED:
+        raise DatasetNotActive(f"dataset {ds.name!r} failed to register: {(ds.registration or {}).get('error', '')} "
+                               "Register it again under the same name.")
+
+
+def update(ds: Dataset, *, schema=None, **fields) -> Dataset:
+    """Officer edits: schema, budget, policy, texts, allow_non_private. Budget changes lock the budget row."""
+    from accounting.costs import Cost
+
+    from ..ledger.limits import Limit
+
+    with transaction.atomic():
+        budget = Budget.objects.select_for_update().get(pk=ds.pk)
+        ds = Dataset.objects.get(pk=ds.pk)
+        not_registered(ds)
+        has_entries = ds.ledger.exists()
+        if schema is not None:
+            ds.schema = validate_schema(schema, table_schema(ds), ds.unit_column, base=ds.schema)
+        if "policy" in fields and fields["policy"] != ds.policy:
+            if fields["policy"] not in POLICIES:
+                raise InvalidDataset(f"policy must be one of {', '.join(POLICIES)}", field="policy")
+            if has_entries:
+                raise InvalidDataset("the accounting policy cannot change once the ledger has entries: "
+                                     "a privacy filter's rule is fixed for its whole life", field="policy")
+            ds.policy = fields["policy"]
+        if "budget_epsilon" in fields or "budget_delta" in fields:
+            eps, delta, auto = parse_budget(fields.get("budget_epsilon", ds.budget_epsilon),
+                                            fields.get("budget_delta", "auto" if ds.delta_auto else ds.budget_delta),
+                                            ds.n_units)
+            old = (ds.budget_epsilon, ds.budget_delta)
+            ds.budget_epsilon, ds.budget_delta, ds.delta_auto = eps, delta, auto
+            state = Cost.from_json(budget.state)
+            if (eps, delta) != old and not Limit.of_dataset(ds).admits(state):
+                raise InvalidDataset("the new budget is below what the ledger has already spent", field="budget_epsilon",
+                                     spent_epsilon=Limit.of_dataset(ds).spent(state))
+        if "approx_delta_share" in fields and fields["approx_delta_share"] != ds.approx_delta_share:
+            share = fields["approx_delta_share"]
+            if not (isinstance(share, (int, float)) and 0.0 <= share <= 0.9):
+                raise InvalidDataset("approx_delta_share must be a number in [0, 0.9]", field="approx_delta_share")
+            if has_entries:
+                raise InvalidDataset("the delta share for (epsilon, delta) events cannot change once the ledger has "
+                                     "entries: a privacy filter's rule is fixed for its whole life",
+                                     field="approx_delta_share")
+            ds.approx_delta_share = float(share)
+        if "release_quantum_ms" in fields and fields["release_quantum_ms"] != ds.release_quantum_ms:
+            import logging  # an officer's change of a privacy measure, logged beside the admin's own history
+
+            logging.getLogger(__name__).warning(
+                "dataset %s: release clock changed from %s to %s ms (None = the server default)", ds.name,
+                ds.release_quantum_ms, fields["release_quantum_ms"])
+        for key in ("title", "description", "allow_non_private", "release_quantum_ms", "pld_certification"):
+            if key in fields:
+                setattr(ds, key, fields[key])
+        ds.save()
+        return ds

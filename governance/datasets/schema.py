@@ -1,0 +1,156 @@
+"""A dataset's schema: the draft inferred from the table, and the officer's version validated.
+
+The inferred schema is a draft. Numeric bounds are never inferred (the min and max of the
+private data are themselves private); categorical domains are proposed from the data
+and must be reviewed by the privacy officer before the dataset is activated, because a
+domain read from the data can reveal a rare value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+from ..core.errors import InvalidDataset
+from .files import MAX_COLUMNS
+
+COLUMN_TYPES = ("numeric", "categorical", "text", "unit")
+MAX_DOMAIN = 1000
+MAX_DECLARED_DOMAIN = 10_000
+MAX_DECIMALS = 9  # numeric values on a grid of 10**-decimals (synthesis keeps them there)
+
+# --------------------------------------------------------------------------- schema
+
+
+def _is_numeric(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+
+
+def infer_schema(table: pa.Table, unit_column: str = "") -> dict:
+    """A draft schema: types from Arrow; categorical domains proposed from the data."""
+    cols = []
+    for field in table.schema:
+        name, t = field.name, field.type
+        if name == unit_column:
+            cols.append({"name": name, "type": "unit"})
+        elif _is_numeric(t):
+            cols.append({"name": name, "type": "numeric", "lower": None, "upper": None,
+                         "integer": pa.types.is_integer(t)})
+        elif pa.types.is_boolean(t):
+            cols.append({"name": name, "type": "categorical", "domain": [False, True]})
+        elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
+            col = table.column(name)
+            if pa.types.is_dictionary(t):
+                col = col.cast(pa.string())
+            uniq = pc.unique(col.drop_null())
+            if len(uniq) <= MAX_DOMAIN:
+                try:
+                    values = [str(v) for v in uniq.to_pylist()]
+                except UnicodeDecodeError:  # a Parquet string column that is not UTF-8
+                    raise InvalidDataset(f"column {name!r} holds text that is not valid UTF-8") from None
+                if any("\x00" in v for v in values):
+                    raise InvalidDataset(f"column {name!r} holds NUL characters (\\u0000): the file is not text "
+                                         "the service can store")
+                cols.append({"name": name, "type": "categorical", "domain": sorted(values),
+                             "domain_from_data": True})
+            else:
+                cols.append({"name": name, "type": "text"})
+        else:
+            cols.append({"name": name, "type": "text"})
+    return {"columns": cols}
+
+
+def is_finite_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dict | None = None) -> dict:
+    """Merge officer edits onto ``base`` and check every column; raise with all problems."""
+    errors: dict[str, str] = {}
+    names = table_schema.names
+    types = {f.name: f.type for f in table_schema}
+    merged = {c["name"]: dict(c) for c in (base or {"columns": []})["columns"]}
+    if schema is not None:
+        if isinstance(schema, dict) and "columns" in schema:
+            schema = schema["columns"]
+        if isinstance(schema, dict):
+            schema = [{"name": k, **(v if isinstance(v, dict) else {})} for k, v in schema.items()]
+        if not isinstance(schema, list):
+            raise InvalidDataset("schema must be a list of column specs or {\"columns\": [...]}")
+        if len(schema) > MAX_COLUMNS:
+            raise InvalidDataset(f"schema has more than {MAX_COLUMNS} columns")
+        for spec in schema:
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+                raise InvalidDataset("each column spec must be an object with a 'name'")
+            name = spec["name"]
+            if name not in types:
+                errors[name] = "unknown column: the table has no such column"
+                continue
+            updated = {**merged.get(name, {"name": name}), **spec}
+            if spec.get("type") and spec["type"] != merged.get(name, {}).get("type"):
+                # A changed type starts from a clean spec of that type.
+                updated = {"name": name, **spec}
+            if "domain" in spec:
+                updated.pop("domain_from_data", None)
+            merged[name] = updated
+    out = []
+    for name in names:
+        c = merged.get(name)
+        if c is None:
+            errors[name] = "column missing from the schema"
+            continue
+        typ = c.get("type")
+        if name == unit_column:
+            c = {"name": name, "type": "unit"}
+        elif typ not in COLUMN_TYPES:
+            errors[name] = f"type must be one of {', '.join(COLUMN_TYPES)}, got {typ!r}"
+        elif typ == "unit":
+            errors[name] = "only the privacy-unit column can have type 'unit'"
+        elif typ == "numeric":
+            if not _is_numeric(types[name]) and not pa.types.is_boolean(types[name]):
+                errors[name] = f"column holds {types[name]}, not numbers"
+            lo, hi = c.get("lower"), c.get("upper")
+            if (lo is None) != (hi is None):
+                errors[name] = "declare both lower and upper bounds, or neither"
+            elif lo is not None:
+                if not (is_finite_number(lo) and is_finite_number(hi)):
+                    errors[name] = "bounds must be finite numbers"
+                elif lo >= hi:
+                    errors[name] = f"lower bound {lo} must be below upper bound {hi}"
+        elif typ == "categorical":
+            dom = c.get("domain")
+            if not isinstance(dom, list) or not dom:
+                errors[name] = "a categorical column needs a non-empty 'domain' list"
+            elif len(dom) > MAX_DECLARED_DOMAIN:
+                errors[name] = f"domain longer than {MAX_DECLARED_DOMAIN}"
+            elif not all(isinstance(v, (str, int, float, bool)) and not (isinstance(v, float) and not math.isfinite(v))
+                         for v in dom):
+                errors[name] = "domain values must be strings, numbers or booleans"
+            elif len({(type(v).__name__, v) for v in dom}) != len(dom):
+                errors[name] = "domain values must be distinct"
+        if typ != "numeric" and name not in errors and (c.get("lower") is not None or c.get("upper") is not None):
+            errors[name] = f"bounds apply only to numeric columns; this column is {typ}"
+        if "sensitive" in c and not isinstance(c["sensitive"], bool):
+            errors[name] = "sensitive must be true or false"
+        if "nullable" in c and not isinstance(c["nullable"], bool):
+            errors[name] = "nullable must be true or false"
+        if c.get("decimals") is not None and name not in errors:
+            d = c["decimals"]
+            if typ != "numeric":
+                errors[name] = f"decimals apply only to numeric columns; this column is {typ}"
+            elif isinstance(d, bool) or not isinstance(d, int) or not 0 <= d <= MAX_DECIMALS:
+                errors[name] = f"decimals must be an integer from 0 to {MAX_DECIMALS}"
+            elif c.get("integer") and d != 0:
+                errors[name] = "an integer column has 0 decimals"
+        allowed_keys = {"name", "type", "lower", "upper", "integer", "domain", "domain_from_data", "description",
+                        "sensitive", "nullable", "decimals"}
+        extra = set(c) - allowed_keys
+        if extra and name not in errors:
+            errors[name] = f"unknown key(s): {', '.join(sorted(extra))}"
+        out.append(c)
+    if errors:
+        raise InvalidDataset("The schema has problems.", errors=errors)
+    return {"columns": out}

@@ -1,1 +1,0 @@
-"""Human-readable reports built from the audit export (see ``governance.audit_export``)."""

@@ -1,0 +1,356 @@
+"""Running an admitted request on a worker (called by the Celery task).
+
+Idempotent: the run claims the request with a compare-and-set ``queued -> running``; a
+second delivery of the same task finds it claimed (or finished) and does nothing.
+
+Charging rule: a failure *before* the data is read refunds the reservation; once the
+worker has started reading the data the charge stays, whatever happens next, because the
+failure itself may depend on the data. Errors after the read are reported to the analyst
+without their message (which could depend on the data), and logged without it too.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import math
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import connection
+from django.utils import timezone
+
+from engines import plugins
+from engines.types import Cancelled, EngineError, EngineRequest, Plan
+
+from ..core.raw_rows import concrete, from_row
+from ..datasets.data import load_columns
+from ..datasets.engine_meta import dataset_meta
+from ..models import Dataset, Request
+from . import outcomes
+from .releaser import RELEASER
+
+log = logging.getLogger(__name__)
+PROGRESS_INTERVAL = 0.5  # seconds between progress writes when there are no ticks (eager runs)
+
+
+def execute(request_id: str, worker: str = "") -> str:
+    """Run one request to a final state; returns its final (or current) status."""
+    req = claim(request_id, worker)
+    if req is None:
+        return Request.objects.filter(pk=request_id).values_list("status", flat=True).first() or "missing"
+    with RunClock(req.pk, quantum_ms(req.dataset)) as clock:
+        return _run(req, clock)
+
+
+def claim(request_id, worker: str = "") -> Request | None:
+    """``queued -> running`` by compare-and-set, returning the claimed row and its dataset's
+    in the same statement (``WITH r AS (UPDATE ... RETURNING ...) SELECT ... JOIN``); None
+    when another delivery has it."""
+    now = timezone.now()
+    values = {"status": Request.Status.RUNNING, "started_at": now, "heartbeat_at": now, "worker": worker[:200],
+              "progress": {"phase": "starting", "fraction": 0.0}}
+    field = Request._meta.get_field
+    try:
+        params = [field(k).get_db_prep_save(v, connection) for k, v in values.items()]
+        params += [field("id").get_db_prep_value(request_id, connection), Request.Status.QUEUED]
+    except (ValueError, ValidationError):  # not a request id at all
+        return None
+    with connection.cursor() as cur:
+        cur.execute(_claim_sql(connection.vendor, tuple(values)), params)
+        row = cur.fetchone()
+    if row is None:
+        return None
+    req_fields = concrete(Request)
+    req = from_row(Request, req_fields, row[:len(req_fields)])
+    if len(row) > len(req_fields):  # PostgreSQL: the dataset's row came with it
+        req.dataset = from_row(Dataset, concrete(Dataset), row[len(req_fields):])
+    else:  # SQLite has no data-modifying CTEs
+        req.dataset = Dataset.objects.get(pk=req.dataset_id)
+    return req
+
+
+@functools.cache
+def _claim_sql(vendor: str, columns: tuple[str, ...]) -> str:
+    field = Request._meta.get_field
+    sets = ", ".join(f"{field(k).column} = %s" for k in columns)
+    ret = ", ".join(f.column for f in concrete(Request))
+    update = f"UPDATE {Request._meta.db_table} SET {sets} WHERE id = %s AND status = %s RETURNING {ret}"
+    if vendor != "postgresql":
+        return update
+    ds = ", ".join(f"d.{f.column}" for f in concrete(Dataset))
+    return f"WITH r AS ({update}) SELECT r.*, {ds} FROM r JOIN {Dataset._meta.db_table} d ON d.id = r.dataset_id"
+
+
+def quantum_ms(ds: Dataset) -> int:
+    """The release clock of runs on ``ds``: the officer's setting, else ``RELEASE_QUANTUM_MS``."""
+    return settings.RELEASE_QUANTUM_MS if ds.release_quantum_ms is None else ds.release_quantum_ms
+
+
+class RunClock:
+    """The clock of one run, started when the worker claims the request. What the analyst
+    can observe of a run that reads data changes only on its ticks, every quantum (the
+    dataset's ``release_quantum_ms``, else ``RELEASE_QUANTUM_MS``; README, "Release-path
+    side channels"): the time a sampler
+    takes depends on the noise it draws, and the time a query takes on the data.
+
+    - Progress: the engine's reports are kept in memory; on the next tick a thread hands
+      the latest one, with the heartbeat, to the process's releaser thread, which writes it
+      on its persistent connection. A cancellation is noticed at such a write and raised
+      (``Cancelled``) at the engine's next report.
+    - The final state: written on the next tick by the process's releaser thread
+      (``governance.requests.releaser``), so the task returns at once; ``hold()`` (sleeping until
+      the tick) is for runs without a clock thread.
+    - Heartbeat: written at least every ``REQUEST_HEARTBEAT_SECONDS`` (governance.requests.recovery
+      tells a long, silent engine from a dead worker by it).
+
+    Run eagerly in-process (tests) there is no thread: a report is written at once, at most
+    every PROGRESS_INTERVAL seconds (and always the final one); ``hold()`` still waits."""
+
+    def __init__(self, request_id, quantum_ms: int | None = None):
+        self.request_id = request_id
+        self.quantum = max(settings.RELEASE_QUANTUM_MS if quantum_ms is None else quantum_ms, 0) / 1000
+        self.t0 = time.monotonic()
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.pending: dict | None = None
+        self.cancelled = False
+        self.thread = None
+        self.last_direct = 0.0
+
+    def __enter__(self):
+        from workers import app
+
+        if not app.conf.task_always_eager:
+            self.thread = threading.Thread(target=self._ticks, name=f"clock-{self.request_id}", daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+
+    def next_tick(self, now: float) -> float:
+        """The first tick at or after ``now`` (monotonic seconds); ticks start one quantum in."""
+        if self.quantum <= 0:
+            return now
+        return self.t0 + max(1, math.ceil((now - self.t0) / self.quantum)) * self.quantum
+
+    def hold(self) -> None:
+        """Sleep until the next tick: the final state of a run is written on a tick."""
+        delay = self.next_tick(time.monotonic()) - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def report(self, update: dict) -> None:
+        """The engine's ``progress`` callback."""
+        if self.thread is None:
+            now = time.monotonic()
+            if now - self.last_direct >= PROGRESS_INTERVAL or update.get("fraction") == 1.0:
+                self.last_direct = now
+                if not self._write(update):
+                    raise Cancelled("cancelled by the analyst")
+            return
+        if self.cancelled:
+            raise Cancelled("cancelled by the analyst")
+        with self.lock:
+            self.pending = update
+
+    def _write(self, update: dict) -> bool:
+        """Write a progress report (and the heartbeat) unless a cancellation was requested."""
+        return bool(Request.objects.filter(pk=self.request_id, cancel_requested=False).update(
+            progress=update, heartbeat_at=timezone.now()))
+
+    def _ticks(self):
+        """The clock thread: on each tick, the latest report (and the heartbeat when due) is
+        handed to the process's releaser thread, which writes it on its own persistent
+        database connection (a connection opened by this short-lived thread was a new
+        PostgreSQL backend per run)."""
+        period = self.quantum or PROGRESS_INTERVAL
+        beat = settings.REQUEST_HEARTBEAT_SECONDS
+        last_beat = time.monotonic()
+        while True:
+            now = time.monotonic()
+            wake = self.t0 + (math.floor((now - self.t0) / period) + 1) * period
+            if self.stop.wait(wake - now):
+                return
+            with self.lock:
+                update, self.pending = self.pending, None
+            if update is not None or (beat > 0 and time.monotonic() - last_beat >= beat):
+                RELEASER.at(time.monotonic(), functools.partial(self._tick_write, update))
+                last_beat = time.monotonic()
+
+    def _tick_write(self, update: dict | None) -> None:
+        """A tick's write (on the releaser thread): the report with the heartbeat, or the
+        heartbeat alone; only while the request is running (an outcome written meanwhile
+        keeps its progress). A report refused for a cancellation marks the run cancelled."""
+        try:
+            running = Request.objects.filter(pk=self.request_id, status=Request.Status.RUNNING)
+            if update is None:
+                running.update(heartbeat_at=timezone.now())
+            elif not running.filter(cancel_requested=False).update(progress=update, heartbeat_at=timezone.now()):
+                self.cancelled = running.filter(cancel_requested=True).exists()  # raised at the next report
+        except Exception:  # noqa: BLE001 - retried on the next tick; the sweep has a grace period
+            log.warning("progress or heartbeat of request %s failed", self.request_id, exc_info=True)
+
+
+def _run(req: Request, clock: RunClock) -> str:
+    ds = req.dataset
+    plan = Plan(**req.plan)
+    engine_request = EngineRequest(kind=req.kind, params=req.params)
+
+    try:
+        meta = dataset_meta(ds)
+        plugins.info(req.engine)  # the engine may have been removed since planning
+        _mark_data_read(req.pk)
+        data = load_columns(ds, list(plan.columns))
+    except Exception as e:
+        # The rows never reached the engine: nothing was released, refund.
+        log.exception("request %s failed before reading data", req.pk)
+        return _finish(req, Request.Status.FAILED, error={"code": "request.failed_before_read",
+                                                          "detail": f"Failed before the data was read: {e}"},
+                       charge=False)
+
+    workdir = scratch_dir()
+    _cluster_jobs()  # forget any job an earlier run of this thread left noted
+    try:
+        release = plugins.run(req.engine, engine_request, meta, data, plan, clock.report, workdir)
+    except Cancelled as c:
+        _empty(workdir)
+        return _finish(req, Request.Status.CANCELLED, error={
+            "code": "request.cancelled",
+            "detail": "Cancelled while running; the data was read, the charge for the work done stands."},
+            actual_event=c.actual_event, charge=True, clock=clock, officer_report=_cluster_jobs())
+    except Exception as e:
+        _log_failure_after_read(req.pk, e)
+        _empty(workdir)
+        # An engine error may name the work done before it (a data-parallel run that lost a
+        # rank: the steps taken); that is charged, as for a cancellation.
+        spent = getattr(e, "actual_event", None) if isinstance(e, EngineError) else None
+        return _finish(req, Request.Status.FAILED, error={
+            "code": "request.failed_after_read",
+            "detail": "The engine failed after reading the data; the charge stands (a failure can depend on the data)."},
+            actual_event=spent, charge=True, clock=clock, officer_report=_cluster_jobs())
+    result = dict(release.result)
+    files = _describe_files(workdir)
+    if files:
+        result["files"] = files
+    officer = dict(release.officer_report) if release.officer_report is not None else None
+    if officer is not None and (workdir / "officer").is_dir():
+        officer["files"] = _describe_files(workdir / "officer")
+    if any(workdir.iterdir()):  # the files become the request's; the next run gets a new scratch
+        target = results_dir(req.pk)
+        shutil.rmtree(target, ignore_errors=True)  # a previous delivery's
+        target.parent.mkdir(parents=True, exist_ok=True)
+        workdir.rename(target)
+    return _finish(req, Request.Status.SUCCEEDED, result=result, actual_event=release.actual_event, charge=True,
+                   officer_report=officer, clock=clock)
+
+
+READING = {"phase": "reading data", "fraction": 0.0}
+
+
+def _mark_data_read(request_id) -> None:
+    """``data_read`` set (and the phase shown) before the first row is read: the charging
+    rule's mark. One written-out statement (the ORM's update cost three times its database
+    work here)."""
+    field = Request._meta.get_field
+    with connection.cursor() as cur:
+        cur.execute(_data_read_sql(), [field("data_read").get_db_prep_save(True, connection),
+                                       field("progress").get_db_prep_save(READING, connection),
+                                       field("id").get_db_prep_value(request_id, connection)])
+
+
+@functools.cache
+def _data_read_sql() -> str:
+    field = Request._meta.get_field
+    return (f"UPDATE {Request._meta.db_table} SET {field('data_read').column} = %s, {field('progress').column} = %s "
+            f"WHERE id = %s")
+
+
+def _cluster_jobs() -> dict | None:
+    """The cluster jobs this thread sent during the run (``engines.distributed.cluster``),
+    as the officer report of a run that failed or was cancelled, so that its audit record
+    names them too (a successful run's report has them already)."""
+    dc = sys.modules.get("engines.distributed.cluster")  # never imported: no cluster was used
+    job = dc.take_submitted() if dc is not None else None
+    return {"cluster": job} if job else None
+
+
+def _log_failure_after_read(request_id, e: Exception) -> None:
+    """The worker log gets the failure's type and where it happened, not its message: a
+    message raised after the read can quote the data (a value, a row), and logs are no place
+    for raw rows. Run the engine on public or synthetic data to see the message."""
+    stack = "".join(traceback.format_tb(e.__traceback__))
+    log.error("request %s failed after reading data: %s (message withheld: it may quote the data)\n%s",
+              request_id, type(e).__name__, stack)
+
+
+def scratch_dir() -> Path:
+    """An empty directory for this process's (and thread's) run to write files into; kept
+    between runs that write none (creating and removing a directory per request cost ~3 ms
+    of a DP count here), renamed to the request's results directory when they do."""
+    path = Path(settings.RESULTS_DIR) / ".scratch" / f"{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
+    if path.is_dir():
+        _empty(path)
+    else:
+        path.mkdir(parents=True)
+    return path
+
+
+def _empty(path: Path) -> None:
+    """Remove what a run (or a killed earlier run of this process id) left in ``path``."""
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
+def results_dir(request_id) -> Path:
+    """Where a request's files live (a replay serves the files of the request it replays)."""
+    return Path(settings.RESULTS_DIR) / str(request_id)
+
+
+def _describe_files(workdir: Path) -> list[dict]:
+    out = []
+    for path in sorted(workdir.iterdir()):
+        if path.is_file():
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+            out.append({"name": path.name, "bytes": path.stat().st_size, "sha256": digest.hexdigest()})
+    return out
+
+
+def _finish(req: Request, status: str, *, result=None, error=None, actual_event=None, charge: bool,
+            officer_report=None, clock: RunClock | None = None) -> str:
+    """Write the outcome; once the data was read (``clock`` given), on the clock's next tick.
+    In a real worker (the clock has its thread) the process's releaser thread writes it,
+    with every other outcome due at that moment in one transaction (group commit,
+    ``governance.requests.outcomes``), so the task slot is free meanwhile; at quantum 0 too, the
+    tick being now. Run in-process (no clock thread) the task sleeps until the tick and
+    writes it itself."""
+    out = outcomes.Outcome(req, status, result=result, error=error, actual_event=actual_event, charge=charge,
+                           officer_report=officer_report)
+    if clock is None:
+        return outcomes.write(out)
+    due = clock.next_tick(time.monotonic())
+    # The run's heartbeat stops with its task: a wait longer than half the sweep's grace
+    # period is slept in the task instead, with the clock thread still beating.
+    if clock.thread is None or due - time.monotonic() > settings.REQUEST_LOST_AFTER_SECONDS / 2:
+        clock.hold()
+        return outcomes.write(out)
+    RELEASER.at(due, out, group=outcomes.write_group)
+    return status

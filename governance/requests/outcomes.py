@@ -1,0 +1,193 @@
+"""Writing a run's outcome: the request row, then the ledger's commit or refund with its
+audit record, in one transaction; and group commit, several outcomes in one transaction.
+
+One outcome (``write``): the request row's compare-and-set ``running -> final`` first (as
+the recovery sweep does), then the ledger. A request the sweep already declared lost is
+left as it is and the run's result is dropped (never shown).
+
+A group (``write_group``, the releaser thread's path: every outcome due at one moment in
+one transaction): all the request rows' compare-and-sets first (one statement on
+PostgreSQL), then the ledger entries dataset by dataset in id order: a dataset's plain
+charges (no actual event) by ``ledger_group.commit_many``, its records chained in
+hand-over order under one budget row lock; refunds and charges with an actual event by
+``ledger.commit``/``release``, which find that lock already held. The orders keep every lock graph
+acyclic: a sweep or a cancel holds one request row and then at most one budget row, and
+the group takes no budget row before it holds all its request rows; two groups (two
+worker processes) and the web's admissions take budget rows in dataset order, the
+analyst's grant row after its budget row. When anything in a group fails (an actual event
+that costs more than its reservation, a database error), the whole group is rolled back
+and each outcome is written again on its own, so one bad outcome loses no other.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from ..ledger import actions as ledger, group as ledger_group, trail
+from ..models import Request
+from .waiting import final_state, signal_done, signal_done_many
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """A finished run's outcome, waiting to be written."""
+
+    req: Request
+    status: str
+    result: dict | None = None
+    error: dict | None = None
+    actual_event: object = None
+    charge: bool = True
+    officer_report: dict | None = None
+
+
+def write(outcome: Outcome) -> str:
+    """Write one outcome in its own transaction; returns the request's status now."""
+    with transaction.atomic():
+        if outcome.req.pk not in _finish_rows([outcome]):
+            return _status(outcome)
+        _signal_on_commit(outcome, _settle(outcome))
+    return outcome.status
+
+
+def write_group(outcomes: list[Outcome]) -> None:
+    """Write ``outcomes`` in one transaction (see the module doc); on any failure, each on
+    its own. Every outcome given has reached its tick."""
+    if len(outcomes) == 1:
+        _write_logged(outcomes[0])
+        return
+    try:
+        with transaction.atomic():
+            moved = _finish_rows(outcomes)
+            finished = [o for o in outcomes if o.req.pk in moved]
+            settled: dict = {}  # request id -> its ledger entry as committed or refunded
+            plain: list[Outcome] = []  # consecutive plain charges of one dataset: one ledger_group call
+            for o in sorted(finished, key=lambda o: o.req.dataset_id):  # stable: each chain in hand-over order
+                if plain and (o.req.dataset_id != plain[0].req.dataset_id or not _plain(o)):
+                    _commit_plain(plain, settled)
+                    plain = []
+                if _plain(o):
+                    plain.append(o)
+                else:
+                    settled[o.req.pk] = _settle(o)
+            if plain:
+                _commit_plain(plain, settled)
+            states = [(o.req.pk, final_state(o.req, settled.get(o.req.pk))) for o in finished]
+            transaction.on_commit(lambda: signal_done_many(states))  # one Redis round trip
+    except Exception:  # noqa: BLE001 - retried one by one below
+        log.warning("group commit of %d outcomes failed; writing each on its own", len(outcomes), exc_info=True)
+        for o in outcomes:
+            _write_logged(o)
+
+
+def _commit_plain(plain: list[Outcome], settled: dict) -> None:
+    entries = ledger_group.commit_many([(o.req.ledger_entry_id, _context(o)) for o in plain])
+    settled.update(zip((o.req.pk for o in plain), entries))
+
+
+def _signal_on_commit(o: Outcome, entry) -> None:
+    """After the commit, wake a ``?wait`` on the request with what was committed (the
+    request's outcome columns and its ledger entry: ``waiting.final_state``)."""
+    state = final_state(o.req, entry)
+    transaction.on_commit(lambda: signal_done(o.req.pk, state))
+
+
+def _write_logged(outcome: Outcome) -> None:
+    try:
+        write(outcome)
+    except Exception:  # noqa: BLE001 - the request stays running; the sweep finishes it
+        log.exception("writing the outcome of request %s failed; the recovery sweep will finish it", outcome.req.pk)
+
+
+_ROW = ("status", "result", "error", "finished_at", "officer_report", "progress")
+
+
+def _finish_rows(outcomes: list[Outcome]) -> set:
+    """Every request row's compare-and-set; the ids that moved. PostgreSQL: one
+    ``UPDATE ... FROM (VALUES ...)`` for the group; SQLite: one by one."""
+    if connection.vendor != "postgresql":
+        return {o.req.pk for o in outcomes if _finish_row(o)}
+    now = timezone.now()
+    field = Request._meta.get_field
+    params, rows = [], {}
+    for o in outcomes:
+        rows[o.req.pk] = values = _row(o, now)
+        params.append(field("id").get_db_prep_value(o.req.pk, connection))
+        params += [field(k).get_db_prep_save(v, connection) for k, v in values.items()]
+    with connection.cursor() as cur:
+        cur.execute(_finish_rows_sql(len(outcomes)), params + [Request.Status.RUNNING])
+        moved = {row[0] for row in cur.fetchall()}
+    for o in outcomes:
+        if o.req.pk not in moved:
+            log.warning("request %s was finished elsewhere (recovery sweep); its run's outcome is dropped", o.req.pk)
+        else:
+            _written(o, rows[o.req.pk])
+    return moved
+
+
+def _row(o: Outcome, now) -> dict:
+    """The request row's outcome columns as the compare-and-set writes them."""
+    return dict(zip(_ROW, (o.status, o.result, o.error, now, o.officer_report, {"phase": o.status, "fraction": 1.0})))
+
+
+def _written(o: Outcome, values: dict) -> None:
+    """``o.req`` as its row now is, ``values`` (``_row``'s) written (for the pushed final state)."""
+    for k, v in values.items():
+        setattr(o.req, k, v)
+
+
+@functools.cache
+def _finish_rows_sql(k: int) -> str:
+    field = Request._meta.get_field
+    cols = [field("id")] + [field(name) for name in _ROW]
+    row = "(" + ", ".join(f"%s::{f.cast_db_type(connection)}" for f in cols) + ")"
+    sets = ", ".join(f"{field(name).column} = v.{field(name).column}" for name in _ROW)
+    return (f"UPDATE {Request._meta.db_table} r SET {sets} FROM (VALUES {', '.join([row] * k)}) "
+            f"v({', '.join(f.column for f in cols)}) WHERE r.id = v.id AND r.status = %s RETURNING r.id")
+
+
+def _finish_row(o: Outcome) -> bool:
+    """The request row's compare-and-set ``running -> o.status``; False (and logged) when
+    it is no longer running (the recovery sweep finished it)."""
+    values = _row(o, timezone.now())
+    moved = Request.objects.filter(pk=o.req.pk, status=Request.Status.RUNNING).update(**values)
+    if not moved:
+        log.warning("request %s was finished elsewhere (recovery sweep); its run's outcome is dropped", o.req.pk)
+    else:
+        _written(o, values)
+    return bool(moved)
+
+
+def _settle(o: Outcome):
+    """The ledger's half: commit (with the actual event) or refund, with the audit record;
+    the entry as it now is (None without one).
+    No savepoint: an error rolls back the caller's whole transaction, the request row too."""
+    if not o.req.ledger_entry_id:
+        return None
+    ctx = _context(o)
+    if o.charge:
+        return ledger.commit(o.req.ledger_entry_id, o.actual_event, audit_ctx=ctx, savepoint=False)
+    return ledger.release(o.req.ledger_entry_id, audit_ctx=ctx, savepoint=False)
+
+
+def _plain(o: Outcome) -> bool:
+    """A charge of the whole reservation (no actual event): ``ledger_group`` can commit it."""
+    return bool(o.req.ledger_entry_id) and o.charge and o.actual_event is None
+
+
+def _context(o: Outcome) -> trail.Context:
+    error = o.error or {}
+    return trail.Context.of_request(o.req, outcome=o.status, reason=error.get("code", ""),
+                                    detail=error.get("detail", ""), result_sha256=trail.result_digest(o.result),
+                                    cluster=trail.cluster_job(o.officer_report))
+
+
+def _status(o: Outcome) -> str:
+    return Request.objects.filter(pk=o.req.pk).values_list("status", flat=True).first()

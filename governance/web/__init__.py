@@ -1,0 +1,10 @@
+"""The web pages: the Django admin for privacy officers (``admin``, ``admin_forms``,
+``admin_site`` with the officer's dashboard and its ``charts``) and the analyst's home
+page (``analyst_views``).
+
+May import: ``governance.audit``, ``governance.requests``, ``governance.datasets``,
+``governance.ledger``, ``governance.core``, ``governance.models``.
+Must not import: ``governance.api`` (the REST API is its sibling, not its base); nothing
+in governance imports it except ``governance.apps`` (admin registration) and
+``governance.urls``.
+"""

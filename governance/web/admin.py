@@ -1,0 +1,223 @@
+"""Django admin: every model, with budget spent/remaining in the list views.
+
+Ledger entries are read-only here: they change only through ``governance.ledger.actions``.
+Datasets are registered through the API or ``manage.py registerdataset``; the admin edits
+texts and shows the schema and budget.
+"""
+
+from django.contrib import admin, messages
+from django.shortcuts import redirect, render
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from accounting.costs import Cost
+
+from ..core.errors import InvalidDataset
+from ..datasets import registry as datasets
+from ..ledger.limits import Limit
+from ..models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
+from .admin_forms import DatasetChangeForm, DatasetRegisterForm
+
+
+class OfficerPermissions:
+    """Privacy officers are staff: they may see and edit governance objects without
+    per-model permissions; nothing is ever deleted from here (the ledger needs it)."""
+
+    def _officer(self, request):
+        return request.user.is_active and request.user.is_staff
+
+    def has_module_permission(self, request):
+        return self._officer(request)
+
+    def has_view_permission(self, request, obj=None):
+        return self._officer(request)
+
+    def has_change_permission(self, request, obj=None):
+        return self._officer(request)
+
+    def has_add_permission(self, request):
+        return self._officer(request)
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class ReadOnly(OfficerPermissions):
+    """View only: ledger entries, requests and audit records change through the service."""
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+def _spent(state, limit: Limit) -> str:
+    spent = limit.spent(Cost.from_json(state))
+    return f"{spent:.4g} / {limit.epsilon:g}" if spent != float("inf") else f"inf / {limit.epsilon:g}"
+
+
+@admin.register(Dataset)
+class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
+    """Registering (upload or server path) infers the schema; edits go through datasets.update."""
+
+    form = DatasetChangeForm
+    list_display = ("name", "overview", "status", "policy", "n_units", "budget_epsilon", "budget_delta", "spent",
+                    "remaining")
+    list_filter = ("status", "policy")
+    search_fields = ("name", "title")
+    readonly_fields = ("overview", "name", "status", "policy", "unit_column", "n_rows", "n_units", "max_rows_per_unit",
+                       "file", "file_format", "sha256", "budget_delta", "delta_auto", "created_by", "created_at")
+    fields = ("overview", "name", "title", "description", "status", "schema", "budget_epsilon", "budget_delta_text",
+              "policy", "approx_delta_share", "pld_certification", "allow_non_private", "release_quantum_ms", "unit_column", "n_rows", "n_units", "max_rows_per_unit", "budget_delta", "delta_auto",
+              "file", "file_format", "sha256", "created_by", "created_at")
+    actions = ["activate"]
+
+    def get_urls(self):
+        return [path("register/", self.admin_site.admin_view(self.register_view),
+                     name="governance_dataset_register")] + super().get_urls()
+
+    def add_view(self, request, form_url="", extra_context=None):
+        return redirect("admin:governance_dataset_register")
+
+    def register_view(self, request):
+        if not self.has_add_permission(request):
+            return redirect("admin:index")
+        form = DatasetRegisterForm(request.POST or None, request.FILES or None)
+        if request.method == "POST" and form.is_valid():
+            ds = form.register(request.user)
+            if ds is not None:
+                messages.success(request, f"Registered {ds.name} as a draft: review the schema, then activate it.")
+                return redirect(reverse("admin:governance_dataset_change", args=[ds.pk]))
+        context = {**self.admin_site.each_context(request), "form": form, "opts": self.model._meta}
+        return render(request, "admin/governance/dataset/register.html", context)
+
+    def save_model(self, request, obj, form, change):
+        try:
+            datasets.update(obj, schema=form.cleaned_data["schema"], title=obj.title, description=obj.description,
+                            budget_epsilon=form.cleaned_data["budget_epsilon"],
+                            budget_delta=form.cleaned_data["budget_delta_text"],
+                            allow_non_private=form.cleaned_data["allow_non_private"],
+                            release_quantum_ms=form.cleaned_data["release_quantum_ms"],
+                            approx_delta_share=form.cleaned_data["approx_delta_share"],
+                            pld_certification=form.cleaned_data["pld_certification"])
+        except InvalidDataset as e:
+            errors = e.extra.get("errors") or {}
+            messages.error(request, e.detail + (" " + "; ".join(f"{k}: {v}" for k, v in errors.items())))
+
+    @admin.action(description="Activate (schema reviewed)")
+    def activate(self, request, queryset):
+        n = queryset.filter(status=Dataset.Status.DRAFT).update(status=Dataset.Status.ACTIVE)  # not pending/failed
+        messages.success(request, f"Activated {n} dataset(s).")
+
+    @admin.display(description="overview")
+    def overview(self, ds):
+        return format_html('<a href="{}">budget, ledger, audit</a>', reverse("admin:governance_overview", args=[ds.pk]))
+
+    @admin.display(description="epsilon spent (policy filter)")
+    def spent(self, ds):
+        return _spent(ds.budget.state, Limit.of_dataset(ds))
+
+    @admin.display(description="epsilon remaining")
+    def remaining(self, ds):
+        limit = Limit.of_dataset(ds)
+        return f"{max(0.0, limit.epsilon - limit.spent(Cost.from_json(ds.budget.state))):.4g}"
+
+
+@admin.register(Budget)
+class BudgetAdmin(OfficerPermissions, admin.ModelAdmin):
+    list_display = ("dataset", "active_entries", "spent", "updated_at")
+    readonly_fields = ("dataset", "state", "active_entries", "updated_at")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="epsilon spent / budget")
+    def spent(self, b):
+        return _spent(b.state, Limit.of_dataset(b.dataset))
+
+
+@admin.register(Grant)
+class GrantAdmin(OfficerPermissions, admin.ModelAdmin):
+    list_display = ("analyst", "dataset", "cap_epsilon", "cap_delta", "spent", "revoked_at")
+    list_filter = ("dataset",)
+    fields = ("analyst", "dataset", "cap_epsilon", "cap_delta", "revoked_at", "created_by", "created_at")
+    readonly_fields = ("revoked_at", "created_by", "created_at")
+    actions = ["revoke"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # Who and what a grant is for never changes; only the cap does.
+        return self.readonly_fields + (("analyst", "dataset") if obj else ())
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "analyst":  # as the API: officers need no grant, auditors may hold none
+            from ..core.roles import AUDITORS_GROUP
+
+            kwargs["queryset"] = (db_field.remote_field.model.objects.filter(is_staff=False, is_active=True)
+                                  .exclude(groups__name=AUDITORS_GROUP).order_by("username"))
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    @admin.action(description="Revoke (keeps the grant's history)")
+    def revoke(self, request, queryset):
+        from django.utils import timezone
+
+        n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        messages.success(request, f"Revoked {n} grant(s).")
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            obj.created_by = request.user
+            super().save_model(request, obj, form, change)
+        else:  # only the cap changes, under the grant's row lock
+            from django.db import transaction
+
+            with transaction.atomic():
+                Grant.objects.select_for_update().filter(pk=obj.pk).update(
+                    cap_epsilon=obj.cap_epsilon, cap_delta=obj.cap_delta)
+
+    @admin.display(description="epsilon spent by analyst")
+    def spent(self, g):
+        ds = g.dataset
+        limit = Limit.of_grant(g, ds) or Limit.of_dataset(ds)
+        return _spent(g.state, limit)
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(ReadOnly, admin.ModelAdmin):
+    list_display = ("id", "dataset", "analyst", "status", "reference", "created_at", "committed_at")
+    list_filter = ("status", "dataset")
+    search_fields = ("reference",)
+
+
+@admin.register(Request)
+class RequestAdmin(ReadOnly, admin.ModelAdmin):
+    """Requests with status and progress. Results are the analyst's: not shown here."""
+
+    list_display = ("created_at", "analyst", "dataset", "engine", "kind", "status", "phase", "finished_at")
+    list_filter = ("status", "engine", "dataset")
+    search_fields = ("id", "analyst__username")
+    fields = ("id", "analyst", "dataset", "engine", "kind", "params", "status", "progress", "error", "worker",
+              "ledger_entry", "replay_of", "created_at", "started_at", "finished_at")
+
+    @admin.display(description="progress")
+    def phase(self, r):
+        p = r.progress or {}
+        frac = p.get("fraction")
+        return f"{p.get('phase', '')} {frac:.0%}" if isinstance(frac, (int, float)) else p.get("phase", "")
+
+
+@admin.register(AuditRecord)
+class AuditRecordAdmin(ReadOnly, admin.ModelAdmin):
+    list_display = ("dataset", "seq", "at", "action", "outcome", "actor", "engine", "kind", "short_hash")
+    list_filter = ("action", "outcome", "dataset")
+    search_fields = ("actor", "reference", "request_id")
+
+    @admin.display(description="hash")
+    def short_hash(self, rec):
+        return rec.hash[:12]

@@ -1,0 +1,92 @@
+"""Admin forms: registering a table and editing a dataset go through ``governance.datasets.registry``."""
+
+import json
+
+from django import forms
+
+from accounting import POLICIES
+from accounting.events import MAX_EPSILON
+
+from ..core.errors import InvalidDataset
+from ..datasets import budget, registry
+from ..datasets.data import table_schema
+from ..datasets.schema import validate_schema
+
+
+def _raise(e: InvalidDataset):
+    errors = e.extra.get("errors")
+    if errors:
+        raise forms.ValidationError([f"{col}: {msg}" for col, msg in errors.items()])
+    raise forms.ValidationError(e.detail)
+
+
+class DatasetRegisterForm(forms.Form):
+    name = forms.SlugField(max_length=100, help_text="lowercase identifier used in the API")
+    title = forms.CharField(max_length=200, required=False)
+    upload = forms.FileField(required=False, label="Table file (CSV or Parquet)")
+    path = forms.CharField(required=False, max_length=1000, label="…or a path on the server",
+                           help_text="inside DATASET_IMPORT_DIRS")
+    unit_column = forms.CharField(required=False, max_length=200, label="Privacy-unit column",
+                                  help_text="e.g. patient_id; blank = one row per person")
+    budget_epsilon = forms.FloatField(min_value=1e-9, max_value=MAX_EPSILON, initial=1.0)
+    budget_delta = forms.CharField(initial="auto", help_text='a number in [0, 1) or "auto" = 1/n^1.2')
+    policy = forms.ChoiceField(choices=[(p, p) for p in POLICIES], initial="rdp")
+    schema = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 80}), required=False,
+                             help_text='optional JSON overrides, e.g. {"age": {"lower": 18, "upper": 90}}')
+
+    def clean_schema(self):
+        raw = self.cleaned_data.get("schema", "").strip()
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise forms.ValidationError(f"not JSON: {e}") from e
+
+    def register(self, user):
+        d = self.cleaned_data
+        try:
+            return registry.register(
+                name=d["name"], created_by=user, upload=d.get("upload") or None, path=d.get("path") or None,
+                title=d.get("title", ""), unit_column=d.get("unit_column", ""), schema=d.get("schema"),
+                budget_epsilon=d["budget_epsilon"], budget_delta=d["budget_delta"], policy=d["policy"])
+        except InvalidDataset as e:
+            self.add_error(None, e.detail)
+            for col, msg in (e.extra.get("errors") or {}).items():
+                self.add_error(None, f"{col}: {msg}")
+            return None
+
+
+class DatasetChangeForm(forms.ModelForm):
+    """Schema and budget edits are validated by ``registry.update`` when saved."""
+
+    schema = forms.JSONField(widget=forms.Textarea(attrs={"rows": 20, "cols": 100}))
+    budget_delta_text = forms.CharField(label="Budget delta", help_text='a number in [0, 1) or "auto"')
+
+    class Meta:
+        from ..models import Dataset
+
+        model = Dataset
+        fields = ["title", "description", "schema", "budget_epsilon", "allow_non_private", "release_quantum_ms",
+                  "approx_delta_share", "pld_certification"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["approx_delta_share"].required = False  # blank keeps the dataset's share
+        if self.instance.pk:
+            self.fields["budget_delta_text"].initial = "auto" if self.instance.delta_auto else repr(
+                self.instance.budget_delta)
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        ds = self.instance
+        if data.get("approx_delta_share") is None:
+            data["approx_delta_share"] = ds.approx_delta_share
+        try:
+            budget.parse_budget(data.get("budget_epsilon"), data.get("budget_delta_text"), ds.n_units)
+            validate_schema(data.get("schema"), table_schema(ds), ds.unit_column, base=ds.schema)
+        except InvalidDataset as e:
+            _raise(e)
+        return data
