@@ -33,10 +33,12 @@ take minutes (tests/requests covers their runs).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 
 import pytest
 import schemathesis
+from hypothesis import assume
 from hypothesis import strategies as st
 from rest_framework.authtoken.models import Token
 from schemathesis.checks import not_a_server_error
@@ -162,6 +164,14 @@ def _aim(case, data, world) -> None:
         body["events"] = data.draw(st.lists(plausible_events(), max_size=4), label="plausible events")
 
 
+def _sendable(body) -> bool:
+    try:
+        json.dumps(body, allow_nan=False)
+    except (TypeError, ValueError):
+        return not isinstance(body, (dict, list))  # bytes or text bodies are sent as they are
+    return True
+
+
 def _ledger(world):
     from governance.models import Budget, Grant, LedgerEntry
 
@@ -181,6 +191,9 @@ def test_no_server_errors(case, data, world, roles, django_capture_on_commit_cal
 
     _restore(world)
     _aim(case, data, world)
+    # an infinite or NaN float the strategies drew cannot be sent as JSON (the HTTP client
+    # refuses it before the server sees anything; the parser tests send such text raw)
+    assume(_sendable(case.body))
     role = data.draw(st.sampled_from(ROLES[roles]), label="role")
     before = _ledger(world)
     with django_capture_on_commit_callbacks(execute=False) as callbacks, keep_connection():
