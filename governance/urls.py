@@ -3,7 +3,8 @@ from django.http import HttpResponse, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from .web import analyst_views
+from .web import analyst_views, auditor_views
+
 
 def no_favicon(request):
     return HttpResponse(status=204)
@@ -33,6 +34,11 @@ urlpatterns = [
     path("analyst/", analyst_views.home, name="analyst-home"),
     path("analyst/login/", analyst_views.token_login, name="analyst-login"),
     path("analyst/logout/", analyst_views.token_logout, name="analyst-logout"),
+    path("analyst/token/", analyst_views.new_token, name="new-token"),
+    path("auditor/", auditor_views.home, name="auditor-home"),
+    path("auditor/datasets/<str:name>/", auditor_views.trail, name="auditor-trail"),
+    path("auditor/verify/", auditor_views.verify, name="auditor-verify"),
+    path("auditor/export/", auditor_views.export, name="auditor-export"),
 ]
 
 handler404 = "governance.api.errors.page_not_found"

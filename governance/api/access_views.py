@@ -14,7 +14,7 @@ from rest_framework.decorators import action, api_view
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from ..core import roles
+from ..core import roles, tokens
 from ..core.errors import InvalidRequest
 from ..core.roles import role_of
 from ..core.roles import is_officer
@@ -107,14 +107,10 @@ class AnalystViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         """POST: issue a new API token for the analyst (the old one stops working; tokens
         expire API_TOKEN_TTL_DAYS after issue). DELETE: revoke it, issuing none."""
         user = self.get_object()
-        Token.objects.filter(user=user).delete()
-        # ...and so do web sessions opened with it (/analyst/login/): a new (unusable)
-        # password changes the session hash Django checks on every request.
-        user.set_unusable_password()
-        user.save(update_fields=["password"])
         if request.method == "DELETE":
+            tokens.revoke(user)  # ...and the web sessions opened with it
             return Response(status=status.HTTP_204_NO_CONTENT)
-        return Response({"token": Token.objects.create(user=user).key})
+        return Response({"token": tokens.issue(user).key})
 
 
 @extend_schema(responses={200: inline_serializer("Me", {

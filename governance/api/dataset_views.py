@@ -20,6 +20,7 @@ from ..datasets.preview import DEFAULT_PREVIEW_ROWS, MAX_PREVIEW_ROWS
 from ..datasets.recommendations import RANGES, recommend
 from ..ledger import actions as ledger, estimates, trail
 from ..models import Dataset, LedgerEntry
+from ..requests.sql import price
 from . import serializers as s
 from .common import FormatSuffix, visible_datasets
 from .parsers import FormParser, JSONParser, MultiPartParser
@@ -110,20 +111,8 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         data.is_valid(raise_exception=True)
         v = data.validated_data
         if "sql" in v or "kind" in v:
-            from ..requests.submission import plan_request
-
-            if "sql" in v:
-                from .sql_requests import from_sql
-
-                asked = from_sql(v["sql"], v.get("params", {}), ds.name).as_json()
-            else:
-                asked = {"engine": v["engine"], "kind": v["kind"], "params": v.get("params", {})}
-            if not isinstance(asked["params"], dict):
-                raise InvalidRequest("params must be a JSON object", errors={"params": "must be an object"})
-            plan = plan_request(ds, asked["engine"], asked["kind"], asked["params"])
-            out = estimates.estimate(ds, request.user, plan.event)
-            out["request"] = {k: asked[k] for k in ("engine", "kind", "params")}
-            return Response(out)
+            return Response(price(ds, request.user, sql=v.get("sql"), engine=v.get("engine"), kind=v.get("kind"),
+                                  params=v.get("params")))
         events = v.get("events", v.get("event"))
         return Response(estimates.estimate(ds, request.user, events))
 

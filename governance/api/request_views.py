@@ -84,7 +84,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         data.is_valid(raise_exception=True)
         v = dict(data.validated_data)
         if "sql" in v:  # planned into the JSON request it equals (engines/aggregates/sql.py)
-            from .sql_requests import from_sql
+            from ..requests.sql import from_sql
 
             v.update(from_sql(v["sql"], v["params"], v.get("dataset")).as_json())
         ds = usable_dataset(request.user, v["dataset"])

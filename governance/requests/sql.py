@@ -1,5 +1,6 @@
-"""SQL bodies of ``POST /api/requests/`` and of a dataset's ``estimate``: the bridge from the
-pure planner (engines/aggregates/sql.py) to the API's errors.
+"""SQL bodies of ``POST /api/requests/``, of a dataset's ``estimate`` and of the officer's
+estimate tool: the bridge from the pure planner (engines/aggregates/sql.py) to the
+service's errors; and ``price``, what a request (JSON or SQL) would cost, charging nothing.
 
 A SQL body becomes exactly the JSON request an analyst could have written
 (``{"dataset", "engine": "aggregates", "kind", "params"}``); from there on it is that
@@ -11,6 +12,8 @@ from __future__ import annotations
 from engines.aggregates import sql as sqlplan
 
 from ..core.errors import InvalidRequest, SqlInvalid, SqlUnsupported
+from ..ledger import estimates
+from .submission import plan_request
 
 
 def from_sql(sql: str, options, dataset: str | None = None) -> sqlplan.SqlRequest:
@@ -25,4 +28,20 @@ def from_sql(sql: str, options, dataset: str | None = None) -> sqlplan.SqlReques
     if dataset is not None and dataset != out.dataset:
         raise InvalidRequest(f"The query reads FROM {out.dataset!r}, but the request names dataset {dataset!r}.",
                              errors={"dataset": f"differs from the query's FROM {out.dataset!r}"})
+    return out
+
+
+def price(ds, user, *, sql: str | None = None, engine: str | None = None, kind: str | None = None,
+          params=None) -> dict:
+    """``ledger.estimates.estimate`` of the event the request would reserve: planned by its
+    engine (no data read), charged nothing; with ``request``, the JSON request it is."""
+    if sql is not None:
+        asked = from_sql(sql, params or {}, ds.name).as_json()
+    else:
+        asked = {"engine": engine, "kind": kind, "params": {} if params is None else params}
+    if not isinstance(asked["params"], dict):
+        raise InvalidRequest("params must be a JSON object", errors={"params": "must be an object"})
+    plan = plan_request(ds, asked["engine"], asked["kind"], asked["params"])
+    out = estimates.estimate(ds, user, plan.event)
+    out["request"] = {k: asked[k] for k in ("engine", "kind", "params")}
     return out

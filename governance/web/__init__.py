@@ -1,6 +1,7 @@
 """The web pages: the Django admin for privacy officers (``admin``, ``admin_forms``,
-``admin_site`` with the officer's dashboard and its ``charts``) and the analyst's home
-page (``analyst_views``).
+``admin_site`` with the officer's dashboard, its ``charts``, the estimate tool and the API
+token page), the analyst's home page and token sign-in (``analyst_views``), the auditor's
+pages (``auditor_views``), and ``paging`` (filtered, paginated lists).
 
 May import: ``governance.audit``, ``governance.requests``, ``governance.datasets``,
 ``governance.ledger``, ``governance.core``, ``governance.models``.

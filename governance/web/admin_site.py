@@ -8,7 +8,7 @@ import json
 import math
 
 from django.contrib import admin, messages
-from django.core.paginator import Paginator
+from django.contrib.auth import get_user_model
 from django.db.models import Count, F, Q
 from django.db.models.functions import Greatest, Mod
 from django.http import HttpResponse
@@ -21,13 +21,22 @@ from accounting import ACCOUNTANTS
 from accounting.costs import Cost
 
 from ..audit import export as audit_export, verification
-from ..core import liveness
-from ..core.errors import GovernanceError
+from ..core import liveness, tokens
+from ..core.roles import role_of
+from ..core.errors import GovernanceError, InvalidRequest
 from ..ledger import actions as ledger, estimates, limits, refined_reports
 from ..models import AuditRecord, Dataset, Grant, LedgerEntry, Request
+from ..requests import sql as sql_requests
 from . import charts
+from .paging import filtered, page
 
+User = get_user_model()
 SPARK_POINTS = 40
+ESTIMATE_KINDS = {  # what the estimate tool takes, with the example it starts from
+    "event": '{"kind": "laplace", "epsilon": 0.1}',
+    "request": '{"engine": "aggregates", "kind": "count", "params": {"epsilon": 0.1}}',
+    "sql": 'SELECT COUNT(*) FROM "DATASET"',
+}
 CHART_POINTS = 600
 
 
@@ -46,6 +55,7 @@ class GovernanceAdminSite(admin.AdminSite):
             path("governance/dataset/<int:pk>/overview/", view(self.dataset_overview), name="governance_overview"),
             path("governance/audit/export/", view(self.audit_export), name="governance_audit_export"),
             path("governance/audit/verify/", view(self.audit_verify), name="governance_audit_verify"),
+            path("governance/token/", view(self.api_token), name="governance_token"),
         ] + super().get_urls()
 
     # ------------------------------------------------------------------ dashboard
@@ -93,9 +103,9 @@ class GovernanceAdminSite(admin.AdminSite):
                   Grant.objects.filter(dataset=ds).select_related("analyst").order_by("revoked_at", "analyst__username")]
         for row in grants:
             row["spent"] = row["spent"].spent(Cost.from_json(row["g"].state))
-        ledger_page = _page(request, "lpage", _filtered(LedgerEntry.objects.filter(dataset=ds).select_related(
+        ledger_page = page(request, "lpage", filtered(LedgerEntry.objects.filter(dataset=ds).select_related(
             "analyst").order_by("-id"), request, {"lstatus": "status", "lanalyst": "analyst__username"}))
-        audit_page = _page(request, "apage", _filtered(AuditRecord.objects.filter(dataset=ds).order_by("-seq"),
+        audit_page = page(request, "apage", filtered(AuditRecord.objects.filter(dataset=ds).order_by("-seq"),
                                                        request, {"action": "action", "actor": "actor",
                                                                  "outcome": "outcome"}))
         for rec in audit_page:  # each release's rdp charge also refined off the grid (a page: <= 3 ms each)
@@ -120,16 +130,54 @@ class GovernanceAdminSite(admin.AdminSite):
         return render(request, "admin/governance/dataset_overview.html", context)
 
     def _estimate(self, request, ds):
+        """The estimate tool: an event (or JSON list of events), a request (JSON with engine,
+        kind and params) or a SQL query with its options, priced as the API's estimate would."""
+        what = request.GET.get("what", "event")
         raw = request.GET.get("event", "").strip()
+        options = request.GET.get("options", "").strip() or '{"epsilon": 0.1}'
+        what = what if what in ESTIMATE_KINDS else "event"
+        out = {"what": what, "raw": raw or ESTIMATE_KINDS[what].replace("DATASET", ds.name), "options": options,
+               "kinds": ESTIMATE_KINDS}
         if not raw:
-            return {"raw": '{"kind": "laplace", "epsilon": 0.1}'}
+            return out
         try:
-            result = estimates.estimate(ds, request.user, json.loads(raw))
+            if what == "sql":
+                out["result"] = sql_requests.price(ds, request.user, sql=raw, params=json.loads(options))
+            elif what == "request":
+                asked = json.loads(raw)
+                if not isinstance(asked, dict):
+                    raise InvalidRequest("a request is a JSON object with engine, kind and params")
+                out["result"] = sql_requests.price(ds, request.user, engine=asked.get("engine", "aggregates"),
+                                                   kind=asked.get("kind"), params=asked.get("params", {}))
+            else:
+                out["result"] = estimates.estimate(ds, request.user, json.loads(raw))
         except json.JSONDecodeError as e:
-            return {"raw": raw, "error": f"not JSON: {e}"}
+            out["error"] = f"not JSON: {e}"
         except GovernanceError as e:
-            return {"raw": raw, "error": e.detail}
-        return {"raw": raw, "result": result}
+            errors = e.extra.get("errors")
+            out["error"] = e.detail + (f" ({json.dumps(errors, default=str)[:500]})" if errors else "")
+        return out
+
+    # ------------------------------------------------------------------ API tokens
+
+    def api_token(self, request):
+        """The officer's own API token and those of analysts and auditors: each issued here
+        (shown once; the old one stops working), never displayed again."""
+        issued = None
+        if request.method == "POST":
+            who = request.POST.get("for", "")
+            if who != "me" and not who.isdigit():
+                return HttpResponse("for must be me or a user's id", status=400, content_type="text/plain")
+            target = request.user if who == "me" else get_object_or_404(User, pk=int(who), is_staff=False,
+                                                                          is_active=True)
+            token = tokens.issue(target)
+            issued = {"user": target, "key": token.key, "expires": tokens.expires(token)}
+        mine = tokens.current(request.user)
+        users = [{"u": u, "role": role_of(u), "token": tokens.current(u)}
+                 for u in User.objects.filter(is_staff=False, is_active=True).order_by("username")]
+        return render(request, "admin/governance/token.html", {
+            **self.each_context(request), "title": "API tokens", "issued": issued, "mine": mine,
+            "mine_expires": tokens.expires(mine) if mine else None, "users": users})
 
     # ------------------------------------------------------------------ audit
 
@@ -185,20 +233,3 @@ def _series(datasets, points: int) -> dict:
     for ds_id, points in out.items():  # every line starts at zero when the dataset was registered
         points.insert(0, (min(created[ds_id], points[0][0]), dict.fromkeys(points[0][1], 0.0)))
     return out
-
-
-def _filtered(qs, request, mapping: dict):
-    for param, field in mapping.items():
-        value = request.GET.get(param)
-        if value:
-            qs = qs.filter(**{field: value})
-    return qs
-
-
-def _page(request, param: str, qs, per_page: int = 25):
-    try:
-        number = max(1, int(request.GET.get(param, 1)))
-    except ValueError:
-        number = 1
-    return Paginator(qs, per_page).get_page(number)
-

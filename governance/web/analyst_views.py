@@ -1,12 +1,11 @@
-"""The analyst's page: their datasets, what is left of their budget under each
-accountant, and their requests. Analysts hold API tokens, not passwords: they sign in
-here with their token (POST, CSRF-protected), which opens a session for this page only.
-Results stay behind the API (``GET /api/requests/{id}/``)."""
-
-from datetime import timedelta
+"""The pages of analysts and auditors, who hold API tokens, not passwords: they sign in
+here with their token (POST, CSRF-protected), which opens a session for these pages only.
+An analyst's home lists their datasets, what is left of their budget under each
+accountant, and their requests; an auditor's pages are in ``auditor_views``. Either may
+issue themselves a new token (the old one stops working). Results stay behind the API
+(``GET /api/requests/{id}/``)."""
 
 from django import forms
-from django.conf import settings
 from django.contrib.auth import login, logout
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
@@ -15,7 +14,9 @@ from django.views.decorators.http import require_POST
 from rest_framework.authtoken.models import Token
 
 from accounting.costs import Cost
-from ..core.roles import role_of
+
+from ..core import tokens
+from ..core.roles import is_auditor, role_of
 from ..ledger.limits import Limit, budget_report
 from ..models import Dataset, Grant, Request
 
@@ -27,7 +28,7 @@ class TokenLoginForm(forms.Form):
         token = Token.objects.select_related("user").filter(key=self.cleaned_data["token"].strip()).first()
         if token is None or not token.user.is_active:
             raise forms.ValidationError("Unknown token.")
-        expires = token_expires(token)
+        expires = tokens.expires(token)
         if expires is not None and expires <= timezone.now():
             raise forms.ValidationError("This token expired; ask a privacy officer for a new one.")
         if token.user.is_staff:
@@ -36,10 +37,11 @@ class TokenLoginForm(forms.Form):
         return token
 
 
-def token_expires(token):
-    """When an API token stops working (API_TOKEN_TTL_DAYS after issue; None: never)."""
-    ttl = settings.API_TOKEN_TTL_DAYS
-    return token.created + timedelta(days=ttl) if ttl else None
+def _session_ends_with(request, token) -> None:
+    """The session ends with the token (revoking it ends it too: ``core.tokens.revoke``)."""
+    expires = tokens.expires(token)
+    if expires is not None:
+        request.session.set_expiry(min(expires, request.session.get_expiry_date()))
 
 
 def token_login(request):
@@ -47,10 +49,8 @@ def token_login(request):
     if request.method == "POST" and form.is_valid():
         token = form.cleaned_data["token"]
         login(request, token.user, backend="django.contrib.auth.backends.ModelBackend")
-        expires = token_expires(token)
-        if expires is not None:  # the session ends with the token (revoking it ends it too: api/access_views.py)
-            request.session.set_expiry(min(expires, request.session.get_expiry_date()))
-        return redirect("analyst-home")
+        _session_ends_with(request, token)
+        return redirect("auditor-home" if is_auditor(token.user) else "analyst-home")
     return render(request, "governance/analyst_login.html", {"form": form})
 
 
@@ -61,8 +61,25 @@ def token_logout(request):
 
 
 @login_required(login_url="analyst-login")
+@require_POST
+def new_token(request):
+    """Issue the signed-in analyst or auditor a new API token, shown once on this page; the
+    old one stops working at once. The session goes on (it is opened again with the new
+    token, ending when it does)."""
+    user = request.user
+    token = tokens.issue(user)  # ends the sessions opened with the old token, this one too...
+    login(request, user, backend="django.contrib.auth.backends.ModelBackend")  # ...so open it again
+    _session_ends_with(request, token)
+    return render(request, "governance/token.html", {"token": token, "expires": tokens.expires(token),
+                                                     "role": role_of(user), "back": "auditor-home"
+                                                     if is_auditor(user) else "analyst-home"})
+
+
+@login_required(login_url="analyst-login")
 def home(request):
     user = request.user
+    if is_auditor(user):
+        return redirect("auditor-home")
     rows = []
     for g in Grant.objects.filter(analyst=user, revoked_at__isnull=True, dataset__status=Dataset.Status.ACTIVE
                                   ).select_related("dataset", "dataset__budget"):
@@ -74,4 +91,11 @@ def home(request):
                      "left": min(float(mine["remaining_epsilon"]) if limit else float("inf"),
                                  float(whole["remaining_epsilon"]))})
     requests_ = Request.objects.filter(analyst=user).select_related("dataset").order_by("-created_at")[:50]
-    return render(request, "governance/analyst.html", {"rows": rows, "requests": requests_, "role": role_of(user)})
+    return render(request, "governance/analyst.html", {"rows": rows, "requests": requests_, "role": role_of(user),
+                                                       **token_context(user)})
+
+
+def token_context(user) -> dict:
+    """The signed-in user's token card: when their token was issued and stops working."""
+    token = tokens.current(user)
+    return {"token": token, "token_expires": tokens.expires(token) if token else None}

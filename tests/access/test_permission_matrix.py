@@ -140,9 +140,22 @@ WEB_MATRIX = {
     ("healthz", "GET"): {"-": "200 200 200 200 200"},
     ("favicon.ico", "GET"): {"-": "204 204 204 204 204"},
 
-    # the analyst's page: any signed-in account sees its own grants and requests
-    ("analyst-home", "GET"): {"-": f"200 200 200 200 {LOGIN}"},
-    ("analyst-home", "POST"): {"-": f"200 200 200 200 {LOGIN}"},
+    # the analyst's page: any signed-in account sees its own grants and requests; an
+    # auditor is sent to the auditor's pages
+    ("analyst-home", "GET"): {"-": f"200 200 200 302 {LOGIN}"},
+    ("analyst-home", "POST"): {"-": f"200 200 200 302 {LOGIN}"},
+    # a new API token for whoever is signed in (POST only), shown once
+    ("new-token", "GET"): {"-": f"405 405 405 405 {LOGIN}"},
+    ("new-token", "POST"): {"-": f"200 200 200 200 {LOGIN}"},
+    # the auditor's pages: auditors only (analysts and officers 403; officers have the admin's)
+    ("auditor-home", "GET"): {"-": f"403 403 403 200 {LOGIN}"},
+    ("auditor-home", "POST"): {"-": f"403 403 403 200 {LOGIN}"},
+    ("auditor-trail", "GET"): {"A": f"403 403 403 200 {LOGIN}", "X": f"403 403 403 404 {LOGIN}"},
+    ("auditor-trail", "POST"): {"A": f"403 403 403 200 {LOGIN}"},
+    ("auditor-verify", "GET"): {"A": f"403 403 403 200 {LOGIN}", "X": f"403 403 403 404 {LOGIN}"},
+    ("auditor-verify", "POST"): {"A": f"403 403 403 200 {LOGIN}"},
+    ("auditor-export", "GET"): {"A": f"403 403 403 200 {LOGIN}", "X": f"403 403 403 404 {LOGIN}"},
+    ("auditor-export", "POST"): {"A": f"403 403 403 200 {LOGIN}"},
     ("analyst-login", "GET"): {"-": "200 200 200 200 200"},
     # signing in with a token: an analyst's live token opens a session (whoever was signed
     # in); an expired, revoked or unknown token, or a privacy officer's (officers sign in
@@ -161,6 +174,8 @@ WEB_MATRIX = {
     ("admin:governance_audit_export", "POST"): {"A": f"200 {L4}"},
     ("admin:governance_audit_verify", "GET"): {"A": f"302 {L4}"},
     ("admin:governance_audit_verify", "POST"): {"A": f"302 {L4}"},
+    ("admin:governance_token", "GET"): {"-": f"200 {L4}"},
+    ("admin:governance_token", "POST"): {"-": f"400 {L4}"},  # no "for": whose token?
     ("admin:governance_dataset_register", "GET"): {"-": f"200 {L4}"},
     ("admin:governance_dataset_register", "POST"): {"-": f"200 {L4}"},
     # the admin's own pages
@@ -326,6 +341,12 @@ def web_path(w, key, o):
         return reverse(key) + f"?dataset={_ds(w, o)}&format=json"
     if key == "admin:governance_audit_verify":
         return reverse(key) + f"?dataset={_ds(w, o)}&next=/admin/"
+    if key == "auditor-trail":
+        return reverse(key, args=[_ds(w, o)])
+    if key == "auditor-verify":
+        return reverse(key) + f"?dataset={_ds(w, o)}"
+    if key == "auditor-export":
+        return reverse(key) + f"?dataset={_ds(w, o)}&format=json"
     if key == "admin:view_on_site":
         return reverse(key, args=[ContentType.objects.get_for_model(Dataset).pk, w.datasets["A"].pk])
     if key == "admin:app_list":
