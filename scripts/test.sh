@@ -9,7 +9,9 @@
 #    browser tests in tests/browser;
 # 3. runs the suite on the embedded SQLite default;
 # 4. installs (apt-get) and starts a local PostgreSQL in .services/ and runs the suite
-#    again on it, where row locks make the concurrency tests real.
+#    again on it, where row locks make the concurrency tests real: every test that reads a
+#    database (the pure engines', accounting's and the federated engine's tests read none
+#    and ran in step 3: DB_TESTS_ONLY=1, tests/conftest.py).
 # On a machine where Redis, Chromium or PostgreSQL cannot be installed, what needs them is skipped
 # with a warning, except under CI (CI=true) where that is a failure.
 set -euo pipefail
@@ -41,7 +43,7 @@ echo "== tests on PostgreSQL" >&2
 if scripts/services.sh postgres-start; then
     eval "$(scripts/services.sh env)"
     export DATABASE_URL
-    .venv/bin/python -m pytest "$@"
+    DB_TESTS_ONLY=1 .venv/bin/python -m pytest "$@"
 else
     if [ "${CI:-}" = "true" ]; then
         echo "PostgreSQL could not be started; CI requires it" >&2

@@ -145,3 +145,26 @@ def _audit_triggers_and_flush(request):
         with connection.cursor() as cur:
             for statement in migration.SQLITE_REVERSE:
                 cur.execute(statement)
+
+
+# The pure layers (engines, accounting, the federated engine) import no Django: their
+# tests read no database, so the PostgreSQL pass of scripts/test.sh (DB_TESTS_ONLY=1)
+# leaves out those that ask for none; the SQLite pass ran them already.
+PURE_DIRS = ("tests/engines/", "tests/accounting/", "tests/federated/")
+DB_FIXTURES = {"db", "transactional_db", "django_db_setup", "live_server", "django_user_model", "client",
+               "admin_client", "api", "officer", "analyst", "make_dataset"}
+
+
+def pytest_collection_modifyitems(config, items):
+    import os
+
+    if os.environ.get("DB_TESTS_ONLY") != "1":
+        return
+    kept, left = [], []
+    for item in items:
+        pure = item.nodeid.startswith(PURE_DIRS) and item.get_closest_marker("django_db") is None \
+            and not DB_FIXTURES & set(getattr(item, "fixturenames", ()))
+        (left if pure else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
