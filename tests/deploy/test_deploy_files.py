@@ -296,7 +296,8 @@ def test_dockerfile_drops_only_test_packages_from_requirements():
     run = " ".join(" ".join(c.value) for c in cmds if c.cmd == "RUN")
     pattern = re.search(r"grep -vE '([^']+)' /tmp/requirements.txt", run).group(1)
     dropped = [line for line in (ROOT / "requirements.txt").read_text().splitlines() if re.match(pattern, line)]
-    assert sorted(line.split("==")[0] for line in dropped) == ["hypothesis", "playwright", "pytest", "pytest-django"]
+    assert sorted(line.split("==")[0] for line in dropped) == [
+        "hypothesis", "ipykernel", "nbclient", "playwright", "pytest", "pytest-django"]
 
 
 def test_dockerfile_runtime_is_non_root_with_healthcheck_entrypoint_and_collectstatic():
