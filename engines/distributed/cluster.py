@@ -16,6 +16,7 @@ result, and the host charges the request once (compare-and-set on its ledger ent
 from __future__ import annotations
 
 import threading
+import time
 
 import dask
 
@@ -181,16 +182,19 @@ def compute(value, scheduler: str, retries: int, progress=None, phase: str = "ag
     future = c.compute(value, retries=retries)
     submitted(scheduler, [future.key])
     try:
-        while True:
-            try:
-                return future.result(timeout=POLL_SECONDS)
-            except TimeoutError:
-                # No elapsed time in the report: how long the cluster takes depends on the
-                # data, and what the analyst sees of a run changes only on the run clock's
-                # ticks (README, "Release-path side channels"). The call lets a
-                # cancellation through.
-                if progress is not None:
-                    progress({"phase": phase, "fraction": 0.5})
+        # Polled with done(), then one result() without a timeout: distributed's
+        # result(timeout=...) can lose a race between its own timeout and the answer under
+        # load and raise UnboundLocalError (its sync() catches Exception, not the
+        # CancelledError its wait_for leaves), which failed a run that had succeeded.
+        while not future.done():
+            # No elapsed time in the report: how long the cluster takes depends on the
+            # data, and what the analyst sees of a run changes only on the run clock's
+            # ticks (README, "Release-path side channels"). The call lets a
+            # cancellation through.
+            if progress is not None:
+                progress({"phase": phase, "fraction": 0.5})
+            time.sleep(POLL_SECONDS)
+        return future.result()
     except Cancelled:
         future.cancel()
         raise
