@@ -303,8 +303,10 @@ class Command(BaseCommand):
             body = bob.get(f"/api/requests/{rid}/").json()
             history = (body.get("progress") or {}).get("epochs") or (body.get("result") or {}).get("history") or []
             for h in history[shown:]:
+                ci = h.get("val_accuracy_ci95")
                 self.out(f"     epoch {h['epoch']}: epsilon spent {h['epsilon']:.3f}, held-out accuracy "
-                         f"{h['val_accuracy']:.3f}, loss {h['val_loss']:.3f} (DP estimates)")
+                         f"{h['val_accuracy']:.3f}" + (f" (95% {ci[0]:.3f}-{ci[1]:.3f})" if ci else "")
+                         + f", loss {h['val_loss']:.3f} (DP estimates)")
             shown = max(shown, len(history))
             if body["status"] in ("succeeded", "failed", "cancelled"):
                 break
@@ -314,9 +316,10 @@ class Command(BaseCommand):
         res = body["result"]
         self.out(f"   model {res['model']} ({res['n_parameters']:,} parameters), {res['steps']} steps, "
                  f"{res['train_units']:,} training / {res['test_units']:,} held-out respondents")
+        rdp = body["charge"]["rdp"]
         self.out(f"   test accuracy {res['test']['accuracy']:.3f} (majority class: 0.59); epsilon spent "
-                 f"{res['epsilon_spent']:.3f} at delta {res['delta']:.2g}; charged rdp epsilon "
-                 f"{body['charge']['rdp']['epsilon']:.3f}")
+                 f"{res['epsilon_spent']:.3f} at delta {res['delta']:.2g} (rdp at the refined order "
+                 f"{rdp.get('refined_epsilon', rdp['epsilon']):.3f}; at the grid's best order {rdp['epsilon']:.3f})")
         a = res["audit"]
         self.out(f"   privacy audit ({a['canaries']} canaries, {a['canaries_included']} trained on): membership AUC "
                  f"{a['auc']:.3f}, empirical epsilon lower bound {a['empirical_epsilon_lower_bound']:.3f} at "
