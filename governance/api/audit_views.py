@@ -42,7 +42,7 @@ class AuditRecordSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-FORMATS = ("json", "csv", "pdf")
+FORMATS = audit_export.EXPORT_FORMATS
 
 
 class ExportNegotiation(DefaultContentNegotiation):

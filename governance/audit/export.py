@@ -176,6 +176,7 @@ def to_csv(export: dict) -> bytes:
 
 
 FORMATS = {"json": ("application/json", to_json), "csv": ("text/csv", to_csv)}
+EXPORT_FORMATS = ("json", "csv", "pdf")  # FORMATS and the PDF report
 
 
 def datasets_named(names) -> list:
@@ -199,6 +200,21 @@ def http_response(datasets, user, fmt: str):
     name = datasets[0].name if len(datasets) == 1 else "all"
     response["Content-Disposition"] = f'attachment; filename="audit-{name}.{fmt}"'
     return response
+
+
+def page_response(names, user, fmt: str):
+    """A web page's export download (the officer's and the auditor's): a plain-text 400
+    without a dataset or with an unknown format, 404 naming a dataset that does not exist."""
+    from django.http import HttpResponse
+
+    if fmt not in EXPORT_FORMATS or not names:
+        return HttpResponse("name a dataset (or all) and a format: json, csv or pdf", status=400,
+                            content_type="text/plain")
+    try:
+        datasets = datasets_named(names)
+    except LookupError as e:
+        return HttpResponse(str(e), status=404, content_type="text/plain")
+    return http_response(datasets, user, fmt)
 
 
 def render(export: dict, fmt: str) -> tuple[bytes, str]:

@@ -182,16 +182,8 @@ class GovernanceAdminSite(admin.AdminSite):
     # ------------------------------------------------------------------ audit
 
     def audit_export(self, request):
-        fmt = request.GET.get("format", "pdf")
-        names = request.GET.getlist("dataset")
-        if fmt not in ("json", "csv", "pdf") or not names:
-            return HttpResponse("name a dataset and a format (json, csv or pdf)", status=400,
-                                content_type="text/plain")
-        try:
-            datasets = audit_export.datasets_named(names)
-        except LookupError as e:
-            return HttpResponse(str(e), status=404, content_type="text/plain")
-        return audit_export.http_response(datasets, request.user, fmt)
+        return audit_export.page_response(request.GET.getlist("dataset"), request.user,
+                                          request.GET.get("format", "pdf"))
 
     def audit_verify(self, request):
         names = request.GET.getlist("dataset")

@@ -19,7 +19,7 @@ from ..models import AuditRecord, Dataset
 from .analyst_views import token_context
 from .paging import filtered, page
 
-FORMATS = ("json", "csv", "pdf")
+FORMATS = audit_export.EXPORT_FORMATS
 
 
 def auditors_only(view):
@@ -66,13 +66,4 @@ def verify(request):
 
 @auditors_only
 def export(request):
-    fmt = request.GET.get("format", "pdf")
-    names = request.GET.getlist("dataset")
-    if fmt not in FORMATS or not names:
-        return HttpResponse("name a dataset (or all) and a format: json, csv or pdf", status=400,
-                            content_type="text/plain")
-    try:
-        datasets = audit_export.datasets_named(names)
-    except LookupError as e:
-        return HttpResponse(str(e), status=404, content_type="text/plain")
-    return audit_export.http_response(datasets, request.user, fmt)
+    return audit_export.page_response(request.GET.getlist("dataset"), request.user, request.GET.get("format", "pdf"))
