@@ -196,15 +196,10 @@ def _target_spec(params: dict, ds: DatasetMeta, errors: _Errors) -> tuple[str | 
     return task, {**spec, "positive": positive, "classes": [False, True]}
 
 
-def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
-    if not isinstance(params, dict):
-        raise PlanError("params must be an object", {"params": "must be an object"})
-    errors = _Errors()
-    unknown, n_unknown = unknown_keys(params, KIND_KEYS[kind])
-    if unknown:
-        errors["params"] = f"unknown parameter(s) for {kind}: {unknown_message(unknown, n_unknown)}"
-
-    task, target = _target_spec(params, ds, errors)
+def features_of(params: dict, ds: DatasetMeta, errors: _Errors) -> list[dict]:
+    """The feature columns' specs ``params["features"]`` names (by default every numeric
+    column with bounds and every categorical one but the target), each problem noted in
+    ``errors["features"]``. Shared by the DP-SGD and federated engines."""
     features = []
     names = params.get("features")
     if names is None:
@@ -239,6 +234,19 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
                     features.append(f)
         if problems:
             errors["features"] = "; ".join(problems)
+    return features
+
+
+def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
+    if not isinstance(params, dict):
+        raise PlanError("params must be an object", {"params": "must be an object"})
+    errors = _Errors()
+    unknown, n_unknown = unknown_keys(params, KIND_KEYS[kind])
+    if unknown:
+        errors["params"] = f"unknown parameter(s) for {kind}: {unknown_message(unknown, n_unknown)}"
+
+    task, target = _target_spec(params, ds, errors)
+    features = features_of(params, ds, errors)
     n_inputs = sum(1 if f["type"] == "numeric" else len(f["domain"]) for f in features)
 
     epochs = errors.number(params, "epochs", 5, lo=1, hi=MAX_EPOCHS, integer=True)

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from engines.dpsgd.params import _Errors, _feature_spec, _target_spec
+from engines.dpsgd.params import _Errors, _target_spec, features_of
 from engines.types import DatasetMeta, PlanError
 from engines.validation import is_number, unknown_keys, unknown_message
 
 KINDS = ("train",)
 MODES = ("central", "local")
 MAX_ROUNDS = 1000
-MAX_FEATURES = 200
 DEFAULT_EVAL_SHARE = 0.05
 KEYS = {"target", "task", "target_threshold", "positive_values", "features", "mode", "rounds", "sites_per_round",
         "target_epsilon", "noise_multiplier", "max_epsilon", "clip_norm", "local_epochs", "local_learning_rate",
@@ -99,29 +98,7 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     task, target = _target_spec(params, ds, errors)
     if task == "regression":
         errors["task"] = "the federated engine trains classifiers (binary or multiclass)"
-    features = []
-    names = params.get("features")
-    if names is None:
-        names = [c for c, s in ds.columns.items() if s.get("type") in ("numeric", "categorical")
-                 and c != params.get("target")]
-        features = [f for f in (_feature_spec(c, ds.columns[c]) for c in names) if isinstance(f, dict)]
-        if not features:
-            errors["features"] = "the dataset has no usable feature column"
-    elif not isinstance(names, list) or not names or not all(isinstance(c, str) for c in names) \
-            or len(set(names)) != len(names) or len(names) > MAX_FEATURES:
-        errors["features"] = f"must be a list of 1 to {MAX_FEATURES} distinct column names"
-    else:
-        problems = []
-        for c in names:
-            if c not in ds.columns:
-                problems.append(f"unknown column {c!r}")
-            elif c == params.get("target"):
-                problems.append(f"{c!r} is the target")
-            else:
-                f = _feature_spec(c, ds.columns[c])
-                problems.append(f) if isinstance(f, str) else features.append(f)
-        if problems:
-            errors["features"] = "; ".join(problems)
+    features = features_of(params, ds, errors)
 
     rounds = errors.number(params, "rounds", 10, lo=1, hi=MAX_ROUNDS, integer=True)
     n_sites = len(sites)
