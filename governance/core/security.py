@@ -4,7 +4,6 @@ per-analyst rate limit on request creation."""
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 
 from django.conf import settings
 from django.utils import timezone
@@ -12,6 +11,8 @@ from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.throttling import UserRateThrottle
+
+from . import tokens
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +51,11 @@ class ExpiringTokenAuthentication(TokenAuthentication):
             raise exceptions.AuthenticationFailed(_("Invalid token."))
         if not user.is_active:
             raise exceptions.AuthenticationFailed(_("User inactive or deleted."))
-        ttl = settings.API_TOKEN_TTL_DAYS
-        if ttl and token.created < timezone.now() - timedelta(days=ttl):
+        ends = tokens.expires(token)
+        if ends is not None and ends < timezone.now():
             raise exceptions.AuthenticationFailed(
-                f"This token expired ({ttl} days after it was issued); ask a privacy officer for a new one.")
+                f"This token expired ({settings.API_TOKEN_TTL_DAYS} days after it was issued); ask a privacy "
+                "officer for a new one.")
         return user, token
 
 
