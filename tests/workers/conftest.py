@@ -15,7 +15,9 @@ from django.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_PORT = int(os.environ.get("REDIS_PORT", "63799"))
-REDIS_URL = f"redis://127.0.0.1:{REDIS_PORT}/7"
+# TEST_REDIS_DB: a separate database per concurrent test run (two suites on one Redis
+# would take each other's tasks).
+REDIS_URL = f"redis://127.0.0.1:{REDIS_PORT}/{int(os.environ.get('TEST_REDIS_DB', '7'))}"
 
 
 def redis_up() -> bool:
