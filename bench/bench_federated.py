@@ -279,7 +279,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--skip", default="", help="comma list of: real, sim, dpsgd")
     a = ap.parse_args()
-    plugins.pm.register(federated, name="engines.federated")  # not a built-in until governance wires it
+    if not plugins.pm.is_registered(federated):  # a built-in engine (engines.plugins.BUILTINS)
+        plugins.pm.register(federated, name="engines.federated")
     rounds = a.rounds or (3 if a.quick else 5)
     epsilons = [3.0] if a.quick else [1.0, 3.0, 8.0]
     train, test_df, columns = load()

@@ -19,7 +19,7 @@ from . import hookspecs
 from .types import DatasetMeta, EngineRequest, Plan, PlanError, Release, UnknownEngine
 
 GROUP = "privacy_engines"
-BUILTINS = ("engines.aggregates", "engines.dpsgd", "engines.synthesis")
+BUILTINS = ("engines.aggregates", "engines.dpsgd", "engines.synthesis", "engines.federated")
 
 pm = pluggy.PluginManager(GROUP)
 pm.add_hookspecs(hookspecs)
@@ -79,7 +79,9 @@ def run(engine: str, request: EngineRequest, dataset: DatasetMeta, data, plan: P
 
     ``data`` is a ``pyarrow.Table``, or for a distributed dataset an
     ``engines.distributed.PartitionedTable``: passed as it is to an engine whose info says
-    ``"distributed": True``, read into one table for any other engine."""
+    ``"distributed": True``, read into one table for any other engine. For a federated
+    dataset (rows at its sites) it is an ``engines.federated.Federation``, which only an
+    engine whose info says ``"federated": True`` takes."""
     from engines.distributed import PartitionedTable
 
     if isinstance(data, PartitionedTable) and not info(engine).get("distributed"):

@@ -33,6 +33,7 @@ class Dataset(models.Model):
     class Execution(models.TextChoices):
         LOCAL = "local", "local (a worker reads the whole table)"
         DISTRIBUTED = "distributed", "distributed (Parquet partitions, run on the Dask cluster)"
+        FEDERATED = "federated", "federated (rows stay at the sites; runs go to the Flower SuperLink)"
 
     name = models.SlugField(max_length=100, unique=True, help_text="Stable identifier used in the API.")
     title = models.CharField(max_length=200, blank=True)
@@ -96,6 +97,27 @@ class Dataset(models.Model):
     @property
     def columns(self) -> dict[str, dict]:
         return {c["name"]: c for c in self.schema.get("columns", [])}
+
+
+class FederatedSite(models.Model):
+    """A site registered for a federated dataset: its id and its public row count. The rows
+    stay at the site. Its secret is never stored: it is derived from SECRET_KEY, the dataset
+    and the site (``governance.datasets.federated.site_secret``) and handed to the site by an
+    officer (``manage.py federated secret``, ``POST /api/datasets/{name}/sites/{site}/secret/``)."""
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="sites")
+    site = models.CharField(max_length=100, help_text="The site's id, as its agent's --site names it.")
+    n_rows = models.BigIntegerField(validators=[MinValueValidator(1)], help_text="Rows the site holds (public).")
+    secret_issued_at = models.DateTimeField(null=True, blank=True,
+                                            help_text="When an officer last had the site's secret handed out.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["dataset_id", "id"]
+        constraints = [models.UniqueConstraint(fields=["dataset", "site"], name="one_site_id_per_dataset")]
+
+    def __str__(self):
+        return f"{self.site} of {self.dataset_id}"
 
 
 class Budget(models.Model):
@@ -273,7 +295,9 @@ class AuditRecord(models.Model):
     result_sha256 = models.CharField(max_length=64, blank=True)
     worker = models.CharField(max_length=200, blank=True)
     cluster = models.JSONField(null=True, blank=True, help_text="The cluster job of a distributed run: backend, "
-                               "scheduler address (no credentials), job and task keys (hashed only when set).")
+                               "scheduler address (no credentials), job and task keys; of a federated run: backend "
+                               "flower, the SuperLink, the Flower run and the sites connected and refused (hashed "
+                               "only when set).")
     requested_at = models.DateTimeField(null=True, blank=True)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)

@@ -154,6 +154,16 @@ REGISTER_INLINE_BYTES = envint("REGISTER_INLINE_BYTES", 32 * 1024**2)
 DATASET_IMPORT_URIS = envlist("DATASET_IMPORT_URIS", "")
 DASK_SCHEDULER_ADDRESS = envstr("DASK_SCHEDULER_ADDRESS", "")
 DASK_TASK_RETRIES = envint("DASK_TASK_RETRIES", 2)
+# Federated datasets (execution "federated", engines/federated): the rows stay at the sites;
+# runs go to the Flower SuperLink at FEDERATED_SUPERLINK (host:port; the worker must run on
+# its host: the ServerApp reads the job directory the worker writes). TLS to it with the CA
+# bundle FEDERATED_ROOT_CERTIFICATES (empty: plain HTTP, a trusted network only). A run waits
+# FEDERATED_WAIT_SITES_SECONDS for the registered sites to connect, and drops a sampled site
+# that has not replied within FEDERATED_ROUND_TIMEOUT_SECONDS.
+FEDERATED_SUPERLINK = envstr("FEDERATED_SUPERLINK", "")
+FEDERATED_ROOT_CERTIFICATES = envstr("FEDERATED_ROOT_CERTIFICATES", "")
+FEDERATED_WAIT_SITES_SECONDS = envint("FEDERATED_WAIT_SITES_SECONDS", 60)
+FEDERATED_ROUND_TIMEOUT_SECONDS = envint("FEDERATED_ROUND_TIMEOUT_SECONDS", 120)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
 
@@ -203,6 +213,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "LedgerStatusEnum": "governance.models.LedgerEntry.Status",
         "RequestStatusEnum": "governance.models.Request.Status",
+        "DatasetExecutionEnum": "governance.models.Dataset.Execution",
     },
 }
 

@@ -62,6 +62,14 @@ def test_the_default_configuration_passes():
     ({"MAX_UPLOAD_BYTES": 0}, "governance.E006"),
     ({"WORKER_HEARTBEAT_SECONDS": 0}, "governance.E031"),
     ({"WORKER_HEARTBEAT_SECONDS": 30, "WORKER_ALIVE_SECONDS": 30}, "governance.E031"),
+    ({"FEDERATED_SUPERLINK": "superlink"}, "governance.E032"),
+    ({"FEDERATED_SUPERLINK": "http://superlink:9093"}, "governance.E032"),
+    ({"FEDERATED_SUPERLINK": "superlink:port"}, "governance.E032"),
+    ({"FEDERATED_SUPERLINK": "superlink:9093/path"}, "governance.E032"),
+    ({"FEDERATED_ROOT_CERTIFICATES": "relative/ca.pem"}, "governance.E033"),
+    ({"FEDERATED_ROOT_CERTIFICATES": "/no/such/ca.pem"}, "governance.E033"),
+    ({"FEDERATED_WAIT_SITES_SECONDS": 0}, "governance.E034"),
+    ({"FEDERATED_ROUND_TIMEOUT_SECONDS": -1}, "governance.E034"),
 ])
 def test_a_malformed_setting_is_a_check_error(overrides, error_id):
     with override_settings(**overrides):
@@ -79,6 +87,8 @@ def test_a_malformed_setting_is_a_check_error(overrides, error_id):
     {"REDIS_URL": "unix:///run/redis.sock"}, {"CELERY_BROKER_URL": "amqp://guest@rabbit//"},
     {"DATASET_IMPORT_URIS": ["s3://bucket/tables/", "gs://b/t"]},
     {"RELEASE_QUANTUM_MS": 0}, {"API_TOKEN_TTL_DAYS": 0}, {"DASK_TASK_RETRIES": 0},
+    {"FEDERATED_SUPERLINK": ""}, {"FEDERATED_SUPERLINK": "127.0.0.1:9093"}, {"FEDERATED_SUPERLINK": "[::1]:9093"},
+    {"FEDERATED_SUPERLINK": "superlink.internal:9093"},
 ])
 def test_good_values_pass(overrides):
     with override_settings(**overrides):

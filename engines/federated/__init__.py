@@ -10,8 +10,8 @@ transport), ``flwr_apps`` and ``flwrapp/`` (Flower's ServerApp/ClientApp and the
 ``site`` (SuperLink/SuperNode processes; the site agent). No Django here; flwr is imported
 only by the ServerApp, the ClientApp and ``execute``'s subprocesses.
 
-Not in ``engines.plugins.BUILTINS`` yet: the governance side (federated datasets, the site
-registry, the SuperLink setting) registers it when it is wired (tests register it).
+In ``engines.plugins.BUILTINS``: the governance side (``governance.datasets.federated``:
+federated datasets, their sites, ``FEDERATED_SUPERLINK``) passes a ``Federation``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""Datasets: register, upload, activate, estimate, recommendation, charges, preview (dummy rows).
+"""Datasets: register, upload, activate, estimate, recommendation, charges, preview (dummy rows),
+a federated dataset's site secrets (officers).
 """
 
 
+from django.conf import settings
 from drf_spectacular.utils import (
     OpenApiParameter,
     extend_schema,
@@ -14,7 +16,7 @@ from rest_framework.response import Response
 
 from ..core.errors import InvalidRequest
 from ..core.roles import is_officer
-from ..datasets import registry as ds_actions
+from ..datasets import federated, registry as ds_actions
 from ..datasets import preview as dummy_data
 from ..datasets.preview import DEFAULT_PREVIEW_ROWS, MAX_PREVIEW_ROWS
 from ..datasets.recommendations import RANGES, recommend
@@ -69,7 +71,7 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
             file_format=v.get("format"), title=v.get("title", ""), description=v.get("description", ""),
             unit_column=v.get("unit_column", ""), schema=schema, budget_epsilon=v["budget_epsilon"],
             budget_delta=v.get("budget_delta", "auto"), policy=v["policy"], activate=v["activate"],
-            execution=v["execution"])
+            execution=v["execution"], sites=v.get("sites"))
         pending = ds.status == Dataset.Status.PENDING  # a large table: read by a worker (governance/datasets/registry.py)
         return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data,
                         status=status.HTTP_202_ACCEPTED if pending else status.HTTP_201_CREATED)
@@ -93,6 +95,22 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
             status=Dataset.Status.ACTIVE)
         ds.refresh_from_db()
         return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data)
+
+    @extend_schema(request=None, responses={200: inline_serializer("SiteSecret", {
+        "dataset": serializers.CharField(), "site": serializers.CharField(),
+        "secret": serializers.CharField(help_text="the site agent's --key"),
+        "agent": serializers.CharField(help_text="the site agent's command line, to fill in")})})
+    @action(detail=True, methods=["post"], url_path=r"sites/(?P<site>[A-Za-z0-9][A-Za-z0-9_.-]{0,99})/secret",
+            permission_classes=[IsAuthenticated, IsOfficer])
+    def site_secret(self, request, name=None, site=None):
+        """Hand a federated dataset's site its secret (privacy officers only): derived from
+        SECRET_KEY, the dataset and the site, never stored; the time it was handed out is
+        noted on the site. Give it to the site's operator over a trusted channel."""
+        ds = self.get_object()
+        secret = federated.issue_secret(ds, site)
+        return Response({"dataset": ds.name, "site": site, "secret": secret, "agent": (
+            f"python -m engines.federated.site --superlink {settings.FEDERATED_SUPERLINK or 'HOST:PORT'} "
+            f"--dataset {ds.name} --site {site} --key @{site}.secret --table ROWS.parquet")})
 
     @extend_schema(request=s.EstimateInputSerializer, responses={200: inline_serializer("Estimate", {
         "events": serializers.ListField(), "total": serializers.DictField(), "would_admit": serializers.BooleanField(),

@@ -8,6 +8,7 @@ from accounting import POLICIES
 from accounting.events import MAX_EPSILON
 from accounting.costs import Cost
 
+from ..datasets.federated import site_rows
 from ..ledger.limits import Limit, budget_report, charge_summary
 from ..ledger.refined_reports import active_event, dataset_report, entry_charge
 from ..models import Dataset, Grant, LedgerEntry, Request
@@ -60,13 +61,25 @@ class DatasetSerializer(serializers.ModelSerializer):
     status = DatasetStatusField(read_only=True)
     budget = serializers.SerializerMethodField(help_text="epsilon/delta of the budget and what is spent under each accountant")
     columns = serializers.SerializerMethodField()
+    execution = serializers.ChoiceField(choices=Dataset.Execution.choices, read_only=True,
+                                        help_text="local, distributed (Dask) or federated (rows at the sites: "
+                                                  "engines with federated true only)")
+    sites = serializers.SerializerMethodField(help_text="a federated dataset's sites and their row counts (public; "
+                                                        "their secrets are never shown here)")
 
     class Meta:
         model = Dataset
-        fields = ["id", "name", "title", "description", "status", "file_format", "unit_column", "n_rows",
-                  "n_units", "policy", "allow_non_private", "budget_epsilon", "budget_delta", "delta_auto",
-                  "approx_delta_share", "pld_certification", "columns", "budget", "created_at"]
+        fields = ["id", "name", "title", "description", "status", "execution", "file_format", "unit_column",
+                  "n_rows", "n_units", "sites", "policy", "allow_non_private", "budget_epsilon", "budget_delta",
+                  "delta_auto", "approx_delta_share", "pld_certification", "columns", "budget", "created_at"]
         read_only_fields = fields
+
+    @extend_schema_field({"type": "array", "items": {"type": "object", "properties": {
+        "site": {"type": "string"}, "n_rows": {"type": "integer"}}}})
+    def get_sites(self, ds) -> list:
+        if ds.execution != Dataset.Execution.FEDERATED:
+            return []
+        return [dict(s) for s in site_rows(ds)]
 
     def get_columns(self, ds) -> list:
         request = self.context.get("request")
@@ -91,8 +104,8 @@ class DatasetSerializer(serializers.ModelSerializer):
 
 class OfficerDatasetSerializer(DatasetSerializer):
     class Meta(DatasetSerializer.Meta):
-        fields = DatasetSerializer.Meta.fields + ["max_rows_per_unit", "sha256", "created_by", "execution",
-                                                  "location", "partitions", "registration"]
+        fields = DatasetSerializer.Meta.fields + ["max_rows_per_unit", "sha256", "created_by", "location",
+                                                  "partitions", "registration"]
         read_only_fields = fields
 
 
@@ -105,9 +118,12 @@ class DatasetCreateSerializer(serializers.Serializer):
                                  help_text="A table on the server, inside DATASET_IMPORT_DIRS (with execution "
                                            "distributed: Parquet partitions, a directory, a file or a URI under "
                                            "DATASET_IMPORT_URIS, registered where they are)")
-    execution = serializers.ChoiceField(choices=["local", "distributed"], default="local",
+    execution = serializers.ChoiceField(choices=Dataset.Execution.values, default="local",
                                         help_text="local: the table is copied and one worker reads it; "
-                                                  "distributed: runs go to the Dask cluster")
+                                                  "distributed: runs go to the Dask cluster; federated: no table, "
+                                                  "the rows stay at the sites (give schema and sites)")
+    sites = SafeJSONField(required=False, help_text='federated only: [{"site": "h1", "n_rows": 1200}, ...], '
+                                                    "distinct ids, positive row counts")
     format = serializers.ChoiceField(choices=["csv", "parquet"], required=False)
     unit_column = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
     schema = SafeJSONField(required=False, help_text="Column specs overriding the inferred schema")
@@ -117,6 +133,16 @@ class DatasetCreateSerializer(serializers.Serializer):
     activate = serializers.BooleanField(default=False, help_text="Activate at once (skip the draft review)")
 
     def validate(self, attrs):
+        if attrs.get("execution") == "federated":
+            if "file" in attrs or "path" in attrs:
+                raise serializers.ValidationError({"execution": "A federated dataset has no table here (its rows "
+                                                   "stay at its sites): give schema and sites, no file or path."})
+            missing = {k: "A federated dataset needs this." for k in ("schema", "sites") if k not in attrs}
+            if missing:
+                raise serializers.ValidationError(missing)
+            return attrs
+        if "sites" in attrs:
+            raise serializers.ValidationError({"sites": "Only a federated dataset (execution federated) has sites."})
         if ("file" in attrs) == ("path" in attrs):
             raise serializers.ValidationError("Give exactly one of 'file' (upload) or 'path' (server file).")
         return attrs

@@ -62,11 +62,14 @@ POSITIVE = {  # setting: (smallest value, what it is)
     "REQUEST_REQUEUE_AFTER_SECONDS": (1, "seconds before a queued request's task is sent again"),
     "RELEASE_QUANTUM_MS": (0, "milliseconds between release ticks (0: off)"),
     "REGISTER_INLINE_BYTES": (0, "bytes of a table read on the request thread (larger: by a worker)"),
+    "FEDERATED_WAIT_SITES_SECONDS": (1, "seconds a federated run waits for its sites to connect"),
+    "FEDERATED_ROUND_TIMEOUT_SECONDS": (1, "seconds a federated round waits for a sampled site's reply"),
 }
 POSITIVE_IDS = {"API_TOKEN_TTL_DAYS": "governance.E008",
                 "DASK_TASK_RETRIES": "governance.E015", "CELERY_DB_REUSE_MAX": "governance.E017",
                 "SECURE_HSTS_SECONDS": "governance.E023", "REQUEST_REQUEUE_AFTER_SECONDS": "governance.E021",
-                "RELEASE_QUANTUM_MS": "governance.E022", "REGISTER_INLINE_BYTES": "governance.E030"}
+                "RELEASE_QUANTUM_MS": "governance.E022", "REGISTER_INLINE_BYTES": "governance.E030",
+                "FEDERATED_WAIT_SITES_SECONDS": "governance.E034", "FEDERATED_ROUND_TIMEOUT_SECONDS": "governance.E034"}
 
 
 def rate_problem(rate) -> str | None:
@@ -125,6 +128,12 @@ def check_settings(app_configs, **kwargs):
                   "Server directories go in DATASET_IMPORT_DIRS.")
     if problem := dask_address_problem(getattr(s, "DASK_SCHEDULER_ADDRESS", "")):
         error(problem, "governance.E014")
+    if problem := superlink_problem(getattr(s, "FEDERATED_SUPERLINK", "")):
+        error(problem, "governance.E032", "Federated runs would fail before reaching a site (refunded).")
+    ca = getattr(s, "FEDERATED_ROOT_CERTIFICATES", "")
+    if ca and not (Path(ca).is_absolute() and Path(ca).is_file()):
+        error(f"FEDERATED_ROOT_CERTIFICATES={ca!r} is not an absolute path of a file (the CA bundle of the "
+              "SuperLink's TLS certificate; empty: plain HTTP).", "governance.E033")
 
     for name in ("REDIS_URL", "CELERY_BROKER_URL"):
         url = getattr(s, name, None)
@@ -186,6 +195,23 @@ def dask_address_problem(address) -> str | None:
         port, parts = None, None
     if parts is None or not parts.hostname or port is None or parts.path not in ("", "/"):
         return f"DASK_SCHEDULER_ADDRESS={address!r} is not protocol://host:port (e.g. tcp://scheduler:8786)."
+    return None
+
+
+def superlink_problem(address) -> str | None:
+    """Why FEDERATED_SUPERLINK cannot be a SuperLink's address, or None (empty: no federated
+    runs). Flower takes host:port, no scheme."""
+    if not address:
+        return None
+    if not isinstance(address, str) or "://" in address:
+        return f"FEDERATED_SUPERLINK={address!r} is not host:port (no scheme; e.g. superlink:9093)."
+    try:
+        parts = urlsplit(f"//{address}")
+        port = parts.port
+    except ValueError:
+        port, parts = None, None
+    if parts is None or not parts.hostname or port is None or parts.path or parts.query or parts.username:
+        return f"FEDERATED_SUPERLINK={address!r} is not host:port (e.g. superlink:9093 or 127.0.0.1:9093)."
     return None
 
 

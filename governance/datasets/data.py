@@ -14,11 +14,17 @@ from .files import dataset_path, read_table
 def load_columns(ds: Dataset, columns: list[str]) -> pa.Table:
     """The named columns of a dataset's table (the unit column is added when it has one).
     A distributed dataset's partitions are checked (footers only) and handed over unread,
-    as an ``engines.distributed.PartitionedTable`` (governance.datasets.partitions)."""
+    as an ``engines.distributed.PartitionedTable`` (governance.datasets.partitions). A
+    federated dataset's rows stay at its sites: an ``engines.federated.Federation`` instead
+    (governance.datasets.federated)."""
     if ds.execution == Dataset.Execution.DISTRIBUTED:
         from .partitions import open_columns
 
         return open_columns(ds, columns)
+    if ds.execution == Dataset.Execution.FEDERATED:  # no rows here: how a run reaches the sites
+        from .federated import federation
+
+        return federation(ds)
     cols = list(dict.fromkeys(columns + ([ds.unit_column] if ds.unit_column else [])))
     path = str(dataset_path(ds))
     if not cols and ds.file_format == "csv":
@@ -42,6 +48,10 @@ def table_schema(ds: Dataset) -> pa.Schema:
         from .partitions import arrow_schema
 
         return arrow_schema(ds)
+    if ds.execution == Dataset.Execution.FEDERATED:  # the declared schema: the sites' tables are never seen
+        from .federated import arrow_schema as declared
+
+        return declared(ds.schema.get("columns", []))
     if ds.file_format == "parquet":
         return pq.read_schema(dataset_path(ds))
     return read_table(dataset_path(ds), ds.file_format).schema

@@ -46,10 +46,11 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 def register(*, name: str, created_by, upload=None, path: str | None = None, file_format: str | None = None,
              title: str = "", description: str = "", unit_column: str = "", schema=None,
              budget_epsilon=None, budget_delta="auto", policy: str = "rdp", activate: bool = False,
-             execution: str = "local") -> Dataset:
+             execution: str = "local", sites=None) -> Dataset:
     """Register a table (an uploaded file or a server path) as a dataset. All-or-nothing.
     ``execution="distributed"``: ``path`` names Parquet partitions, registered where they
-    are (governance.datasets.partitions)."""
+    are (governance.datasets.partitions). ``execution="federated"``: no table, the declared
+    ``schema`` and the ``sites`` with their row counts (governance.datasets.federated)."""
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise InvalidDataset("name must be 1-100 lowercase letters, digits, '-' or '_'", field="name")
     failed = Dataset.objects.filter(name=name, status=Dataset.Status.FAILED).first()
@@ -61,10 +62,21 @@ def register(*, name: str, created_by, upload=None, path: str | None = None, fil
         raise InvalidDataset(f"a dataset named {name!r} already exists", field="name")
     if policy not in POLICIES:
         raise InvalidDataset(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}", field="policy")
-    if (upload is None) == (path is None):
-        raise InvalidDataset("give exactly one of an uploaded 'file' or a server 'path'")
     if execution not in Dataset.Execution.values:
         raise InvalidDataset(f"execution must be one of {', '.join(Dataset.Execution.values)}", field="execution")
+    if execution == Dataset.Execution.FEDERATED:
+        if upload is not None or path is not None:
+            raise InvalidDataset("a federated dataset has no table here (its rows stay at its sites): give its "
+                                 "schema and sites, no 'file' or 'path'", field="file")
+        from . import federated
+
+        return federated.register(name=name, created_by=created_by, schema=schema, sites=sites, title=title,
+                                  description=description, unit_column=unit_column, budget_epsilon=budget_epsilon,
+                                  budget_delta=budget_delta, policy=policy, activate=activate)
+    if sites is not None:
+        raise InvalidDataset("sites belong to a federated dataset (execution federated)", field="sites")
+    if (upload is None) == (path is None):
+        raise InvalidDataset("give exactly one of an uploaded 'file' or a server 'path'")
     if execution == Dataset.Execution.DISTRIBUTED:
         if path is None:
             raise InvalidDataset("a distributed dataset is registered from a server 'path' (Parquet partitions: "

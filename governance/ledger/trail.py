@@ -15,7 +15,9 @@ that ``audit verify`` prints (exports carry it) to anchor it.
 
 ``cluster`` (a distributed run's record only): the cluster job that computed it,
 ``{"backend", "scheduler", "keys", "job"?}``: the scheduler's address without credentials
-and the Dask keys its logs and dashboard show (``cluster_job``). The key is in the hashed
+and the Dask keys its logs and dashboard show (``cluster_job``). A federated run's record
+names its SuperLink, its Flower run and its sites: ``{"backend": "flower", "superlink",
+"job"?, "sites": {"connected", "aggregated", "refused"}}`` (refused: why, per node). The key is in the hashed
 body only when it is set, so records written before it existed, and every record of a
 local run, hash exactly as before (same format, ``privacy-audit/1``).
 
@@ -195,6 +197,13 @@ def cluster_job(officer_report: dict | None) -> dict | None:
     job = (officer_report or {}).get("cluster")
     if not isinstance(job, dict):
         return None
+    if job.get("backend") == "flower":  # a federated run (governance.requests.federated_runs)
+        sites = job.get("sites") or {}
+        out = {"backend": "flower", "superlink": str(job.get("superlink", "")),
+               "sites": {k: [str(x) for x in sites.get(k) or []] for k in ("connected", "aggregated", "refused")}}
+        if job.get("job"):
+            out["job"] = str(job["job"])
+        return out
     from engines.distributed.cluster import public_address
 
     keys = job.get("keys") or ([job["graph_key"]] if job.get("graph_key") else [])

@@ -30,13 +30,14 @@ from django.db import connection
 from django.utils import timezone
 
 from engines import plugins
+from engines.federated.types import Federation
 from engines.types import Cancelled, EngineError, EngineRequest, Plan
 
 from ..core.raw_rows import concrete, from_row
 from ..datasets.data import load_columns
 from ..datasets.engine_meta import dataset_meta
 from ..models import Dataset, Request
-from . import outcomes
+from . import federated_runs, outcomes
 from .releaser import RELEASER
 
 log = logging.getLogger(__name__)
@@ -223,14 +224,16 @@ def _run(req: Request, clock: RunClock) -> str:
 
     workdir = scratch_dir()
     _cluster_jobs()  # forget any job an earlier run of this thread left noted
+    # a federated run: its progress per round and the sites its audit record names
+    recorder = federated_runs.Recorder(clock.report, data.superlink) if isinstance(data, Federation) else None
     try:
-        release = plugins.run(req.engine, engine_request, meta, data, plan, clock.report, workdir)
+        release = plugins.run(req.engine, engine_request, meta, data, plan, recorder or clock.report, workdir)
     except Cancelled as c:
         _empty(workdir)
         return _finish(req, Request.Status.CANCELLED, error={
             "code": "request.cancelled",
             "detail": "Cancelled while running; the data was read, the charge for the work done stands."},
-            actual_event=c.actual_event, charge=True, clock=clock, officer_report=_cluster_jobs())
+            actual_event=c.actual_event, charge=True, clock=clock, officer_report=_jobs(recorder))
     except Exception as e:
         _log_failure_after_read(req.pk, e)
         _empty(workdir)
@@ -240,7 +243,7 @@ def _run(req: Request, clock: RunClock) -> str:
         return _finish(req, Request.Status.FAILED, error={
             "code": "request.failed_after_read",
             "detail": "The engine failed after reading the data; the charge stands (a failure can depend on the data)."},
-            actual_event=spent, charge=True, clock=clock, officer_report=_cluster_jobs())
+            actual_event=spent, charge=True, clock=clock, officer_report=_jobs(recorder))
     result = dict(release.result)
     files = _describe_files(workdir)
     if files:
@@ -248,6 +251,8 @@ def _run(req: Request, clock: RunClock) -> str:
     officer = dict(release.officer_report) if release.officer_report is not None else None
     if officer is not None and (workdir / "officer").is_dir():
         officer["files"] = _describe_files(workdir / "officer")
+    if recorder is not None:
+        officer = {**(officer or {}), "cluster": recorder.job(result)}
     if any(workdir.iterdir()):  # the files become the request's; the next run gets a new scratch
         target = results_dir(req.pk)
         shutil.rmtree(target, ignore_errors=True)  # a previous delivery's
@@ -276,6 +281,12 @@ def _data_read_sql() -> str:
     field = Request._meta.get_field
     return (f"UPDATE {Request._meta.db_table} SET {field('data_read').column} = %s, {field('progress').column} = %s "
             f"WHERE id = %s")
+
+
+def _jobs(recorder) -> dict | None:
+    """The officer report of a run that failed or was cancelled: what names its job in the
+    audit record (a federated run's sites, or a distributed run's cluster jobs)."""
+    return {"cluster": recorder.job()} if recorder is not None else _cluster_jobs()
 
 
 def _cluster_jobs() -> dict | None:

@@ -42,6 +42,13 @@ def fingerprint(ds: Dataset, engine: str, kind: str, params: dict) -> str:
 
 def plan_request(ds: Dataset, engine: str, kind: str, params: dict):
     try:
+        federated_engine = bool(plugins.info(engine).get("federated"))
+        if federated_engine != (ds.execution == Dataset.Execution.FEDERATED):
+            raise EngineRequestInvalid(
+                f"dataset {ds.name!r} is federated (its rows stay at its sites): only a federated engine runs on it"
+                if not federated_engine else
+                f"engine {engine!r} trains across the sites of a federated dataset; {ds.name!r} is not federated",
+                errors={"engine": "a federated engine for a federated dataset, any other engine for any other"})
         return plugins.plan(engine, EngineRequest(kind=kind, params=params), dataset_meta(ds))
     except PlanError as e:
         err = EngineRequestInvalid(e.message, errors=e.errors)
