@@ -208,19 +208,29 @@ def select_cost(scale: float, k: int) -> float:
 
 
 def _plan_vae(spec: Spec) -> tuple[dict, dict]:
+    """The VAE's DP-SGD run, calibrated as the DP-SGD engine's training is: the smallest
+    noise multiplier whose event costs at most epsilon at the refined RDP order
+    (``engines.dpsgd.calibrate.noise_multiplier``), reported by ``_refined_epsilon``."""
     from engines.dpsgd import calibrate
 
     v = spec.vae
     q, per_epoch = calibrate.sampling(spec.n_train_units, v["batch_size"], v["epochs"])
     steps = per_epoch * v["epochs"]
     try:
-        # on the grid, as the synthesis plan reports its epsilon (``_rdp_epsilon``); DP-SGD
-        # training calibrates and reports at the refined order
-        z = calibrate.grid_noise_multiplier(spec.epsilon, spec.delta, q, steps)
+        z = calibrate.noise_multiplier(spec.epsilon, spec.delta, q, steps)
     except calibrate.CalibrationError as e:
         raise PlanError(str(e), {"epsilon": str(e)}) from None
     return calibrate.run_event(q, z, steps, 0.0, 0), {"sample_rate": q, "noise_multiplier": z, "steps": steps,
                                                        "steps_per_epoch": per_epoch}
+
+
+def _refined_epsilon(event: dict, delta: float) -> float:
+    """The event's epsilon at the order refined off the grid (``accounting.rdp.compose``, the
+    ledger's ``refined_epsilon`` of the charged event): what a DP-SGD run is calibrated to
+    and reports (never above ``_rdp_epsilon``)."""
+    from accounting import parse_event, rdp
+
+    return rdp.compose([parse_event(event)], delta).epsilon
 
 
 def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
@@ -229,7 +239,8 @@ def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
         event, method_details, certified = _plan_mst(spec)
     else:
         (event, method_details), certified = _plan_vae(spec), None
-    planned = _rdp_epsilon(event, spec.delta)
+    # MST: the grid's epsilon, which it is calibrated to; the VAE (DP-SGD): the refined order's
+    planned = _refined_epsilon(event, spec.delta) if spec.method == "vae" else _rdp_epsilon(event, spec.delta)
     # planned_epsilon: what the ledger charges (the event by its RDP curve, composed by the
     # gate's filter); certified_epsilon: the run's own guarantee, by the accountant that
     # calibrated it (PLD is valid for this one pre-planned run, never as the gate's filter)

@@ -17,11 +17,14 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from accounting import rdp
 from accounting.base import compose_events
 from accounting.events import parse_event
 from engines import plugins
+from engines.dpsgd import calibrate
 from engines.synthesis import vae
 from engines.synthesis.params import Spec
 from engines.types import Cancelled, DatasetMeta, EngineError, EngineRequest, PlanError
@@ -90,11 +93,27 @@ def test_the_plan_is_the_subsampled_gaussian_of_the_run_at_the_requested_epsilon
     assert d["steps_per_epoch"] == 20 and d["steps"] == 8 * 20
     assert plan.event == {"kind": "subsampled_gaussian", "sample_rate": d["sample_rate"],
                           "noise_multiplier": d["noise_multiplier"], "steps": d["steps"]}
-    charged = compose_events(rdp, [parse_event(plan.event)], DELTA).epsilon  # what the ledger charges
-    assert 0.99 * 8.0 <= charged <= 8.0
-    assert plan.details["planned_epsilon"] == pytest.approx(charged)
-    assert rdp.compose([parse_event(plan.event)], DELTA).epsilon <= charged  # refined off the grid: never more
+    # calibrated, reported and charged at the refined order, as DP-SGD training (the ledger's
+    # refined_epsilon of the charged event), tight to the target
+    refined = rdp.compose([parse_event(plan.event)], DELTA).epsilon
+    assert 0.999 * 8.0 <= refined <= 8.0
+    assert plan.details["planned_epsilon"] == refined == plan.details["certified_epsilon"]
+    grid = compose_events(rdp, [parse_event(plan.event)], DELTA).epsilon  # the gate's filter: never less
+    assert refined <= grid
+    assert d["noise_multiplier"] == calibrate.noise_multiplier(8.0, DELTA, d["sample_rate"], d["steps"])
+    assert d["noise_multiplier"] <= calibrate.grid_noise_multiplier(8.0, DELTA, d["sample_rate"], d["steps"])
     assert plan.columns == ["score", "kids", "grp", "flag"]
+
+
+@settings(max_examples=5, deadline=None)
+@given(epsilon=st.floats(0.5, 8.0), batch=st.sampled_from([50, 100, 400]), epochs=st.integers(1, 6))
+def test_the_planned_epsilon_is_the_charged_events_refined_epsilon_and_meets_the_target(epsilon, batch, epochs):
+    plan = plugins.plan("synthesis", EngineRequest("synthesize", {**GENEROUS, "epsilon": epsilon,
+                                                                   "batch_size": batch, "epochs": epochs}), meta())
+    refined = rdp.compose([parse_event(plan.event)], DELTA).epsilon
+    assert plan.details["planned_epsilon"] == refined <= epsilon * (1 + 1e-9)
+    assert refined >= 0.99 * epsilon or plan.details["vae"]["noise_multiplier"] <= calibrate.MIN_NOISE  # as DP-SGD
+    assert refined <= compose_events(rdp, [parse_event(plan.event)], DELTA).epsilon
 
 
 def test_a_tiny_epsilon_is_refused_at_plan_time():
