@@ -17,6 +17,7 @@ from ..datasets import registry as datasets
 from ..ledger.limits import Limit
 from ..models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
 from .admin_forms import DatasetChangeForm, DatasetRegisterForm
+from .progress import progress_text
 
 
 class OfficerPermissions:
@@ -207,9 +208,7 @@ class RequestAdmin(ReadOnly, admin.ModelAdmin):
 
     @admin.display(description="progress")
     def phase(self, r):
-        p = r.progress or {}
-        frac = p.get("fraction")
-        return f"{p.get('phase', '')} {frac:.0%}" if isinstance(frac, (int, float)) else p.get("phase", "")
+        return progress_text(r.progress)
 
 
 @admin.register(AuditRecord)

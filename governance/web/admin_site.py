@@ -29,6 +29,7 @@ from ..models import AuditRecord, Dataset, Grant, LedgerEntry, Request
 from ..requests import sql as sql_requests
 from . import charts
 from .paging import filtered, page
+from .progress import progress_text
 
 User = get_user_model()
 SPARK_POINTS = 40
@@ -117,11 +118,14 @@ class GovernanceAdminSite(admin.AdminSite):
                 except ValueError:  # an unreadable event: audit verify names it
                     pass
         requests_ = Request.objects.filter(dataset=ds).select_related("analyst").order_by("-created_at")[:20]
+        for r in requests_:
+            r.progress_text = progress_text(r.progress)
+        sites = list(ds.sites.order_by("id")) if ds.execution == Dataset.Execution.FEDERATED else []
         estimate = self._estimate(request, ds)
         context = {
             **self.each_context(request), "title": f"Dataset {ds.name}", "ds": ds, "gauges": gauges, "chart": chart,
             "report": report, "grants": grants, "ledger_page": ledger_page, "audit_page": audit_page,
-            "requests": requests_, "estimate": estimate, "filters": request.GET,
+            "requests": requests_, "sites": sites, "estimate": estimate, "filters": request.GET,
             "statuses": LedgerEntry.Status.values, "actions": AuditRecord.Action.values,
             "export_url": reverse("admin:governance_audit_export"),
             "verify_url": reverse("admin:governance_audit_verify") + f"?dataset={ds.name}",

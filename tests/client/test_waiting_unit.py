@@ -90,3 +90,29 @@ def test_a_failed_request_raises_with_its_code(clock):
     with pytest.raises(RequestFailed) as e:
         client.wait("r1")
     assert e.value.code == "request.failed_before_read" and e.value.request["status"] == "failed"
+
+
+def test_the_progress_bar_shows_a_federated_runs_round_epsilon_and_dp_accuracy():
+    from privacy_client.waiting import _Bar
+
+    class FakeTqdm:
+        def __init__(self, **kw):
+            self.postfix, self.n = "", 0
+
+        def set_postfix_str(self, text, refresh=True):
+            self.postfix = text
+
+        def update(self, n):
+            self.n += n
+
+        def refresh(self):
+            pass
+
+    bar = _Bar(FakeTqdm, "federated.train")
+    bar.update({"status": "running", "progress": {
+        "phase": "training", "fraction": 0.4, "round": 2, "rounds": 5, "epsilon_spent": 1.2345,
+        "sites": {"sampled": ["a", "b", "c"], "accepted": ["a", "b"], "rejected": {}},
+        "history": [{"round": 1, "epsilon_spent": 0.8},
+                    {"round": 2, "epsilon_spent": 1.2345, "accuracy": 0.714, "accuracy_ci95": [0.66, 0.77]}]}})
+    assert bar.bar.postfix == "training round 2/5 eps 1.23 sites 2 acc 0.71 [0.66, 0.77]"
+    assert bar.bar.n == 40
