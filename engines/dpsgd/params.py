@@ -28,7 +28,8 @@ MAX_CANARIES = 10_000
 MAX_RANKS = 64  # data-parallel ranks of one run (distributed datasets; engines/distributed/training.py)
 MAX_SWEEP = 8
 DEFAULT_SWEEP = [1.0, 3.0, 8.0]
-DEFAULT_EVAL_SHARE = 0.05  # of target_epsilon, for the held-out metrics
+DEFAULT_EVAL_SHARE = 0.05  # of target_epsilon, the least the held-out metrics get by default (planner.eval_share)
+MAX_EVAL_SHARE = 0.25  # of target_epsilon, the most they get by default
 DEFAULT_EVAL_EPSILON = 0.1  # when the noise multiplier is given instead of a target
 
 COMMON_KEYS = {"target", "task", "target_threshold", "positive_values", "features", "model", "fix_model",
@@ -302,9 +303,10 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         te = errors.number(params, "target_epsilon", None, lo=0, hi=100, lo_open=True)
         nm = errors.number(params, "noise_multiplier", None, lo=0, hi=1000, lo_open=True)
         cap = errors.number(params, "max_epsilon", None, lo=0, hi=1000, lo_open=True)
-        default_eval = DEFAULT_EVAL_SHARE * te if te else DEFAULT_EVAL_EPSILON
-        ev = errors.number(params, "eval_epsilon", default_eval, lo=0, hi=100)
-        if te and ev is not None and ev >= te / 2:
+        ev = errors.number(params, "eval_epsilon", None if te else DEFAULT_EVAL_EPSILON, lo=0, hi=100)
+        if te and ev is None:  # the planner chooses the share (planner.eval_share)
+            ev = -1.0
+        elif te and ev >= te / 2:
             errors["eval_epsilon"] = f"must be less than half of target_epsilon ({te:g}), got {ev:g}"
         spec_kw = {"target_epsilon": te, "noise_multiplier": nm, "max_epsilon": cap, "eval_epsilon": ev or 0.0}
     else:

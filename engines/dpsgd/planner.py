@@ -8,9 +8,17 @@ evenly over the epochs, each released through OpenDP's Laplace mechanism (L1
 sensitivity 3: a unit moves the metric sum, the loss sum and the unit count by at most 1
 each), the metric with its 95% interval (``intervals``); each run states the interval's
 expected half-width (``eval_ci95_halfwidth``) so the share can be chosen before spending.
+Without an ``eval_epsilon`` the plan chooses it (``eval_share``): the least that states a
+half-width of ``EVAL_HALFWIDTH`` over the declared held-out units, kept within 5% and 25%
+of the run's target. The evaluations' Laplace releases compose under RDP at a small
+fraction of their nominal epsilon: at target 1 on 22,524 training and 5,631 held-out
+units (AER/CPS1988, 3 epochs, batch 256), a share of 0.2 instead of 0.05 raises the
+noise multiplier from 1.202 to 1.245 and narrows the stated half-width from 0.20 to 0.05.
 """
 
 from __future__ import annotations
+
+import math
 
 from engines.aggregates import noise as opendp_noise
 from engines.aggregates.noise import Noise
@@ -19,10 +27,28 @@ from engines.types import DatasetMeta, EngineRequest, Plan, PlanError
 from . import calibrate, pld
 from .intervals import ALPHA_EACH, expected_halfwidth
 from .model_spec import describe, n_parameters
-from .params import DEFAULT_EVAL_SHARE, Spec, validate
+from .params import DEFAULT_EVAL_SHARE, MAX_EVAL_SHARE, Spec, validate
 
 DETAILS_VERSION = 1
 EVAL_SENSITIVITY = 3.0
+EVAL_HALFWIDTH = 0.05  # the 95% half-width the default evaluation share aims at
+
+
+def eval_share(target: float, evals: int, n_test_units: int) -> float:
+    """The evaluations' epsilon when the request gives none: the least whose stated 95%
+    half-width (``expected_halfwidth``: a metric near 0.5 over the declared held-out units,
+    ``evals`` releases at equal shares) is ``EVAL_HALFWIDTH``, kept within
+    [``DEFAULT_EVAL_SHARE``, ``MAX_EVAL_SHARE``] of ``target``. Public numbers only."""
+    lo, hi = 0.0, float(max(n_test_units, 1))  # the noise bound t: the half-width grows with it
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if expected_halfwidth(mid, n_test_units) <= EVAL_HALFWIDTH:
+            lo = mid
+        else:
+            hi = mid
+    # Laplace of scale b = sensitivity / epsilon: t = b ln(1 / ALPHA_EACH) (``Noise.halfwidth``)
+    needed = evals * EVAL_SENSITIVITY * math.log(1 / ALPHA_EACH) / lo if lo > 0 else math.inf
+    return min(max(needed, DEFAULT_EVAL_SHARE * target), MAX_EVAL_SHARE * target)
 
 
 def _eval_noise(eval_epsilon: float, evals: int):
@@ -64,8 +90,10 @@ def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
     steps = per_epoch * spec.epochs
     runs = []
     if spec.kind == "train":
+        share = (spec.eval_epsilon if spec.eval_epsilon >= 0
+                 else eval_share(spec.target_epsilon, spec.epochs, spec.n_test_units))
         runs.append(_run(spec, q, steps, label="", target=spec.target_epsilon, z=spec.noise_multiplier,
-                         eval_epsilon=spec.eval_epsilon, field="target_epsilon"))
+                         eval_epsilon=share, field="target_epsilon"))
         run = runs[0]
         if spec.max_epsilon is not None:
             first = pld.certifier(spec.accountant)(q, run["noise_multiplier"], per_epoch, run["eval_epsilon_each"],
@@ -81,7 +109,8 @@ def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
                              "eval_epsilon_each": 0.0, "evals": 0, "planned_epsilon": None,
                              "event": {"kind": "non_private"}})
             else:
-                share = spec.eval_epsilon if spec.eval_epsilon >= 0 else DEFAULT_EVAL_SHARE * eps
+                share = spec.eval_epsilon if spec.eval_epsilon >= 0 else eval_share(eps, spec.epochs,
+                                                                                    spec.n_test_units)
                 runs.append(_run(spec, q, steps, label=f"{eps:g}", target=eps, z=None, eval_epsilon=share,
                                  field="epsilons"))
         event = {"kind": "composed", "events": [r["event"] for r in runs]}

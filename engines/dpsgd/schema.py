@@ -50,7 +50,8 @@ _COMMON = {
     "test_fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.5, "default": 0.2,
                       "description": "privacy units held out before training, for the DP metrics"},
     "eval_epsilon": {"type": "number", "minimum": 0, "description": "budget of the held-out metrics (one release per "
-                     "epoch), inside the target; default 5% of the target (0.1 with noise_multiplier); 0: none"},
+                     "epoch), inside the target; default: the least whose stated 95% interval is +-0.05 over "
+                     "the held-out units, within 5-25% of the target (0.1 with noise_multiplier); 0: none"},
     "max_rows_per_unit": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS_PER_UNIT,
                           "default": DEFAULT_ROWS_PER_UNIT, "description": "datasets with a privacy unit: rows kept "
                           "per unit (the unit's combined gradient is clipped, whatever k)"},

@@ -4,12 +4,18 @@ counts privacy units (not rows), and the ledger's own composition of the planned
 is the target epsilon. No data read, no torch."""
 
 import json
+import math
 from dataclasses import asdict, replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engines import plugins
 from engines.dpsgd import calibrate
+from engines.dpsgd.intervals import ALPHA_EACH, expected_halfwidth
+from engines.dpsgd.params import DEFAULT_EVAL_SHARE, MAX_EVAL_SHARE
+from engines.dpsgd.planner import EVAL_HALFWIDTH, EVAL_SENSITIVITY, eval_share
 from engines.types import EngineRequest, Plan
 from tests.engines.dpsgd_helpers import DELTA, GENEROUS, ledger_epsilon, rows_meta, units_meta
 
@@ -88,3 +94,41 @@ def test_the_plan_describes_the_model_and_its_fixes():
     assert p.details["model"] == "Linear(5->8) GroupNorm(4) relu Linear(8->1)"
     assert p.details["n_parameters"] == 5 * 8 + 8 + 2 * 8 + 8 + 1
     assert len(p.details["model_fixes"]) == 1 and "BatchNorm" in p.details["model_fixes"][0]
+
+
+# ---------------------------------------------------------------- the evaluations' default share
+
+
+@settings(deadline=None)
+@given(target=st.floats(0.05, 50), evals=st.integers(1, 100), n_test=st.integers(0, 10**7))
+def test_the_default_share_is_the_least_that_states_the_aimed_halfwidth_within_its_bounds(target, evals, n_test):
+    share = eval_share(target, evals, n_test)
+    low, high = DEFAULT_EVAL_SHARE * target, MAX_EVAL_SHARE * target
+    assert low <= share <= high
+    t = EVAL_SENSITIVITY * math.log(1 / ALPHA_EACH) / (share / evals)  # Laplace's bound at that share
+    halfwidth = expected_halfwidth(t, n_test)
+    if share < high:  # not capped: the interval it states is the aimed one
+        assert halfwidth <= EVAL_HALFWIDTH * (1 + 1e-6)
+    if share > low:  # not floored: no less would do
+        assert halfwidth >= EVAL_HALFWIDTH * (1 - 1e-6)
+    assert eval_share(target, evals, 2 * n_test + 1) <= share  # a larger holdout never needs more
+
+
+def test_a_plan_without_eval_epsilon_states_the_aimed_halfwidth_inside_its_target():
+    ds = rows_meta(n=50_000)  # 10,000 held-out units: the share for 0.05 is inside its bounds
+    params = {"target": "y", "features": ["x1", "x2", "c"], "target_epsilon": 1.0, "epochs": 3, "batch_size": 1000}
+    p = plan(params, ds)
+    run = p.details["runs"][0]
+    assert run["eval_ci95_halfwidth"] == pytest.approx(EVAL_HALFWIDTH, rel=1e-3)
+    share = eval_share(1.0, 3, 10_000)
+    assert DEFAULT_EVAL_SHARE < share < MAX_EVAL_SHARE
+    assert run["eval_epsilon_each"] * 3 == pytest.approx(share, rel=1e-3)  # OpenDP may round the scale
+    assert run["planned_epsilon"] == pytest.approx(ledger_epsilon(p.event), rel=1e-9)
+    assert run["planned_epsilon"] <= 1.0 * (1 + 1e-9)
+    # a small holdout gets the most the default gives (0.25 of the target), a wider interval
+    small = plan(params, rows_meta()).details["runs"][0]
+    assert small["eval_epsilon_each"] * 3 == pytest.approx(MAX_EVAL_SHARE * 1.0, rel=1e-3)
+    assert small["eval_ci95_halfwidth"] > EVAL_HALFWIDTH
+    # given, it is kept
+    given_ = plan({**params, "eval_epsilon": 0.05}, ds).details["runs"][0]
+    assert given_["eval_epsilon_each"] * 3 == pytest.approx(0.05, rel=1e-3)
