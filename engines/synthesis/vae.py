@@ -28,8 +28,9 @@ of z is torch's ordinary normal generator: it is part of the model's computation
 row, not a release, and each row's loss (hence its clipped gradient) depends on that row
 only (no batch statistic: no BatchNorm).
 
-**Privacy** (the plan's ``subsampled_gaussian(q, z, T)``, engines/synthesis/planner.py):
-exactly the DP-SGD engine's step. Each of the T steps draws a Poisson sample of the
+**Privacy** (the plan's ``subsampled_gaussian(q, z, T)``, engines/synthesis/planner.py; z
+calibrated, reported and charged at the refined RDP order, as DP-SGD training's): exactly
+the DP-SGD engine's step. Each of the T steps draws a Poisson sample of the
 training units at rate q (``engines.dpsgd.train.Trainer._sample``), runs the encoder and
 the decoder through ``engines.dpsgd.clipping.forward`` with **one shared Tape**, so that
 ``clipping.clipped_sum`` clips each unit's gradient over *all* parameters of both networks
