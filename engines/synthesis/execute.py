@@ -32,7 +32,7 @@ def secure_rng() -> np.random.Generator:
 def split(df: pd.DataFrame, spec: Spec, rng: np.random.Generator) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
     """(training rows, at most k per unit; held-out rows of a random fraction of the units;
     the unit of each training row)."""
-    from engines.aggregates.compute import bound_contributions
+    from engines.aggregates.units import bound_contributions
 
     if spec.unit_column:
         units, _ = pd.factorize(df[spec.unit_column], use_na_sentinel=False)
