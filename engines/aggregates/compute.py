@@ -1,16 +1,8 @@
 """Exact aggregates, vectorised (Arrow compute and numpy; no Python object per row).
 
-Everything here is deterministic given the run's salt. Which rows a privacy unit keeps
-when it has more than k (``bound_by_content``, the aggregates engine's rule) is the k
-rows with the smallest salted hash of (unit id, the row's contribution): a function of
-the unit's own rows and the salt only, so any partitioning of the table (a Dask cluster
-that never brings a unit's rows together in one place, see engines/distributed) keeps the
-same rows as one process with the same salt; the salt is drawn per run, so which rows a
-unit keeps differs from run to run as a random choice would. ``bound_contributions`` (a
-uniform random choice with numpy's generator) is kept for the synthesis engine. Neither
-is released noise (every released number gets its noise from OpenDP in noise.py); DP
-holds whatever rows are kept, as long as each unit keeps at most k and its choice does
-not depend on other units' rows.
+Everything here is deterministic given the run's salt. Privacy units (which unit a row
+belongs to, how many rows each keeps) are units.py's; every released number gets its noise
+from OpenDP in noise.py.
 
 Order of operations in a run: ``where`` predicates, then null values (for value kinds)
 and group/bin membership drop rows, then contribution bounding keeps at most k of each
@@ -33,9 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["numeric_values", "clamped_values", "predicate_mask", "category_codes", "bin_codes", "unit_codes",
-           "bound_contributions", "bound_by_content", "unit_hash", "mix64", "exact_sum", "exact_count", "grid_exponent", "grid_sum", "from_grid",
-           "quantile_histograms", "scores_from_histograms", "quantile_scores"]
+__all__ = ["numeric_values", "clamped_values", "predicate_mask", "category_codes", "bin_codes", "exact_sum",
+           "exact_count", "grid_exponent", "grid_sum", "from_grid", "quantile_histograms", "scores_from_histograms", "quantile_scores"]
 
 
 # --------------------------------------------------------------------------- columns
@@ -237,20 +228,6 @@ def group_codes(table: pa.Table, keys: list[dict]) -> tuple[np.ndarray, int]:
     return codes, total
 
 
-def first_per_pair(mask: np.ndarray, units: np.ndarray, codes: np.ndarray | None) -> np.ndarray:
-    """``mask`` keeping only the first selected row of each (unit, group) pair."""
-    idx = np.flatnonzero(mask)
-    if idx.size == 0:
-        return mask
-    key = units[idx].astype(np.int64)
-    if codes is not None:
-        key = key * (int(codes.max()) + 1) + codes[idx]
-    _, first = np.unique(key, return_index=True)
-    out = np.zeros_like(mask)
-    out[idx[first]] = True
-    return out
-
-
 def bin_codes(clamped: np.ndarray, edges: list[float]) -> np.ndarray:
     """Bin index of each (clamped) value: bins [e_i, e_i+1), the last one closed;
     -1 for NaN or a value outside [e_0, e_last]."""
@@ -261,183 +238,6 @@ def bin_codes(clamped: np.ndarray, edges: list[float]) -> np.ndarray:
     codes[(codes >= nb) | np.isnan(clamped)] = -1
     return codes
 
-
-def unit_codes(table: pa.Table, name: str) -> tuple[np.ndarray, int]:
-    """An integer code per row naming its privacy unit, and the number of codes.
-
-    Integer ids in a compact range are used directly (offset by the minimum); anything
-    else is dictionary-encoded. Null ids (refused at registration) would share one code:
-    merging units only tightens the bound."""
-    col = table.column(name)
-    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    if pa.types.is_dictionary(arr.type):
-        arr = arr.cast(arr.type.value_type)
-    n = len(arr)
-    if n == 0:
-        return np.zeros(0, dtype=np.int32), 0
-    if pa.types.is_integer(arr.type) and arr.null_count == 0:
-        v = arr.to_numpy(zero_copy_only=False)
-        lo, hi = int(v.min()), int(v.max())
-        if hi - lo < 4 * n + 1024:
-            return (v - lo).astype(np.int32), hi - lo + 1
-    enc = pc.dictionary_encode(arr)
-    nd = len(enc.dictionary)
-    codes = enc.indices.fill_null(nd).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-    return codes, nd + 1
-
-
-# --------------------------------------------------------------------------- contribution bounding
-
-
-def _keep_first_k(units: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Sort rows by (unit, random key) and keep each unit's first k."""
-    key = (units.astype(np.uint64) << np.uint64(32)) | rng.integers(0, 2**32, len(units), dtype=np.uint64)
-    order = np.argsort(key)
-    su = units[order]
-    starts = np.flatnonzero(np.r_[True, su[1:] != su[:-1]])
-    rank = np.arange(len(su)) - np.repeat(starts, np.diff(np.r_[starts, len(su)]))
-    keep = np.empty(len(su), dtype=bool)
-    keep[order] = rank < k
-    return keep
-
-
-def bound_contributions(mask: np.ndarray, units: np.ndarray, n_units: int, k: int,
-                        rng: np.random.Generator) -> tuple[np.ndarray, int]:
-    """Keep at most ``k`` of each unit's rows among ``mask``, chosen uniformly at random
-    (independently per unit). Returns the new mask and the number of rows dropped."""
-    every = bool(mask.all())
-    idx = None if every else np.flatnonzero(mask)
-    u = units if every else units[idx]
-    counts = np.bincount(u, minlength=n_units)
-    if counts.size == 0 or counts.max() <= k:
-        return mask, 0
-    heavy_rows = np.flatnonzero((counts > k)[u])  # positions in u of rows of units over k
-    hu = u[heavy_rows]
-    hidx = heavy_rows if every else idx[heavy_rows]
-    if k == 1:
-        # One row per unit: the row with the largest random key, a uniform choice.
-        keys = rng.integers(0, 2**32, len(hu), dtype=np.uint32)
-        best = np.zeros(n_units, dtype=np.uint32)
-        np.maximum.at(best, hu, keys)
-        keep = keys == best[hu]
-        tied = keep & (np.bincount(hu[keep], minlength=n_units) > 1)[hu]  # equal keys: rare
-        if tied.any():
-            at = np.flatnonzero(tied)
-            keep[at] = _keep_first_k(hu[at], 1, rng)
-    else:
-        keep = _keep_first_k(hu, k, rng)
-    out = mask.copy()
-    out[hidx[~keep]] = False
-    return out, int(len(keep) - np.count_nonzero(keep))
-
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser on a uint64 array (wrapping arithmetic): a bijection that
-    spreads every input bit over the output; the same on every machine."""
-    with np.errstate(over="ignore"):
-        z = x.astype(np.uint64, copy=True)
-        z += _GOLDEN
-        z ^= z >> np.uint64(30)
-        z *= _MIX1
-        z ^= z >> np.uint64(27)
-        z *= _MIX2
-        z ^= z >> np.uint64(31)
-    return z
-
-
-def unit_hash(col) -> np.ndarray:
-    """A 64-bit hash of each privacy-unit id (``pa.Array`` / ``ChunkedArray``) that depends on
-    the id's value only: the same in every partition, process and machine (integers by
-    their value, anything else by pandas' ``hash_array``, SipHash with a fixed key)."""
-    import pandas as pd
-
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    if pa.types.is_dictionary(col.type):
-        col = col.cast(col.type.value_type)
-    if pa.types.is_integer(col.type) and col.null_count == 0:
-        return mix64(col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False).view(np.uint64))
-    return pd.util.hash_array(np.asarray(col.to_numpy(zero_copy_only=False)))
-
-
-def _by_unit_then_key(hu: np.ndarray, key: np.ndarray, c, v) -> np.ndarray:
-    """The rows in (unit, key, code, value) order, or in an order that keeps the same
-    multiset per unit: one argsort of ``unit << (64 - b) | key >> b`` (b bits hold the unit
-    codes; the truncated key orders as the key does wherever it differs), with the
-    exact four-key sort only if two rows of a unit tie on it while they differ in code or
-    value (rows equal in both are interchangeable)."""
-    bits = max(int(hu.max()).bit_length(), 1)
-    comp = (hu.astype(np.uint64) << np.uint64(64 - bits)) | (key >> np.uint64(bits))
-    order = np.argsort(comp)
-    sc = comp[order]
-    tie = np.flatnonzero(sc[1:] == sc[:-1])
-    if tie.size:
-        a, b = order[tie], order[tie + 1]
-        differ = np.zeros(tie.size, dtype=bool)
-        if c is not None:
-            differ |= c[a] != c[b]
-        if v is not None:
-            differ |= v[a].view(np.uint64) != v[b].view(np.uint64)
-        if differ.any():
-            ties = [x for x in (v, c) if x is not None]
-            order = np.lexsort(tuple(ties) + (key, hu))
-    return order
-
-
-def bound_by_content(mask: np.ndarray, units: np.ndarray, n_units: int, k: int, salt: int, ids,
-                     codes: np.ndarray | None = None, values: np.ndarray | None = None) -> tuple[np.ndarray, int]:
-    """Keep at most ``k`` of each unit's rows among ``mask``: the rows with the smallest
-    ``key = mix(mix(mix(salt ^ unit_hash(id)) ^ code) ^ value bits)``, ties (equal keys)
-    broken by (code, value). ``units`` are dense unit codes of this table (``unit_codes``)
-    and ``ids`` the unit column (hashed only for the rows of units over k). The rows kept
-    are a function of the unit's own rows' (code, value) multiset and ``salt`` (rows equal
-    in both are interchangeable: they add the same to the aggregate), so every
-    partitioning of a table keeps the same rows. Returns the new mask and the number of
-    rows dropped."""
-    every = bool(mask.all())
-    idx = None if every else np.flatnonzero(mask)
-    u = units if every else units[idx]
-    counts = np.bincount(u, minlength=n_units)
-    if counts.size == 0 or counts.max() <= k:
-        return mask, 0
-    heavy_rows = np.flatnonzero((counts > k)[u])
-    hu = u[heavy_rows]
-    hidx = heavy_rows if every else idx[heavy_rows]
-    if codes is None and values is None:
-        # Every row of a unit adds the same (one to a count): keep any k; k = 1: one row each,
-        # the one whose position survives the scatter (whichever write numpy keeps).
-        if k == 1:
-            pos = np.arange(len(hu))
-            first = np.empty(n_units, dtype=np.int64)
-            first[hu] = pos
-            keep = first[hu] == pos
-            out = mask.copy()
-            out[hidx[~keep]] = False
-            return out, int(len(keep) - np.count_nonzero(keep))
-        order = np.argsort(hu)
-    else:
-        hashed = ids.take(pa.array(hidx)) if not isinstance(ids, np.ndarray) else ids[hidx]
-        key = mix64(unit_hash(hashed) ^ np.uint64(salt & 0xFFFFFFFFFFFFFFFF))
-        c = codes[hidx] if codes is not None else None
-        v = np.ascontiguousarray(values[hidx], dtype=np.float64) if values is not None else None
-        if c is not None:
-            key = mix64(key ^ c.astype(np.int64).view(np.uint64))
-        if v is not None:
-            key = mix64(key ^ v.view(np.uint64))
-        order = _by_unit_then_key(hu, key, c, v)
-    su = hu[order]
-    starts = np.flatnonzero(np.r_[True, su[1:] != su[:-1]])
-    rank = np.arange(len(su)) - np.repeat(starts, np.diff(np.r_[starts, len(su)]))
-    keep = np.empty(len(su), dtype=bool)
-    keep[order] = rank < k
-    out = mask.copy()
-    out[hidx[~keep]] = False
-    return out, int(len(keep) - np.count_nonzero(keep))
 
 
 # --------------------------------------------------------------------------- aggregates

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from engines.types import DatasetMeta, EngineError, EngineRequest, Plan, Release
 
-from . import compute, noise, report
+from . import compute, noise, report, units
 from .planner import DETAILS_VERSION, candidate_grid
 
 REL_SLACK = 1e-9
@@ -48,7 +48,7 @@ def exact_parts(d: dict, data: pa.Table, n_max: int, rng: np.random.Generator, p
     ``n_max``, a bound on the whole table's rows), ``quantile`` histograms. Contribution
     bounding happens here, so ``data`` must hold every row of each privacy unit it holds
     (the whole table, or one of engines/distributed's unit buckets). Which rows a unit over
-    k keeps is ``compute.bound_by_content`` with ``salt`` (drawn from ``rng`` if None): the
+    k keeps is ``units.bound_by_content`` with ``salt`` (drawn from ``rng`` if None): the
     same rows on any partitioning given the same salt."""
     kind = d["kind"]
     n = data.num_rows
@@ -81,18 +81,21 @@ def exact_parts(d: dict, data: pa.Table, n_max: int, rng: np.random.Generator, p
         groups = len(d["domain"])
     if codes is not None:
         mask &= codes >= 0
-    if d.get("distinct_units") and d["unit_column"]:
-        # COUNT(DISTINCT unit): one row per (unit, group); bounding then keeps k groups per unit
-        units, n_units = compute.unit_codes(data, d["unit_column"])
-        mask = compute.first_per_pair(mask, units, codes)
+    if d["unit_column"]:
+        ucodes, n_units = units.unit_codes(data, d["unit_column"])
+        if d.get("distinct_units"):
+            # COUNT(DISTINCT unit): one row per (unit, group); bounding then keeps k groups per unit
+            mask = units.first_per_pair(mask, ucodes, codes)
 
     progress({"phase": "bounding contributions", "fraction": 0.25})
     if d["unit_column"]:
         if salt is None:
             salt = int(rng.integers(0, 2**63))
-        units, n_units = compute.unit_codes(data, d["unit_column"])
-        mask, _ = compute.bound_by_content(mask, units, n_units, int(d["max_rows_per_unit"]), salt,
-                                           data.column(d["unit_column"]), codes, values)
+        k = int(d["max_rows_per_unit"])
+        if kind == "count" and codes is None:
+            # each kept row adds one: the count of the rows the rule keeps, without choosing them
+            return {"count": units.bounded_count(mask, ucodes, n_units, k)}
+        mask, _ = units.bound_by_content(mask, ucodes, n_units, k, salt, data.column(d["unit_column"]), codes, values)
 
     progress({"phase": "aggregating", "fraction": 0.5})
     # Every row selected (no where, no nulls, no out-of-domain group): use the arrays as

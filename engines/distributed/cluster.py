@@ -106,7 +106,7 @@ def _split(table, path: str, unit: str, buckets: int, pre, pre_args) -> tuple:
     import numpy as np
     import pyarrow as pa
 
-    from engines.aggregates.compute import unit_hash
+    from engines.aggregates.units import unit_hash
 
     data = table.read_file(path)
     if pre is not None:
@@ -115,8 +115,11 @@ def _split(table, path: str, unit: str, buckets: int, pre, pre_args) -> tuple:
         return (data,)
     which = _bucket_of(data.column(unit), buckets, unit_hash)
     order = np.argsort(which, kind="stable")  # a radix sort on 8 bits
-    cuts = np.searchsorted(which[order], np.arange(buckets + 1))
-    return tuple(data.take(pa.array(order[cuts[b]:cuts[b + 1]])) for b in range(buckets))
+    cuts = np.concatenate(([0], np.cumsum(np.bincount(which, minlength=buckets))))
+    # One gather, then zero-copy slices: a slice sent to another worker is serialised
+    # alone (Arrow IPC writes only its range), one kept here shares the gathered buffers.
+    dealt = data.take(pa.array(order))
+    return tuple(dealt.slice(int(cuts[b]), int(cuts[b + 1] - cuts[b])) for b in range(buckets))
 
 
 def _bucket_of(col, buckets: int, unit_hash):
@@ -132,8 +135,9 @@ def _bucket_of(col, buckets: int, unit_hash):
     if pa.types.is_integer(col.type) and col.null_count == 0:
         ids = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False).view(np.uint64)
         with np.errstate(over="ignore"):
-            top = (ids * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(56)
-        return (top % np.uint64(buckets)).astype(np.uint8)
+            top = ids * np.uint64(0x9E3779B97F4A7C15)
+        top >>= np.uint64(56)
+        return (np.arange(256) % buckets).astype(np.uint8)[top.astype(np.uint8)]
     return (unit_hash(col) % np.uint64(buckets)).astype(np.uint8)
 
 

@@ -16,7 +16,7 @@ from engines.types import DatasetMeta, EngineRequest
 from .conftest import UNIT_COLUMNS
 
 # Above any unit's row count in the test table: bounding keeps every row. Below it, which
-# rows a unit keeps is the salted-hash rule (compute.bound_by_content): the same rows on
+# rows a unit keeps is the salted-hash rule (units.bound_by_content): the same rows on
 # the cluster as locally with the same salt.
 K_ALL = 40
 SALT = 0x5EED_1234_ABCD
@@ -121,12 +121,12 @@ def _kept(units, codes, values, k, salt, order):
     """The multiset of (unit, code, value) that bound_by_content keeps on the rows in ``order``."""
     import pyarrow as pa
 
-    from engines.aggregates import compute
+    from engines.aggregates import units as unit_rules
 
     ids = pa.array(units[order])
-    dense, n_units = compute.unit_codes(pa.table({"u": ids}), "u")
+    dense, n_units = unit_rules.unit_codes(pa.table({"u": ids}), "u")
     mask = np.ones(len(order), dtype=bool)
-    kept, dropped = compute.bound_by_content(mask, dense, n_units, k, salt, ids, codes[order], values[order])
+    kept, dropped = unit_rules.bound_by_content(mask, dense, n_units, k, salt, ids, codes[order], values[order])
     assert np.bincount(dense[kept], minlength=n_units).max() <= k
     rows = sorted(zip(units[order][kept].tolist(), codes[order][kept].tolist(), values[order][kept].tolist()))
     return rows, dropped
@@ -149,7 +149,7 @@ def test_the_rows_a_unit_keeps_depend_on_its_rows_only(k):
 
 
 def test_a_tie_on_the_short_key_falls_back_to_the_full_order():
-    from engines.aggregates.compute import _by_unit_then_key
+    from engines.aggregates.units import _by_unit_then_key
 
     hu = np.array([0, 0, 0, 1], dtype=np.int32)
     key = np.array([5, 5, 3, 1], dtype=np.uint64)  # rows 0 and 1 tie, and differ in value

@@ -1,0 +1,57 @@
+"""Privacy units (engines/aggregates/units.py): codes that name each unit exactly once,
+whatever the ids' range, and the bounded count equal to counting the rows the bound keeps."""
+
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engines.aggregates import units
+
+
+def _assert_codes_name_units(ids: np.ndarray, table: pa.Table) -> np.ndarray:
+    codes, n = units.unit_codes(table, "u")
+    assert len(codes) == len(ids)
+    assert codes.min(initial=0) >= 0 and codes.max(initial=-1) < n
+    pairs = set(zip(ids.tolist(), codes.tolist()))
+    # one code per id, one id per code
+    assert len({i for i, _ in pairs}) == len(pairs) == len({c for _, c in pairs})
+    return codes
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=400), st.integers(1, 4))
+def test_codes_of_wide_range_integer_ids_are_one_to_one(distinct, repeat):
+    ids = np.repeat(np.array(distinct, dtype=np.int64), repeat)
+    np.random.default_rng(0).shuffle(ids)
+    _assert_codes_name_units(ids, pa.table({"u": ids}))
+
+
+def test_slot_codes_resolve_collisions():
+    """Many ids over a wide range in few slots: some ids lose their slot, and are coded apart."""
+    rng = np.random.default_rng(3)
+    distinct = rng.choice(2**40, size=3_000, replace=False).astype(np.int64) * 7919
+    ids = rng.choice(distinct, size=4_000)
+    codes = _assert_codes_name_units(ids, pa.table({"u": ids}))
+    size = 1 << max(10, (2 * len(ids) - 1).bit_length())
+    assert (codes >= size).any(), "the test should make ids collide"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "ccc", "", "é"]), min_size=1, max_size=50))
+def test_codes_of_string_ids_are_one_to_one(ids):
+    _assert_codes_name_units(np.array(ids, dtype=object), pa.table({"u": pa.array(ids)}))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=300), st.integers(1, 5), st.integers(0, 2**63 - 1),
+       st.booleans(), st.booleans())
+def test_bounded_count_counts_the_rows_the_bound_keeps(unit_ids, k, salt, wide, masked):
+    ids = np.array(unit_ids, dtype=np.int64) * (2**40 if wide else 1)
+    table = pa.table({"u": ids})
+    codes, n = units.unit_codes(table, "u")
+    mask = (np.arange(len(ids)) % 3 != 0) if masked else np.ones(len(ids), dtype=bool)
+    kept, _ = units.bound_by_content(mask, codes, n, k, salt, table.column("u"))
+    assert units.bounded_count(mask, codes, n, k) == int(np.count_nonzero(kept))
+    per_unit = {i: min(int(np.count_nonzero(mask & (ids == i))), k) for i in set(ids.tolist())}
+    assert units.bounded_count(mask, codes, n, k) == sum(per_unit.values())
