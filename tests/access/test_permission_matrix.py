@@ -74,6 +74,10 @@ API_MATRIX = {
     # an external release on a draft is refused by the gate (dataset.inactive)
     ("dataset-charges", "POST"): {"A": "201 403 403 403 401", "B": "201 403 403 403 401",
                                   "D": "409 403 403 403 401", "X": "404 403 403 403 401"},
+    # a site secret: officers only (these datasets are not federated: 400, "it has no sites";
+    # tests/api/test_federated_datasets.py hands one out)
+    ("dataset-site-secret", "POST"): {"A": "400 403 403 403 401", "B": "400 403 403 403 401",
+                                      "D": "400 403 403 403 401", "X": "404 403 403 403 401"},
     ("dataset-estimate", "POST"): {"A": "200 200 404 404 401", "B": "200 404 200 404 401",
                                    "D": "200 404 404 404 401", "X": "404 404 404 404 401"},
     ("dataset-recommendation", "GET"): {"A": "200 200 404 404 401", "B": "200 404 200 404 401",
@@ -267,6 +271,7 @@ API_PATHS = {
     "dataset-detail": lambda w, o: f"/api/datasets/{_ds(w, o)}/",
     "dataset-activate": lambda w, o: f"/api/datasets/{_ds(w, o)}/activate/",
     "dataset-charges": lambda w, o: f"/api/datasets/{_ds(w, o)}/charges/",
+    "dataset-site-secret": lambda w, o: f"/api/datasets/{_ds(w, o)}/sites/h1/secret/",
     "dataset-estimate": lambda w, o: f"/api/datasets/{_ds(w, o)}/estimate/",
     "dataset-recommendation": lambda w, o: f"/api/datasets/{_ds(w, o)}/recommendation/?sensitivity=high",
     "dataset-preview": lambda w, o: f"/api/datasets/{_ds(w, o)}/preview/?rows=20&seed=1",
