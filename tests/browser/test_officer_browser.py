@@ -163,6 +163,17 @@ def test_officer_registers_grants_watches_the_gauge_and_exports(
     assert page.url.split("?")[0] == f"{base}/admin/governance/dataset/{pk}/overview/"
     screenshot("11-chain-verified.png")
 
+    # -- a federated dataset's page lists its sites (issue 27; its rows stay at them)
+    from governance.datasets import registry
+
+    fed = registry.register(name="wards", created_by=django_user_model.objects.get(username="olivia"),
+                            schema=[{"name": "x", "type": "numeric", "lower": 0, "upper": 1}], budget_epsilon=1.0,
+                            execution="federated", sites=[{"site": "h1", "n_rows": 120}, {"site": "h2", "n_rows": 80}])
+    page.goto(f"{base}/admin/governance/dataset/{fed.pk}/overview/")
+    sites = page.locator("table#sites").inner_text()
+    assert "h1" in sites and "120" in sites and "h2" in sites and "never" in sites
+    screenshot("11b-federated-sites.png")
+
 
 def test_analyst_cannot_log_into_the_officer_ui(browser_page, screenshot, live_server, django_user_model):
     page, base = browser_page, live_server.url
