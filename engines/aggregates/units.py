@@ -112,19 +112,27 @@ def _keep_first_k(units: np.ndarray, k: int, rng: np.random.Generator) -> np.nda
     return keep
 
 
-def bound_contributions(mask: np.ndarray, units: np.ndarray, n_units: int, k: int,
-                        rng: np.random.Generator) -> tuple[np.ndarray, int]:
-    """Keep at most ``k`` of each unit's rows among ``mask``, chosen uniformly at random
-    (independently per unit). Returns the new mask and the number of rows dropped."""
+def _over_k(mask: np.ndarray, units: np.ndarray, n_units: int, k: int):
+    """The rows of ``mask`` whose unit has more than ``k`` of them: (their unit codes, their
+    row indices), or None when no unit has more than k."""
     every = bool(mask.all())
     idx = None if every else np.flatnonzero(mask)
     u = units if every else units[idx]
     counts = np.bincount(u, minlength=n_units)
     if counts.size == 0 or counts.max() <= k:
-        return mask, 0
+        return None
     heavy_rows = np.flatnonzero((counts > k)[u])  # positions in u of rows of units over k
-    hu = u[heavy_rows]
-    hidx = heavy_rows if every else idx[heavy_rows]
+    return u[heavy_rows], (heavy_rows if every else idx[heavy_rows])
+
+
+def bound_contributions(mask: np.ndarray, units: np.ndarray, n_units: int, k: int,
+                        rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """Keep at most ``k`` of each unit's rows among ``mask``, chosen uniformly at random
+    (independently per unit). Returns the new mask and the number of rows dropped."""
+    heavy = _over_k(mask, units, n_units, k)
+    if heavy is None:
+        return mask, 0
+    hu, hidx = heavy
     if k == 1:
         # One row per unit: the row with the largest random key, a uniform choice.
         keys = rng.integers(0, 2**32, len(hu), dtype=np.uint32)
@@ -205,15 +213,10 @@ def bound_by_content(mask: np.ndarray, units: np.ndarray, n_units: int, k: int, 
     in both are interchangeable: they add the same to the aggregate), so every
     partitioning of a table keeps the same rows. Returns the new mask and the number of
     rows dropped."""
-    every = bool(mask.all())
-    idx = None if every else np.flatnonzero(mask)
-    u = units if every else units[idx]
-    counts = np.bincount(u, minlength=n_units)
-    if counts.size == 0 or counts.max() <= k:
+    heavy = _over_k(mask, units, n_units, k)
+    if heavy is None:
         return mask, 0
-    heavy_rows = np.flatnonzero((counts > k)[u])
-    hu = u[heavy_rows]
-    hidx = heavy_rows if every else idx[heavy_rows]
+    hu, hidx = heavy
     if codes is None and values is None:
         # Every row of a unit adds the same (one to a count): keep any k; k = 1: one row each,
         # the one whose position survives the scatter (whichever write numpy keeps).
