@@ -50,6 +50,7 @@ from engines import plugins  # noqa: E402
 from engines.dpsgd import execute  # noqa: E402
 from engines.dpsgd.model_spec import build  # noqa: E402
 from engines.types import DatasetMeta, EngineRequest, Plan  # noqa: E402
+from common import dp_accounting_rdp  # noqa: E402
 
 DELTA = 1e-5
 ORDERS = [round(1 + i / 100, 2) for i in range(1, 51_101)]  # 1.01 .. 512.00 every 0.01
@@ -93,25 +94,7 @@ def independent_epsilon(event: dict, delta: float) -> tuple[float, float]:
     """(epsilon, order) of the event by dp_accounting's RDP accountant on ``ORDERS``."""
     key = json.dumps(event, sort_keys=True)
     if key not in _independent:
-        import dp_accounting
-        from dp_accounting import rdp as rdp_lib
-
-        def conv(e):
-            k = e["kind"]
-            if k == "subsampled_gaussian":
-                return dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-                    e["sample_rate"], dp_accounting.GaussianDpEvent(e["noise_multiplier"])), e["steps"])
-            if k == "laplace":
-                return dp_accounting.LaplaceDpEvent(1.0 / e["epsilon"])
-            if k == "self_composed":
-                return dp_accounting.SelfComposedDpEvent(conv(e["event"]), e["count"])
-            if k == "composed":
-                return dp_accounting.ComposedDpEvent([conv(x) for x in e["events"]])
-            raise ValueError(k)
-
-        acc = rdp_lib.RdpAccountant(orders=ORDERS)
-        acc.compose(conv(event))
-        _independent[key] = acc.get_epsilon_and_optimal_order(delta)
+        _independent[key] = dp_accounting_rdp(event, ORDERS).get_epsilon_and_optimal_order(delta)
     return _independent[key]
 
 

@@ -55,6 +55,7 @@ from engines.dpsgd import features as enc  # noqa: E402
 from engines.federated import coordinator, model, planner, processes  # noqa: E402
 from engines.federated.types import Federation, FederatedDatasetMeta  # noqa: E402
 from engines.types import DatasetMeta, EngineRequest  # noqa: E402
+from common import dp_accounting_rdp  # noqa: E402
 
 FEATURES = ["age", "prestg10", "childs", "occrecode", "wrkstat", "gender", "educcat", "maritalcat"]
 TARGET = {"target": "realrinc", "target_threshold": 20_000}
@@ -97,28 +98,9 @@ def exact_accuracy(weights, spec_features, target, test_df) -> float:
 
 def independent_epsilon(event: dict, delta: float) -> float | None:
     """The event's epsilon by Google's dp_accounting RDP accountant (independent code)."""
-    import dp_accounting
-    from dp_accounting import rdp as rdp_lib
-
     if event["kind"] == "non_private":
         return None
-
-    def conv(e):
-        k = e["kind"]
-        if k == "subsampled_gaussian":
-            return dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-                e["sample_rate"], dp_accounting.GaussianDpEvent(e["noise_multiplier"])), e["steps"])
-        if k == "laplace":
-            return dp_accounting.LaplaceDpEvent(1.0 / e["epsilon"])
-        if k == "self_composed":
-            return dp_accounting.SelfComposedDpEvent(conv(e["event"]), e["count"])
-        if k == "composed":
-            return dp_accounting.ComposedDpEvent([conv(x) for x in e["events"]])
-        raise ValueError(k)
-
-    acc = rdp_lib.RdpAccountant(orders=DENSE_ORDERS)
-    acc.compose(conv(event))
-    return acc.get_epsilon(delta)
+    return dp_accounting_rdp(event, DENSE_ORDERS).get_epsilon(delta)
 
 
 def fed_params(eps, rounds):

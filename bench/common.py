@@ -152,3 +152,28 @@ def prepare_environment(backend: str, tmp: Path, pg_db: str) -> str:
     base = os.environ["BENCH_PG_BASE_URL"] = pg_base_url()
     os.environ["DATABASE_URL"], where = create_database(base, pg_db)
     return where
+
+
+def dp_accounting_rdp(event: dict, orders: list):
+    """An ``RdpAccountant`` of Google's dp_accounting (independent of this repository's
+    accountants) on ``orders``, with the ledger event ``event`` composed into it: the
+    benchmarks' recomputation of a run's epsilon (``.get_epsilon(delta)``)."""
+    import dp_accounting
+    from dp_accounting import rdp as rdp_lib
+
+    def conv(e):
+        k = e["kind"]
+        if k == "subsampled_gaussian":
+            return dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+                e["sample_rate"], dp_accounting.GaussianDpEvent(e["noise_multiplier"])), e["steps"])
+        if k == "laplace":
+            return dp_accounting.LaplaceDpEvent(1.0 / e["epsilon"])
+        if k == "self_composed":
+            return dp_accounting.SelfComposedDpEvent(conv(e["event"]), e["count"])
+        if k == "composed":
+            return dp_accounting.ComposedDpEvent([conv(x) for x in e["events"]])
+        raise ValueError(k)
+
+    acc = rdp_lib.RdpAccountant(orders=orders)
+    acc.compose(conv(event))
+    return acc
