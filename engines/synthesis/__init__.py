@@ -2,7 +2,7 @@
 
 Modules: ``params`` (validation), ``planner`` (the event and the noise, before any data
 is read), ``encoding`` (columns to codes and back, from the declared schema), ``mst``
-(marginal-based: measure, select, fit with mbi, sample), ``vae`` (a tabular VAE trained
+(marginal-based: measure, select, fit with mbi, sample), ``aim`` (AIM on MST's cells), ``vae`` (a tabular VAE trained
 with the DP-SGD engine's clipping and noise), ``report`` (quality and privacy reports),
 ``execute`` (a run and its files), ``schema`` (JSON schemas). No Django here.
 """
@@ -21,6 +21,9 @@ DESCRIPTION = (
     "(numeric columns as a tree of histograms, cells merged privately as in the reference MST), a maximum "
     "spanning tree of pairs selected with report-noisy-max, a graphical model fitted with mbi (private-pgm); "
     "values kept on the declared integer / decimal grid, no nulls in a column declared nullable: false. "
+    "method aim: AIM (McKenna et al. 2022) on the same cells: rounds that select, by the exponential mechanism, "
+    "the pair or column the current model answers worst, measure it with the discrete Gaussian and refit, the "
+    "rounds' budget annealed as a zCDP filter. "
     "method vae: a tabular VAE trained with DP-SGD. Every part of epsilon "
     "is planned and reserved before the data is read; a quality and a privacy report go to the privacy officer."
 )
@@ -54,7 +57,7 @@ def run(engine, request, dataset, data, plan, progress, workdir):
             from engines.distributed.synthesis import execute as run_distributed
 
             return run_distributed(request, dataset, data, plan, progress, workdir)
-        data = data.to_arrow()  # the VAE trains on rows: read them into this worker
+        data = data.to_arrow()  # AIM and the VAE run on rows: read them into this worker
     from .execute import execute
 
     return execute(request, dataset, data, plan, progress, workdir)

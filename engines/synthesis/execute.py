@@ -67,16 +67,18 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
     progress({"phase": "preparing data", "fraction": 0.0})
     train, holdout, train_units = split(data.to_pandas(), spec, rng)
     info: dict = {}
-    if spec.method == "mst":
-        from . import mst
+    if spec.method in ("mst", "aim"):
+        from . import aim, mst
 
         fine_cols = [c for c in spec.columns if encoding.has_fine(c)]
+        md = d[spec.method]
         fine = mst.measure_fine({c["column"]: encoding.grid_encode(train, c) for c in fine_cols},
-                                {c["column"]: encoding.grid_size(c) for c in fine_cols}, d["mst"])
-        fine_scale = d["mst"]["fine"]["scale"] if fine else None
+                                {c["column"]: encoding.grid_size(c) for c in fine_cols}, md)
+        fine_scale = md["fine"]["scale"] if fine else None
         heavy = {c["column"]: encoding.heavy_leaf_mass(c, fine[c["column"]], fine_scale) for c in fine_cols}
-        codes, info, weights = mst.synthesize(encoding.cell_encode(train, spec.columns), spec.columns, d["mst"],
-                                              spec.rows, progress, heavy=heavy)
+        engine = mst if spec.method == "mst" else aim
+        codes, info, weights = engine.synthesize(encoding.cell_encode(train, spec.columns), spec.columns, md,
+                                                 spec.rows, progress, heavy=heavy)
         synthetic = encoding.cell_decode(codes, spec.columns, rng, weights, fine, fine_scale)
     else:
         from . import vae

@@ -193,42 +193,65 @@ def _compressed_pair(exact: np.ndarray, ma: np.ndarray, mb: np.ndarray) -> np.nd
     return np.bincount(idx, weights=np.asarray(exact, dtype=float), minlength=ca * cb)
 
 
+class OneWay:
+    """Every column's one-way measurement and its private compression (``measure_columns``):
+    ``cellmap`` (measured cell -> partition cell), ``ycell`` / ``yleaf`` (noisy counts of
+    the partition cells / of the measured cells), ``maps`` (partition cell -> model cell),
+    ``leafmap`` (measured cell -> model cell), ``csize`` (model cells), ``prob`` (each
+    column's noisy model-cell distribution), ``total`` (the noisy table size) and
+    ``measurements`` (mbi's, on the model cells)."""
+
+    def __init__(self, counts: dict, columns: list[dict], one: Noise, mbi):
+        spec = {c["column"]: c for c in columns}
+        self.cols = list(counts["one"])
+        self.cellmap, self.ycell, self.yleaf, self.maps, self.measurements = {}, {}, {}, {}, []
+        for c in self.cols:
+            self.cellmap[c], self.ycell[c], self.yleaf[c] = measure_one_way(counts["one"][c], spec[c], one)
+            nv = int(self.cellmap[c][:encoding.n_values(spec[c])].max()) + 1
+            self.maps[c] = compress(self.ycell[c], one.scale, spec[c], nv)
+            self.measurements.append(mbi.LinearMeasurement(self.ycell[c], (c,), stddev=one.scale).compress(
+                {c: self.maps[c]}, mbi.Domain([c], [len(self.ycell[c])])))
+        self.leafmap = {c: self.maps[c][self.cellmap[c]] for c in self.cols}
+        self.csize = {c: int(self.maps[c].max()) + 1 for c in self.cols}
+        self.total = max(float(np.mean([np.clip(y, 0, None).sum() for y in self.ycell.values()])), 1.0)
+        self.prob = {}
+        for c in self.cols:
+            y = np.clip(np.bincount(self.maps[c], weights=self.ycell[c], minlength=self.csize[c]), 0, None)
+            self.prob[c] = y / max(y.sum(), 1e-12)
+        self.scale = one.scale
+
+    def domain(self, mbi):
+        return mbi.Domain(self.cols, [self.csize[c] for c in self.cols])
+
+    def pair(self, counts: dict, a: str, b: str) -> np.ndarray:
+        """The exact two-way counts of (a, b) on the model cells (a before b in ``cols``)."""
+        return _compressed_pair(counts["two"][a, b], self.leafmap[a], self.leafmap[b])
+
+    def single(self, counts: dict, c: str) -> np.ndarray:
+        """The exact one-way counts of c on the model cells."""
+        return np.bincount(self.leafmap[c], weights=np.asarray(counts["one"][c], dtype=float),
+                           minlength=self.csize[c])
+
+
 def synthesize_from_counts(counts: dict, columns: list[dict], details: dict, rows: int, progress,
                            iters: int = 1000, heavy: dict | None = None) -> tuple[dict[str, np.ndarray], dict, dict]:
     """MST from the exact marginals (``marginal_counts`` of the cells): noise, private
-    compression of each column's cells, selection, fit, sample, and back to cells.
-    ``heavy``: per measured cell of a column, the noisy mass of its heavy grid values
-    (``encoding.heavy_leaf_mass``): a partition cell's rows go to its measured cells in
-    proportion to that mass plus an even share of the rest of the cell's count. Returns
-    the cells, what was released (pairs) and each measured cell's weight (for decoding)."""
+    compression of each column's cells, selection, fit, sample, and back to cells
+    (``to_cells``). Returns the cells, what was released (pairs) and each measured cell's
+    weight (for decoding)."""
     mbi, MirrorDescent = _mbi()
-    spec = {c["column"]: c for c in columns}
-    cols = list(counts["one"])
-    sizes = {c: len(counts["one"][c]) for c in cols}
     one, two = Noise.from_dict(details["one_way"]), Noise.from_dict(details["two_way"])
 
     progress({"phase": "measuring one-way marginals", "fraction": 0.05, "marginals_measured": 0})
-    cellmap, ycell, yleaf, maps, measurements = {}, {}, {}, {}, []
-    for c in cols:
-        cellmap[c], ycell[c], yleaf[c] = measure_one_way(counts["one"][c], spec[c], one)
-        nv = int(cellmap[c][:encoding.n_values(spec[c])].max()) + 1
-        maps[c] = compress(ycell[c], one.scale, spec[c], nv)
-        measurements.append(mbi.LinearMeasurement(ycell[c], (c,), stddev=one.scale).compress(
-            {c: maps[c]}, mbi.Domain([c], [len(ycell[c])])))
-    leafmap = {c: maps[c][cellmap[c]] for c in cols}  # measured cell -> model cell
-    csize = {c: int(maps[c].max()) + 1 for c in cols}
-    total = max(float(np.mean([np.clip(y, 0, None).sum() for y in ycell.values()])), 1.0)
-    prob = {}
-    for c in cols:
-        y = np.clip(np.bincount(maps[c], weights=ycell[c], minlength=csize[c]), 0, None)
-        prob[c] = y / max(y.sum(), 1e-12)
+    ow = OneWay(counts, columns, one, mbi)
+    cols, measurements = ow.cols, list(ow.measurements)
 
     progress({"phase": "selecting pairs", "fraction": 0.15, "marginals_measured": len(cols)})
     pairs = list(itertools.combinations(cols, 2))
     exact, error = {}, {}
     for a, b in pairs:  # L1 error of the independence model on each pair (the selection score)
-        exact[a, b] = _compressed_pair(counts["two"][a, b], leafmap[a], leafmap[b])
-        error[a, b] = float(np.abs(exact[a, b] - np.outer(prob[a], prob[b]).ravel() * total).sum())
+        exact[a, b] = ow.pair(counts, a, b)
+        error[a, b] = float(np.abs(exact[a, b] - np.outer(ow.prob[a], ow.prob[b]).ravel() * ow.total).sum())
     comps, tree = _Components(cols), []
     for _ in range(len(cols) - 1):
         candidates = [p for p in pairs if comps.find(p[0]) != comps.find(p[1])]
@@ -243,42 +266,51 @@ def synthesize_from_counts(counts: dict, columns: list[dict], details: dict, row
         measurements.append(mbi.LinearMeasurement(y, (a, b), stddev=two.scale))
 
     progress({"phase": "fitting the graphical model", "fraction": 0.45, "marginals_measured": len(measurements)})
-    domain = mbi.Domain(cols, [csize[c] for c in cols])
-    model = MirrorDescent().estimate(domain, measurements, known_total=total, iters=iters)
+    model = MirrorDescent().estimate(ow.domain(mbi), measurements, known_total=ow.total, iters=iters)
     progress({"phase": "sampling", "fraction": 0.8, "marginals_measured": len(measurements)})
-    data = model.synthetic_data(rows).to_dict()
+    out, noisy = to_cells(model.synthetic_data(rows).to_dict(), ow, heavy)
+    info = {"selected_pairs": [list(p) for p in tree], "model_cells": dict(ow.csize)}
+    return out, info, noisy
+
+
+def to_cells(data: dict, ow: OneWay, heavy: dict | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    """Sampled model cells back to measured cells (post-processing of the one-way counts):
+    a model cell's rows go to its partition cells by their soft-thresholded noisy counts
+    (``_within``), a partition cell's rows to its measured cells by their own noisy counts
+    (soft-thresholded: empty cells get next to nothing; evenly when those are all 0).
+    ``heavy``: per measured cell of a column, the noisy mass of its heavy grid values
+    (``encoding.heavy_leaf_mass``): a partition cell's rows go to its measured cells in
+    proportion to that mass plus an even share of the rest of the cell's count. Returns
+    the cells and each measured cell's weight (for decoding)."""
     rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
     out, noisy = {}, {}
-    for c in cols:
+    for c in ow.cols:
         z = np.asarray(data[c], dtype=np.int64)
+        cellmap, ycell, yleaf = ow.cellmap[c], ow.ycell[c], ow.yleaf[c]
         part = np.zeros(len(z), dtype=np.int64)
-        for g, (members, p) in enumerate(_within(ycell[c], one.scale, maps[c])):
+        for g, (members, p) in enumerate(_within(ycell, ow.scale, ow.maps[c])):
             rows_g = np.flatnonzero(z == g)
             part[rows_g] = members[rng.choice(len(members), size=len(rows_g), p=p)]
-        # a partition cell's count shared among its measured cells by their own noisy counts
-        # (soft-thresholded: empty cells get next to nothing), evenly when those are all 0
-        width = np.bincount(cellmap[c], minlength=len(ycell[c]))
-        own = np.clip(yleaf[c] - one.scale, 0, None)
-        own_sum = np.bincount(cellmap[c], weights=own, minlength=len(ycell[c]))
-        frac = np.where(own_sum[cellmap[c]] > 0, own / np.maximum(own_sum[cellmap[c]], 1e-12),
-                        1.0 / width[cellmap[c]])
-        weight = np.clip(ycell[c], 0, None)[cellmap[c]] * frac
+        width = np.bincount(cellmap, minlength=len(ycell))
+        own = np.clip(yleaf - ow.scale, 0, None)
+        own_sum = np.bincount(cellmap, weights=own, minlength=len(ycell))
+        frac = np.where(own_sum[cellmap] > 0, own / np.maximum(own_sum[cellmap], 1e-12), 1.0 / width[cellmap])
+        weight = np.clip(ycell, 0, None)[cellmap] * frac
         if heavy and c in heavy:
             h = np.asarray(heavy[c], dtype=float)
-            in_part = np.bincount(cellmap[c], weights=h, minlength=len(ycell[c]))
-            rest = np.clip(np.clip(ycell[c], 0, None) - in_part, 0, None)
-            weight = h + rest[cellmap[c]] * frac
+            in_part = np.bincount(cellmap, weights=h, minlength=len(ycell))
+            rest = np.clip(np.clip(ycell, 0, None) - in_part, 0, None)
+            weight = h + rest[cellmap] * frac
         cells = np.zeros(len(z), dtype=np.int64)
         for j in np.unique(part):  # a measured cell of the partition cell
             rows_j = np.flatnonzero(part == j)
-            members = np.flatnonzero(cellmap[c] == j)
+            members = np.flatnonzero(cellmap == j)
             w = weight[members]
             p = w / w.sum() if w.sum() > 0 else np.full(len(members), 1.0 / len(members))
             cells[rows_j] = members[rng.choice(len(members), size=len(rows_j), p=p)]
         out[c] = cells
         noisy[c] = weight
-    info = {"selected_pairs": [list(p) for p in tree], "model_cells": {c: csize[c] for c in cols}}
-    return out, info, noisy
+    return out, noisy
 
 
 def fine_counts(fine_codes: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, np.ndarray]:

@@ -9,7 +9,7 @@ from engines.types import DatasetMeta, PlanError
 from engines.validation import is_number as _finite, run_accountant_error, unknown_keys, unknown_message
 
 KINDS = ("synthesize",)
-METHODS = ("mst", "vae")
+METHODS = ("mst", "aim", "vae")
 MAX_ROWS = 5_000_000
 MAX_BINS = 256
 DEFAULT_BINS = 20
@@ -138,8 +138,8 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
                 (problems.append(col) if isinstance(col, str) else columns.append(col))
         if problems:
             errors["columns"] = "; ".join(problems)
-    if columns and len(columns) < 2 and method == "mst" and "columns" not in errors:
-        errors["columns"] = "MST needs at least two columns"
+    if columns and len(columns) < 2 and method in ("mst", "aim") and "columns" not in errors:
+        errors["columns"] = f"{method.upper()} needs at least two columns"
     target = params.get("target")
     if target is not None and target not in [c["column"] for c in columns]:
         errors["target"] = "must be one of the synthesized columns (used for train-synthetic-test-real utility)"

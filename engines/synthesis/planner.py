@@ -197,6 +197,73 @@ def _plan_mst(spec: Spec) -> tuple[dict, dict, float | None]:
     return event, details, certified
 
 
+AIM_SHARES = {"one_way": 0.35, "fine": 0.1, "rounds": 0.55}
+AIM_ROUNDS_PER_COLUMN = 16  # the reference AIM's starting T = 16 d (the first rounds' rho is rounds_rho / T)
+
+
+def _aim_event(z1: float, zf: float | None, rounds_rho: float, n1: int, m: int) -> dict:
+    """The one-way and fine histograms (each a discrete Gaussian: ``gaussian``), then the
+    adaptive rounds as the zCDP budget they may spend: rho-zCDP is exactly the RDP curve
+    alpha * rho, stated as the one event every accountant prices by its RDP curve (and
+    not by a single Gaussian's tighter exact tradeoff, which a mix of exponential and
+    Gaussian mechanisms does not have): ``subsampled_gaussian`` at sample rate 1, one
+    step, noise multiplier 1 / sqrt(2 rho)."""
+    parts = [_gaussians(z1, n1)]
+    if m:
+        parts.append(_gaussians(zf, m))
+    parts.append({"kind": "subsampled_gaussian", "sample_rate": 1.0,
+                  "noise_multiplier": 1.0 / math.sqrt(2.0 * rounds_rho), "steps": 1})
+    return {"kind": "composed", "events": parts}
+
+
+def _plan_aim(spec: Spec) -> tuple[dict, dict]:
+    """AIM (aim.py): the one-way measurements (as MST's, for the private compression) and
+    the fine histograms are fixed in advance; the rounds are a zCDP budget ``rounds_rho``.
+    The total rho is the largest the ledger's RDP accountant charges at most epsilon for."""
+    from .encoding import has_fine, one_way_releases
+
+    d, k = len(spec.columns), spec.max_rows_per_unit
+    m = sum(1 for c in spec.columns if has_fine(c))
+    n1 = sum(one_way_releases(c) for c in spec.columns)
+    fine_share = AIM_SHARES["fine"] if m else 0.0
+    rounds_share = 1.0 - AIM_SHARES["one_way"] - fine_share
+
+    def sigmas(rho):
+        s1 = k / math.sqrt(2 * AIM_SHARES["one_way"] * rho / n1)
+        return s1, (k / math.sqrt(2 * fine_share * rho / m) if m else None)
+
+    def event_of(rho):
+        s1, sf = sigmas(rho)
+        return _aim_event(s1 / k, sf and sf / k, rounds_share * rho, n1, m)
+
+    lo, hi = 1e-8, 1e4
+    if _rdp_epsilon(event_of(lo), spec.delta) > spec.epsilon:
+        raise PlanError("epsilon is too small for AIM", {"epsilon": "too small for AIM"})
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if _rdp_epsilon(event_of(mid), spec.delta) <= spec.epsilon:
+            lo = mid
+        else:
+            hi = mid
+    rho = lo
+    s1, sf = sigmas(rho)
+    one, c1 = opendp_noise.calibrate("gaussian", k, (k / s1) ** 2 / 2, integer=True, vector=True)
+    fine, cf = (opendp_noise.calibrate("gaussian", k, (k / sf) ** 2 / 2, integer=True, vector=True) if m
+                else (None, None))
+    rounds_rho = rounds_share * rho
+    event = _aim_event(1 / math.sqrt(2 * c1), cf and 1 / math.sqrt(2 * cf), rounds_rho, n1, m)
+    if one.scale > spec.n_train_units / MIN_SIGNAL:
+        raise PlanError(
+            f"epsilon {spec.epsilon:g} is too small for AIM on {spec.n_train_units:,} privacy units and {d} columns: "
+            f"the noise on each one-way marginal (sd {one.scale:,.0f}) would exceed a tenth of the table; raise "
+            "epsilon, synthesize fewer columns or use fewer bins",
+            {"epsilon": f"too small for AIM here (one-way noise sd {one.scale:,.0f})"})
+    details = {"one_way": one.to_dict(), "fine": fine and fine.to_dict(), "rounds_rho": rounds_rho,
+               "rounds": AIM_ROUNDS_PER_COLUMN * d, "sensitivity": k, "shares": AIM_SHARES,
+               "one_way_releases": n1}
+    return event, details
+
+
 def select_cost(scale: float, k: int) -> float:
     """OpenDP's epsilon for one report-noisy-max round at score sensitivity k."""
     import opendp.prelude as dp
@@ -237,6 +304,8 @@ def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
     spec = validate(request.kind, request.params, ds)
     if spec.method == "mst":
         event, method_details, certified = _plan_mst(spec)
+    elif spec.method == "aim":
+        (event, method_details), certified = _plan_aim(spec), None
     else:
         (event, method_details), certified = _plan_vae(spec), None
     # MST: the grid's epsilon, which it is calibrated to; the VAE (DP-SGD): the refined order's

@@ -1,0 +1,225 @@
+"""AIM (McKenna, Mullins, Sheldon & Miklau 2022, "AIM: An Adaptive and Iterative Mechanism
+for Differentially Private Synthetic Data") on the cells MST uses, with ``mbi``.
+
+1. Every column's one-way marginal is measured and compressed exactly as in MST
+   (``mst.OneWay``: a tree of noisy histograms for a wide numeric column, rare cells
+   merged privately); the model's domain is the compressed cells (post-processing).
+2. The workload is every pair of columns (weight 1 each); the candidates are its
+   downward closure, every pair and every column, each weighted by how much of the
+   workload it covers (``workload``: a column d - 1, a pair 2 (d - 1)).
+3. Rounds, each with the zCDP share ``rho_t``: select the candidate the current model
+   answers worst, by the exponential mechanism (OpenDP's report-noisy-max with Gumbel
+   noise under zCDP: rho = eps^2 / 8) on ``w * (L1 error - sqrt(2 / pi) sigma cells)``,
+   among the candidates whose junction tree stays below a size that grows with the
+   budget spent (the size penalty); measure it with OpenDP's discrete Gaussian (the rest
+   of ``rho_t``); refit warm-started. Annealing: when the refit moved the selected
+   marginal by less than the noise could explain, the next round gets 4 times the zCDP
+   (sigma / 2, epsilon x 2). When less than two rounds' share is left, one last round
+   spends exactly what is left.
+4. A final fit, ``synthetic_data``, and back to measured cells (``mst.to_cells``).
+
+The selections and measurements of step 3 are chosen as the run goes (their number and
+scales depend on the data): they form a zCDP filter whose total is the plan's
+``rounds_rho``, and the run stops before it would exceed it (``spent`` is what OpenDP's
+privacy maps certify, at most ``rounds_rho``). planner.py states that part of the event.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from engines.aggregates import noise as opendp_noise
+from engines.aggregates.noise import Noise
+
+from . import encoding, mst
+
+SELECT_SHARE = 0.1  # of each round's zCDP, as in the reference AIM
+BATCH = 3  # rounds between refits (see _rounds)
+ROUND_ITERS = 100  # mirror-descent steps after each measurement (warm-started)
+FINAL_ITERS = 1000
+MAX_CELLS = 2 ** 20  # the junction tree's size cap once the whole budget is spent (reference: 80 MB)
+
+
+def workload(cols: list[str]) -> dict[tuple, float]:
+    """The candidates (the downward closure of all pairs) with their weights: how many
+    workload attributes they share, summed over the workload (as the reference AIM)."""
+    pairs = list(itertools.combinations(cols, 2))
+    cands = {(c,): 0.0 for c in cols}
+    cands.update({p: 0.0 for p in pairs})
+    for cl in cands:
+        cands[cl] = float(sum(len(set(cl) & set(w)) for w in pairs))
+    return cands
+
+
+def select_noise(rho: float, sensitivity: float) -> tuple[float, float]:
+    """(scale, rho) of OpenDP's report-noisy-max with Gumbel noise whose zCDP map at score
+    sensitivity ``sensitivity`` is at most ``rho`` (the exponential mechanism at
+    epsilon = sqrt(8 rho), by its bounded-range zCDP bound)."""
+    import opendp.prelude as dp
+
+    dp.enable_features("contrib")
+
+    def cost(s):
+        return float(_noisy_max_zcdp(s).map(float(sensitivity)))
+
+    return opendp_noise._fit(cost, sensitivity / math.sqrt(2.0 * rho), rho)
+
+
+def _noisy_max_zcdp(scale: float):
+    import opendp.prelude as dp
+
+    return dp.m.make_noisy_max(dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.linf_distance(T=float),
+                               dp.zero_concentrated_divergence(), scale=float(scale))
+
+
+def _pair_marginal(model, a: str, b: str) -> np.ndarray:
+    """The model's marginal of (a, b): its potentials contracted by numpy's einsum (the
+    variable elimination mbi does, without compiling a program per pair)."""
+    pot = model.potentials
+    attrs = list(pot.domain.attributes)
+    letter = {c: chr(ord("a") + i) if i < 26 else chr(ord("A") + i - 26) for i, c in enumerate(attrs)}
+    ops, subs = [], []
+    for cl in pot.cliques:
+        t = np.asarray(pot.tables[cl].values, dtype=np.float64)
+        ops.append(np.exp(t - t.max()))
+        subs.append("".join(letter[c] for c in cl))
+    m = np.einsum(",".join(subs) + "->" + letter[a] + letter[b], *ops, optimize="greedy")
+    return m.ravel() / max(m.sum(), 1e-300) * float(model.total)
+
+
+def _model_answer(model, cl: tuple) -> np.ndarray:
+    if len(cl) == 1 or model.marginals.supports(cl):
+        return np.asarray(model.project(cl).datavector(), dtype=np.float64)
+    return _pair_marginal(model, *cl)
+
+
+def _size_ok(domain, model, cl: tuple, limit: float) -> bool:
+    from mbi.junction_tree import hypothetical_model_size
+
+    if any(set(cl) <= set(m) for m in model.cliques):
+        return True
+    return hypothetical_model_size(domain, list(model.cliques) + [cl]) * 2 ** 20 / 8 <= limit
+
+
+def synthesize(codes: dict[str, np.ndarray], columns: list[dict], details: dict, rows: int, progress,
+               heavy: dict | None = None) -> tuple[dict[str, np.ndarray], dict, dict]:
+    """As ``mst.synthesize``: cells of ``rows`` synthetic rows, what was released, and each
+    measured cell's weight (for decoding)."""
+    sizes = {c["column"]: encoding.cell_size(c) for c in columns}
+    return synthesize_from_counts(mst.marginal_counts(codes, sizes), columns, details, rows, progress, heavy)
+
+
+def synthesize_from_counts(counts: dict, columns: list[dict], details: dict, rows: int, progress,
+                           heavy: dict | None = None) -> tuple[dict[str, np.ndarray], dict, dict]:
+    mbi, MirrorDescent = mst._mbi()
+    progress({"phase": "measuring one-way marginals", "fraction": 0.05, "marginals_measured": 0})
+    ow = mst.OneWay(counts, columns, Noise.from_dict(details["one_way"]), mbi)
+    domain = ow.domain(mbi)
+    measurements = list(ow.measurements)
+    estimator = MirrorDescent()
+    model = estimator.estimate(domain, measurements, known_total=ow.total, iters=ROUND_ITERS)
+    model, rounds, spent = _rounds(model, estimator, domain, measurements, ow, counts, details, progress, mbi)
+
+    progress({"phase": "fitting the graphical model", "fraction": 0.8, "marginals_measured": len(measurements)})
+    model = estimator.estimate(domain, measurements, known_total=ow.total, iters=FINAL_ITERS, warm_start=model)
+    progress({"phase": "sampling", "fraction": 0.85, "marginals_measured": len(measurements)})
+    out, noisy = mst.to_cells(model.synthetic_data(rows).to_dict(), ow, heavy)
+    info = {"selected_marginals": [r["marginal"] for r in rounds], "rounds": len(rounds),
+            "rounds_rho_spent": spent, "model_cells": dict(ow.csize)}
+    return out, info, noisy
+
+
+class Budget:
+    """The rounds' zCDP filter: ``rounds_rho`` in all, the first round's share
+    ``rounds_rho / max_rounds``, x4 after a round that asks to anneal; when less than two
+    rounds' share is left (or the round is the ``max_rounds``-th) the round is the last
+    and gets what is left. ``spend`` adds what OpenDP's maps certify a round cost (at most
+    its share); ``spent`` never exceeds ``rounds_rho``."""
+
+    def __init__(self, rounds_rho: float, max_rounds: int):
+        self.total, self.max_rounds = float(rounds_rho), int(max_rounds)
+        self.share, self.spent, self.rounds, self.final = self.total / self.max_rounds, 0.0, 0, False
+
+    def next(self) -> float:
+        """The next round's share (0: nothing left; stop)."""
+        left = self.total - self.spent
+        self.final = left < 2 * self.share or self.rounds + 1 >= self.max_rounds
+        if self.final:
+            self.share = left * (1 - 1e-12)  # a hair under what is left: float sums
+        return self.share if self.share > 0 else 0.0
+
+    def spend(self, cost: float, anneal: bool) -> None:
+        if not cost <= self.share:
+            raise ValueError(f"a round cost {cost!r}, more than its share {self.share!r}")
+        self.spent += cost
+        self.rounds += 1
+        if anneal:
+            self.share *= 4.0  # sigma / 2, epsilon x 2
+
+
+def _merge(measurements: list, index: dict, new) -> None:
+    """``new`` folded into this run's earlier measurement of the same marginal
+    (``index``: marginal -> its position; inverse-variance weighted: the same likelihood
+    as both terms, up to a constant), so that mbi's loss keeps its structure and is not
+    compiled again; else appended."""
+    i = index.get(new.clique)
+    if i is None:
+        index[new.clique] = len(measurements)
+        measurements.append(new)
+        return
+    old = measurements[i]
+    w1, w2 = old.stddev ** -2, new.stddev ** -2
+    y = (np.asarray(old.noisy_measurement) * w1 + np.asarray(new.noisy_measurement) * w2) / (w1 + w2)
+    measurements[i] = type(new)(y, new.clique, stddev=float((w1 + w2) ** -0.5))
+
+
+def _rounds(model, estimator, domain, measurements, ow, counts, details, progress, mbi):
+    """AIM's rounds (step 3 of the module docstring); appends to ``measurements``.
+    Returns (the model, each round's marginal / sigma / rho, the zCDP spent).
+
+    The model is refitted after every ``BATCH`` rounds (mbi compiles a program per new
+    set of cliques, about 20 times the cost of the steps): in between, a marginal measured
+    in this batch is answered by its own measurement (clipped at 0), every other by the
+    last fit, and annealing compares the measurement with the last fit's answer."""
+    cands = workload(ow.cols)
+    answers = {cl: ow.single(counts, cl[0]) if len(cl) == 1 else ow.pair(counts, *cl) for cl in cands}
+    sensitivity = details["sensitivity"] * max(cands.values())
+    budget = Budget(details["rounds_rho"], details["rounds"])
+    est, fresh, index, rounds = {}, {}, {}, []
+    while not budget.final:
+        rho_t = budget.next()
+        if not rho_t > 0:
+            break
+        scale, sel_cost = select_noise(SELECT_SHARE * rho_t, sensitivity)
+        meas, meas_cost = opendp_noise.calibrate("gaussian", details["sensitivity"], rho_t - sel_cost,
+                                                 integer=True, vector=True)
+        limit = MAX_CELLS * (budget.spent + rho_t) / budget.total  # the size penalty
+        small = [cl for cl in cands if _size_ok(domain, model, cl, limit)]
+        bias = math.sqrt(2 / math.pi) * meas.scale
+        for cl in small:
+            if cl in fresh:
+                est[cl] = fresh[cl]
+            elif cl not in est:
+                est[cl] = _model_answer(model, cl)
+        scores = [cands[cl] * (float(np.abs(answers[cl] - est[cl]).sum()) - bias * answers[cl].size) for cl in small]
+        cl = small[int(_noisy_max_zcdp(scale)([float(s) for s in scores]))]
+        y = np.asarray(meas.release(np.rint(answers[cl]).astype(np.int64)), dtype=float)
+        before = est[cl]
+        _merge(measurements, index, mbi.LinearMeasurement(y, cl, stddev=meas.scale))
+        fresh[cl] = np.clip(y, 0, None)
+        rounds.append({"marginal": list(cl), "sigma": meas.scale, "rho": sel_cost + meas_cost})
+        if len(fresh) >= BATCH or budget.final:
+            model = estimator.estimate(domain, measurements, known_total=ow.total, iters=ROUND_ITERS,
+                                       warm_start=model)
+            est, fresh = {}, {}
+            after = _model_answer(model, cl)
+        else:
+            after = fresh[cl]
+        budget.spend(sel_cost + meas_cost, float(np.abs(after - before).sum()) <= bias * answers[cl].size)
+        progress({"phase": "selecting and measuring marginals",
+                  "fraction": round(min(0.1 + 0.7 * budget.spent / budget.total, 0.8), 4),
+                  "marginals_measured": len(measurements)})
+    return model, rounds, budget.spent
