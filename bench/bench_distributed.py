@@ -90,13 +90,30 @@ def meta(rows: int, unit: bool) -> DatasetMeta:
                        n_units=rows // 4 if unit else rows, delta=1e-9)
 
 
-def timed(fn, repeat: int):
-    times, out = [], None
+def _cpu_seconds() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _cpu(scheduler: str = "") -> float:
+    """CPU seconds used so far by this process and, on a cluster, by its workers: the work
+    a run does, which the other users' load moves far less than its wall time."""
+    workers = dcluster.client(scheduler).run(_cpu_seconds).values() if scheduler else ()
+    return _cpu_seconds() + sum(workers)
+
+
+def timed(fn, repeat: int, scheduler: str = ""):
+    """Median wall seconds and median CPU seconds (this process and the workers) of
+    ``repeat`` runs, and the last run's output."""
+    times, cpus, out = [], [], None
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        c0, t0 = _cpu(scheduler), time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+        cpus.append(_cpu(scheduler) - c0)
+    return (statistics.median(times), statistics.median(cpus)), out
 
 
 def run_local(paths, plan, n, repeat):
@@ -109,9 +126,9 @@ def run_local(paths, plan, n, repeat):
         table = read()
         return local.exact_parts(plan.details, table, n, np.random.default_rng(), salt=SALT)
 
-    t_read, _ = timed(read, 1)
-    t, parts = timed(once, repeat)
-    return t, t_read, local.exact_values(plan.details, parts, n)
+    (t_read, _), _ = timed(read, 1)
+    (t, cpu), parts = timed(once, repeat)
+    return t, cpu, t_read, local.exact_values(plan.details, parts, n)
 
 
 def run_dist(paths, plan, n, scheduler, repeat):
@@ -127,8 +144,8 @@ def run_dist(paths, plan, n, scheduler, repeat):
         release = local.finish(plan.details, parts, n, np.random.default_rng(), lambda u: None)
         return parts, release.result
 
-    t, (parts, result) = timed(once, repeat)
-    return t, local.exact_values(plan.details, parts, n), result
+    (t, cpu), (parts, result) = timed(once, repeat, scheduler)
+    return t, cpu, local.exact_values(plan.details, parts, n), result
 
 
 def same(a: dict, b: dict) -> bool:
@@ -155,16 +172,17 @@ def bench(a) -> dict:
     exact_local = {}
     if not a.no_local:
         for name, plan in plans.items():
-            t, t_read, exact_local[name] = run_local(paths, plan, n, a.repeat)
-            out["queries"][name]["local"] = {"seconds": t, "read_seconds": t_read, "ns_per_row": t / n * 1e9,
-                                             "load_1min_after": os.getloadavg()[0]}
-            log(f"  local engine    {name:13s} {t:8.2f} s  ({t / n * 1e9:6.1f} ns/row; read {t_read:.2f} s)")
+            t, cpu, t_read, exact_local[name] = run_local(paths, plan, n, a.repeat)
+            out["queries"][name]["local"] = {"seconds": t, "cpu_seconds": cpu, "read_seconds": t_read,
+                                             "ns_per_row": t / n * 1e9, "load_1min_after": os.getloadavg()[0]}
+            log(f"  local engine    {name:13s} {t:8.2f} s  ({t / n * 1e9:6.1f} ns/row; read {t_read:.2f} s; "
+                f"CPU {cpu:.2f} s)")
     for w in [int(x) for x in a.workers.split(",")]:
         with LocalCluster(n_workers=w, threads_per_worker=1, processes=True, dashboard_address=None,
                           host="127.0.0.1", silence_logs=40, memory_limit=a.memory_limit) as cl:
             for name, plan in plans.items():
-                t, exact, answer = run_dist(paths, plan, n, cl.scheduler_address, a.repeat)
-                rec = {"seconds": t, "ns_per_row": t / n * 1e9, "dp_answer": answer,
+                t, cpu, exact, answer = run_dist(paths, plan, n, cl.scheduler_address, a.repeat)
+                rec = {"seconds": t, "cpu_seconds": cpu, "ns_per_row": t / n * 1e9, "dp_answer": answer,
                        "load_1min_after": os.getloadavg()[0]}
                 if name in exact_local:
                     rec["exact_equal_to_local"] = same(exact, exact_local[name])
@@ -173,11 +191,12 @@ def bench(a) -> dict:
                 twin = out["queries"].get(ROW_TWIN.get(name, ""), {}).get(f"dask_{w}")
                 if twin:
                     rec["unit_over_row"] = t / twin["seconds"]
+                    rec["unit_over_row_cpu"] = cpu / twin["cpu_seconds"]
                 extra = "" if name not in exact_local else \
                     f"  x{rec['ratio_to_local']:.2f} of local; exact equal: {rec['exact_equal_to_local']}"
                 if "unit_over_row" in rec:
-                    extra += f"; unit / row x{rec['unit_over_row']:.2f}"
-                log(f"  dask {w} worker(s) {name:13s} {t:8.2f} s  ({t / n * 1e9:6.1f} ns/row){extra}")
+                    extra += f"; unit / row x{rec['unit_over_row']:.2f} (CPU x{rec['unit_over_row_cpu']:.2f})"
+                log(f"  dask {w} worker(s) {name:13s} {t:8.2f} s  ({t / n * 1e9:6.1f} ns/row; CPU {cpu:.2f} s){extra}")
             client = dcluster._clients.pop(cl.scheduler_address, None)
             if client is not None:
                 client.close()
@@ -186,20 +205,32 @@ def bench(a) -> dict:
 
 
 def table(res: dict) -> str:
+    """Wall seconds (ns/row) and CPU seconds per variant; the ratios in wall time and, after
+    the slash, in CPU time (the work done, which the other users' load moves far less)."""
     cols = [k for k in ("local", "dask_1", "dask_2") if any(k in q for q in res["queries"].values())]
     load = "".join(f", load (1/5/15 min) {k.split('_')[1]} " + "/".join(f"{x:.2f}" for x in res[k])
                    for k in ("load_before", "load_after") if k in res)
+
+    def cpu(rec, key="cpu_seconds"):
+        return f" / {rec[key]:.2f}" if key in rec else ""
+
     lines = [f"{res['rows']:,} rows, {res['partitions']} partitions, median of {res['repeat']} "
-             f"({res['machine']}{load})", "| query | " + " | ".join(f"{c} s (ns/row)" for c in cols) +
-             " | dask_2 / local | unit / row (dask_1, dask_2) | exact equal |", "|---" * (len(cols) + 4) + "|"]
+             f"({res['machine']}{load})", "| query | " + " | ".join(f"{c} s (ns/row) / CPU s" for c in cols) +
+             " | dask_2 / local (wall / CPU) | unit / row, dask_1 and dask_2 (wall / CPU) | exact equal |",
+             "|---" * (len(cols) + 4) + "|"]
     for name, q in res["queries"].items():
-        cells = [f"{q[c]['seconds']:.2f} ({q[c]['ns_per_row']:.1f})" if c in q else "-" for c in cols]
+        cells = [f"{q[c]['seconds']:.2f} ({q[c]['ns_per_row']:.1f}){cpu(q[c])}" if c in q else "-" for c in cols]
         d2 = q.get("dask_2", {})
-        ratio = f"{d2['ratio_to_local']:.2f}x" if "ratio_to_local" in d2 else "-"
+        ratio = "-"
+        if "ratio_to_local" in d2:
+            ratio = f"{d2['ratio_to_local']:.2f}x"
+            if "cpu_seconds" in d2 and "cpu_seconds" in q.get("local", {}):
+                ratio += f" / {d2['cpu_seconds'] / q['local']['cpu_seconds']:.2f}x"
         eq = ", ".join(str(q[c]["exact_equal_to_local"]) for c in ("dask_1", "dask_2")
                        if "exact_equal_to_local" in q.get(c, {})) or "-"
-        unit = ", ".join(f"{q[c]['unit_over_row']:.2f}x" for c in ("dask_1", "dask_2")
-                         if "unit_over_row" in q.get(c, {})) or "-"
+        unit = ", ".join(f"{q[c]['unit_over_row']:.2f}x" + (f" / {q[c]['unit_over_row_cpu']:.2f}x"
+                                                           if "unit_over_row_cpu" in q[c] else "")
+                         for c in ("dask_1", "dask_2") if "unit_over_row" in q.get(c, {})) or "-"
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} | {unit} | {eq} |")
     return "\n".join(lines)
 
