@@ -40,9 +40,9 @@ SCHEMA = {
 }
 
 
-def _run(df: pd.DataFrame, schema: dict, epsilon: float, rows: int | None = None):
+def _run(df: pd.DataFrame, schema: dict, epsilon: float, rows: int | None = None, method: str = "mst"):
     meta = DatasetMeta(name="t", columns=schema, unit_column=None, n_rows=len(df), n_units=len(df), delta=1e-6)
-    request = EngineRequest("synthesize", {"method": "mst", "epsilon": epsilon, "rows": rows or len(df),
+    request = EngineRequest("synthesize", {"method": method, "epsilon": epsilon, "rows": rows or len(df),
                                            "holdout_fraction": 0})
     plan = plugins.plan("synthesis", request, meta)
     import tempfile

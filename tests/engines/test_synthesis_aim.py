@@ -1,0 +1,138 @@
+"""AIM (engines/synthesis/aim.py): it beats the independent floor on a small table, keeps
+every declaration, spends exactly the zCDP its plan states (never more), and its rounds end
+under any budget."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from accounting import parse_event, rdp
+from accounting.base import compose_events
+from engines import plugins
+from engines.synthesis import aim, encoding, mst, report
+from engines.types import DatasetMeta, EngineRequest
+
+from .test_synthesis_declarations import SCHEMA, _loans, _run
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def loans():
+    df = _loans(2000)  # a small table: 2,000 rows, 5 columns
+    syn, plan, release = _run(df, SCHEMA, 2.0, method="aim")
+    return df, syn, plan, release
+
+
+def test_it_beats_the_independent_floor(loans):
+    df, syn, _, _ = loans
+    holdout = _loans(1000, seed=1)
+    q = report.quality_report(df, syn, holdout, {c: dict(s) for c, s in SCHEMA.items()})["summary"]
+    assert q["bivariate_accuracy"] > q["bivariate_accuracy_floor"] + 0.5 * (
+        q["bivariate_accuracy_ceiling"] - q["bivariate_accuracy_floor"])
+    assert q["overall_accuracy_of_the_way"] > 0.5
+
+
+def test_every_declaration_holds_exactly(loans):
+    df, syn, _, _ = loans
+    for c in ("amount", "rate", "grade", "income"):
+        assert syn[c].notna().all(), c  # nullable: false
+    assert (syn["amount"] == np.round(syn["amount"])).all()  # integer at a range of 40,001 integers
+    for c in ("rate", "income"):
+        assert np.allclose(np.round(syn[c], 2), syn[c], atol=1e-9, rtol=0)
+    e = syn["emp"].dropna()
+    assert (e == np.round(e)).all()
+    for c, spec in SCHEMA.items():
+        if spec["type"] == "numeric":
+            assert syn[c].min() >= spec["lower"] and syn[c].max() <= spec["upper"]
+    assert set(syn["grade"]) <= set("ABCDEFG")
+    assert syn["rate"].isin(df["rate"].unique()).mean() > 0.9  # heavy grid values, not invented ones
+
+
+def test_the_plan_states_what_the_run_spends(loans):
+    _, _, plan, release = loans
+    d = plan.details["aim"]
+    rounds = plan.event["events"][-1]
+    assert rounds == {"kind": "subsampled_gaussian", "sample_rate": 1.0, "steps": 1,
+                      "noise_multiplier": pytest.approx(1 / math.sqrt(2 * d["rounds_rho"]))}
+    spent = release.result["rounds_rho_spent"]
+    assert d["rounds_rho"] * (1 - 1e-9) <= spent <= d["rounds_rho"]  # all of it, never more
+    assert 1 <= release.result["rounds"] <= d["rounds"]
+    spec = plan.details["spec"]["columns"]
+    assert plan.event["events"][0]["count"] == sum(encoding.one_way_releases(c) for c in spec)
+    assert plan.event["events"][1]["count"] == sum(encoding.has_fine(c) for c in spec)
+    assert release.result["planned_epsilon"] <= 2.0
+    assert release.result["planned_epsilon"] == pytest.approx(2.0, abs=1e-6)
+
+
+def test_the_rounds_event_is_the_zcdp_curve():
+    """rho-zCDP is the RDP curve alpha * rho at every order: the stated event's curve."""
+    from accounting.costs import subsampled_gaussian_curve
+    from accounting.rdp_math import FINITE_ORDERS
+
+    rho = 0.0123
+    curve = np.asarray(subsampled_gaussian_curve(1.0, 1 / math.sqrt(2 * rho), 1))[:len(FINITE_ORDERS)]
+    assert np.allclose(curve, np.asarray(FINITE_ORDERS) * rho, rtol=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(total=st.floats(1e-12, 10.0), max_rounds=st.integers(1, 300),
+       anneal=st.lists(st.booleans(), min_size=1, max_size=400),
+       under=st.lists(st.floats(0.5, 1.0), min_size=1, max_size=400))
+def test_the_budget_is_spent_exactly_and_never_exceeded(total, max_rounds, anneal, under):
+    b = aim.Budget(total, max_rounds)
+    i = 0
+    while not b.final:
+        share = b.next()
+        if not share > 0:
+            break
+        cost = share if b.final else share * under[i % len(under)]  # OpenDP's maps: at most the share
+        b.spend(cost, anneal[i % len(anneal)])
+        i += 1
+    assert b.rounds <= max_rounds
+    assert b.spent <= total
+    assert b.spent >= total * (1 - 1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rho=st.floats(1e-9, 5.0), sensitivity=st.floats(0.5, 100.0))
+def test_the_selection_costs_at_most_its_share(rho, sensitivity):
+    scale, cost = aim.select_noise(rho, sensitivity)
+    assert cost <= rho
+    assert cost >= rho * (1 - 1e-6)
+    assert float(aim._noisy_max_zcdp(scale).map(float(sensitivity))) == cost
+
+
+@settings(max_examples=25, deadline=None)
+@given(eps=st.floats(0.3, 20.0), k=st.integers(1, 8), d=st.integers(2, 6))
+def test_the_plan_charges_at_most_epsilon(eps, k, d):
+    cols = {f"c{i}": {"type": "categorical", "domain": list("abc")} for i in range(d)}
+    meta = DatasetMeta(name="t", columns={**cols, "u": {"type": "unit"}}, unit_column="u", n_rows=100_000,
+                       n_units=50_000, delta=1e-7)
+    plan = plugins.plan("synthesis", EngineRequest("synthesize", {"method": "aim", "epsilon": eps,
+                                                                  "max_rows_per_unit": k}), meta)
+    charged = compose_events(rdp, [parse_event(plan.event)], 1e-7).epsilon
+    assert charged <= eps
+    assert charged == pytest.approx(eps, rel=1e-4)
+    assert plan.details["aim"]["sensitivity"] == k
+
+
+def test_a_tiny_budget_still_terminates():
+    rng = np.random.default_rng(0)
+    cols = [{"column": c, "type": "categorical", "domain": list("abcd"), "nullable": False} for c in "xyz"]
+    df = pd.DataFrame({c: rng.choice(list("abcd"), 500) for c in "xyz"})
+    one = {"mechanism": "gaussian", "scale": 5.0, "integer": True, "vector": True, "sensitivity": 1}
+    details = {"one_way": one, "rounds_rho": 1e-12, "rounds": 48, "sensitivity": 1}
+    codes, info, _ = aim.synthesize(encoding.cell_encode(df, cols), cols, details, 200, lambda p: None)
+    assert 1 <= info["rounds"] <= 48
+    assert info["rounds_rho_spent"] <= 1e-12
+    assert all(len(v) == 200 for v in codes.values())
+
+
+def test_workload_weights_follow_the_reference():
+    w = aim.workload(["a", "b", "c", "d"])
+    assert w[("a",)] == 3 and w[("a", "b")] == 6 and len(w) == 4 + 6
+    assert mst.OneWay  # the one-way measurement AIM shares with MST
