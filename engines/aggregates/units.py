@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["unit_codes", "unit_hash", "mix64", "first_per_pair", "bound_by_content", "bounded_count",
+__all__ = ["unit_codes", "unit_hash", "mix64", "row_keys", "first_per_pair", "bound_by_content", "bounded_count",
            "bound_contributions"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -104,25 +104,36 @@ def _keep_first_k(units: np.ndarray, k: int, rng: np.random.Generator) -> np.nda
     """Sort rows by (unit, random key) and keep each unit's first k."""
     key = (units.astype(np.uint64) << np.uint64(32)) | rng.integers(0, 2**32, len(units), dtype=np.uint64)
     order = np.argsort(key)
-    su = units[order]
-    starts = np.flatnonzero(np.r_[True, su[1:] != su[:-1]])
-    rank = np.arange(len(su)) - np.repeat(starts, np.diff(np.r_[starts, len(su)]))
-    keep = np.empty(len(su), dtype=bool)
-    keep[order] = rank < k
+    keep = np.empty(len(units), dtype=bool)
+    keep[order] = _first_k(units[order], k)
     return keep
 
 
 def _over_k(mask: np.ndarray, units: np.ndarray, n_units: int, k: int):
-    """The rows of ``mask`` whose unit has more than ``k`` of them: (their unit codes, their
-    row indices), or None when no unit has more than k."""
+    """The rows of ``mask`` to choose among: (their unit codes, their row indices), or None
+    when no unit has more than ``k``. The rows of units over k; or every row of ``mask``
+    when those are most of them (a unit with at most k rows keeps them all whichever way
+    its rows are ranked, and selecting would cost more than it saves)."""
     every = bool(mask.all())
     idx = None if every else np.flatnonzero(mask)
     u = units if every else units[idx]
     counts = np.bincount(u, minlength=n_units)
     if counts.size == 0 or counts.max() <= k:
         return None
-    heavy_rows = np.flatnonzero((counts > k)[u])  # positions in u of rows of units over k
+    over = counts > k
+    if 2 * int(counts[over].sum()) > len(u):
+        return u, (np.arange(len(u)) if every else idx)
+    heavy_rows = np.flatnonzero(over[u])  # positions in u of rows of units over k
     return u[heavy_rows], (heavy_rows if every else idx[heavy_rows])
+
+
+def _first_k(sorted_units: np.ndarray, k: int) -> np.ndarray:
+    """For rows sorted by unit: whether each is among its unit's first ``k`` (the row k
+    places earlier belongs to another unit)."""
+    first = np.ones(len(sorted_units), dtype=bool)
+    if len(sorted_units) > k:
+        first[k:] = sorted_units[k:] != sorted_units[:-k]
+    return first
 
 
 def bound_contributions(mask: np.ndarray, units: np.ndarray, n_units: int, k: int,
@@ -179,6 +190,36 @@ def unit_hash(col) -> np.ndarray:
     return pd.util.hash_array(np.asarray(col.to_numpy(zero_copy_only=False)))
 
 
+_C_CODE = np.uint64(0xD6E8FEB86659FD93)
+_C_VALUE = np.uint64(0xA0761D6478BD642F)
+
+
+def row_keys(ids, rows: np.ndarray, salt: int, codes: np.ndarray | None, values: np.ndarray | None) -> np.ndarray:
+    """Each row's bounding key: ``mix64(h(id) ^ salt ^ code * c1 ^ value bits * c2)``, a
+    function of the row's unit id, group code and value and the run's salt only. ``h`` is
+    one multiplication for integer ids (``mix64`` spreads it), ``unit_hash`` otherwise;
+    ``rows`` index ``ids`` (the unit column), ``codes`` and ``values`` are already those
+    rows'. Two rows of a unit with other (code, value) may share a key: the caller breaks
+    such ties by (code, value)."""
+    col = ids.take(pa.array(rows)) if not isinstance(ids, np.ndarray) else ids[rows]
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    if isinstance(col, pa.Array) and pa.types.is_integer(col.type) and col.null_count == 0:
+        ints = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False).view(np.uint64)
+    elif isinstance(col, np.ndarray) and col.dtype.kind in "iu":
+        ints = col.astype(np.int64, copy=False).view(np.uint64)
+    else:
+        ints = None
+    with np.errstate(over="ignore"):
+        key = ints * _GOLDEN if ints is not None else unit_hash(col)
+        key ^= np.uint64(salt & 0xFFFFFFFFFFFFFFFF)
+        if codes is not None:
+            key ^= codes.astype(np.int64).view(np.uint64) * _C_CODE
+        if values is not None:
+            key ^= values.view(np.uint64) * _C_VALUE
+    return mix64(key)
+
+
 def _by_unit_then_key(hu: np.ndarray, key: np.ndarray, c, v) -> np.ndarray:
     """The rows in (unit, key, code, value) order, or in an order that keeps the same
     multiset per unit: one argsort of ``unit << (64 - b) | key >> b`` (b bits hold the unit
@@ -206,7 +247,7 @@ def _by_unit_then_key(hu: np.ndarray, key: np.ndarray, c, v) -> np.ndarray:
 def bound_by_content(mask: np.ndarray, units: np.ndarray, n_units: int, k: int, salt: int, ids,
                      codes: np.ndarray | None = None, values: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Keep at most ``k`` of each unit's rows among ``mask``: the rows with the smallest
-    ``key = mix(mix(mix(salt ^ unit_hash(id)) ^ code) ^ value bits)``, ties (equal keys)
+    ``row_keys`` (of the unit id, the salt, the row's code and value), ties (equal keys)
     broken by (code, value). ``units`` are dense unit codes of this table (``unit_codes``)
     and ``ids`` the unit column (hashed only for the rows of units over k). The rows kept
     are a function of the unit's own rows' (code, value) multiset and ``salt`` (rows equal
@@ -230,20 +271,11 @@ def bound_by_content(mask: np.ndarray, units: np.ndarray, n_units: int, k: int, 
             return out, int(len(keep) - np.count_nonzero(keep))
         order = np.argsort(hu)
     else:
-        hashed = ids.take(pa.array(hidx)) if not isinstance(ids, np.ndarray) else ids[hidx]
-        key = mix64(unit_hash(hashed) ^ np.uint64(salt & 0xFFFFFFFFFFFFFFFF))
         c = codes[hidx] if codes is not None else None
         v = np.ascontiguousarray(values[hidx], dtype=np.float64) if values is not None else None
-        if c is not None:
-            key = mix64(key ^ c.astype(np.int64).view(np.uint64))
-        if v is not None:
-            key = mix64(key ^ v.view(np.uint64))
-        order = _by_unit_then_key(hu, key, c, v)
-    su = hu[order]
-    starts = np.flatnonzero(np.r_[True, su[1:] != su[:-1]])
-    rank = np.arange(len(su)) - np.repeat(starts, np.diff(np.r_[starts, len(su)]))
-    keep = np.empty(len(su), dtype=bool)
-    keep[order] = rank < k
+        order = _by_unit_then_key(hu, row_keys(ids, hidx, salt, c, v), c, v)
+    keep = np.empty(len(hu), dtype=bool)
+    keep[order] = _first_k(hu[order], k)
     out = mask.copy()
     out[hidx[~keep]] = False
     return out, int(len(keep) - np.count_nonzero(keep))
