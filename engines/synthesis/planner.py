@@ -44,6 +44,19 @@ RDP curve (above the target), since PLD is no privacy filter across adaptively c
 requests. The plan records ``certified_by`` and ``certified_epsilon`` beside
 ``planned_epsilon`` (the charge).
 
+**AIM** (aim.py): the same n1 one-way releases and m grid histograms as MST (their noise
+fixed here), then adaptive rounds of exponential-mechanism selections and discrete-
+Gaussian measurements whose number and scales the run chooses as it goes, within a zCDP
+budget ``rounds_rho`` (a zCDP filter: it never spends more). The event is
+
+    composed[ self_composed(gaussian(z1), n1), self_composed(gaussian(zf), m),
+              subsampled_gaussian(q=1, z=1/sqrt(2 rounds_rho), steps=1) ]
+
+the last part being rho-zCDP's RDP curve alpha * rho in the one event form every
+accountant prices from its RDP curve (``_aim_event``). Budget: 35% one-way, 10% grid
+histograms (when there are any), the rest the rounds, of the largest rho whose event the
+ledger's RDP accountant charges at most the requested epsilon.
+
 **VAE**: DP-SGD (engines/dpsgd) on a tabular VAE: ``subsampled_gaussian(q, z, steps)``
 with z calibrated to epsilon exactly as the DP-SGD engine does.
 """

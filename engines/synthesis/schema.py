@@ -12,21 +12,23 @@ from .params import (DEFAULT_BINS, DEFAULT_ROWS_PER_UNIT, MAX_BINS, MAX_ROWS, MA
 def params_schema() -> dict:
     props = {
         "method": {"enum": list(METHODS), "default": "mst",
-                   "description": "mst: marginal-based (graphical model); vae: a tabular VAE trained with DP-SGD"},
+                   "description": "mst: marginal-based, a maximum spanning tree of pairs (graphical model); aim: "
+                                  "marginal-based, adaptive rounds over all pairs and columns (AIM, McKenna et al. "
+                                  "2022; 3-5 times MST's time); vae: a tabular VAE trained with DP-SGD"},
         "epsilon": {"type": "number", "exclusiveMinimum": 0, "maximum": 100,
                     "description": "the whole run's epsilon at delta (the service's RDP accountant; with accountant "
                                    "pld, the PLD certificate)"},
         "delta": {"type": "number", "exclusiveMinimum": 0, "description": "default: the dataset's"},
         "accountant": {"enum": list(ACCOUNTANTS), "default": "rdp",
                        "description": "what calibrates MST's noise to the epsilon and certifies the run: rdp (the "
-                                      "ledger's own accountant) or pld (privacy loss distribution: less noise; MST at "
+                                      "ledger's own accountant) or pld (privacy loss distribution: less noise; MST only, at "
                                       "one row per unit, when the dataset's officer allows pld_certification). The "
                                       "ledger charges the run by its RDP curve either way"},
         "rows": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS, "description": "default: the dataset's rows"},
         "columns": {"type": "array", "items": {"type": "string"},
                     "description": "default: every bounded numeric and categorical column"},
         "bins": {"type": "integer", "minimum": 2, "maximum": MAX_BINS, "default": DEFAULT_BINS,
-                 "description": "mst: at most this many model cells per numeric column (private quantile bins of its "
+                 "description": "mst, aim: at most this many model cells per numeric column (private quantile bins of its "
                                 "measured cells); vae: equal-width bins of its declared range"},
         "max_rows_per_unit": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS_PER_UNIT,
                               "default": DEFAULT_ROWS_PER_UNIT, "description": "datasets with a privacy unit"},
