@@ -148,11 +148,11 @@ class Budget:
         left = self.total - self.spent
         self.final = left < 2 * self.share or self.rounds + 1 >= self.max_rounds
         if self.final:
-            self.share = left * (1 - 1e-12)  # a hair under what is left: float sums
+            self.share = left * (1 - 1e-9)  # a hair under what is left: OpenDP's costs summed in floats
         return self.share if self.share > 0 else 0.0
 
     def spend(self, cost: float, anneal: bool) -> None:
-        if not cost <= self.share:
+        if not cost <= self.share * (1 + 1e-12):  # the selection's and measurement's maps, summed
             raise ValueError(f"a round cost {cost!r}, more than its share {self.share!r}")
         self.spent += cost
         self.rounds += 1

@@ -59,7 +59,7 @@ def test_the_plan_states_what_the_run_spends(loans):
     assert rounds == {"kind": "subsampled_gaussian", "sample_rate": 1.0, "steps": 1,
                       "noise_multiplier": pytest.approx(1 / math.sqrt(2 * d["rounds_rho"]))}
     spent = release.result["rounds_rho_spent"]
-    assert d["rounds_rho"] * (1 - 1e-9) <= spent <= d["rounds_rho"]  # all of it, never more
+    assert d["rounds_rho"] * (1 - 1e-8) <= spent <= d["rounds_rho"]  # all of it, never more
     assert 1 <= release.result["rounds"] <= d["rounds"]
     spec = plan.details["spec"]["columns"]
     assert plan.event["events"][0]["count"] == sum(encoding.one_way_releases(c) for c in spec)
@@ -89,12 +89,13 @@ def test_the_budget_is_spent_exactly_and_never_exceeded(total, max_rounds, annea
         share = b.next()
         if not share > 0:
             break
-        cost = share if b.final else share * under[i % len(under)]  # OpenDP's maps: at most the share
+        # OpenDP's maps: at most the share; two of them summed in floats may pass it by an ulp
+        cost = share * (1 + 2 ** -52) if b.final else share * under[i % len(under)]
         b.spend(cost, anneal[i % len(anneal)])
         i += 1
     assert b.rounds <= max_rounds
     assert b.spent <= total
-    assert b.spent >= total * (1 - 1e-9)
+    assert b.spent >= total * (1 - 2e-9)
 
 
 @settings(max_examples=60, deadline=None)
