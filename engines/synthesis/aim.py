@@ -12,7 +12,9 @@ for Differentially Private Synthetic Data") on the cells MST uses, with ``mbi``.
    noise under zCDP: rho = eps^2 / 8) on ``w * (L1 error - sqrt(2 / pi) sigma cells)``,
    among the candidates whose junction tree stays below a size that grows with the
    budget spent (the size penalty); measure it with OpenDP's discrete Gaussian (the rest
-   of ``rho_t``); refit warm-started. Annealing: when the refit moved the selected
+   of ``rho_t``); refit warm-started (every ``BATCH`` rounds, see ``_rounds``). The
+   scores' sensitivity is k times the largest weight (a unit moves a marginal by at most
+   k rows in L1), k = ``max_rows_per_unit``. Annealing: when the refit moved the selected
    marginal by less than the noise could explain, the next round gets 4 times the zCDP
    (sigma / 2, epsilon x 2). When less than two rounds' share is left, one last round
    spends exactly what is left.
