@@ -259,12 +259,22 @@ def _plan_aim(spec: Spec) -> tuple[dict, dict]:
         else:
             hi = mid
     rho = lo
-    s1, sf = sigmas(rho)
-    one, c1 = opendp_noise.calibrate("gaussian", k, (k / s1) ** 2 / 2, integer=True, vector=True)
-    fine, cf = (opendp_noise.calibrate("gaussian", k, (k / sf) ** 2 / 2, integer=True, vector=True) if m
-                else (None, None))
+
+    def calibrated(rho):
+        s1, sf = sigmas(rho)
+        one, c1 = opendp_noise.calibrate("gaussian", k, (k / s1) ** 2 / 2, integer=True, vector=True)
+        fine, cf = (opendp_noise.calibrate("gaussian", k, (k / sf) ** 2 / 2, integer=True, vector=True) if m
+                    else (None, None))
+        event = _aim_event(1 / math.sqrt(2 * c1), cf and 1 / math.sqrt(2 * cf), rounds_share * rho, n1, m)
+        return one, fine, event
+
+    one, fine, event = calibrated(rho)
+    # The calibrated costs pass through sqrt and squares: the charge may land an ulp above
+    # the target, which a plan must never do. Step rho down until it does not.
+    while _rdp_epsilon(event, spec.delta) > spec.epsilon:
+        rho *= 1 - 1e-9
+        one, fine, event = calibrated(rho)
     rounds_rho = rounds_share * rho
-    event = _aim_event(1 / math.sqrt(2 * c1), cf and 1 / math.sqrt(2 * cf), rounds_rho, n1, m)
     if one.scale > spec.n_train_units / MIN_SIGNAL:
         raise PlanError(
             f"epsilon {spec.epsilon:g} is too small for AIM on {spec.n_train_units:,} privacy units and {d} columns: "
