@@ -151,6 +151,14 @@ def _audit_triggers_and_flush(request):
 # tests read no database, so the PostgreSQL pass of scripts/test.sh (DB_TESTS_ONLY=1)
 # leaves out those that ask for none; the SQLite pass ran them already.
 PURE_DIRS = ("tests/engines/", "tests/accounting/", "tests/federated/")
+# Tests that read a database but whose subject is not it (the embedded filesystem broker's
+# files, a federated run's Flower processes): the SQLite pass runs them, the PostgreSQL
+# pass would repeat their minutes for nothing the database decides.
+NOT_ABOUT_THE_DATABASE = (
+    "tests/workers/test_federated_run.py",
+    "tests/workers/test_embedded_broker_bench.py",
+    "tests/workers/test_embedded_broker.py::test_a_real_worker_on_the_embedded_broker_survives_bad_files",
+)
 DB_FIXTURES = {"db", "transactional_db", "django_db_setup", "live_server", "django_user_model", "client",
                "admin_client", "api", "officer", "analyst", "make_dataset"}
 
@@ -164,6 +172,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         pure = item.nodeid.startswith(PURE_DIRS) and item.get_closest_marker("django_db") is None \
             and not DB_FIXTURES & set(getattr(item, "fixturenames", ()))
+        pure = pure or item.nodeid.startswith(NOT_ABOUT_THE_DATABASE)
         (left if pure else kept).append(item)
     if left:
         config.hook.pytest_deselected(items=left)
