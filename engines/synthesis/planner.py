@@ -141,6 +141,21 @@ def pld_epsilon(meas: dict, d: int, m: int, delta: float, interval: float | None
                                    pld.INTERVAL if interval is None else interval)
 
 
+def _largest_rho(event_of, spec: Spec, method: str) -> float:
+    """The largest zCDP rho (bisected on a log scale in [1e-8, 1e4]) whose event the
+    ledger's RDP accountant charges at most the requested epsilon."""
+    lo, hi = 1e-8, 1e4  # rho: eps(lo) <= target < eps(hi)
+    if _rdp_epsilon(event_of(lo), spec.delta) > spec.epsilon:
+        raise PlanError(f"epsilon is too small for {method}", {"epsilon": f"too small for {method}"})
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if _rdp_epsilon(event_of(mid), spec.delta) <= spec.epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def _pld_rho(spec: Spec, rho_rdp: float, d: int, m: int, n1: int | None = None) -> tuple[float, float]:
     """(rho, PLD epsilon): the largest zCDP rho (to 0.2%) whose run PLD certifies at the
     requested epsilon. Searched as the noise factor x = 1 / sqrt(rho) (noise grows with
@@ -181,15 +196,7 @@ def _plan_mst(spec: Spec) -> tuple[dict, dict, float | None]:
         return _mst_event(p["sigma1"] / k, p["eps_sel"], p["sigma2"] / k, p["sigma_f"] and p["sigma_f"] / k, d, m,
                           n1)
 
-    lo, hi = 1e-8, 1e4  # rho: eps(lo) <= target < eps(hi)
-    if _rdp_epsilon(event_of(lo), spec.delta) > spec.epsilon:
-        raise PlanError("epsilon is too small for MST", {"epsilon": "too small for MST"})
-    for _ in range(60):
-        mid = math.sqrt(lo * hi)
-        if _rdp_epsilon(event_of(mid), spec.delta) <= spec.epsilon:
-            lo = mid
-        else:
-            hi = mid
+    lo = _largest_rho(event_of, spec, "MST")
     rho, certified = lo, None
     if spec.accountant == "pld":
         rho, certified = _pld_rho(spec, lo, d, m, n1)
@@ -249,16 +256,7 @@ def _plan_aim(spec: Spec) -> tuple[dict, dict]:
         s1, sf = sigmas(rho)
         return _aim_event(s1 / k, sf and sf / k, rounds_share * rho, n1, m)
 
-    lo, hi = 1e-8, 1e4
-    if _rdp_epsilon(event_of(lo), spec.delta) > spec.epsilon:
-        raise PlanError("epsilon is too small for AIM", {"epsilon": "too small for AIM"})
-    for _ in range(60):
-        mid = math.sqrt(lo * hi)
-        if _rdp_epsilon(event_of(mid), spec.delta) <= spec.epsilon:
-            lo = mid
-        else:
-            hi = mid
-    rho = lo
+    rho = _largest_rho(event_of, spec, "AIM")
 
     def calibrated(rho):
         s1, sf = sigmas(rho)
