@@ -31,7 +31,7 @@ import numpy as np
 from engines.aggregates.noise import Noise
 from engines.dpsgd.intervals import ALPHA_EACH, ratio_interval
 
-from . import auth, dpfedavg, model, planner, siteapp
+from . import auth, dpfedavg, model, planner, secagg, siteapp
 
 
 class LocalTransport:
@@ -40,9 +40,17 @@ class LocalTransport:
     def __init__(self, node_configs: dict[int, dict]):
         self.node_configs = dict(node_configs)
         self.bytes = 0
+        self._grid = None
 
     def nodes(self):
         return list(self.node_configs)
+
+    def secure_sum(self, sends: dict, *, clip: float, rnd: int, timeout: float):
+        from . import flwr_apps
+
+        if self._grid is None:
+            self._grid = secagg.LocalGrid(flwr_apps.client_app, self.node_configs)
+        return secagg.secure_sum(self._grid, sends, clip=clip, rnd=rnd, timeout=timeout)
 
     def exchange(self, sends: dict, timeout: float) -> dict:
         out = {}
@@ -80,6 +88,11 @@ class Coordinator:
         self.local = details.get("local")  # local sample-level DP: per-site q, z, steps
         # central DP bounds each site's update by C; local DP's updates are private already (finite is enough)
         self.clip = self.spec["clip_norm"] if self.private and not self.local else math.inf
+        # under secure aggregation the sites clip a little tighter: quantizing must not take them past C
+        self.secure = bool(self.spec.get("secure_aggregation"))
+        self.site_clip = self.spec["clip_norm"]
+        if self.secure:
+            self.site_clip = secagg.quantization_clip(self.spec["clip_norm"], sum(a.size for a in self.weights))
         self.noise = Noise.from_dict(details["eval_noise"]) if details.get("eval_noise") else None
         import torch
 
@@ -91,7 +104,7 @@ class Coordinator:
         s = self.spec
         site_spec = {k: s[k] for k in ("features", "target", "task", "test_fraction", "local_epochs",
                                       "local_learning_rate", "local_batch_size")}
-        site_spec["clip_norm"] = s["clip_norm"] if self.private else None
+        site_spec["clip_norm"] = self.site_clip if self.private else None
         job = {"kind": kind, "round": rnd, "nonce": secrets.token_hex(16), "run_nonce": self.run_nonce,
                "dataset": self.d["dataset"], "spec": site_spec}
         if self.local and site is not None:
@@ -175,6 +188,44 @@ class Coordinator:
                 jobs[n] = self._job("train", rnd, s)
                 sends[n] = ("train", jobs[n], self.weights)
         sent_bytes = sum(a.nbytes for a in self.weights) * len(sends)
+        if self.secure:
+            total, accepted, rejected, recv_bytes, secure = self._secure_sum(sends, jobs, rnd)
+        else:
+            total, accepted, rejected, recv_bytes = self._plain_sum(sends, jobs)
+            secure = None
+        # the round is spent once the noisy sum is formed, whoever replied
+        if total is None:  # secure aggregation gave no sum: the model stays as it was
+            mean = None
+        elif self.private and self.local:  # noise was added at the sites: the plain mean of the replies
+            mean = [t / max(len(accepted), 1) for t in total]
+        elif self.private:
+            z, c = self.d["noise_multiplier"], self.spec["clip_norm"]
+            expected = q * self.spec["n_sites"]
+            mean = dpfedavg.noisy_mean(total, z * c, expected, self.gen)
+            if self.secure and secagg.out_of_range([m * expected for m in mean], secure["in_sum"], c, z * c):
+                secure["why"] = "the noisy sum is out of range for the sites in it (a malformed masked vector)"
+                mean = None
+        else:
+            mean = [t / max(len(accepted), 1) for t in total]
+        lr = self.spec["server_learning_rate"]
+        if mean is not None:
+            self.weights = [w + lr * m for w, m in zip(self.weights, mean)]
+        self.rounds = rnd
+        row = {"round": rnd, "sites": {"sampled": sorted(sampled), "accepted": sorted(accepted),
+                                       "rejected": rejected,
+                                       "not_connected": sorted(s for s in sampled if s not in site_node)},
+               "bytes": {"sent": int(sent_bytes), "received": int(recv_bytes)}}
+        if secure is not None:
+            row["secure_aggregation"] = secure
+        row["eval"] = self.evaluate(rnd) if rnd in self.eval_at else {}
+        row["epsilon"] = self.epsilon()
+        row["evals"] = self.evals
+        row["seconds"] = round(time.monotonic() - t0, 3)
+        self.history.append(row)
+        return row
+
+    def _plain_sum(self, sends: dict, jobs: dict):
+        """Every reply checked on its own (MAC, node, shape, finite, norm <= C), the good ones summed."""
         got = self.t.exchange(sends, self.round_timeout)
         total = [np.zeros_like(a) for a in self.weights]
         accepted, rejected, recv_bytes = [], {}, 0
@@ -195,27 +246,34 @@ class Coordinator:
             accepted.append(site)
             for t, a in zip(total, arrays):
                 t += a
-        # the round is spent once the noisy sum is formed, whoever replied
-        if self.private and self.local:  # noise was added at the sites: the plain mean of the replies
-            mean = [t / max(len(accepted), 1) for t in total]
-        elif self.private:
-            z, c = self.d["noise_multiplier"], self.spec["clip_norm"]
-            mean = dpfedavg.noisy_mean(total, z * c, q * self.spec["n_sites"], self.gen)
-        else:
-            mean = [t / max(len(accepted), 1) for t in total]
-        lr = self.spec["server_learning_rate"]
-        self.weights = [w + lr * m for w, m in zip(self.weights, mean)]
-        self.rounds = rnd
-        row = {"round": rnd, "sites": {"sampled": sorted(sampled), "accepted": sorted(accepted),
-                                       "rejected": rejected,
-                                       "not_connected": sorted(s for s in sampled if s not in site_node)},
-               "bytes": {"sent": int(sent_bytes), "received": int(recv_bytes)}}
-        row["eval"] = self.evaluate(rnd) if rnd in self.eval_at else {}
-        row["epsilon"] = self.epsilon()
-        row["evals"] = self.evals
-        row["seconds"] = round(time.monotonic() - t0, 3)
-        self.history.append(row)
-        return row
+        return total, accepted, rejected, recv_bytes
+
+    def _secure_sum(self, sends: dict, jobs: dict, rnd: int):
+        """SecAgg+ (``secagg``): the server gets the sum only. The sites checked their own
+        updates; the server checks each reply's MAC and node, and takes the whole sum or
+        nothing (one bad reply cannot be taken out of a sum)."""
+        out = self.t.secure_sum({n: (jobs[n], self.weights) for n in sends}, clip=self.spec["clip_norm"], rnd=rnd,
+                                timeout=self.round_timeout)
+        accepted, rejected, why = [], {}, out.why
+        for n in sends:
+            site = self.node_site[n]
+            if n not in out.replies:
+                rejected[site] = "no masked update in the sum" if why is None else "no sum this round"
+                if why is None:  # the protocol went on without it: dropped, as a silent plain site
+                    self.lost[n] = self.node_site.pop(n)
+                continue
+            _, bad, _, reply = self._check(n, "train", jobs[n], ([], out.replies[n]))
+            if bad is not None:
+                rejected[site] = bad
+                why = why or f"a reply in the sum failed its check ({site}: {bad})"
+            elif reply.get("withheld"):
+                rejected[site] = f"withheld at the site: {reply['withheld']}"
+            else:
+                accepted.append(site)
+        total = out.total if why is None else None
+        if total is None:
+            accepted = []
+        return total, accepted, rejected, out.bytes, {"why": why, "bytes": out.bytes, "in_sum": len(out.replies)}
 
     def evaluate(self, rnd: int) -> dict:
         nodes = list(self.node_site)

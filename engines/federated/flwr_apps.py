@@ -22,12 +22,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from . import siteapp
+from . import secagg, siteapp
 
 MESSAGE_TYPE = {"hello": "query", "train": "train", "evaluate": "evaluate"}
 
 server_app = ServerApp()
-client_app = ClientApp()
+client_app = ClientApp(mods=[secagg.site_mod])  # SecAgg+ stages: only for messages that carry them
 
 
 def _pack(arrays: list[np.ndarray], meta: dict) -> RecordDict:
@@ -51,6 +51,9 @@ class GridTransport:
 
     def nodes(self):
         return list(self.grid.get_node_ids())
+
+    def secure_sum(self, sends: dict, *, clip: float, rnd: int, timeout: float):
+        return secagg.secure_sum(self.grid, sends, clip=clip, rnd=rnd, timeout=timeout)
 
     def exchange(self, sends: dict, timeout: float) -> dict:
         if not sends:
@@ -83,6 +86,10 @@ def hello(msg: Message, context: Context) -> Message:
 
 @client_app.train()
 def train(msg: Message, context: Context) -> Message:
+    if secagg.is_masked_fit(msg.content):  # SecAgg+'s collect stage: the update goes back to be masked
+        node_config = dict(context.node_config)
+        content = secagg.site_fit(msg.content, lambda job, arrays: siteapp.handle_masked(job, arrays, node_config))
+        return Message(content, reply_to=msg)
     return _site("train", msg, context)
 
 

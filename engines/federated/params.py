@@ -12,7 +12,8 @@ would pass it); ``clip_norm`` C (of a site's whole update); ``local_epochs``,
 ``local_learning_rate``, ``local_batch_size``, ``server_learning_rate``; ``eval_epsilon``
 (the held-out evaluations' share, spread over the rounds; default 5% of target_epsilon);
 ``eval_every`` (evaluate after every k-th round and the last; each evaluation is one more
-message to every site); ``test_fraction``; ``delta``; ``secure_aggregation`` (false only: SecAgg+ is not wired yet).
+message to every site); ``test_fraction``; ``delta``; ``secure_aggregation`` (Flower's SecAgg+, central mode: the server sees only the sum of the
+sampled sites' updates; see ``secagg``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Spec:
     test_fraction: float
     delta: float
     sites: list  # registered site ids, in the registry's order
+    secure_aggregation: bool = False  # Flower's SecAgg+: the server sees only the sum (``secagg``)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -92,8 +94,14 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         errors["mode"] = f"must be one of {', '.join(MODES)}, got {mode!r}"
     elif mode == "local" and any(not isinstance(s.get("n_rows"), int) or s["n_rows"] < 10 for s in sites):
         errors["dataset"] = "local DP needs every registered site's row count (at least 10): it fixes the sampling"
-    if params.get("secure_aggregation", False) is not False:
-        errors["secure_aggregation"] = "SecAgg+ is not wired yet: the server checks each site's update itself"
+    secure = params.get("secure_aggregation", False)
+    if not isinstance(secure, bool):
+        errors["secure_aggregation"] = f"must be true or false, got {secure!r}"
+    elif secure and (mode != "central" or params.get("target_epsilon") == "inf"):
+        errors["secure_aggregation"] = ("SecAgg+ sums updates clipped to C: only in mode \"central\" with a "
+                                        "private target (the local mode's updates are private already)")
+    elif secure and len(sites) < 2:
+        errors["secure_aggregation"] = "needs at least 2 registered sites (the sum of one site is its update)"
 
     task, target = _target_spec(params, ds, errors)
     if task == "regression":
@@ -142,4 +150,4 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
                 target_epsilon=te, noise_multiplier=nm, max_epsilon=cap, clip_norm=clip_norm,
                 local_epochs=local_epochs, local_learning_rate=lr, local_batch_size=batch,
                 server_learning_rate=server_lr, eval_epsilon=ev or 0.0, eval_every=eval_every, test_fraction=test_fraction, delta=delta,
-                sites=ids)
+                sites=ids, secure_aggregation=bool(secure))

@@ -82,6 +82,22 @@ def handle(kind: str, job: dict, arrays: list[np.ndarray], node_config: dict) ->
         update[0] = update[0].copy()
         update[0].flat[0] = np.nan
     elif spec["clip_norm"] is not None and not local:
-        update, norm = dpfedavg.clip(update, spec["clip_norm"])
-        reply["norm_before_clip"] = norm
+        update, _ = dpfedavg.clip(update, spec["clip_norm"])
     return sign(update)
+
+
+def handle_masked(job: dict, arrays: list[np.ndarray], node_config: dict) -> tuple[list[np.ndarray], dict]:
+    """``train`` for a round under secure aggregation (``secagg``): the server will see
+    only the sum, so the site checks its own update (shape, finite, norm <= the job's
+    ``clip_norm``); a bad one, or a refusal, is *withheld*: zeros go into the sum and the
+    reply says why. The reply carries no held-out sums and its MAC covers no arrays."""
+    update, reply = handle("train", job, arrays, node_config)
+    reply.pop("eval", None)
+    w = [np.asarray(a, dtype=np.float64) for a in arrays]
+    why = reply.get("refused") or dpfedavg.check_update(update, [a.shape for a in w], job["spec"]["clip_norm"])
+    if why:
+        update = [np.zeros_like(a) for a in w]
+        reply["withheld"] = str(why)
+    reply["mac"] = auth.mac(_secret(node_config), nonce=job["nonce"], round=job["round"], site=reply["site"],
+                            dataset=reply["dataset"], kind="train", payload=auth.digest([]))
+    return update, reply

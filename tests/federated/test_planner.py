@@ -69,7 +69,6 @@ def test_non_private_fedavg_is_a_non_private_event():
 @pytest.mark.parametrize("params, field", [
     ({"target_epsilon": 1.0, "noise_multiplier": 1.0}, "target_epsilon"),
     ({"target_epsilon": 1.0, "mode": "secure"}, "mode"),
-    ({"target_epsilon": 1.0, "secure_aggregation": True}, "secure_aggregation"),
     ({"target_epsilon": 1.0, "sites_per_round": 9}, "sites_per_round"),
     ({"target_epsilon": 1.0, "rounds": 0}, "rounds"),
     ({"target_epsilon": 1.0, "features": ["nope"]}, "features"),

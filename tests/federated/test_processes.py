@@ -109,3 +109,25 @@ def test_a_cancel_charges_only_the_rounds_done(cluster, tmp_path):
     done = e.value.actual_event["steps"]
     assert done in (1, 2)  # the round under way when the cancel came finishes
     assert e.value.actual_event == planner.rounds_event(plan.details, done, 0)
+
+
+def test_secure_aggregation_on_real_supernodes(cluster, tmp_path):
+    """SecAgg+'s four stages through a real SuperLink: the server gets the sum only; a site
+    whose update is NaN withholds it itself (zeros in the sum), the others are summed."""
+    tables = write_sites(tmp_path, 3, rows=300)
+    cluster.start_site("a", tables[0])
+    cluster.start_site("b", tables[1])
+    cluster.start_site("c", tables[2], misbehave="nan")
+    ds = meta(["a", "b", "c"], rows=300)
+    req = EngineRequest("train", {"target": "label", "rounds": 1, "target_epsilon": 8.0, "eval_epsilon": 1.0,
+                                  "secure_aggregation": True})
+    plan = plugins.plan("federated", req, ds)
+    rel = plugins.run("federated", req, ds, fed(cluster, ["a", "b", "c"], wait_sites_seconds=40, round_timeout=30),
+                      plan, lambda p: None, None)
+    r = rel.result
+    assert r["stopped"] == "completed" and r["epsilon_spent"] == pytest.approx(plan.details["planned_epsilon"])
+    h = r["history"][0]
+    assert h["sites"]["accepted"] == ["a", "b"]
+    assert h["sites"]["rejected"]["c"] == "withheld at the site: not_finite"
+    assert h["secure_aggregation"]["why"] is None and h["secure_aggregation"]["in_sum"] == 3
+    assert h["secure_aggregation"]["bytes"] > 0
