@@ -120,9 +120,8 @@ def settings(epsilons, secure_epsilons):
 
 def payload(h: dict) -> int:
     """A round's payload bytes both ways: the model arrays (plain), or every SecAgg+ stage's
-    message content (keys, shares, masked vectors and the model sent)."""
-    sa = h.get("secure_aggregation")
-    return sa["bytes"] if sa else h["bytes"]["sent"] + h["bytes"]["received"]
+    message content (the model, keys, shares, masked vectors)."""
+    return h["bytes"]["sent"] + h["bytes"]["received"]
 
 
 def flower_traffic(home: Path, run_id: str) -> int | None:

@@ -4,11 +4,13 @@ Modules: ``params`` (validation against the declared schema and registered sites
 ``planner`` (the event: Poisson-subsampled Gaussian over sites, plus the DP evaluations;
 noise calibrated by ``engines.dpsgd.calibrate``), ``dpfedavg`` (clip, check, sample, the
 noisy mean), ``model`` (softmax regression in numpy), ``site_data`` and ``siteapp`` (the
-site side), ``auth`` (per-site HMAC), ``coordinator`` (the server's rounds over any
+site side), ``auth`` (per-site HMAC), ``secagg`` (Flower's SecAgg+ on any Grid),
+``schema`` (the parameters' JSON schema), ``coordinator`` (the server's rounds over any
 transport), ``flwr_apps`` and ``flwrapp/`` (Flower's ServerApp/ClientApp and the FAB),
 ``execute`` (``flwr run`` against the SuperLink, progress, cancel), ``processes`` and
 ``site`` (SuperLink/SuperNode processes; the site agent). No Django here; flwr is imported
-only by the ServerApp, the ClientApp and ``execute``'s subprocesses.
+by the server's and the sites' modules (``coordinator``, ``secagg``, ``flwr_apps``), never by
+``params``, ``planner`` or the hooks above, which the web process calls.
 
 In ``engines.plugins.BUILTINS``: the governance side (``governance.datasets.federated``:
 federated datasets, their sites, ``FEDERATED_SUPERLINK``) passes a ``Federation``.
@@ -21,13 +23,16 @@ from engines.hookspecs import hookimpl
 NAME = "federated"
 DESCRIPTION = ("Federated training across sites that keep their rows (Flower): DP-FedAvg with client-level DP "
                "(updates clipped at the site and checked at the server, Gaussian noise on the sum, sites Poisson-"
-               "sampled each round), epsilon per round, a cap, cancel charges the rounds done.")
+               "sampled each round; optionally Flower's SecAgg+, the server then seeing only the sum), or local "
+               "sample-level DP-SGD at each site; epsilon per round, a cap, cancel charges the rounds done.")
 
 
 @hookimpl
 def engine_info():
+    from .schema import params_schema
+
     return {"name": NAME, "kinds": ["train"], "queue": "cpu", "description": DESCRIPTION,
-            "params_schema": {"train": {"type": "object"}}, "federated": True}
+            "params_schema": params_schema(), "federated": True}
 
 
 @hookimpl

@@ -187,12 +187,11 @@ class Coordinator:
                 n = site_node[s]
                 jobs[n] = self._job("train", rnd, s)
                 sends[n] = ("train", jobs[n], self.weights)
-        sent_bytes = sum(a.nbytes for a in self.weights) * len(sends)
         if self.secure:
-            total, accepted, rejected, recv_bytes, secure = self._secure_sum(sends, jobs, rnd)
+            total, accepted, rejected, (sent_bytes, recv_bytes), secure = self._secure_sum(sends, jobs, rnd)
         else:
             total, accepted, rejected, recv_bytes = self._plain_sum(sends, jobs)
-            secure = None
+            sent_bytes, secure = sum(a.nbytes for a in self.weights) * len(sends), None
         # the round is spent once the noisy sum is formed, whoever replied
         if total is None:  # secure aggregation gave no sum: the model stays as it was
             mean = None
@@ -204,7 +203,7 @@ class Coordinator:
             mean = dpfedavg.noisy_mean(total, z * c, expected, self.gen)
             if self.secure and secagg.out_of_range([m * expected for m in mean], secure["in_sum"], c, z * c):
                 secure["why"] = "the noisy sum is out of range for the sites in it (a malformed masked vector)"
-                mean = None
+                mean, accepted = None, []
         else:
             mean = [t / max(len(accepted), 1) for t in total]
         lr = self.spec["server_learning_rate"]
@@ -273,7 +272,7 @@ class Coordinator:
         total = out.total if why is None else None
         if total is None:
             accepted = []
-        return total, accepted, rejected, out.bytes, {"why": why, "bytes": out.bytes, "in_sum": len(out.replies)}
+        return total, accepted, rejected, (out.sent, out.received), {"why": why, "in_sum": len(out.replies)}
 
     def evaluate(self, rnd: int) -> dict:
         nodes = list(self.node_site)

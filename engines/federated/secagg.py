@@ -117,18 +117,19 @@ class SecureSum:
     total: list[np.ndarray] | None  # the sum of the unmasked updates; None: no sum (``why``)
     replies: dict[int, dict] = field(default_factory=dict)  # node -> its reply, for the nodes in the sum
     why: str | None = None
-    bytes: int = 0  # payload bytes of the protocol's messages, both ways
+    sent: int = 0  # payload bytes of the protocol's four stages to the sites (the model included)
+    received: int = 0  # and from them (keys, shares, masked vectors)
 
 
 class _Counted:
     def __init__(self, grid):
-        self.grid, self.bytes = grid, 0
+        self.grid, self.sent, self.received = grid, 0, 0
 
     def send_and_receive(self, messages, *, timeout=None):
         messages = list(messages)
-        self.bytes += sum(content_bytes(m.content) for m in messages)
+        self.sent += sum(content_bytes(m.content) for m in messages)
         replies = list(self.grid.send_and_receive(messages, timeout=timeout))
-        self.bytes += sum(content_bytes(r.content) for r in replies if not r.has_error())
+        self.received += sum(content_bytes(r.content) for r in replies if not r.has_error())
         return replies
 
 
@@ -148,7 +149,7 @@ def secure_sum(grid, sends: dict[int, tuple[dict, list[np.ndarray]]], *, clip: f
     SecAggPlusWorkflow(num_shares=shares, reconstruction_threshold=threshold, max_weight=1.0,
                        clipping_range=float(clip), quantization_range=QUANTIZATION_RANGE,
                        modulus_range=MODULUS_RANGE, timeout=timeout)(grid, context)
-    out = SecureSum(None, strategy.replies, bytes=grid.bytes)
+    out = SecureSum(None, strategy.replies, sent=grid.sent, received=grid.received)
     if strategy.mean is None:
         out.why = "secure aggregation halted: too few sites answered a stage to unmask the sum"
         return out

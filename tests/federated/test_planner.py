@@ -118,3 +118,17 @@ def test_local_mode_states_the_costliest_sites_dp_sgd_run():
     assert planner.rounds_event(p.details, 2, 0)["steps"] == 2 * local[max(
         local, key=lambda k: calibrate.epsilon(local[k]["q"], local[k]["z"], 2 * local[k]["steps_per_round"], 0, 0,
                                                1e-5))]["steps_per_round"]
+
+
+def test_the_params_schema_lists_exactly_what_validate_takes():
+    import jsonschema
+
+    from engines import federated
+    from engines.federated.params import KEYS
+
+    schema = federated.engine_info()["params_schema"]["train"]
+    assert set(schema["properties"]) == KEYS
+    jsonschema.validate({"target": "label", "target_epsilon": 3.0, "secure_aggregation": True, "rounds": 5}, schema)
+    jsonschema.validate({"target": "label", "target_epsilon": "inf"}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"target": "label", "secure_aggregation": "yes"}, schema)

@@ -63,7 +63,7 @@ def test_the_secure_sum_is_the_plain_sum_within_the_quantization_step(k):
     assert out.why is None and sorted(out.replies) == list(updates)
     assert {r["job"] for r in out.replies.values()} == {f"t{n}" for n in updates}  # each node got its own job
     assert_sum_of(out, updates, list(updates))
-    assert out.bytes > sum(a.nbytes for a in weights) * k  # four stages of messages, counted
+    assert out.sent > sum(a.nbytes for a in weights) * k and out.received > 0  # four stages of messages, counted
 
 
 def test_a_site_that_drops_after_sharing_its_keys_is_left_out_and_the_others_are_unmasked():
@@ -108,17 +108,26 @@ def tables(tmp_path):
     return write_sites(tmp_path, 3, rows=300)
 
 
+def exact_accuracy(coord, weights) -> float:
+    """The model's accuracy on 2,000 fresh rows of the sites' distribution (not a DP release)."""
+    from engines.federated import model, site_data
+    from tests.federated.helpers import make_table
+
+    x, y, _, _ = site_data.prepare(make_table(2000, seed=7), {**coord._job("train", 0)["spec"], "test_fraction": 1e-9})
+    return float(np.mean(model.predict([np.asarray(w) for w in weights], x) == y))
+
+
 def test_a_secure_run_trains_and_charges_as_a_plain_one(tmp_path, tables):
-    c, r, p = run(tmp_path, [node(tmp_path, s, t) for s, t in zip(SITES, tables)], target_epsilon=8.0,
+    c, r, p = run(tmp_path, [node(tmp_path, s, t) for s, t in zip(SITES, tables)], target_epsilon=50.0,
                   rounds=3, secure_aggregation=True)
     assert r["stopped"] == "completed" and r["event"] == p.event
-    plain = planner.make_plan(EngineRequest("train", {"target": "label", "rounds": 3, "target_epsilon": 8.0}),
+    plain = planner.make_plan(EngineRequest("train", {"target": "label", "rounds": 3, "target_epsilon": 50.0}),
                               meta(SITES))
     assert p.event == plain.event  # the same noise for the same epsilon: SecAgg+ only hides the single updates
     for h in r["history"]:
         assert h["sites"]["accepted"] == SITES
         assert h["secure_aggregation"]["why"] is None and h["secure_aggregation"]["in_sum"] == 3
-    assert r["history"][-1]["eval"]["accuracy"] > 0.6
+    assert exact_accuracy(c, r["weights"]) > 0.65  # 0.73-0.80 in 20 runs; the untrained model 0.47
     assert c.site_clip < 1.0 and c.site_clip > 0.999
 
 
