@@ -271,6 +271,7 @@ class AuditRecord(models.Model):
         RELEASE = "release", "release (reservation refunded)"
         REFUSE = "refuse", "refuse (the gate said no)"
         REPLAY = "replay", "replay (a stored release served again, no charge)"
+        SITE_KEY = "site_key", "site key (a federated site's secret handed out, no charge)"
 
     dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="audit_records")
     seq = models.BigIntegerField(help_text="Position in the dataset's chain, from 1.")

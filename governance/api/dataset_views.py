@@ -105,9 +105,10 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
     def site_secret(self, request, name=None, site=None):
         """Hand a federated dataset's site its secret (privacy officers only): derived from
         SECRET_KEY, the dataset and the site, never stored; the time it was handed out is
-        noted on the site. Give it to the site's operator over a trusted channel."""
+        noted on the site and in the dataset's audit chain (a ``site_key`` record naming the
+        officer and the site). Give it to the site's operator over a trusted channel."""
         ds = self.get_object()
-        secret = federated.issue_secret(ds, site)
+        secret = federated.issue_secret(ds, site, request.user.get_username())
         return Response({"dataset": ds.name, "site": site, "secret": secret, "agent": (
             f"python -m engines.federated.site --superlink {settings.FEDERATED_SUPERLINK or 'HOST:PORT'} "
             f"--dataset {ds.name} --site {site} --key @{site}.secret --table ROWS.parquet")})

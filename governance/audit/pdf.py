@@ -116,7 +116,7 @@ def _counts(ds: dict) -> dict:
     counts = ds.get("counts")
     if isinstance(counts, dict):
         return counts
-    out = {"commit": 0, "release": 0, "refuse": 0, "replay": 0, "non_private": 0}
+    out = {"commit": 0, "release": 0, "refuse": 0, "replay": 0, "site_key": 0, "non_private": 0}
     for rec in ds.get("records") or []:
         a = rec.get("action")
         out[a] = out.get(a, 0) + 1
@@ -161,14 +161,15 @@ def _analysts(records: list) -> list[list]:
     stats: dict[str, list] = {}
     column = {"commit": 1, "release": 2, "refuse": 3, "replay": 4}
     for rec in records:
+        action = rec.get("action")
+        col = column.get(action)
+        if col is None:  # a site_key record: an officer handing out a secret, not an analyst's request
+            continue
         actor = rec.get("actor") or ""
         row = stats.get(actor)
         if row is None:
             row = stats[actor] = [actor, 0, 0, 0, 0, 0.0]
-        action = rec.get("action")
-        col = column.get(action)
-        if col is not None:
-            row[col] += 1
+        row[col] += 1
         if action == "commit":
             eps = _eps(rec.get("charge"), "basic")
             if eps is not None and not math.isnan(eps):

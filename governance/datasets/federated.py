@@ -27,6 +27,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ..core.errors import InvalidDataset
+from ..ledger import trail
 from ..models import Budget, Dataset, FederatedSite
 from .budget import parse_budget
 from .schema import validate_schema
@@ -48,13 +49,17 @@ def site_secret(dataset_name: str, site: str) -> str:
     return hmac.new(settings.SECRET_KEY.encode(), msg, hashlib.sha256).hexdigest()
 
 
-def issue_secret(ds: Dataset, site: str) -> str:
-    """Hand out a site's secret: noted on the site (``secret_issued_at``); unknown sites refused."""
+def issue_secret(ds: Dataset, site: str, actor: str) -> str:
+    """Hand out a site's secret to ``actor`` (an officer's user name, or ``manage.py``):
+    noted on the site (``secret_issued_at``) and as a ``site_key`` record in the dataset's
+    audit chain, in one transaction; unknown sites refused."""
     if ds.execution != Dataset.Execution.FEDERATED:
         raise InvalidDataset(f"dataset {ds.name!r} is not federated: it has no sites", field="site")
-    if not FederatedSite.objects.filter(dataset=ds, site=site).update(secret_issued_at=timezone.now()):
-        raise InvalidDataset(f"{site!r} is not a site of {ds.name!r}; its sites: "
-                             + ", ".join(sites_of(ds)[:20]), field="site")
+    with transaction.atomic():
+        if not FederatedSite.objects.filter(dataset=ds, site=site).update(secret_issued_at=timezone.now()):
+            raise InvalidDataset(f"{site!r} is not a site of {ds.name!r}; its sites: "
+                                 + ", ".join(sites_of(ds)[:20]), field="site")
+        trail.record_site_key(ds, actor, site)
     return site_secret(ds.name, site)
 
 

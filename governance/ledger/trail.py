@@ -1,4 +1,5 @@
-"""The audit trail: one hash-chained record per release, refund, refusal and replay.
+"""The audit trail: one hash-chained record per release, refund, refusal and replay, and
+per federated site secret handed out.
 
 Each dataset has its own chain. ``append`` is called by the ledger action it records
 (``ledger.commit``, ``ledger.release``, a refusal at the gate, a replay), in that
@@ -321,6 +322,14 @@ def prepare_refusal(budget, ds_name: str, ds_delta: float, analyst, event, error
     ctx.detail = ": ".join(filter(None, [ctx.detail, str(getattr(error, "detail", error))]))
     return prepare(budget, ds_name, ds_delta, action=AuditRecord.Action.REFUSE, actor=analyst.get_username(), ctx=ctx,
                    event=event.to_dict() if hasattr(event, "to_dict") else event)
+
+
+def record_site_key(dataset: Dataset, actor: str, site: str) -> None:
+    """A federated site's secret handed out (``governance.datasets.federated.issue_secret``):
+    who asked, for which site. No charge; the caller's transaction."""
+    budget = Budget.objects.select_for_update().get(pk=dataset.pk)
+    ctx = Context(engine="federated", outcome="issued", detail=f"site {site!r}: its agent's secret handed out")
+    append(budget, dataset.name, dataset.budget_delta, action=AuditRecord.Action.SITE_KEY, actor=actor, ctx=ctx)
 
 
 def record_replay(dataset: Dataset, analyst, ctx: Context) -> None:

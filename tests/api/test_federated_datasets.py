@@ -139,6 +139,36 @@ def test_only_officers_are_handed_a_site_secret(api, officer, analyst, clinics, 
         assert not any(s in text for s in secrets), path
 
 
+def test_a_secret_handed_out_is_a_site_key_record_in_the_audit_chain(api, officer, clinics, tmp_path):
+    """Who was handed which site's secret: a record in the dataset's chain (no charge), which
+    the service's verification and the third party's tools/recompose_audit.py both accept."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from governance.audit.verification import verify
+    from governance.models import AuditRecord
+
+    assert api(officer).post("/api/datasets/clinics/sites/h2/secret/").status_code == 200
+    assert_error(api(officer).post("/api/datasets/clinics/sites/nope/secret/"), 400)  # refused: no record
+    (rec,) = AuditRecord.objects.filter(dataset__name="clinics")
+    assert (rec.action, rec.actor, rec.outcome, rec.charge, rec.ledger_entry_id) == ("site_key", officer.username,
+                                                                                    "issued", None, None)
+    assert "'h2'" in rec.detail and site_secret("clinics", "h2") not in json.dumps(rec.detail)
+    assert verify().ok
+    r = api(officer).get("/api/audit/export/?dataset=clinics&format=json")
+    assert r.status_code == 200
+    export = r.content if hasattr(r, "content") else b"".join(r.streaming_content)
+    (tmp_path / "export.json").write_bytes(export)
+    ds = next(d for d in json.loads(export)["datasets"] if d["name"] == "clinics")
+    assert ds["counts"]["site_key"] == 1
+    tool = Path(__file__).resolve().parents[2] / "tools" / "recompose_audit.py"
+    out = subprocess.run([sys.executable, str(tool), str(tmp_path / "export.json")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 site_key" in out.stdout
+
+
 def test_the_management_command_registers_lists_and_hands_out_secrets(officer, tmp_path):
     import json
 
@@ -153,6 +183,7 @@ def test_the_management_command_registers_lists_and_hands_out_secrets(officer, t
     out = tmp_path / "a.secret"
     call_command("federated", "secret", "wards", "a", "--out", str(out))
     assert out.read_text() == site_secret("wards", "a") and (out.stat().st_mode & 0o777) == 0o600
+    assert ds.audit_records.get().actor == "manage.py"
     with pytest.raises(CommandError, match="n_rows must be"):
         call_command("federated", "register", "w2", "--schema", json.dumps(SCHEMA), "--site", "a=-1",
                      "--budget-epsilon", "1")

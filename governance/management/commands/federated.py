@@ -94,7 +94,7 @@ class Command(BaseCommand):
             self.stdout.write(f"{s.site:<24} {s.n_rows:>12,} rows   secret handed out: {issued}")
 
     def do_secret(self, *, name, site, out, **_):
-        secret = federated.issue_secret(self._dataset(name), site)
+        secret = federated.issue_secret(self._dataset(name), site, "manage.py")
         if not out:
             self.stdout.write(secret)
             return
