@@ -11,7 +11,7 @@ the smallest Strategy that feeds it the per-site jobs and catches what it hands 
 What the sites send and why the sum keeps the DP guarantee:
 
 - each site trains, clips its update to ``quantization_clip(C, d)`` (slightly below C) and
-  checks it itself (``siteapp.handle(..., masked=True)``): a NaN, an infinity or a norm
+  checks it itself (``siteapp.handle_masked``): a NaN, an infinity or a norm
   over the bound is *withheld* -- the site masks zeros and says why -- because the server
   can no longer look at single updates;
 - Flower's ``secaggplus_mod`` quantizes every coordinate to an integer in [0, 2^22]
@@ -83,13 +83,11 @@ class _Collect(Strategy):
         self.grid, self.fitins = grid, fitins
         self.mean: list[np.ndarray] | None = None
         self.replies: dict[int, dict] = {}
-        self.failures = 0
 
     def configure_fit(self, server_round, parameters, client_manager):
         return [(GridClientProxy(n, self.grid, 0), ins) for n, ins in self.fitins.items()]
 
     def aggregate_fit(self, server_round, results, failures):
-        self.failures = len(failures)
         if results:
             self.mean = parameters_to_ndarrays(results[0][1].parameters)
         for proxy, res in results:
@@ -162,12 +160,15 @@ def secure_sum(grid, sends: dict[int, tuple[dict, list[np.ndarray]]], *, clip: f
     return out
 
 
-# ---------------------------------------------------------------------------- the site's side
 def out_of_range(noisy_total: list[np.ndarray], k: int, clip: float, std: float) -> bool:
+    """Whether a coordinate of the noisy sum of ``k`` updates clipped to ``clip`` (noise
+    ``std``) is beyond what they can reach plus 8 noise deviations: a malformed masked
+    vector in the sum (post-processing: it reads the noisy sum only)."""
     bound = k * clip + 8.0 * std
     return any(not np.all(np.abs(a) <= bound) for a in noisy_total)
 
 
+# ---------------------------------------------------------------------------- the site's side
 def is_masked_fit(content: RecordDict) -> bool:
     return "fitins.config" in content.config_records
 

@@ -94,7 +94,11 @@ def handle_masked(job: dict, arrays: list[np.ndarray], node_config: dict) -> tup
     update, reply = handle("train", job, arrays, node_config)
     reply.pop("eval", None)
     w = [np.asarray(a, dtype=np.float64) for a in arrays]
-    why = reply.get("refused") or dpfedavg.check_update(update, [a.shape for a in w], job["spec"]["clip_norm"])
+    why = reply.get("refused")
+    if not why:
+        bad = dpfedavg.check_update(update, [a.shape for a in w], job["spec"]["clip_norm"])
+        # the category only: the server is not to learn anything of the update (not its norm)
+        why = bad if bad in (None, "shape", "not_finite") else "norm over the clip"
     if why:
         update = [np.zeros_like(a) for a in w]
         reply["withheld"] = str(why)
