@@ -42,3 +42,23 @@ def test_a_dataset_that_is_not_federated_has_no_sites_section(client, officer, m
     client.force_login(officer)
     ds = make_dataset("plain")
     assert 'id="sites"' not in client.get(f"/admin/governance/dataset/{ds.pk}/overview/").content.decode()
+
+
+def test_a_site_key_record_shows_on_the_officers_and_the_auditors_pages(client, officer, wards, django_user_model):
+    from django.contrib.auth.models import Group
+
+    from governance.datasets.federated import issue_secret
+
+    issue_secret(wards, "h2", officer.username)
+    client.force_login(officer)
+    html = client.get(f"/admin/governance/dataset/{wards.pk}/overview/").content.decode()
+    assert "site_key" in html and "h2" in html
+    auditor = django_user_model.objects.create_user("audrey")
+    auditor.groups.add(Group.objects.get_or_create(name="auditors")[0])
+    client.force_login(auditor)
+    for url in ("/auditor/datasets/wards/", "/auditor/datasets/wards/?action=site_key", "/auditor/verify/"):
+        r = client.get(url)
+        assert r.status_code == 200, url
+    assert "site_key" in client.get("/auditor/datasets/wards/?action=site_key").content.decode()
+    r = client.get("/auditor/export/?dataset=wards&format=pdf")
+    assert r.status_code == 200
