@@ -9,7 +9,7 @@ and the driver (the Celery worker that runs the request) adds the noise once, th
 
 Privacy units: when the dataset has a unit column, a unit's rows may be spread over
 partitions. No shuffle: each file's task keeps the rows that pass the ``where``
-predicates and deals them into unit buckets by the hash of the unit id
+predicates (and only the columns the aggregate reads after them) and deals them into unit buckets by the hash of the unit id
 (``cluster.by_unit``); each bucket's task gets its piece of every file (in memory, as
 task results) and runs ``exact_parts`` on the rows of its units, all of them. The bound
 keeps the k rows of smallest salted hash per unit (``units.bound_by_content``) with one
@@ -42,13 +42,25 @@ def _parts(data: pa.Table, d: dict, n_max: int, salt: int | None) -> dict:
     return local.exact_parts(d, data, n_max, np.random.default_rng(), salt=salt)
 
 
-def _where(data: pa.Table, where: list) -> pa.Table:
+def _where(data: pa.Table, where: list, keep: list | None = None) -> pa.Table:
     """The rows that pass the predicates (the only ones bounding may keep): fewer rows to
-    deal into the unit buckets."""
+    deal into the unit buckets; and of them only the ``keep`` columns, when given (the
+    columns only the predicates read are not dealt either)."""
     from engines.aggregates.compute import predicate_mask
 
     mask = predicate_mask(data, where)
-    return data if mask.all() else data.filter(pa.array(mask))
+    data = data if mask.all() else data.filter(pa.array(mask))
+    return data.select(keep) if keep else data
+
+
+def _after_where(d: dict, unit: str) -> tuple[dict, list | None]:
+    """The plan the unit buckets run on rows their files' tasks filtered already, and the
+    columns it reads: the where dropped (every row passes it), the unit, aggregate and
+    group columns kept. Plans whose columns are not those (several aggregates, composite
+    groups) keep theirs and their where (re-applied: a no-op on filtered rows)."""
+    if d["kind"] == "query" or d.get("group_keys"):
+        return d, None
+    return {**d, "where": []}, [c for c in dict.fromkeys((unit, d.get("column"), d.get("group_by"))) if c]
 
 
 def new_salt() -> int:
@@ -63,8 +75,11 @@ def partition_parts(table: PartitionedTable, d: dict, salt: int | None = None) -
     if not unit:
         return cluster.per_partition(table, _parts, d, table.num_rows, None)
     salt = new_salt() if salt is None else salt
-    return cluster.by_unit(table, unit, _parts, d, table.num_rows, salt,
-                           pre=_where if d.get("where") else None, pre_args=(d.get("where"),))
+    if not d.get("where"):
+        return cluster.by_unit(table, unit, _parts, d, table.num_rows, salt)
+    bucket_plan, keep = _after_where(d, unit)
+    return cluster.by_unit(table, unit, _parts, bucket_plan, table.num_rows, salt, pre=_where,
+                           pre_args=(d["where"], keep))
 
 
 def graph(table: PartitionedTable, d: dict, salt: int | None = None):

@@ -40,6 +40,11 @@ QUERIES = [
     ("variance", {"column": "income", "max_rows_per_unit": 2}),
     ("histogram", {"column": "age", "bins": [18, 30, 45, 60, 75, 90], "max_rows_per_unit": 1}),
     ("quantile", {"column": "income", "q": 0.25, "max_rows_per_unit": 1}),
+    # a where on columns the aggregate does not read (the files' tasks deal only the others)
+    ("histogram", {"column": "age", "bins": [18, 30, 45, 60, 75, 90], "max_rows_per_unit": 1,
+                   "where": [{"column": "site", "op": "in", "value": ["north", "east"]}]}),
+    ("count", {"group_by": "site", "where": [{"column": "income", "op": ">=", "value": 30000}],
+               "max_rows_per_unit": 2}),
     # several aggregates over composite and binned groups, OR / NOT, distinct units (a SQL query)
     ("query", {"select": [{"name": "n", "agg": "count"}, {"name": "m", "agg": "mean", "column": "income"},
                           {"name": "p", "agg": "quantile", "column": "age", "q": 0.5},
