@@ -187,11 +187,8 @@ class Coordinator:
                 n = site_node[s]
                 jobs[n] = self._job("train", rnd, s)
                 sends[n] = ("train", jobs[n], self.weights)
-        if self.secure:
-            total, accepted, rejected, (sent_bytes, recv_bytes), secure = self._secure_sum(sends, jobs, rnd)
-        else:
-            total, accepted, rejected, recv_bytes = self._plain_sum(sends, jobs)
-            sent_bytes, secure = sum(a.nbytes for a in self.weights) * len(sends), None
+        aggregate = self._secure_sum if self.secure else self._plain_sum
+        total, accepted, rejected, (sent_bytes, recv_bytes), secure = aggregate(sends, jobs, rnd)
         # the round is spent once the noisy sum is formed, whoever replied
         if total is None:  # secure aggregation gave no sum: the model stays as it was
             mean = None
@@ -223,8 +220,10 @@ class Coordinator:
         self.history.append(row)
         return row
 
-    def _plain_sum(self, sends: dict, jobs: dict):
-        """Every reply checked on its own (MAC, node, shape, finite, norm <= C), the good ones summed."""
+    def _plain_sum(self, sends: dict, jobs: dict, rnd: int):
+        """Every reply checked on its own (MAC, node, shape, finite, norm <= C), the good ones
+        summed. Returns what ``_secure_sum`` does: (sum, accepted, rejected, (bytes sent,
+        received), None)."""
         got = self.t.exchange(sends, self.round_timeout)
         total = [np.zeros_like(a) for a in self.weights]
         accepted, rejected, recv_bytes = [], {}, 0
@@ -245,7 +244,7 @@ class Coordinator:
             accepted.append(site)
             for t, a in zip(total, arrays):
                 t += a
-        return total, accepted, rejected, recv_bytes
+        return total, accepted, rejected, (sum(a.nbytes for a in self.weights) * len(sends), recv_bytes), None
 
     def _secure_sum(self, sends: dict, jobs: dict, rnd: int):
         """SecAgg+ (``secagg``): the server gets the sum only. The sites checked their own
