@@ -80,11 +80,18 @@ def _slot_codes(v: np.ndarray) -> tuple[np.ndarray, int]:
     slot among S >= 2n by a Fibonacci hash (one multiplication). A slot names the one id
     written to it last; the ids that lost their slot to another (about units / 2S of them)
     are dictionary-encoded and coded from S up. Every row of an id gets the same code, and
-    two ids never share one."""
-    bits = max(10, (2 * len(v) - 1).bit_length())
+    two ids never share one.
+
+    The slot is the product's ``bits`` bits *below* its top byte: engines/distributed deals
+    ids into unit buckets by that top byte (``cluster._bucket_of``), so within one bucket
+    the top byte takes only a few values, and slots taken from it would crowd most ids
+    into a few hundredths of the table (85% of them lost their slot on a bucket of a
+    100M-row table)."""
+    bits = min(56, max(10, (2 * len(v) - 1).bit_length()))
     size = 1 << bits
     with np.errstate(over="ignore"):
         slot = v.view(np.uint64) * _GOLDEN
+    slot <<= np.uint64(8)
     slot >>= np.uint64(64 - bits)
     slot = slot.view(np.int64)
     owner = np.empty(size, dtype=np.int64)

@@ -9,8 +9,8 @@ and the driver (the Celery worker that runs the request) adds the noise once, th
 
 Privacy units: when the dataset has a unit column, a unit's rows may be spread over
 partitions. No shuffle: each file's task keeps the rows that pass the ``where``
-predicates (and only the columns the aggregate reads after them) and deals them into unit buckets by the hash of the unit id
-(``cluster.by_unit``); each bucket's task gets its piece of every file (in memory, as
+predicates (and only the columns the aggregate reads after them) and deals them into unit buckets by the unit id
+(``cluster.by_unit``: ranges of integer ids, else a hash); each bucket's task gets its piece of every file (in memory, as
 task results) and runs ``exact_parts`` on the rows of its units, all of them. The bound
 keeps the k rows of smallest salted hash per unit (``units.bound_by_content``) with one
 salt drawn by the driver for the run: a function of the unit's own rows, so the rows kept
@@ -42,15 +42,15 @@ def _parts(data: pa.Table, d: dict, n_max: int, salt: int | None) -> dict:
     return local.exact_parts(d, data, n_max, np.random.default_rng(), salt=salt)
 
 
-def _where(data: pa.Table, where: list, keep: list | None = None) -> pa.Table:
-    """The rows that pass the predicates (the only ones bounding may keep): fewer rows to
-    deal into the unit buckets; and of them only the ``keep`` columns, when given (the
-    columns only the predicates read are not dealt either)."""
+def _where(data: pa.Table, where: list, keep: list | None = None) -> tuple[pa.Table, np.ndarray | None]:
+    """The rows that pass the predicates (the only ones bounding may keep; ``by_unit``
+    deals no other row into the unit buckets), as a mask (None: every row), and of the
+    columns only the ``keep`` ones, when given (the columns only the predicates read are
+    not dealt either)."""
     from engines.aggregates.compute import predicate_mask
 
     mask = predicate_mask(data, where)
-    data = data if mask.all() else data.filter(pa.array(mask))
-    return data.select(keep) if keep else data
+    return (data.select(keep) if keep else data), (None if mask.all() else mask)
 
 
 def _after_where(d: dict, unit: str) -> tuple[dict, list | None]:

@@ -16,7 +16,6 @@ result, and the host charges the request once (compare-and-set on its ledger ent
 from __future__ import annotations
 
 import threading
-import time
 
 import dask
 
@@ -100,38 +99,67 @@ def buckets_for(table) -> int:
     return max(1, min(len(table.paths), MAX_BUCKETS))
 
 
-def _split(table, path: str, unit: str, buckets: int, pre, pre_args) -> tuple:
-    """One file's rows dealt into ``buckets`` pieces by the hash of their unit id (the same
-    hash in every file, so all of a unit's rows go to the same bucket)."""
+def _split(table, path: str, unit: str, buckets: int, pre, pre_args, ranges=None) -> tuple:
+    """One file's rows dealt into ``buckets`` pieces by their unit id (``_bucket_of``: the
+    same rule in every file, so all of a unit's rows go to the same bucket)."""
     import numpy as np
     import pyarrow as pa
 
-    from engines.aggregates.units import unit_hash
-
-    data = table.read_file(path)
+    data, mask = table.read_file(path), None
     if pre is not None:
-        data = pre(data, *pre_args)
+        data, mask = pre(data, *pre_args)
     if buckets == 1:
-        return (data,)
-    which = _bucket_of(data.column(unit), buckets, unit_hash)
+        return (data if mask is None else data.filter(pa.array(mask)),)
+    which = _bucket_of(data.column(unit), buckets, ranges)
+    if mask is not None:
+        which[~mask] = buckets  # rows no bucket gets: sorted last, never taken
     order = np.argsort(which, kind="stable")  # a radix sort on 8 bits
-    cuts = np.concatenate(([0], np.cumsum(np.bincount(which, minlength=buckets))))
+    cuts = np.concatenate(([0], np.cumsum(np.bincount(which, minlength=buckets + 1))))
+    order = order[:cuts[buckets]]
     # One gather, then zero-copy slices: a slice sent to another worker is serialised
     # alone (Arrow IPC writes only its range), one kept here shares the gathered buffers.
     dealt = data.take(pa.array(order))
     return tuple(dealt.slice(int(cuts[b]), int(cuts[b + 1] - cuts[b])) for b in range(buckets))
 
 
-def _bucket_of(col, buckets: int, unit_hash):
-    """Each row's bucket (uint8; MAX_BUCKETS <= 256), a function of its unit id only. Integer
-    ids: the top byte of a Fibonacci hash (one multiplication: the bucket needs spread, not
-    the full mix ``unit_hash`` gives, which costs seven passes over the column); else
+def _id_ranges(table, unit: str, buckets: int) -> tuple[int, int] | None:
+    """``(lo, width)`` of range buckets (bucket b: ids in [lo + b * width, lo + (b + 1) *
+    width)), when the unit ids are integers whose range, from the files' footers, is
+    compact (under 4 ids per row: each bucket then codes its units by ``id - min`` and
+    counts them in an array of about rows / buckets slots, where hashed buckets span the
+    whole range); else None (hashed buckets)."""
+    from .source import integer_range
+
+    span = integer_range(table.paths, unit)
+    if span is None or span[1] - span[0] >= 4 * table.num_rows + 1024:
+        return None
+    return span[0], (span[1] - span[0]) // buckets + 1
+
+
+def _bucket_of(col, buckets: int, ranges=None):
+    """Each row's bucket (uint8; MAX_BUCKETS <= 256), a function of its unit id only.
+    ``ranges`` (``_id_ranges``): the id's range bucket, clipped to the first and last (an id
+    outside the footers' range still has one bucket). Else integer ids: the top byte of a
+    Fibonacci hash (one multiplication: the bucket needs spread, not the full mix
+    ``unit_hash`` gives, which costs seven passes over the column); anything else
     ``unit_hash``."""
     import numpy as np
     import pyarrow as pa
 
+    from engines.aggregates.units import unit_hash
+
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    if ranges is not None and pa.types.is_integer(col.type):
+        lo, width = ranges
+        if col.null_count:
+            col = col.fill_null(lo)
+        ids = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        with np.errstate(over="ignore"):
+            which = (ids - np.int64(lo)).view(np.uint64)  # below lo: past 2**63, the last bucket
+        which //= np.uint64(width)
+        np.minimum(which, np.uint64(buckets - 1), out=which)
+        return which.astype(np.uint8)
     if pa.types.is_integer(col.type) and col.null_count == 0:
         ids = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False).view(np.uint64)
         with np.errstate(over="ignore"):
@@ -149,9 +177,10 @@ def _bucket(pieces: list, fn, args):
 
 def by_unit(table, unit: str, fn, *args, pre=None, pre_args: tuple = (), buckets: int | None = None) -> list:
     """One delayed ``fn(pyarrow.Table, *args)`` per unit bucket: a table holding every row
-    (of ``table``'s planned columns) of the privacy units whose id hashes to the bucket,
-    wherever they are stored. No shuffle service, no disk: each file's task deals its rows
-    into pieces (``pre(table, *pre_args)`` first, e.g. a row filter), each bucket's task
+    (of ``table``'s planned columns) of the privacy units whose id falls in the bucket
+    (``_bucket_of``: a range of a compact integer id, else a hash), wherever they are stored. No shuffle service, no disk: each file's task deals its rows
+    into pieces (``pre(table, *pre_args)`` first: the columns to deal and a mask of the rows
+    to deal, or None for all of them), each bucket's task
     receives its piece of every file as an ordinary task result, in memory, from whichever
     worker holds it. Every task is a pure function of its inputs, so a task re-run after a
     retry or a lost worker computes the same pieces, and a bucket either gets every piece
@@ -159,7 +188,8 @@ def by_unit(table, unit: str, fn, *args, pre=None, pre_args: tuple = (), buckets
     as on one machine. Nothing is written to disk (unless a worker is configured to spill
     memory: deploy/README.md)."""
     n = buckets or buckets_for(table)
-    splits = [dask.delayed(_split, pure=False, nout=n)(table, p, unit, n, pre, pre_args) for p in table.paths]
+    ranges = _id_ranges(table, unit, n) if n > 1 else None
+    splits = [dask.delayed(_split, pure=False, nout=n)(table, p, unit, n, pre, pre_args, ranges) for p in table.paths]
     return [dask.delayed(_bucket, pure=False)([s[b] for s in splits], fn, args) for b in range(n)]
 
 
@@ -186,18 +216,21 @@ def compute(value, scheduler: str, retries: int, progress=None, phase: str = "ag
     future = c.compute(value, retries=retries)
     submitted(scheduler, [future.key])
     try:
-        # Polled with done(), then one result() without a timeout: distributed's
-        # result(timeout=...) can lose a race between its own timeout and the answer under
-        # load and raise UnboundLocalError (its sync() catches Exception, not the
-        # CancelledError its wait_for leaves), which failed a run that had succeeded.
-        while not future.done():
+        # Waited for with a done-callback and an Event, then one result() without a
+        # timeout: distributed's result(timeout=...) can lose a race between its own
+        # timeout and the answer under load and raise UnboundLocalError (its sync() catches
+        # Exception, not the CancelledError its wait_for leaves), which failed a run that
+        # had succeeded. The Event returns as soon as the graph is done (a sleep between
+        # polls of done() added up to POLL_SECONDS to every run).
+        finished = threading.Event()
+        future.add_done_callback(lambda _: finished.set())
+        while not finished.wait(POLL_SECONDS):
             # No elapsed time in the report: how long the cluster takes depends on the
             # data, and what the analyst sees of a run changes only on the run clock's
             # ticks (README, "Release-path side channels"). The call lets a
             # cancellation through.
             if progress is not None:
                 progress({"phase": phase, "fraction": 0.5})
-            time.sleep(POLL_SECONDS)
         return future.result()
     except Cancelled:
         future.cancel()

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from engines.types import EngineError
 
 __all__ = ["PartitionError", "PartitionedTable", "open_file", "join", "list_partitions", "schema_to_json",
-           "schema_from_json", "footer", "differences", "check_manifest"]
+           "schema_from_json", "footer", "differences", "check_manifest", "integer_range"]
 
 
 FOOTER_THREADS = 16
@@ -101,6 +101,41 @@ def footer(path: str, label: str | None = None) -> tuple[pa.Schema, int]:
     except (OSError, pa.ArrowException) as e:
         raise PartitionError(f"partition {label!r} cannot be read as Parquet: {str(e)[:200]}", label,
                              "unreadable") from None
+
+
+def _column_range(path: str, column: str) -> tuple | None:
+    """(min, max) of an integer column in one file from its footer; () for a file without
+    rows; None when a row group has no statistics or the column is not an integer."""
+    with open_file(path) as f:
+        md = pq.ParquetFile(f).metadata
+    ranges = []
+    for g in range(md.num_row_groups):
+        group = md.row_group(g)
+        if group.num_rows == 0:
+            continue
+        chunk = next((group.column(j) for j in range(group.num_columns) if group.column(j).path_in_schema == column),
+                     None)
+        stats = chunk.statistics if chunk is not None else None
+        if stats is None or not stats.has_min_max or stats.physical_type not in ("INT32", "INT64"):
+            return None
+        ranges.append((int(stats.min), int(stats.max)))
+    return (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else ()
+
+
+def integer_range(paths, column: str) -> tuple[int, int] | None:
+    """(min, max) of an integer column over every file, from the footers' statistics (no
+    row read), or None when a non-empty row group has none (or the column is not an
+    integer). Statistics a writer got wrong cannot make an answer wrong: callers use the
+    range to spread work, never to drop a value outside it."""
+    try:
+        with ThreadPoolExecutor(max_workers=FOOTER_THREADS) as pool:
+            ranges = list(pool.map(lambda p: _column_range(p, column), paths))
+    except (OSError, pa.ArrowException):
+        return None
+    if any(r is None for r in ranges):
+        return None
+    ranges = [r for r in ranges if r]
+    return (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else None
 
 
 def differences(expected: pa.Schema, found: pa.Schema, columns=None) -> list[str]:

@@ -4,6 +4,7 @@ and per-unit contribution bounds (a unit's rows spread over partitions); the pla
 local engine's; the release goes through the same noise."""
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -13,7 +14,7 @@ from engines.distributed import PartitionedTable
 from engines.distributed import aggregates as dist
 from engines.types import DatasetMeta, EngineRequest
 
-from .conftest import UNIT_COLUMNS
+from .conftest import UNIT_COLUMNS, write_partitions
 
 # Above any unit's row count in the test table: bounding keeps every row. Below it, which
 # rows a unit keeps is the salted-hash rule (units.bound_by_content): the same rows on
@@ -162,3 +163,42 @@ def test_a_tie_on_the_short_key_falls_back_to_the_full_order():
     codes = np.zeros(4, dtype=np.int64)
     order = _by_unit_then_key(hu, key, codes, values)
     assert order.tolist() == [2, 1, 0, 3]  # by unit, key, then value
+
+
+ID_KINDS = {
+    "compact": lambda pid: pid,  # range buckets (cluster._id_ranges)
+    "wide": lambda pid: pid * 7_919 * 2**30 - 2**62,  # integers spread wide: hashed buckets
+    "text": lambda pid: np.char.add("p-", pid.astype(str)),  # strings: hashed buckets
+}
+
+
+@pytest.mark.parametrize("ids", list(ID_KINDS))
+def test_every_way_of_dealing_units_keeps_the_local_engines_rows(dask_cluster, partitioned, tmp_path, ids):
+    """Units dealt by range (compact integer ids) or by hash (wide integers, strings): the
+    same exact aggregate as the local engine, k below the units' row counts."""
+    from engines.distributed import cluster
+
+    base, _, _ = partitioned
+    table = base.set_column(0, "pid", pa.array(ID_KINDS[ids](base.column("pid").to_numpy())))
+    manifest = write_partitions(table, tmp_path / ids, 5)
+    source = _source(manifest, dask_cluster, table)
+    assert (cluster._id_ranges(source, "pid", 5) is not None) == (ids == "compact")
+    n = table.num_rows
+    for kind, params in [("count", {"max_rows_per_unit": 1}),
+                         ("sum", {"column": "income", "group_by": "flag", "max_rows_per_unit": 2}),
+                         ("quantile", {"column": "income", "q": 0.25, "max_rows_per_unit": 1})]:
+        d = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), _meta(table)).details
+        want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
+        _equal(want, local.exact_values(d, dist.exact_parts(source, d, salt=SALT), n))
+
+
+def test_range_buckets_give_every_id_one_bucket_whatever_the_footers_said():
+    """An id outside the footers' range (statistics a writer got wrong) or a null still
+    lands in one bucket, the same in every file; ids in range spread over every bucket."""
+    from engines.distributed import cluster
+
+    ids = pa.array([-(2**63), -5, 0, 9, 10, 99, 100, 2**63 - 1, None], type=pa.int64())
+    got = cluster._bucket_of(ids, 10, (0, 10))
+    assert got.tolist() == [9, 9, 0, 0, 1, 9, 9, 9, 0]
+    spread = cluster._bucket_of(pa.array(np.arange(1000)), 10, (0, 100))
+    assert np.bincount(spread).tolist() == [100] * 10

@@ -55,3 +55,18 @@ def test_bounded_count_counts_the_rows_the_bound_keeps(unit_ids, k, salt, wide, 
     assert units.bounded_count(mask, codes, n, k) == int(np.count_nonzero(kept))
     per_unit = {i: min(int(np.count_nonzero(mask & (ids == i))), k) for i in set(ids.tolist())}
     assert units.bounded_count(mask, codes, n, k) == sum(per_unit.values())
+
+
+def test_a_unit_bucket_s_ids_keep_their_slots():
+    """The ids of one engines/distributed unit bucket (their Fibonacci hash shares its top
+    byte modulo the bucket count) spread over the whole slot table: about as few lose
+    their slot as for ids drawn at random (~ distinct / 4 at 2n slots), not most of them."""
+    from engines.distributed.cluster import _bucket_of
+
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 2_000_000, 800_000)
+    bucket = ids[_bucket_of(pa.array(ids), 40) == 7]
+    codes = _assert_codes_name_units(bucket, pa.table({"u": bucket}))
+    size = 1 << max(10, (2 * len(bucket) - 1).bit_length())
+    lost = len(np.unique(bucket[codes >= size]))
+    assert lost < 0.3 * len(np.unique(bucket))
