@@ -131,15 +131,16 @@ def _id_ranges(table, unit: str, buckets: int) -> tuple[int, int] | None:
     from .source import integer_range
 
     span = integer_range(table.paths, unit)
-    if span is None or span[1] - span[0] >= 4 * table.num_rows + 1024:
+    if span is None or span[0] < -(2**63) or span[1] >= 2**63 or span[1] - span[0] >= 4 * table.num_rows + 1024:
         return None
     return span[0], (span[1] - span[0]) // buckets + 1
 
 
 def _bucket_of(col, buckets: int, ranges=None):
     """Each row's bucket (uint8; MAX_BUCKETS <= 256), a function of its unit id only.
-    ``ranges`` (``_id_ranges``): the id's range bucket, clipped to the first and last (an id
-    outside the footers' range still has one bucket). Else integer ids: the top byte of a
+    ``ranges`` (``_id_ranges``): the id's range bucket (an id outside the footers' range, or
+    a null, still has exactly one: the last bucket below and above the range, the first
+    for a null). Else integer ids: the top byte of a
     Fibonacci hash (one multiplication: the bucket needs spread, not the full mix
     ``unit_hash`` gives, which costs seven passes over the column); anything else
     ``unit_hash``."""
