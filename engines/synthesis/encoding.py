@@ -127,7 +127,7 @@ def _numeric_values(c: np.ndarray, col: dict, rng: np.random.Generator, hist) ->
 #
 # MST measures each column on its *cells*, from the declared schema only: a numeric
 # column with a declared grid (``integer``, or ``decimals``) of at most ``cells`` values
-# gets one cell per grid value, any other numeric column BASE_CELLS equal-width cells of
+# gets one cell per grid value, any other numeric column ``cells`` equal-width cells of
 # [lower, upper] (a numeric column of more than TREE_MIN cells is measured as a tree of
 # histograms, so that mst.py can choose a partition of them privately: fine where the
 # rows are, coarse where they are not); a categorical column one cell per declared value. A nullable
@@ -167,8 +167,9 @@ def grid(col: dict) -> tuple[int, float, int, int] | None:
 
 
 def cells(col: dict) -> int:
-    """Equal-width cells of a numeric column without a small grid."""
-    return BASE_CELLS
+    """Equal-width cells of a numeric column without a small grid (the plan's
+    ``params.tree_cells``; BASE_CELLS for a column planned before it had them)."""
+    return int(col.get("cells", BASE_CELLS))
 
 
 def tree_blocks(col: dict) -> list[int]:

@@ -3,7 +3,8 @@ no torch, no JAX)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, replace
 
 from engines.types import DatasetMeta, PlanError
 from engines.validation import is_number as _finite, run_accountant_error, unknown_keys, unknown_message
@@ -13,12 +14,48 @@ METHODS = ("mst", "aim", "vae")
 MAX_ROWS = 5_000_000
 MAX_BINS = 256
 DEFAULT_BINS = 20
-DEFAULT_ROWS_PER_UNIT = 4
+DEFAULT_ROWS_PER_UNIT = 4  # the VAE's; MST and AIM default to ``auto_rows_per_unit``
+MAX_AUTO_ROWS_PER_UNIT = 64
 # Tuned on gss_wages at epsilon 1 and 3 (about 20 s of CPU): more epochs, wider layers or
 # other batch sizes did no better.
 VAE_DEFAULTS = {"epochs": 30, "batch_size": 512, "latent_dim": 8, "hidden": [64], "learning_rate": 5e-3}
 MAX_ROWS_PER_UNIT = 1000
 MAX_DECIMALS = 9
+MIN_TREE_LEVELS, MAX_TREE_LEVELS = 4, 7
+
+
+def auto_rows_per_unit(ds: DatasetMeta) -> int:
+    """MST and AIM's default ``max_rows_per_unit``: the dataset's mean rows per unit (both
+    registered metadata, no data read), from 1 to MAX_AUTO_ROWS_PER_UNIT. A unit's rows
+    move each marginal by at most k, so the noise grows with k while the rows kept grow
+    with min(rows, k) per unit: where units have many rows a larger k costs little
+    accuracy and leaves less of the bias of keeping only a few rows of every unit (a
+    table's busiest units weigh less in the synthetic rows than in the real ones). The
+    planner halves it while the one-way noise would be refused (``planner.make_plan``)."""
+    mean = int(ds.n_rows) / max(int(ds.n_units or ds.n_rows), 1)
+    return max(1, min(MAX_AUTO_ROWS_PER_UNIT, int(round(mean))))
+
+
+def with_rows_per_unit(spec: "Spec", k: int) -> "Spec":
+    """``spec`` with another ``max_rows_per_unit`` (and the cells that depend on it)."""
+    out = replace(spec, max_rows_per_unit=k, columns=[dict(c) for c in spec.columns])
+    for col in out.columns:
+        if col["type"] == "numeric" and not col["integer"] and col["decimals"] is None:
+            col["cells"] = tree_cells(out.n_train_units * k)
+    return out
+
+
+def tree_cells(rows: int) -> int:
+    """The equal-width cells MST and AIM measure a continuous numeric column on (no
+    declared grid, so no fine histogram resolves values within a cell; as a tree of 4-ary
+    levels, encoding.py): 4^L with L = ceil(log4(rows / 8)) kept in [4, 7]: 256 cells up to
+    2,048 rows, 1,024 up to 8,192, 4,096 up to 32,768, 16,384 above. A finer last level lets a column whose rows
+    fill a small part of its declared range still get several cells there (the tree
+    descends only where its noisy counts are large); each level costs a share of the
+    one-way budget, so a small table keeps fewer. ``rows``: the training units times the
+    rows each may keep (public metadata, no data read)."""
+    levels = math.ceil(math.log(max(rows, 1) / 8, 4)) if rows > 8 else MIN_TREE_LEVELS
+    return 4 ** min(MAX_TREE_LEVELS, max(MIN_TREE_LEVELS, levels))
 KEYS = {"method", "epsilon", "delta", "rows", "columns", "bins", "max_rows_per_unit", "holdout_fraction", "target",
         "epochs", "batch_size", "latent_dim", "hidden", "learning_rate", "accountant"}
 
@@ -40,6 +77,7 @@ class Spec:
     sensitive: list[str] = field(default_factory=list)
     vae: dict = field(default_factory=dict)
     accountant: str = "rdp"  # "pld": MST's noise calibrated and the run certified by PLD (planner.py)
+    rows_per_unit_auto: bool = False  # max_rows_per_unit not given: auto_rows_per_unit, halved while refused
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,9 +138,10 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     if isinstance(bins, bool) or not isinstance(bins, int) or not 2 <= bins <= MAX_BINS:
         errors["bins"] = f"must be an integer from 2 to {MAX_BINS}, got {bins!r}"
         bins = DEFAULT_BINS
-    k = 1
+    k, auto_k = 1, False
     if ds.unit_column:
-        k = params.get("max_rows_per_unit", DEFAULT_ROWS_PER_UNIT)
+        auto_k = "max_rows_per_unit" not in params and method in ("mst", "aim")
+        k = params.get("max_rows_per_unit", auto_rows_per_unit(ds) if auto_k else DEFAULT_ROWS_PER_UNIT)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_ROWS_PER_UNIT:
             errors["max_rows_per_unit"] = f"must be an integer from 1 to {MAX_ROWS_PER_UNIT}, got {k!r}"
             k = 1
@@ -188,6 +227,7 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         first = next(iter(errors.items()))
         raise PlanError(f"invalid synthesis request: {first[0]}: {first[1]}", errors)
     sensitive = [c["column"] for c in columns if ds.columns[c["column"]].get("sensitive")]
-    return Spec(method=method, epsilon=float(eps), delta=float(delta), rows=rows, columns=columns, n_units=n_units,
+    return with_rows_per_unit(Spec(method=method, epsilon=float(eps), delta=float(delta), rows=rows, columns=columns, n_units=n_units,
                 n_holdout_units=n_holdout, n_train_units=n_train, unit_column=ds.unit_column, max_rows_per_unit=k,
-                holdout_fraction=float(hf), target=target, sensitive=sensitive, vae=vae, accountant=accountant)
+                holdout_fraction=float(hf), target=target, sensitive=sensitive, vae=vae, accountant=accountant,
+                rows_per_unit_auto=auto_k), k)

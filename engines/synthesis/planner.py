@@ -68,7 +68,7 @@ import math
 from engines.aggregates import noise as opendp_noise
 from engines.types import DatasetMeta, EngineRequest, Plan, PlanError
 
-from .params import Spec, validate
+from .params import Spec, validate, with_rows_per_unit
 
 DETAILS_VERSION = 2  # 2: MST on cells with private compression, fine = grid histograms
 SHARES = {"one_way": 0.35, "select": 0.1, "two_way": 0.45, "fine": 0.1}
@@ -323,12 +323,20 @@ def _refined_epsilon(event: dict, delta: float) -> float:
 
 def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
     spec = validate(request.kind, request.params, ds)
-    if spec.method == "mst":
-        event, method_details, certified = _plan_mst(spec)
-    elif spec.method == "aim":
-        (event, method_details), certified = _plan_aim(spec), None
-    else:
-        (event, method_details), certified = _plan_vae(spec), None
+    while True:
+        try:
+            if spec.method == "mst":
+                event, method_details, certified = _plan_mst(spec)
+            elif spec.method == "aim":
+                (event, method_details), certified = _plan_aim(spec), None
+            else:
+                (event, method_details), certified = _plan_vae(spec), None
+            break
+        except PlanError as e:
+            # a default k whose one-way noise is refused: half of it (the noise scales with k)
+            if not (spec.rows_per_unit_auto and spec.max_rows_per_unit > 1 and "epsilon" in e.errors):
+                raise
+            spec = with_rows_per_unit(spec, spec.max_rows_per_unit // 2)
     # MST: the grid's epsilon, which it is calibrated to; the VAE (DP-SGD): the refined order's
     planned = _refined_epsilon(event, spec.delta) if spec.method == "vae" else _rdp_epsilon(event, spec.delta)
     # planned_epsilon: what the ledger charges (the event by its RDP curve, composed by the

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from engines.validation import RUN_ACCOUNTANTS as ACCOUNTANTS
 
-from .params import (DEFAULT_BINS, DEFAULT_ROWS_PER_UNIT, MAX_BINS, MAX_ROWS, MAX_ROWS_PER_UNIT, METHODS,
-                     VAE_DEFAULTS)
+from .params import (DEFAULT_BINS, DEFAULT_ROWS_PER_UNIT, MAX_AUTO_ROWS_PER_UNIT, MAX_BINS, MAX_ROWS,
+                     MAX_ROWS_PER_UNIT, METHODS, VAE_DEFAULTS)
 
 
 def params_schema() -> dict:
@@ -31,7 +31,10 @@ def params_schema() -> dict:
                  "description": "mst, aim: at most this many model cells per numeric column (private quantile bins of its "
                                 "measured cells); vae: equal-width bins of its declared range"},
         "max_rows_per_unit": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS_PER_UNIT,
-                              "default": DEFAULT_ROWS_PER_UNIT, "description": "datasets with a privacy unit"},
+                              "description": "datasets with a privacy unit: rows each unit may contribute. Default: "
+                                             f"vae {DEFAULT_ROWS_PER_UNIT}; mst and aim the dataset's mean rows per "
+                                             f"unit (1 to {MAX_AUTO_ROWS_PER_UNIT}), halved while its one-way "
+                                             "noise would be refused; the plan states the k it used"},
         "holdout_fraction": {"type": "number", "minimum": 0, "maximum": 0.5, "default": 0.2,
                              "description": "units held out for the officer's quality and privacy reports"},
         "target": {"type": "string", "description": "a column for train-synthetic-test-real utility in the report"},

@@ -142,3 +142,62 @@ def test_the_tree_partition_is_fine_where_the_rows_are():
     cellmap, y, _ = mst.measure_one_way(exact, col, noise)
     assert len(np.unique(cellmap[:8])) == 8  # one cell per unit of [0, 8): 625 rows each
     assert len(np.unique(cellmap[64:])) <= 3  # [64, 256): 3 rows, coarse
+
+
+def _quantile_accuracy(real: np.ndarray, fake: np.ndarray, bins: int = 10) -> float:
+    edges = np.unique(np.quantile(real, np.linspace(0, 1, bins + 1)[1:-1]))
+    p = np.bincount(np.searchsorted(edges, real, side="right"), minlength=len(edges) + 1) / len(real)
+    q = np.bincount(np.searchsorted(edges, fake, side="right"), minlength=len(edges) + 1) / len(fake)
+    return 1.0 - 0.5 * float(np.abs(p - q).sum())
+
+
+def test_a_continuous_column_in_a_small_part_of_its_range_keeps_its_shape():
+    """Lab values declared on [0, 15000] whose rows lie in [20, 250] (one in a thousand far
+    out): a continuous column (no grid, so no fine histogram) is measured on a tree whose
+    last level grows with the table (params.tree_cells: 16,384 cells at 40,000 rows), so
+    its quantiles come back; on 256 cells the whole body was two cells, drawn uniformly
+    (accuracy over 10 quantile bins about 0.6)."""
+    from engines.synthesis.params import tree_cells
+
+    assert tree_cells(2_000) == 256 and tree_cells(40_000) == 16_384
+    rng = np.random.default_rng(4)
+    n = 40_000
+    kind = rng.choice(["hdl", "chol", "sbp"], n)
+    value = np.where(kind == "sbp", rng.normal(135, 18, n), rng.lognormal(3.9, 0.3, n))
+    value = np.where(rng.random(n) < 0.001, rng.uniform(1000, 14000, n), np.clip(value, 20, 250))
+    df = pd.DataFrame({"test": kind, "value": value})
+    schema = {"test": {"type": "categorical", "domain": ["chol", "hdl", "sbp"], "nullable": False},
+              "value": {"type": "numeric", "lower": 0, "upper": 15_000, "nullable": False}}
+    syn, _, _ = _run(df, schema, 1.0)
+    assert _quantile_accuracy(value, syn["value"].to_numpy()) > 0.9
+
+
+def _unit_meta(n_rows: int, n_units: int) -> DatasetMeta:
+    schema = {"pid": {"type": "unit"}, **{c: SCHEMA[c] for c in ("amount", "grade", "emp")}}
+    return DatasetMeta(name="t", columns=schema, unit_column="pid", n_rows=n_rows, n_units=n_units, delta=1e-6)
+
+
+@pytest.mark.parametrize("n_rows,n_units,epsilon,method,want", [
+    (250_000, 10_000, 1.0, "mst", 25),  # the mean rows per unit
+    (250_000, 10_000, 1.0, "aim", 25),
+    (4_000_000, 50_000, 1.0, "mst", 64),  # at most 64
+    (30_000, 30_000, 1.0, "mst", 1),
+    (8_000, 1_000, 1.0, "mst", 4),  # 8 is refused (one-way noise over a tenth of the units): halved
+    (16_000, 800, 1.0, "mst", 2),  # 20, 10 and 5 are refused
+    (250_000, 10_000, 1.0, "vae", 4),  # the VAE keeps its fixed default
+])
+def test_the_default_rows_per_unit_follows_the_table(n_rows, n_units, epsilon, method, want):
+    """MST and AIM's default k is the dataset's mean rows per unit (registered metadata),
+    halved while the plan would be refused; an explicit k is kept (and refused if too
+    large); the plan states the k it used."""
+    meta = _unit_meta(n_rows, n_units)
+    plan = plugins.plan("synthesis", EngineRequest("synthesize", {"method": method, "epsilon": epsilon}), meta)
+    assert plan.details["spec"]["max_rows_per_unit"] == want
+    if method != "vae" and want < min(64, round(n_rows / n_units)):  # halved: twice as many is refused
+        with pytest.raises(Exception, match="too small"):
+            plugins.plan("synthesis", EngineRequest("synthesize", {"method": method, "epsilon": epsilon,
+                                                                  "max_rows_per_unit": 2 * want}), meta)
+    if method != "vae":
+        with pytest.raises(Exception, match="too small"):
+            plugins.plan("synthesis", EngineRequest("synthesize", {"method": method, "epsilon": epsilon,
+                                                                  "max_rows_per_unit": 1000}), _unit_meta(8_000, 1_000))
