@@ -52,12 +52,31 @@ def run(engine, request, dataset, data, plan, progress, workdir):
         return None
     from engines.distributed import PartitionedTable
 
-    if isinstance(data, PartitionedTable):  # a distributed dataset: MST's marginals counted on the cluster
-        if plan.details.get("spec", {}).get("method") == "mst":
-            from engines.distributed.synthesis import execute as run_distributed
+    try:
+        if isinstance(data, PartitionedTable):  # a distributed dataset: MST's marginals counted on the cluster
+            if plan.details.get("spec", {}).get("method") == "mst":
+                from engines.distributed.synthesis import execute as run_distributed
 
-            return run_distributed(request, dataset, data, plan, progress, workdir)
-        data = data.to_arrow()  # AIM and the VAE run on rows: read them into this worker
-    from .execute import execute
+                return run_distributed(request, dataset, data, plan, progress, workdir)
+            data = data.to_arrow()  # AIM and the VAE run on rows: read them into this worker
+        from .execute import execute
 
-    return execute(request, dataset, data, plan, progress, workdir)
+        return execute(request, dataset, data, plan, progress, workdir)
+    finally:
+        release_compiled_code()
+
+
+def release_compiled_code() -> None:
+    """Drop what JAX compiled for this run (mbi's model fits: each table's domain compiles
+    its own code). XLA's LLVM maps 1,000-3,500 memory regions per MST or AIM run and
+    keeps them while the compiled functions are cached; a worker process that ran a few
+    dozen runs reached the kernel's vm.max_map_count (65,530), after which LLVM could not
+    allocate and the process died by a segfault. Cleared, a process stays at its size
+    after the first run."""
+    import gc
+    import sys
+
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        jax.clear_caches()
+        gc.collect()
