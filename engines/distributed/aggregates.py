@@ -9,10 +9,10 @@ and the driver (the Celery worker that runs the request) adds the noise once, th
 
 Privacy units: when the dataset has a unit column, a unit's rows may be spread over
 partitions. No shuffle: each file's task keeps the rows that pass the ``where``
-predicates (and only the columns the aggregate reads after them) and deals them into unit buckets by the unit id
-(``cluster.by_unit``: ranges of integer ids, else a hash); each bucket's task gets its piece of every file (in memory, as
-task results) and runs ``exact_parts`` on the rows of its units, all of them. The bound
-keeps the k rows of smallest salted hash per unit (``units.bound_by_content``) with one
+predicates (and only the columns the aggregate reads after them) and deals them into
+unit buckets by the unit id (``cluster.by_unit``: ranges of integer ids, else a hash);
+each bucket's task gets its piece of every file (in memory, as task results) and runs
+``exact_parts`` on the rows of its units, all of them. The bound keeps the k rows of smallest salted hash per unit (``units.bound_by_content``) with one
 salt drawn by the driver for the run: a function of the unit's own rows, so the rows kept
 are those the local engine keeps with the same salt, whatever the partitioning, the
 number of workers, retries or lost workers (every task is pure: a re-run computes the

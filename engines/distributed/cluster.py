@@ -190,7 +190,8 @@ def by_unit(table, unit: str, fn, *args, pre=None, pre_args: tuple = (), buckets
     memory: deploy/README.md)."""
     n = buckets or buckets_for(table)
     ranges = _id_ranges(table, unit, n) if n > 1 else None
-    splits = [dask.delayed(_split, pure=False, nout=n)(table, p, unit, n, pre, pre_args, ranges) for p in table.paths]
+    splits = [dask.delayed(_split, pure=False, nout=n)(table, p, unit, n, pre, pre_args, ranges)
+              for p in table.paths]
     return [dask.delayed(_bucket, pure=False)([s[b] for s in splits], fn, args) for b in range(n)]
 
 

@@ -22,6 +22,8 @@ VAE_DEFAULTS = {"epochs": 30, "batch_size": 512, "latent_dim": 8, "hidden": [64]
 MAX_ROWS_PER_UNIT = 1000
 MAX_DECIMALS = 9
 MIN_TREE_LEVELS, MAX_TREE_LEVELS = 4, 7
+KEYS = {"method", "epsilon", "delta", "rows", "columns", "bins", "max_rows_per_unit", "holdout_fraction", "target",
+        "epochs", "batch_size", "latent_dim", "hidden", "learning_rate", "accountant"}
 
 
 def auto_rows_per_unit(ds: DatasetMeta) -> int:
@@ -49,15 +51,13 @@ def tree_cells(rows: int) -> int:
     """The equal-width cells MST and AIM measure a continuous numeric column on (no
     declared grid, so no fine histogram resolves values within a cell; as a tree of 4-ary
     levels, encoding.py): 4^L with L = ceil(log4(rows / 8)) kept in [4, 7]: 256 cells up to
-    2,048 rows, 1,024 up to 8,192, 4,096 up to 32,768, 16,384 above. A finer last level lets a column whose rows
-    fill a small part of its declared range still get several cells there (the tree
-    descends only where its noisy counts are large); each level costs a share of the
-    one-way budget, so a small table keeps fewer. ``rows``: the training units times the
-    rows each may keep (public metadata, no data read)."""
+    2,048 rows, 1,024 up to 8,192, 4,096 up to 32,768, 16,384 above. A finer last level
+    lets a column whose rows fill a small part of its declared range still get several
+    cells there (the tree descends only where its noisy counts are large); each level
+    costs a share of the one-way budget, so a small table keeps fewer. ``rows``: the
+    training units times the rows each may keep (public metadata, no data read)."""
     levels = math.ceil(math.log(max(rows, 1) / 8, 4)) if rows > 8 else MIN_TREE_LEVELS
     return 4 ** min(MAX_TREE_LEVELS, max(MIN_TREE_LEVELS, levels))
-KEYS = {"method", "epsilon", "delta", "rows", "columns", "bins", "max_rows_per_unit", "holdout_fraction", "target",
-        "epochs", "batch_size", "latent_dim", "hidden", "learning_rate", "accountant"}
 
 
 @dataclass
@@ -227,7 +227,8 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         first = next(iter(errors.items()))
         raise PlanError(f"invalid synthesis request: {first[0]}: {first[1]}", errors)
     sensitive = [c["column"] for c in columns if ds.columns[c["column"]].get("sensitive")]
-    return with_rows_per_unit(Spec(method=method, epsilon=float(eps), delta=float(delta), rows=rows, columns=columns, n_units=n_units,
+    spec = Spec(method=method, epsilon=float(eps), delta=float(delta), rows=rows, columns=columns, n_units=n_units,
                 n_holdout_units=n_holdout, n_train_units=n_train, unit_column=ds.unit_column, max_rows_per_unit=k,
                 holdout_fraction=float(hf), target=target, sensitive=sensitive, vae=vae, accountant=accountant,
-                rows_per_unit_auto=auto_k), k)
+                rows_per_unit_auto=auto_k)
+    return with_rows_per_unit(spec, k)  # the cells of continuous columns
