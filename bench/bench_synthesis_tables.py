@@ -356,6 +356,13 @@ def score(train, holdout, table, cols, schema, target, n, seed=0, reps=5) -> dic
     return out
 
 
+def mean_scores(scores: list[dict]) -> dict:
+    """The runs' mean of every score; the TSTR range over all of them."""
+    out = {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
+    out["tstr_lo"], out["tstr_hi"] = min(s["tstr_lo"] for s in scores), max(s["tstr_hi"] for s in scores)
+    return out
+
+
 # --------------------------------------------------------------------------- main
 
 def main():
@@ -368,6 +375,9 @@ def main():
                     help="mst, aim (this engine), sn-mst, sn-aim (smartnoise-synth, bench/setup_smartnoise.sh)")
     ap.add_argument("--sn-timeout", type=float, default=900, help="seconds per smartnoise run")
     ap.add_argument("--report", action="store_true", help="also the officer report's own figures at eps 1")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs per method and epsilon; with more than 1 a 'mean' line follows them, and the "
+                         "goals are judged on the means")
     args = ap.parse_args()
     epsilons = [float(e) for e in args.epsilons.split(",")]
     import subprocess
@@ -398,6 +408,14 @@ def main():
                   f"{s['tstr']:>8.3f} ({s['tstr_lo']:.3f}-{s['tstr_hi']:.3f}){mid:>11}  {decl:<5}"
                   f"{s['outside']:>6.1%}{'' if sec is None else f'{sec:6.1f}'}", flush=True)
 
+        def way(s):
+            return {m: (s[m] - floor[m]) / (ceil[m] - floor[m]) if ceil[m] - floor[m] >= 0.005 else None
+                    for m in ("overall", "bivariate")}
+
+        def way_text(s):
+            frac = way(s)
+            return "/".join("n/a" if frac[m] is None else f"{frac[m]:.2f}" for m in ("overall", "bivariate"))
+
         line("floor", "-", floor)
         line("ceiling", "-", ceil)
         for eps in epsilons:
@@ -410,21 +428,28 @@ def main():
                     if syn is None:
                         print(f"{key:<8}{'smartnoise ' + method[3:]:<14}{eps:>5g}  not measured: {sec}")
                         continue
+                    runs = [(syn, sec)]
                 else:
-                    syn, sec = run_engine(train, schema, unit, eps, method)
-                s = score(train, holdout, syn, cols, schema, target, n)
-                broken = declarations_hold(syn, schema, cols)
-                frac = {m: (s[m] - floor[m]) / (ceil[m] - floor[m]) if ceil[m] - floor[m] >= 0.005 else None
-                        for m in ("overall", "bivariate")}
-                mid = "/".join("n/a" if frac[m] is None else f"{frac[m]:.2f}" for m in ("overall", "bivariate"))
+                    runs = [run_engine(train, schema, unit, eps, method) for _ in range(max(args.repeat, 1))]
                 label = f"smartnoise {method[3:]}" if method.startswith("sn-") else f"engine {method}"
-                line(label, f"{eps:g}", s, "ok" if not broken else "BROKE", sec, mid)
-                if broken:
-                    print("      broken:", "; ".join(broken))
+                scores, broken = [], []
+                for syn, sec in runs:
+                    s = score(train, holdout, syn, cols, schema, target, n)
+                    bad = declarations_hold(syn, schema, cols)
+                    line(label, f"{eps:g}", s, "ok" if not bad else "BROKE", sec, way_text(s))
+                    if bad:
+                        print("      broken:", "; ".join(bad))
+                    if args.report and eps == 1 and not method.startswith("sn-"):
+                        report_check(train, syn, holdout, schema, cols, n)
+                    scores.append(s)
+                    broken += [b for b in bad if b not in broken]
+                s = mean_scores(scores)
+                if len(scores) > 1:
+                    line(f"  mean of {len(scores)}", f"{eps:g}", s, "ok" if not broken else "BROKE",
+                         float(np.mean([sec for _, sec in runs])), way_text(s))
+                frac = way(s)
                 mids = {m: s[m] >= (floor[m] + ceil[m]) / 2 for m in frac}
                 results.append((key, method, eps, s, frac, broken, mids))
-                if args.report and eps == 1 and not method.startswith("sn-"):
-                    report_check(train, syn, holdout, schema, cols, n)
     print("\ngoals at epsilon 1 (overall and bivariate at least halfway from floor to ceiling, raw AUC <= 0.80, "
           "declarations hold):")
     for key, method, eps, s, frac, broken, mids in results:
