@@ -33,7 +33,8 @@ the holdout of a model for the table's target trained on the table (mean and ran
 one, test on the other). ``way o/b``: how far overall / bivariate accuracy is from the
 floor to the ceiling (1 = at the ceiling; n/a when the ceiling is not 0.005 above the
 floor); the goal check at the end calls a score halfway when it is at or above the
-midpoint of the floor and the ceiling, whatever their gap. ``decl`` is whether every integer / decimals / non-null declaration and the
+midpoint of the floor and the ceiling, whatever their gap. ``--repeat N`` runs each
+method N times (each run its own line, then their mean) and judges the goals on the means. ``decl`` is whether every integer / decimals / non-null declaration and the
 declared domain hold exactly in the synthetic table; ``out`` the largest share, over
 numeric columns, of values outside the training rows' [min, max] (the holdout's is the
 natural level).
