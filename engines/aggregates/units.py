@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["unit_codes", "unit_hash", "mix64", "row_keys", "first_per_pair", "bound_by_content", "bounded_count",
-           "bound_contributions"]
+__all__ = ["compact", "unit_codes", "unit_hash", "mix64", "row_keys", "first_per_pair", "bound_by_content",
+           "bounded_count", "bound_contributions"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -43,6 +43,13 @@ def first_per_pair(mask: np.ndarray, units: np.ndarray, codes: np.ndarray | None
 
 
 
+def compact(lo: int, hi: int, rows: int) -> bool:
+    """Whether integer ids in [lo, hi] over ``rows`` rows are coded by ``id - lo`` (under 4
+    ids per row): ``unit_codes``' rule, and engines/distributed's for range buckets (so
+    each bucket's ids take that path)."""
+    return hi - lo < 4 * rows + 1024
+
+
 def unit_codes(table: pa.Table, name: str) -> tuple[np.ndarray, int]:
     """An integer code per row naming its privacy unit, and the number of codes (an upper
     bound of the units present: codes need not be dense).
@@ -61,7 +68,7 @@ def unit_codes(table: pa.Table, name: str) -> tuple[np.ndarray, int]:
     if pa.types.is_integer(arr.type) and arr.null_count == 0:
         v = arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
         lo, hi = int(v.min()), int(v.max())
-        if hi - lo < 4 * n + 1024:
+        if compact(lo, hi, n):
             return (v - lo).astype(np.int32), hi - lo + 1
         return _slot_codes(v)
     return _dictionary_codes(arr)

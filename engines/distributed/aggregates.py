@@ -12,11 +12,12 @@ partitions. No shuffle: each file's task keeps the rows that pass the ``where``
 predicates (and only the columns the aggregate reads after them) and deals them into
 unit buckets by the unit id (``cluster.by_unit``: ranges of integer ids, else a hash);
 each bucket's task gets its piece of every file (in memory, as task results) and runs
-``exact_parts`` on the rows of its units, all of them. The bound keeps the k rows of smallest salted hash per unit (``units.bound_by_content``) with one
-salt drawn by the driver for the run: a function of the unit's own rows, so the rows kept
-are those the local engine keeps with the same salt, whatever the partitioning, the
-number of workers, retries or lost workers (every task is pure: a re-run computes the
-same output). Without a unit column (every row its own unit) the partitions are read as
+``exact_parts`` on the rows of its units, all of them. The bound keeps the k rows of
+smallest salted hash per unit (``units.bound_by_content``) with one salt drawn by the
+driver for the run: a function of the unit's own rows, so the rows kept are those the
+local engine keeps with the same salt, whatever the partitioning, the number of
+workers, retries or lost workers (every task is pure: a re-run computes the same
+output). Without a unit column (every row its own unit) the partitions are read as
 they are.
 
 Grid sums use the whole table's row count (``n_max``) in every partition, so every

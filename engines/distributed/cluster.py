@@ -128,10 +128,12 @@ def _id_ranges(table, unit: str, buckets: int) -> tuple[int, int] | None:
     compact (under 4 ids per row: each bucket then codes its units by ``id - min`` and
     counts them in an array of about rows / buckets slots, where hashed buckets span the
     whole range); else None (hashed buckets)."""
+    from engines.aggregates.units import compact
+
     from .source import integer_range
 
     span = integer_range(table.paths, unit)
-    if span is None or span[0] < -(2**63) or span[1] >= 2**63 or span[1] - span[0] >= 4 * table.num_rows + 1024:
+    if span is None or span[0] < -(2**63) or span[1] >= 2**63 or not compact(*span, table.num_rows):
         return None
     return span[0], (span[1] - span[0]) // buckets + 1
 
@@ -140,10 +142,9 @@ def _bucket_of(col, buckets: int, ranges=None):
     """Each row's bucket (uint8; MAX_BUCKETS <= 256), a function of its unit id only.
     ``ranges`` (``_id_ranges``): the id's range bucket (an id outside the footers' range, or
     a null, still has exactly one: the last bucket below and above the range, the first
-    for a null). Else integer ids: the top byte of a
-    Fibonacci hash (one multiplication: the bucket needs spread, not the full mix
-    ``unit_hash`` gives, which costs seven passes over the column); anything else
-    ``unit_hash``."""
+    for a null). Else integer ids: the top byte of a Fibonacci hash (one multiplication:
+    the bucket needs spread, not the full mix ``unit_hash`` gives, which costs seven
+    passes over the column); anything else ``unit_hash``."""
     import numpy as np
     import pyarrow as pa
 
@@ -179,13 +180,13 @@ def _bucket(pieces: list, fn, args):
 def by_unit(table, unit: str, fn, *args, pre=None, pre_args: tuple = (), buckets: int | None = None) -> list:
     """One delayed ``fn(pyarrow.Table, *args)`` per unit bucket: a table holding every row
     (of ``table``'s planned columns) of the privacy units whose id falls in the bucket
-    (``_bucket_of``: a range of a compact integer id, else a hash), wherever they are stored. No shuffle service, no disk: each file's task deals its rows
-    into pieces (``pre(table, *pre_args)`` first: the columns to deal and a mask of the rows
-    to deal, or None for all of them), each bucket's task
-    receives its piece of every file as an ordinary task result, in memory, from whichever
-    worker holds it. Every task is a pure function of its inputs, so a task re-run after a
-    retry or a lost worker computes the same pieces, and a bucket either gets every piece
-    or does not run: the answer is exact or the run fails, on workers that share no disk
+    (``_bucket_of``: a range of a compact integer id, else a hash), wherever they are
+    stored. No shuffle service, no disk: each file's task deals its rows into pieces
+    (``pre(table, *pre_args)`` first: the columns to deal and a mask of the rows to deal,
+    or None for all of them), each bucket's task receives its piece of every file as an
+    ordinary task result, in memory, from whichever worker holds it. Every task is a pure
+    function of its inputs, so a task re-run after a retry or a lost worker computes the
+    same pieces, and a bucket either gets every piece or does not run: the answer is exact or the run fails, on workers that share no disk
     as on one machine. Nothing is written to disk (unless a worker is configured to spill
     memory: deploy/README.md)."""
     n = buckets or buckets_for(table)

@@ -56,7 +56,7 @@ def tree_cells(rows: int) -> int:
     cells there (the tree descends only where its noisy counts are large); each level
     costs a share of the one-way budget, so a small table keeps fewer. ``rows``: the
     training units times the rows each may keep (public metadata, no data read)."""
-    levels = math.ceil(math.log(max(rows, 1) / 8, 4)) if rows > 8 else MIN_TREE_LEVELS
+    levels = math.ceil(math.log(max(rows, 1) / 8, 4))
     return 4 ** min(MAX_TREE_LEVELS, max(MIN_TREE_LEVELS, levels))
 
 
