@@ -186,9 +186,9 @@ def by_unit(table, unit: str, fn, *args, pre=None, pre_args: tuple = (), buckets
     or None for all of them), each bucket's task receives its piece of every file as an
     ordinary task result, in memory, from whichever worker holds it. Every task is a pure
     function of its inputs, so a task re-run after a retry or a lost worker computes the
-    same pieces, and a bucket either gets every piece or does not run: the answer is exact or the run fails, on workers that share no disk
-    as on one machine. Nothing is written to disk (unless a worker is configured to spill
-    memory: deploy/README.md)."""
+    same pieces, and a bucket either gets every piece or does not run: the answer is
+    exact or the run fails, on workers that share no disk as on one machine. Nothing is
+    written to disk (unless a worker is configured to spill memory: deploy/README.md)."""
     n = buckets or buckets_for(table)
     ranges = _id_ranges(table, unit, n) if n > 1 else None
     splits = [dask.delayed(_split, pure=False, nout=n)(table, p, unit, n, pre, pre_args, ranges)
