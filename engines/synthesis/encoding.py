@@ -141,11 +141,15 @@ def _numeric_values(c: np.ndarray, col: dict, rng: np.random.Generator, hist) ->
 # the first 10^k times coarser grid of at most MAX_GRID, rows off it not counted there):
 # grid values whose noisy count clears a threshold (``heavy_threshold``) are drawn with
 # their counts, and the rest of a cell's mass uniformly over the cell's grid values.
-# Every value is a grid value.
+# Every value is a grid value. A numeric column with no declared grid gets the same
+# histogram on a candidate grid (``_candidate_grid``): the values it repeats (a lab value
+# recorded to one decimal, a spike at zero) come back as those values, the rest of a
+# cell's mass uniformly over the cell, as before.
 
 BASE_CELLS = 256
 TREE_MIN = 32
 MAX_GRID = 200_000
+CANDIDATE_DECIMALS = 6
 
 
 def nullable(col: dict) -> bool:
@@ -204,14 +208,26 @@ def cell_size(col: dict) -> int:
     return n_values(col) + (1 if nullable(col) else 0)
 
 
+def _candidate_grid(col: dict) -> tuple[int, float, int, int]:
+    """A numeric column without a declared grid: the CANDIDATE_DECIMALS grid on its
+    declared range, which ``value_grid`` coarsens to at most MAX_GRID values. Public, like
+    any grid: from the declaration only."""
+    d = CANDIDATE_DECIMALS
+    step = 10.0 ** -d
+    first, last = math.ceil(col["lower"] / step - 1e-9), math.floor(col["upper"] / step + 1e-9)
+    return first, step, last - first + 1, d
+
+
 def value_grid(col: dict) -> tuple[int, float, int, int, int] | None:
-    """The grid a ``has_fine`` column's value histogram is measured on: its declared grid,
-    or, when that has more than MAX_GRID values, the first 10^k times coarser one that has
-    at most MAX_GRID (only rows whose value lies on it are counted there: round amounts).
-    (index of the first value, step, number of values, decimals, k)."""
-    g = grid(col)
-    if g is None:
+    """The grid a ``has_fine`` column's value histogram is measured on: its declared grid
+    (a column without one: ``_candidate_grid``), or, when that has more than MAX_GRID
+    values, the first 10^k times coarser one that has at most MAX_GRID (only rows whose
+    value lies on it are counted there: round amounts, or the values a continuous column
+    repeats: recorded at a precision, or a spike at zero). (index of the first value,
+    step, number of values, decimals, k)."""
+    if col["type"] != "numeric":
         return None
+    g = grid(col) or _candidate_grid(col)
     first, step, n, d = g
     k = 0
     while n > MAX_GRID:
@@ -223,8 +239,12 @@ def value_grid(col: dict) -> tuple[int, float, int, int, int] | None:
 
 
 def has_fine(col: dict) -> bool:
+    """A numeric column whose cells do not hold one value each: a declared grid wider than
+    its cells, or no declared grid (the values it repeats are found on ``value_grid``)."""
+    if col["type"] != "numeric":
+        return False
     g = grid(col)
-    return g is not None and g[2] > cells(col)
+    return g is None or g[2] > cells(col)
 
 
 def grid_size(col: dict) -> int:
@@ -271,7 +291,7 @@ def grid_encode(df: pd.DataFrame, col: dict) -> np.ndarray:
         x = np.where(np.isnan(x), col["lower"], x)
     x = x[~np.isnan(x)]
     first, step, n, _, k = value_grid(col)
-    if k == 0:
+    if k == 0 and grid(col) is not None:
         return _grid_index(x, col)
     q = np.clip(x, col["lower"], col["upper"]) / step
     on = np.abs(q - np.round(q)) < 1e-6
@@ -307,10 +327,10 @@ def cell_decode(codes: dict[str, np.ndarray], columns: list[dict], rng: np.rando
             x[valued] = lo + (c[valued] + rng.random(int(valued.sum()))) * w
             if grid(col) is not None:
                 x[valued] = _on_grid(x[valued], col)
-                hist = (fine or {}).get(name)
-                if hist is not None and fine_scale:
-                    x = _heavy_values(x, c, col, rng, np.asarray(hist, dtype=float), fine_scale,
-                                      None if one_way is None else one_way.get(name))
+            hist = (fine or {}).get(name)
+            if hist is not None and fine_scale:
+                x = _heavy_values(x, c, col, rng, np.asarray(hist, dtype=float), fine_scale,
+                                  None if one_way is None else one_way.get(name))
         out[name] = pd.Series(np.clip(x, col["lower"], col["upper"]), dtype="float64")
     return pd.DataFrame(out)
 

@@ -70,7 +70,7 @@ from engines.types import DatasetMeta, EngineRequest, Plan, PlanError
 
 from .params import Spec, validate, with_rows_per_unit
 
-DETAILS_VERSION = 2  # 2: MST on cells with private compression, fine = grid histograms
+DETAILS_VERSION = 3  # 2: MST on cells with private compression, fine = grid histograms; 3: fine also without a grid
 SHARES = {"one_way": 0.35, "select": 0.1, "two_way": 0.45, "fine": 0.1}
 MIN_SIGNAL = 10.0  # refuse when the one-way noise exceeds a tenth of the table
 
