@@ -6,7 +6,7 @@ large epsilons give weak guarantees); 1-3 is typical of deployed statistical rel
 3-10 is where industry deployments such as per-day telemetry budgets sit, for
 low-sensitivity data. delta must be far below 1/n: at delta ~ 1/n a mechanism may
 publish one person's record outright (Dwork-Roth 2014, sec. 2.3), so we recommend
-1/n^1.2 (the "auto" delta) and never more than 1/n.
+1/n^1.2 (the "auto" delta, at most 0.001) and never more than 1/n.
 """
 
 from __future__ import annotations

@@ -137,6 +137,8 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
             errors[name] = "sensitive must be true or false"
         if "nullable" in c and not isinstance(c["nullable"], bool):
             errors[name] = "nullable must be true or false"
+        if "integer" in c and not isinstance(c["integer"], bool):
+            errors[name] = "integer must be true or false"
         if c.get("decimals") is not None and name not in errors:
             d = c["decimals"]
             if typ != "numeric":
@@ -154,3 +156,21 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
     if errors:
         raise InvalidDataset("The schema has problems.", errors=errors)
     return {"columns": out}
+
+
+def check_nulls(schema: dict, table: pa.Table, only: set[str] | None = None) -> None:
+    """Refuse a schema that declares ``nullable: false`` on a column that holds nulls (or,
+    numeric, NaN): the engines trust the declaration (synthesis never yields a null there),
+    so a false one must not pass. ``only``: check these columns (the rest were checked)."""
+    errors = {}
+    for c in schema.get("columns", []):
+        name = c["name"]
+        if c.get("nullable") is not False or (only is not None and name not in only) or name not in table.schema.names:
+            continue
+        col = table.column(name)
+        nan = pa.types.is_floating(col.type) and pc.any(pc.is_nan(col)).as_py()
+        if col.null_count or nan:
+            errors[name] = "declared nullable: false, but the table has nulls (or NaN) in this column"
+    if errors:
+        raise InvalidDataset("The schema has problems.", errors=errors)
+

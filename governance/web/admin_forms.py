@@ -29,7 +29,7 @@ class DatasetRegisterForm(forms.Form):
     unit_column = forms.CharField(required=False, max_length=200, label="Privacy-unit column",
                                   help_text="e.g. patient_id; blank = one row per person")
     budget_epsilon = forms.FloatField(min_value=1e-9, max_value=MAX_EPSILON, initial=1.0)
-    budget_delta = forms.CharField(initial="auto", help_text='a number in [0, 1) or "auto" = 1/n^1.2')
+    budget_delta = forms.CharField(initial="auto", help_text='a number below 1/n and 0.1, or "auto" = 1/n^1.2 (at most 0.001)')
     policy = forms.ChoiceField(choices=[(p, p) for p in POLICIES], initial="rdp")
     schema = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 80}), required=False,
                              help_text='optional JSON overrides, e.g. {"age": {"lower": 18, "upper": 90}}')
@@ -61,7 +61,7 @@ class DatasetChangeForm(forms.ModelForm):
     """Schema and budget edits are validated by ``registry.update`` when saved."""
 
     schema = forms.JSONField(widget=forms.Textarea(attrs={"rows": 20, "cols": 100}))
-    budget_delta_text = forms.CharField(label="Budget delta", help_text='a number in [0, 1) or "auto"')
+    budget_delta_text = forms.CharField(label="Budget delta", help_text='a number below 1/n and 0.1, or "auto"')
 
     class Meta:
         from ..models import Dataset

@@ -36,7 +36,7 @@ def test_it_registers_a_csv_upload_as_a_draft(api, officer, csv_bytes):
     assert body["n_rows"] == len(frame)
     assert body["n_units"] == len(frame)  # no unit column: one row, one unit
     assert body["delta_auto"] is True
-    assert body["budget_delta"] == pytest.approx(1 / len(frame) ** 1.2)
+    assert body["budget_delta"] == pytest.approx(min(1 / len(frame) ** 1.2, 1e-3))
     cols = columns(body)
     assert [c["name"] for c in body["columns"]] == ["patient_id", "age", "income", "site"]
     assert cols["age"] == {"name": "age", "type": "numeric", "lower": None, "upper": None, "integer": True}
@@ -79,7 +79,7 @@ def test_it_registers_a_server_path_inside_the_import_dir(api, officer, import_d
     body = r.json()
     n_units = small_frame()["patient_id"].nunique()
     assert body["n_units"] == n_units < body["n_rows"]
-    assert body["budget_delta"] == pytest.approx(1 / n_units ** 1.2)
+    assert body["budget_delta"] == pytest.approx(min(1 / n_units ** 1.2, 1e-3))
     assert body["max_rows_per_unit"] >= 2
     assert (import_dir / "visits.csv").exists()  # copied, not moved
 
@@ -281,6 +281,7 @@ def nothing_written(officer):
     {"budget_epsilon": "a lot"},
     {"budget_delta": "1"},
     {"budget_delta": "1.5"},
+    {"budget_delta": "0.006"},  # 200 rows: not below 1/n
     {"budget_delta": "-0.001"},
     {"budget_delta": "NaN"},
     {"budget_delta": "Infinity"},
@@ -305,6 +306,24 @@ def test_it_refuses_bad_form_fields_and_writes_nothing(api, officer, csv_bytes, 
     assert_error(api(officer).post(URL, form(csv_bytes, **fields), format="multipart"), 400)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 10])
+def test_auto_delta_on_a_tiny_table_stays_far_below_one_over_n(api, officer, rows):
+    """1/n^1.2 would be 1 for one row (and Gaussian releases then free): "auto" is capped."""
+    r = api(officer).post(URL, form(small_frame().head(rows).to_csv(index=False).encode()), format="multipart")
+    assert r.status_code == 201, r.json()
+    assert r.json()["delta_auto"] is True
+    assert r.json()["budget_delta"] == 1e-3 < 1 / rows
+
+
+def test_an_explicit_delta_must_stay_below_one_over_n(api, officer):
+    one_row = small_frame().head(1).to_csv(index=False).encode()
+    r = api(officer).post(URL, form(one_row, budget_delta="0.5"), format="multipart")
+    assert_error(r, 400)
+    assert "below 1/n" in json.dumps(r.json())
+    r = api(officer).post(URL, form(one_row, budget_delta="0.05"), format="multipart")
+    assert r.status_code == 201 and r.json()["budget_delta"] == 0.05
+
+
 @pytest.mark.parametrize("fields", [
     {"budget_epsilon": -1},
     {"budget_epsilon": 0},
@@ -320,6 +339,8 @@ def test_it_refuses_bad_form_fields_and_writes_nothing(api, officer, csv_bytes, 
     {"schema": {"age": {"lower": 5, "upper": 1}}},
     {"schema": {"unknown": {"type": "numeric"}}},
     {"schema": {"site": {"lower": 0, "upper": 1}}},
+    {"schema": {"age": {"lower": 0, "upper": 100, "integer": "yes"}}},
+    {"schema": {"age": {"lower": 0, "upper": 100, "integer": "false"}}},
     {"name": "Clinic!"},
     {"name": ["clinic"]},
 ])
@@ -508,3 +529,27 @@ def test_it_lists_with_filters(api, officer, make_dataset):
     assert [d["name"] for d in client.get(URL, {"policy": "basic"}).json()["results"]] == ["b-live"]
     assert_error(client.get(URL, {"status": "bogus"}), 400)
 
+
+
+@pytest.mark.parametrize("cell", ["", "NaN"])
+def test_a_nullable_false_declaration_the_table_contradicts_is_refused(api, officer, cell, nothing_written):
+    frame = small_frame().astype({"age": object})
+    frame.loc[3, "age"] = cell
+    r = api(officer).post(URL, form(frame.to_csv(index=False).encode(),
+                                    schema=json.dumps({"age": {"lower": 0, "upper": 120, "nullable": False}})),
+                          format="multipart")
+    assert_error(r, 400)
+    assert "nullable" in json.dumps(r.json())
+
+
+def test_a_patch_to_nullable_false_is_checked_against_the_table(api, officer):
+    frame = small_frame().astype({"age": object})
+    frame.loc[3, "age"] = ""
+    client = api(officer)
+    assert client.post(URL, form(frame.to_csv(index=False).encode()), format="multipart").status_code == 201
+    r = client.patch(f"{URL}clinic/", {"schema": {"age": {"lower": 0, "upper": 120, "nullable": False}}},
+                     format="json")
+    assert_error(r, 400)
+    r = client.patch(f"{URL}clinic/", {"schema": {"site": {"domain": ["north", "south", "east"], "nullable": False}}},
+                     format="json")
+    assert r.status_code == 200, r.json()

@@ -45,7 +45,7 @@ class Command(BaseCommand):
         reg.add_argument("--site", action="append", default=[], metavar="SITE=ROWS",
                          help="one site and its row count (repeatable; instead of --sites)")
         reg.add_argument("--budget-epsilon", type=float, required=True, help="the dataset's epsilon budget")
-        reg.add_argument("--budget-delta", default="auto", help='a number in [0, 1) or "auto" (1/n^1.2)')
+        reg.add_argument("--budget-delta", default="auto", help='a number below 1/n and 0.1, or "auto" (1/n^1.2, at most 0.001)')
         reg.add_argument("--policy", default="rdp", help="the accountant that gates: rdp, basic or advanced")
         reg.add_argument("--title", default="")
         reg.add_argument("--officer", help="the privacy officer registering it (default: the first officer)")
