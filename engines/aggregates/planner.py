@@ -188,6 +188,9 @@ def candidate_grid(lower: float, upper: float, count: int) -> np.ndarray:
 def _plan_quantile(q: Query, details: dict) -> dict:
     lo, hi = q.bounds
     grid = candidate_grid(lo, hi, q.candidates)
+    if not np.all(np.isfinite(grid)) or not np.isfinite(hi - lo):
+        raise PlanError("declared bounds too wide: the candidate grid between them overflows",
+                        {"bounds": "too wide for a quantile's candidate grid"})
     if not np.all(np.diff(grid) > 0):
         raise PlanError("the candidate grid is not strictly increasing: the bounds are too close for "
                         f"{q.candidates} candidates", {"candidates": "too many for the column's range"})

@@ -308,3 +308,10 @@ def test_a_literal_outside_the_declared_domain_is_refused_before_any_data():
     # declared values pass; numbers outside a numeric column's bounds are allowed (raw values are compared)
     plan("count", {"epsilon": 1, "where": [{"column": "site", "op": "in", "value": ["north", "east"]},
                                            {"column": "age", "op": ">", "value": 200}]})
+
+
+def test_a_quantile_on_bounds_too_wide_for_its_grid_says_so():
+    wide = {**COLUMNS, "income": {**COLUMNS["income"], "lower": -1e308, "upper": 1e308}}
+    ds = DatasetMeta(name="wide", columns=wide, unit_column="pid", n_rows=10_000, n_units=2_000, delta=1e-6)
+    errors = errors_of("quantile", {"column": "income", "q": 0.5, "epsilon": 0.1}, ds)
+    assert "too wide" in json.dumps(errors)
