@@ -49,6 +49,21 @@ class SafeJSONField(serializers.JSONField):
         return value
 
 
+class StrictInput:
+    """An input serializer that refuses a field it does not take (400 naming it) instead of
+    ignoring it: a misspelt or read-only field must not look accepted (``PATCH {"active":
+    false}`` on a grant revokes nothing; DELETE does)."""
+
+    def to_internal_value(self, data):
+        if hasattr(data, "keys"):
+            writable = {name for name, field in self.fields.items() if not field.read_only}
+            unknown = sorted(str(k) for k in data.keys() if k not in writable)
+            if unknown:
+                raise serializers.ValidationError(
+                    {k[:100]: "Unknown field: not taken here (read-only, or misspelt)." for k in unknown[:20]})
+        return super().to_internal_value(data)
+
+
 @extend_schema_field({"type": "string", "enum": list(Dataset.Status.values)}, component_name="DatasetStatusEnum")
 class DatasetStatusField(serializers.ChoiceField):
     """A dataset's status, named apart from the ledger entries' ``status`` in the OpenAPI schema."""
@@ -109,7 +124,7 @@ class OfficerDatasetSerializer(DatasetSerializer):
         read_only_fields = fields
 
 
-class DatasetCreateSerializer(serializers.Serializer):
+class DatasetCreateSerializer(StrictInput, serializers.Serializer):
     name = serializers.RegexField(r"^[a-z0-9][a-z0-9_-]{0,99}$", help_text="lowercase slug, unique")
     title = serializers.CharField(required=False, allow_blank=True, max_length=200)
     description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
@@ -128,7 +143,7 @@ class DatasetCreateSerializer(serializers.Serializer):
     unit_column = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
     schema = SafeJSONField(required=False, help_text="Column specs overriding the inferred schema")
     budget_epsilon = FiniteFloatField(min_value=1e-9, max_value=MAX_EPSILON)
-    budget_delta = serializers.CharField(required=False, default="auto", help_text='a number in [0, 1) or "auto"')
+    budget_delta = serializers.CharField(required=False, default="auto", help_text='a number below 1/n and 0.1, or "auto"')
     policy = serializers.ChoiceField(choices=POLICIES, default="rdp")
     activate = serializers.BooleanField(default=False, help_text="Activate at once (skip the draft review)")
 
@@ -148,7 +163,7 @@ class DatasetCreateSerializer(serializers.Serializer):
         return attrs
 
 
-class DatasetUpdateSerializer(serializers.Serializer):
+class DatasetUpdateSerializer(StrictInput, serializers.Serializer):
     title = serializers.CharField(required=False, allow_blank=True, max_length=200)
     description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
     schema = SafeJSONField(required=False)
@@ -167,7 +182,7 @@ class DatasetUpdateSerializer(serializers.Serializer):
                   "fixed once the ledger has entries")
 
 
-class GrantSerializer(serializers.ModelSerializer):
+class GrantSerializer(StrictInput, serializers.ModelSerializer):
     analyst = serializers.SlugRelatedField(slug_field="username", queryset=User.objects.all())
     dataset = serializers.SlugRelatedField(slug_field="name", queryset=Dataset.objects.all())
     cap_epsilon = FiniteFloatField(required=False, allow_null=True, min_value=1e-9, max_value=MAX_EPSILON)
@@ -201,7 +216,7 @@ class GrantSerializer(serializers.ModelSerializer):
         return user
 
 
-class GrantUpdateSerializer(serializers.Serializer):
+class GrantUpdateSerializer(StrictInput, serializers.Serializer):
     cap_epsilon = FiniteFloatField(required=False, allow_null=True, min_value=1e-9, max_value=MAX_EPSILON)
     cap_delta = FiniteFloatField(required=False, allow_null=True, min_value=0.0, max_value=0.999999)
 
@@ -223,13 +238,13 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ChargeInputSerializer(serializers.Serializer):
+class ChargeInputSerializer(StrictInput, serializers.Serializer):
     event = SafeJSONField(help_text="The mechanism event of the release")
     reference = serializers.CharField(required=False, allow_blank=True, default="", max_length=200,
                                       help_text="What was released and where")
 
 
-class ComposeInputSerializer(serializers.Serializer):
+class ComposeInputSerializer(StrictInput, serializers.Serializer):
     events = SafeJSONField(help_text="A list of events (or one event)")
     delta = FiniteFloatField(min_value=0.0, max_value=0.999999, help_text="Target total delta")
 
@@ -248,7 +263,7 @@ class AnalystSerializer(serializers.ModelSerializer):
         return "auditor" if is_auditor(user) else "analyst"
 
 
-class AnalystCreateSerializer(serializers.Serializer):
+class AnalystCreateSerializer(StrictInput, serializers.Serializer):
     username = serializers.RegexField(r"^[\w.@+-]{1,150}$")
     email = serializers.EmailField(required=False, allow_blank=True)
     role = serializers.ChoiceField(["analyst", "auditor"], default="analyst",
@@ -260,7 +275,7 @@ class AnalystCreateSerializer(serializers.Serializer):
         return value
 
 
-class RequestCreateSerializer(serializers.Serializer):
+class RequestCreateSerializer(StrictInput, serializers.Serializer):
     dataset = serializers.CharField(required=False, help_text="dataset name (with sql: optional, the FROM table)")
     engine = serializers.CharField(required=False, max_length=100,
                                    help_text="engine name (GET /api/engines/); with sql: aggregates")
@@ -286,7 +301,7 @@ class RequestCreateSerializer(serializers.Serializer):
         return attrs
 
 
-class EstimateInputSerializer(serializers.Serializer):
+class EstimateInputSerializer(StrictInput, serializers.Serializer):
     event = SafeJSONField(required=False, help_text="One mechanism event (see the README for the format)")
     events = SafeJSONField(required=False, help_text="A list of events")
     engine = serializers.CharField(required=False, max_length=100, help_text="a request: engine name")
