@@ -16,7 +16,8 @@ false``):
 3. measure the selected two-way marginals (on the compressed cells) with the discrete
    Gaussian (d - 1 releases);
 4. measure the grid histogram of each numeric column whose grid has more values than
-   cells (m releases; a grid of more than 200,000 values on its first 10^k times coarser
+   cells, or that has no declared grid (on a candidate grid from its declared range)
+   (m releases; a grid of more than 200,000 values on its first 10^k times coarser
    grid of at most 200,000): its heavy grid values are drawn with their counts (see
    encoding.py).
 

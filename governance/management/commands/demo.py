@@ -349,8 +349,9 @@ class Command(BaseCommand):
                                                       "kind": "synthesize", "params": GSS_SYNTHESIS}, expect=(202,))
         rid = r.json()["id"]
         d = len(GSS_SYNTHESIS["columns"])
-        self.out(f"   admitted: {d} one-way and {d - 1} two-way marginals (discrete Gaussian) and {d - 1} "
-                 f"selections, reserved at epsilon {r.json()['charge']['rdp']['epsilon']:.3f}")
+        self.out(f"   admitted: {d} one-way and {d - 1} two-way marginals and the value histograms of wide or continuous numeric "
+                 f"columns (discrete Gaussian), {d - 1} selections, reserved at epsilon "
+                 f"{r.json()['charge']['rdp']['epsilon']:.3f}")
         body = self.wait(bob, rid, timeout=900)
         if body["status"] != "succeeded":
             raise CommandError(f"synthesis did not succeed: {body['status']} {body.get('error')}")
