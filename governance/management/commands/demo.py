@@ -349,8 +349,8 @@ class Command(BaseCommand):
                                                       "kind": "synthesize", "params": GSS_SYNTHESIS}, expect=(202,))
         rid = r.json()["id"]
         d = len(GSS_SYNTHESIS["columns"])
-        self.out(f"   admitted: {d} one-way and {d - 1} two-way marginals and the value histograms of wide or continuous numeric "
-                 f"columns (discrete Gaussian), {d - 1} selections, reserved at epsilon "
+        self.out(f"   admitted: {d} one-way and {d - 1} two-way marginals and the value histograms of wide or "
+                 f"continuous numeric columns (discrete Gaussian), {d - 1} selections, reserved at epsilon "
                  f"{r.json()['charge']['rdp']['epsilon']:.3f}")
         body = self.wait(bob, rid, timeout=900)
         if body["status"] != "succeeded":
