@@ -1,7 +1,7 @@
 """What registering a partitioned table needs to know of its rows, computed on the cluster:
 the number of privacy units and the most rows any unit has (counted per unit bucket,
 ``cluster.by_unit``: every row of a unit in one bucket, so a unit spread over partitions
-is counted once; no shuffle, nothing on disk), null unit ids, and the distinct values
+is counted once; no shuffle, nothing on disk), nulls (and NaN) per column, null unit ids, and the distinct values
 of text columns (proposed as categorical domains, capped: a column with more than
 ``max_domain`` values is text)."""
 
@@ -20,10 +20,15 @@ from .source import PartitionedTable
 __all__ = ["profile"]
 
 
+def _nulls(col) -> int:
+    nan = int(pc.sum(pc.is_nan(col)).as_py() or 0) if pa.types.is_floating(col.type) else 0
+    return col.null_count + nan
+
+
 def _file_profile(table: PartitionedTable, path: str, text_columns: list[str], unit: str | None,
                   cap: int) -> dict:
     data = table.read_file(path)
-    out = {"uniques": {}, "unit_nulls": 0}
+    out = {"uniques": {}, "unit_nulls": 0, "nulls": {name: _nulls(data.column(name)) for name in data.schema.names}}
     for name in text_columns:
         col = data.column(name)
         if pa.types.is_dictionary(col.type):
@@ -36,9 +41,11 @@ def _file_profile(table: PartitionedTable, path: str, text_columns: list[str], u
 
 
 def _merge(parts: list[dict], cap: int) -> dict:
-    out = {"uniques": {}, "unit_nulls": 0}
+    out = {"uniques": {}, "unit_nulls": 0, "nulls": {}}
     for p in parts:
         out["unit_nulls"] += p["unit_nulls"]
+        for name, n in p["nulls"].items():
+            out["nulls"][name] = out["nulls"].get(name, 0) + n
         for name, values in p["uniques"].items():
             have = out["uniques"].get(name, [])
             if have is None or values is None:
@@ -66,8 +73,8 @@ def _add_sizes(parts: list[dict]) -> dict:
 
 
 def profile(table: PartitionedTable, text_columns: list[str], max_domain: int) -> dict:
-    """``{"uniques": {column: sorted values or None}, "unit_nulls", "n_units",
-    "max_rows_per_unit"}`` (the last two only with a unit column)."""
+    """``{"uniques": {column: sorted values or None}, "nulls": {column: nulls and NaN},
+    "unit_nulls", "n_units", "max_rows_per_unit"}`` (the last two only with a unit column)."""
     unit = table.unit_column
     leaves = [dask.delayed(_file_profile, pure=True)(table, p, text_columns, unit, max_domain) for p in table.paths]
     merged = cluster.tree_reduce(leaves, functools.partial(_merge, cap=max_domain))

@@ -145,7 +145,7 @@ def register(*, name: str, created_by, location: str, title: str = "", descripti
 
     from . import budget
     from .files import check_columns
-    from .schema import MAX_DOMAIN, infer_schema, validate_schema
+    from .schema import MAX_DOMAIN, check_nulls, infer_schema, validate_schema
 
     location = resolve_location(location)
     base, manifest, schema_found = _manifest(location)
@@ -168,6 +168,7 @@ def register(*, name: str, created_by, location: str, title: str = "", descripti
         raise InvalidDataset(f"privacy-unit column {unit_column!r} has {prof['unit_nulls']} empty values")
     draft = infer_schema(_draft_table(schema_found, prof["uniques"], MAX_DOMAIN), unit_column)
     final = validate_schema(schema, schema_found, unit_column, base=draft)
+    check_nulls(final, prof["nulls"])
     n_units = prof["n_units"] if unit_column else n_rows
     max_rows = prof["max_rows_per_unit"] if unit_column else 1
     eps, delta, delta_auto = budget.parse_budget(budget_epsilon, budget_delta, n_units)

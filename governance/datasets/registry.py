@@ -22,7 +22,7 @@ from ..models import Budget, Dataset
 from .budget import parse_budget
 from .data import table_schema
 from .files import MAX_DECODED_RATIO, check_columns, dataset_path, read_table, resolve_server_path, store_file
-from .schema import check_nulls, infer_schema, validate_schema
+from .schema import check_nulls, infer_schema, null_counts, validate_schema
 
 log = logging.getLogger(__name__)
 REGISTER_DATASET = "workers.register_dataset"
@@ -122,7 +122,7 @@ def describe_table(stored, fmt: str, unit_column: str, schema) -> dict:
         raise InvalidDataset(f"privacy-unit column {unit_column!r} is not in the table", field="unit_column")
     draft = infer_schema(table, unit_column)
     final = validate_schema(schema, table.schema, unit_column, base=draft)
-    check_nulls(final, table)
+    check_nulls(final, null_counts(table, table.schema.names))
     n_rows, n_units, max_rows = count_units(table, unit_column)
     return {"schema": final, "n_rows": n_rows, "n_units": n_units, "max_rows_per_unit": max_rows}
 
@@ -234,8 +234,13 @@ def update(ds: Dataset, *, schema=None, **fields) -> Dataset:
             before = {c["name"] for c in ds.schema.get("columns", []) if c.get("nullable") is False}
             ds.schema = validate_schema(schema, table_schema(ds), ds.unit_column, base=ds.schema)
             newly = {c["name"] for c in ds.schema["columns"] if c.get("nullable") is False} - before
-            if newly and ds.execution == Dataset.Execution.LOCAL:  # (partitioned, federated tables: not read here)
-                check_nulls(ds.schema, read_table(dataset_path(ds), ds.file_format, columns=sorted(newly)), newly)
+            if newly and ds.execution == Dataset.Execution.LOCAL:
+                table = read_table(dataset_path(ds), ds.file_format, columns=sorted(newly))
+                check_nulls(ds.schema, null_counts(table, newly))
+            elif newly and ds.execution == Dataset.Execution.DISTRIBUTED:
+                raise InvalidDataset("nullable: false on partitions is declared at registration, where the cluster "
+                                     "checks it against the rows", errors={n: "declare it at registration"
+                                                                          for n in sorted(newly)})
         if "policy" in fields and fields["policy"] != ds.policy:
             if fields["policy"] not in POLICIES:
                 raise InvalidDataset(f"policy must be one of {', '.join(POLICIES)}", field="policy")

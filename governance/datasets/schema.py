@@ -158,19 +158,21 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
     return {"columns": out}
 
 
-def check_nulls(schema: dict, table: pa.Table, only: set[str] | None = None) -> None:
-    """Refuse a schema that declares ``nullable: false`` on a column that holds nulls (or,
-    numeric, NaN): the engines trust the declaration (synthesis never yields a null there),
-    so a false one must not pass. ``only``: check these columns (the rest were checked)."""
-    errors = {}
-    for c in schema.get("columns", []):
-        name = c["name"]
-        if c.get("nullable") is not False or (only is not None and name not in only) or name not in table.schema.names:
-            continue
+def null_counts(table: pa.Table, names) -> dict[str, int]:
+    """Nulls (and, numeric, NaN) per column of ``names`` in ``table``."""
+    out = {}
+    for name in names:
         col = table.column(name)
-        nan = pa.types.is_floating(col.type) and pc.any(pc.is_nan(col)).as_py()
-        if col.null_count or nan:
-            errors[name] = "declared nullable: false, but the table has nulls (or NaN) in this column"
+        nan = int(pc.sum(pc.is_nan(col)).as_py() or 0) if pa.types.is_floating(col.type) else 0
+        out[name] = col.null_count + nan
+    return out
+
+
+def check_nulls(schema: dict, nulls: dict[str, int]) -> None:
+    """Refuse a schema that declares ``nullable: false`` on a column with nulls (``nulls``:
+    per column, ``null_counts``; a column not in it is not checked): the engines trust
+    the declaration (synthesis never yields a null there), so a false one must not pass."""
+    errors = {c["name"]: "declared nullable: false, but the table has nulls (or NaN) in this column"
+              for c in schema.get("columns", []) if c.get("nullable") is False and nulls.get(c["name"])}
     if errors:
         raise InvalidDataset("The schema has problems.", errors=errors)
-

@@ -152,3 +152,21 @@ def test_the_officer_edits_a_distributed_datasets_schema(api, officer, events):
     assert {c["name"]: c for c in r.json()["columns"]}["age"]["upper"] == 120
     r = api(officer).patch("/api/datasets/events/", {"schema": {"nope": {"type": "numeric"}}}, format="json")
     assert r.status_code == 400
+
+
+def test_nullable_false_is_checked_against_the_partitions(api, officer, on_cluster, parts_dir):
+    """income holds NaN in every partition (make_table): the declaration is refused at
+    registration, and a schema edit cannot add it later (the rows are read at registration)."""
+    client = api(officer)
+    schema = {**BOUNDS, "income": {**BOUNDS["income"], "nullable": False}}
+    r = client.post("/api/datasets/", {"name": "nn", "path": str(parts_dir), "execution": "distributed",
+                                       "unit_column": "pid", "schema": schema, "budget_epsilon": 1.0}, format="json")
+    assert r.status_code == 400 and "income" in r.json()["errors"], r.json()
+    register(client, "events", parts_dir, "distributed")
+    r = client.patch("/api/datasets/events/", {"schema": {"age": {"lower": 0, "upper": 120, "nullable": False}}},
+                     format="json")
+    assert r.status_code == 400 and "age" in r.json()["errors"], r.json()
+    schema = {**BOUNDS, "age": {**BOUNDS["age"], "nullable": False}}  # age has no nulls: accepted
+    r = client.post("/api/datasets/", {"name": "ok", "path": str(parts_dir), "execution": "distributed",
+                                       "unit_column": "pid", "schema": schema, "budget_epsilon": 1.0}, format="json")
+    assert r.status_code == 201, r.json()
