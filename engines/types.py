@@ -19,6 +19,7 @@ class DatasetMeta:
     unit column), treated as public; ``delta`` is the dataset's budget delta;
     ``allow_pld``: the officer lets a single pre-planned run (a DP-SGD training, an MST
     synthesis) be calibrated and certified under PLD (the gate still charges it by RDP).
+    ``distributed``: its rows are Parquet partitions run on the Dask cluster.
     """
 
     name: str
@@ -28,6 +29,7 @@ class DatasetMeta:
     n_units: int
     delta: float
     allow_pld: bool = False
+    distributed: bool = False
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,11 @@ VAE_DEFAULTS = {"epochs": 30, "batch_size": 512, "latent_dim": 8, "hidden": [64]
 MAX_ROWS_PER_UNIT = 1000
 MAX_DECIMALS = 9
 MIN_TREE_LEVELS, MAX_TREE_LEVELS = 4, 7
+# The method when the request names none (``default_method``): measured on eleven public
+# tables at epsilon 1, three runs each (bench/README.md, "Synthetic data on public tables"),
+# AIM was ahead of MST on every table of at least this many training units, and level or
+# behind below it, at 3-7 times MST's time.
+AIM_DEFAULT_MIN_UNITS = 5_000
 KEYS = {"method", "epsilon", "delta", "rows", "columns", "bins", "max_rows_per_unit", "holdout_fraction", "target",
         "epochs", "batch_size", "latent_dim", "hidden", "learning_rate", "accountant"}
 
@@ -36,6 +41,16 @@ def auto_rows_per_unit(ds: DatasetMeta) -> int:
     planner halves it while the one-way noise would be refused (``planner.make_plan``)."""
     mean = int(ds.n_rows) / max(int(ds.n_units or ds.n_rows), 1)
     return max(1, min(MAX_AUTO_ROWS_PER_UNIT, int(round(mean))))
+
+
+def default_method(n_train_units: int, accountant: str, distributed: bool) -> str:
+    """AIM on a table of at least AIM_DEFAULT_MIN_UNITS training units, else MST; MST
+    always under ``accountant: pld`` (which certifies MST only) and on a distributed
+    dataset (MST counts its marginals on the cluster; AIM would read every row into one
+    worker)."""
+    if n_train_units >= AIM_DEFAULT_MIN_UNITS and accountant == "rdp" and not distributed:
+        return "aim"
+    return "mst"
 
 
 def with_rows_per_unit(spec: "Spec", k: int) -> "Spec":
@@ -78,6 +93,7 @@ class Spec:
     vae: dict = field(default_factory=dict)
     accountant: str = "rdp"  # "pld": MST's noise calibrated and the run certified by PLD (planner.py)
     rows_per_unit_auto: bool = False  # max_rows_per_unit not given: auto_rows_per_unit, halved while refused
+    method_auto: bool = False  # method not given: default_method chose it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -122,7 +138,8 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     unknown, n_unknown = unknown_keys(params, KEYS)
     if unknown:
         errors["params"] = f"unknown parameter(s): {unknown_message(unknown, n_unknown)}"
-    method = params.get("method", "mst")
+    method_auto = "method" not in params
+    method = params.get("method", "mst")  # (no method: default_method, once the training units are known)
     if method not in METHODS:
         errors["method"] = f"must be one of {', '.join(METHODS)}, got {method!r}"
     eps = params.get("epsilon")
@@ -151,6 +168,9 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     if not _finite(hf) or not 0 <= hf <= 0.5:
         errors["holdout_fraction"] = f"must be a number in [0, 0.5], got {hf!r}"
         hf = 0.2
+    if method_auto:
+        n_all = int(ds.n_units or ds.n_rows)
+        method = default_method(n_all - int(round(n_all * hf)), params.get("accountant", "rdp"), ds.distributed)
 
     names = params.get("columns")
     columns: list[dict] = []
@@ -230,5 +250,5 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     spec = Spec(method=method, epsilon=float(eps), delta=float(delta), rows=rows, columns=columns, n_units=n_units,
                 n_holdout_units=n_holdout, n_train_units=n_train, unit_column=ds.unit_column, max_rows_per_unit=k,
                 holdout_fraction=float(hf), target=target, sensitive=sensitive, vae=vae, accountant=accountant,
-                rows_per_unit_auto=auto_k)
+                rows_per_unit_auto=auto_k, method_auto=method_auto)
     return with_rows_per_unit(spec, k)  # the cells of continuous columns

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from engines.validation import RUN_ACCOUNTANTS as ACCOUNTANTS
 
-from .params import (DEFAULT_BINS, DEFAULT_ROWS_PER_UNIT, MAX_AUTO_ROWS_PER_UNIT, MAX_BINS, MAX_ROWS,
+from .params import (AIM_DEFAULT_MIN_UNITS, DEFAULT_BINS, DEFAULT_ROWS_PER_UNIT, MAX_AUTO_ROWS_PER_UNIT, MAX_BINS, MAX_ROWS,
                      MAX_ROWS_PER_UNIT, METHODS, VAE_DEFAULTS)
 
 
 def params_schema() -> dict:
     props = {
-        "method": {"enum": list(METHODS), "default": "mst",
+        "method": {"enum": list(METHODS),
                    "description": "mst: marginal-based, a maximum spanning tree of pairs (graphical model); aim: "
                                   "marginal-based, adaptive rounds over all pairs and columns (AIM, McKenna et al. "
-                                  "2022; 3-5 times MST's time); vae: a tabular VAE trained with DP-SGD"},
+                                  "2022; 3-7 times MST's time); vae: a tabular VAE trained with DP-SGD. Default, by "
+                                  f"measurement: aim on a table of at least {AIM_DEFAULT_MIN_UNITS:,} training units "
+                                  "(not distributed, accountant rdp), else mst; the plan states the method used"},
         "epsilon": {"type": "number", "exclusiveMinimum": 0, "maximum": 100,
                     "description": "the whole run's epsilon at delta (the service's RDP accountant; with accountant "
                                    "pld, the PLD certificate)"},

@@ -16,4 +16,5 @@ def dataset_meta(ds: Dataset) -> DatasetMeta:
                                     sites=site_rows(ds))
     return DatasetMeta(name=ds.name, columns=ds.columns, unit_column=ds.unit_column or None,
                        n_rows=ds.n_rows, n_units=ds.n_units, delta=ds.budget_delta,
-                       allow_pld=ds.pld_certification)
+                       allow_pld=ds.pld_certification,
+                       distributed=ds.execution == Dataset.Execution.DISTRIBUTED)

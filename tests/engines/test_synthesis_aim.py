@@ -127,3 +127,25 @@ def test_workload_weights_follow_the_reference():
     w = aim.workload(["a", "b", "c", "d"])
     assert w[("a",)] == 3 and w[("a", "b")] == 6 and len(w) == 4 + 6
     assert mst.OneWay  # the one-way measurement AIM shares with MST
+
+
+@pytest.mark.parametrize("units, holdout, extra, meta_extra, want", [
+    (10_000, 0.2, {}, {}, "aim"),  # 8,000 training units
+    (6_000, 0.2, {}, {}, "mst"),  # 4,800
+    (6_000, 0.0, {}, {}, "aim"),  # 6,000
+    (10_000, 0.2, {"accountant": "pld"}, {"allow_pld": True}, "mst"),  # pld certifies MST only
+    (10_000, 0.2, {}, {"distributed": True}, "mst"),  # MST counts on the cluster; AIM would read every row
+    (10_000, 0.2, {"method": "mst"}, {}, "mst"),  # a method named is kept
+    (100, 0.2, {"method": "aim"}, {}, "aim"),
+])
+def test_the_default_method_follows_the_measurement(units, holdout, extra, meta_extra, want):
+    """No method named: AIM from 5,000 training units (ahead of MST on every such table of
+    the bench, three runs each), MST below, and where AIM does not apply."""
+    schema = {c: SCHEMA[c] for c in ("amount", "grade", "emp")}
+    ds = DatasetMeta(name="t", columns=schema, unit_column=None, n_rows=units, n_units=units, delta=1e-6,
+                     **meta_extra)
+    params = {"epsilon": 8.0, "holdout_fraction": holdout, **extra}
+    plan = plugins.plan("synthesis", EngineRequest("synthesize", params), ds)
+    spec = plan.details["spec"]
+    assert spec["method"] == want and spec["method_auto"] == ("method" not in extra)
+    assert want in plan.details

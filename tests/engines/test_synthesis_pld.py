@@ -34,7 +34,8 @@ def meta(allow=True, unit=False, n=20_000) -> DatasetMeta:
 
 
 def plan(params, ds=None):
-    return plugins.plan("synthesis", EngineRequest("synthesize", {"epsilon": 1.0, **params}), ds or meta())
+    return plugins.plan("synthesis", EngineRequest("synthesize", {"epsilon": 1.0, "method": "mst", **params}),
+                        ds or meta())
 
 
 # --------------------------------------------------------------------------- the PLD

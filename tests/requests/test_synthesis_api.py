@@ -46,7 +46,7 @@ def download(client, rid, name):
 
 def test_mst_makes_a_table_charged_exactly_as_planned(api, analyst, officer, gss, django_capture_on_commit_callbacks):
     client = api(analyst)
-    body = run(client, {"epsilon": 1.0, "rows": 5000, "holdout_fraction": 0.2, "target": "gender"},
+    body = run(client, {"method": "mst", "epsilon": 1.0, "rows": 5000, "holdout_fraction": 0.2, "target": "gender"},
                django_capture_on_commit_callbacks)
     res = body["result"]
     assert res["method"] == "mst" and res["rows"] == 5000 and len(res["selected_pairs"]) == len(GSS_SCHEMA) - 1
@@ -112,7 +112,8 @@ def test_columns_independent_given_their_parent_stay_independent(api, analyst, m
         "a": {"type": "categorical", "domain": ["a0", "a1"]}, "b": {"type": "categorical", "domain": ["b0", "b1"]}})
     grant(analyst, ds)
     client = api(analyst)
-    body = run(client, {"epsilon": 10.0, "holdout_fraction": 0}, django_capture_on_commit_callbacks, dataset="tree")
+    body = run(client, {"method": "mst", "epsilon": 10.0, "holdout_fraction": 0}, django_capture_on_commit_callbacks,
+               dataset="tree")
     assert sorted(map(sorted, body["result"]["selected_pairs"])) == [["a", "p"], ["b", "p"]]
     syn = pd.read_parquet(io.BytesIO(download(client, body["id"], "synthetic.parquet")))
     for value, group in syn.groupby("p"):

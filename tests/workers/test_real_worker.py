@@ -123,7 +123,7 @@ def test_a_synthetic_table_is_made_on_the_gpu_queue_by_a_real_worker(real_worker
     grant(analyst, make_dataset("gss", epsilon=10.0, frame=gss_wages(), schema=GSS_SCHEMA))
     client = api(analyst)
     r = client.post("/api/requests/", {"dataset": "gss", "engine": "synthesis", "kind": "synthesize", "params": {
-        "epsilon": 1.0, "rows": 2000, "holdout_fraction": 0.1}}, format="json")
+        "method": "mst", "epsilon": 1.0, "rows": 2000, "holdout_fraction": 0.1}}, format="json")
     assert r.status_code == 202, r.content
     rid = r.json()["id"]
     body = wait_for(finished(client, rid), timeout=300)
