@@ -23,9 +23,10 @@ MAX_ROWS_PER_UNIT = 1000
 MAX_DECIMALS = 9
 MIN_TREE_LEVELS, MAX_TREE_LEVELS = 4, 7
 # The method when the request names none (``default_method``): measured on eleven public
-# tables at epsilon 1, three runs each (bench/README.md, "Synthetic data on public tables"),
-# AIM was ahead of MST on every table of at least this many training units, and level or
-# behind below it, at 3-7 times MST's time.
+# tables at epsilon 1, three runs each, twice (bench/README.md, "Synthetic data on public
+# tables"), AIM was ahead of MST on the tables of at least this many training units (CPS,
+# Fertility; level on loans; on nafld2 ahead in one round, behind within the runs' spread
+# in the other), and level or behind below it, at 1-6 times MST's time.
 AIM_DEFAULT_MIN_UNITS = 5_000
 KEYS = {"method", "epsilon", "delta", "rows", "columns", "bins", "max_rows_per_unit", "holdout_fraction", "target",
         "epochs", "batch_size", "latent_dim", "hidden", "learning_rate", "accountant"}

@@ -139,8 +139,8 @@ def test_workload_weights_follow_the_reference():
     (100, 0.2, {"method": "aim"}, {}, "aim"),
 ])
 def test_the_default_method_follows_the_measurement(units, holdout, extra, meta_extra, want):
-    """No method named: AIM from 5,000 training units (ahead of MST on every such table of
-    the bench, three runs each), MST below, and where AIM does not apply."""
+    """No method named: AIM from 5,000 training units (where the bench measured it ahead of
+    MST), MST below, and where AIM does not apply."""
     schema = {c: SCHEMA[c] for c in ("amount", "grade", "emp")}
     ds = DatasetMeta(name="t", columns=schema, unit_column=None, n_rows=units, n_units=units, delta=1e-6,
                      **meta_extra)
