@@ -54,9 +54,11 @@ class StrictInput:
     ignoring it: a misspelt or read-only field must not look accepted (``PATCH {"active":
     false}`` on a grant revokes nothing; DELETE does)."""
 
+    NOT_FIELDS = {"csrfmiddlewaretoken"}  # the browsable API's HTML forms send it with the fields
+
     def to_internal_value(self, data):
         if hasattr(data, "keys"):
-            writable = {name for name, field in self.fields.items() if not field.read_only}
+            writable = {name for name, field in self.fields.items() if not field.read_only} | self.NOT_FIELDS
             unknown = sorted(str(k) for k in data.keys() if k not in writable)
             if unknown:
                 raise serializers.ValidationError(

@@ -42,3 +42,9 @@ def test_a_request_with_an_unknown_top_level_field_is_refused(api, analyst, clin
                                              "params": {"epsilon": 0.1}, "priority": "high"}, format="json")
     _refused(r, "priority")
     assert not Request.objects.exists() and not LedgerEntry.objects.exists()
+
+
+def test_the_browsable_apis_form_token_is_not_an_unknown_field(api, officer, analyst, clinic):
+    r = api(officer).post("/api/grants/", {"analyst": analyst.username, "dataset": "clinic",
+                                           "csrfmiddlewaretoken": "x"}, format="multipart")
+    assert r.status_code == 201, r.content
