@@ -148,6 +148,8 @@ def _target_spec(params: dict, ds: DatasetMeta, errors: _Errors) -> tuple[str | 
     threshold = params.get("target_threshold")
     positive = params.get("positive_values")
     if spec["type"] == "numeric":
+        if positive is not None:
+            errors["positive_values"] = "only for a categorical target (a numeric one: target_threshold)"
         if task is None:
             task = "binary" if threshold is not None else "regression"
         if task == "multiclass":
@@ -280,6 +282,8 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         errors["canaries"] = f"at most a tenth of the training split ({n_train // 10})"
     patience = errors.number(params, "early_stopping_patience", None, lo=1, hi=MAX_EPOCHS, integer=True)
     ranks = errors.number(params, "ranks", 1, lo=1, hi=MAX_RANKS, integer=True)
+    if ranks and ranks > 1 and not ds.distributed:
+        errors["ranks"] = "only for a distributed dataset (its partitions train on the Dask cluster's ranks)"
     accountant = params.get("accountant", "rdp")
     if problem := run_accountant_error(accountant, ds.allow_pld):
         errors["accountant"] = problem

@@ -3,6 +3,7 @@ group over loopback: the noise of the averaged update is added once, with the st
 deviation the accountant assumes (z C / global expected batch), not sqrt(2) more or less;
 replicas start and stay equal; and the plan of a 2-rank run is that of a 1-rank run."""
 
+import dataclasses
 import json
 import multiprocessing as mp
 
@@ -92,7 +93,7 @@ def test_replicas_start_and_stay_equal(two_ranks):
 
 
 def test_the_plan_does_not_depend_on_the_number_of_ranks():
-    ds = rows_meta()
+    ds = dataclasses.replace(rows_meta(), distributed=True)
     params = {k: v for k, v in FIXED.items() if k != "noise_multiplier"} | {"target_epsilon": 2.0}
     one = plugins.plan("dpsgd", EngineRequest("train", params), ds)
     four = plugins.plan("dpsgd", EngineRequest("train", {**params, "ranks": 4}), ds)
@@ -109,5 +110,15 @@ def test_a_bad_number_of_ranks_is_refused_with_the_reason(bad, why):
 
     params = {k: v for k, v in FIXED.items() if k != "noise_multiplier"} | {"target_epsilon": 2.0, "ranks": bad}
     with pytest.raises(PlanError) as got:
-        plugins.plan("dpsgd", EngineRequest("train", params), rows_meta())
+        plugins.plan("dpsgd", EngineRequest("train", params), dataclasses.replace(rows_meta(), distributed=True))
     assert why in got.value.errors["ranks"]
+
+
+def test_ranks_on_a_local_dataset_are_refused_not_ignored():
+    from engines.types import PlanError
+
+    params = {k: v for k, v in FIXED.items() if k != "noise_multiplier"} | {"target_epsilon": 2.0, "ranks": 2}
+    with pytest.raises(PlanError) as got:
+        plugins.plan("dpsgd", EngineRequest("train", params), rows_meta())
+    assert "distributed dataset" in got.value.errors["ranks"]
+    assert plugins.plan("dpsgd", EngineRequest("train", {**params, "ranks": 1}), rows_meta())

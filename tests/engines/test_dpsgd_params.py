@@ -40,6 +40,8 @@ BAD = [
     pytest.param({"target": "r", "task": "binary"}, "target_threshold", "required", id="threshold-missing"),
     pytest.param({"target": "c", "positive_values": ["a", "b", "c"], "features": ["x1"]}, "positive_values",
                  "every class", id="all-positive"),
+    pytest.param({"target": "r", "target_threshold": 5, "positive_values": []}, "positive_values",
+                 "categorical target", id="positive-values-on-a-numeric-target"),
     pytest.param({"target": "klass", "task": "regression", "features": ["x1"]}, "task", "categorical",
                  id="regression-on-categorical"),
     pytest.param({"epochs": 0}, "epochs", ">= 1", id="epochs-0"),
