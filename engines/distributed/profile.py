@@ -1,8 +1,9 @@
 """What registering a partitioned table needs to know of its rows, computed on the cluster:
 the number of privacy units and the most rows any unit has (counted per unit bucket,
 ``cluster.by_unit``: every row of a unit in one bucket, so a unit spread over partitions
-is counted once; no shuffle, nothing on disk), nulls (and NaN) per column, null unit ids, and the distinct values
-of text columns (proposed as categorical domains, capped: a column with more than
+is counted once; no shuffle, nothing on disk), nulls (and NaN) per column (a ``nullable:
+false`` declaration is checked against them), null unit ids, and the distinct values of
+text columns (proposed as categorical domains, capped: a column with more than
 ``max_domain`` values is text)."""
 
 from __future__ import annotations
