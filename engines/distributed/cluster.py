@@ -127,12 +127,14 @@ def _id_ranges(table, unit: str, buckets: int) -> tuple[int, int] | None:
     width)), when the unit ids are integers whose range, from the files' footers, is
     compact (under 4 ids per row: each bucket then codes its units by ``id - min`` and
     counts them in an array of about rows / buckets slots, where hashed buckets span the
-    whole range); else None (hashed buckets)."""
+    whole range); else None (hashed buckets). The range is ``table.unit_range`` when the
+    manifest check read it from the same footers, else read here."""
     from engines.aggregates.units import compact
 
     from .source import integer_range
 
-    span = integer_range(table.paths, unit)
+    known = table.unit_range is not ... and unit == table.unit_column
+    span = table.unit_range if known else integer_range(table.paths, unit)
     if span is None or span[0] < -(2**63) or span[1] >= 2**63 or not compact(*span, table.num_rows):
         return None
     return span[0], (span[1] - span[0]) // buckets + 1

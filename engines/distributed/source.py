@@ -89,13 +89,11 @@ def schema_from_json(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
-def footer(path: str, label: str | None = None) -> tuple[pa.Schema, int]:
-    """(Arrow schema, rows) of one Parquet file, from its footer; errors name it ``label``."""
-    label = label or path
+def _metadata(path: str, label: str) -> tuple[pa.Schema, pq.FileMetaData]:
     try:
         with open_file(path) as f:
             pf = pq.ParquetFile(f)
-            return pf.schema_arrow.remove_metadata(), pf.metadata.num_rows
+            return pf.schema_arrow.remove_metadata(), pf.metadata
     except FileNotFoundError:
         raise PartitionError(f"partition {label!r} is missing", label, "missing") from None
     except (OSError, pa.ArrowException) as e:
@@ -103,11 +101,15 @@ def footer(path: str, label: str | None = None) -> tuple[pa.Schema, int]:
                              "unreadable") from None
 
 
-def _column_range(path: str, column: str) -> tuple | None:
+def footer(path: str, label: str | None = None) -> tuple[pa.Schema, int]:
+    """(Arrow schema, rows) of one Parquet file, from its footer; errors name it ``label``."""
+    schema, md = _metadata(path, label or path)
+    return schema, md.num_rows
+
+
+def _range_in(md: pq.FileMetaData, column: str) -> tuple | None:
     """(min, max) of an integer column in one file from its footer; () for a file without
     rows; None when a row group has no statistics or the column is not an integer."""
-    with open_file(path) as f:
-        md = pq.ParquetFile(f).metadata
     ranges = []
     for g in range(md.num_row_groups):
         group = md.row_group(g)
@@ -122,20 +124,27 @@ def _column_range(path: str, column: str) -> tuple | None:
     return (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else ()
 
 
+def _union(ranges) -> tuple[int, int] | None:
+    if any(r is None for r in ranges):
+        return None
+    ranges = [r for r in ranges if r]
+    return (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else None
+
+
 def integer_range(paths, column: str) -> tuple[int, int] | None:
     """(min, max) of an integer column over every file, from the footers' statistics (no
     row read), or None when a non-empty row group has none (or the column is not an
     integer). Statistics a writer got wrong cannot make an answer wrong: callers use the
     range to spread work, never to drop a value outside it."""
+    def one(path):
+        with open_file(path) as f:
+            return _range_in(pq.ParquetFile(f).metadata, column)
+
     try:
         with ThreadPoolExecutor(max_workers=FOOTER_THREADS) as pool:
-            ranges = list(pool.map(lambda p: _column_range(p, column), paths))
+            return _union(list(pool.map(one, paths)))
     except (OSError, pa.ArrowException):
         return None
-    if any(r is None for r in ranges):
-        return None
-    ranges = [r for r in ranges if r]
-    return (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else None
 
 
 def differences(expected: pa.Schema, found: pa.Schema, columns=None) -> list[str]:
@@ -154,24 +163,26 @@ def differences(expected: pa.Schema, found: pa.Schema, columns=None) -> list[str
     return out
 
 
-def check_manifest(base: str, parts: list[dict], schema: pa.Schema, columns: list[str] | None = None) -> int:
+def check_manifest(base: str, parts: list[dict], schema: pa.Schema, columns: list[str] | None = None,
+                   range_of: str | None = None) -> tuple[int, tuple[int, int] | None]:
     """Check every partition against the manifest: it exists, holds the registered row
     count, and its schema matches the registered one (in ``columns``, or all). Reads
     footers only; errors name partitions by their manifest name, not their server path.
-    Returns the total row count; raises ``PartitionError``."""
+    Returns the total row count and, from the same footers, ``integer_range`` of the
+    column ``range_of`` (None without one); raises ``PartitionError``."""
     total = 0
     with ThreadPoolExecutor(max_workers=FOOTER_THREADS) as pool:  # an object store answers each in ~50 ms
-        footers = list(pool.map(lambda part: footer(join(base, part["path"]), part["path"]), parts))
-    for part, (found, rows) in zip(parts, footers):
+        footers = list(pool.map(lambda part: _metadata(join(base, part["path"]), part["path"]), parts))
+    for part, (found, md) in zip(parts, footers):
         diff = differences(schema, found, columns)
         if diff:
             raise PartitionError(f"partition {part['path']!r} has a different schema: " + "; ".join(diff),
                                  part["path"], "schema")
-        if rows != part["rows"]:
-            raise PartitionError(f"partition {part['path']!r} holds {rows} rows, registered with {part['rows']}: "
-                                 "it was rewritten since registration", part["path"], "rows")
-        total += rows
-    return total
+        if md.num_rows != part["rows"]:
+            raise PartitionError(f"partition {part['path']!r} holds {md.num_rows} rows, registered with "
+                                 f"{part['rows']}: it was rewritten since registration", part["path"], "rows")
+        total += md.num_rows
+    return total, (_union([_range_in(md, range_of) for _, md in footers]) if range_of else None)
 
 
 @dataclass(frozen=True)
@@ -186,6 +197,7 @@ class PartitionedTable:
     unit_column: str | None = None
     scheduler: str = ""
     retries: int = 2
+    unit_range: tuple[int, int] | None = ...  # integer_range of the unit ids, when known (None: none); ...: not read
 
     def read_file(self, path: str) -> pa.Table:
         """One partition's planned columns (called on a Dask worker)."""

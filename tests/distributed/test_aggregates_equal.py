@@ -60,7 +60,7 @@ QUERIES = [
 def _meta(table):
     pids = table.column("pid").to_numpy()
     return DatasetMeta(name="t", columns=UNIT_COLUMNS, unit_column="pid", n_rows=table.num_rows,
-                       n_units=len(np.unique(pids)), delta=1e-6)
+                       n_units=len(np.unique(pids)), delta=1e-6, distributed=True)
 
 
 def _source(manifest, scheduler, table):

@@ -170,3 +170,21 @@ def test_nullable_false_is_checked_against_the_partitions(api, officer, on_clust
     r = client.post("/api/datasets/", {"name": "ok", "path": str(parts_dir), "execution": "distributed",
                                        "unit_column": "pid", "schema": schema, "budget_epsilon": 1.0}, format="json")
     assert r.status_code == 201, r.json()
+
+
+def test_a_unit_level_run_reads_each_footer_once(events, monkeypatch):
+    """The manifest check and the unit ids' range come from the same footer read (on an
+    object store each read is a round trip); the range equals integer_range's."""
+    from engines.distributed import cluster, source
+    from governance.datasets import partitions
+
+    ds = Dataset.objects.get(name="events")
+    opened = []
+    real_open = source.open_file
+    monkeypatch.setattr(source, "open_file", lambda path: opened.append(path) or real_open(path))
+    table = partitions.open_columns(ds, ["age"])
+    assert sorted(opened) == sorted(table.paths) and len(opened) == 4  # one footer read per partition
+    assert table.unit_range is not ... and table.unit_range == source.integer_range(table.paths, "pid")
+    opened.clear()
+    assert cluster._id_ranges(table, "pid", 8) is not None  # compact ids: range buckets, from the known range
+    assert opened == []

@@ -77,7 +77,7 @@ def test_a_cancelled_two_rank_run_charges_the_steps_taken(dask_cluster, partitio
 
     table, manifest, _ = partitioned
     ds = DatasetMeta(name="events", columns=UNIT_COLUMNS, unit_column="pid", n_rows=table.num_rows,
-                     n_units=len(set(table.column("pid").to_pylist())), delta=1e-6)
+                     n_units=len(set(table.column("pid").to_pylist())), delta=1e-6, distributed=True)
     req = EngineRequest("train", {**PARAMS, "epochs": 50, "canaries": 0})
     plan = plugins.plan("dpsgd", req, ds)
     parts = PartitionedTable(paths=tuple(m["path"] for m in manifest), columns=("pid", "age", "income", "site", "flag"),

@@ -26,7 +26,7 @@ def test_a_rank_that_dies_fails_the_run_within_a_minute_charged_the_steps_taken(
     c = cluster.client(scheduler)
     heal_hosts(2)
     ds = DatasetMeta(name="events", columns=UNIT_COLUMNS, unit_column="pid", n_rows=table.num_rows,
-                     n_units=len(set(table.column("pid").to_pylist())), delta=1e-6)
+                     n_units=len(set(table.column("pid").to_pylist())), delta=1e-6, distributed=True)
     req = EngineRequest("train", {**PARAMS, "epochs": 400, "canaries": 0})
     plan = plugins.plan("dpsgd", req, ds)
     parts = PartitionedTable(paths=tuple(m["path"] for m in manifest), columns=("pid", "age", "income", "site", "flag"),

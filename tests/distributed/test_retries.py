@@ -33,7 +33,7 @@ class FlakyTable(PartitionedTable):
 
 def _meta(table):
     return DatasetMeta(name="t", columns={k: v for k, v in UNIT_COLUMNS.items() if k != "pid"}, unit_column=None,
-                       n_rows=table.num_rows, n_units=table.num_rows, delta=1e-6)
+                       n_rows=table.num_rows, n_units=table.num_rows, delta=1e-6, distributed=True)
 
 
 def test_a_retried_task_changes_neither_the_answer_nor_the_noise(dask_cluster, partitioned, tmp_path, monkeypatch):

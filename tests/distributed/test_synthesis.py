@@ -22,7 +22,7 @@ def test_it_counts_the_local_engines_marginals(dask_cluster, partitioned):
     data, manifest, _ = partitioned
     pids = data.column("pid").to_numpy()
     meta = DatasetMeta(name="t", columns=UNIT_COLUMNS, unit_column="pid", n_rows=data.num_rows,
-                       n_units=len(np.unique(pids)), delta=1e-6)
+                       n_units=len(np.unique(pids)), delta=1e-6, distributed=True)
     plan = plugins.plan("synthesis", EngineRequest("synthesize", {
         "method": "mst", "epsilon": 50.0, "rows": 100, "holdout_fraction": 0, "max_rows_per_unit": 40}), meta)
     spec = Spec.from_dict(plan.details["spec"])

@@ -54,7 +54,7 @@ def slow_parts(data, d, n_max, salt, delay):
 
 def _meta(table):
     return DatasetMeta(name="t", columns=UNIT_COLUMNS, unit_column="pid", n_rows=table.num_rows,
-                       n_units=len(np.unique(table.column("pid").to_numpy())), delta=1e-6)
+                       n_units=len(np.unique(table.column("pid").to_numpy())), delta=1e-6, distributed=True)
 
 
 def _states(dask_scheduler=None):
