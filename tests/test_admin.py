@@ -101,6 +101,21 @@ def test_it_grants_and_revokes(officer_client, make_dataset, analyst):
     assert not g.active
 
 
+@pytest.mark.parametrize("field, value", [("cap_epsilon", "-1"), ("cap_epsilon", "0"), ("cap_epsilon", "1e308"),
+                                          ("cap_epsilon", "1e-320"), ("cap_epsilon", "nan"), ("cap_delta", "2"),
+                                          ("cap_delta", "-0.5"), ("cap_delta", "inf")])
+def test_a_grant_form_refuses_the_caps_the_api_refuses(officer_client, make_dataset, analyst, grant, field, value):
+    ds = make_dataset()
+    r = officer_client.post("/admin/governance/grant/add/", {"analyst": analyst.pk, "dataset": ds.pk, field: value})
+    assert r.status_code == 200 and not Grant.objects.exists()  # the form again, with its error
+    g = grant(analyst, ds, cap_epsilon=0.5)
+    r = officer_client.post(f"/admin/governance/grant/{g.pk}/change/", {"cap_epsilon": "0.5", "cap_delta": "",
+                                                                        field: value})
+    assert r.status_code == 200
+    g.refresh_from_db()
+    assert (g.cap_epsilon, g.cap_delta) == (0.5, None)
+
+
 def test_analysts_cannot_use_the_admin(client, analyst):
     client.force_login(analyst)
     assert client.get("/admin/governance/dataset/").status_code == 302  # to the login page

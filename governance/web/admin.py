@@ -16,7 +16,7 @@ from ..core.errors import InvalidDataset
 from ..datasets import registry as datasets
 from ..ledger.limits import Limit
 from ..models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
-from .admin_forms import DatasetChangeForm, DatasetRegisterForm
+from .admin_forms import DatasetChangeForm, DatasetRegisterForm, GrantForm
 from .progress import progress_text
 
 
@@ -146,6 +146,7 @@ class BudgetAdmin(OfficerPermissions, admin.ModelAdmin):
 
 @admin.register(Grant)
 class GrantAdmin(OfficerPermissions, admin.ModelAdmin):
+    form = GrantForm
     list_display = ("analyst", "dataset", "cap_epsilon", "cap_delta", "spent", "revoked_at")
     list_filter = ("dataset",)
     fields = ("analyst", "dataset", "cap_epsilon", "cap_delta", "revoked_at", "created_by", "created_at")

@@ -90,3 +90,20 @@ class DatasetChangeForm(forms.ModelForm):
         except InvalidDataset as e:
             _raise(e)
         return data
+
+
+class GrantForm(forms.ModelForm):
+    """A grant's cap, with the API's bounds (GrantSerializer): epsilon in [1e-9,
+    MAX_EPSILON], delta in [0, 0.999999], both finite, or empty for no cap."""
+
+    cap_epsilon = forms.FloatField(required=False, min_value=1e-9, max_value=MAX_EPSILON,
+                                   help_text="this analyst's share of the dataset's epsilon (empty: no cap)")
+    cap_delta = forms.FloatField(required=False, min_value=0.0, max_value=0.999999,
+                                 help_text="this analyst's share of the dataset's delta (empty: no cap)")
+
+    class Meta:
+        from ..models import Grant
+
+        model = Grant
+        fields = ["analyst", "dataset", "cap_epsilon", "cap_delta"]
+
