@@ -119,3 +119,38 @@ def test_a_grant_form_refuses_the_caps_the_api_refuses(officer_client, make_data
 def test_analysts_cannot_use_the_admin(client, analyst):
     client.force_login(analyst)
     assert client.get("/admin/governance/dataset/").status_code == 302  # to the login page
+
+
+HOSTILE_JSON = ["[" * 3000 + "]" * 3000, "1" * 5000, '{"age": NaN}', '{"a": 1, "a": 2}']
+
+
+@pytest.mark.parametrize("text", HOSTILE_JSON)
+def test_hostile_json_in_the_officers_forms_is_an_error_not_a_500(officer_client, make_dataset, text):
+    ds = make_dataset()
+    r = officer_client.post(f"/admin/governance/dataset/{ds.pk}/change/", {
+        "title": "t", "description": "", "schema": text, "budget_epsilon": "1.0", "budget_delta_text": "auto"})
+    assert r.status_code == 200 and b"not JSON" in r.content
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    r = officer_client.post("/admin/governance/dataset/register/", {
+        "name": "other", "upload": SimpleUploadedFile("t.csv", b"a,b\n1,2\n"), "budget_epsilon": "1",
+        "budget_delta": "auto", "policy": "rdp", "schema": text})
+    assert r.status_code == 200 and b"not JSON" in r.content
+    for what in ("event", "request", "sql"):
+        args = {"what": what, "event": text} if what != "sql" else {"what": "sql", "event": "SELECT COUNT(*) FROM t",
+                                                                      "options": text}
+        r = officer_client.get(f"/admin/governance/dataset/{ds.pk}/overview/", args)
+        assert r.status_code == 200 and b"not JSON" in r.content, what
+
+
+def test_the_estimate_tool_refuses_a_request_of_the_wrong_shape(officer_client, make_dataset):
+    ds = make_dataset()
+    r = officer_client.get(f"/admin/governance/dataset/{ds.pk}/overview/",
+                           {"what": "request", "event": '{"engine": ["a"], "kind": {"b": 1}}'})
+    assert r.status_code == 200 and b"engine and kind (strings)" in r.content
+
+
+@pytest.mark.parametrize("who", ["1" * 5000, "\u0663", "-1", ""])
+def test_the_token_page_refuses_a_user_id_that_is_not_one(officer_client, who):
+    r = officer_client.post("/admin/governance/token/", {"for": who})
+    assert r.status_code == 400

@@ -1,12 +1,11 @@
 """Admin forms: registering a table and editing a dataset go through ``governance.datasets.registry``."""
 
-import json
-
 from django import forms
 
 from accounting import POLICIES
 from accounting.events import MAX_EPSILON
 
+from ..core import json_text
 from ..core.errors import InvalidDataset
 from ..datasets import budget, registry
 from ..datasets.data import table_schema
@@ -39,9 +38,9 @@ class DatasetRegisterForm(forms.Form):
         if not raw:
             return None
         try:
-            return json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise forms.ValidationError(f"not JSON: {e}") from e
+            return json_text.loads(raw)
+        except ValueError as e:
+            raise forms.ValidationError(str(e)) from None
 
     def register(self, user):
         d = self.cleaned_data
@@ -57,10 +56,31 @@ class DatasetRegisterForm(forms.Form):
             return None
 
 
+class SafeJSONFormField(forms.JSONField):
+    """A JSON form field read with the API's limits (``core.json_text``): deep nesting or a
+    5,000-digit number is a form error, not a 500."""
+
+    def to_python(self, value):
+        if isinstance(value, str) and value.strip():
+            try:
+                json_text.loads(value)
+            except ValueError as e:
+                raise forms.ValidationError(str(e)) from None
+        return super().to_python(value)
+
+    def bound_data(self, data, initial):  # the form shown again with the text as typed
+        if isinstance(data, str):
+            try:
+                json_text.loads(data)
+            except ValueError:
+                return forms.fields.InvalidJSONInput(data)
+        return super().bound_data(data, initial)
+
+
 class DatasetChangeForm(forms.ModelForm):
     """Schema and budget edits are validated by ``registry.update`` when saved."""
 
-    schema = forms.JSONField(widget=forms.Textarea(attrs={"rows": 20, "cols": 100}))
+    schema = SafeJSONFormField(widget=forms.Textarea(attrs={"rows": 20, "cols": 100}))
     budget_delta_text = forms.CharField(label="Budget delta", help_text='a number below 1/n and 0.1, or "auto"')
 
     class Meta:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
@@ -21,7 +22,7 @@ from accounting import ACCOUNTANTS
 from accounting.costs import Cost
 
 from ..audit import export as audit_export, verification
-from ..core import liveness, tokens
+from ..core import json_text, liveness, tokens
 from ..core.roles import role_of
 from ..core.errors import GovernanceError, InvalidRequest
 from ..ledger import actions as ledger, estimates, limits, refined_reports
@@ -146,17 +147,19 @@ class GovernanceAdminSite(admin.AdminSite):
             return out
         try:
             if what == "sql":
-                out["result"] = sql_requests.price(ds, request.user, sql=raw, params=json.loads(options))
+                out["result"] = sql_requests.price(ds, request.user, sql=raw, params=json_text.loads(options))
             elif what == "request":
-                asked = json.loads(raw)
-                if not isinstance(asked, dict):
-                    raise InvalidRequest("a request is a JSON object with engine, kind and params")
+                asked = json_text.loads(raw)
+                if not (isinstance(asked, dict) and isinstance(asked.get("engine", "aggregates"), str)
+                        and isinstance(asked.get("kind"), str) and isinstance(asked.get("params", {}), dict)):
+                    raise InvalidRequest("a request is a JSON object with engine and kind (strings) and params "
+                                         "(an object)")
                 out["result"] = sql_requests.price(ds, request.user, engine=asked.get("engine", "aggregates"),
                                                    kind=asked.get("kind"), params=asked.get("params", {}))
             else:
-                out["result"] = estimates.estimate(ds, request.user, json.loads(raw))
-        except json.JSONDecodeError as e:
-            out["error"] = f"not JSON: {e}"
+                out["result"] = estimates.estimate(ds, request.user, json_text.loads(raw))
+        except ValueError as e:  # json_text: not JSON, or past the API's limits
+            out["error"] = str(e)
         except GovernanceError as e:
             errors = e.extra.get("errors")
             out["error"] = e.detail + (f" ({json.dumps(errors, default=str)[:500]})" if errors else "")
@@ -170,7 +173,7 @@ class GovernanceAdminSite(admin.AdminSite):
         issued = None
         if request.method == "POST":
             who = request.POST.get("for", "")
-            if who != "me" and not who.isdigit():
+            if who != "me" and not re.fullmatch(r"[0-9]{1,18}", who):
                 return HttpResponse("for must be me or a user's id", status=400, content_type="text/plain")
             target = request.user if who == "me" else get_object_or_404(User, pk=int(who), is_staff=False,
                                                                           is_active=True)
