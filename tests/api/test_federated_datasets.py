@@ -189,3 +189,10 @@ def test_the_management_command_registers_lists_and_hands_out_secrets(officer, t
                      "--budget-epsilon", "1")
     with pytest.raises(CommandError, match="not a site of"):
         call_command("federated", "secret", "wards", "zz")
+    for bad in (tmp_path / "no" / "dir" / "b.secret", tmp_path):  # no secret issued for a path it cannot write
+        with pytest.raises(CommandError, match="cannot write"):
+            call_command("federated", "secret", "wards", "b", "--out", str(bad))
+    assert ds.sites.get(site="b").secret_issued_at is None and ds.audit_records.count() == 1
+    with pytest.raises(CommandError, match="not JSON"):
+        call_command("federated", "register", "w3", "--schema", "[" * 3000 + "]" * 3000, "--site", "a=1",
+                     "--budget-epsilon", "1")

@@ -75,8 +75,13 @@ class Command(BaseCommand):
         if output is None:
             self.stdout.write(data.decode(), ending="")
             return
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_bytes(data)
+        if output.is_dir() or not str(output).strip():
+            raise CommandError(f"--output {str(output)!r} is not a file name")
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_bytes(data)
+        except OSError as e:
+            raise CommandError(f"cannot write {output}: {e.strerror or e}") from None
         self.stdout.write(f"wrote {output} ({len(data):,} bytes, {fmt})")
 
 

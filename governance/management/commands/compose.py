@@ -6,6 +6,8 @@ from django.core.management.base import BaseCommand, CommandError
 from accounting import ACCOUNTANTS
 from accounting.events import EventError, parse_events
 
+from ...core import json_text
+
 EVENT_HELP = """
 Compose a JSON list of mechanism events and print {"epsilon": ..., "delta": ...}.
 
@@ -60,12 +62,12 @@ class Command(BaseCommand):
             raise CommandError("--delta is required with a file of events")
         try:
             text = sys.stdin.read() if file == "-" else open(file, encoding="utf-8").read()
-        except OSError as e:
-            raise CommandError(f"cannot read {file}: {e}") from e
+        except (OSError, UnicodeDecodeError) as e:
+            raise CommandError(f"cannot read {file} as UTF-8 text: {str(e)[:200]}") from None
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CommandError(f"{file} is not JSON: {e}") from e
+            data = json_text.loads(text)
+        except ValueError as e:  # not JSON, or past the API's limits (depth, digits, NaN, repeated keys)
+            raise CommandError(f"{file}: {e}") from None
         try:
             events = parse_events(data)
             spent = ACCOUNTANTS[accountant].compose(events, delta)

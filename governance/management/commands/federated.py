@@ -1,12 +1,12 @@
 """``manage.py federated``: register a federated dataset, list its sites, hand a site its secret."""
 
-import json
 import os
 from pathlib import Path
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from ...core import json_text
 from ...core.errors import GovernanceError
 from ...datasets import federated, registry
 from ...models import Dataset
@@ -15,10 +15,10 @@ from ...models import Dataset
 def _json_arg(value: str, what: str):
     """JSON text, or @path of a JSON file."""
     try:
-        text = Path(value[1:]).read_text() if value.startswith("@") else value
-        return json.loads(text)
-    except (OSError, ValueError) as e:
-        raise CommandError(f"{what}: not JSON text nor @file of JSON ({e})") from None
+        text = Path(value[1:]).read_text(encoding="utf-8") if value.startswith("@") else value
+        return json_text.loads(text)
+    except (OSError, ValueError) as e:  # (UnicodeDecodeError and json_text's limits are ValueErrors)
+        raise CommandError(f"{what}: not JSON text nor @file of JSON ({str(e)[:200]})") from None
 
 
 def _site_arg(value: str) -> dict:
@@ -94,11 +94,19 @@ class Command(BaseCommand):
             self.stdout.write(f"{s.site:<24} {s.n_rows:>12,} rows   secret handed out: {issued}")
 
     def do_secret(self, *, name, site, out, **_):
-        secret = federated.issue_secret(self._dataset(name), site, "manage.py")
+        ds = self._dataset(name)
         if not out:
-            self.stdout.write(secret)
+            self.stdout.write(federated.issue_secret(ds, site, "manage.py"))
             return
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secret)
+        try:  # the file opened first: a path that cannot be written issues no secret
+            fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError as e:
+            raise CommandError(f"cannot write {out}: {e.strerror}") from None
+        secret = federated.issue_secret(ds, site, "manage.py")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secret)
+        except OSError as e:
+            raise CommandError(f"the new secret of {site} was issued but could not be written to {out} "
+                               f"({e.strerror}); issue it again to another file") from None
         self.stdout.write(f"wrote {site}'s secret to {out} (mode 0600): the site agent takes --key @{out}")

@@ -3,14 +3,30 @@ from django.core.management.base import BaseCommand
 from ...requests.recovery import sweep
 
 
+def _seconds(text: str) -> float:
+    """A finite number of seconds above 0 (at most ten years): -1 or 0 would call every
+    running request lost at once; nan or inf is no duration."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text[:50]!r}") from None
+    if not (math.isfinite(value) and 0 < value <= 10 * 365 * 86400):
+        raise argparse.ArgumentTypeError(f"seconds must be a finite number above 0 (at most ten years), got {text[:50]}")
+    return value
+
+
 class Command(BaseCommand):
     help = ("Finish requests whose worker died (silent for REQUEST_LOST_AFTER_SECONDS: failed; the reservation "
             "committed if the data was read, else released) and re-send queued requests not picked up within "
             "REQUEST_REQUEUE_AFTER_SECONDS. The same sweep Celery beat runs every minute (workers.sweep).")
 
     def add_arguments(self, parser):
-        parser.add_argument("--lost-after", type=float, help="seconds of silence (default REQUEST_LOST_AFTER_SECONDS)")
-        parser.add_argument("--requeue-after", type=float,
+        parser.add_argument("--lost-after", type=_seconds,
+                            help="seconds of silence (default REQUEST_LOST_AFTER_SECONDS)")
+        parser.add_argument("--requeue-after", type=_seconds,
                             help="seconds in the queue (default REQUEST_REQUEUE_AFTER_SECONDS)")
 
     def handle(self, *args, lost_after=None, requeue_after=None, **options):

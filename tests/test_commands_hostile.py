@@ -1,0 +1,30 @@
+"""Management commands given hostile arguments answer with one line (CommandError, a
+non-zero exit), never a traceback, and change nothing."""
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize("content", [b"\x89PNG\r\n\x1a\n\x00\xff\xfe", "[" * 3000 + "]" * 3000, "1" * 5000,
+                                     '[{"kind": "laplace", "epsilon": NaN}]'])
+def test_compose_refuses_a_file_that_is_not_json_events(tmp_path, content):
+    path = tmp_path / "events.json"
+    (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+    with pytest.raises(CommandError):
+        call_command("compose", str(path), "--delta", "1e-6")
+
+
+def test_audit_export_refuses_an_output_it_cannot_write(make_dataset, tmp_path):
+    make_dataset("clinic")
+    for bad in (tmp_path, "/proc/version"):
+        with pytest.raises(CommandError):
+            call_command("audit", "export", "--dataset", "clinic", "--format", "json", "--output", str(bad))
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "1e308"])
+def test_recover_refuses_a_duration_that_is_not_one(value):
+    with pytest.raises(CommandError, match="lost-after"):
+        call_command("recover", "--lost-after", value)
