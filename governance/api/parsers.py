@@ -22,8 +22,8 @@ from rest_framework import exceptions, parsers, status
 from rest_framework.exceptions import ParseError
 from rest_framework.utils import json
 
-from ..core.json_text import (MAX_JSON_DEPTH, _SUSPECT_ESCAPE, _finite_float, _no_duplicate_keys,  # noqa: F401
-                              json_problem, string_problem)
+from ..core.json_text import (MAX_JSON_DEPTH, SUSPECT_ESCAPE, finite_float, json_problem,  # noqa: F401
+                              no_duplicate_keys, string_problem)
 
 
 class RequestTooLarge(exceptions.APIException):
@@ -40,12 +40,12 @@ class JSONParser(parsers.JSONParser):
         try:
             text = stream.read().decode(encoding)
             data = json.loads(text, parse_constant=json.strict_constant if self.strict else None,
-                              parse_float=_finite_float, object_pairs_hook=_no_duplicate_keys)
+                              parse_float=finite_float, object_pairs_hook=no_duplicate_keys)
         except RecursionError:
             raise ParseError(f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels") from None
         except (ValueError, LookupError) as exc:  # invalid JSON, invalid UTF-8, NaN or Infinity
             raise ParseError(f"JSON parse error - {exc}") from None
-        problem = json_problem(data, strings=bool(_SUSPECT_ESCAPE.search(text)))
+        problem = json_problem(data, strings=bool(SUSPECT_ESCAPE.search(text)))
         if problem:
             raise ParseError(f"JSON parse error - {problem}")
         return data

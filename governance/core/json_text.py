@@ -18,7 +18,7 @@ MAX_JSON_DEPTH = 100  # events nest at most 16 deep (about 35 JSON levels); sche
 # A lone surrogate or a NUL can only reach parsed JSON through a \u escape (raw control
 # characters are refused by the parser, and UTF-8 cannot encode surrogates): a body without
 # one of these escapes needs no walk over its strings.
-_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
+SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
 
 
 def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH, *, strings: bool = True) -> str | None:
@@ -101,7 +101,7 @@ def _path(where) -> str:
     return out[:200]
 
 
-def _finite_float(text: str) -> float:
+def finite_float(text: str) -> float:
     """A JSON number with a fraction or exponent; one past a double's range (1e999) would
     silently become an infinity."""
     value = float(text)
@@ -110,7 +110,7 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _no_duplicate_keys(pairs: list) -> dict:
+def no_duplicate_keys(pairs: list) -> dict:
     """An object; refused if a key repeats (JSON leaves the meaning open: parsers differ on
     which value wins, so what the analyst meant and what is charged could differ)."""
     out = dict(pairs)
@@ -130,12 +130,12 @@ def _no_constant(name: str):
 def loads(text: str) -> Any:
     """Parsed JSON ``text``, or ``ValueError`` saying what is wrong with it."""
     try:
-        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float,
-                           object_pairs_hook=_no_duplicate_keys)
+        value = json.loads(text, parse_constant=_no_constant, parse_float=finite_float,
+                           object_pairs_hook=no_duplicate_keys)
     except RecursionError:
         raise ValueError(f"not JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as e:  # invalid JSON, an integer past Python's digit limit, NaN, 1e999, a repeated key
         raise ValueError(f"not JSON: {str(e)[:200]}") from None
-    if problem := json_problem(value, strings=bool(_SUSPECT_ESCAPE.search(text))):
+    if problem := json_problem(value, strings=bool(SUSPECT_ESCAPE.search(text))):
         raise ValueError(f"not JSON here: {problem}")
     return value
