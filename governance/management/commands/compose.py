@@ -67,7 +67,7 @@ class Command(BaseCommand):
         try:
             data = json_text.loads(text)
         except ValueError as e:  # not JSON, or past the API's limits (depth, digits, NaN, repeated keys)
-            raise CommandError(f"{file}: {e}") from None
+            raise CommandError(f"{file} is {e}") from None
         try:
             events = parse_events(data)
             spent = ACCOUNTANTS[accountant].compose(events, delta)
