@@ -65,7 +65,8 @@ _COMMON = {
                    "allows pld_certification). The ledger charges the run by its RDP curve either way"},
     "ranks": {"type": "integer", "minimum": 1, "maximum": MAX_RANKS, "default": 1, "description": "data-parallel "
               "training processes, one per Dask worker (datasets with execution 'distributed' on a cluster; at most "
-              "the cluster's workers; elsewhere only 1, a larger number is refused). Each rank trains on its share of the privacy units; the noise, "
+              "the cluster's workers; elsewhere only 1, a larger number is refused). Each rank trains on its share "
+              "of the privacy units; the noise, "
               "sample rate and charge are those of one process"},
 }
 

@@ -169,9 +169,11 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     if not _finite(hf) or not 0 <= hf <= 0.5:
         errors["holdout_fraction"] = f"must be a number in [0, 0.5], got {hf!r}"
         hf = 0.2
+    n_units = int(ds.n_units or ds.n_rows)
+    n_holdout = int(round(n_units * (hf or 0.0)))
+    n_train = n_units - n_holdout
     if method_auto:
-        n_all = int(ds.n_units or ds.n_rows)
-        method = default_method(n_all - int(round(n_all * hf)), params.get("accountant", "rdp"), ds.distributed)
+        method = default_method(n_train, params.get("accountant", "rdp"), ds.distributed)
 
     names = params.get("columns")
     columns: list[dict] = []
@@ -205,9 +207,8 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         errors["target"] = "must be one of the synthesized columns (used for train-synthetic-test-real utility)"
     vae = {}
     if method == "vae":
-        n_train_public = int(ds.n_units or ds.n_rows) - int(round(int(ds.n_units or ds.n_rows) * (hf or 0.0)))
         vae = {"epochs": params.get("epochs", VAE_DEFAULTS["epochs"]),
-               "batch_size": params.get("batch_size", max(1, min(VAE_DEFAULTS["batch_size"], n_train_public // 4))),
+               "batch_size": params.get("batch_size", max(1, min(VAE_DEFAULTS["batch_size"], n_train // 4))),
                "latent_dim": params.get("latent_dim", VAE_DEFAULTS["latent_dim"]),
                "hidden": params.get("hidden", VAE_DEFAULTS["hidden"]),
                "learning_rate": params.get("learning_rate", VAE_DEFAULTS["learning_rate"])}
@@ -237,9 +238,6 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         # the discrete Gaussian's exact PLD is for one changed cell; k rows of a unit move
         # a marginal by an integer vector, whose worst case is not known to be one cell
         errors["accountant"] = "pld certifies MST at one row per privacy unit only (max_rows_per_unit 1); use rdp"
-    n_units = int(ds.n_units or ds.n_rows)
-    n_holdout = int(round(n_units * (hf or 0.0)))
-    n_train = n_units - n_holdout
     if n_train < 10:
         errors["dataset"] = f"too small to synthesize: {n_units} privacy units"
     if method == "vae" and "batch_size" not in errors and vae["batch_size"] > n_train:
