@@ -56,6 +56,7 @@ from engines.aggregates import execute as local  # noqa: E402
 from engines.distributed import PartitionedTable  # noqa: E402
 from engines.distributed import aggregates as dist  # noqa: E402
 from engines.distributed import cluster as dcluster  # noqa: E402
+from engines.distributed import source  # noqa: E402
 from engines.types import DatasetMeta, EngineRequest  # noqa: E402
 
 REGIONS = ["north", "south", "east", "west", "centre", "islands", "abroad", "unknown"]
@@ -136,8 +137,11 @@ def run_dist(paths, plan, n, scheduler, repeat):
     JSON, as ``engines.distributed.aggregates.execute`` does), timed; returns the exact
     values too, for the equality check."""
     cols = tuple(dict.fromkeys(plan.columns + (["pid"] if plan.details["unit_column"] else [])))
-    table = PartitionedTable(paths=tuple(paths), columns=cols, num_rows=n,
-                             unit_column=plan.details["unit_column"], scheduler=scheduler)
+    # The unit ids' range as the host passes it: read from the footers by the manifest
+    # check every request makes, row-level or not (governance/datasets/partitions.py).
+    unit = plan.details["unit_column"]
+    table = PartitionedTable(paths=tuple(paths), columns=cols, num_rows=n, unit_column=unit, scheduler=scheduler,
+                             unit_range=source.integer_range(paths, unit) if unit else None)
 
     def once():
         parts = dist.exact_parts(table, plan.details, salt=SALT)

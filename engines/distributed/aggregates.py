@@ -20,6 +20,10 @@ workers, retries or lost workers (every task is pure: a re-run computes the same
 output). Without a unit column (every row its own unit) the partitions are read as
 they are.
 
+A count per unit (without groups: sum over units of min(rows, k), whichever rows are
+kept) on integer unit ids in a compact range is counted per unit id instead, without
+dealing any row (``unit_counts``).
+
 Grid sums use the whole table's row count (``n_max``) in every partition, so every
 partial sum and their total are integers on one grid: the distributed exact sum equals
 the local one bit for bit (tests/distributed).
@@ -27,13 +31,14 @@ the local one bit for bit (tests/distributed).
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pyarrow as pa
 
 from engines.aggregates import execute as local
 from engines.types import DatasetMeta, EngineRequest, Plan, Release
 
-from . import cluster
+from . import cluster, unit_counts
 from .source import PartitionedTable
 
 __all__ = ["execute", "graph", "exact_parts", "partition_parts", "job", "new_salt"]
@@ -75,12 +80,35 @@ def partition_parts(table: PartitionedTable, d: dict, salt: int | None = None) -
     unit = d.get("unit_column")
     if not unit:
         return cluster.per_partition(table, _parts, d, table.num_rows, None)
+    counts = _unit_counts(table, d)
+    if counts is not None:
+        return [counts]
     salt = new_salt() if salt is None else salt
     if not d.get("where"):
         return cluster.by_unit(table, unit, _parts, d, table.num_rows, salt)
     bucket_plan, keep = _after_where(d, unit)
     return cluster.by_unit(table, unit, _parts, bucket_plan, table.num_rows, salt, pre=_where,
                            pre_args=(d["where"], keep))
+
+
+def _unit_counts(table: PartitionedTable, d: dict):
+    """The delayed exact parts of a count per unit, or of a query of nothing but such counts
+    (``COUNT(*), COUNT(DISTINCT unit)`` without GROUP BY), counted per unit id without
+    dealing rows (``unit_counts``); None for any other plan or unit ids."""
+    subs = (d.get("aggregates") or []) if d["kind"] == "query" else [d]
+    if not subs or not all(unit_counts.applies(s) for s in subs):
+        return None
+    span = unit_counts.id_span(table, d["unit_column"])
+    if span is None:
+        return None
+    if d["kind"] != "query":
+        return unit_counts.bounded_count(table, d, span)
+    return dask.delayed(_named, pure=True)([unit_counts.bounded_count(table, s, span) for s in subs])
+
+
+def _named(parts: list[dict]) -> dict:
+    """The parts of a query's aggregates under their indexes (``local.exact_parts``' names)."""
+    return {f"{i}:{name}": v for i, p in enumerate(parts) for name, v in p.items()}
 
 
 def graph(table: PartitionedTable, d: dict, salt: int | None = None):

@@ -21,8 +21,8 @@ import dask
 
 from engines.types import Cancelled
 
-__all__ = ["client", "compute", "tree_reduce", "per_partition", "by_unit", "buckets_for", "public_address", "submitted",
-           "take_submitted"]
+__all__ = ["client", "compute", "tree_reduce", "per_partition", "by_unit", "buckets_for", "id_span", "public_address",
+           "submitted", "take_submitted"]
 
 _clients: dict = {}
 _lock = threading.Lock()
@@ -122,13 +122,11 @@ def _split(table, path: str, unit: str, buckets: int, pre, pre_args, ranges=None
     return tuple(dealt.slice(int(cuts[b]), int(cuts[b + 1] - cuts[b])) for b in range(buckets))
 
 
-def _id_ranges(table, unit: str, buckets: int) -> tuple[int, int] | None:
-    """``(lo, width)`` of range buckets (bucket b: ids in [lo + b * width, lo + (b + 1) *
-    width)), when the unit ids are integers whose range, from the files' footers, is
-    compact (under 4 ids per row: each bucket then codes its units by ``id - min`` and
-    counts them in an array of about rows / buckets slots, where hashed buckets span the
-    whole range); else None (hashed buckets). The range is ``table.unit_range`` when the
-    manifest check read it from the same footers, else read here."""
+def id_span(table, unit: str) -> tuple[int, int] | None:
+    """(min, max) of the unit ids from the files' footers when they are integers in a
+    compact range (under 4 ids per row: ``units.compact``), else None. The range is
+    ``table.unit_range`` when the manifest check read it from the same footers, else read
+    here. Callers use it to spread work, never to drop an id outside it."""
     from engines.aggregates.units import compact
 
     from .source import integer_range
@@ -136,6 +134,18 @@ def _id_ranges(table, unit: str, buckets: int) -> tuple[int, int] | None:
     known = table.unit_range is not ... and unit == table.unit_column
     span = table.unit_range if known else integer_range(table.paths, unit)
     if span is None or span[0] < -(2**63) or span[1] >= 2**63 or not compact(*span, table.num_rows):
+        return None
+    return span
+
+
+def _id_ranges(table, unit: str, buckets: int) -> tuple[int, int] | None:
+    """``(lo, width)`` of range buckets (bucket b: ids in [lo + b * width, lo + (b + 1) *
+    width)), when the unit ids are integers in a compact range (``id_span``: each bucket
+    then codes its units by ``id - min`` and counts them in an array of about rows /
+    buckets slots, where hashed buckets span the whole range); else None (hashed
+    buckets)."""
+    span = id_span(table, unit)
+    if span is None:
         return None
     return span[0], (span[1] - span[0]) // buckets + 1
 
@@ -198,15 +208,16 @@ def by_unit(table, unit: str, fn, *args, pre=None, pre_args: tuple = (), buckets
     return [dask.delayed(_bucket, pure=False)([s[b] for s in splits], fn, args) for b in range(n)]
 
 
-def tree_reduce(leaves: list, combine, fan_in: int = 8):
+def tree_reduce(leaves: list, combine, fan_in: int = 8, finish=None):
     """A delayed value combining ``leaves`` (delayed values) ``fan_in`` at a time, so no
-    single task receives every partition's partial result."""
+    single task receives every partition's partial result; ``finish`` (if given) combines
+    the last ``fan_in`` or fewer into the answer, in the same task."""
     level = list(leaves)
     if not level:
         raise ValueError("nothing to reduce")
-    while len(level) > 1:
+    while len(level) > (fan_in if finish is not None else 1):
         level = [dask.delayed(combine, pure=True)(level[i:i + fan_in]) for i in range(0, len(level), fan_in)]
-    return level[0]
+    return level[0] if finish is None else dask.delayed(finish, pure=True)(level)
 
 
 def compute(value, scheduler: str, retries: int, progress=None, phase: str = "aggregating on the cluster"):

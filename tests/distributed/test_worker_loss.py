@@ -67,19 +67,25 @@ def _states(dask_scheduler=None):
 
 def _kill_when(scheduler: str, phase: str, rng: random.Random, timeout: float = 60.0) -> threading.Thread:
     """A thread that SIGKILLs one worker (chosen by ``rng``) as soon as ``phase`` is under
-    way: ``split`` (a file's rows being dealt into buckets) or ``bucket`` (every file's
-    pieces in workers' memory, the buckets running)."""
+    way: ``split`` (a file's rows being dealt into buckets, or counted per unit id) or
+    ``bucket`` (every file's pieces in workers' memory, the buckets, or the sums of the
+    files' count vectors, running)."""
     c = cluster.client(scheduler)
     pids = c.run(os.getpid)
     victim = pids[rng.choice(sorted(pids))]
     seen = {}
 
+    def of(states, names):
+        return [st for key, sts in states.items() if key.startswith(names) for st in sts]
+
     def ready(states):
+        # the files' tasks: dealing rows (by_unit) or counting them per id (unit_counts);
+        # then the buckets, or the sums of the count vectors
+        files = of(states, ("_split", "_on_file"))
         if phase == "split":
-            return "processing" in states.get("_split", [])
-        splits = states.get("_split", [])
-        return splits and all(s in ("memory", "released", "forgotten") for s in splits) and \
-            "processing" in states.get("_bucket", [])
+            return "processing" in files
+        return files and all(s in ("memory", "released", "forgotten") for s in files) and \
+            "processing" in of(states, ("_bucket", "_Adder", "_Total"))
 
     def run():
         deadline = time.monotonic() + timeout
@@ -184,15 +190,17 @@ def test_a_failed_or_cancelled_run_leaves_no_rows_behind(hosts, data):
 
 
 def _slow_reads(delay: float) -> None:
-    """Run on each worker process (``Client.run``): its partition reads and its unit
-    buckets' aggregates take ``delay`` seconds more (so a kill lands in either phase),
-    until the process ends (a worker the Nanny restarts runs at full speed)."""
-    from engines.distributed import aggregates
+    """Run on each worker process (``Client.run``): its partition reads, its unit buckets'
+    aggregates and its sums of count vectors take ``delay`` seconds more (so a kill lands
+    in either phase), until the process ends (a worker the Nanny restarts runs at full
+    speed)."""
+    from engines.distributed import aggregates, unit_counts
     from engines.distributed.source import PartitionedTable as T
 
     if not hasattr(T, "_fast_read_file"):
         T._fast_read_file = T.read_file
         aggregates._fast_parts = aggregates._parts
+        unit_counts._fast_add = unit_counts._add
 
     def read_file(self, path):
         time.sleep(delay)
@@ -202,8 +210,13 @@ def _slow_reads(delay: float) -> None:
         time.sleep(delay)
         return aggregates._fast_parts(*args)
 
+    def add(*args):  # found by name when the sum's task runs
+        time.sleep(delay)
+        return unit_counts._fast_add(*args)
+
     T.read_file = read_file
     aggregates._parts = parts
+    unit_counts._add = add
 
 
 @pytest.mark.django_db

@@ -1,0 +1,115 @@
+"""Counts per privacy unit without dealing rows (engines/distributed/unit_counts.py): the
+local engine's exact count on a real cluster, whatever the footers say and with null
+ids; the capped vectors' arithmetic against a plain count per id (hypothesis)."""
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engines import plugins
+from engines.aggregates import execute as local
+from engines.aggregates import units
+from engines.distributed import aggregates as dist
+from engines.distributed import cluster, unit_counts
+from engines.types import EngineRequest
+
+from .conftest import write_partitions
+from .test_aggregates_equal import K_ALL, _equal, _meta, _source
+
+WHERE = [{"column": "age", "op": ">=", "value": 40}]
+PLANS = [
+    ("count", {"max_rows_per_unit": 1}),
+    ("count", {"max_rows_per_unit": 2, "where": WHERE}),
+    ("count", {"max_rows_per_unit": K_ALL}),
+    ("count", {"max_rows_per_unit": 200, "where": WHERE}),  # a cap past 127: two-byte counts
+    ("query", {"select": [{"name": "n", "agg": "count"}, {"name": "u", "agg": "count_distinct", "column": "pid"}],
+               "where": WHERE, "max_rows_per_unit": 3}),
+]
+
+
+@pytest.fixture
+def no_dealing(monkeypatch):
+    """Fail if the graph deals rows into unit buckets."""
+    def refuse(*a, **k):
+        raise AssertionError("rows were dealt into unit buckets")
+
+    monkeypatch.setattr(cluster, "by_unit", refuse)
+
+
+def _want(table, d):
+    n = table.num_rows
+    return local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0)), n)
+
+
+@pytest.mark.parametrize("kind,params", PLANS, ids=[f"{k}-{i}" for i, (k, _) in enumerate(PLANS)])
+def test_it_counts_the_local_engines_units_without_dealing_rows(dask_cluster, partitioned, no_dealing, kind, params):
+    table, manifest, _ = partitioned
+    d = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), _meta(table)).details
+    source = _source(manifest, dask_cluster, table)
+    got = local.exact_values(d, dist.exact_parts(source, d), table.num_rows)
+    _equal(_want(table, d), got)
+
+
+def test_ids_outside_the_footers_range_and_null_ids_are_counted(dask_cluster, partitioned, tmp_path, no_dealing):
+    """A writer's wrong statistics (modelled by a narrower range than the ids have) drop
+    no unit; null ids are one unit, as the local engine codes them."""
+    base, _, _ = partitioned
+    pid = base.column("pid").to_numpy()
+    nulls = np.zeros(len(pid), dtype=bool)
+    nulls[::97] = True
+    table = base.set_column(0, "pid", pa.array(pid, mask=nulls))
+    manifest = write_partitions(table, tmp_path / "nulls", 4)
+    lo, hi = int(pid.min()), int(pid.max())
+    narrow = dataclasses.replace(_source(manifest, dask_cluster, table), unit_range=(lo + 100, hi - 100))
+    assert unit_counts.id_span(narrow, "pid") == (lo + 100, hi - 100)
+    for k in (1, 2, K_ALL):
+        d = plugins.plan("aggregates", EngineRequest("count", {"epsilon": 1.0, "max_rows_per_unit": k,
+                                                               "where": WHERE}), _meta(base)).details
+        _equal(_want(table, d), local.exact_values(d, dist.exact_parts(narrow, d), table.num_rows))
+
+
+def test_other_plans_and_wide_ids_are_dealt_as_before(partitioned):
+    table, manifest, _ = partitioned
+    source = _source(manifest, "", table)
+    grouped = plugins.plan("aggregates", EngineRequest("count", {"epsilon": 1.0, "group_by": "site",
+                                                                 "max_rows_per_unit": 1}), _meta(table)).details
+    count = plugins.plan("aggregates", EngineRequest("count", {"epsilon": 1.0, "max_rows_per_unit": 1}),
+                         _meta(table)).details
+    assert not unit_counts.applies(grouped) and unit_counts.applies(count)
+    assert unit_counts.id_span(source, "pid") is not None
+    assert unit_counts.id_span(dataclasses.replace(source, unit_range=(0, 2**40)), "pid") is None  # not compact
+    assert unit_counts.id_span(dataclasses.replace(source, unit_range=None), "pid") is None  # no statistics
+
+
+@settings(max_examples=200, deadline=None)
+@given(files=st.lists(st.lists(st.one_of(st.none(), st.integers(-3, 40)), max_size=60), min_size=1, max_size=5),
+       lo=st.integers(0, 10), width=st.integers(1, 30), cap=st.sampled_from([1, 2, 3, 127, 128, 200, 40_000]),
+       threshold=st.integers(-1, 3))
+def test_capped_vectors_add_up_to_the_count_per_id(files, lo, width, cap, threshold):
+    """sum over ids of min(rows passing the where, cap), null ids one id, ids in or out of
+    the range [lo, lo + width), however the rows are split into files."""
+    where = [{"column": "x", "op": ">=", "value": threshold, "type": "numeric"}]  # as the planner writes it
+    parts = []
+    for rows in files:
+        ids = pa.array(rows, type=pa.int64())
+        x = np.arange(len(rows)) % 5
+        parts.append(unit_counts._file_counts(pa.table({"pid": ids, "x": x}), "pid", where, lo, width, cap))
+    got = unit_counts._total(unit_counts._add(parts, cap), cap)
+
+    every = [(r, i % 5) for rows in files for i, r in enumerate(rows)]
+    kept = [r for r, x in every if x >= threshold]
+    _, per_id = np.unique(np.array([-99 if r is None else r for r in kept]), return_counts=True)
+    assert got == int(np.minimum(per_id, cap).sum())
+
+
+def test_the_local_engine_counts_the_same_way():
+    """The rule the vectors follow is the local engine's (``units.bounded_count``)."""
+    ids = np.array([5, 5, 5, 7, 9, 9])
+    for cap in (1, 2, 3):
+        c = unit_counts._file_counts(pa.table({"pid": ids}), "pid", [], 0, 16, cap)
+        codes, n = units.unit_codes(pa.table({"pid": ids}), "pid")
+        assert unit_counts._total(c, cap) == units.bounded_count(np.ones(6, dtype=bool), codes, n, cap)
