@@ -23,11 +23,16 @@ medians of --repeat rounds, each running every variant once in rotating order.
 Queries (row-level privacy unless named unit_*): count (where age >= 30), grouped_mean
 (value in [0, 100] by region), sum, histogram (age, 9 bins), quantile (median of value);
 with --exact (or --queries naming them) also the unit-level queries on the pid unit:
-unit_count (k = 1), unit_sum (k = 64), unit_grouped_mean (k = 2), unit_histogram (k = 2),
-which deal the rows into unit buckets on the cluster (engines.distributed.cluster.by_unit:
-no shuffle, nothing on disk) and keep each unit's k rows of smallest salted hash; the
-local engine and Dask use the same salt, so their exact aggregates must be identical
-(unit_X is also compared per row with the row-level X on Dask: "unit / row"). Each timing is the median of --repeat runs (reading the partitions
+unit_count (k = 1, with the where: counted per unit id, engines/distributed/unit_counts.py),
+unit_sum (k = 64, above the most rows of any unit, 19 at 10M rows: row-level with the rows
+counted per unit id beside, engines.distributed.aggregates._within_bound; --no-hint: dealt
+as the next two), unit_grouped_mean (k = 2) and unit_histogram (k = 2), which deal the
+rows into unit buckets on the cluster (engines.distributed.cluster.by_unit: no shuffle,
+nothing on disk) and keep each unit's k rows of smallest salted hash; the local engine
+and Dask use the same salt, so their exact aggregates must be identical (unit_X is also
+compared per row with the row-level X on Dask: "unit / row"). The engine gets what the
+host passes it: the unit ids' range from the footers and the registered most rows of one
+unit (computed here from the pid column, outside the timing). Each timing is the median of --repeat runs (reading the partitions
 included; the local engine's read is timed apart too): on Dask the whole DP answer (the
 exact parts on the cluster, then the OpenDP noise once and the result JSON, kept in the
 JSON file as dp_answer); on the local engine the exact aggregate (its noise step is the
@@ -132,7 +137,14 @@ def run_local(paths, plan, n, repeat):
     return t, cpu, t_read, local.exact_values(plan.details, parts, n)
 
 
-def run_dist(paths, plan, n, scheduler, repeat):
+def most_rows_per_unit(paths) -> int:
+    """The most rows of one unit, as registration records it (the dataset's
+    ``max_rows_per_unit``, which the host passes the engine as a hint)."""
+    pid = pq.read_table(paths, columns=["pid"]).column("pid").to_numpy()
+    return int(np.bincount(pid - pid.min()).max())
+
+
+def run_dist(paths, plan, n, scheduler, repeat, most_rows=None):
     """The whole DP request on the cluster (exact parts, then the noise once and the result
     JSON, as ``engines.distributed.aggregates.execute`` does), timed; returns the exact
     values too, for the equality check."""
@@ -141,7 +153,8 @@ def run_dist(paths, plan, n, scheduler, repeat):
     # check every request makes, row-level or not (governance/datasets/partitions.py).
     unit = plan.details["unit_column"]
     table = PartitionedTable(paths=tuple(paths), columns=cols, num_rows=n, unit_column=unit, scheduler=scheduler,
-                             unit_range=source.integer_range(paths, unit) if unit else None)
+                             unit_range=source.integer_range(paths, unit) if unit else None,
+                             max_rows_per_unit=most_rows if unit else None)
 
     def once():
         parts = dist.exact_parts(table, plan.details, salt=SALT)
@@ -181,26 +194,31 @@ def bench(a) -> dict:
                                              "ns_per_row": t / n * 1e9, "load_1min_after": os.getloadavg()[0]}
             log(f"  local engine    {name:13s} {t:8.2f} s  ({t / n * 1e9:6.1f} ns/row; read {t_read:.2f} s; "
                 f"CPU {cpu:.2f} s)")
+    most_rows = None
+    if not a.no_hint and any(p.details["unit_column"] for p in plans.values()):
+        most_rows = out["most_rows_per_unit"] = most_rows_per_unit(paths)
+        log(f"most rows of one unit (registration's max_rows_per_unit, the engine's hint): {most_rows}")
     for w in [int(x) for x in a.workers.split(",")]:
         with LocalCluster(n_workers=w, threads_per_worker=1, processes=True, dashboard_address=None,
                           host="127.0.0.1", silence_logs=40, memory_limit=a.memory_limit) as cl:
             for name, plan in plans.items():
-                t, cpu, exact, answer = run_dist(paths, plan, n, cl.scheduler_address, a.repeat)
+                t, cpu, exact, answer = run_dist(paths, plan, n, cl.scheduler_address, a.repeat, most_rows)
                 rec = {"seconds": t, "cpu_seconds": cpu, "ns_per_row": t / n * 1e9, "dp_answer": answer,
                        "load_1min_after": os.getloadavg()[0]}
                 if name in exact_local:
                     rec["exact_equal_to_local"] = same(exact, exact_local[name])
                     rec["ratio_to_local"] = t / out["queries"][name]["local"]["seconds"]
                 out["queries"][name][f"dask_{w}"] = rec
-                twin = out["queries"].get(ROW_TWIN.get(name, ""), {}).get(f"dask_{w}")
-                if twin:
-                    rec["unit_over_row"] = t / twin["seconds"]
-                    rec["unit_over_row_cpu"] = cpu / twin["cpu_seconds"]
                 extra = "" if name not in exact_local else \
                     f"  x{rec['ratio_to_local']:.2f} of local; exact equal: {rec['exact_equal_to_local']}"
-                if "unit_over_row" in rec:
-                    extra += f"; unit / row x{rec['unit_over_row']:.2f} (CPU x{rec['unit_over_row_cpu']:.2f})"
                 log(f"  dask {w} worker(s) {name:13s} {t:8.2f} s  ({t / n * 1e9:6.1f} ns/row; CPU {cpu:.2f} s){extra}")
+            for name, q in out["queries"].items():
+                rec, twin = q[f"dask_{w}"], out["queries"].get(ROW_TWIN.get(name, ""), {}).get(f"dask_{w}")
+                if twin:
+                    rec["unit_over_row"] = rec["seconds"] / twin["seconds"]
+                    rec["unit_over_row_cpu"] = rec["cpu_seconds"] / twin["cpu_seconds"]
+                    log(f"  dask {w} worker(s) {name:13s} unit / row x{rec['unit_over_row']:.2f} "
+                        f"(CPU x{rec['unit_over_row_cpu']:.2f})")
             client = dcluster._clients.pop(cl.scheduler_address, None)
             if client is not None:
                 client.close()
@@ -366,6 +384,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", default="1,2", help="Dask worker counts to measure")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--exact", action="store_true", help="also the unit-level queries (unit buckets)")
+    ap.add_argument("--no-hint", action="store_true",
+                    help="do not pass the engine the registered most rows of one unit (no row-level try)")
     ap.add_argument("--no-local", action="store_true", help="skip the local engine (a table too big for one process)")
     ap.add_argument("--memory-limit", default="4GB", help="per Dask worker")
     ap.add_argument("--json", help="where to write the results")

@@ -31,6 +31,8 @@ the local one bit for bit (tests/distributed).
 
 from __future__ import annotations
 
+import dataclasses
+
 import dask
 import numpy as np
 import pyarrow as pa
@@ -111,15 +113,76 @@ def _named(parts: list[dict]) -> dict:
     return {f"{i}:{name}": v for i, p in enumerate(parts) for name, v in p.items()}
 
 
+def _within_bound(table: PartitionedTable, d: dict):
+    """A delayed ``(exact parts, held)``: ``d`` computed row-level, each file read once and
+    its rows (those passing the where) counted per unit id beside (``unit_counts``, capped
+    at k + 1), and whether every unit has at most k rows. If it has, bounding keeps every
+    row, so the row-level parts are the local engine's exact parts, bit for bit; if not,
+    they are thrown away. None (no such try) unless the dataset's registered most rows of
+    one unit (``table.max_rows_per_unit``: only a hint, the counts decide) is at most k,
+    the unit ids are integers in a compact range, and the plan is one aggregate that
+    bounds rows only (not a query, not distinct units)."""
+    unit, hint = d.get("unit_column"), table.max_rows_per_unit
+    if not unit or hint is None or d["kind"] == "query" or d.get("distinct_units"):
+        return None
+    k = int(d["max_rows_per_unit"])
+    span = unit_counts.id_span(table, unit) if hint <= k else None
+    if span is None:
+        return None
+    lo, hi = span
+    leaves = cluster.per_partition(table, _file_within, {**d, "unit_column": None}, table.num_rows, unit, lo,
+                                   hi - lo + 1, k)
+    return cluster.tree_reduce(leaves, _AddWithin(k), finish=_CheckWithin(k))
+
+
+def _file_within(data: pa.Table, row_plan: dict, n_max: int, unit: str, lo: int, span: int, k: int) -> tuple:
+    parts = local.exact_parts(row_plan, data, n_max, np.random.default_rng())
+    return parts, unit_counts.file_counts(data, unit, row_plan["where"], lo, span, k + 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _AddWithin:
+    """Adds files' ``(parts, counts)`` (a picklable callable with a stable token: a task's
+    function)."""
+    k: int
+
+    def __call__(self, pieces: list[tuple]) -> tuple:
+        return (local.combine([p for p, _ in pieces]),
+                unit_counts.add([c for _, c in pieces], self.k + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class _CheckWithin(_AddWithin):
+    """The last sum: ``(parts, whether no unit has more than k rows)``."""
+
+    def __call__(self, pieces: list[tuple]) -> tuple:
+        parts, counts = super().__call__(pieces)
+        return parts, unit_counts.at_most(counts, self.k)
+
+
 def graph(table: PartitionedTable, d: dict, salt: int | None = None):
-    """The delayed combined exact parts of the whole partitioned table."""
+    """The delayed combined exact parts of the whole partitioned table (every plan: the
+    rows dealt into unit buckets when bounding may drop some)."""
     return cluster.tree_reduce(partition_parts(table, d, salt), local.combine)
+
+
+def _run(table: PartitionedTable, d: dict, salt: int | None, progress) -> tuple[dict, object]:
+    """The exact parts on the cluster, and the delayed value whose key names the job: the
+    row-level try first when it may hold (``_within_bound``), else (or if it did not hold)
+    ``graph``."""
+    within = _within_bound(table, d)
+    if within is not None:
+        parts, held = cluster.compute(within, table.scheduler, table.retries, progress)
+        if held:
+            return parts, within
+    total = graph(table, d, salt)
+    return cluster.compute(total, table.scheduler, table.retries, progress), total
 
 
 def exact_parts(table: PartitionedTable, d: dict, progress=None, salt: int | None = None) -> dict:
     """The combined exact parts of the whole partitioned table, computed on the cluster
     (with ``salt`` the rows a unit over k keeps are the local engine's with that salt)."""
-    return cluster.compute(graph(table, d, salt), table.scheduler, table.retries, progress)
+    return _run(table, d, salt, progress)[0]
 
 
 def job(table: PartitionedTable, total) -> dict:
@@ -132,8 +195,7 @@ def job(table: PartitionedTable, total) -> dict:
 def execute(request: EngineRequest, dataset: DatasetMeta, data: PartitionedTable, plan: Plan, progress) -> Release:
     d = local.check_version(plan)
     progress({"phase": "aggregating on the cluster", "fraction": 0.05})
-    total = graph(data, d)
-    parts = cluster.compute(total, data.scheduler, data.retries, progress)
+    parts, total = _run(data, d, None, progress)
     release = local.finish(d, parts, data.num_rows, np.random.default_rng(), progress)
     release.officer_report = {"cluster": job(data, total)}
     return release

@@ -198,6 +198,7 @@ class PartitionedTable:
     scheduler: str = ""
     retries: int = 2
     unit_range: tuple[int, int] | None = ...  # integer_range of the unit ids, when known (None: none); ...: not read
+    max_rows_per_unit: int | None = None  # the most rows of one unit when registered: a hint, never trusted
 
     def read_file(self, path: str) -> pa.Table:
         """One partition's planned columns (called on a Dask worker)."""

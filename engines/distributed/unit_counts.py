@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from . import cluster
 
-__all__ = ["MAX_SPAN", "applies", "id_span", "bounded_count"]
+__all__ = ["MAX_SPAN", "applies", "id_span", "bounded_count", "file_counts", "add", "at_most"]
 
 MAX_SPAN = 1 << 27  # ids per range: a k = 1 bitmap of 16 MB, a bincount of 1 GB while a file is counted
 
@@ -47,7 +47,10 @@ class _Counts:
     null_rows: int
 
 
-def _file_counts(data: pa.Table, unit: str, where: list, lo: int, span: int, cap: int) -> _Counts:
+def file_counts(data: pa.Table, unit: str, where: list, lo: int, span: int, cap: int) -> _Counts:
+    """The rows of ``data`` passing ``where`` counted per unit id, capped at ``cap``: over
+    the ids ``lo`` to ``lo + span - 1`` in a vector (packed bits when ``cap`` is 1), the
+    others listed, null ids counted apart."""
     from engines.aggregates.compute import predicate_mask
 
     col = data.column(unit)
@@ -78,7 +81,7 @@ def _file_counts(data: pa.Table, unit: str, where: list, lo: int, span: int, cap
     return _Counts(counts.astype(_dtype(cap)), outside, null_rows)
 
 
-def _add(parts: list[_Counts], cap: int) -> _Counts:
+def add(parts: list[_Counts], cap: int) -> _Counts:
     vector = parts[0].vector.copy()
     for p in parts[1:]:
         if cap == 1:
@@ -87,6 +90,14 @@ def _add(parts: list[_Counts], cap: int) -> _Counts:
             vector += p.vector  # fits: both are capped at cap and the type holds 2 * cap
             np.minimum(vector, cap, out=vector)
     return _Counts(vector, np.concatenate([p.outside for p in parts]), sum(p.null_rows for p in parts))
+
+
+def at_most(c: _Counts, k: int) -> bool:
+    """Whether no unit has more than ``k`` rows in counts capped above ``k``."""
+    if c.null_rows > k or (c.vector.size and int(c.vector.max()) > k):
+        return False
+    _, per_id = np.unique(c.outside, return_counts=True)
+    return not per_id.size or int(per_id.max()) <= k
 
 
 def _total(c: _Counts, cap: int) -> int:
@@ -117,17 +128,17 @@ def bounded_count(table, d: dict, span: tuple[int, int]):
     counted too): sum over units of min(rows passing the where, k)."""
     lo, hi = span
     cap = 1 if d.get("distinct_units") else int(d["max_rows_per_unit"])
-    leaves = cluster.per_partition(table, _file_counts, d["unit_column"], d.get("where") or [], lo, hi - lo + 1, cap)
+    leaves = cluster.per_partition(table, file_counts, d["unit_column"], d.get("where") or [], lo, hi - lo + 1, cap)
     return cluster.tree_reduce(leaves, _Adder(cap), finish=_Total(cap))
 
 
 @dataclasses.dataclass(frozen=True)
 class _Adder:
-    """``_add`` with its cap, as a picklable callable with a stable token (a task key)."""
+    """``add`` with its cap, as a picklable callable with a stable token (a task key)."""
     cap: int
 
     def __call__(self, parts: list[_Counts]) -> _Counts:
-        return _add(parts, self.cap)
+        return add(parts, self.cap)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,4 +147,4 @@ class _Total:
     cap: int
 
     def __call__(self, parts: list[_Counts]) -> dict:
-        return {"count": _total(_add(parts, self.cap), self.cap)}
+        return {"count": _total(add(parts, self.cap), self.cap)}

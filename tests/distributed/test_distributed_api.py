@@ -188,3 +188,4 @@ def test_a_unit_level_run_reads_each_footer_once(events, monkeypatch):
     opened.clear()
     assert cluster._id_ranges(table, "pid", 8) is not None  # compact ids: range buckets, from the known range
     assert opened == []
+    assert table.max_rows_per_unit == ds.max_rows_per_unit  # the hint of the row-level try (aggregates._within_bound)

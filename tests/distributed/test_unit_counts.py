@@ -97,8 +97,8 @@ def test_capped_vectors_add_up_to_the_count_per_id(files, lo, width, cap, thresh
     for rows in files:
         ids = pa.array(rows, type=pa.int64())
         x = np.arange(len(rows)) % 5
-        parts.append(unit_counts._file_counts(pa.table({"pid": ids, "x": x}), "pid", where, lo, width, cap))
-    got = unit_counts._total(unit_counts._add(parts, cap), cap)
+        parts.append(unit_counts.file_counts(pa.table({"pid": ids, "x": x}), "pid", where, lo, width, cap))
+    got = unit_counts._total(unit_counts.add(parts, cap), cap)
 
     every = [(r, i % 5) for rows in files for i, r in enumerate(rows)]
     kept = [r for r, x in every if x >= threshold]
@@ -110,6 +110,70 @@ def test_the_local_engine_counts_the_same_way():
     """The rule the vectors follow is the local engine's (``units.bounded_count``)."""
     ids = np.array([5, 5, 5, 7, 9, 9])
     for cap in (1, 2, 3):
-        c = unit_counts._file_counts(pa.table({"pid": ids}), "pid", [], 0, 16, cap)
+        c = unit_counts.file_counts(pa.table({"pid": ids}), "pid", [], 0, 16, cap)
         codes, n = units.unit_codes(pa.table({"pid": ids}), "pid")
         assert unit_counts._total(c, cap) == units.bounded_count(np.ones(6, dtype=bool), codes, n, cap)
+
+
+# --------------------------------------------------------------------------- the row-level try
+
+WITHIN = [
+    ("sum", {"column": "income", "max_rows_per_unit": K_ALL}),
+    ("count", {"group_by": "site", "max_rows_per_unit": K_ALL}),
+    ("mean", {"column": "income", "group_by": "site", "max_rows_per_unit": K_ALL, "where": WHERE}),
+    ("variance", {"column": "age", "max_rows_per_unit": K_ALL}),
+    ("histogram", {"column": "age", "bins": [18, 30, 45, 60, 75, 90], "max_rows_per_unit": K_ALL}),
+    ("quantile", {"column": "income", "q": 0.5, "group_by": "site", "max_rows_per_unit": K_ALL}),
+]
+
+
+def _most_rows(table):
+    return int(np.unique(table.column("pid").to_numpy(), return_counts=True)[1].max())
+
+
+@pytest.mark.parametrize("kind,params", WITHIN, ids=[k for k, _ in WITHIN])
+def test_a_bound_no_unit_exceeds_is_computed_row_level(dask_cluster, partitioned, no_dealing, kind, params):
+    """k at least the registered most rows of one unit: each file read once, row-level,
+    its rows counted per unit beside; the local engine's exact parts, no row dealt."""
+    table, manifest, _ = partitioned
+    d = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), _meta(table)).details
+    assert _most_rows(table) <= K_ALL
+    source = dataclasses.replace(_source(manifest, dask_cluster, table), max_rows_per_unit=_most_rows(table))
+    _equal(_want(table, d), local.exact_values(d, dist.exact_parts(source, d), table.num_rows))
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_hint_the_rows_contradict_falls_back_to_bounding(dask_cluster, partitioned, monkeypatch, k):
+    """A registered most rows of 1 (the files changed since, or the hint is wrong) while
+    units have more than k: the row-level try is thrown away and the rows are dealt and
+    bounded; the answer is the local engine's with the same salt."""
+    from .test_aggregates_equal import SALT
+
+    table, manifest, _ = partitioned
+    dealt = []
+    real = cluster.by_unit
+    monkeypatch.setattr(cluster, "by_unit", lambda *a, **kw: dealt.append(1) or real(*a, **kw))
+    d = plugins.plan("aggregates", EngineRequest("sum", {"epsilon": 1.0, "column": "income", "group_by": "flag",
+                                                         "max_rows_per_unit": k}), _meta(table)).details
+    source = dataclasses.replace(_source(manifest, dask_cluster, table), max_rows_per_unit=1)
+    assert dist._within_bound(source, d) is not None and _most_rows(table) > k
+    n = table.num_rows
+    want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
+    _equal(want, local.exact_values(d, dist.exact_parts(source, d, salt=SALT), n))
+    assert dealt == [1]
+
+
+def test_the_row_level_try_is_not_made_when_it_cannot_hold(partitioned):
+    table, manifest, _ = partitioned
+    source = dataclasses.replace(_source(manifest, "", table), max_rows_per_unit=_most_rows(table))
+
+    def plan(kind, **params):
+        return plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), _meta(table)).details
+
+    assert dist._within_bound(source, plan("sum", column="income", max_rows_per_unit=K_ALL)) is not None
+    assert dist._within_bound(source, plan("sum", column="income", max_rows_per_unit=1)) is None  # k below the hint
+    assert dist._within_bound(dataclasses.replace(source, max_rows_per_unit=None),
+                              plan("sum", column="income", max_rows_per_unit=K_ALL)) is None  # no hint
+    query = plan("query", select=[{"name": "u", "agg": "count_distinct", "column": "pid"}], group_by=[{"column": "site"}],
+                 max_rows_per_unit=K_ALL)
+    assert dist._within_bound(source, query) is None  # distinct units: one row per (unit, group) needs all its rows

@@ -85,7 +85,7 @@ def _kill_when(scheduler: str, phase: str, rng: random.Random, timeout: float = 
         if phase == "split":
             return "processing" in files
         return files and all(s in ("memory", "released", "forgotten") for s in files) and \
-            "processing" in of(states, ("_bucket", "_Adder", "_Total"))
+            "processing" in of(states, ("_bucket", "_Adder", "_Total", "_AddWithin", "_CheckWithin"))
 
     def run():
         deadline = time.monotonic() + timeout
@@ -200,7 +200,7 @@ def _slow_reads(delay: float) -> None:
     if not hasattr(T, "_fast_read_file"):
         T._fast_read_file = T.read_file
         aggregates._fast_parts = aggregates._parts
-        unit_counts._fast_add = unit_counts._add
+        unit_counts._fast_add = unit_counts.add
 
     def read_file(self, path):
         time.sleep(delay)
@@ -216,7 +216,7 @@ def _slow_reads(delay: float) -> None:
 
     T.read_file = read_file
     aggregates._parts = parts
-    unit_counts._add = add
+    unit_counts.add = add
 
 
 @pytest.mark.django_db
