@@ -154,3 +154,25 @@ def test_the_estimate_tool_refuses_a_request_of_the_wrong_shape(officer_client, 
 def test_the_token_page_refuses_a_user_id_that_is_not_one(officer_client, who):
     r = officer_client.post("/admin/governance/token/", {"for": who})
     assert r.status_code == 400
+
+
+def test_a_budget_edit_the_ledger_refuses_says_so_and_nothing_else(officer_client, make_dataset, officer):
+    """The budget is checked against what is spent under the ledger's lock (at save, not
+    in the form): the page shows that error, not "changed successfully", and the
+    dataset's history records no change."""
+    import json
+
+    from django.contrib.admin.models import LogEntry
+
+    from governance.ledger import actions as ledger
+
+    ds = make_dataset()
+    ledger.commit(ledger.admit(ds, officer, {"kind": "laplace", "epsilon": 0.5}))
+    url = f"/admin/governance/dataset/{ds.pk}/change/"
+    r = officer_client.post(url, {"title": "t", "description": "", "schema": json.dumps(ds.schema),
+                                  "budget_epsilon": "0.1", "budget_delta_text": "auto"}, follow=True)
+    page = r.content.decode()
+    assert r.status_code == 200 and "below what the ledger has already spent" in page
+    assert "changed successfully" not in page
+    ds.refresh_from_db()
+    assert ds.budget_epsilon == 1.0 and not LogEntry.objects.filter(object_id=str(ds.pk)).exists()

@@ -108,6 +108,19 @@ class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
         except InvalidDataset as e:
             errors = e.extra.get("errors") or {}
             messages.error(request, e.detail + (" " + "; ".join(f"{k}: {v}" for k, v in errors.items())))
+            request._dataset_unchanged = True  # checked under the ledger's lock, so not a form error
+
+    def log_change(self, request, obj, message):
+        if not getattr(request, "_dataset_unchanged", False):
+            return super().log_change(request, obj, message)
+        return None
+
+    def response_change(self, request, obj):
+        """Back to the form, with the error and without "changed successfully", when the
+        edit was refused (``save_model``)."""
+        if getattr(request, "_dataset_unchanged", False):
+            return redirect(request.path)
+        return super().response_change(request, obj)
 
     @admin.action(description="Activate (schema reviewed)")
     def activate(self, request, queryset):
