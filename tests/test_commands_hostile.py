@@ -24,7 +24,32 @@ def test_audit_export_refuses_an_output_it_cannot_write(make_dataset, tmp_path):
             call_command("audit", "export", "--dataset", "clinic", "--format", "json", "--output", str(bad))
 
 
+def test_audit_export_replaces_a_file_only_when_told(make_dataset, tmp_path):
+    make_dataset("clinic")
+    out = tmp_path / "keep.txt"
+    out.write_text("someone's file\n")
+    with pytest.raises(CommandError, match="--force"):
+        call_command("audit", "export", "--dataset", "clinic", "--format", "json", "--output", str(out))
+    assert out.read_text() == "someone's file\n"
+    call_command("audit", "export", "--dataset", "clinic", "--format", "json", "--output", str(out), "--force")
+    assert out.read_text().startswith("{")
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "1e308"])
 def test_recover_refuses_a_duration_that_is_not_one(value):
     with pytest.raises(CommandError, match="lost-after"):
         call_command("recover", "--lost-after", value)
+
+
+@pytest.mark.parametrize("args", [["--concurrency", "-1"], ["-c", "0"], ["-c", "x"], ["-c", "100000"],
+                                  ["-Q", ""], ["-Q", "cpu,,gpu"], ["-Q", "cpu;rm"]])
+def test_worker_refuses_arguments_celery_would_trace_back_on(monkeypatch, args):
+    from workers import app
+
+    started = []
+    monkeypatch.setattr(app, "worker_main", lambda argv: started.append(argv))
+    with pytest.raises(CommandError):
+        call_command("worker", *args)
+    assert started == []
+    call_command("worker", "-c", "2", "-Q", "cpu")
+    assert started and started[0][:4] == ["worker", "-Q", "cpu", "-c"]

@@ -19,11 +19,11 @@ and replay; see governance/trail.py).
       hash (file it elsewhere to anchor the chain) and exits 1 naming the first broken
       record, or 0.
 
-  audit export --dataset D [--dataset E ...] --format {json,csv,pdf} [--output FILE]
+  audit export --dataset D [--dataset E ...] --format {json,csv,pdf} [--output FILE [--force]]
       The dataset's records, budget, totals, accounting rules and verification result.
       JSON is re-verifiable by a third party: python tools/recompose_audit.py FILE.
       --dataset all exports every dataset. Without --output, JSON and CSV go to standard
-      output; PDF needs --output.
+      output; PDF needs --output. An existing FILE is replaced only with --force.
 """
 
 
@@ -47,12 +47,13 @@ class Command(BaseCommand):
         e.add_argument("--dataset", action="append", required=True, help="a dataset name (repeatable), or all")
         e.add_argument("--format", choices=["json", "csv", "pdf"], default="json")
         e.add_argument("--output", "-o", type=Path, help="file to write (default: standard output; PDF needs it)")
+        e.add_argument("--force", action="store_true", help="replace --output if it exists")
 
     def handle(self, *args, **opts):
         datasets = _datasets(opts.get("dataset"))
         if opts["action"] == "verify":
             return self.verify(datasets, opts["all"])
-        return self.export(datasets, opts["format"], opts.get("output"))
+        return self.export(datasets, opts["format"], opts.get("output"), opts.get("force", False))
 
     def verify(self, datasets, show_all: bool):
         result = verification.verify(datasets, stop_at_first=not show_all)
@@ -68,7 +69,7 @@ class Command(BaseCommand):
             self.stderr.write(f"also: {problem}")
         sys.exit(1)
 
-    def export(self, datasets, fmt: str, output: Path | None):
+    def export(self, datasets, fmt: str, output: Path | None, force: bool = False):
         if fmt == "pdf" and output is None:
             raise CommandError("--format pdf needs --output FILE")
         data, _ = audit_export.render(audit_export.build(datasets), fmt)
@@ -79,7 +80,10 @@ class Command(BaseCommand):
             raise CommandError(f"--output {str(output)!r} is not a file name")
         try:
             output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_bytes(data)
+            with open(output, "wb" if force else "xb") as f:  # "x": never replace a file by accident
+                f.write(data)
+        except FileExistsError:
+            raise CommandError(f"{output} exists; pass --force to replace it") from None
         except OSError as e:
             raise CommandError(f"cannot write {output}: {e.strerror or e}") from None
         self.stdout.write(f"wrote {output} ({len(data):,} bytes, {fmt})")
