@@ -6,7 +6,10 @@ spread over every partition):
     .venv/bin/python bench/gen_partitions.py --rows 5_000_000 --partitions 20 --out var/bench/parts-5M-20
     .venv/bin/python bench/bench_worker_loss.py --data var/bench/parts-5M-20 --kills 20
 
-Each trial picks a unit-level query (bench_distributed.UNIT_QUERIES) and a point in
+Each trial picks a unit-level query (bench_distributed.UNIT_QUERIES: a count per unit id,
+a sum whose k no unit exceeds (row-level, counted per unit beside), two with k below
+most units' rows (dealt into unit buckets); the engine gets the unit ids' range and the
+registered most rows of one unit, as the host passes them) and a point in
 [5%, 95%] of that query's undisturbed run time, runs the query through
 ``engines.distributed.aggregates.exact_parts`` (what a request runs; task retries 2, as
 ``DASK_TASK_RETRIES``' default) and SIGKILLs one of the two workers (chosen at random) at
@@ -36,12 +39,13 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import pyarrow.parquet as pq  # noqa: E402
 
-from bench_distributed import SALT, UNIT_QUERIES, meta, same  # noqa: E402
+from bench_distributed import SALT, UNIT_QUERIES, meta, most_rows_per_unit, same  # noqa: E402
 from engines import plugins  # noqa: E402
 from engines.aggregates import execute as local  # noqa: E402
 from engines.distributed import PartitionedTable  # noqa: E402
 from engines.distributed import aggregates as dist  # noqa: E402
 from engines.distributed import cluster as dcluster  # noqa: E402
+from engines.distributed import source as source_mod  # noqa: E402
 from engines.types import EngineRequest  # noqa: E402
 
 
@@ -110,7 +114,8 @@ def main(argv=None) -> int:
         table = pq.read_table(paths, columns=cols)
         want[name] = local.exact_values(plan.details, local.exact_parts(plan.details, table, n, None, salt=SALT), n)
         del table
-    log(f"{n:,} rows in {len(paths)} partitions; local exact answers computed")
+    most = most_rows_per_unit(paths)  # what registration records, passed by the host as a hint
+    log(f"{n:,} rows in {len(paths)} partitions; local exact answers computed; most rows of one unit {most}")
     trials, load_before = [], os.getloadavg()
     with tempfile.TemporaryDirectory(dir=REPO / "var") as base:
         cl, dirs = hosts_cluster(Path(base), a.memory_limit)
@@ -121,7 +126,8 @@ def main(argv=None) -> int:
             def source(plan):
                 cols = tuple(dict.fromkeys(plan.columns + ["pid"]))
                 return PartitionedTable(paths=tuple(paths), columns=cols, num_rows=n, unit_column="pid",
-                                        scheduler=cl.scheduler_address, retries=2)
+                                        scheduler=cl.scheduler_address, retries=2,
+                                        unit_range=source_mod.integer_range(paths, "pid"), max_rows_per_unit=most)
 
             undisturbed = {}
             for name, plan in plans.items():  # warm-up and the undisturbed time of each query
