@@ -109,7 +109,11 @@ def footer(path: str, label: str | None = None) -> tuple[pa.Schema, int]:
 
 def _range_in(md: pq.FileMetaData, column: str) -> tuple | None:
     """(min, max) of an integer column in one file from its footer; () for a file without
-    rows; None when a row group has no statistics or the column is not an integer."""
+    rows; None when a row group has no statistics or the column is not an integer (dates,
+    timestamps and decimals are stored as integers too: their logical type says so)."""
+    names = [md.schema.column(j).path for j in range(len(md.schema))]
+    if column not in names or md.schema.column(names.index(column)).logical_type.type not in ("NONE", "INT"):
+        return None
     ranges = []
     for g in range(md.num_row_groups):
         group = md.row_group(g)
@@ -118,7 +122,8 @@ def _range_in(md: pq.FileMetaData, column: str) -> tuple | None:
         chunk = next((group.column(j) for j in range(group.num_columns) if group.column(j).path_in_schema == column),
                      None)
         stats = chunk.statistics if chunk is not None else None
-        if stats is None or not stats.has_min_max or stats.physical_type not in ("INT32", "INT64"):
+        if stats is None or not stats.has_min_max or stats.physical_type not in ("INT32", "INT64") \
+                or not isinstance(stats.min, int) or not isinstance(stats.max, int):
             return None
         ranges.append((int(stats.min), int(stats.max)))
     return (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else ()

@@ -27,7 +27,7 @@ from . import cluster
 
 __all__ = ["MAX_SPAN", "applies", "id_span", "bounded_count", "file_counts", "add", "at_most"]
 
-MAX_SPAN = 1 << 27  # ids per range: a k = 1 bitmap of 16 MB, a bincount of 1 GB while a file is counted
+MAX_SPAN = 1 << 26  # ids per range: a file counted in a bincount of 512 MB at most (a k = 1 bitmap: 64 MB, sent as 8)
 
 
 def _dtype(cap: int):
@@ -55,6 +55,10 @@ def file_counts(data: pa.Table, unit: str, where: list, lo: int, span: int, cap:
 
     col = data.column(unit)
     col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    if not pa.types.is_integer(col.type):  # the footers said integers: fail the run rather than miscount
+        raise TypeError(f"unit ids of type {col.type} are not integers")
     mask = predicate_mask(data, where) if where else None
     null_rows = 0
     if col.null_count:

@@ -3,6 +3,8 @@ equals the local engine's on the same rows, for every kind, with where / group_b
 and per-unit contribution bounds (a unit's rows spread over partitions); the plan is the
 local engine's; the release goes through the same noise."""
 
+import decimal
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -169,6 +171,10 @@ ID_KINDS = {
     "compact": lambda pid: pid,  # range buckets (cluster._id_ranges)
     "wide": lambda pid: pid * 7_919 * 2**30 - 2**62,  # integers spread wide: hashed buckets
     "text": lambda pid: np.char.add("p-", pid.astype(str)),  # strings: hashed buckets
+    # stored as Parquet integers, not integers (their footers' statistics are dates and
+    # decimals): hashed buckets, never a range read from the statistics
+    "dates": lambda pid: pa.array(pid.astype("datetime64[D]")),
+    "decimals": lambda pid: pa.array([decimal.Decimal(int(p)) / 100 for p in pid], pa.decimal128(12, 2)),
 }
 
 
