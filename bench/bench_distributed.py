@@ -24,7 +24,7 @@ Queries (row-level privacy unless named unit_*): count (where age >= 30), groupe
 (value in [0, 100] by region), sum, histogram (age, 9 bins), quantile (median of value);
 with --exact (or --queries naming them) also the unit-level queries on the pid unit:
 unit_count (k = 1, with the where: counted per unit id, engines/distributed/unit_counts.py),
-unit_sum (k = 64, above the most rows of any unit, 19 at 10M rows: row-level with the rows
+unit_sum (k = 64, above the most rows of any unit, 18 at 10M rows: row-level with the rows
 counted per unit id beside, engines.distributed.aggregates._within_bound; --no-hint: dealt
 as the next two), unit_grouped_mean (k = 2) and unit_histogram (k = 2), which deal the
 rows into unit buckets on the cluster (engines.distributed.cluster.by_unit: no shuffle,
