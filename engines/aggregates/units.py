@@ -218,7 +218,10 @@ def row_keys(ids, rows: np.ndarray, salt: int, codes: np.ndarray | None, values:
     col = ids.take(pa.array(rows)) if not isinstance(ids, np.ndarray) else ids[rows]
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    if isinstance(col, pa.Array) and pa.types.is_integer(col.type) and col.null_count == 0:
+    if isinstance(col, pa.Array) and pa.types.is_integer(col.type):
+        # by the column's type, never by whether these rows hold a null: a unit's keys must
+        # not depend on which other rows are taken with it (a null id keys as 0)
+        col = col.fill_null(0) if col.null_count else col
         ints = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False).view(np.uint64)
     elif isinstance(col, np.ndarray) and col.dtype.kind in "iu":
         ints = col.astype(np.int64, copy=False).view(np.uint64)

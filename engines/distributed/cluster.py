@@ -174,7 +174,10 @@ def _bucket_of(col, buckets: int, ranges=None):
         which //= np.uint64(width)
         np.minimum(which, np.uint64(buckets - 1), out=which)
         return which.astype(np.uint8)
-    if pa.types.is_integer(col.type) and col.null_count == 0:
+    if pa.types.is_integer(col.type):
+        # by the column's type, never by whether this file holds a null: every file must
+        # deal a unit to the same bucket (a null id deals as 0)
+        col = col.fill_null(0) if col.null_count else col
         ids = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False).view(np.uint64)
         with np.errstate(over="ignore"):
             top = ids * np.uint64(0x9E3779B97F4A7C15)

@@ -177,3 +177,64 @@ def test_the_row_level_try_is_not_made_when_it_cannot_hold(partitioned):
     query = plan("query", select=[{"name": "u", "agg": "count_distinct", "column": "pid"}], group_by=[{"column": "site"}],
                  max_rows_per_unit=K_ALL)
     assert dist._within_bound(source, query) is None  # distinct units: one row per (unit, group) needs all its rows
+
+
+# --------------------------------------------------------------------------- any table, any k
+
+@settings(max_examples=int(__import__("os").environ.get("ANY_TABLE_EXAMPLES", 100)), deadline=None)
+@given(data=st.data())
+def test_counts_and_the_row_level_try_equal_the_local_engine_on_any_table(tmp_path_factory, data):
+    """Random small tables cut into files (some empty), negative, null, wide or text ids,
+    k and the registered hint anywhere (too low, exact, too high): the count per unit id,
+    the row-level try and the dealt path give the local engine's exact parts, on
+    threads. (It found two dealt-path faults: a file with a null id dealt its units by
+    another hash than a file without, and a unit's bounding keys changed with whether a
+    null was taken beside it.)"""
+    rows = data.draw(st.integers(0, 60))
+    lo = data.draw(st.integers(-50, 50))
+    pid = data.draw(st.lists(st.one_of(st.integers(lo, lo + 12), st.none()), min_size=rows, max_size=rows))
+    age = data.draw(st.lists(st.integers(10, 99), min_size=rows, max_size=rows))
+    income = data.draw(st.lists(st.floats(-1e5, 2e5), min_size=rows, max_size=rows))
+    ids = data.draw(st.sampled_from(["compact", "wide", "text"]))  # range buckets and counts, or hashed buckets
+    if ids == "wide":
+        pid = [None if p is None else p * 2**40 for p in pid]
+    elif ids == "text":
+        pid = [None if p is None else f"p{p}" for p in pid]
+    table = pa.table({"pid": pa.array(pid, pa.string() if ids == "text" else pa.int64()), "age": pa.array(age, pa.int64()),
+                      "income": pa.array(income, pa.float64()),
+                      "site": pa.array([["north", "south", "east"][a % 3] for a in age]),
+                      "flag": pa.array([a % 2 == 0 for a in age])})
+    cuts = sorted(data.draw(st.lists(st.integers(0, rows), min_size=1, max_size=4)))
+    bounds = [0, *cuts, rows]
+    directory = tmp_path_factory.mktemp("any")
+    paths = []
+    for i in range(len(bounds) - 1):
+        path = directory / f"part-{i}.parquet"
+        import pyarrow.parquet as pq
+
+        pq.write_table(table.slice(bounds[i], bounds[i + 1] - bounds[i]), path)
+        paths.append(str(path))
+    from engines.distributed import PartitionedTable
+    from engines.types import DatasetMeta
+
+    from .conftest import UNIT_COLUMNS
+
+    k = data.draw(st.integers(1, 6))
+    hint = data.draw(st.one_of(st.none(), st.integers(1, 8)))
+    meta = DatasetMeta(name="t", columns=UNIT_COLUMNS, unit_column="pid", n_rows=max(rows, 1), n_units=max(rows, 1),
+                       delta=1e-6, distributed=True)
+    source = PartitionedTable(paths=tuple(paths), columns=tuple(table.column_names), num_rows=rows, unit_column="pid",
+                              scheduler="", max_rows_per_unit=hint)
+    kind, params = data.draw(st.sampled_from([
+        ("count", {}), ("count", {"where": WHERE}), ("count", {"group_by": "site"}),
+        ("sum", {"column": "income"}), ("mean", {"column": "age", "group_by": "flag", "where": WHERE}),
+        ("histogram", {"column": "site"}), ("quantile", {"column": "age", "q": 0.5}),
+        ("query", {"select": [{"name": "n", "agg": "count"}, {"name": "u", "agg": "count_distinct", "column": "pid"}],
+                   "where": WHERE})]))
+    d = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, "max_rows_per_unit": k, **params}),
+                     meta).details
+    from .test_aggregates_equal import SALT
+
+    n = rows
+    want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
+    _equal(want, local.exact_values(d, dist.exact_parts(source, d, salt=SALT), n))
