@@ -238,3 +238,24 @@ def test_counts_and_the_row_level_try_equal_the_local_engine_on_any_table(tmp_pa
     n = rows
     want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
     _equal(want, local.exact_values(d, dist.exact_parts(source, d, salt=SALT), n))
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_registration_counts_a_unit_once_whether_or_not_its_files_hold_null_ids(tmp_path, wide):
+    """A unit in a file with a null id and in one without is one unit (the files once
+    dealt it by two different hashes: counted twice)."""
+    import pyarrow.parquet as pq
+
+    from engines.distributed import PartitionedTable
+    from engines.distributed.profile import profile
+
+    scale = 2**40 if wide else 1
+    parts = [[14], [2, None, 14, 2, 2], [None], [7, 14]]
+    paths = []
+    for i, ids in enumerate(parts):
+        path = tmp_path / f"p{i}.parquet"
+        pq.write_table(pa.table({"pid": pa.array([None if x is None else x * scale for x in ids], pa.int64())}), path)
+        paths.append(str(path))
+    table = PartitionedTable(paths=tuple(paths), columns=("pid",), num_rows=sum(map(len, parts)), unit_column="pid")
+    got = profile(table, [], 10)
+    assert (got["n_units"], got["max_rows_per_unit"], got["unit_nulls"]) == (3, 3, 2)
