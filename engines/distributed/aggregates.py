@@ -121,10 +121,11 @@ def _within_bound(table: PartitionedTable, d: dict):
     they are thrown away. None (no such try) unless the dataset's registered most rows of
     one unit (``table.max_rows_per_unit``: only a hint, the counts decide) is at most k,
     the unit ids are integers in a compact range, and the plan is one aggregate that
-    bounds rows only (not a query, not distinct units)."""
+    bounds rows only (not a query, not distinct units) and not a count per unit (which
+    ``unit_counts`` answers without the row-level parts)."""
     unit, hint = d.get("unit_column"), table.max_rows_per_unit
-    if not unit or hint is None or d["kind"] == "query" or d.get("distinct_units"):
-        return None
+    if not unit or hint is None or d["kind"] == "query" or d.get("distinct_units") or unit_counts.applies(d):
+        return None  # (a count per unit: counted per unit id, no try needed)
     k = int(d["max_rows_per_unit"])
     span = unit_counts.id_span(table, unit) if hint <= k else None
     if span is None:

@@ -171,6 +171,7 @@ def test_the_row_level_try_is_not_made_when_it_cannot_hold(partitioned):
         return plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), _meta(table)).details
 
     assert dist._within_bound(source, plan("sum", column="income", max_rows_per_unit=K_ALL)) is not None
+    assert dist._within_bound(source, plan("count", max_rows_per_unit=K_ALL)) is None  # counted per unit id instead
     assert dist._within_bound(source, plan("sum", column="income", max_rows_per_unit=1)) is None  # k below the hint
     assert dist._within_bound(dataclasses.replace(source, max_rows_per_unit=None),
                               plan("sum", column="income", max_rows_per_unit=K_ALL)) is None  # no hint
