@@ -4,11 +4,13 @@ A unit-level count needs no choice of rows: the local engine's ``units.bounded_c
 the sum over units of min(rows, k), and COUNT(DISTINCT unit) the number of units with a
 row. So when the unit ids are integers in a compact range (from the files' footers:
 ``cluster.id_span``), each file's task counts its rows (those passing the ``where``) per
-id in one ``bincount`` over the whole range, capped at k (a bitmap when k is 1), and the
-files' vectors are added up in a tree (capped again: min(a + b, k) = min(min(a, k) +
-min(b, k), k)). What moves between workers is one vector per file (range / 8 bytes at
-k = 1, a byte or two per id otherwise), not the rows: ``cluster.by_unit`` sorts, gathers
-and sends every row.
+id, capped at k: a bitmap over the range when k is 1, else one ``bincount`` over the
+range or, when the range is over ``SPARSE`` times the file's rows (many files), its
+sorted ids with their counts. The files' counts are added up in a tree (capped again:
+min(a + b, k) = min(min(a, k) + min(b, k), k)). What moves between workers is one
+vector per file (range / 8 bytes at k = 1; a byte or two per id, or 5-6 bytes per id
+present, otherwise), not the rows: ``cluster.by_unit`` sorts, gathers and sends every
+row.
 
 Exact whatever the footers say: ids outside the footers' range travel as a list (with
 their rows counted by id at the end) and null ids as one unit, as ``units.unit_codes``
@@ -27,7 +29,8 @@ from . import cluster
 
 __all__ = ["MAX_SPAN", "applies", "id_span", "bounded_count", "file_counts", "add", "at_most"]
 
-MAX_SPAN = 1 << 26  # ids per range: a file counted in a bincount of 512 MB at most (a k = 1 bitmap: 64 MB, sent as 8)
+MAX_SPAN = 1 << 26  # ids per range: a k = 1 bitmap of 64 MB while a file is counted (sent as 8)
+SPARSE = 4  # a file's counts are sparse when the range is over SPARSE times its rows
 
 
 def _dtype(cap: int):
@@ -40,17 +43,27 @@ def _dtype(cap: int):
 
 @dataclasses.dataclass(frozen=True)
 class _Counts:
-    """One file's (or several files') capped counts: ``vector`` over the range (packed bits
-    when the cap is 1), the ids outside it, the rows whose id is null."""
-    vector: np.ndarray
+    """One file's (or several files') counts per unit id over the range of ``span`` ids,
+    capped: ``vector`` (dense; packed bits when the cap is 1) or, when the ids present are
+    few beside the range, ``codes`` (sorted, distinct) with their ``counts``; the ids
+    outside the range; the rows whose id is null."""
+    span: int
+    vector: np.ndarray | None
+    codes: np.ndarray | None
+    counts: np.ndarray | None
     outside: np.ndarray
     null_rows: int
+
+    def capped(self) -> np.ndarray:
+        """The capped counts of the ids present (and zeros): what is summed or checked."""
+        return self.vector if self.vector is not None else self.counts
 
 
 def file_counts(data: pa.Table, unit: str, where: list, lo: int, span: int, cap: int) -> _Counts:
     """The rows of ``data`` passing ``where`` counted per unit id, capped at ``cap``: over
-    the ids ``lo`` to ``lo + span - 1`` in a vector (packed bits when ``cap`` is 1), the
-    others listed, null ids counted apart."""
+    the ids ``lo`` to ``lo + span - 1`` in a vector (packed bits when ``cap`` is 1) or, if
+    the range is over ``SPARSE`` times the rows, as the sorted ids present with their
+    counts; the others listed, null ids counted apart."""
     from engines.aggregates.compute import predicate_mask
 
     col = data.column(unit)
@@ -79,26 +92,47 @@ def file_counts(data: pa.Table, unit: str, where: list, lo: int, span: int, cap:
     if cap == 1:
         seen = np.zeros(span, dtype=bool)
         seen[codes] = True
-        return _Counts(np.packbits(seen), outside, null_rows)
+        return _Counts(span, np.packbits(seen), None, None, outside, null_rows)
+    if span > SPARSE * len(codes):  # a sort of the rows costs less than a pass over the range
+        s = np.sort(codes)
+        starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1]))) if s.size else np.zeros(0, np.int64)
+        n = np.diff(np.append(starts, s.size))
+        np.minimum(n, cap, out=n)
+        return _Counts(span, None, s[starts].astype(np.uint32), n.astype(_dtype(cap)), outside, null_rows)
     counts = np.bincount(codes, minlength=span)
     np.minimum(counts, cap, out=counts)
-    return _Counts(counts.astype(_dtype(cap)), outside, null_rows)
+    return _Counts(span, counts.astype(_dtype(cap)), None, None, outside, null_rows)
 
 
 def add(parts: list[_Counts], cap: int) -> _Counts:
-    vector = parts[0].vector.copy()
-    for p in parts[1:]:
-        if cap == 1:
-            vector |= p.vector
-        else:
-            vector += p.vector  # fits: both are capped at cap and the type holds 2 * cap
+    """The counts of ``parts`` (the same range) together, capped at ``cap``: dense if any
+    part is, or if the ids present fill over 1 / ``SPARSE`` of the range; else sparse."""
+    span = parts[0].span
+    outside, nulls = np.concatenate([p.outside for p in parts]), sum(p.null_rows for p in parts)
+    dense = [p.vector for p in parts if p.vector is not None]
+    sparse = [p for p in parts if p.vector is None]
+    if cap == 1:  # bitmaps only
+        vector = dense[0].copy()
+        for v in dense[1:]:
+            vector |= v
+        return _Counts(span, vector, None, None, outside, nulls)
+    if dense or SPARSE * sum(len(p.codes) for p in sparse) > span:
+        vector = dense[0].copy() if dense else np.zeros(span, dtype=_dtype(cap))
+        for v in dense[1:]:
+            vector += v  # fits: both are capped at cap and the type holds 2 * cap
             np.minimum(vector, cap, out=vector)
-    return _Counts(vector, np.concatenate([p.outside for p in parts]), sum(p.null_rows for p in parts))
+        for p in sparse:  # its codes are distinct: one += per id
+            vector[p.codes] = np.minimum(vector[p.codes] + p.counts, cap)
+        return _Counts(span, vector, None, None, outside, nulls)
+    codes, inverse = np.unique(np.concatenate([p.codes for p in sparse]), return_inverse=True)
+    counts = np.bincount(inverse, weights=np.concatenate([p.counts for p in sparse]), minlength=len(codes))
+    return _Counts(span, None, codes, np.minimum(counts, cap).astype(_dtype(cap)), outside, nulls)
 
 
 def at_most(c: _Counts, k: int) -> bool:
     """Whether no unit has more than ``k`` rows in counts capped above ``k``."""
-    if c.null_rows > k or (c.vector.size and int(c.vector.max()) > k):
+    values = c.capped()
+    if c.null_rows > k or (values.size and int(values.max()) > k):
         return False
     _, per_id = np.unique(c.outside, return_counts=True)
     return not per_id.size or int(per_id.max()) <= k
@@ -108,7 +142,7 @@ def _total(c: _Counts, cap: int) -> int:
     if cap == 1:
         inside = int(np.bitwise_count(c.vector).sum(dtype=np.int64))
     else:
-        inside = int(c.vector.sum(dtype=np.int64))
+        inside = int(c.capped().sum(dtype=np.int64))
     _, per_id = np.unique(c.outside, return_counts=True)
     return inside + int(np.minimum(per_id, cap).sum()) + min(c.null_rows, cap)
 

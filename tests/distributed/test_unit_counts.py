@@ -87,7 +87,7 @@ def test_other_plans_and_wide_ids_are_dealt_as_before(partitioned):
 
 @settings(max_examples=200, deadline=None)
 @given(files=st.lists(st.lists(st.one_of(st.none(), st.integers(-3, 40)), max_size=60), min_size=1, max_size=5),
-       lo=st.integers(0, 10), width=st.integers(1, 30), cap=st.sampled_from([1, 2, 3, 127, 128, 200, 40_000]),
+       lo=st.integers(0, 10), width=st.integers(1, 400), cap=st.sampled_from([1, 2, 3, 127, 128, 200, 40_000]),
        threshold=st.integers(-1, 3))
 def test_capped_vectors_add_up_to_the_count_per_id(files, lo, width, cap, threshold):
     """sum over ids of min(rows passing the where, cap), null ids one id, ids in or out of
@@ -104,6 +104,24 @@ def test_capped_vectors_add_up_to_the_count_per_id(files, lo, width, cap, thresh
     kept = [r for r, x in every if x >= threshold]
     _, per_id = np.unique(np.array([-99 if r is None else r for r in kept]), return_counts=True)
     assert got == int(np.minimum(per_id, cap).sum())
+
+
+@pytest.mark.parametrize("cap", [2, 3, 200])
+def test_sparse_and_dense_counts_add_up_alike(cap):
+    """Files of few rows beside the range are counted sparse (sorted ids and counts), a
+    full one dense; added in any order and grouping, the same capped totals."""
+    rng = np.random.default_rng(cap)
+    files = [rng.integers(0, 1000, 12) for _ in range(6)] + [rng.integers(0, 1000, 900)]
+    parts = [unit_counts.file_counts(pa.table({"pid": f}), "pid", [], 0, 1000, cap) for f in files]
+    assert [p.vector is None for p in parts] == [True] * 6 + [False]
+    _, per_id = np.unique(np.concatenate(files), return_counts=True)
+    want = int(np.minimum(per_id, cap).sum())
+    assert unit_counts._total(unit_counts.add(parts, cap), cap) == want
+    sparse = unit_counts.add(parts[:6], cap)  # 72 ids present of 1,000: stays sparse
+    assert sparse.vector is None
+    assert unit_counts._total(unit_counts.add([sparse, parts[6]], cap), cap) == want
+    _, some = np.unique(np.concatenate([files[6], *files[:3]]), return_counts=True)
+    assert unit_counts._total(unit_counts.add([parts[6], *parts[:3]], cap), cap) == int(np.minimum(some, cap).sum())
 
 
 def test_the_local_engine_counts_the_same_way():
