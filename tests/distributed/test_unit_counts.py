@@ -1,11 +1,15 @@
-"""Counts per privacy unit without dealing rows (engines/distributed/unit_counts.py): the
-local engine's exact count on a real cluster, whatever the footers say and with null
-ids; the capped vectors' arithmetic against a plain count per id (hypothesis)."""
+"""Unit-level work on Dask without dealing rows: counts per unit id
+(engines/distributed/unit_counts.py) and the row-level try of a bound no unit exceeds
+(aggregates._within_bound) give the local engine's exact parts on a real cluster,
+whatever the footers say and with null ids; the capped counts' arithmetic against a
+plain count per id, and every path on random partitioned tables (hypothesis)."""
 
 import dataclasses
+import os
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,12 +17,13 @@ from hypothesis import strategies as st
 from engines import plugins
 from engines.aggregates import execute as local
 from engines.aggregates import units
+from engines.distributed import PartitionedTable
 from engines.distributed import aggregates as dist
 from engines.distributed import cluster, unit_counts
-from engines.types import EngineRequest
+from engines.types import DatasetMeta, EngineRequest
 
-from .conftest import write_partitions
-from .test_aggregates_equal import K_ALL, _equal, _meta, _source
+from .conftest import UNIT_COLUMNS, write_partitions
+from .test_aggregates_equal import K_ALL, SALT, _equal, _meta, _source
 
 WHERE = [{"column": "age", "op": ">=", "value": 40}]
 PLANS = [
@@ -165,8 +170,6 @@ def test_a_hint_the_rows_contradict_falls_back_to_bounding(dask_cluster, partiti
     """A registered most rows of 1 (the files changed since, or the hint is wrong) while
     units have more than k: the row-level try is thrown away and the rows are dealt and
     bounded; the answer is the local engine's with the same salt."""
-    from .test_aggregates_equal import SALT
-
     table, manifest, _ = partitioned
     dealt = []
     real = cluster.by_unit
@@ -200,7 +203,7 @@ def test_the_row_level_try_is_not_made_when_it_cannot_hold(partitioned):
 
 # --------------------------------------------------------------------------- any table, any k
 
-@settings(max_examples=int(__import__("os").environ.get("ANY_TABLE_EXAMPLES", 100)), deadline=None)
+@settings(max_examples=int(os.environ.get("ANY_TABLE_EXAMPLES", 100)), deadline=None)
 @given(data=st.data())
 def test_counts_and_the_row_level_try_equal_the_local_engine_on_any_table(tmp_path_factory, data):
     """Random small tables cut into files (some empty), negative, null, wide or text ids,
@@ -229,15 +232,8 @@ def test_counts_and_the_row_level_try_equal_the_local_engine_on_any_table(tmp_pa
     paths = []
     for i in range(len(bounds) - 1):
         path = directory / f"part-{i}.parquet"
-        import pyarrow.parquet as pq
-
         pq.write_table(table.slice(bounds[i], bounds[i + 1] - bounds[i]), path)
         paths.append(str(path))
-    from engines.distributed import PartitionedTable
-    from engines.types import DatasetMeta
-
-    from .conftest import UNIT_COLUMNS
-
     k = data.draw(st.integers(1, 6))
     hint = data.draw(st.one_of(st.none(), st.integers(1, 8)))
     meta = DatasetMeta(name="t", columns=UNIT_COLUMNS, unit_column="pid", n_rows=max(rows, 1), n_units=max(rows, 1),
@@ -252,8 +248,6 @@ def test_counts_and_the_row_level_try_equal_the_local_engine_on_any_table(tmp_pa
                    "where": WHERE})]))
     d = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, "max_rows_per_unit": k, **params}),
                      meta).details
-    from .test_aggregates_equal import SALT
-
     n = rows
     want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
     _equal(want, local.exact_values(d, dist.exact_parts(source, d, salt=SALT), n))
@@ -263,9 +257,6 @@ def test_counts_and_the_row_level_try_equal_the_local_engine_on_any_table(tmp_pa
 def test_registration_counts_a_unit_once_whether_or_not_its_files_hold_null_ids(tmp_path, wide):
     """A unit in a file with a null id and in one without is one unit (the files once
     dealt it by two different hashes: counted twice)."""
-    import pyarrow.parquet as pq
-
-    from engines.distributed import PartitionedTable
     from engines.distributed.profile import profile
 
     scale = 2**40 if wide else 1
