@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["compact", "unit_codes", "unit_hash", "mix64", "row_keys", "first_per_pair", "bound_by_content",
+__all__ = ["compact", "unit_codes", "integer_ids", "unit_hash", "mix64", "row_keys", "first_per_pair", "bound_by_content",
            "bounded_count", "bound_contributions"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -189,6 +189,20 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return z
 
 
+def integer_ids(col, null: int = 0) -> np.ndarray | None:
+    """The ids of an integer column (``pa.Array`` / ``ChunkedArray``) as int64, a null as
+    ``null``; None for any other type. Decided by the type, never by whether this piece of
+    the column holds a null: every partition, and every subset of a unit's rows, must
+    treat an id alike."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    if not pa.types.is_integer(col.type):
+        return None
+    if col.null_count:
+        col = col.fill_null(null)
+    return col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
 def unit_hash(col) -> np.ndarray:
     """A 64-bit hash of each privacy-unit id (``pa.Array`` / ``ChunkedArray``) that depends on
     the id's value only: the same in every partition, process and machine (integers by
@@ -199,8 +213,9 @@ def unit_hash(col) -> np.ndarray:
         col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     if pa.types.is_dictionary(col.type):
         col = col.cast(col.type.value_type)
-    if pa.types.is_integer(col.type) and col.null_count == 0:
-        return mix64(col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False).view(np.uint64))
+    ints = integer_ids(col)
+    if ints is not None:
+        return mix64(ints.view(np.uint64))
     return pd.util.hash_array(np.asarray(col.to_numpy(zero_copy_only=False)))
 
 
@@ -218,15 +233,11 @@ def row_keys(ids, rows: np.ndarray, salt: int, codes: np.ndarray | None, values:
     col = ids.take(pa.array(rows)) if not isinstance(ids, np.ndarray) else ids[rows]
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    if isinstance(col, pa.Array) and pa.types.is_integer(col.type):
-        # by the column's type, never by whether these rows hold a null: a unit's keys must
-        # not depend on which other rows are taken with it (a null id keys as 0)
-        col = col.fill_null(0) if col.null_count else col
-        ints = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False).view(np.uint64)
-    elif isinstance(col, np.ndarray) and col.dtype.kind in "iu":
-        ints = col.astype(np.int64, copy=False).view(np.uint64)
-    else:
-        ints = None
+    if isinstance(col, np.ndarray):
+        ints = col.astype(np.int64, copy=False).view(np.uint64) if col.dtype.kind in "iu" else None
+    else:  # a unit's keys must not depend on which other rows are taken with it (a null id keys as 0)
+        ints = integer_ids(col)
+        ints = ints.view(np.uint64) if ints is not None else None
     with np.errstate(over="ignore"):
         key = ints * _GOLDEN if ints is not None else unit_hash(col)
         key ^= np.uint64(salt & 0xFFFFFFFFFFFFFFFF)

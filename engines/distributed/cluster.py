@@ -158,29 +158,19 @@ def _bucket_of(col, buckets: int, ranges=None):
     the bucket needs spread, not the full mix ``unit_hash`` gives, which costs seven
     passes over the column); anything else ``unit_hash``."""
     import numpy as np
-    import pyarrow as pa
 
-    from engines.aggregates.units import unit_hash
+    from engines.aggregates.units import integer_ids, unit_hash
 
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    if ranges is not None and pa.types.is_integer(col.type):
+    if ranges is not None and (ids := integer_ids(col, null=ranges[0])) is not None:
         lo, width = ranges
-        if col.null_count:
-            col = col.fill_null(lo)
-        ids = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
         with np.errstate(over="ignore"):
             which = (ids - np.int64(lo)).view(np.uint64)  # below lo: past 2**63, the last bucket
         which //= np.uint64(width)
         np.minimum(which, np.uint64(buckets - 1), out=which)
         return which.astype(np.uint8)
-    if pa.types.is_integer(col.type):
-        # by the column's type, never by whether this file holds a null: every file must
-        # deal a unit to the same bucket (a null id deals as 0)
-        col = col.fill_null(0) if col.null_count else col
-        ids = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False).view(np.uint64)
+    if (ids := integer_ids(col)) is not None:  # by type: every file deals a unit to the same bucket
         with np.errstate(over="ignore"):
-            top = ids * np.uint64(0x9E3779B97F4A7C15)
+            top = ids.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         top >>= np.uint64(56)
         return (np.arange(256) % buckets).astype(np.uint8)[top.astype(np.uint8)]
     return (unit_hash(col) % np.uint64(buckets)).astype(np.uint8)

@@ -65,12 +65,14 @@ def file_counts(data: pa.Table, unit: str, where: list, lo: int, span: int, cap:
     the range is over ``SPARSE`` times the rows, as the sorted ids present with their
     counts; the others listed, null ids counted apart."""
     from engines.aggregates.compute import predicate_mask
+    from engines.aggregates.units import integer_ids
 
     col = data.column(unit)
     col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     if pa.types.is_dictionary(col.type):
         col = col.cast(col.type.value_type)
-    if not pa.types.is_integer(col.type):  # the footers said integers: fail the run rather than miscount
+    ids = integer_ids(col, null=lo)
+    if ids is None:  # the footers said integers: fail the run rather than miscount
         raise TypeError(f"unit ids of type {col.type} are not integers")
     mask = predicate_mask(data, where) if where else None
     null_rows = 0
@@ -78,8 +80,6 @@ def file_counts(data: pa.Table, unit: str, where: list, lo: int, span: int, cap:
         valid = ~col.is_null().to_numpy(zero_copy_only=False)
         null_rows = int(np.count_nonzero(~valid if mask is None else ~valid & mask))
         mask = valid if mask is None else mask & valid
-        col = col.fill_null(lo)
-    ids = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     if mask is not None and not mask.all():
         ids = ids[mask]
     with np.errstate(over="ignore"):
@@ -129,13 +129,16 @@ def add(parts: list[_Counts], cap: int) -> _Counts:
     return _Counts(span, None, codes, np.minimum(counts, cap).astype(_dtype(cap)), outside, nulls)
 
 
+def _per_outside_id(c: _Counts) -> np.ndarray:
+    """The rows of each id outside the range."""
+    return np.unique(c.outside, return_counts=True)[1]
+
+
 def at_most(c: _Counts, k: int) -> bool:
     """Whether no unit has more than ``k`` rows in counts capped above ``k``."""
-    values = c.capped()
-    if c.null_rows > k or (values.size and int(values.max()) > k):
-        return False
-    _, per_id = np.unique(c.outside, return_counts=True)
-    return not per_id.size or int(per_id.max()) <= k
+    values, outside = c.capped(), _per_outside_id(c)
+    return (c.null_rows <= k and (not values.size or int(values.max()) <= k)
+            and (not outside.size or int(outside.max()) <= k))
 
 
 def _total(c: _Counts, cap: int) -> int:
@@ -143,8 +146,7 @@ def _total(c: _Counts, cap: int) -> int:
         inside = int(np.bitwise_count(c.vector).sum(dtype=np.int64))
     else:
         inside = int(c.capped().sum(dtype=np.int64))
-    _, per_id = np.unique(c.outside, return_counts=True)
-    return inside + int(np.minimum(per_id, cap).sum()) + min(c.null_rows, cap)
+    return inside + int(np.minimum(_per_outside_id(c), cap).sum()) + min(c.null_rows, cap)
 
 
 def applies(d: dict) -> bool:
