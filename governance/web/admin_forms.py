@@ -10,6 +10,7 @@ from ..core.errors import InvalidDataset
 from ..datasets import budget, registry
 from ..datasets.data import table_schema
 from ..datasets.schema import validate_schema
+from ..models import Grant
 
 
 def _raise(e: InvalidDataset):
@@ -122,8 +123,5 @@ class GrantForm(forms.ModelForm):
                                  help_text="this analyst's share of the dataset's delta (empty: no cap)")
 
     class Meta:
-        from ..models import Grant
-
         model = Grant
         fields = ["analyst", "dataset", "cap_epsilon", "cap_delta"]
-
