@@ -46,7 +46,7 @@ def _counts(data: pa.Table, spec_dict: dict, cap: int) -> dict:
     df = data.to_pandas()
     spec = Spec.from_dict(spec_dict)
     rng = local.secure_rng()
-    train, holdout, _ = local.split(df, spec, rng)
+    train, holdout, _, _ = local.split(df, spec, rng)
     sizes = {c["column"]: encoding.cell_size(c) for c in spec.columns}
     fine = [c for c in spec.columns if encoding.has_fine(c)]
     return {

@@ -107,15 +107,18 @@ def _size_ok(domain, model, cl: tuple, limit: float) -> bool:
 
 
 def synthesize(codes: dict[str, np.ndarray], columns: list[dict], details: dict, rows: int, progress,
-               heavy: dict | None = None) -> tuple[dict[str, np.ndarray], dict, dict]:
+               heavy: dict | None = None,
+               reweight: tuple[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], dict, dict]:
     """As ``mst.synthesize``: cells of ``rows`` synthetic rows, what was released, and each
     measured cell's weight (for decoding)."""
     sizes = {c["column"]: encoding.cell_size(c) for c in columns}
-    return synthesize_from_counts(mst.marginal_counts(codes, sizes), columns, details, rows, progress, heavy)
+    return synthesize_from_counts(mst.marginal_counts(codes, sizes), columns, details, rows, progress, heavy,
+                                  reweight)
 
 
 def synthesize_from_counts(counts: dict, columns: list[dict], details: dict, rows: int, progress,
-                           heavy: dict | None = None) -> tuple[dict[str, np.ndarray], dict, dict]:
+                           heavy: dict | None = None,
+                           reweight: tuple[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], dict, dict]:
     mbi, MirrorDescent = mst._mbi()
     progress({"phase": "measuring one-way marginals", "fraction": 0.05, "marginals_measured": 0})
     ow = mst.OneWay(counts, columns, Noise.from_dict(details["one_way"]), mbi)
@@ -128,7 +131,7 @@ def synthesize_from_counts(counts: dict, columns: list[dict], details: dict, row
     progress({"phase": "fitting the graphical model", "fraction": 0.8, "marginals_measured": len(measurements)})
     model = estimator.estimate(domain, measurements, known_total=ow.total, iters=FINAL_ITERS, warm_start=model)
     progress({"phase": "sampling", "fraction": 0.85, "marginals_measured": len(measurements)})
-    out, noisy = mst.to_cells(model.synthetic_data(rows).to_dict(), ow, heavy)
+    out, noisy = mst.sample(model, rows, ow, heavy, reweight)
     info = {"selected_marginals": [r["marginal"] for r in rounds], "rounds": len(rounds),
             "rounds_rho_spent": spent, "model_cells": dict(ow.csize)}
     return out, info, noisy

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -21,7 +22,7 @@ import pandas as pd
 from engines.types import EngineError, Release
 
 from . import encoding
-from .params import Spec
+from .params import UNIT_ROWS, Spec, model_columns, unit_rows_bucket, unit_rows_weights
 from .planner import DETAILS_VERSION
 
 
@@ -29,9 +30,16 @@ def secure_rng() -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
 
 
-def split(df: pd.DataFrame, spec: Spec, rng: np.random.Generator) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
-    """(training rows, at most k per unit; held-out rows of a random fraction of the units;
-    the unit of each training row)."""
+class Split(NamedTuple):
+    train: pd.DataFrame  # the training rows, at most k per unit (+ ``UNIT_ROWS`` with unit weighting)
+    holdout: pd.DataFrame  # every row of a random fraction of the units
+    train_units: np.ndarray  # the unit of each training row
+    compared: pd.DataFrame  # every row of the training units: what the reports compare the table with
+
+
+def split(df: pd.DataFrame, spec: Spec, rng: np.random.Generator) -> Split:
+    """Hold out a random fraction of the units, keep at most k rows of each other unit and,
+    with ``spec.unit_weighting``, give each kept row the bucket of its unit's rows."""
     from engines.aggregates.units import bound_contributions
 
     if spec.unit_column:
@@ -41,12 +49,17 @@ def split(df: pd.DataFrame, spec: Spec, rng: np.random.Generator) -> tuple[pd.Da
     n_units = int(units.max()) + 1 if len(units) else 0
     held = np.zeros(n_units, dtype=bool)
     held[rng.permutation(n_units)[:int(round(n_units * spec.holdout_fraction))]] = True
-    train_mask = ~held[units]
+    in_train = ~held[units]
+    train_mask = in_train
     if spec.unit_column:
-        train_mask, _ = bound_contributions(train_mask, units, n_units, spec.max_rows_per_unit, rng)
+        train_mask, _ = bound_contributions(in_train, units, n_units, spec.max_rows_per_unit, rng)
     cols = spec.names
-    return (df.loc[train_mask, cols].reset_index(drop=True), df.loc[held[units], cols].reset_index(drop=True),
-            units[train_mask])
+    train = df.loc[train_mask, cols].reset_index(drop=True)
+    if spec.unit_weighting:
+        rows = np.bincount(units, minlength=n_units)
+        train[UNIT_ROWS] = unit_rows_bucket(rows[units[train_mask]], spec.max_rows_per_unit)
+    compared = train if train_mask is in_train else df.loc[in_train, cols].reset_index(drop=True)
+    return Split(train, df.loc[held[units], cols].reset_index(drop=True), units[train_mask], compared)
 
 
 def _schema(spec: Spec) -> dict:
@@ -65,7 +78,7 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
     spec = Spec.from_dict(d["spec"])
     rng = secure_rng()
     progress({"phase": "preparing data", "fraction": 0.0})
-    train, holdout, train_units = split(data.to_pandas(), spec, rng)
+    train, holdout, train_units, compared = split(data.to_pandas(), spec, rng)
     info: dict = {}
     if spec.method in ("mst", "aim"):
         from . import aim, mst
@@ -77,8 +90,10 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
         fine_scale = md["fine"]["scale"] if fine else None
         heavy = {c["column"]: encoding.heavy_leaf_mass(c, fine[c["column"]], fine_scale) for c in fine_cols}
         engine = mst if spec.method == "mst" else aim
-        codes, info, weights = engine.synthesize(encoding.cell_encode(train, spec.columns), spec.columns, md,
-                                                 spec.rows, progress, heavy=heavy)
+        columns = model_columns(spec)
+        reweight = (UNIT_ROWS, unit_rows_weights(spec.max_rows_per_unit)) if spec.unit_weighting else None
+        codes, info, weights = engine.synthesize(encoding.cell_encode(train, columns), columns, md, spec.rows,
+                                                 progress, heavy=heavy, reweight=reweight)
         synthetic = encoding.cell_decode(codes, spec.columns, rng, weights, fine, fine_scale)
     else:
         from . import vae
@@ -86,7 +101,7 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
         synthetic, info = vae.synthesize(train, spec, d["vae"], progress,
                                          units=train_units if spec.unit_column else None)
     synthetic = encoding.enforce(synthetic[spec.names], spec.columns, rng)  # a no-op on MST's tables
-    return finish(d, spec, synthetic, info, train, holdout, progress, workdir)
+    return finish(d, spec, synthetic, info, compared, holdout, progress, workdir)
 
 
 def finish(d: dict, spec: Spec, synthetic: pd.DataFrame, info: dict, train: pd.DataFrame, holdout: pd.DataFrame,

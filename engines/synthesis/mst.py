@@ -74,11 +74,14 @@ def marginal_counts(codes: dict[str, np.ndarray], sizes: dict[str, int]) -> dict
 
 
 def synthesize(codes: dict[str, np.ndarray], columns: list[dict], details: dict, rows: int, progress,
-               iters: int = 1000, heavy: dict | None = None) -> tuple[dict[str, np.ndarray], dict, dict]:
+               iters: int = 1000, heavy: dict | None = None,
+               reweight: tuple[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], dict, dict]:
     """Cells of ``rows`` synthetic rows (``encoding.cell_encode``), what the run released
-    (the selected pairs) and each column's noisy one-way cell counts (for decoding)."""
+    (the selected pairs) and each column's noisy one-way cell counts (for decoding).
+    ``reweight``: (column, weight of each of its cells), see ``sample``."""
     sizes = {c["column"]: encoding.cell_size(c) for c in columns}
-    return synthesize_from_counts(marginal_counts(codes, sizes), columns, details, rows, progress, iters, heavy)
+    return synthesize_from_counts(marginal_counts(codes, sizes), columns, details, rows, progress, iters, heavy,
+                                  reweight)
 
 
 SPLIT = 8.0  # a tree node is split into its children when its noisy count reaches SPLIT noise sds
@@ -234,7 +237,8 @@ class OneWay:
 
 
 def synthesize_from_counts(counts: dict, columns: list[dict], details: dict, rows: int, progress,
-                           iters: int = 1000, heavy: dict | None = None) -> tuple[dict[str, np.ndarray], dict, dict]:
+                           iters: int = 1000, heavy: dict | None = None,
+                           reweight: tuple[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], dict, dict]:
     """MST from the exact marginals (``marginal_counts`` of the cells): noise, private
     compression of each column's cells, selection, fit, sample, and back to cells
     (``to_cells``). Returns the cells, what was released (pairs) and each measured cell's
@@ -268,9 +272,42 @@ def synthesize_from_counts(counts: dict, columns: list[dict], details: dict, row
     progress({"phase": "fitting the graphical model", "fraction": 0.45, "marginals_measured": len(measurements)})
     model = MirrorDescent().estimate(ow.domain(mbi), measurements, known_total=ow.total, iters=iters)
     progress({"phase": "sampling", "fraction": 0.8, "marginals_measured": len(measurements)})
-    out, noisy = to_cells(model.synthetic_data(rows).to_dict(), ow, heavy)
+    out, noisy = sample(model, rows, ow, heavy, reweight)
     info = {"selected_pairs": [list(p) for p in tree], "model_cells": dict(ow.csize)}
     return out, info, noisy
+
+
+MAX_DRAWS = 64  # rounds of ``sample``'s rejection (each accepts at least 1 / max weight of its rows on average)
+
+
+def sample(model, rows: int, ow: "OneWay", heavy: dict | None = None,
+           reweight: tuple[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    """``rows`` rows of the fitted model, as measured cells (``to_cells``). ``reweight``
+    (column, weight of each of its measured cells): rows drawn from the model tilted by
+    that weight, by rejection (a row is kept with probability its weight over the largest;
+    rounds of ``rows`` draws until ``rows`` are kept, then a uniform choice of them), so
+    a cell's rows come out in proportion to model probability times weight; the column
+    itself is dropped. Post-processing of the model only."""
+    if reweight is None:
+        return to_cells(model.synthetic_data(rows).to_dict(), ow, heavy)
+    column, weight = reweight
+    keep_p = np.asarray(weight, dtype=float) / float(np.max(weight))
+    rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
+    kept: list[dict] = []
+    got = 0
+    for i in range(MAX_DRAWS):
+        cells, noisy = to_cells(model.synthetic_data(rows).to_dict(), ow, heavy)
+        keep = rng.random(rows) < keep_p[cells[column]]
+        got += int(keep.sum())
+        if got >= rows:
+            kept.append({c: v[keep] for c, v in cells.items() if c != column})
+            break
+        # short after the last round: the rest from its rejected rows (unweighted)
+        keep = keep | (np.cumsum(~keep) <= rows - got) if i == MAX_DRAWS - 1 else keep
+        kept.append({c: v[keep] for c, v in cells.items() if c != column})
+    out = {c: np.concatenate([k[c] for k in kept]) for c in kept[0]}
+    pick = rng.permutation(len(next(iter(out.values()))))[:rows]
+    return {c: v[pick] for c, v in out.items()}, noisy
 
 
 def to_cells(data: dict, ow: OneWay, heavy: dict | None = None) -> tuple[dict[str, np.ndarray], dict]:

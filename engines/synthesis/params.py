@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
+import numpy as np
+
 from engines.types import DatasetMeta, PlanError
 from engines.validation import is_number as _finite, run_accountant_error, unknown_keys, unknown_message
 
@@ -28,6 +30,12 @@ MIN_TREE_LEVELS, MAX_TREE_LEVELS = 4, 7
 # Fertility; level on loans; on nafld2 ahead in one round, behind within the runs' spread
 # in the other), and level or behind below it, at 1-6 times MST's time.
 AIM_DEFAULT_MIN_UNITS = 5_000
+# Reweighting by the unit's rows (``unit_rows_column``): MST and AIM keep at most k rows of
+# each unit, so a unit with r > k rows weighs k / r of its share; its rows carry the
+# bucket of r (``UNIT_ROWS_FACTOR``-spaced edges from k to UNIT_ROWS_TOP k) as one more
+# column of the model, and the sample is drawn again with weight r / k of its bucket.
+UNIT_ROWS = "__rows_of_unit__"
+UNIT_ROWS_FACTOR, UNIT_ROWS_TOP = math.sqrt(2.0), 8
 KEYS = {"method", "epsilon", "delta", "rows", "columns", "bins", "max_rows_per_unit", "holdout_fraction", "target",
         "epochs", "batch_size", "latent_dim", "hidden", "learning_rate", "accountant"}
 
@@ -52,6 +60,41 @@ def default_method(n_train_units: int, accountant: str, distributed: bool) -> st
     if n_train_units >= AIM_DEFAULT_MIN_UNITS and accountant == "rdp" and not distributed:
         return "aim"
     return "mst"
+
+
+def unit_rows_edges(k: int) -> list[int]:
+    """The upper edges of the buckets of a unit's rows r: r <= k (weight 1), then
+    (edge before, edge] up to UNIT_ROWS_TOP k, then the open last bucket."""
+    edges, j = [k], 1
+    while edges[-1] < UNIT_ROWS_TOP * k:
+        e = min(UNIT_ROWS_TOP * k, int(round(k * UNIT_ROWS_FACTOR ** j)))
+        if e > edges[-1]:
+            edges.append(e)
+        j += 1
+    return edges
+
+
+def unit_rows_weights(k: int) -> np.ndarray:
+    """Each bucket's weight r / k at a representative r of the bucket: 1 for r <= k, the
+    middle of (edge before, edge], and 1.25 times the top edge for the open last bucket."""
+    edges = unit_rows_edges(k)
+    reps = [float(k)] + [(a + 1 + b) / 2 for a, b in zip(edges, edges[1:])] + [1.25 * edges[-1]]
+    return np.array(reps) / k
+
+
+def unit_rows_bucket(rows: np.ndarray, k: int) -> np.ndarray:
+    """The bucket (0 .. len(edges)) of each unit row count."""
+    return np.searchsorted(np.array(unit_rows_edges(k)), rows, side="left").astype(np.int64)
+
+
+def model_columns(spec: "Spec") -> list[dict]:
+    """The columns MST and AIM model: the declared ones, and with ``unit_weighting`` the
+    bucket of each row's unit's rows (a categorical column of the model, never output)."""
+    if not spec.unit_weighting:
+        return spec.columns
+    n = len(unit_rows_edges(spec.max_rows_per_unit)) + 1
+    return spec.columns + [{"column": UNIT_ROWS, "type": "categorical", "domain": list(range(n)),
+                            "nullable": False}]
 
 
 def with_rows_per_unit(spec: "Spec", k: int) -> "Spec":
@@ -95,6 +138,7 @@ class Spec:
     accountant: str = "rdp"  # "pld": MST's noise calibrated and the run certified by PLD (planner.py)
     rows_per_unit_auto: bool = False  # max_rows_per_unit not given: auto_rows_per_unit, halved while refused
     method_auto: bool = False  # method not given: default_method chose it
+    unit_weighting: bool = False  # MST / AIM on a unit table: rows reweighted by their unit's rows (model_columns)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -249,5 +293,7 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     spec = Spec(method=method, epsilon=float(eps), delta=float(delta), rows=rows, columns=columns, n_units=n_units,
                 n_holdout_units=n_holdout, n_train_units=n_train, unit_column=ds.unit_column, max_rows_per_unit=k,
                 holdout_fraction=float(hf), target=target, sensitive=sensitive, vae=vae, accountant=accountant,
-                rows_per_unit_auto=auto_k, method_auto=method_auto)
+                rows_per_unit_auto=auto_k, method_auto=method_auto,
+                unit_weighting=bool(ds.unit_column) and method in ("mst", "aim") and not ds.distributed
+                and UNIT_ROWS not in ds.columns)
     return with_rows_per_unit(spec, k)  # the cells of continuous columns

@@ -22,7 +22,12 @@ false``):
    encoding.py).
 
 A privacy unit adds or removes at most k = ``max_rows_per_unit`` rows, so each marginal
-vector moves by at most k in L2 and each selection score by at most k. The event is
+vector moves by at most k in L2 and each selection score by at most k. On a table with a
+privacy-unit column, d counts one more column than was asked for: the bucket of each row's
+unit's rows (``params.model_columns``), modelled like any categorical column and used to
+draw the sample again with weight r / k, so units with more than k rows weigh what they
+weigh in the table (all rows of a unit share one bucket: a unit still moves each marginal
+by at most k). The event is
 
     composed[ self_composed(gaussian(z1), n1), self_composed(epsilon_delta(e_sel), d - 1),
               self_composed(gaussian(z2), d - 1), self_composed(gaussian(zf), m) ]
@@ -69,7 +74,7 @@ import math
 from engines.aggregates import noise as opendp_noise
 from engines.types import DatasetMeta, EngineRequest, Plan, PlanError
 
-from .params import Spec, validate, with_rows_per_unit
+from .params import Spec, model_columns, validate, with_rows_per_unit
 
 DETAILS_VERSION = 3  # 2: MST on cells with private compression, fine = grid histograms; 3: fine also without a grid
 SHARES = {"one_way": 0.35, "select": 0.1, "two_way": 0.45, "fine": 0.1}
@@ -188,9 +193,8 @@ def _plan_mst(spec: Spec) -> tuple[dict, dict, float | None]:
     """(event, details, the PLD certificate or None)."""
     from .encoding import has_fine, one_way_releases
 
-    d, k = len(spec.columns), spec.max_rows_per_unit
-    m = sum(1 for c in spec.columns if has_fine(c))
-    n1 = sum(one_way_releases(c) for c in spec.columns)
+    cols, k = model_columns(spec), spec.max_rows_per_unit
+    d, m, n1 = len(cols), sum(1 for c in cols if has_fine(c)), sum(one_way_releases(c) for c in cols)
 
     def event_of(rho):
         p = _mst_parts(rho, d, m, k, n1)
@@ -243,9 +247,8 @@ def _plan_aim(spec: Spec) -> tuple[dict, dict]:
     The total rho is the largest the ledger's RDP accountant charges at most epsilon for."""
     from .encoding import has_fine, one_way_releases
 
-    d, k = len(spec.columns), spec.max_rows_per_unit
-    m = sum(1 for c in spec.columns if has_fine(c))
-    n1 = sum(one_way_releases(c) for c in spec.columns)
+    cols, k = model_columns(spec), spec.max_rows_per_unit
+    d, m, n1 = len(cols), sum(1 for c in cols if has_fine(c)), sum(one_way_releases(c) for c in cols)
     fine_share = AIM_SHARES["fine"] if m else 0.0
     rounds_share = 1.0 - AIM_SHARES["one_way"] - fine_share
 

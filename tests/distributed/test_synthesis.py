@@ -29,7 +29,7 @@ def test_it_counts_the_local_engines_marginals(dask_cluster, partitioned):
     source = PartitionedTable(paths=tuple(p["path"] for p in manifest), columns=tuple(data.column_names),
                               num_rows=data.num_rows, unit_column="pid", scheduler=dask_cluster)
     got = dist.exact_counts(source, spec)
-    train, _, _ = split(data.to_pandas(), spec, np.random.default_rng(0))  # k above every unit's rows: all kept
+    train = split(data.to_pandas(), spec, np.random.default_rng(0)).train  # k above every unit's rows: all kept
     sizes = {c["column"]: encoding.cell_size(c) for c in spec.columns}
     want = mst.marginal_counts(encoding.cell_encode(train, spec.columns), sizes)
     assert list(got["counts"]["one"]) == list(want["one"]) and list(got["counts"]["two"]) == list(want["two"])

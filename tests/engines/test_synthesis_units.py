@@ -1,0 +1,101 @@
+"""MST and AIM on a table with many rows per privacy unit: at most k rows of each unit are
+kept, so without a correction a unit with r > k rows weighs k / r of its share and the
+synthetic table under-represents the busiest units. Each kept row carries the bucket of
+its unit's rows as one more (never output) column of the model, and the sample is drawn
+again with weight r / k (params.model_columns, mst.sample)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from engines import plugins
+from engines.synthesis import encoding
+from engines.synthesis.params import (UNIT_ROWS, UNIT_ROWS_TOP, unit_rows_bucket, unit_rows_edges,
+                                      unit_rows_weights)
+from engines.types import DatasetMeta, EngineRequest
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+SCHEMA = {
+    "pid": {"type": "unit"},
+    "kind": {"type": "categorical", "domain": ["few", "many"], "nullable": False},
+    "visits": {"type": "numeric", "lower": 0, "upper": 100, "integer": True, "nullable": False},
+}
+
+
+def _clinic(seed: int = 0) -> pd.DataFrame:
+    """3,000 patients: 80% seen 1-3 times ("few"), 20% seen 30-60 times ("many"); about
+    85% of the rows are of the busy 20%. ``visits``: the patient's visit number."""
+    rng = np.random.default_rng(seed)
+    many = rng.random(3000) < 0.2
+    rows = np.where(many, rng.integers(30, 61, 3000), rng.integers(1, 4, 3000))
+    pid = np.repeat(np.arange(3000), rows)
+    visits = np.concatenate([np.arange(1, r + 1) for r in rows])
+    return pd.DataFrame({"pid": pid, "kind": np.where(many[pid], "many", "few"), "visits": visits})
+
+
+def _run(df: pd.DataFrame, method: str, epsilon: float):
+    meta = DatasetMeta(name="clinic", columns=SCHEMA, unit_column="pid", n_rows=len(df),
+                       n_units=int(df["pid"].nunique()), delta=1e-6)
+    request = EngineRequest("synthesize", {"method": method, "epsilon": epsilon, "rows": 20_000,
+                                           "holdout_fraction": 0})
+    plan = plugins.plan("synthesis", request, meta)
+    with tempfile.TemporaryDirectory() as out:
+        release = plugins.run("synthesis", request, meta, pa.Table.from_pandas(df, preserve_index=False), plan,
+                              lambda p: None, workdir=out)
+        return pd.read_parquet(Path(out) / "synthetic.parquet"), plan, release
+
+
+@pytest.fixture(scope="module")
+def clinic():
+    return _clinic()
+
+
+@pytest.mark.parametrize("method", ["mst", "aim"])
+def test_busy_units_weigh_what_their_rows_weigh(clinic, method):
+    real = float((clinic["kind"] == "many").mean())  # ~0.85 of the rows
+    syn, plan, release = _run(clinic, method, 4.0)
+    k = plan.details["spec"]["max_rows_per_unit"]
+    kept = clinic.groupby("pid").head(k)
+    bounded = float((kept["kind"] == "many").mean())  # what k rows per unit alone would give (~0.6)
+    assert real - bounded > 0.15
+    share = float((syn["kind"] == "many").mean())
+    assert abs(share - real) < 0.06, (share, real, bounded)
+    # the busy patients' visits go past k: their later visits are drawn too
+    assert (syn["visits"] > 2 * k).mean() > 0.3 * (clinic["visits"] > 2 * k).mean()
+    assert list(syn.columns) == ["kind", "visits"] and UNIT_ROWS not in release.result["columns"]
+    assert syn["kind"].notna().all() and (syn["visits"] == np.round(syn["visits"])).all()
+
+
+def test_the_plan_models_and_charges_the_bucket_column(clinic):
+    _, plan, _ = _run(clinic.head(2000), "mst", 1.0)
+    spec = plan.details["spec"]
+    assert spec["unit_weighting"] is True and UNIT_ROWS not in plan.columns
+    declared = sum(encoding.one_way_releases(c) for c in spec["columns"])
+    assert plan.details["mst"]["one_way_releases"] == declared + 1  # the bucket column's one-way histogram
+    assert plan.event["events"][0]["count"] == declared + 1
+    no_unit = DatasetMeta(name="t", columns={c: s for c, s in SCHEMA.items() if c != "pid"}, unit_column=None,
+                          n_rows=2000, n_units=2000, delta=1e-6)
+    flat = plugins.plan("synthesis", EngineRequest("synthesize", {"method": "mst", "epsilon": 1.0}), no_unit)
+    assert flat.details["spec"]["unit_weighting"] is False
+
+
+@settings(max_examples=300, deadline=None)
+@given(k=st.integers(1, 1000), ratio=st.floats(0.001, UNIT_ROWS_TOP))
+def test_a_bucket_weight_is_close_to_rows_over_k(k, ratio):
+    """Within the buckets' range the weight of r's bucket is max(r, k) / k to within the
+    bucket's width; past UNIT_ROWS_TOP k every unit gets the last bucket's weight."""
+    r = max(1, int(round(ratio * k)))
+    b = int(unit_rows_bucket(np.array([r]), k)[0])
+    w = unit_rows_weights(k)
+    assert len(w) == len(unit_rows_edges(k)) + 1 and w[0] == 1.0 and np.all(np.diff(w) > 0)
+    want = max(r, k) / k
+    assert want / 1.5 <= w[b] <= want * 1.5
+    assert unit_rows_bucket(np.array([UNIT_ROWS_TOP * k + 1]), k)[0] == len(w) - 1
