@@ -85,6 +85,11 @@ def test_the_plan_models_and_charges_the_bucket_column(clinic):
                           n_rows=2000, n_units=2000, delta=1e-6)
     flat = plugins.plan("synthesis", EngineRequest("synthesize", {"method": "mst", "epsilon": 1.0}), no_unit)
     assert flat.details["spec"]["unit_weighting"] is False
+    # the cluster's MST (engines/distributed/synthesis.py) is not reweighted: no bucket column there
+    cluster = DatasetMeta(name="t", columns=SCHEMA, unit_column="pid", n_rows=2000, n_units=400, delta=1e-6,
+                          distributed=True)
+    on_cluster = plugins.plan("synthesis", EngineRequest("synthesize", {"method": "mst", "epsilon": 1.0}), cluster)
+    assert on_cluster.details["spec"]["unit_weighting"] is False
 
 
 @settings(max_examples=300, deadline=None)
