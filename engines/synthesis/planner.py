@@ -189,6 +189,13 @@ def _pld_rho(spec: Spec, rho_rdp: float, d: int, m: int, n1: int | None = None) 
     return 1.0 / (x * x), eps(x)
 
 
+def _columns(spec: Spec) -> str:
+    """The columns a refusal names: the requested ones, and the model's bucket column."""
+    n = len(spec.columns)
+    return f"{n} column{'s' if n != 1 else ''}" + (" (and the bucket of each unit's rows)" if spec.unit_weighting
+                                                   else "")
+
+
 def _plan_mst(spec: Spec) -> tuple[dict, dict, float | None]:
     """(event, details, the PLD certificate or None)."""
     from .encoding import has_fine, one_way_releases
@@ -212,7 +219,8 @@ def _plan_mst(spec: Spec) -> tuple[dict, dict, float | None]:
                        n1)
     if one.scale > spec.n_train_units / MIN_SIGNAL:
         raise PlanError(
-            f"epsilon {spec.epsilon:g} is too small for MST on {spec.n_train_units:,} privacy units and {d} columns: "
+            f"epsilon {spec.epsilon:g} is too small for MST on {spec.n_train_units:,} privacy units and "
+            f"{_columns(spec)}: "
             f"the noise on each one-way marginal (sd {one.scale:,.0f}) would exceed a tenth of the table; raise "
             "epsilon, synthesize fewer columns or use fewer bins",
             {"epsilon": f"too small for MST here (one-way noise sd {one.scale:,.0f})"})
@@ -279,7 +287,8 @@ def _plan_aim(spec: Spec) -> tuple[dict, dict]:
     rounds_rho = rounds_share * rho
     if one.scale > spec.n_train_units / MIN_SIGNAL:
         raise PlanError(
-            f"epsilon {spec.epsilon:g} is too small for AIM on {spec.n_train_units:,} privacy units and {d} columns: "
+            f"epsilon {spec.epsilon:g} is too small for AIM on {spec.n_train_units:,} privacy units and "
+            f"{_columns(spec)}: "
             f"the noise on each one-way marginal (sd {one.scale:,.0f}) would exceed a tenth of the table; raise "
             "epsilon, synthesize fewer columns or use fewer bins",
             {"epsilon": f"too small for AIM here (one-way noise sd {one.scale:,.0f})"})

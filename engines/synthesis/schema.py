@@ -37,6 +37,12 @@ def params_schema() -> dict:
                                              f"vae {DEFAULT_ROWS_PER_UNIT}; mst and aim the dataset's mean rows per "
                                              f"unit (1 to {MAX_AUTO_ROWS_PER_UNIT}), halved while its one-way "
                                              "noise would be refused; the plan states the k it used"},
+        "unit_weighting": {"type": "boolean",
+                           "description": "mst, aim on a dataset with a privacy unit (not distributed): model the "
+                                          "bucket of each row's unit's rows as one more column and draw the sample "
+                                          "again with weight rows / max_rows_per_unit, so units with more rows than "
+                                          "that weigh what they weigh in the table (default true; false saves that "
+                                          "column's share of the budget where every unit has the same rows)"},
         "holdout_fraction": {"type": "number", "minimum": 0, "maximum": 0.5, "default": 0.2,
                              "description": "units held out for the officer's quality and privacy reports"},
         "target": {"type": "string", "description": "a column for train-synthetic-test-real utility in the report"},

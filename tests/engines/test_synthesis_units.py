@@ -104,3 +104,20 @@ def test_a_bucket_weight_is_close_to_rows_over_k(k, ratio):
     want = max(r, k) / k
     assert want / 1.5 <= w[b] <= want * 1.5
     assert unit_rows_bucket(np.array([UNIT_ROWS_TOP * k + 1]), k)[0] == len(w) - 1
+
+
+def test_unit_weighting_can_be_turned_off_and_is_checked(clinic):
+    meta = DatasetMeta(name="clinic", columns=SCHEMA, unit_column="pid", n_rows=2000, n_units=400, delta=1e-6)
+    on = plugins.plan("synthesis", EngineRequest("synthesize", {"method": "aim", "epsilon": 1.0}), meta)
+    off = plugins.plan("synthesis", EngineRequest("synthesize", {"method": "aim", "epsilon": 1.0,
+                                                                 "unit_weighting": False}), meta)
+    assert on.details["spec"]["unit_weighting"] is True and off.details["spec"]["unit_weighting"] is False
+    assert off.details["aim"]["one_way_releases"] == on.details["aim"]["one_way_releases"] - 1
+    flat = DatasetMeta(name="t", columns={c: s for c, s in SCHEMA.items() if c != "pid"}, unit_column=None,
+                       n_rows=2000, n_units=2000, delta=1e-6)
+    for ds, params, field in [(meta, {"unit_weighting": "yes"}, "must be true or false"),
+                              (meta, {"unit_weighting": True, "method": "vae"}, "only for mst and aim"),
+                              (flat, {"unit_weighting": True}, "only for mst and aim")]:
+        with pytest.raises(Exception, match=field) as e:
+            plugins.plan("synthesis", EngineRequest("synthesize", {"epsilon": 1.0, **params}), ds)
+        assert "unit_weighting" in e.value.errors
