@@ -277,37 +277,37 @@ def synthesize_from_counts(counts: dict, columns: list[dict], details: dict, row
     return out, info, noisy
 
 
-MAX_DRAWS = 64  # rounds of ``sample``'s rejection (each accepts at least 1 / max weight of its rows on average)
-
-
 def sample(model, rows: int, ow: "OneWay", heavy: dict | None = None,
            reweight: tuple[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], dict]:
     """``rows`` rows of the fitted model, as measured cells (``to_cells``). ``reweight``
-    (column, weight of each of its measured cells): rows drawn from the model tilted by
-    that weight, by rejection (a row is kept with probability its weight over the largest;
-    rounds of ``rows`` draws until ``rows`` are kept, then a uniform choice of them), so
-    a cell's rows come out in proportion to model probability times weight; the column
-    itself is dropped. Post-processing of the model only."""
-    if reweight is None:
-        return to_cells(model.synthetic_data(rows).to_dict(), ow, heavy)
-    column, weight = reweight
-    keep_p = np.asarray(weight, dtype=float) / float(np.max(weight))
-    rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
-    kept: list[dict] = []
-    got = 0
-    for i in range(MAX_DRAWS):
-        cells, noisy = to_cells(model.synthetic_data(rows).to_dict(), ow, heavy)
-        keep = rng.random(rows) < keep_p[cells[column]]
-        got += int(keep.sum())
-        if got >= rows:
-            kept.append({c: v[keep] for c, v in cells.items() if c != column})
-            break
-        # short after the last round: the rest from its rejected rows (unweighted)
-        keep = keep | (np.cumsum(~keep) <= rows - got) if i == MAX_DRAWS - 1 else keep
-        kept.append({c: v[keep] for c, v in cells.items() if c != column})
-    out = {c: np.concatenate([k[c] for k in kept]) for c in kept[0]}
-    pick = rng.permutation(len(next(iter(out.values()))))[:rows]
-    return {c: v[pick] for c, v in out.items()}, noisy
+    (column, weight of each of its measured cells): the rows are drawn from the model
+    tilted by that weight (``tilt``), so a row's probability is the model's times the
+    weight of its cell of that column; the column itself is dropped. Post-processing of
+    the model only."""
+    if reweight is not None:
+        model = tilt(model, ow, *reweight)
+    out, noisy = to_cells(model.synthetic_data(rows).to_dict(), ow, heavy)
+    if reweight is not None:
+        out.pop(reweight[0])
+    return out, noisy
+
+
+def tilt(model, ow: "OneWay", column: str, weight: np.ndarray):
+    """The model with its distribution multiplied by ``weight`` (one per measured cell of
+    ``column``) and renormalised: log(weight) added to the log-potential of one clique
+    holding the column. A model cell stands for several measured cells when compression
+    merged them; its weight is theirs averaged as ``to_cells`` draws them (``_within``)."""
+    import jax.numpy as jnp
+    from mbi import CliqueVector, Domain, Factor
+
+    w = np.zeros(ow.csize[column])
+    for g, (cells, p) in enumerate(_within(ow.ycell[column], ow.scale, ow.maps[column])):
+        w[g] = float(np.dot(p, np.asarray(weight, dtype=float)[cells]))
+    pots = model.potentials
+    clique = next(cl for cl in pots.cliques if column in cl)
+    tables = dict(pots.tables)
+    tables[clique] = tables[clique] + Factor(Domain([column], [len(w)]), jnp.log(jnp.asarray(w)))
+    return model.replace(potentials=CliqueVector(pots.domain, pots.cliques, tables))
 
 
 def to_cells(data: dict, ow: OneWay, heavy: dict | None = None) -> tuple[dict[str, np.ndarray], dict]:

@@ -30,10 +30,11 @@ MIN_TREE_LEVELS, MAX_TREE_LEVELS = 4, 7
 # Fertility; level on loans; on nafld2 ahead in one round, behind within the runs' spread
 # in the other), and level or behind below it, at 1-6 times MST's time.
 AIM_DEFAULT_MIN_UNITS = 5_000
-# Reweighting by the unit's rows (``unit_rows_column``): MST and AIM keep at most k rows of
+# Reweighting by the unit's rows (``model_columns``): MST and AIM keep at most k rows of
 # each unit, so a unit with r > k rows weighs k / r of its share; its rows carry the
 # bucket of r (``UNIT_ROWS_FACTOR``-spaced edges from k to UNIT_ROWS_TOP k) as one more
-# column of the model, and the sample is drawn again with weight r / k of its bucket.
+# column of the model, and the sample is drawn from the model tilted by r / k of its
+# bucket (mst.tilt).
 UNIT_ROWS = "__rows_of_unit__"
 UNIT_ROWS_FACTOR, UNIT_ROWS_TOP = math.sqrt(2.0), 8
 KEYS = {"method", "epsilon", "delta", "rows", "columns", "bins", "max_rows_per_unit", "holdout_fraction", "target",

@@ -40,7 +40,7 @@ def params_schema() -> dict:
         "unit_weighting": {"type": "boolean",
                            "description": "mst, aim on a dataset with a privacy unit (not distributed): model the "
                                           "bucket of each row's unit's rows as one more column and draw the sample "
-                                          "again with weight rows / max_rows_per_unit, so units with more rows than "
+                                          "with weight rows / max_rows_per_unit, so units with more rows than "
                                           "that weigh what they weigh in the table (default true; false saves that "
                                           "column's share of the budget where every unit has the same rows)"},
         "holdout_fraction": {"type": "number", "minimum": 0, "maximum": 0.5, "default": 0.2,

@@ -2,7 +2,7 @@
 kept, so without a correction a unit with r > k rows weighs k / r of its share and the
 synthetic table under-represents the busiest units. Each kept row carries the bucket of
 its unit's rows as one more (never output) column of the model, and the sample is drawn
-again with weight r / k (params.model_columns, mst.sample)."""
+from the model tilted by r / k (params.model_columns, mst.tilt)."""
 
 from __future__ import annotations
 
