@@ -296,13 +296,20 @@ def tilt(model, ow: "OneWay", column: str, weight: np.ndarray):
     """The model with its distribution multiplied by ``weight`` (one per measured cell of
     ``column``) and renormalised: log(weight) added to the log-potential of one clique
     holding the column. A model cell stands for several measured cells when compression
-    merged them; its weight is theirs averaged as ``to_cells`` draws them (``_within``)."""
+    merged them (their noisy counts all under 3 sd); its weight is theirs averaged as
+    ``to_cells`` draws them (``_within``), at most the largest weight of a cell whose count
+    cleared 3 sd: a merged cell's share in the model is mostly noise, which a large
+    weight would multiply."""
     import jax.numpy as jnp
     from mbi import CliqueVector, Domain, Factor
 
+    weight = np.asarray(weight, dtype=float)
+    y = ow.ycell[column]
+    strong = y[:len(weight)] >= 3 * ow.scale
+    cap = float(weight[strong].max()) if strong.any() else 1.0
     w = np.zeros(ow.csize[column])
-    for g, (cells, p) in enumerate(_within(ow.ycell[column], ow.scale, ow.maps[column])):
-        w[g] = float(np.dot(p, np.asarray(weight, dtype=float)[cells]))
+    for g, (cells, p) in enumerate(_within(y, ow.scale, ow.maps[column])):
+        w[g] = min(float(np.dot(p, weight[cells])), cap)
     pots = model.potentials
     clique = next(cl for cl in pots.cliques if column in cl)
     tables = dict(pots.tables)

@@ -36,7 +36,7 @@ AIM_DEFAULT_MIN_UNITS = 5_000
 # column of the model, and the sample is drawn from the model tilted by r / k of its
 # bucket (mst.tilt).
 UNIT_ROWS = "__rows_of_unit__"
-UNIT_ROWS_FACTOR, UNIT_ROWS_TOP = math.sqrt(2.0), 8
+UNIT_ROWS_FACTOR, UNIT_ROWS_TOP = 2.0, 64
 KEYS = {"method", "epsilon", "delta", "rows", "columns", "bins", "max_rows_per_unit", "holdout_fraction", "target",
         "epochs", "batch_size", "latent_dim", "hidden", "learning_rate", "accountant", "unit_weighting"}
 

@@ -41,11 +41,11 @@ def _clinic(seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame({"pid": pid, "kind": np.where(many[pid], "many", "few"), "visits": visits})
 
 
-def _run(df: pd.DataFrame, method: str, epsilon: float):
+def _run(df: pd.DataFrame, method: str, epsilon: float, **params):
     meta = DatasetMeta(name="clinic", columns=SCHEMA, unit_column="pid", n_rows=len(df),
                        n_units=int(df["pid"].nunique()), delta=1e-6)
     request = EngineRequest("synthesize", {"method": method, "epsilon": epsilon, "rows": 20_000,
-                                           "holdout_fraction": 0})
+                                           "holdout_fraction": 0, **params})
     plan = plugins.plan("synthesis", request, meta)
     with tempfile.TemporaryDirectory() as out:
         release = plugins.run("synthesis", request, meta, pa.Table.from_pandas(df, preserve_index=False), plan,
@@ -58,10 +58,12 @@ def clinic():
     return _clinic()
 
 
-@pytest.mark.parametrize("method", ["mst", "aim"])
-def test_busy_units_weigh_what_their_rows_weigh(clinic, method):
+@pytest.mark.parametrize("method,params", [("mst", {}), ("aim", {}), ("mst", {"max_rows_per_unit": 1})])
+def test_busy_units_weigh_what_their_rows_weigh(clinic, method, params):
+    """At the default k (the mean rows per unit, 11) and at k = 1, where a busy patient's
+    30-60 rows are 30-60 times k (the buckets reach 64 k)."""
     real = float((clinic["kind"] == "many").mean())  # ~0.85 of the rows
-    syn, plan, release = _run(clinic, method, 4.0)
+    syn, plan, release = _run(clinic, method, 4.0, **params)
     k = plan.details["spec"]["max_rows_per_unit"]
     kept = clinic.groupby("pid").head(k)
     bounded = float((kept["kind"] == "many").mean())  # what k rows per unit alone would give (~0.6)
