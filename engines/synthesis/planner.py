@@ -25,9 +25,9 @@ A privacy unit adds or removes at most k = ``max_rows_per_unit`` rows, so each m
 vector moves by at most k in L2 and each selection score by at most k. On a table with a
 privacy-unit column, d counts one more column than was asked for: the bucket of each row's
 unit's rows (``params.model_columns``), modelled like any categorical column and used to
-tilt the fitted model by r / k before sampling (mst.tilt), so units with more than k rows weigh what they
-weigh in the table (all rows of a unit share one bucket: a unit still moves each marginal
-by at most k). The event is
+tilt the fitted model by r / k before sampling (mst.tilt), so units with more than k rows
+weigh what they weigh in the table (all rows of a unit share one bucket: a unit still
+moves each marginal by at most k). The event is
 
     composed[ self_composed(gaussian(z1), n1), self_composed(epsilon_delta(e_sel), d - 1),
               self_composed(gaussian(z2), d - 1), self_composed(gaussian(zf), m) ]
