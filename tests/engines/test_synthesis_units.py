@@ -123,3 +123,19 @@ def test_unit_weighting_can_be_turned_off_and_is_checked(clinic):
         with pytest.raises(Exception, match=field) as e:
             plugins.plan("synthesis", EngineRequest("synthesize", {"epsilon": 1.0, **params}), ds)
         assert "unit_weighting" in e.value.errors
+
+
+def test_the_reports_compare_with_every_row_of_the_training_units(clinic):
+    """Not only the k rows kept per unit: the table is meant to look like the real one."""
+    meta = DatasetMeta(name="clinic", columns=SCHEMA, unit_column="pid", n_rows=len(clinic),
+                       n_units=int(clinic["pid"].nunique()), delta=1e-6)
+    request = EngineRequest("synthesize", {"method": "mst", "epsilon": 4.0, "rows": 5_000, "holdout_fraction": 0.2,
+                                           "target": "kind"})
+    plan = plugins.plan("synthesis", request, meta)
+    with tempfile.TemporaryDirectory() as out:
+        release = plugins.run("synthesis", request, meta, pa.Table.from_pandas(clinic, preserve_index=False), plan,
+                              lambda p: None, workdir=out)
+    rows = release.officer_report["quality"]["rows"]
+    k = plan.details["spec"]["max_rows_per_unit"]
+    assert rows["train"] + rows["holdout"] == len(clinic)  # every row of a unit, on one side or the other
+    assert rows["train"] > clinic.groupby("pid").head(k).shape[0]  # more than k rows per unit could give
