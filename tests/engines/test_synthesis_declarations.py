@@ -7,13 +7,13 @@ import os
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 
 from engines import plugins
 from engines.aggregates.noise import Noise
 from engines.synthesis import encoding, mst, report
 from engines.types import DatasetMeta, EngineRequest
+from tests.engines.synthesis_helpers import synthesize
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -44,16 +44,7 @@ SCHEMA = {
 
 def _run(df: pd.DataFrame, schema: dict, epsilon: float, rows: int | None = None, method: str = "mst"):
     meta = DatasetMeta(name="t", columns=schema, unit_column=None, n_rows=len(df), n_units=len(df), delta=1e-6)
-    request = EngineRequest("synthesize", {"method": method, "epsilon": epsilon, "rows": rows or len(df),
-                                           "holdout_fraction": 0})
-    plan = plugins.plan("synthesis", request, meta)
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as out:
-        release = plugins.run("synthesis", request, meta, pa.Table.from_pandas(df, preserve_index=False), plan,
-                              lambda p: None, workdir=out)
-        return pd.read_parquet(Path(out) / "synthetic.parquet"), plan, release
+    return synthesize(df, meta, {"method": method, "epsilon": epsilon, "rows": rows or len(df), "holdout_fraction": 0})
 
 
 @pytest.fixture(scope="module")

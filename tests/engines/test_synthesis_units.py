@@ -6,12 +6,8 @@ from the model tilted by r / k (params.model_columns, mst.tilt)."""
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -20,6 +16,7 @@ from engines.synthesis import encoding
 from engines.synthesis.params import (UNIT_ROWS, UNIT_ROWS_TOP, unit_rows_bucket, unit_rows_edges,
                                       unit_rows_weights)
 from engines.types import DatasetMeta, EngineRequest
+from tests.engines.synthesis_helpers import synthesize
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -41,16 +38,14 @@ def _clinic(seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame({"pid": pid, "kind": np.where(many[pid], "many", "few"), "visits": visits})
 
 
-def _run(df: pd.DataFrame, method: str, epsilon: float, **params):
-    meta = DatasetMeta(name="clinic", columns=SCHEMA, unit_column="pid", n_rows=len(df),
+def _meta(df: pd.DataFrame) -> DatasetMeta:
+    return DatasetMeta(name="clinic", columns=SCHEMA, unit_column="pid", n_rows=len(df),
                        n_units=int(df["pid"].nunique()), delta=1e-6)
-    request = EngineRequest("synthesize", {"method": method, "epsilon": epsilon, "rows": 20_000,
-                                           "holdout_fraction": 0, **params})
-    plan = plugins.plan("synthesis", request, meta)
-    with tempfile.TemporaryDirectory() as out:
-        release = plugins.run("synthesis", request, meta, pa.Table.from_pandas(df, preserve_index=False), plan,
-                              lambda p: None, workdir=out)
-        return pd.read_parquet(Path(out) / "synthetic.parquet"), plan, release
+
+
+def _run(df: pd.DataFrame, method: str, epsilon: float, **params):
+    return synthesize(df, _meta(df), {"method": method, "epsilon": epsilon, "rows": 20_000, "holdout_fraction": 0,
+                                      **params})
 
 
 @pytest.fixture(scope="module")
@@ -127,14 +122,8 @@ def test_unit_weighting_can_be_turned_off_and_is_checked(clinic):
 
 def test_the_reports_compare_with_every_row_of_the_training_units(clinic):
     """Not only the k rows kept per unit: the table is meant to look like the real one."""
-    meta = DatasetMeta(name="clinic", columns=SCHEMA, unit_column="pid", n_rows=len(clinic),
-                       n_units=int(clinic["pid"].nunique()), delta=1e-6)
-    request = EngineRequest("synthesize", {"method": "mst", "epsilon": 4.0, "rows": 5_000, "holdout_fraction": 0.2,
-                                           "target": "kind"})
-    plan = plugins.plan("synthesis", request, meta)
-    with tempfile.TemporaryDirectory() as out:
-        release = plugins.run("synthesis", request, meta, pa.Table.from_pandas(clinic, preserve_index=False), plan,
-                              lambda p: None, workdir=out)
+    _, plan, release = synthesize(clinic, _meta(clinic), {"method": "mst", "epsilon": 4.0, "rows": 5_000,
+                                                          "holdout_fraction": 0.2, "target": "kind"})
     rows = release.officer_report["quality"]["rows"]
     k = plan.details["spec"]["max_rows_per_unit"]
     assert rows["train"] + rows["holdout"] == len(clinic)  # every row of a unit, on one side or the other
