@@ -49,16 +49,15 @@ def split(df: pd.DataFrame, spec: Spec, rng: np.random.Generator) -> Split:
     n_units = int(units.max()) + 1 if len(units) else 0
     held = np.zeros(n_units, dtype=bool)
     held[rng.permutation(n_units)[:int(round(n_units * spec.holdout_fraction))]] = True
-    in_train = ~held[units]
-    train_mask = in_train
+    in_train = train_mask = ~held[units]
     if spec.unit_column:
         train_mask, _ = bound_contributions(in_train, units, n_units, spec.max_rows_per_unit, rng)
     cols = spec.names
     train = df.loc[train_mask, cols].reset_index(drop=True)
+    compared = df.loc[in_train, cols].reset_index(drop=True) if spec.unit_column else train
     if spec.unit_weighting:
         rows = np.bincount(units, minlength=n_units)
-        train[UNIT_ROWS] = unit_rows_bucket(rows[units[train_mask]], spec.max_rows_per_unit)
-    compared = train if train_mask is in_train else df.loc[in_train, cols].reset_index(drop=True)
+        train = train.assign(**{UNIT_ROWS: unit_rows_bucket(rows[units[train_mask]], spec.max_rows_per_unit)})
     return Split(train, df.loc[held[units], cols].reset_index(drop=True), units[train_mask], compared)
 
 

@@ -128,3 +128,17 @@ def test_the_reports_compare_with_every_row_of_the_training_units(clinic):
     k = plan.details["spec"]["max_rows_per_unit"]
     assert rows["train"] + rows["holdout"] == len(clinic)  # every row of a unit, on one side or the other
     assert rows["train"] > clinic.groupby("pid").head(k).shape[0]  # more than k rows per unit could give
+
+
+def test_the_bucket_column_stays_out_of_the_rows_the_reports_compare_with(clinic):
+    """Also when no unit has more than k rows (bounding keeps every row)."""
+    from engines.synthesis.execute import split
+    from engines.synthesis.params import Spec
+
+    one_each = clinic.groupby("pid").head(1).reset_index(drop=True)
+    plan = plugins.plan("synthesis", EngineRequest("synthesize", {"method": "mst", "epsilon": 4.0}), _meta(one_each))
+    spec = Spec.from_dict(plan.details["spec"])
+    assert spec.unit_weighting and spec.max_rows_per_unit == 1
+    got = split(one_each, spec, np.random.default_rng(0))
+    assert UNIT_ROWS in got.train.columns and list(got.compared.columns) == ["kind", "visits"]
+    assert len(got.compared) == len(got.train)
