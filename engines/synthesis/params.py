@@ -210,11 +210,6 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
             k = 1
     elif "max_rows_per_unit" in params:
         errors["max_rows_per_unit"] = "this dataset has no privacy-unit column: each row is a unit"
-    weighting = params.get("unit_weighting", True)
-    if not isinstance(weighting, bool):
-        errors["unit_weighting"] = f"must be true or false, got {weighting!r}"
-    elif "unit_weighting" in params and not (ds.unit_column and method in ("mst", "aim") and not ds.distributed):
-        errors["unit_weighting"] = "only for mst and aim on a dataset with a privacy-unit column, not distributed"
     hf = params.get("holdout_fraction", 0.2)
     if not _finite(hf) or not 0 <= hf <= 0.5:
         errors["holdout_fraction"] = f"must be a number in [0, 0.5], got {hf!r}"
@@ -224,6 +219,12 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     n_train = n_units - n_holdout
     if method_auto:
         method = default_method(n_train, params.get("accountant", "rdp"), ds.distributed)
+    weighting = params.get("unit_weighting", True)
+    weighs = bool(ds.unit_column) and method in ("mst", "aim") and not ds.distributed
+    if not isinstance(weighting, bool):
+        errors["unit_weighting"] = f"must be true or false, got {weighting!r}"
+    elif "unit_weighting" in params and not weighs:
+        errors["unit_weighting"] = "only for mst and aim on a dataset with a privacy-unit column, not distributed"
 
     names = params.get("columns")
     columns: list[dict] = []
@@ -300,6 +301,5 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
                 n_holdout_units=n_holdout, n_train_units=n_train, unit_column=ds.unit_column, max_rows_per_unit=k,
                 holdout_fraction=float(hf), target=target, sensitive=sensitive, vae=vae, accountant=accountant,
                 rows_per_unit_auto=auto_k, method_auto=method_auto,
-                unit_weighting=weighting is True and bool(ds.unit_column) and method in ("mst", "aim")
-                and not ds.distributed and UNIT_ROWS not in ds.columns)
+                unit_weighting=weighting is True and weighs and UNIT_ROWS not in ds.columns)
     return with_rows_per_unit(spec, k)  # the cells of continuous columns
