@@ -134,6 +134,8 @@ def test_columns_independent_given_their_parent_stay_independent(api, analyst, m
     ({"epsilon": 1.0, "target": "wage"}, "target"),
     ({"epsilon": 1.0, "method": "vae", "batch_size": 10_000_000}, "batch_size"),
     ({"epsilon": 1e-6, "method": "vae"}, "epsilon"),                    # too small to train one step
+    ({"epsilon": 1.0, "unit_weighting": "yes"}, "unit_weighting"),      # not a boolean
+    ({"epsilon": 1.0, "unit_weighting": True}, "unit_weighting"),       # gss has no privacy-unit column
 ])
 def test_it_refuses_bad_synthesis_requests_and_charges_nothing(api, analyst, gss, params, field):
     r = synthesize(api(analyst), params)
