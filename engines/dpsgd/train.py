@@ -300,11 +300,15 @@ class Trainer:
         # the metric's 95% interval from the noise (post-processing: ``intervals``)
         ci = (ratio_interval(metric_sum, n_released, self.eval_noise.halfwidth(ALPHA_EACH))
               if self.z is not None else None)
+        # the held-out units with a usable target, as released (the plan's stated half-width
+        # assumes every declared held-out unit has one; fewer widen the interval)
+        units = {"val_units": round(n_released)}
         if self.spec.task == "regression":
             span = self.spec.target["upper"] - self.spec.target["lower"]
-            return {"val_mae": metric * span, "val_mse_scaled": loss,
+            return {"val_mae": metric * span, "val_mse_scaled": loss, **units,
                     **({"val_mae_ci95": [v * span for v in ci]} if ci else {})}
-        return {"val_accuracy": metric, "val_loss": loss * LOSS_CAP, **({"val_accuracy_ci95": ci} if ci else {})}
+        return {"val_accuracy": metric, "val_loss": loss * LOSS_CAP, **units,
+                **({"val_accuracy_ci95": ci} if ci else {})}
 
     # ------------------------------------------------------------------ the run
     def fit(self, epochs: int, progress, *, label: str = "", max_epsilon: float | None = None,
