@@ -43,6 +43,8 @@ MIDDLEWARE = [
     # static files (the admin's CSS) served by the app itself when DEBUG is off
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # /api/requests served as /api/requests/ (a POST never redirected), JSON 404s under DEBUG
+    "governance.api.paths.ApiPaths",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
