@@ -185,6 +185,18 @@ def category_codes(table: pa.Table, name: str, domain: list) -> np.ndarray:
     return idx.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
+def series_codes(values, domain: list) -> np.ndarray:
+    """``category_codes`` of a pandas column (the synthesis and DP-SGD engines' frames):
+    matched as the aggregates engine matches, so a domain declared ``["1", "2"]`` on a
+    column stored as 1.0 / 2.0 finds its rows in every engine, not only in a histogram."""
+    try:
+        arr = pa.array(values, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # mixed Python types
+        arr = pa.array([None if v is None or (isinstance(v, float) and v != v) else _as_str(v) for v in values],
+                       type=pa.string())
+    return category_codes(pa.table({"v": arr}), "v", domain)
+
+
 def _dictionary_codes(col: pa.ChunkedArray, domain: list) -> np.ndarray:
     """``category_codes`` of a dictionary-encoded column (Parquet's usual string column):
     each chunk's dictionary (a few values) is looked up, then its indices are mapped, so

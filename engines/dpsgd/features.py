@@ -18,14 +18,17 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from engines.aggregates.compute import category_codes
+
 
 def _values(table: pa.Table, name: str):
     return table.column(name).to_pandas()
 
 
-def _codes(col, domain: list) -> np.ndarray:
-    """Index of each value in the declared domain; -1 for a null or an undeclared value."""
-    return pd.Categorical(col.where(col.isin(domain)), categories=domain).codes.astype(np.int64)
+def _codes(table: pa.Table, name: str, domain: list) -> np.ndarray:
+    """Index of each value in the declared domain; -1 for a null or an undeclared value
+    (matched as the aggregates engine matches: ``category_codes``)."""
+    return category_codes(table, name, list(domain))
 
 
 def encode_features(table: pa.Table, features: list[dict]) -> np.ndarray:
@@ -42,7 +45,7 @@ def encode_features(table: pa.Table, features: list[dict]) -> np.ndarray:
             out[:, j] = np.nan_to_num(x, nan=0.0)
             j += 1
         else:
-            codes = _codes(col, f["domain"])
+            codes = _codes(table, f["column"], f["domain"])
             ok = codes >= 0
             out[np.nonzero(ok)[0], j + codes[ok]] = 1.0
             j += len(f["domain"])
@@ -59,10 +62,10 @@ def encode_target(table: pa.Table, task: str, target: dict) -> tuple[np.ndarray,
             return (np.nan_to_num(x) > target["threshold"]).astype(np.float32), ok
         lo, hi = target["lower"], target["upper"]
         return ((np.clip(np.nan_to_num(x, nan=lo), lo, hi) - lo) / (hi - lo)).astype(np.float32), ok
-    codes = _codes(col, target["domain"])
+    codes = _codes(table, target["column"], target["domain"])
     ok = codes >= 0
     if task == "binary":
-        return np.asarray(col.isin(target["positive"]), dtype=np.float32), ok
+        return (_codes(table, target["column"], target["positive"]) >= 0).astype(np.float32), ok
     return np.where(ok, codes, 0), ok
 
 

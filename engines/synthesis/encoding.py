@@ -24,6 +24,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from engines.aggregates.compute import series_codes
+
 FINE = 10  # fine cells per bin (non-integer or wide integer columns)
 MAX_INTEGER_CELLS = 1000
 
@@ -84,7 +86,7 @@ def encode(df: pd.DataFrame, columns: list[dict]) -> dict[str, np.ndarray]:
             code = np.where(np.isnan(x), b, np.clip(code, 0, b - 1))
         else:
             domain = col["domain"]
-            code = pd.Categorical(values.where(values.isin(domain)), categories=domain).codes.astype(np.int64)
+            code = series_codes(values, domain)
             code = np.where(code < 0, len(domain), code)
         out[col["column"]] = code.astype(np.int64)
     return out
@@ -277,7 +279,7 @@ def cell_encode(df: pd.DataFrame, columns: list[dict]) -> dict[str, np.ndarray]:
                 code = np.clip(np.floor((np.clip(x, lo, hi) - lo) / (hi - lo) * nv), 0, nv - 1)
             code = np.where(isnull, null_code, code)
         else:
-            code = pd.Categorical(values.where(values.isin(col["domain"])), categories=col["domain"]).codes
+            code = series_codes(values, col["domain"])
             code = np.where(code < 0, null_code, code)
         out[col["column"]] = np.asarray(code, dtype=np.int64)
     return out
@@ -388,7 +390,8 @@ def enforce(df: pd.DataFrame, columns: list[dict], rng: np.random.Generator) -> 
                 x[ok] = _on_grid(x[ok], col)
             s = pd.Series(x, dtype="float64")
         else:
-            s = s.where(s.isin(col["domain"]))
+            s = pd.Series(np.array(col["domain"] + [None], dtype=object)[series_codes(s, col["domain"])],
+                          index=s.index, dtype=object)  # (-1, null or outside: the None)
         if not nullable(col) and s.isna().any():
             present = s.dropna().to_numpy()
             missing = int(s.isna().sum())

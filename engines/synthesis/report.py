@@ -41,6 +41,8 @@ from itertools import combinations, pairwise
 import numpy as np
 import pandas as pd
 
+from engines.aggregates.compute import series_codes
+
 UNIVARIATE_BINS = 20
 BIVARIATE_BINS = 10
 MARGINAL_ROWS = 200_000  # rows per table for histograms and associations
@@ -137,15 +139,9 @@ def _clamped(col: pd.Series, spec: dict) -> np.ndarray:
 
 
 def _categorical_codes(col: pd.Series, domain) -> np.ndarray:
-    """Index of each value in the declared domain; len(domain) for a null or an undeclared value."""
-    domain = list(domain)
-    try:
-        codes = pd.Categorical(col.where(col.isin(domain)), categories=domain).codes.astype(np.int64)
-    except (TypeError, ValueError):  # unhashable or duplicated domain entries
-        index = {}
-        for i, v in enumerate(domain):
-            index.setdefault(v, i)
-        codes = np.array([index.get(v, -1) if not pd.isna(v) else -1 for v in col.tolist()], dtype=np.int64)
+    """Index of each value in the declared domain; len(domain) for a null or an undeclared
+    value (matched as the aggregates engine matches: ``series_codes``)."""
+    codes = series_codes(col, list(domain))
     codes[codes < 0] = len(domain)
     return codes
 

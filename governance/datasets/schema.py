@@ -67,6 +67,12 @@ def is_finite_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _domain_kind(v) -> str:
+    """What a domain value is; a domain holds one kind (``1`` and ``"1"`` or ``true`` would
+    be one value to the engines that match by string and two to the others)."""
+    return "booleans" if isinstance(v, bool) else "strings" if isinstance(v, str) else "numbers"
+
+
 def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dict | None = None) -> dict:
     """Merge officer edits onto ``base`` and check every column; raise with all problems."""
     errors: dict[str, str] = {}
@@ -129,7 +135,10 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
             elif not all(isinstance(v, (str, int, float, bool)) and not (isinstance(v, float) and not math.isfinite(v))
                          for v in dom):
                 errors[name] = "domain values must be strings, numbers or booleans"
-            elif len({(type(v).__name__, v) for v in dom}) != len(dom):
+            elif len({_domain_kind(v) for v in dom}) > 1:
+                errors[name] = ("domain values must be all strings, all numbers or all booleans "
+                                f"(got {', '.join(sorted({_domain_kind(v) for v in dom}))})")
+            elif len({v + 0.0 if _domain_kind(v) == "numbers" else v for v in dom}) != len(dom):
                 errors[name] = "domain values must be distinct"
         if typ != "numeric" and name not in errors and (c.get("lower") is not None or c.get("upper") is not None):
             errors[name] = f"bounds apply only to numeric columns; this column is {typ}"

@@ -163,6 +163,12 @@ def test_it_patches_texts_and_budget(api, officer, csv_bytes):
     ({"site": {"type": "numeric", "lower": 0, "upper": 1}}, "site"),
     ({"site": {"domain": []}}, "site"),
     ({"site": {"domain": ["a", "a"]}}, "site"),
+    # one kind of value per domain: 1 and "1" (or true) are one value to an engine that
+    # matches by string and two to another (a synthesis run once failed after reading)
+    ({"site": {"domain": [0, 1, "1"]}}, "site"),
+    ({"site": {"domain": [0, 1, True]}}, "site"),
+    ({"site": {"domain": ["north", 2]}}, "site"),
+    ({"site": {"domain": [1, 1.0]}}, "site"),
     ({"age": {"type": "unit"}}, "age"),
     ({"age": {"type": "float"}}, "age"),
     ({"age": {"colour": "red"}}, "age"),

@@ -279,3 +279,16 @@ def test_multiclass_and_regression_tasks_train(table, tmp_path, seeded, target, 
     assert better_than(r["test"][metric]), r["test"]
     saved = torch.load(tmp_path / "model.pt", weights_only=True)
     assert saved["layers"][-1]["out"] == (3 if target == "klass" else 1)
+
+
+def test_a_string_domain_on_a_numeric_code_column_is_matched_as_the_aggregates_engine_does():
+    """A feature and a target stored as 1.0 / 2.0, declared categorical ``["1", "2"]``: each
+    row finds its category (it found none: every feature zero, every target unusable)."""
+    table = pa.table({"trt": [1.0, 2.0, None, 2.0], "y": [2.0, 1.0, 2.0, None]})
+    x = features.encode_features(table, [{"column": "trt", "type": "categorical", "domain": ["1", "2"]}])
+    assert x.tolist() == [[1, 0], [0, 1], [0, 0], [0, 1]]
+    target = {"column": "y", "type": "categorical", "domain": ["1", "2"], "positive": ["2"]}
+    labels, ok = features.encode_target(table, "binary", target)
+    assert labels.tolist() == [1, 0, 1, 0] and ok.tolist() == [True, True, True, False]
+    labels, ok = features.encode_target(table, "multiclass", target)
+    assert labels.tolist()[:3] == [1, 0, 1] and ok.tolist() == [True, True, True, False]
