@@ -27,7 +27,8 @@ def read_table(path: str) -> pa.Table:
     if path.endswith(".csv"):
         import pyarrow.csv as pcsv
 
-        return pcsv.read_csv(path)
+        # a missing cell is null in text columns too, as a registered CSV is read
+        return pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
     import pyarrow.parquet as pq
 
     return pq.read_table(path)

@@ -117,7 +117,9 @@ def read_table(path: Path | str, fmt: str, columns: list[str] | None = None, *,
         elif fmt == "parquet":
             table = pq.read_table(path, columns=columns)
         else:
-            opts = pacsv.ConvertOptions(include_columns=columns) if columns else None
+            # A missing cell is null in text columns too ("", NA, NULL, NaN, N/A...: Arrow's
+            # list, what pandas' to_csv and R's write.csv write), as it is in numeric ones
+            opts = pacsv.ConvertOptions(include_columns=columns or [], strings_can_be_null=True)
             table = pacsv.read_csv(path, convert_options=opts)
         names = table.schema.names  # Arrow decodes names lazily: a binary file fails here
     except (pa.ArrowException, OSError, ValueError, UnicodeDecodeError) as e:

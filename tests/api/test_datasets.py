@@ -50,6 +50,23 @@ def test_it_registers_a_csv_upload_as_a_draft(api, officer, csv_bytes):
     assert len(stored_files()) == 1
 
 
+@pytest.mark.parametrize("missing", ["", "NA", "NULL", '""'])
+def test_a_missing_text_cell_in_a_csv_is_null_not_a_category(api, officer, missing):
+    """What pandas' to_csv ("") and R's write.csv (NA) write for a missing value: a null in
+    a text column as in a numeric one, so the draft proposes no "NA" category and a
+    ``nullable: false`` on the column is refused like on the numeric one."""
+    data = f"colour,size\nred,1\n{missing},{missing}\nblue,3\nred,4\n".encode()
+    client = api(officer)
+    r = client.post(URL, form(data), format="multipart")
+    assert r.status_code == 201, r.content
+    cols = columns(r.json())
+    assert cols["colour"]["domain"] == ["blue", "red"]
+    for name in ("colour", "size"):
+        body = assert_error(client.patch(f"{URL}clinic/", {"schema": {name: {"nullable": False}}}, format="json"),
+                            400, "dataset.invalid")
+        assert "nulls" in body["errors"][name]
+
+
 def test_it_registers_a_parquet_upload(api, officer):
     r = api(officer).post(URL, form(parquet_bytes(), "table.parquet", unit_column="patient_id"),
                           format="multipart")
