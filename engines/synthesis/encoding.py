@@ -373,6 +373,16 @@ def _heavy_values(x, c, col, rng, hist, scale, counts):
     return x
 
 
+def as_written(df: pd.DataFrame, columns: list[dict]) -> pd.DataFrame:
+    """The synthetic table as the files hold it: a column declared ``integer`` (or with 0
+    ``decimals``) as integers with nulls (``Int64``: 2019 in the CSV, not 2019.0)."""
+    out = df.copy()
+    for col in columns:
+        if col["type"] == "numeric" and (col.get("integer") or col.get("decimals") == 0) and col["column"] in out:
+            out[col["column"]] = pd.to_numeric(out[col["column"]], errors="coerce").round().astype("Int64")
+    return out
+
+
 def enforce(df: pd.DataFrame, columns: list[dict], rng: np.random.Generator) -> pd.DataFrame:
     """The declarations on any synthetic table (post-processing): numeric values on their
     grid and in bounds, categorical values in the domain, and no nulls in a column declared

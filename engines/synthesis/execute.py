@@ -109,8 +109,9 @@ def finish(d: dict, spec: Spec, synthetic: pd.DataFrame, info: dict, train: pd.D
     they compare it with; ``reports_note`` says if they are samples), and the result."""
     workdir = Path(workdir)
     progress({"phase": "writing the table", "fraction": 0.9})
-    synthetic.to_csv(workdir / "synthetic.csv", index=False)
-    synthetic.to_parquet(workdir / "synthetic.parquet", index=False)
+    written = encoding.as_written(synthetic, spec.columns)
+    written.to_csv(workdir / "synthetic.csv", index=False)
+    written.to_parquet(workdir / "synthetic.parquet", index=False)
 
     officer = None
     if len(holdout):

@@ -73,6 +73,8 @@ def test_every_declaration_holds_exactly(loans):
     df, syn, _, _ = loans
     assert_declarations_hold(syn)
     assert syn["emp"].isna().any()  # a nullable column with 10% nulls keeps some
+    # integer columns are written as integers (a CSV reads 12000, not 12000.0), with nulls
+    assert syn["amount"].dtype == "Int64" and syn["emp"].dtype == "Int64" and syn["rate"].dtype == np.float64
     assert (~syn["grade"].isin(list("ABCD"))).mean() < 0.03  # E-G declared but never seen: one merged cell, ~0
 
 

@@ -145,7 +145,8 @@ def test_a_run_returns_the_requested_table_within_the_declared_schema(plan, tabl
 
     df = pd.read_parquet(tmp_path / "synthetic.parquet")
     assert list(df.columns) == ["score", "kids", "grp", "flag"] and len(df) == 3000
-    assert df["score"].dtype == np.float64 and df["kids"].dtype == np.float64
+    # kids is declared integer: written as integers (2, not 2.0), with its nulls
+    assert df["score"].dtype == np.float64 and df["kids"].dtype == "Int64"
     score, kids = df["score"].dropna(), df["kids"].dropna()
     assert score.between(0, 100).all() and kids.between(0, 10).all()
     assert (kids == np.floor(kids)).all()  # an integer column
