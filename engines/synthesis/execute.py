@@ -127,6 +127,8 @@ def finish(d: dict, spec: Spec, synthetic: pd.DataFrame, info: dict, train: pd.D
         "certified_epsilon": d.get("certified_epsilon", d["planned_epsilon"]),
         "max_rows_per_unit": spec.max_rows_per_unit,
         "numeric_bins": {c["column"]: c["bins"] for c in spec.columns if c["type"] == "numeric"}, **info,
+        # the dataset's columns not synthesized (no "columns" asked), and why: public schema facts
+        **({"columns_left_out": spec.left_out} if spec.left_out else {}),
         "reports": ("computed and shown to the privacy officer only: they compare the table with the private rows"
                     if officer else "none (holdout_fraction 0)"),
     }

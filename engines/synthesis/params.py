@@ -140,6 +140,7 @@ class Spec:
     rows_per_unit_auto: bool = False  # max_rows_per_unit not given: auto_rows_per_unit, halved while refused
     method_auto: bool = False  # method not given: default_method chose it
     unit_weighting: bool = False  # MST / AIM on a unit table: rows reweighted by their unit's rows (model_columns)
+    left_out: dict = field(default_factory=dict)  # no "columns" given: each column not synthesized, and why
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -177,6 +178,15 @@ def _column(name: str, col: dict, bins: int) -> dict | str:
     return f"column {name!r} is of type {typ!r}: only numeric and categorical columns can be synthesized"
 
 
+def _left_out(left_out: dict[str, str], shown: int = 5) -> str:
+    """Why the dataset's other columns are not synthesized (for a refusal's message)."""
+    if not left_out:
+        return ""
+    reasons = list(left_out.values())
+    more = f"; and {len(reasons) - shown} more" if len(reasons) > shown else ""
+    return f"; left out: {'; '.join(reasons[:shown])}{more}"
+
+
 def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     if not isinstance(params, dict):
         raise PlanError("params must be an object", {"params": "must be an object"})
@@ -190,7 +200,8 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         errors["method"] = f"must be one of {', '.join(METHODS)}, got {method!r}"
     eps = params.get("epsilon")
     if not _finite(eps) or eps <= 0 or eps > 100:
-        errors["epsilon"] = f"required: a number in (0, 100], got {eps!r}"
+        errors["epsilon"] = ("required: a number in (0, 100]" if eps is None
+                             else f"must be a number in (0, 100], got {eps!r}")
     delta = params.get("delta", ds.delta)
     if not _finite(delta) or not 0 < delta < 0.1:
         errors["delta"] = f"must be a number in (0, 0.1), got {delta!r}"
@@ -228,14 +239,15 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
 
     names = params.get("columns")
     columns: list[dict] = []
+    left_out: dict[str, str] = {}
     if names is None:
         for c, spec in ds.columns.items():
-            if c != ds.unit_column and spec.get("type") in ("numeric", "categorical"):
+            if c != ds.unit_column:
                 col = _column(c, spec, bins)
-                if isinstance(col, dict):
-                    columns.append(col)
+                (columns.append(col) if isinstance(col, dict) else left_out.__setitem__(c, col))
         if not columns:
-            errors["columns"] = "the dataset has no column that can be synthesized (bounded numeric or categorical)"
+            errors["columns"] = ("the dataset has no column that can be synthesized (bounded numeric or categorical)"
+                                 + _left_out(left_out))
     elif not isinstance(names, list) or not names or not all(isinstance(c, str) for c in names) \
             or len(set(names)) != len(names):
         errors["columns"] = "must be a non-empty list of distinct column names"
@@ -252,7 +264,7 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         if problems:
             errors["columns"] = "; ".join(problems)
     if columns and len(columns) < 2 and method in ("mst", "aim") and "columns" not in errors:
-        errors["columns"] = f"{method.upper()} needs at least two columns"
+        errors["columns"] = f"{method.upper()} needs at least two columns" + _left_out(left_out)
     target = params.get("target")
     if target is not None and target not in [c["column"] for c in columns]:
         errors["target"] = "must be one of the synthesized columns (used for train-synthetic-test-real utility)"
@@ -301,5 +313,5 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
                 n_holdout_units=n_holdout, n_train_units=n_train, unit_column=ds.unit_column, max_rows_per_unit=k,
                 holdout_fraction=float(hf), target=target, sensitive=sensitive, vae=vae, accountant=accountant,
                 rows_per_unit_auto=auto_k, method_auto=method_auto,
-                unit_weighting=weighting is True and weighs and UNIT_ROWS not in ds.columns)
+                unit_weighting=weighting is True and weighs and UNIT_ROWS not in ds.columns, left_out=left_out)
     return with_rows_per_unit(spec, k)  # the cells of continuous columns

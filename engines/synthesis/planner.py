@@ -196,6 +196,17 @@ def _columns(spec: Spec) -> str:
                                                    else "")
 
 
+def _refuse_too_little_signal(method: str, spec: Spec, sd: float) -> None:
+    """A PlanError when the one-way marginals' noise sd is over a tenth of the training units."""
+    limit = spec.n_train_units / MIN_SIGNAL
+    if sd > limit:
+        raise PlanError(
+            f"epsilon {spec.epsilon:g} is too small for {method} on {spec.n_train_units:,} privacy units and "
+            f"{_columns(spec)}: the noise on each one-way marginal (sd {sd:,.3g}) would exceed a tenth of the "
+            f"training units ({limit:,.3g}); raise epsilon, synthesize fewer columns or use fewer bins",
+            {"epsilon": f"too small for {method} here (one-way noise sd {sd:,.3g}, over {limit:,.3g})"})
+
+
 def _plan_mst(spec: Spec) -> tuple[dict, dict, float | None]:
     """(event, details, the PLD certificate or None)."""
     from .encoding import has_fine, one_way_releases
@@ -217,13 +228,7 @@ def _plan_mst(spec: Spec) -> tuple[dict, dict, float | None]:
     eps_sel = meas["select_epsilon"]
     event = _mst_event(1 / math.sqrt(2 * c1), eps_sel, 1 / math.sqrt(2 * c2), cf and 1 / math.sqrt(2 * cf), d, m,
                        n1)
-    if one.scale > spec.n_train_units / MIN_SIGNAL:
-        raise PlanError(
-            f"epsilon {spec.epsilon:g} is too small for MST on {spec.n_train_units:,} privacy units and "
-            f"{_columns(spec)}: "
-            f"the noise on each one-way marginal (sd {one.scale:,.0f}) would exceed a tenth of the table; raise "
-            "epsilon, synthesize fewer columns or use fewer bins",
-            {"epsilon": f"too small for MST here (one-way noise sd {one.scale:,.0f})"})
+    _refuse_too_little_signal("MST", spec, one.scale)
     details = {"one_way": one.to_dict(), "two_way": two.to_dict(), "fine": fine and fine.to_dict(),
                "select_scale": meas["select_scale"], "select_epsilon": eps_sel, "shares": SHARES,
                "one_way_releases": n1}
@@ -285,13 +290,7 @@ def _plan_aim(spec: Spec) -> tuple[dict, dict]:
         rho *= 1 - 1e-9
         one, fine, event = calibrated(rho)
     rounds_rho = rounds_share * rho
-    if one.scale > spec.n_train_units / MIN_SIGNAL:
-        raise PlanError(
-            f"epsilon {spec.epsilon:g} is too small for AIM on {spec.n_train_units:,} privacy units and "
-            f"{_columns(spec)}: "
-            f"the noise on each one-way marginal (sd {one.scale:,.0f}) would exceed a tenth of the table; raise "
-            "epsilon, synthesize fewer columns or use fewer bins",
-            {"epsilon": f"too small for AIM here (one-way noise sd {one.scale:,.0f})"})
+    _refuse_too_little_signal("AIM", spec, one.scale)
     details = {"one_way": one.to_dict(), "fine": fine and fine.to_dict(), "rounds_rho": rounds_rho,
                "rounds": AIM_ROUNDS_PER_COLUMN * d, "sensitivity": k, "shares": AIM_SHARES,
                "one_way_releases": n1}

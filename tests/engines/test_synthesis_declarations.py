@@ -254,3 +254,51 @@ def test_a_string_domain_on_a_numeric_code_column_finds_its_rows(method):
     share = syn["trt"].value_counts(normalize=True, dropna=False)
     assert set(syn["trt"].dropna()) <= {"1", "2"}
     assert abs(share.get("1", 0) - 0.5) < 0.08 and abs(share.get("2", 0) - 0.25) < 0.08, share
+
+
+def _plan_errors(df: pd.DataFrame, schema: dict, params: dict) -> dict:
+    from engines.types import PlanError
+
+    meta = DatasetMeta(name="t", columns=schema, unit_column=None, n_rows=len(df), n_units=len(df), delta=1e-6)
+    with pytest.raises(PlanError) as e:
+        plugins.plan("synthesis", EngineRequest("synthesize", params), meta)
+    return e.value.errors
+
+
+def test_a_refusal_says_which_columns_were_left_out_and_why():
+    """A draft schema (numeric columns without bounds) once got "MST needs at least two
+    columns" and nothing more; the refusal names the columns left out and the reason."""
+    df = pd.DataFrame({"grade": ["A", "B"] * 50, "chol": np.arange(100.0), "age": np.arange(100.0)})
+    schema = {"grade": {"type": "categorical", "domain": ["A", "B"]}, "chol": {"type": "numeric"},
+              "age": {"type": "numeric"}}
+    msg = _plan_errors(df, schema, {"epsilon": 1})["columns"]
+    assert "at least two columns" in msg and "'chol' has no declared bounds" in msg and "'age'" in msg
+
+
+def test_a_run_lists_the_columns_it_left_out():
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"grade": rng.choice(["A", "B"], 2000), "age": rng.integers(20, 60, 2000),
+                       "chol": rng.normal(200, 30, 2000)})
+    schema = {"grade": {"type": "categorical", "domain": ["A", "B"]},
+              "age": {"type": "numeric", "lower": 0, "upper": 100, "integer": True}, "chol": {"type": "numeric"}}
+    syn, _, release = synthesize(df, DatasetMeta(name="t", columns=schema, unit_column=None, n_rows=2000,
+                                                 n_units=2000, delta=1e-6), {"epsilon": 4, "holdout_fraction": 0})
+    assert list(syn.columns) == ["grade", "age"]
+    assert list(release.result["columns_left_out"]) == ["chol"]
+    assert "no declared bounds" in release.result["columns_left_out"]["chol"]
+
+
+@pytest.mark.parametrize("params, fragment", [({"epsilon": 1000}, "must be a number in (0, 100], got 1000"),
+                                              ({}, "required")])
+def test_an_epsilon_out_of_range_is_not_called_missing(params, fragment):
+    df = pd.DataFrame({"a": ["x", "y"] * 50, "b": ["u", "v"] * 50})
+    schema = {"a": {"type": "categorical", "domain": ["x", "y"]}, "b": {"type": "categorical", "domain": ["u", "v"]}}
+    assert fragment in _plan_errors(df, schema, params)["epsilon"]
+
+
+def test_a_too_small_epsilon_names_the_noise_and_the_limit_unrounded():
+    """22 units: a tenth is 2.2, and an sd of 2.4 is not written "sd 2" beside it."""
+    df = pd.DataFrame({"a": ["x", "y"] * 11, "b": ["u", "v"] * 11})
+    schema = {"a": {"type": "categorical", "domain": ["x", "y"]}, "b": {"type": "categorical", "domain": ["u", "v"]}}
+    msg = _plan_errors(df, schema, {"epsilon": 1, "method": "mst", "holdout_fraction": 0})["epsilon"]
+    assert "over 2.2)" in msg, msg
