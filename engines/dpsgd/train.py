@@ -302,7 +302,7 @@ class Trainer:
               if self.z is not None else None)
         # the held-out units with a usable target, as released (the plan's stated half-width
         # assumes every declared held-out unit has one; fewer widen the interval)
-        units = {"val_units": round(n_released)}
+        units = {"val_units": max(round(n_released), 0)}  # (a noisy count: clamped at 0, post-processing)
         if self.spec.task == "regression":
             span = self.spec.target["upper"] - self.spec.target["lower"]
             return {"val_mae": metric * span, "val_mse_scaled": loss, **units,
