@@ -192,8 +192,9 @@ def series_codes(values, domain: list) -> np.ndarray:
     try:
         arr = pa.array(values, from_pandas=True)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # mixed Python types
-        arr = pa.array([None if v is None or (isinstance(v, float) and v != v) else _as_str(v) for v in values],
-                       type=pa.string())
+        import pandas as pd
+
+        arr = pa.array([None if pd.isna(v) else _as_str(v) for v in values], type=pa.string())
     return category_codes(pa.table({"v": arr}), "v", domain)
 
 

@@ -244,7 +244,10 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         for c, spec in ds.columns.items():
             if c != ds.unit_column:
                 col = _column(c, spec, bins)
-                (columns.append(col) if isinstance(col, dict) else left_out.__setitem__(c, col))
+                if isinstance(col, dict):
+                    columns.append(col)
+                else:
+                    left_out[c] = col
         if not columns:
             errors["columns"] = ("the dataset has no column that can be synthesized (bounded numeric or categorical)"
                                  + _left_out(left_out))
