@@ -6,11 +6,14 @@ as if it had been answered), and under DEBUG (the embedded default) Django refus
 POST it cannot redirect with a 500. Under DEBUG an unmatched path is Django's HTML debug
 page, not the JSON 404 of ``errors.page_not_found``. So, before ``CommonMiddleware``: a
 path under /api/ that resolves only with its trailing slash is served as with it (same
-method, same body), and one that resolves neither way is the JSON 404.
+method, same body), and one that resolves neither way is the JSON 404. With DEBUG off a
+path with its slash is left to Django (``handler404`` answers JSON then), so the common
+request pays no extra resolve.
 """
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.urls import Resolver404, get_resolver
 
 from .errors import page_not_found
@@ -32,7 +35,8 @@ class ApiPaths:
 
     def __call__(self, request):
         path = request.path_info
-        if path.startswith(PREFIX) or path == PREFIX[:-1]:
+        under = path.startswith(PREFIX) or path == PREFIX[:-1]
+        if under and (settings.DEBUG or not path.endswith("/")):
             urlconf = getattr(request, "urlconf", None)
             if not _resolves(path, urlconf):
                 if path.endswith("/") or not _resolves(path + "/", urlconf):
