@@ -37,10 +37,9 @@ def encode_features(table: pa.Table, features: list[dict]) -> np.ndarray:
     out = np.zeros((n, width), dtype=np.float32)
     j = 0
     for f in features:
-        col = _values(table, f["column"])
         if f["type"] == "numeric":
             lo, hi = f["lower"], f["upper"]
-            x = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+            x = pd.to_numeric(_values(table, f["column"]), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
             x = (np.clip(x, lo, hi) - lo) / (hi - lo) * 2.0 - 1.0
             out[:, j] = np.nan_to_num(x, nan=0.0)
             j += 1
@@ -54,9 +53,8 @@ def encode_features(table: pa.Table, features: list[dict]) -> np.ndarray:
 
 def encode_target(table: pa.Table, task: str, target: dict) -> tuple[np.ndarray, np.ndarray]:
     """(labels, usable-row mask)."""
-    col = _values(table, target["column"])
     if target["type"] == "numeric":
-        x = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+        x = pd.to_numeric(_values(table, target["column"]), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
         ok = ~np.isnan(x)
         if task == "binary":
             return (np.nan_to_num(x) > target["threshold"]).astype(np.float32), ok

@@ -135,9 +135,9 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
             elif not all(isinstance(v, (str, int, float, bool)) and not (isinstance(v, float) and not math.isfinite(v))
                          for v in dom):
                 errors[name] = "domain values must be strings, numbers or booleans"
-            elif len({_domain_kind(v) for v in dom}) > 1:
+            elif len(kinds := {_domain_kind(v) for v in dom}) > 1:
                 errors[name] = ("domain values must be all strings, all numbers or all booleans "
-                                f"(got {', '.join(sorted({_domain_kind(v) for v in dom}))})")
+                                f"(got {', '.join(sorted(kinds))})")
             elif len({v + 0.0 if _domain_kind(v) == "numbers" else v for v in dom}) != len(dom):
                 errors[name] = "domain values must be distinct"
         if typ != "numeric" and name not in errors and (c.get("lower") is not None or c.get("upper") is not None):
