@@ -198,10 +198,10 @@ def _unit_meta(n_rows: int, n_units: int) -> DatasetMeta:
     (250_000, 10_000, 1.0, "aim", 25),
     (4_000_000, 50_000, 1.0, "mst", 64),  # at most 64
     (30_000, 30_000, 1.0, "mst", 1),
-    # 8 and 4 are refused (one-way noise over a tenth of the units, over 3 declared columns
-    # and the bucket of each unit's rows, params.model_columns): halved
-    (8_000, 1_000, 1.0, "mst", 2),
-    (16_000, 800, 1.0, "mst", 2),  # 20, 10 and 5 are refused
+    # 8 is refused (one-way noise over a tenth of the units, over 3 declared columns and
+    # the bucket of each unit's rows, params.model_columns): halved
+    (8_000, 1_000, 1.0, "mst", 4),
+    (24_000, 1_000, 1.0, "mst", 3),  # 24, 12 and 6 are refused
     (250_000, 10_000, 1.0, "vae", 4),  # the VAE keeps its fixed default
 ])
 def test_the_default_rows_per_unit_follows_the_table(n_rows, n_units, epsilon, method, want):
