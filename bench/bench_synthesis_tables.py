@@ -363,20 +363,14 @@ def score(train, holdout, table, cols, schema, target, n, seed=0, reps=5) -> dic
 
 
 def _analytic_gaussian_sigma(eps: float, delta: float, sensitivity: float) -> float:
-    """The smallest Gaussian sd that is (eps, delta)-DP at this L2 sensitivity (Balle and
-    Wang 2018, by bisection on their exact delta(sigma)): the tightest accounting of one
-    Gaussian release."""
-    from scipy.stats import norm
+    """The smallest Gaussian sd that is (eps, delta)-DP at this L2 sensitivity: the noise
+    multiplier at which the analytic Gaussian (``accounting.gaussian``, Balle and Wang 2018)
+    meets delta, the tightest accounting of one Gaussian release."""
+    from scipy.optimize import brentq
 
-    def delta_of(s):
-        a, b = sensitivity / (2 * s), eps * s / sensitivity
-        return norm.cdf(a - b) - math.exp(eps) * norm.cdf(-a - b)
+    from accounting.gaussian import gaussian_delta
 
-    lo, hi = 1e-6 * sensitivity, 1e6 * sensitivity
-    for _ in range(200):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if delta_of(mid) > delta else (lo, mid)
-    return hi
+    return sensitivity * brentq(lambda z: gaussian_delta(z, eps) - delta, 1e-6, 1e6, xtol=1e-12)
 
 
 def reach(train, cols, schema, unit, n, eps: float, draws: int = 10) -> dict:
