@@ -203,7 +203,7 @@ def _rounds(model, estimator, domain, measurements, ow, counts, details, progres
                                                  integer=True, vector=True)
         limit = MAX_CELLS * (budget.spent + rho_t) / budget.total  # the size penalty
         small = [cl for cl in cands if _size_ok(domain, model, cl, limit)]
-        bias = math.sqrt(2 / math.pi) * meas.scale
+        bias = mst.noise_l1(meas.scale)
         for cl in small:
             if cl in fresh:
                 est[cl] = fresh[cl]

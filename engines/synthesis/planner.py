@@ -12,7 +12,9 @@ false``):
    a private partition and compresses it (post-processing);
 2. select d - 1 pairs forming a maximum spanning tree, each round by report-noisy-max
    with exponential noise (the exponential mechanism; pure epsilon each) over the L1
-   error of the independence model on the pairs still joining two components;
+   error of the independence model on the pairs still joining two components, less
+   the L1 the pair's measurement noise is expected to add (sqrt(2 / pi) sigma2 per
+   cell, as AIM's selection: public, from the compressed cells);
 3. measure the selected two-way marginals (on the compressed cells) with the discrete
    Gaussian (d - 1 releases);
 4. measure the grid histogram of each numeric column whose grid has more values than
