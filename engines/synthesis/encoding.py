@@ -167,9 +167,22 @@ def grid(col: dict) -> tuple[int, float, int, int] | None:
     if d is None:
         return None
     step = 10.0 ** -int(d)
-    first, last = math.ceil(col["lower"] / step - 1e-9), math.floor(col["upper"] / step + 1e-9)
-    n = last - first + 1
+    first, n = _grid_span(col, step, int(d))
     return (first, step, n, int(d)) if n >= 1 else None
+
+
+def _grid_span(col: dict, step: float, d: int) -> tuple[int, int]:
+    """(index of the first value, number of values) of the ``step`` grid inside the
+    declared bounds, each value as decoded (i * step rounded to ``d`` decimals) inside them
+    exactly: a bound a hair off the grid (0.1 + 0.05 = 0.15000000000000002) must not let
+    0.15 out below it."""
+    lo, hi = col["lower"], col["upper"]
+    first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+    if round(first * step, d) < lo:
+        first += 1
+    if round(last * step, d) > hi:
+        last -= 1
+    return first, last - first + 1
 
 
 def cells(col: dict) -> int:
@@ -216,8 +229,8 @@ def _candidate_grid(col: dict) -> tuple[int, float, int, int]:
     any grid: from the declaration only."""
     d = CANDIDATE_DECIMALS
     step = 10.0 ** -d
-    first, last = math.ceil(col["lower"] / step - 1e-9), math.floor(col["upper"] / step + 1e-9)
-    return first, step, last - first + 1, d
+    first, n = _grid_span(col, step, d)
+    return first, step, n, d
 
 
 def value_grid(col: dict) -> tuple[int, float, int, int, int] | None:
@@ -235,8 +248,7 @@ def value_grid(col: dict) -> tuple[int, float, int, int, int] | None:
     while n > MAX_GRID:
         k += 1
         step = 10.0 ** (k - d)
-        first = math.ceil(col["lower"] / step - 1e-9)
-        n = math.floor(col["upper"] / step + 1e-9) - first + 1
+        first, n = _grid_span(col, step, max(d - k, 0))
     return first, step, n, max(d - k, 0), k
 
 

@@ -168,6 +168,27 @@ def test_mst_prefers_a_pair_it_can_measure_over_a_noisier_one_with_more_error():
     assert scores["u", "v"] == pytest.approx(raw["u", "v"] - 4 * mst.noise_l1(10.0))
 
 
+def test_a_bound_a_hair_off_the_grid_keeps_every_value_inside_it():
+    """Declared bounds computed in floating point (0.1 + 0.05, 0.3 + 0.6) lie a hair off
+    the 0.01 grid: the grid starts and ends inside them, and values at or past a bound
+    come back on the grid and within the bounds (DoctorVisits' age, bench 2026-11-27)."""
+    col = {"column": "x", "type": "numeric", "lower": 0.1 + 0.05, "upper": 0.3 + 0.6, "decimals": 2,
+           "nullable": False}
+    first, step, n, d = encoding.grid(col)
+    values = np.round((first + np.arange(n)) * step, d)
+    assert values[0] == 0.16 and values[-1] == 0.89
+    out = encoding.enforce(pd.DataFrame({"x": [0.0, 0.15, col["lower"], 0.5, 0.9, 5.0]}), [col],
+                           np.random.default_rng(0))["x"]
+    assert list(out) == [0.16, 0.16, 0.16, 0.5, 0.89, 0.89]
+    decoded = encoding.cell_decode({"x": np.arange(encoding.n_values(col))}, [col], np.random.default_rng(0))["x"]
+    assert decoded.min() >= col["lower"] and decoded.max() <= col["upper"]
+    assert np.array_equal(np.round(decoded, 2), decoded)
+    wide = {**col, "lower": 0.1 + 0.05, "upper": 20_000.3 + 0.6}  # over MAX_GRID values: a coarser grid
+    g_first, g_step, g_n, g_d, k = encoding.value_grid(wide)
+    assert k >= 1 and round(g_first * g_step, g_d) >= wide["lower"]
+    assert round((g_first + g_n - 1) * g_step, g_d) <= wide["upper"]
+
+
 def test_the_tree_partition_is_fine_where_the_rows_are():
     col = {"column": "x", "type": "numeric", "lower": 0, "upper": 256, "bins": 20, "nullable": False}
     x = np.r_[np.random.default_rng(0).uniform(0, 8, 5000), [200.0] * 3]
