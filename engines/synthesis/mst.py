@@ -193,7 +193,8 @@ def _within(y: np.ndarray, sigma: float, mapping: np.ndarray, nv: int) -> list[t
     its count soft-thresholded (max(y - sigma, 0): a column without nulls gets next to
     none). Clipped and not soft-thresholded for the values: a group of rare values is
     often many cells of similar, small counts (131 local authorities of Chem97), whose
-    shares soft-thresholding at sigma distorts (bench/README.md, "Noise-aware pairs")."""
+    shares soft-thresholding at sigma distorts (bench/README.md, "noise-aware pairs and
+    merged values drawn by their counts")."""
     weight = np.clip(y, 0, None)
     weight[nv:] = np.clip(y[nv:] - sigma, 0, None)
     out = []

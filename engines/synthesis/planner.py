@@ -82,7 +82,7 @@ DETAILS_VERSION = 3  # 2: MST on cells with private compression, fine = grid his
 # The one-way share (MST's and AIM's): the one-way marginals set every column's cells (the
 # private partition and compression) and every pair's margins, so their noise reaches every
 # marginal the model answers. Measured on twelve public tables at epsilon 1 (bench/README.md,
-# "Latest: 60% of the budget to the one-way marginals"): 0.35 -> 0.6 raised the overall
+# "Before that: 60% of the budget to the one-way marginals"): 0.35 -> 0.6 raised the overall
 # accuracy by 0.003-0.052 on the six tables under 2,000 units, was level on CPS, loans and
 # Fertility, and lost 0.006 / 0.014 (MST / AIM) on InstEval, whose unit reweighting is
 # learnt from pairs; 0.5 there gave 0.950 / 0.952, 0.35 0.953 / 0.959. 0.7-0.8 lost on
