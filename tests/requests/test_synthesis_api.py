@@ -208,6 +208,8 @@ def test_the_schemas_declarations_hold_in_the_table(api, analyst, officer, make_
     ({"type": "numeric", "lower": 0, "upper": 1, "integer": True, "decimals": 2}, "0 decimals"),
     ({"type": "categorical", "domain": ["a"], "decimals": 1}, "only to numeric"),
     ({"type": "numeric", "lower": 0, "upper": 1, "nullable": "no"}, "nullable must be true or false"),
+    ({"type": "numeric", "lower": 0.151, "upper": 0.159, "decimals": 2}, "no value with 2 decimals lies in"),
+    ({"type": "numeric", "lower": 0.2, "upper": 0.8, "integer": True}, "no integer lies in [0.2, 0.8]"),
 ])
 def test_bad_declarations_are_refused(make_dataset, spec, problem):
     from governance.core.errors import InvalidDataset
