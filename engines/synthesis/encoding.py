@@ -152,6 +152,7 @@ BASE_CELLS = 256
 TREE_MIN = 32
 MAX_GRID = 200_000
 CANDIDATE_DECIMALS = 6
+MAX_INDEX = 2.0 ** 62  # grid indices are int64: a grid reaching further from zero cannot be indexed
 
 
 def nullable(col: dict) -> bool:
@@ -183,6 +184,22 @@ def _grid_span(col: dict, step: float, d: int) -> tuple[int, int]:
     if round(last * step, d) > hi:
         last -= 1
     return first, last - first + 1
+
+
+def indexable(col: dict) -> bool:
+    """Whether a declared integer / decimal grid can be indexed (int64): its bounds within
+    MAX_INDEX steps of zero."""
+    d = 0 if col.get("integer") else col.get("decimals")
+    return d is None or max(abs(col["lower"]), abs(col["upper"])) * 10.0 ** int(d) < MAX_INDEX
+
+
+def holds_a_grid_value(col: dict) -> bool:
+    """Whether a declared integer / decimal grid has a value inside the bounds (an
+    interval at least one step wide always has: no grid arithmetic, so any bounds do)."""
+    d = 0 if col.get("integer") else col.get("decimals")
+    if d is None or col["upper"] - col["lower"] >= 10.0 ** -int(d):
+        return True
+    return grid(col) is not None
 
 
 def cells(col: dict) -> int:
@@ -227,9 +244,11 @@ def _candidate_grid(col: dict) -> tuple[int, float, int, int]:
     """A numeric column without a declared grid: the CANDIDATE_DECIMALS grid on its
     declared range, which ``value_grid`` coarsens to at most MAX_GRID values. Public, like
     any grid: from the declaration only."""
-    d = CANDIDATE_DECIMALS
+    d, big = CANDIDATE_DECIMALS, max(abs(col["lower"]), abs(col["upper"]))
+    while big * 10.0 ** d >= MAX_INDEX:  # bounds far from zero (1e308): a coarser candidate grid
+        d -= 1
     step = 10.0 ** -d
-    first, n = _grid_span(col, step, d)
+    first, n = _grid_span(col, step, max(d, 0))
     return first, step, n, d
 
 

@@ -11,6 +11,8 @@ import numpy as np
 from engines.types import DatasetMeta, PlanError
 from engines.validation import is_number as _finite, run_accountant_error, unknown_keys, unknown_message
 
+from . import encoding
+
 KINDS = ("synthesize",)
 METHODS = ("mst", "aim", "vae")
 MAX_ROWS = 5_000_000
@@ -165,6 +167,10 @@ def _column(name: str, col: dict, bins: int) -> dict | str:
         if decimals is not None and (isinstance(decimals, bool) or not isinstance(decimals, int)
                                      or not 0 <= decimals <= MAX_DECIMALS):
             return f"numeric column {name!r}: decimals must be an integer from 0 to {MAX_DECIMALS}"
+        if not encoding.indexable({**col, "decimals": decimals}):
+            return (f"numeric column {name!r}: its {'integer' if col.get('integer') or decimals == 0 else 'decimal'} "
+                    f"grid on [{lo:g}, {hi:g}] reaches more than 2^62 steps from zero; declare narrower bounds"
+                    + ("" if col.get("integer") or decimals == 0 else " or fewer decimals"))
         return {"column": name, "type": "numeric", "lower": float(lo), "upper": float(hi), "bins": bins,
                 "integer": bool(col.get("integer", False)) or decimals == 0,
                 "decimals": None if decimals is None or decimals == 0 else decimals,

@@ -13,7 +13,7 @@ import math
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engines.synthesis.encoding import grid
+from engines.synthesis.encoding import holds_a_grid_value
 
 from ..core.errors import InvalidDataset
 from .files import MAX_COLUMNS
@@ -158,7 +158,7 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
             elif c.get("integer") and d != 0:
                 errors[name] = "an integer column has 0 decimals"
         if typ == "numeric" and name not in errors and c.get("lower") is not None and (
-                c.get("integer") or c.get("decimals") is not None) and grid(c) is None:
+                c.get("integer") or c.get("decimals") is not None) and not holds_a_grid_value(c):
             what = "integer" if c.get("integer") or c["decimals"] == 0 else f"value with {c['decimals']} decimals"
             errors[name] = (f"no {what} lies in [{c['lower']}, {c['upper']}]: widen the bounds or declare more "
                             "decimals")

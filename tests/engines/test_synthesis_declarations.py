@@ -12,7 +12,7 @@ import pytest
 from engines import plugins
 from engines.aggregates.noise import Noise
 from engines.synthesis import encoding, mst, report
-from engines.types import DatasetMeta, EngineRequest
+from engines.types import DatasetMeta, EngineRequest, PlanError
 from tests.engines.synthesis_helpers import synthesize
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -187,6 +187,28 @@ def test_a_bound_a_hair_off_the_grid_keeps_every_value_inside_it():
     g_first, g_step, g_n, g_d, k = encoding.value_grid(wide)
     assert k >= 1 and round(g_first * g_step, g_d) >= wide["lower"]
     assert round((g_first + g_n - 1) * g_step, g_d) <= wide["upper"]
+
+
+@pytest.mark.parametrize("bounds, spec, refused", [
+    ((-1e308, 1e308), {}, False),  # a continuous column: a coarser candidate grid, no overflow
+    ((0, 1e200), {}, False),
+    ((-1e15, 1e15), {"decimals": 2}, False),
+    ((-1e308, 1e308), {"integer": True}, True),  # grid indices past int64: refused with the reason
+    ((-1e15, 1e15), {"decimals": 4}, True),
+])
+def test_bounds_far_from_zero_synthesize_or_are_refused_never_crash(bounds, spec, refused):
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"x": rng.normal(0, 1e6, 1000).round(2), "g": rng.choice(list("ab"), 1000)})
+    schema = {"x": {"type": "numeric", "lower": bounds[0], "upper": bounds[1], "nullable": False, **spec},
+              "g": {"type": "categorical", "domain": ["a", "b"], "nullable": False}}
+    if refused:
+        with pytest.raises(PlanError, match=r"x.*more than 2\^62 steps from zero"):
+            _run(df, schema, 1.0, rows=200)
+        return
+    syn, _, _ = _run(df, schema, 1.0, rows=200)
+    assert syn["x"].notna().all() and syn["x"].between(*bounds).all()
+    if "decimals" in spec:
+        assert np.allclose(np.round(syn["x"], 2), syn["x"], atol=1e-6, rtol=0)
 
 
 def test_the_tree_partition_is_fine_where_the_rows_are():

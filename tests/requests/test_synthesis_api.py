@@ -202,6 +202,13 @@ def test_the_schemas_declarations_hold_in_the_table(api, analyst, officer, make_
     assert s["tstr_interval"][0] <= s["tstr"] <= s["tstr_interval"][1]
 
 
+def test_a_grid_on_bounds_far_from_zero_registers(make_dataset):
+    """The check that a grid value lies in the bounds does no grid arithmetic on wide
+    bounds (decimals 9 on +-1e308 would overflow it): registered, not a 500."""
+    make_dataset("wide", frame=pd.DataFrame({"x": [0.5, 0.25]}),
+                 schema={"x": {"type": "numeric", "lower": -1e308, "upper": 1e308, "decimals": 9}})
+
+
 @pytest.mark.parametrize("spec, problem", [
     ({"type": "numeric", "lower": 0, "upper": 1, "decimals": -1}, "decimals must be an integer"),
     ({"type": "numeric", "lower": 0, "upper": 1, "decimals": 1.5}, "decimals must be an integer"),
