@@ -164,12 +164,24 @@ def grid(col: dict) -> tuple[int, float, int, int] | None:
     column declared ``integer`` or with ``decimals``; the value of index i is i * step."""
     if col["type"] != "numeric":
         return None
-    d = 0 if col.get("integer") else col.get("decimals")
+    d = grid_decimals(col)
     if d is None:
         return None
-    step = 10.0 ** -int(d)
-    first, n = _grid_span(col, step, int(d))
-    return (first, step, n, int(d)) if n >= 1 else None
+    step = 10.0 ** -d
+    first, n = _grid_span(col, step, d)
+    return (first, step, n, d) if n >= 1 else None
+
+
+def grid_decimals(col: dict) -> int | None:
+    """The decimals of a numeric column's declared grid: 0 for ``integer``, else
+    ``decimals``; None without one."""
+    d = 0 if col.get("integer") else col.get("decimals")
+    return None if d is None else int(d)
+
+
+def _indexable_at(col: dict, d: int) -> bool:
+    """Whether the grid of 10^-d on the column's bounds lies within MAX_INDEX steps of zero."""
+    return max(abs(col["lower"]), abs(col["upper"])) * 10.0 ** d < MAX_INDEX
 
 
 def _grid_span(col: dict, step: float, d: int) -> tuple[int, int]:
@@ -189,15 +201,15 @@ def _grid_span(col: dict, step: float, d: int) -> tuple[int, int]:
 def indexable(col: dict) -> bool:
     """Whether a declared integer / decimal grid can be indexed (int64): its bounds within
     MAX_INDEX steps of zero."""
-    d = 0 if col.get("integer") else col.get("decimals")
-    return d is None or max(abs(col["lower"]), abs(col["upper"])) * 10.0 ** int(d) < MAX_INDEX
+    d = grid_decimals(col)
+    return d is None or _indexable_at(col, d)
 
 
 def holds_a_grid_value(col: dict) -> bool:
     """Whether a declared integer / decimal grid has a value inside the bounds (an
     interval at least one step wide always has: no grid arithmetic, so any bounds do)."""
-    d = 0 if col.get("integer") else col.get("decimals")
-    if d is None or col["upper"] - col["lower"] >= 10.0 ** -int(d):
+    d = grid_decimals(col)
+    if d is None or col["upper"] - col["lower"] >= 10.0 ** -d:
         return True
     return grid(col) is not None
 
@@ -244,8 +256,8 @@ def _candidate_grid(col: dict) -> tuple[int, float, int, int]:
     """A numeric column without a declared grid: the CANDIDATE_DECIMALS grid on its
     declared range, which ``value_grid`` coarsens to at most MAX_GRID values. Public, like
     any grid: from the declaration only."""
-    d, big = CANDIDATE_DECIMALS, max(abs(col["lower"]), abs(col["upper"]))
-    while big * 10.0 ** d >= MAX_INDEX:  # bounds far from zero (1e308): a coarser candidate grid
+    d = CANDIDATE_DECIMALS
+    while not _indexable_at(col, d):  # bounds far from zero (1e308): a coarser candidate grid
         d -= 1
     step = 10.0 ** -d
     first, n = _grid_span(col, step, max(d, 0))

@@ -167,12 +167,13 @@ def _column(name: str, col: dict, bins: int) -> dict | str:
         if decimals is not None and (isinstance(decimals, bool) or not isinstance(decimals, int)
                                      or not 0 <= decimals <= MAX_DECIMALS):
             return f"numeric column {name!r}: decimals must be an integer from 0 to {MAX_DECIMALS}"
-        if not encoding.indexable({**col, "decimals": decimals}):
-            return (f"numeric column {name!r}: its {'integer' if col.get('integer') or decimals == 0 else 'decimal'} "
-                    f"grid on [{lo:g}, {hi:g}] reaches more than 2^62 steps from zero; declare narrower bounds"
-                    + ("" if col.get("integer") or decimals == 0 else " or fewer decimals"))
+        integer = bool(col.get("integer", False)) or decimals == 0
+        if not encoding.indexable(col):
+            return (f"numeric column {name!r}: its {'integer' if integer else 'decimal'} grid on [{lo:g}, {hi:g}] "
+                    "reaches more than 2^62 steps from zero; declare narrower bounds"
+                    + ("" if integer else " or fewer decimals"))
         return {"column": name, "type": "numeric", "lower": float(lo), "upper": float(hi), "bins": bins,
-                "integer": bool(col.get("integer", False)) or decimals == 0,
+                "integer": integer,
                 "decimals": None if decimals is None or decimals == 0 else decimals,
                 "nullable": col.get("nullable", True) is not False}
     if typ == "categorical":

@@ -13,7 +13,7 @@ import math
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engines.synthesis.encoding import holds_a_grid_value
+from engines.synthesis.encoding import grid_decimals, holds_a_grid_value
 
 from ..core.errors import InvalidDataset
 from .files import MAX_COLUMNS
@@ -157,9 +157,9 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
                 errors[name] = f"decimals must be an integer from 0 to {MAX_DECIMALS}"
             elif c.get("integer") and d != 0:
                 errors[name] = "an integer column has 0 decimals"
-        if typ == "numeric" and name not in errors and c.get("lower") is not None and (
-                c.get("integer") or c.get("decimals") is not None) and not holds_a_grid_value(c):
-            what = "integer" if c.get("integer") or c["decimals"] == 0 else f"value with {c['decimals']} decimals"
+        if typ == "numeric" and name not in errors and c.get("lower") is not None and not holds_a_grid_value(c):
+            d = grid_decimals(c)
+            what = "integer" if d == 0 else f"value with {d} decimals"
             errors[name] = (f"no {what} lies in [{c['lower']}, {c['upper']}]: widen the bounds or declare more "
                             "decimals")
         allowed_keys = {"name", "type", "lower", "upper", "integer", "domain", "domain_from_data", "description",
