@@ -49,6 +49,37 @@ def noise_l1(sd: float) -> float:
     return math.sqrt(2 / math.pi) * sd
 
 
+def shrink(y: np.ndarray, sd: float, groups: np.ndarray | None = None, width: np.ndarray | None = None) -> np.ndarray:
+    """Sampling weights of cells from their noisy counts ``y`` (noise sd ``sd`` each),
+    each group of cells (``groups``: a group index per cell; default one group) on its
+    own: the counts shrunk toward an even spread of the group's sum (in proportion to
+    ``width``, each cell's measured cells) by the share of their spread that the noise
+    does not explain, then clipped at 0. An empirical-Bayes estimate without a tuning
+    constant (method of moments: m counts spread around their mean by (m - 1) sd^2 on
+    average from the noise alone; James-Stein's estimator with its positive part): cells
+    whose counts differ by no more than noise are drawn evenly, cells that differ by much
+    more by their counts. Post-processing. Measured in bench/README.md ("cells drawn by
+    shrunk counts"): clipped counts drew a smooth column as random spikes of noise, the
+    soft threshold max(y - sd, 0) left most of its cells empty."""
+    y = np.asarray(y, dtype=float)
+    if not len(y):
+        return y
+    g = np.zeros(len(y), dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64)
+    width = np.ones(len(y)) if width is None else np.asarray(width, dtype=float)
+    n = int(g.max()) + 1
+
+    def total(x):
+        return np.bincount(g, weights=np.asarray(x, dtype=float), minlength=n)
+
+    m = total(np.ones(len(y)))
+    with np.errstate(divide="ignore", invalid="ignore"):  # groups with no cell
+        even = width * (total(y) / total(width))[g]
+        spread = total((y - even) ** 2)
+        keep = np.where(spread > 0, np.clip(1.0 - (m - 1) * sd ** 2 / spread, 0.0, 1.0), 0.0)
+    keep[m < 2] = 1.0
+    return np.clip(even + keep[g] * (y - even), 0, None)
+
+
 def _noisy_max(scores: np.ndarray, scale: float) -> int:
     import opendp.prelude as dp
 
@@ -186,17 +217,21 @@ def _dense(mapping: np.ndarray) -> np.ndarray:
     return np.unique(mapping, return_inverse=True)[1].astype(np.int64)
 
 
-def _within(y: np.ndarray, sigma: float, mapping: np.ndarray, nv: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """For each compressed cell: its partition cells and their sampling probabilities,
-    their noisy counts clipped at 0 (uniform when those are all 0). The null cell (index
-    ``nv`` and on), which joins a group only when its noisy count is under 3 sigma, weighs
-    its count soft-thresholded (max(y - sigma, 0): a column without nulls gets next to
-    none). Clipped and not soft-thresholded for the values: a group of rare values is
-    often many cells of similar, small counts (131 local authorities of Chem97), whose
-    shares soft-thresholding at sigma distorts (bench/README.md, "noise-aware pairs and
-    merged values drawn by their counts")."""
-    weight = np.clip(y, 0, None)
-    weight[nv:] = np.clip(y[nv:] - sigma, 0, None)
+def _within(y: np.ndarray, sigma: float, mapping: np.ndarray, nv: int,
+            width: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each compressed cell: its partition cells and their sampling probabilities.
+    ``width`` (each partition cell's measured cells: 1 for a category, 4^j for a block of
+    a tree column): the values' cells weigh their noisy counts shrunk toward an even
+    spread (``shrink``); a group of rare categories is often many of similar, small counts
+    (131 local authorities of Chem97), whose differences are mostly noise, and a tree
+    column's cells are pieces of one range. Without ``width`` (a numeric column's own grid
+    values, often coded with gaps: 0, 1, 2, 3, 7, 12) their noisy counts clipped at 0, so
+    a value that is not there stays away half the time. The null cell (index ``nv`` and
+    on), which joins a group only when its noisy count is under 3 sigma, weighs its count
+    soft-thresholded (max(y - sigma, 0): a column without nulls gets next to none). When
+    all weigh 0: the clipped counts, else evenly."""
+    weight = np.clip(np.asarray(y, dtype=float) - sigma, 0, None)  # the null cell's
+    weight[:nv] = np.clip(y[:nv], 0, None) if width is None else shrink(y[:nv], sigma, mapping[:nv], width[:nv])
     out = []
     for g in range(int(mapping.max()) + 1):
         cells = np.flatnonzero(mapping == g)
@@ -240,6 +275,17 @@ class OneWay:
             y = np.clip(np.bincount(self.maps[c], weights=self.ycell[c], minlength=self.csize[c]), 0, None)
             self.prob[c] = y / max(y.sum(), 1e-12)
         self.scale = one.scale
+        self.flat_numeric = {c: spec[c]["type"] == "numeric" and encoding.tree_blocks(spec[c]) == [1]
+                             for c in self.cols}
+
+    def widths(self, c: str) -> np.ndarray | None:
+        """Each partition cell's measured cells (``_within``'s ``width``: 1 for a
+        category, 4^j for a block of a tree column); None for a numeric column measured on
+        its own grid values (one histogram, no tree), whose values are drawn by their
+        clipped counts."""
+        if self.flat_numeric[c]:
+            return None
+        return np.bincount(self.cellmap[c], minlength=len(self.ycell[c]))
 
     def domain(self, mbi):
         return mbi.Domain(self.cols, [self.csize[c] for c in self.cols])
@@ -337,7 +383,7 @@ def tilt(model, ow: "OneWay", column: str, weight: np.ndarray):
     strong = y[:len(weight)] >= 3 * ow.scale
     cap = float(weight[strong].max()) if strong.any() else 1.0
     w = np.zeros(ow.csize[column])
-    for g, (cells, p) in enumerate(_within(y, ow.scale, ow.maps[column], ow.nv[column])):
+    for g, (cells, p) in enumerate(_within(y, ow.scale, ow.maps[column], ow.nv[column], ow.widths(column))):
         w[g] = min(float(np.dot(p, weight[cells])), cap)
     pots = model.potentials
     clique = next(cl for cl in pots.cliques if column in cl)
@@ -348,9 +394,10 @@ def tilt(model, ow: "OneWay", column: str, weight: np.ndarray):
 
 def to_cells(data: dict, ow: OneWay, heavy: dict | None = None) -> tuple[dict[str, np.ndarray], dict]:
     """Sampled model cells back to measured cells (post-processing of the one-way counts):
-    a model cell's rows go to its partition cells by their clipped noisy counts
-    (``_within``), a partition cell's rows to its measured cells by their own noisy counts
-    (soft-thresholded: empty cells get next to nothing; evenly when those are all 0).
+    a model cell's rows go to its partition cells (``_within``), a partition cell's rows
+    to its measured cells by their own noisy counts (the tree's last level) shrunk toward
+    an even spread (``shrink``: evenly where they differ by no more than noise; evenly
+    too when they are all 0).
     ``heavy``: per measured cell of a column, the noisy mass of its heavy grid values
     (``encoding.heavy_leaf_mass``): a partition cell's rows go to its measured cells in
     proportion to that mass plus an even share of the rest of the cell's count. Returns
@@ -361,12 +408,12 @@ def to_cells(data: dict, ow: OneWay, heavy: dict | None = None) -> tuple[dict[st
         z = np.asarray(data[c], dtype=np.int64)
         cellmap, ycell, yleaf = ow.cellmap[c], ow.ycell[c], ow.yleaf[c]
         part = np.zeros(len(z), dtype=np.int64)
-        for g, (members, p) in enumerate(_within(ycell, ow.scale, ow.maps[c], ow.nv[c])):
+        for g, (members, p) in enumerate(_within(ycell, ow.scale, ow.maps[c], ow.nv[c], ow.widths(c))):
             rows_g = np.flatnonzero(z == g)
             part[rows_g] = members[rng.choice(len(members), size=len(rows_g), p=p)]
-        width = np.bincount(cellmap, minlength=len(ycell))
-        own = np.clip(yleaf - ow.scale, 0, None)
+        own = shrink(yleaf, ow.scale, cellmap)
         own_sum = np.bincount(cellmap, weights=own, minlength=len(ycell))
+        width = np.bincount(cellmap, minlength=len(ycell))
         frac = np.where(own_sum[cellmap] > 0, own / np.maximum(own_sum[cellmap], 1e-12), 1.0 / width[cellmap])
         weight = np.clip(ycell, 0, None)[cellmap] * frac
         if heavy and c in heavy:
