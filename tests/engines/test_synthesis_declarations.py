@@ -444,8 +444,8 @@ def test_a_smooth_column_is_not_drawn_as_spikes_of_noise():
     """A uniform column on [0, 1] (3,000 rows, epsilon 0.5): the tree's fine cells of one
     partition cell differ by noise only, so its rows are spread evenly over them
     (``shrink``). Soft-thresholded counts (max(y - sd, 0), before) drew them on the few
-    cells where the noise happened to be large: total variation of 0.08-0.14 on 20 bins
-    against 0.03-0.07 now (five runs each)."""
+    cells where the noise happened to be large: total variation of 0.08-0.12 on 20 bins
+    against 0.03-0.07 now (MST, five runs each)."""
     rng = np.random.default_rng(1)
     n = 3000
     df = pd.DataFrame({"x": rng.uniform(0, 1, n), "g": rng.choice(["a", "b"], n)})
