@@ -15,21 +15,17 @@ import dask
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..columns import null_count
 from . import cluster
 from .source import PartitionedTable
 
 __all__ = ["profile"]
 
 
-def _nulls(col) -> int:
-    nan = int(pc.sum(pc.is_nan(col)).as_py() or 0) if pa.types.is_floating(col.type) else 0
-    return col.null_count + nan
-
-
 def _file_profile(table: PartitionedTable, path: str, text_columns: list[str], unit: str | None,
                   cap: int) -> dict:
     data = table.read_file(path)
-    out = {"uniques": {}, "unit_nulls": 0, "nulls": {name: _nulls(data.column(name)) for name in data.schema.names}}
+    out = {"uniques": {}, "unit_nulls": 0, "nulls": {name: null_count(data.column(name)) for name in data.schema.names}}
     for name in text_columns:
         col = data.column(name)
         if pa.types.is_dictionary(col.type):

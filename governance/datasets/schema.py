@@ -13,6 +13,7 @@ import math
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engines.columns import null_count
 from engines.synthesis.encoding import grid_decimals, holds_a_grid_value
 
 from ..core.errors import InvalidDataset
@@ -175,12 +176,7 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
 
 def null_counts(table: pa.Table, names) -> dict[str, int]:
     """Nulls (and, numeric, NaN) per column of ``names`` in ``table``."""
-    out = {}
-    for name in names:
-        col = table.column(name)
-        nan = int(pc.sum(pc.is_nan(col)).as_py() or 0) if pa.types.is_floating(col.type) else 0
-        out[name] = col.null_count + nan
-    return out
+    return {name: null_count(table.column(name)) for name in names}
 
 
 def check_nulls(schema: dict, nulls: dict[str, int]) -> None:
