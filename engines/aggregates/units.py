@@ -248,28 +248,56 @@ def row_keys(ids, rows: np.ndarray, salt: int, codes: np.ndarray | None, values:
     return mix64(key)
 
 
-def _by_unit_then_key(hu: np.ndarray, key: np.ndarray, c, v) -> np.ndarray:
-    """The rows in (unit, key, code, value) order, or in an order that keeps the same
-    multiset per unit: one argsort of ``unit << (64 - b) | key >> b`` (b bits hold the unit
-    codes; the truncated key orders as the key does wherever it differs), with the
-    exact four-key sort only if two rows of a unit tie on it while they differ in code or
-    value (rows equal in both are interchangeable)."""
+def _smallest_k(hu: np.ndarray, key: np.ndarray, c, v, k: int) -> np.ndarray:
+    """Whether each row is among its unit's ``k`` first in (key, code, value) order (rows
+    equal in all three are interchangeable: which of them is kept does not change the
+    multiset). One sort of the values ``unit << (64 - b) | key >> b`` (b bits hold the unit
+    codes; the truncated key orders as the key does wherever it differs), each unit's k-th
+    sorted value its threshold, the rows at or below it kept. Where a unit's threshold value
+    is shared by a row past its k first (a tie: rows equal in content, or keys equal in
+    their high bits), its rows at the threshold are ranked (by their unit alone when they
+    are equal in content, else by unit, key, code and value) and the first ones kept. No
+    argsort of every row: sorting the values costs a third of it."""
     bits = max(int(hu.max()).bit_length(), 1)
-    comp = (hu.astype(np.uint64) << np.uint64(64 - bits)) | (key >> np.uint64(bits))
-    order = np.argsort(comp)
-    sc = comp[order]
-    tie = np.flatnonzero(sc[1:] == sc[:-1])
-    if tie.size:
-        a, b = order[tie], order[tie + 1]
-        differ = np.zeros(tie.size, dtype=bool)
-        if c is not None:
-            differ |= c[a] != c[b]
-        if v is not None:
-            differ |= v[a].view(np.uint64) != v[b].view(np.uint64)
-        if differ.any():
-            ties = [x for x in (v, c) if x is not None]
-            order = np.lexsort(tuple(ties) + (key, hu))
-    return order
+    shift = np.uint64(64 - bits)
+    comp = (hu.astype(np.uint64) << shift) | (key >> np.uint64(bits))
+    s = np.sort(comp)
+    su = (s >> shift).astype(np.int64)
+    first = _first_k(su, k)
+    last = first.copy()  # each unit's last row among its first k: its threshold
+    last[:-1] &= ~(first[1:] & (su[1:] == su[:-1]))
+    last = np.flatnonzero(last)
+    thr = np.zeros(int(su[-1]) + 1, dtype=np.uint64)
+    thr[su[last]] = s[last]
+    at_thr = thr[hu]
+    keep = comp <= at_thr
+    tie = last[:-1] if last[-1] == s.size - 1 else last
+    tie = tie[s[tie + 1] == s[tie]]
+    if not tie.size:
+        return keep
+    # of a tied threshold's rows, k minus those below it (among its unit's k first, which
+    # end at the threshold in the sorted values) are kept
+    tu, ts = su[tie], s[tie]
+    below = np.zeros(tie.size, dtype=np.int64)
+    for j in range(1, k):
+        q = np.maximum(tie - j, 0)
+        below += (tie >= j) & (su[q] == tu) & (s[q] < ts)
+    need = np.zeros(thr.size, dtype=np.int64)
+    need[tu] = k - below
+    rows = np.flatnonzero((comp == at_thr) & np.take(need > 0, hu))
+    ru = hu[rows]
+    content = [key] + [x for x in (c, v) if x is not None]
+    one = np.empty(thr.size, dtype=np.int64)
+    one[ru] = rows  # one row of each tied threshold, to compare the others with
+    if all(np.array_equal(x[rows], x[one[ru]]) for x in content):
+        order = np.argsort(ru)
+    else:
+        order = np.lexsort(tuple(x[rows] for x in reversed(content)) + (ru,))
+    sr = ru[order]
+    starts = np.flatnonzero(np.concatenate(([True], sr[1:] != sr[:-1])))
+    rank = np.arange(sr.size) - np.repeat(starts, np.diff(np.append(starts, sr.size)))
+    keep[rows[order]] = rank < need[sr]
+    return keep
 
 
 def bound_by_content(mask: np.ndarray, units: np.ndarray, n_units: int, k: int, salt: int, ids,
@@ -286,24 +314,28 @@ def bound_by_content(mask: np.ndarray, units: np.ndarray, n_units: int, k: int, 
     if heavy is None:
         return mask, 0
     hu, hidx = heavy
-    if codes is None and values is None:
-        # Every row of a unit adds the same (one to a count): keep any k; k = 1: one row each,
-        # the one whose position survives the scatter (whichever write numpy keeps).
-        if k == 1:
-            pos = np.arange(len(hu))
-            first = np.empty(n_units, dtype=np.int64)
-            first[hu] = pos
-            keep = first[hu] == pos
-            out = mask.copy()
-            out[hidx[~keep]] = False
-            return out, int(len(keep) - np.count_nonzero(keep))
-        order = np.argsort(hu)
-    else:
+    if codes is not None or values is not None:
         c = codes[hidx] if codes is not None else None
         v = np.ascontiguousarray(values[hidx], dtype=np.float64) if values is not None else None
-        order = _by_unit_then_key(hu, row_keys(ids, hidx, salt, c, v), c, v)
-    keep = np.empty(len(hu), dtype=bool)
-    keep[order] = _first_k(hu[order], k)
+        return _apply(mask, hidx, _smallest_k(hu, row_keys(ids, hidx, salt, c, v), c, v, k))
+    # Every row of a unit adds the same (one to a count): keep any k; k = 1: one row each,
+    # the one whose position survives the scatter (whichever write numpy keeps).
+    if k == 1:
+        pos = np.arange(len(hu))
+        first = np.empty(n_units, dtype=np.int64)
+        first[hu] = pos
+        keep = first[hu] == pos
+    else:
+        order = np.argsort(hu)
+        keep = np.empty(len(hu), dtype=bool)
+        keep[order] = _first_k(hu[order], k)
+    return _apply(mask, hidx, keep)
+
+
+def _apply(mask: np.ndarray, hidx: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, int]:
+    """``mask`` without the rows ``hidx[~keep]``, and how many those are."""
+    if len(hidx) == len(mask):  # every row was ranked (hidx is then every index, in order)
+        return keep, int(len(keep) - np.count_nonzero(keep))
     out = mask.copy()
     out[hidx[~keep]] = False
     return out, int(len(keep) - np.count_nonzero(keep))

@@ -19,6 +19,7 @@ import threading
 
 import dask
 
+from . import heap
 from engines.types import Cancelled
 
 __all__ = ["client", "compute", "tree_reduce", "per_partition", "by_unit", "buckets_for", "id_span", "public_address",
@@ -82,7 +83,8 @@ def take_submitted() -> dict | None:
 
 
 def _on_file(table, path: str, fn, args):
-    return fn(table.read_file(path), *args)
+    with heap.kept():
+        return fn(table.read_file(path), *args)
 
 
 def per_partition(table, fn, *args) -> list:
@@ -102,10 +104,15 @@ def buckets_for(table) -> int:
 def _split(table, path: str, unit: str, buckets: int, pre, pre_args, ranges=None) -> tuple:
     """One file's rows dealt into ``buckets`` pieces by their unit id (``_bucket_of``: the
     same rule in every file, so all of a unit's rows go to the same bucket)."""
+    with heap.kept():
+        return _deal(table.read_file(path), unit, buckets, pre, pre_args, ranges)
+
+
+def _deal(data, unit: str, buckets: int, pre, pre_args, ranges) -> tuple:
     import numpy as np
     import pyarrow as pa
 
-    data, mask = table.read_file(path), None
+    mask = None
     if pre is not None:
         data, mask = pre(data, *pre_args)
     if buckets == 1:
@@ -179,7 +186,8 @@ def _bucket_of(col, buckets: int, ranges=None):
 def _bucket(pieces: list, fn, args):
     import pyarrow as pa
 
-    return fn(pa.concat_tables(pieces) if len(pieces) != 1 else pieces[0], *args)
+    with heap.kept():
+        return fn(pa.concat_tables(pieces) if len(pieces) != 1 else pieces[0], *args)
 
 
 def by_unit(table, unit: str, fn, *args, pre=None, pre_args: tuple = (), buckets: int | None = None) -> list:

@@ -156,15 +156,17 @@ def test_the_rows_a_unit_keeps_depend_on_its_rows_only(k):
     assert _kept(units, codes, values, k, 100, np.arange(n))[0] != first
 
 
-def test_a_tie_on_the_short_key_falls_back_to_the_full_order():
-    from engines.aggregates.units import _by_unit_then_key
+def test_a_tie_at_the_threshold_is_broken_by_the_full_key_then_content():
+    from engines.aggregates.units import _smallest_k
 
-    hu = np.array([0, 0, 0, 1], dtype=np.int32)
-    key = np.array([5, 5, 3, 1], dtype=np.uint64)  # rows 0 and 1 tie, and differ in value
-    values = np.array([2.0, 1.0, 7.0, 0.0])
-    codes = np.zeros(4, dtype=np.int64)
-    order = _by_unit_then_key(hu, key, codes, values)
-    assert order.tolist() == [2, 1, 0, 3]  # by unit, key, then value
+    hu = np.array([0, 0, 0, 1, 1, 1], dtype=np.int32)
+    # unit 0: rows 0 and 1 share the key and differ in value; unit 1: rows 3 and 4 share
+    # the key's high bits only (one bit holds the unit codes, so 4 >> 1 == 5 >> 1)
+    key = np.array([5, 5, 3, 5, 4, 9], dtype=np.uint64)
+    values = np.array([2.0, 1.0, 7.0, 0.0, 8.0, 1.0])
+    codes = np.zeros(6, dtype=np.int64)
+    assert _smallest_k(hu, key, codes, values, 2).tolist() == [False, True, True, True, True, False]
+    assert _smallest_k(hu, key, codes, values, 1).tolist() == [False, False, True, False, True, False]
 
 
 ID_KINDS = {

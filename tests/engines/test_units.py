@@ -70,3 +70,35 @@ def test_a_unit_bucket_s_ids_keep_their_slots():
     size = 1 << max(10, (2 * len(bucket) - 1).bit_length())
     lost = len(np.unique(bucket[codes >= size]))
     assert lost < 0.3 * len(np.unique(bucket))
+
+
+def _reference_keep(hu, key, codes, values, k) -> list:
+    """Each unit's k first rows in (key, code, value) order, as sorted (unit, key, code, value)
+    tuples: the multiset ``units._smallest_k`` must keep."""
+    rows = sorted(zip(hu.tolist(), key.tolist(), codes.tolist(), values.tolist()))
+    kept, seen = [], {}
+    for r in rows:
+        seen[r[0]] = seen.get(r[0], 0) + 1
+        if seen[r[0]] <= k:
+            kept.append(r)
+    return kept
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 2**64 - 1), st.integers(0, 2), st.integers(0, 2)),
+                min_size=1, max_size=120),
+       st.integers(1, 4), st.sampled_from([0, 2**62, 2**64 - 4]), st.booleans())
+def test_the_rows_kept_are_each_units_k_smallest_by_key_then_content(rows, k, squeeze, low_bits_only):
+    """Against a sort in plain Python, with keys squeezed into a few values (ties on the
+    whole key) or differing only in their low bits (ties on the sorted high bits)."""
+    hu = np.array([r[0] for r in rows], dtype=np.int32)
+    key = np.array([r[1] for r in rows], dtype=np.uint64)
+    if squeeze:
+        key = key % np.uint64(3) + np.uint64(squeeze)
+    if low_bits_only:
+        key = key % np.uint64(8)
+    codes = np.array([r[2] for r in rows], dtype=np.int64)
+    values = np.array([float(r[3]) for r in rows])
+    keep = units._smallest_k(hu, key, codes, values, k)
+    got = sorted(zip(hu[keep].tolist(), key[keep].tolist(), codes[keep].tolist(), values[keep].tolist()))
+    assert got == _reference_keep(hu, key, codes, values, k)
