@@ -11,6 +11,9 @@ pieces (``by_unit``; exact partial aggregates); they write no file;
 they never draw released noise and never touch the ledger, so a re-run changes nothing
 that is charged or released: the noise is drawn once, by the caller, from the gathered
 result, and the host charges the request once (compare-and-set on its ledger entry).
+
+A file's task and a unit bucket's task run inside ``heap.kept()``: their large temporary
+arrays reuse freed heap pages instead of faulting in fresh ones (heap.py).
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import threading
 
 import dask
 
-from . import heap
 from engines.types import Cancelled
+
+from . import heap
 
 __all__ = ["client", "compute", "tree_reduce", "per_partition", "by_unit", "buckets_for", "id_span", "public_address",
            "submitted", "take_submitted"]
