@@ -1,12 +1,12 @@
 """Large temporary arrays on reused heap pages while a partition's work runs.
 
 A unit-level task allocates and frees a dozen arrays of 10-20 MB (keys, sorted copies,
-masks, gathered columns). With glibc's defaults each comes from a fresh ``mmap`` and
-every page of it faults on first touch; Dask's workers go further and return freed heap
-memory to the system at once (its nanny starts them with ``MALLOC_TRIM_THRESHOLD_=65536``),
-so the next array faults its pages again. Measured on one 1.25M-row unit bucket of the
-bench's 10M-row table (k = 2 grouped mean, one process): 83 ms with glibc's defaults,
-115 ms under Dask's setting, 56 ms with the heap kept for the task.
+masks, gathered columns). Dask's nanny starts its workers with
+``MALLOC_TRIM_THRESHOLD_=65536``, which returns freed heap memory to the system at once and
+also fixes glibc's mmap threshold at 128 KB (it is dynamic otherwise): every one of those
+arrays is a fresh ``mmap`` whose pages fault on first touch. Measured on one 1.25M-row
+unit bucket of the bench's 10M-row table (k = 2 grouped mean, one process): 115 ms under
+Dask's setting, 83 ms with glibc's defaults, 56-57 ms with the heap kept for the task.
 
 ``kept()`` is that scope, in a process started with such a setting (``MALLOC_TRIM_THRESHOLD_``
 or ``MALLOC_MMAP_THRESHOLD_`` in its environment, as Dask's nanny starts a worker): while
