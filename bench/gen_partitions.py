@@ -3,7 +3,8 @@
     .venv/bin/python bench/gen_partitions.py --rows 10_000_000 --partitions 8 --out var/bench/parts-10M
 
 Columns: ``pid`` (int64 privacy unit, about rows/4 distinct ids spread uniformly over every
-partition), ``value`` (float64, normal(50, 25): some outside the benchmark's bounds [0, 100],
+partition; with ``--by-unit`` partition i holds only the ids of its own range, so no
+unit's rows span two files, as in a table written sorted or partitioned by unit), ``value`` (float64, normal(50, 25): some outside the benchmark's bounds [0, 100],
 so clamping matters; 2% null), ``age`` (int16, 10..99), ``region`` (dictionary string, 8
 values, skewed). Partition i is generated from seed (seed, i), so any one can be made
 again alone, and a directory already holding the right files (row counts in their footers)
@@ -25,13 +26,15 @@ REGIONS = ["north", "south", "east", "west", "centre", "islands", "abroad", "unk
 P_REGIONS = [0.25, 0.2, 0.15, 0.15, 0.1, 0.07, 0.05, 0.03]
 
 
-def partition(i: int, rows: int, total: int, seed: int) -> pa.Table:
+def partition(i: int, rows: int, total: int, seed: int, ids: tuple[int, int] | None = None) -> pa.Table:
+    """Partition ``i``; ``ids``: the range its unit ids are drawn from (default: all)."""
     rng = np.random.default_rng([seed, i])
+    lo, hi = ids or (0, max(total // 4, 1))
     value = rng.normal(50.0, 25.0, rows)
     nulls = rng.random(rows) < 0.02
     region = rng.choice(len(REGIONS), rows, p=P_REGIONS).astype(np.int8)
     return pa.table({
-        "pid": rng.integers(0, max(total // 4, 1), rows, dtype=np.int64),
+        "pid": rng.integers(lo, max(hi, lo + 1), rows, dtype=np.int64),
         "value": pa.array(value, mask=nulls),
         "age": rng.integers(10, 100, rows, dtype=np.int16),
         "region": pa.DictionaryArray.from_arrays(pa.array(region), pa.array(REGIONS)),
@@ -45,6 +48,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="directory to write (under var/ or /tmp)")
     ap.add_argument("--seed", type=int, default=14)
     ap.add_argument("--row-group", type=int, default=1_000_000, help="rows per Parquet row group")
+    ap.add_argument("--by-unit", action="store_true",
+                    help="each partition holds its own range of unit ids (no unit spans two files)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     bounds = np.linspace(0, a.rows, a.partitions + 1).astype(np.int64)
@@ -61,7 +66,9 @@ def main(argv=None) -> int:
             except (OSError, pa.ArrowException):
                 pass
         tmp = path.with_suffix(".tmp")
-        pq.write_table(partition(i, rows, a.rows, a.seed), tmp, row_group_size=a.row_group)
+        units = max(a.rows // 4, 1)
+        ids = (units * i // a.partitions, units * (i + 1) // a.partitions) if a.by_unit else None
+        pq.write_table(partition(i, rows, a.rows, a.seed, ids), tmp, row_group_size=a.row_group)
         tmp.replace(path)
         written += 1
         size += path.stat().st_size

@@ -22,7 +22,12 @@ they are.
 
 A count per unit (without groups: sum over units of min(rows, k), whichever rows are
 kept) on integer unit ids in a compact range is counted per unit id instead, without
-dealing any row (``unit_counts``).
+dealing any row (``unit_counts``). When no unit can exceed k (the registered most rows of
+one unit), the plan runs row-level with the rows counted per unit beside (``_within_bound``).
+When the files' footers say each file holds its own range of unit ids (a table written
+sorted or partitioned by unit), each file is bounded and aggregated alone, as a unit
+bucket is, and the ids each file really holds decide whether that answer stands
+(``_within_files``). A try that does not hold is thrown away and the rows are dealt.
 
 Grid sums use the whole table's row count (``n_max``) in every partition, so every
 partial sum and their total are integers on one grid: the distributed exact sum equals
@@ -40,7 +45,7 @@ import pyarrow as pa
 from engines.aggregates import execute as local
 from engines.types import DatasetMeta, EngineRequest, Plan, Release
 
-from . import cluster, unit_counts
+from . import cluster, source, unit_counts
 from .source import PartitionedTable
 
 __all__ = ["execute", "graph", "exact_parts", "partition_parts", "job", "new_salt"]
@@ -97,15 +102,20 @@ def _unit_counts(table: PartitionedTable, d: dict):
     """The delayed exact parts of a count per unit, or of a query of nothing but such counts
     (``COUNT(*), COUNT(DISTINCT unit)`` without GROUP BY), counted per unit id without
     dealing rows (``unit_counts``); None for any other plan or unit ids."""
-    subs = (d.get("aggregates") or []) if d["kind"] == "query" else [d]
-    if not subs or not all(unit_counts.applies(s) for s in subs):
+    if not _counted(d):
         return None
     span = unit_counts.id_span(table, d["unit_column"])
     if span is None:
         return None
     if d["kind"] != "query":
         return unit_counts.bounded_count(table, d, span)
-    return dask.delayed(_named, pure=True)([unit_counts.bounded_count(table, s, span) for s in subs])
+    return dask.delayed(_named, pure=True)([unit_counts.bounded_count(table, s, span) for s in d["aggregates"]])
+
+
+def _counted(d: dict) -> bool:
+    """Whether ``d`` is a count per unit, or a query of nothing but such counts."""
+    subs = (d.get("aggregates") or []) if d["kind"] == "query" else [d]
+    return bool(subs) and all(unit_counts.applies(s) for s in subs)
 
 
 def _named(parts: list[dict]) -> dict:
@@ -161,21 +171,85 @@ class _CheckWithin(_AddWithin):
         return parts, unit_counts.at_most(counts, self.k)
 
 
+def _within_files(table: PartitionedTable, d: dict, salt: int):
+    """A delayed ``(exact parts, held)``: ``d`` bounded and aggregated in each file alone
+    (``exact_parts`` with the run's salt, as a unit bucket runs it), each file's smallest
+    and largest unit id read from its rows beside. Held when those ranges do not overlap
+    and at most one file has null ids: then no unit has rows in two files, each file holds
+    its units whole, and the parts are the local engine's with that salt, bit for bit. The
+    footers' statistics only decide whether to try (``source.file_ranges``, which the
+    manifest check reads with the rest of the footers: integer ids, each file's range apart
+    from the others'); the ids read decide whether it holds, so a writer's wrong
+    statistics cannot let a unit count twice. None: no try."""
+    unit = d.get("unit_column")
+    if not unit:
+        return None
+    known = table.unit_ranges is not ... and unit == table.unit_column  # read by the manifest check
+    ranges = table.unit_ranges if known else source.file_ranges(table.paths, unit)
+    if ranges is None or not _apart([r for r in ranges if r]):
+        return None
+    leaves = cluster.per_partition(table, _file_units, d, table.num_rows, salt, unit)
+    return cluster.tree_reduce(leaves, _add_files, finish=_check_files)
+
+
+def _apart(ranges: list) -> bool:
+    """Whether no two (min, max) ranges overlap."""
+    ranges = sorted(ranges)
+    return all(a[1] < b[0] for a, b in zip(ranges, ranges[1:]))
+
+
+def _file_units(data: pa.Table, d: dict, n_max: int, salt: int, unit: str) -> tuple:
+    """One file's exact parts, bounded within the file; ``[(min, max)]`` of its unit ids
+    (``[]`` without any); 1 if it has a null id, else 0."""
+    import pyarrow.compute as pc
+
+    col = data.column(unit)
+    if not pa.types.is_integer(col.type):  # the footers said integers: fail rather than guess
+        raise TypeError(f"unit ids of type {col.type} are not integers")
+    parts = local.exact_parts(d, data, n_max, np.random.default_rng(), salt=salt)
+    lo_hi = pc.min_max(col)
+    ids = [] if lo_hi["min"].as_py() is None else [(lo_hi["min"].as_py(), lo_hi["max"].as_py())]
+    return parts, ids, int(col.null_count > 0)
+
+
+def _add_files(pieces: list[tuple]) -> tuple:
+    """Files' ``_file_units`` together: parts added, ranges listed, null files counted."""
+    return (local.combine([p for p, _, _ in pieces]), [r for _, ranges, _ in pieces for r in ranges],
+            sum(n for _, _, n in pieces))
+
+
+def _check_files(pieces: list[tuple]) -> tuple:
+    """The last sum: ``(parts, whether every unit's rows are in one file)``."""
+    parts, ranges, null_files = _add_files(pieces)
+    return parts, _apart(ranges) and null_files <= 1
+
+
 def graph(table: PartitionedTable, d: dict, salt: int | None = None):
     """The delayed combined exact parts of the whole partitioned table (every plan: the
     rows dealt into unit buckets when bounding may drop some)."""
     return cluster.tree_reduce(partition_parts(table, d, salt), local.combine)
 
 
+def _tries(table: PartitionedTable, d: dict, salt: int):
+    """The tries before dealing rows, cheapest first: each a delayed ``(parts, held)`` or
+    None (not tried). A count per unit has none past the first: ``unit_counts`` answers it."""
+    yield _within_bound(table, d)
+    if d.get("unit_column") and not _counted(d):
+        yield _within_files(table, d, salt)
+
+
 def _run(table: PartitionedTable, d: dict, salt: int | None, progress) -> tuple[dict, object]:
     """The exact parts on the cluster, and the delayed value whose key names the job: the
-    row-level try first when it may hold (``_within_bound``), else (or if it did not hold)
-    ``graph``."""
-    within = _within_bound(table, d)
-    if within is not None:
-        parts, held = cluster.compute(within, table.scheduler, table.retries, progress)
-        if held:
-            return parts, within
+    row-level try first when it may hold (``_within_bound``), then the per-file try
+    (``_within_files``), else (or if neither held) ``graph``. Nothing of a try that did not
+    hold is kept: it released nothing."""
+    if d.get("unit_column") and salt is None:
+        salt = new_salt()
+    for within in _tries(table, d, salt):
+        if within is not None:
+            parts, held = cluster.compute(within, table.scheduler, table.retries, progress)
+            if held:
+                return parts, within
     total = graph(table, d, salt)
     return cluster.compute(total, table.scheduler, table.retries, progress), total
 

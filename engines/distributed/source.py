@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 from engines.types import EngineError
 
 __all__ = ["PartitionError", "PartitionedTable", "open_file", "join", "list_partitions", "schema_to_json",
-           "schema_from_json", "footer", "differences", "check_manifest", "integer_range"]
+           "schema_from_json", "footer", "differences", "check_manifest", "integer_range", "file_ranges",
+           "span"]
 
 
 FOOTER_THREADS = 16
@@ -129,11 +130,28 @@ def _range_in(md: pq.FileMetaData, column: str) -> tuple | None:
     return (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else ()
 
 
-def _union(ranges) -> tuple[int, int] | None:
-    if any(r is None for r in ranges):
+def span(ranges) -> tuple[int, int] | None:
+    """(min, max) over files' ranges (``file_ranges``), or None (no range, or none known)."""
+    if ranges is None or any(r is None for r in ranges):
         return None
     ranges = [r for r in ranges if r]
     return (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else None
+
+
+def file_ranges(paths, column: str) -> list | None:
+    """Each file's (min, max) of an integer column (``()`` for a file without rows), from
+    the footers' statistics (no row read), or None when a non-empty row group has none
+    (or the column is not an integer, or a footer cannot be read)."""
+    def one(path):
+        with open_file(path) as f:
+            return _range_in(pq.ParquetFile(f).metadata, column)
+
+    try:
+        with ThreadPoolExecutor(max_workers=FOOTER_THREADS) as pool:
+            ranges = list(pool.map(one, paths))
+    except (OSError, pa.ArrowException):
+        return None
+    return None if any(r is None for r in ranges) else ranges
 
 
 def integer_range(paths, column: str) -> tuple[int, int] | None:
@@ -141,15 +159,7 @@ def integer_range(paths, column: str) -> tuple[int, int] | None:
     row read), or None when a non-empty row group has none (or the column is not an
     integer). Statistics a writer got wrong cannot make an answer wrong: callers use the
     range to spread work, never to drop a value outside it."""
-    def one(path):
-        with open_file(path) as f:
-            return _range_in(pq.ParquetFile(f).metadata, column)
-
-    try:
-        with ThreadPoolExecutor(max_workers=FOOTER_THREADS) as pool:
-            return _union(list(pool.map(one, paths)))
-    except (OSError, pa.ArrowException):
-        return None
+    return span(file_ranges(paths, column))
 
 
 def differences(expected: pa.Schema, found: pa.Schema, columns=None) -> list[str]:
@@ -169,12 +179,12 @@ def differences(expected: pa.Schema, found: pa.Schema, columns=None) -> list[str
 
 
 def check_manifest(base: str, parts: list[dict], schema: pa.Schema, columns: list[str] | None = None,
-                   range_of: str | None = None) -> tuple[int, tuple[int, int] | None]:
+                   range_of: str | None = None) -> tuple[int, list | None]:
     """Check every partition against the manifest: it exists, holds the registered row
     count, and its schema matches the registered one (in ``columns``, or all). Reads
     footers only; errors name partitions by their manifest name, not their server path.
-    Returns the total row count and, from the same footers, ``integer_range`` of the
-    column ``range_of`` (None without one); raises ``PartitionError``."""
+    Returns the total row count and, from the same footers, ``file_ranges`` of the column
+    ``range_of`` (None without one; ``span`` is their union); raises ``PartitionError``."""
     total = 0
     with ThreadPoolExecutor(max_workers=FOOTER_THREADS) as pool:  # an object store answers each in ~50 ms
         footers = list(pool.map(lambda part: _metadata(join(base, part["path"]), part["path"]), parts))
@@ -187,7 +197,8 @@ def check_manifest(base: str, parts: list[dict], schema: pa.Schema, columns: lis
             raise PartitionError(f"partition {part['path']!r} holds {md.num_rows} rows, registered with "
                                  f"{part['rows']}: it was rewritten since registration", part["path"], "rows")
         total += md.num_rows
-    return total, (_union([_range_in(md, range_of) for _, md in footers]) if range_of else None)
+    ranges = [_range_in(md, range_of) for _, md in footers] if range_of else None
+    return total, (None if ranges is None or any(r is None for r in ranges) else ranges)
 
 
 @dataclass(frozen=True)
@@ -203,6 +214,7 @@ class PartitionedTable:
     scheduler: str = ""
     retries: int = 2
     unit_range: tuple[int, int] | None = ...  # integer_range of the unit ids, when known (None: none); ...: not read
+    unit_ranges: list | None = ...  # file_ranges of the unit ids, when known (None: none); ...: not read
     max_rows_per_unit: int | None = None  # the most rows of one unit when registered: a hint, never trusted
 
     def read_file(self, path: str) -> pa.Table:

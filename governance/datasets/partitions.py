@@ -73,11 +73,12 @@ def arrow_schema(ds: Dataset) -> pa.Schema:
 
 
 def _table(ds_location: str, manifest: list[dict], columns, rows: int, unit: str | None,
-           unit_range=..., max_rows_per_unit: int | None = None) -> PartitionedTable:
+           unit_ranges=..., max_rows_per_unit: int | None = None) -> PartitionedTable:
     return PartitionedTable(paths=tuple(source.join(ds_location, p["path"]) for p in manifest),
                             columns=tuple(columns), num_rows=rows, unit_column=unit,
                             scheduler=settings.DASK_SCHEDULER_ADDRESS, retries=settings.DASK_TASK_RETRIES,
-                            unit_range=unit_range, max_rows_per_unit=max_rows_per_unit)
+                            unit_range=... if unit_ranges is ... else source.span(unit_ranges),
+                            unit_ranges=unit_ranges, max_rows_per_unit=max_rows_per_unit)
 
 
 def open_columns(ds: Dataset, columns: list[str]) -> PartitionedTable:
@@ -86,13 +87,13 @@ def open_columns(ds: Dataset, columns: list[str]) -> PartitionedTable:
     (code ``dataset.partition_invalid``) naming the partition and what differs."""
     cols = list(dict.fromkeys(columns + ([ds.unit_column] if ds.unit_column else [])))
     try:
-        rows, unit_range = source.check_manifest(ds.location, ds.partitions, arrow_schema(ds),
+        rows, unit_ranges = source.check_manifest(ds.location, ds.partitions, arrow_schema(ds),
                                                  range_of=ds.unit_column or None)
     except PartitionError as e:
         raise PartitionInvalid(str(e), partition=e.path, problem=e.problem) from None
     if rows != ds.n_rows:  # pragma: no cover - each file's rows are checked; kept as a guard
         raise PartitionInvalid(f"the partitions hold {rows} rows, registered with {ds.n_rows}")
-    return _table(ds.location, ds.partitions, cols, rows, ds.unit_column or None, unit_range,
+    return _table(ds.location, ds.partitions, cols, rows, ds.unit_column or None, unit_ranges,
                   ds.max_rows_per_unit if ds.unit_column else None)
 
 

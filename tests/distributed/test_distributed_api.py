@@ -189,6 +189,46 @@ def test_a_unit_level_run_reads_each_footer_once(events, monkeypatch):
     assert cluster._id_ranges(table, "pid", 8) is not None  # compact ids: range buckets, from the known range
     assert opened == []
     assert table.max_rows_per_unit == ds.max_rows_per_unit  # the hint of the row-level try (aggregates._within_bound)
+    assert table.unit_ranges == source.file_ranges(table.paths, "pid")  # the per-file try's (aggregates._within_files)
+
+
+def test_a_table_written_by_unit_answers_without_dealing_rows(api, officer, analyst, grant, on_cluster, import_dir,
+                                                              monkeypatch, django_capture_on_commit_callbacks):
+    """Each file holds its own range of unit ids: a bound below the units' rows is kept file
+    by file (no rows dealt), and the answer is the same table's registered locally (both
+    runs given one bounding salt, so they keep the same rows)."""
+    from engines.aggregates import execute as local
+    from engines.distributed import aggregates as dist
+    from engines.distributed import cluster
+
+    from .test_unit_files import _by_unit
+
+    table = make_table(N, seed=9)
+    _by_unit(table, import_dir / "sorted", 4)
+    pq.write_table(table, import_dir / "same.parquet")
+    client = api(officer)
+    register(client, "sorted", import_dir / "sorted", "distributed")
+    register(client, "same", import_dir / "same.parquet", "local")
+    for name in ("sorted", "same"):
+        grant(analyst, Dataset.objects.get(name=name))
+
+    def refuse(*a, **k):
+        raise AssertionError("rows were dealt")
+
+    monkeypatch.setattr(cluster, "by_unit", refuse)
+    fixed, real = 0x5EED, local.exact_parts
+
+    def salted(d, data, n_max, rng, progress=local._noop, salt=None):
+        return real(d, data, n_max, rng, progress, fixed if salt is None else salt)
+
+    monkeypatch.setattr(dist, "new_salt", lambda: fixed)
+    monkeypatch.setattr(local, "exact_parts", salted)
+    params = {"column": "income", "group_by": "site", "epsilon": 1e6, "max_rows_per_unit": 1}
+    dist = ask(api(analyst), "sorted", "sum", params, django_capture_on_commit_callbacks)
+    here = ask(api(analyst), "same", "sum", params, django_capture_on_commit_callbacks)
+    assert dist["status"] == here["status"] == "succeeded", dist
+    for a, b in zip(dist["result"]["groups"], here["result"]["groups"]):
+        assert a["key"] == b["key"] and a["value"] == pytest.approx(b["value"], rel=1e-3)
 
 
 def test_a_unit_column_of_dates_registers_and_answers(api, officer, analyst, grant, on_cluster, import_dir,
