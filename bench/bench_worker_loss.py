@@ -6,6 +6,9 @@ spread over every partition):
     .venv/bin/python bench/gen_partitions.py --rows 5_000_000 --partitions 20 --out var/bench/parts-5M-20
     .venv/bin/python bench/bench_worker_loss.py --data var/bench/parts-5M-20 --kills 20
 
+(on partitions written with ``--by-unit``, each file its own range of unit ids, the two
+queries at k = 2 run file by file instead of dealing rows: ``aggregates._within_files``)
+
 Each trial picks a unit-level query (bench_distributed.UNIT_QUERIES: a count per unit id,
 a sum whose k no unit exceeds (row-level, counted per unit beside), two with k below
 most units' rows (dealt into unit buckets); the engine gets the unit ids' range and the
@@ -123,11 +126,13 @@ def main(argv=None) -> int:
             c = dcluster.client(cl.scheduler_address)
             c.wait_for_workers(2, timeout=120)
 
+            ranges = source_mod.file_ranges(paths, "pid")  # as the host's manifest check reads them
+
             def source(plan):
                 cols = tuple(dict.fromkeys(plan.columns + ["pid"]))
                 return PartitionedTable(paths=tuple(paths), columns=cols, num_rows=n, unit_column="pid",
-                                        scheduler=cl.scheduler_address, retries=2,
-                                        unit_range=source_mod.integer_range(paths, "pid"), max_rows_per_unit=most)
+                                        scheduler=cl.scheduler_address, retries=2, unit_range=source_mod.span(ranges),
+                                        unit_ranges=ranges, max_rows_per_unit=most)
 
             undisturbed = {}
             for name, plan in plans.items():  # warm-up and the undisturbed time of each query
