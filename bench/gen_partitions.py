@@ -4,8 +4,9 @@
 
 Columns: ``pid`` (int64 privacy unit, about rows/4 distinct ids spread uniformly over every
 partition; with ``--by-unit`` partition i holds only the ids of its own range, so no
-unit's rows span two files, as in a table written sorted or partitioned by unit), ``value`` (float64, normal(50, 25): some outside the benchmark's bounds [0, 100],
-so clamping matters; 2% null), ``age`` (int16, 10..99), ``region`` (dictionary string, 8
+unit's rows span two files, as in a table written sorted or partitioned by unit),
+``value`` (float64, normal(50, 25): some outside the benchmark's bounds [0, 100], so
+clamping matters; 2% null), ``age`` (int16, 10..99), ``region`` (dictionary string, 8
 values, skewed). Partition i is generated from seed (seed, i), so any one can be made
 again alone, and a directory already holding the right files (row counts in their footers)
 is left as it is. Prints what it wrote, with bytes and seconds.

@@ -138,7 +138,12 @@ def span(ranges) -> tuple[int, int] | None:
     return (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else None
 
 
-def file_ranges(paths, column: str) -> list | None:
+def _known(ranges: list) -> tuple | None:
+    """The files' ranges as a tuple, or None when one is not known."""
+    return None if any(r is None for r in ranges) else tuple(ranges)
+
+
+def file_ranges(paths, column: str) -> tuple | None:
     """Each file's (min, max) of an integer column (``()`` for a file without rows), from
     the footers' statistics (no row read), or None when a non-empty row group has none
     (or the column is not an integer, or a footer cannot be read)."""
@@ -151,7 +156,7 @@ def file_ranges(paths, column: str) -> list | None:
             ranges = list(pool.map(one, paths))
     except (OSError, pa.ArrowException):
         return None
-    return None if any(r is None for r in ranges) else ranges
+    return _known(ranges)
 
 
 def integer_range(paths, column: str) -> tuple[int, int] | None:
@@ -179,7 +184,7 @@ def differences(expected: pa.Schema, found: pa.Schema, columns=None) -> list[str
 
 
 def check_manifest(base: str, parts: list[dict], schema: pa.Schema, columns: list[str] | None = None,
-                   range_of: str | None = None) -> tuple[int, list | None]:
+                   range_of: str | None = None) -> tuple[int, tuple | None]:
     """Check every partition against the manifest: it exists, holds the registered row
     count, and its schema matches the registered one (in ``columns``, or all). Reads
     footers only; errors name partitions by their manifest name, not their server path.
@@ -197,8 +202,7 @@ def check_manifest(base: str, parts: list[dict], schema: pa.Schema, columns: lis
             raise PartitionError(f"partition {part['path']!r} holds {md.num_rows} rows, registered with "
                                  f"{part['rows']}: it was rewritten since registration", part["path"], "rows")
         total += md.num_rows
-    ranges = [_range_in(md, range_of) for _, md in footers] if range_of else None
-    return total, (None if ranges is None or any(r is None for r in ranges) else ranges)
+    return total, (_known([_range_in(md, range_of) for _, md in footers]) if range_of else None)
 
 
 @dataclass(frozen=True)
@@ -214,7 +218,7 @@ class PartitionedTable:
     scheduler: str = ""
     retries: int = 2
     unit_range: tuple[int, int] | None = ...  # integer_range of the unit ids, when known (None: none); ...: not read
-    unit_ranges: list | None = ...  # file_ranges of the unit ids, when known (None: none); ...: not read
+    unit_ranges: tuple | None = ...  # file_ranges of the unit ids, when known (None: none); ...: not read
     max_rows_per_unit: int | None = None  # the most rows of one unit when registered: a hint, never trusted
 
     def read_file(self, path: str) -> pa.Table:

@@ -88,7 +88,7 @@ def open_columns(ds: Dataset, columns: list[str]) -> PartitionedTable:
     cols = list(dict.fromkeys(columns + ([ds.unit_column] if ds.unit_column else [])))
     try:
         rows, unit_ranges = source.check_manifest(ds.location, ds.partitions, arrow_schema(ds),
-                                                 range_of=ds.unit_column or None)
+                                                  range_of=ds.unit_column or None)
     except PartitionError as e:
         raise PartitionInvalid(str(e), partition=e.path, problem=e.problem) from None
     if rows != ds.n_rows:  # pragma: no cover - each file's rows are checked; kept as a guard
