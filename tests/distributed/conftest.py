@@ -43,6 +43,29 @@ def write_partitions(table: pa.Table, directory, parts: int) -> list[dict]:
     return manifest
 
 
+def unit_cuts(pid: np.ndarray, parts: int) -> list[int]:
+    """Row positions cutting ids sorted by unit into ``parts`` pieces at unit boundaries."""
+    starts = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])  # where a unit begins
+    return [0] + [int(starts[np.searchsorted(starts, len(pid) * i // parts)]) for i in range(1, parts)] + [len(pid)]
+
+
+def write_pieces(table: pa.Table, cuts: list[int], directory) -> list[dict]:
+    """Each piece between cuts as a Parquet file (its rows shuffled); the manifest."""
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest = []
+    for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        path = directory / f"part-{i:04d}.parquet"
+        pq.write_table(table.slice(a, b - a).take(np.random.default_rng(i).permutation(b - a)), path)
+        manifest.append({"path": str(path), "rows": b - a, "bytes": path.stat().st_size})
+    return manifest
+
+
+def write_by_unit(table: pa.Table, directory, parts: int) -> list[dict]:
+    """The table sorted by unit and cut at unit boundaries into ``parts`` files."""
+    table = table.sort_by("pid")
+    return write_pieces(table, unit_cuts(table.column("pid").to_numpy(), parts), directory)
+
+
 @pytest.fixture(scope="session")
 def dask_cluster():
     from distributed import LocalCluster

@@ -11,7 +11,7 @@ import pytest
 from governance.requests.execution import execute
 from governance.models import AuditRecord, Dataset, LedgerEntry, Request
 
-from .conftest import make_table, write_partitions
+from .conftest import make_table, write_by_unit, write_partitions
 
 pytestmark = pytest.mark.django_db
 BOUNDS = {"age": {"lower": 18, "upper": 90}, "income": {"lower": 0, "upper": 100_000}}
@@ -201,10 +201,9 @@ def test_a_table_written_by_unit_answers_without_dealing_rows(api, officer, anal
     from engines.distributed import aggregates as dist
     from engines.distributed import cluster
 
-    from .test_unit_files import _by_unit
 
     table = make_table(N, seed=9)
-    _by_unit(table, import_dir / "sorted", 4)
+    write_by_unit(table, import_dir / "sorted", 4)
     pq.write_table(table, import_dir / "same.parquet")
     client = api(officer)
     register(client, "sorted", import_dir / "sorted", "distributed")

@@ -5,7 +5,6 @@ try is thrown away and the rows are dealt, still exact."""
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from engines import plugins
@@ -14,37 +13,14 @@ from engines.distributed import aggregates as dist
 from engines.distributed import cluster, source
 from engines.types import EngineRequest
 
-from .conftest import make_table
+from .conftest import make_table, unit_cuts, write_by_unit, write_pieces
 from .test_aggregates_equal import QUERIES, SALT, _equal, _meta, _source
-
-
-def _cuts(pid: np.ndarray, parts: int) -> list[int]:
-    """Row positions cutting ids sorted by unit into ``parts`` pieces at unit boundaries."""
-    starts = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])  # where a unit begins
-    return [0] + [int(starts[np.searchsorted(starts, len(pid) * i // parts)]) for i in range(1, parts)] + [len(pid)]
-
-
-def _write(table: pa.Table, cuts: list[int], directory) -> list[dict]:
-    """Each piece between cuts as a Parquet file (its rows shuffled); the manifest."""
-    directory.mkdir(parents=True, exist_ok=True)
-    manifest = []
-    for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
-        path = directory / f"part-{i:04d}.parquet"
-        pq.write_table(table.slice(a, b - a).take(np.random.default_rng(i).permutation(b - a)), path)
-        manifest.append({"path": str(path), "rows": b - a, "bytes": path.stat().st_size})
-    return manifest
-
-
-def _by_unit(table: pa.Table, directory, parts: int) -> list[dict]:
-    """The table sorted by unit and cut at unit boundaries into ``parts`` files."""
-    table = table.sort_by("pid")
-    return _write(table, _cuts(table.column("pid").to_numpy(), parts), directory)
 
 
 @pytest.fixture(scope="module")
 def by_unit(tmp_path_factory):
     table = make_table(12_000, seed=5)
-    return table, _by_unit(table, tmp_path_factory.mktemp("by-unit"), 5)
+    return table, write_by_unit(table, tmp_path_factory.mktemp("by-unit"), 5)
 
 
 @pytest.fixture
@@ -109,11 +85,11 @@ def test_null_ids_in_two_files_are_one_unit(dask_cluster, tmp_path, tried):
     """Null ids are one unit (as the local engine counts them): in two files they are a
     unit in two files, so the try does not hold, though the other ids' ranges are apart."""
     table = make_table(3_000, seed=7).sort_by("pid")
-    cuts = _cuts(table.column("pid").to_numpy(), 3)
+    cuts = unit_cuts(table.column("pid").to_numpy(), 3)
     nulls = np.zeros(table.num_rows, dtype=bool)
     nulls[[cuts[0], cuts[0] + 1, cuts[2], cuts[2] + 1]] = True  # in the first and the last file
     table = table.set_column(0, "pid", pa.array(table.column("pid").to_numpy(), mask=nulls))
-    manifest = _write(table, cuts, tmp_path)
+    manifest = write_pieces(table, cuts, tmp_path)
     assert dist._apart(source.file_ranges([p["path"] for p in manifest], "pid"))
     _check(table, manifest, dask_cluster, "sum", {"column": "income", "max_rows_per_unit": 1})
     assert tried == [True]
