@@ -149,14 +149,12 @@ def run_dist(paths, plan, n, scheduler, repeat, most_rows=None):
     JSON, as ``engines.distributed.aggregates.execute`` does), timed; returns the exact
     values too, for the equality check."""
     cols = tuple(dict.fromkeys(plan.columns + (["pid"] if plan.details["unit_column"] else [])))
-    # The unit ids' ranges (each file's and their union) as the host passes them: read from
-    # the footers by the manifest check every request makes, row-level or not
-    # (governance/datasets/partitions.py).
+    # Each file's range of unit ids as the host passes them: read from the footers by the
+    # manifest check every request makes, row-level or not (governance/datasets/partitions.py).
     unit = plan.details["unit_column"]
     ranges = source.file_ranges(paths, unit) if unit else None
     table = PartitionedTable(paths=tuple(paths), columns=cols, num_rows=n, unit_column=unit, scheduler=scheduler,
-                             unit_range=source.span(ranges), unit_ranges=ranges,
-                             max_rows_per_unit=most_rows if unit else None)
+                             unit_ranges=ranges, max_rows_per_unit=most_rows if unit else None)
 
     def once():
         parts = dist.exact_parts(table, plan.details, salt=SALT)

@@ -131,8 +131,8 @@ def main(argv=None) -> int:
             def source(plan):
                 cols = tuple(dict.fromkeys(plan.columns + ["pid"]))
                 return PartitionedTable(paths=tuple(paths), columns=cols, num_rows=n, unit_column="pid",
-                                        scheduler=cl.scheduler_address, retries=2, unit_range=source_mod.span(ranges),
-                                        unit_ranges=ranges, max_rows_per_unit=most)
+                                        scheduler=cl.scheduler_address, retries=2, unit_ranges=ranges,
+                                        max_rows_per_unit=most)
 
             undisturbed = {}
             for name, plan in plans.items():  # warm-up and the undisturbed time of each query

@@ -45,7 +45,7 @@ import pyarrow as pa
 from engines.aggregates import execute as local
 from engines.types import DatasetMeta, EngineRequest, Plan, Release
 
-from . import cluster, source, unit_counts
+from . import cluster, unit_counts
 from .source import PartitionedTable
 
 __all__ = ["execute", "graph", "exact_parts", "partition_parts", "job", "new_salt"]
@@ -177,15 +177,11 @@ def _within_files(table: PartitionedTable, d: dict, salt: int):
     and largest unit id read from its rows beside. Held when those ranges do not overlap
     and at most one file has null ids: then no unit has rows in two files, each file holds
     its units whole, and the parts are the local engine's with that salt, bit for bit. The
-    footers' statistics only decide whether to try (``source.file_ranges``, which the
-    manifest check reads with the rest of the footers: integer ids, each file's range apart
-    from the others'); the ids read decide whether it holds, so a writer's wrong
+    footers' statistics only decide whether to try (``PartitionedTable.ranges_of``: integer
+    ids, each file's range apart from the others'); the ids read decide whether it holds, so a writer's wrong
     statistics cannot let a unit count twice. None: no try."""
-    unit = d.get("unit_column")
-    if not unit:
-        return None
-    known = table.unit_ranges is not ... and unit == table.unit_column  # read by the manifest check
-    ranges = table.unit_ranges if known else source.file_ranges(table.paths, unit)
+    unit = d["unit_column"]
+    ranges = table.ranges_of(unit)
     if ranges is None or not _apart([r for r in ranges if r]):
         return None
     leaves = cluster.per_partition(table, _file_units, d, table.num_rows, salt, unit)

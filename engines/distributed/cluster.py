@@ -135,15 +135,14 @@ def _deal(data, unit: str, buckets: int, pre, pre_args, ranges) -> tuple:
 
 def id_span(table, unit: str) -> tuple[int, int] | None:
     """(min, max) of the unit ids from the files' footers when they are integers in a
-    compact range (under 4 ids per row: ``units.compact``), else None. The range is
-    ``table.unit_range`` when the manifest check read it from the same footers, else read
-    here. Callers use it to spread work, never to drop an id outside it."""
+    compact range (under 4 ids per row: ``units.compact``), else None. The ranges are
+    those the manifest check read from the same footers when known (``ranges_of``).
+    Callers use it to spread work, never to drop an id outside it."""
     from engines.aggregates.units import compact
 
-    from .source import integer_range
+    from .source import span as span_of
 
-    known = table.unit_range is not ... and unit == table.unit_column
-    span = table.unit_range if known else integer_range(table.paths, unit)
+    span = span_of(table.ranges_of(unit))
     if span is None or span[0] < -(2**63) or span[1] >= 2**63 or not compact(*span, table.num_rows):
         return None
     return span

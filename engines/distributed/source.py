@@ -217,9 +217,20 @@ class PartitionedTable:
     unit_column: str | None = None
     scheduler: str = ""
     retries: int = 2
-    unit_range: tuple[int, int] | None = ...  # integer_range of the unit ids, when known (None: none); ...: not read
     unit_ranges: tuple | None = ...  # file_ranges of the unit ids, when known (None: none); ...: not read
     max_rows_per_unit: int | None = None  # the most rows of one unit when registered: a hint, never trusted
+
+    @property
+    def unit_range(self) -> tuple[int, int] | None:
+        """``span`` of ``unit_ranges`` (``...``: not read)."""
+        return ... if self.unit_ranges is ... else span(self.unit_ranges)
+
+    def ranges_of(self, column: str) -> tuple | None:
+        """``file_ranges`` of ``column``: the unit ids' as the manifest check read them with
+        the rest of the footers, when known, else read here."""
+        if column == self.unit_column and self.unit_ranges is not ...:
+            return self.unit_ranges
+        return file_ranges(self.paths, column)
 
     def read_file(self, path: str) -> pa.Table:
         """One partition's planned columns (called on a Dask worker)."""

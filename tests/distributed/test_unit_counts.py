@@ -69,7 +69,7 @@ def test_ids_outside_the_footers_range_and_null_ids_are_counted(dask_cluster, pa
     table = base.set_column(0, "pid", pa.array(pid, mask=nulls))
     manifest = write_partitions(table, tmp_path / "nulls", 4)
     lo, hi = int(pid.min()), int(pid.max())
-    narrow = dataclasses.replace(_source(manifest, dask_cluster, table), unit_range=(lo + 100, hi - 100))
+    narrow = dataclasses.replace(_source(manifest, dask_cluster, table), unit_ranges=((lo + 100, hi - 100),) * 4)
     assert unit_counts.id_span(narrow, "pid") == (lo + 100, hi - 100)
     for k in (1, 2, K_ALL):
         d = plugins.plan("aggregates", EngineRequest("count", {"epsilon": 1.0, "max_rows_per_unit": k,
@@ -86,8 +86,9 @@ def test_other_plans_and_wide_ids_are_dealt_as_before(partitioned):
                          _meta(table)).details
     assert not unit_counts.applies(grouped) and unit_counts.applies(count)
     assert unit_counts.id_span(source, "pid") is not None
-    assert unit_counts.id_span(dataclasses.replace(source, unit_range=(0, 2**40)), "pid") is None  # not compact
-    assert unit_counts.id_span(dataclasses.replace(source, unit_range=None), "pid") is None  # no statistics
+    wide = ((0, 2**40),) * len(source.paths)
+    assert unit_counts.id_span(dataclasses.replace(source, unit_ranges=wide), "pid") is None  # not compact
+    assert unit_counts.id_span(dataclasses.replace(source, unit_ranges=None), "pid") is None  # no statistics
 
 
 @settings(max_examples=200, deadline=None)
