@@ -42,7 +42,11 @@ def compose_events(accountant, events, delta: float) -> Spent:
     if not events:
         return accountant.spent(Cost.zero(), delta)
     event = ev.compose(events)
-    pool = accountant.report_pool(delta) - stated_delta(event)
+    stated = stated_delta(event)
+    if stated >= 1:  # (epsilon, 1)-DP holds of any mechanism: no number here would mean anything
+        raise ev.EventError(f"the events' own deltas add up to {stated:.6g}: at or above 1, a composition "
+                            f"that guarantees nothing", "events")
+    pool = accountant.report_pool(delta) - stated
     if not pool > 0 and not accountant.NEEDS_RELEASE_DELTAS:
         pool = REPORT_ONLY_DELTA  # only the (unused) basic fields of the cost depend on it
     return accountant.spent(cost_of(resolve(event, pool)), delta)

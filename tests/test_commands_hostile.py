@@ -17,6 +17,14 @@ def test_compose_refuses_a_file_that_is_not_json_events(tmp_path, content):
         call_command("compose", str(path), "--delta", "1e-6")
 
 
+def test_compose_refuses_events_whose_deltas_add_up_past_one(tmp_path):
+    path = tmp_path / "events.json"
+    path.write_text('[{"kind": "epsilon_delta", "epsilon": 0.5, "delta": 0.9}, '
+                    '{"kind": "epsilon_delta", "epsilon": 0.5, "delta": 0.9}]')
+    with pytest.raises(CommandError, match="add up to 1.8"):
+        call_command("compose", str(path), "--delta", "1e-6")
+
+
 def test_audit_export_refuses_an_output_it_cannot_write(make_dataset, tmp_path):
     make_dataset("clinic")
     for bad in (tmp_path, "/proc/version"):

@@ -78,6 +78,11 @@ class AccountantContract:
         with pytest.raises(ev.EventError, match="delta"):
             self.acc.compose([ev.LaplaceEvent(0.1)], delta)
 
+    def test_it_refuses_events_whose_own_deltas_add_up_to_one(self):
+        with pytest.raises(ev.EventError, match="add up to 1"):
+            self.acc.compose([ev.EpsilonDeltaEvent(0.5, 0.5)] * 2, 1e-5)
+        assert self.acc.compose([ev.EpsilonDeltaEvent(0.5, 0.45)] * 2, 1e-5).delta < 1
+
     @pytest.mark.parametrize("eps", [0.01, 0.1, 1.0, 3.0])
     def test_one_laplace_release_costs_its_epsilon(self, eps):
         # Tolerance 1e-3 absolute: a single eps-DP release composes to eps.

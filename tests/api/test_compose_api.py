@@ -65,6 +65,9 @@ def test_it_writes_nothing(api, officer, make_dataset):
     7,
     None,
     [{"kind": "laplace", "epsilon": 0.1}] * 2001,
+    # valid one by one, but their deltas add up past 1: a composition that guarantees nothing
+    [{"kind": "epsilon_delta", "epsilon": 0.5, "delta": 0.9}] * 2,
+    [{"kind": "self_composed", "count": 3, "event": {"kind": "epsilon_delta", "epsilon": 0.1, "delta": 0.4}}],
 ])
 def test_it_refuses_bad_events(api, analyst, events):
     r = api(analyst).post(URL, {"events": events, "delta": 1e-6}, format="json")
