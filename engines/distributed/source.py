@@ -57,10 +57,53 @@ def join(base: str, rel: str) -> str:
     return base.rstrip("/") + "/" + rel if "://" in base else os.path.join(base, rel)
 
 
+def _own_files(base: str, names) -> None:
+    """On a local disk, each partition is a file of its own inside ``base``: no symbolic
+    link on the way from ``base`` to it (a link could reach a file outside the directories
+    tables may be registered from, or, with a link to a parent, the same file under many
+    names) and no two names for one file (hard links): a row read twice would count twice.
+    Raises ``PartitionError`` naming the partition."""
+    if "://" in base:
+        return
+    real_base, seen = os.path.realpath(base), {}
+    for name in names:
+        path = join(base, name)
+        if os.path.realpath(path) != os.path.join(real_base, os.path.normpath(name)):
+            raise PartitionError(f"partition {name!r} is reached through a symbolic link: partitions must be "
+                                 "files inside the registered location itself", name, "link")
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # a missing file is reported by the footer read, which names it
+        other = seen.setdefault((st.st_dev, st.st_ino), name)
+        if other != name:
+            raise PartitionError(f"partitions {other!r} and {name!r} are the same file (a hard link): each file "
+                                 "must be listed once", name, "duplicate")
+
+
+def _local_parquet_files(root: str) -> list[str]:
+    """Every ``*.parquet`` / ``*.pq`` under a local directory, relative to it, links not
+    followed: a link to a directory or to a Parquet file is refused (``_own_files``)."""
+    files = []
+    for d, dirs, names in os.walk(root, followlinks=False):
+        rel = os.path.relpath(d, root)
+        for name in sorted(dirs) + sorted(names):
+            full = os.path.join(d, name)
+            is_data = name.endswith((".parquet", ".pq"))
+            label = os.path.normpath(os.path.join(rel, name))
+            if os.path.islink(full) and (is_data or os.path.isdir(full)):
+                raise PartitionError(f"{label!r} is a symbolic link: partitions must be files inside the "
+                                     "registered location itself", label, "link")
+            if is_data and name in names and os.path.isfile(full):
+                files.append(label)
+    return sorted(files)
+
+
 def list_partitions(location: str) -> tuple[str, list[str]]:
     """The Parquet files of a location: ``(base, names)`` with each file's path relative to
     ``base``: one file (base its directory), or every ``*.parquet`` / ``*.pq`` file under
-    a directory, recursively, sorted. Raises ``PartitionError`` if there are none."""
+    a directory, recursively, sorted. Raises ``PartitionError`` if there are none, or (on
+    a local disk) if one is a symbolic link or reached through one, or two are one file."""
     fs, p = _fs(location)
     scheme = location.split("://", 1)[0] + "://" if "://" in location else ""
     try:
@@ -69,15 +112,20 @@ def list_partitions(location: str) -> tuple[str, list[str]]:
         raise PartitionError(f"{location!r} cannot be listed: {e}", location, "unreadable") from None
     if info.type == pafs.FileType.File:
         base, _, name = p.rpartition("/")
+        _own_files(scheme + base, [name])
         return scheme + base, [name]
     if info.type != pafs.FileType.Directory:
         raise PartitionError(f"{location!r} is neither a file nor a directory", location, "missing")
-    root = p.rstrip("/") + "/"
-    files = sorted(i.path[len(root):] for i in fs.get_file_info(pafs.FileSelector(p, recursive=True))
-                   if i.type == pafs.FileType.File and i.base_name.endswith((".parquet", ".pq"))
-                   and i.path.startswith(root))
+    if scheme:
+        root = p.rstrip("/") + "/"
+        files = sorted(i.path[len(root):] for i in fs.get_file_info(pafs.FileSelector(p, recursive=True))
+                       if i.type == pafs.FileType.File and i.base_name.endswith((".parquet", ".pq"))
+                       and i.path.startswith(root))
+    else:
+        files = _local_parquet_files(p)
     if not files:
         raise PartitionError(f"{location!r} holds no .parquet files", location, "empty")
+    _own_files(location, files)
     return location, files
 
 
@@ -191,6 +239,7 @@ def check_manifest(base: str, parts: list[dict], schema: pa.Schema, columns: lis
     Returns the total row count and, from the same footers, ``file_ranges`` of the column
     ``range_of`` (None without one; ``span`` is their union); raises ``PartitionError``."""
     total = 0
+    _own_files(base, [part["path"] for part in parts])  # a file swapped for a link since registration
     with ThreadPoolExecutor(max_workers=FOOTER_THREADS) as pool:  # an object store answers each in ~50 ms
         footers = list(pool.map(lambda part: _metadata(join(base, part["path"]), part["path"]), parts))
     for part, (found, md) in zip(parts, footers):

@@ -6,11 +6,13 @@ under DATASET_IMPORT_URIS; ``partitions`` is its manifest (each file's name rela
 the location, its rows and bytes) and ``arrow_schema`` its Arrow schema, both written at
 registration; ``sha256`` is the digest of the manifest.
 
-A run (``open_columns``, called by ``governance.datasets.data.load_columns``) checks every
-partition's footer against the manifest before any row is read: a missing partition or
-one with another schema (or row count) fails the request *before the read*, so the
-reservation is refunded (README, charging rules). The engine then gets an
-``engines.distributed.PartitionedTable`` and runs on the Dask cluster
+A run (``open_columns``, called by ``governance.datasets.data.load_columns``) checks the
+location (still inside DATASET_IMPORT_DIRS, not replaced by a link) and every partition's
+footer against the manifest before any row is read: a missing partition, one with another
+schema (or row count), or one now reached through a symbolic link or twice (a hard link)
+fails the request *before the read*, so the reservation is refunded (README, charging
+rules). Registration refuses such links too (``source.list_partitions``). The engine
+then gets an ``engines.distributed.PartitionedTable`` and runs on the Dask cluster
 (DASK_SCHEDULER_ADDRESS).
 """
 
@@ -85,6 +87,13 @@ def open_columns(ds: Dataset, columns: list[str]) -> PartitionedTable:
     only: no row is read), as the engine's ``data``. Raises ``InvalidDataset``
     (code ``dataset.partition_invalid``) naming the partition and what differs."""
     cols = list(dict.fromkeys(columns + ([ds.unit_column] if ds.unit_column else [])))
+    try:  # still inside DATASET_IMPORT_DIRS, and not moved by a link since registration
+        here = resolve_location(ds.location)
+    except InvalidDataset as e:
+        raise PartitionInvalid(f"the dataset's location cannot be used now: {e.detail}", problem="location") from None
+    if here != ds.location:
+        raise PartitionInvalid("the dataset's location now leads elsewhere (a symbolic link put in its place since "
+                               "registration); register the files again where they are", problem="location")
     try:
         rows, unit_ranges = source.check_manifest(ds.location, ds.partitions, arrow_schema(ds),
                                                   range_of=ds.unit_column or None)

@@ -245,3 +245,69 @@ def test_a_unit_column_of_dates_registers_and_answers(api, officer, analyst, gra
     got = ask(api(analyst), "dated", "count", {"epsilon": 1e5, "max_rows_per_unit": 1},
               django_capture_on_commit_callbacks)
     assert got["status"] == "succeeded" and round(got["result"]["value"]) == len(np.unique(days))
+
+
+# ------------------------------------------------------------------ links (a hostile probe, 2026-11-27)
+
+
+@pytest.fixture
+def outside(tmp_path, table):
+    """A Parquet file outside DATASET_IMPORT_DIRS, with the registered schema."""
+    directory = tmp_path / "outside"
+    directory.mkdir()
+    pq.write_table(table.slice(0, 100), directory / "secret.parquet")
+    return directory
+
+
+def _refused(client, name, path):
+    r = client.post("/api/datasets/", {"name": name, "path": str(path), "execution": "distributed",
+                                       "unit_column": "pid", "budget_epsilon": 1.0}, format="json")
+    assert r.status_code == 400, r.json()
+    assert r.json()["code"] == "dataset.partition_invalid"
+    return r.json()["detail"]
+
+
+@pytest.mark.parametrize("how", ["file", "directory", "loop", "hard"])
+def test_registration_refuses_partitions_reached_through_links(api, officer, on_cluster, parts_dir, outside, how):
+    """A link to a file or directory outside the import directories was registered and read;
+    a link to the directory itself listed one file under 41 names (every row counted 41
+    times: sensitivity understated 41-fold); a hard link is one file under two names."""
+    if how == "file":
+        (parts_dir / "zz.parquet").symlink_to(outside / "secret.parquet")
+    elif how == "directory":
+        (parts_dir / "sub").symlink_to(outside)
+    elif how == "loop":
+        (parts_dir / "loop").symlink_to(".")
+    else:
+        (parts_dir / "zz.parquet").hardlink_to(parts_dir / "part-0001.parquet")
+    detail = _refused(api(officer), "linked", parts_dir)
+    assert ("the same file" if how == "hard" else "symbolic link") in detail
+    assert str(outside) not in detail and not Dataset.objects.filter(name="linked").exists()
+
+
+def test_a_link_elsewhere_in_the_directory_is_left_alone(api, officer, on_cluster, parts_dir, outside):
+    (parts_dir / "notes.txt").symlink_to(outside / "secret.parquet")  # not a partition: not listed
+    body = register(api(officer), "notes", parts_dir, "distributed")
+    assert len(body["partitions"]) == 4
+
+
+@pytest.mark.parametrize("swap", ["partition", "location"])
+def test_a_link_put_in_place_after_registration_fails_before_the_read_and_is_refunded(
+        api, analyst, events, parts_dir, outside, table, swap, django_capture_on_commit_callbacks):
+    if swap == "partition":  # the same schema and row count: the footer check alone passed it
+        part = pq.read_table(parts_dir / "part-0003.parquet")
+        pq.write_table(part, outside / "same.parquet")
+        (parts_dir / "part-0003.parquet").unlink()
+        (parts_dir / "part-0003.parquet").symlink_to(outside / "same.parquet")
+        said = "'part-0003.parquet' is reached through a symbolic link"
+    else:  # the whole directory swapped for a link to a copy outside
+        import shutil
+
+        shutil.copytree(parts_dir, outside / "copy")
+        shutil.rmtree(parts_dir)
+        parts_dir.symlink_to(outside / "copy")
+        said = "location"
+    body = ask(api(analyst), "events", "count", {"epsilon": 0.5}, django_capture_on_commit_callbacks)
+    assert body["status"] == "failed" and body["error"]["code"] == "request.failed_before_read"
+    assert said in body["error"]["detail"] and str(outside) not in body["error"]["detail"]
+    assert _charged("events") == "released" and body["charge"]["rdp"]["epsilon"] == 0
