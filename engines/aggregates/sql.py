@@ -23,8 +23,12 @@ What is understood (everything else is a ``SqlUnsupported`` naming the part):
 - ``GROUP BY``: up to 4 keys, each a column with a declared domain, ``FLOOR(col / w) [* m]``
   or ``CASE WHEN col < a THEN 'x' ... ELSE 'z' END`` (bins over the declared bounds), by
   the expression, its alias or its position;
-- ``HAVING`` (comparisons of selected columns with literals, ANDed), ``ORDER BY`` and
-  ``LIMIT``: post-processing of the released values (query.py).
+- ``HAVING`` (comparisons of selected columns with literals, ANDed), ``ORDER BY`` (nulls
+  as the largest value; ``NULLS FIRST`` / ``LAST`` refused) and ``LIMIT``: post-processing
+  of the released values (query.py).
+
+Any other part of the parsed tree (a sample, a version, hints, a dialect's clauses) is
+refused by name (``_only``): a clause the translator does not read is never dropped.
 
 The privacy options (``epsilon``, ``rho``, ``accuracy``, ``mechanism``,
 ``max_rows_per_unit``, ``candidates``) come beside the SQL, never inside it.
@@ -38,6 +42,7 @@ from typing import Any
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import TokenType
 
 MAX_SQL_CHARS = 10_000
 #: privacy options that may come with a SQL query (the query's shape comes from the SQL)
@@ -122,6 +127,7 @@ def translate(sql: str, options: dict | None = None) -> SqlRequest:
             raise _unsupported(name[:60], "only SELECT queries are answered")
         raise SqlSyntaxError(f"not a SELECT statement: {sql.strip()[:100]}", part="syntax")
     try:
+        _refuse_nulls_order(sql)
         return _translate(tree, options)
     except RecursionError:
         raise SqlSyntaxError("not valid SQL: nested too deeply", part="syntax") from None
@@ -210,12 +216,48 @@ def _refuse_clauses(tree: exp.Select) -> None:
         if tree.args.get(arg):
             raise _unsupported(part, "a DP query is one table, aggregates over public filters and groups; "
                                      "HAVING, ORDER BY and LIMIT act on the released values")
+    # Whatever else the parser knows (CONNECT BY, SORT BY, CLUSTER BY, optimizer hints, a
+    # dialect's options, ...) would be silently dropped: refused, by what sqlglot calls it
+    _only(tree, _SELECT_PARTS, "", "a DP query is SELECT aggregates FROM one dataset [WHERE] [GROUP BY] "
+                                   "[HAVING] [ORDER BY] [LIMIT]")
+    if isinstance(tree.args.get("limit"), exp.Fetch):
+        raise _unsupported("FETCH", "write LIMIT n")
+    for arg, label, allowed in (("group", "GROUP BY", {"expressions", "rollup", "cube", "grouping_sets"}),
+                                ("order", "ORDER BY", {"expressions"}), ("limit", "LIMIT", {"expression"})):
+        if tree.args.get(arg) is not None:
+            _only(tree.args[arg], allowed, label, "group by plain keys, order by selected columns, LIMIT n")
+    for o in (tree.args["order"].expressions if tree.args.get("order") else []):
+        if isinstance(o, exp.Ordered):
+            _only(o, {"this", "desc", "nulls_first"}, "ORDER BY", "ORDER BY a selected column [ASC | DESC]")
     for node in tree.walk():
         if isinstance(node, (exp.Subquery, exp.Union, exp.Intersect, exp.Except)) or (
                 isinstance(node, exp.Select) and node is not tree):
             raise _unsupported("subquery", "one SELECT over one table")
         if isinstance(node, exp.Window):
             raise _unsupported("window function (OVER)", "one aggregate over the table or its groups")
+
+
+_SELECT_PARTS = {"expressions", "from_", "from", "where", "group", "having", "order", "limit"}
+
+
+def _only(node: exp.Expression, allowed: set, label: str, hint: str) -> None:
+    """Refuse any part of ``node`` the translator does not read (it would be ignored),
+    named by its SQL (or, for a flag such as GROUP BY ALL, ``label`` and its name)."""
+    for arg, value in node.args.items():
+        if arg not in allowed and value not in (None, False, []):
+            values = value if isinstance(value, list) else [value]
+            text = " ".join(v.sql() for v in values if isinstance(v, exp.Expression))
+            raise _unsupported(text[:100] or f"{label} {arg.strip('_').upper().replace('_', ' ')}".strip(), hint)
+
+
+def _refuse_nulls_order(sql: str) -> None:
+    """ORDER BY ... NULLS FIRST / LAST is parsed into a flag that cannot tell it from the
+    default: refused from the tokens (released rows sort nulls as the largest value)."""
+    tokens = sqlglot.tokenize(sql)
+    for t, after in zip(tokens, tokens[1:]):
+        if t.token_type == TokenType.VAR and t.text.upper() == "NULLS" and after.text.upper() in ("FIRST", "LAST"):
+            raise _unsupported(f"NULLS {after.text.upper()}", "nulls sort as the largest value: last in ascending "
+                                                              "order, first in descending")
 
 
 def _table(tree: exp.Select) -> str:
@@ -230,6 +272,9 @@ def _table(tree: exp.Select) -> str:
     if table.args.get("alias") is not None:
         # an alias is harmless, but qualified columns would then need resolving: keep one rule
         raise _unsupported("table alias", "write FROM dataset without an alias")
+    # TABLESAMPLE, FOR SYSTEM_TIME AS OF, table hints WITH (NOLOCK), ...: not answerable
+    _only(table, {"this"}, "FROM", "FROM names one dataset as it is now, whole (no sample, version or hints)")
+    _only(src, {"this"}, "FROM", "FROM names one dataset")
     return table.name
 
 

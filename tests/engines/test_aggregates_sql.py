@@ -121,6 +121,23 @@ def test_options_come_beside_the_sql_and_shape_keys_are_refused():
     ("SELECT QUANTILE(x, 'a') FROM t", "quantile level"),
     ("SELECT 1 UNION SELECT 2", "UNION"),
     ("INSERT INTO t VALUES (1)", "INSERT"),
+    # clauses the parser knows and the translator once dropped, answering the plain query
+    # (a hostile probe, 2026-11-27): every one is refused by name
+    ("SELECT COUNT(*) FROM t TABLESAMPLE (10 PERCENT)", "TABLESAMPLE (10 PERCENT)"),
+    ("SELECT COUNT(*) FROM t TABLESAMPLE BERNOULLI (1)", "TABLESAMPLE BERNOULLI (1 ROWS)"),
+    ("SELECT COUNT(*) FROM t FOR SYSTEM_TIME AS OF '2020-01-01'", "FOR TIMESTAMP AS OF '2020-01-01'"),
+    ("SELECT COUNT(*) FROM t WITH (NOLOCK)", "WITH (NOLOCK)"),
+    ("SELECT COUNT(*) FROM t CONNECT BY PRIOR a = a", "CONNECT BY PRIOR a = a"),
+    ("SELECT a, COUNT(*) FROM t GROUP BY a CLUSTER BY a", "CLUSTER BY a"),
+    ("SELECT COUNT(*) FROM t DISTRIBUTE BY a", "DISTRIBUTE BY a"),
+    ("SELECT COUNT(*) FROM t SORT BY a", "SORT BY a"),
+    ("SELECT /*+ PARALLEL(4) */ COUNT(*) FROM t", "/*+ PARALLEL(4) */"),
+    ("SELECT a, COUNT(*) FROM t GROUP BY ALL", "GROUP BY ALL"),
+    ("SELECT a, COUNT(*) FROM t GROUP BY a WITH TOTALS", "GROUP BY TOTALS"),
+    ("SELECT COUNT(*) FROM t LIMIT 10 PERCENT", "PERCENT"),
+    ("SELECT COUNT(*) FROM t FETCH FIRST 3 ROWS ONLY", "FETCH"),
+    ("SELECT a, COUNT(*) FROM t GROUP BY a ORDER BY a NULLS FIRST", "NULLS FIRST"),
+    ("SELECT a, COUNT(*) FROM t GROUP BY a ORDER BY a DESC NULLS LAST", "NULLS LAST"),
 ])
 def test_it_names_the_unsupported_part(sql, part):
     with pytest.raises(sqlplan.SqlUnsupported) as e:
