@@ -33,7 +33,7 @@ def _file_profile(table: PartitionedTable, path: str, text_columns: list[str], u
         uniq = pc.unique(col.drop_null())
         out["uniques"][name] = None if len(uniq) > cap else uniq.cast(pa.string()).to_pylist()
     if unit:
-        out["unit_nulls"] = data.column(unit).null_count
+        out["unit_nulls"] = null_count(data.column(unit))  # NaN is no id either
     return out
 
 

@@ -178,7 +178,7 @@ def register(*, name: str, created_by, location: str, title: str = "", descripti
     except (OSError, pa.ArrowException) as e:
         raise InvalidDataset(f"The partitions cannot be read: {str(e)[:300]}", field="path") from None
     if unit_column and prof["unit_nulls"]:
-        raise InvalidDataset(f"privacy-unit column {unit_column!r} has {prof['unit_nulls']} empty values")
+        raise InvalidDataset(f"privacy-unit column {unit_column!r} has {prof['unit_nulls']} empty values (null or NaN)")
     draft = infer_schema(_draft_table(schema_found, prof["uniques"], MAX_DOMAIN), unit_column)
     final = validate_schema(schema, schema_found, unit_column, base=draft)
     check_nulls(final, prof["nulls"])

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import transaction
 
 from accounting import POLICIES
+from engines.columns import null_count
 
 from ..core.errors import DatasetNotActive, InvalidDataset
 from ..models import Budget, Dataset
@@ -32,8 +33,9 @@ def count_units(table: pa.Table, unit_column: str) -> tuple[int, int, int]:
     if not unit_column:
         return n_rows, n_rows, 1
     col = table.column(unit_column)
-    if col.null_count:
-        raise InvalidDataset(f"privacy-unit column {unit_column!r} has {col.null_count} empty values")
+    empty = null_count(col)  # NaN is no id either
+    if empty:
+        raise InvalidDataset(f"privacy-unit column {unit_column!r} has {empty} empty values (null or NaN)")
     counts = pc.value_counts(col)
     n_units = len(counts)
     max_rows = int(pc.max(counts.field("counts")).as_py()) if n_units else 0

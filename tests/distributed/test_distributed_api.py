@@ -311,3 +311,13 @@ def test_a_link_put_in_place_after_registration_fails_before_the_read_and_is_ref
     assert body["status"] == "failed" and body["error"]["code"] == "request.failed_before_read"
     assert said in body["error"]["detail"] and str(outside) not in body["error"]["detail"]
     assert _charged("events") == "released" and body["charge"]["rdp"]["epsilon"] == 0
+
+
+def test_registration_refuses_nan_unit_ids(api, officer, on_cluster, import_dir, table):
+    directory = import_dir / "nan-ids"
+    pid = table.column("pid").to_numpy().astype(float)
+    pid[::50] = np.nan
+    write_partitions(table.set_column(table.schema.get_field_index("pid"), "pid", pa.array(pid)), directory, 3)
+    r = api(officer).post("/api/datasets/", {"name": "nan-ids", "path": str(directory), "execution": "distributed",
+                                             "unit_column": "pid", "budget_epsilon": 1.0}, format="json")
+    assert r.status_code == 400 and f"{len(pid[::50])} empty values (null or NaN)" in r.json()["detail"]

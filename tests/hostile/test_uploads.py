@@ -106,6 +106,10 @@ TWO = pa.array([1, 2])
     (b"a,b\n1,x\x00y\n2,z\n", "t.csv", {}, "NUL"),  # a NUL in a proposed domain value
     (b"a,b\x00c\n1,x\n2,z\n", "t.csv", {}, "NUL"),  # in a column name
     (b",b\n1,x\n2,z\n", "t.csv", {}, "no name"),  # was stored as the privacy-unit column
+    (parquet(pa.table({"u": [1.0, None, 2.0], "b": [1, 2, 3]})), "t.parquet", {"unit_column": "u"}, "1 empty values"),
+    # NaN is no id either: it was taken as one unit for every row holding it
+    (parquet(pa.table({"u": [1.0, float("nan"), float("nan")], "b": [1, 2, 3]})), "t.parquet", {"unit_column": "u"},
+     "2 empty values (null or NaN)"),
     (b"a,b\n1,\xed\xa0\x80\n", "t.csv", {}, "not UTF-8"),  # an encoded lone surrogate
     (b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40, "t.csv", {}, None),
     (b"a,b\n1,2\n" + b"\x00" * 5000, "t.csv", {}, None),
