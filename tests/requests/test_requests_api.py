@@ -173,6 +173,26 @@ def test_a_revoked_grant_or_a_draft_dataset_counts_at_the_next_post(api, analyst
     assert LedgerEntry.objects.count() == 1
 
 
+def test_what_was_released_stays_readable_after_the_grant_is_revoked(api, analyst, clinic,
+                                                                      django_capture_on_commit_callbacks):
+    """docs/concepts.md: revoking stops new requests, a free replay included; a result
+    already released stays the analyst's to read."""
+    from django.utils import timezone
+
+    from governance.models import Grant
+
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(client, {"epsilon": 0.1}).json()["id"]
+    released = client.get(f"{URL}{rid}/").json()
+    assert released["status"] == "succeeded"
+    Grant.objects.filter(analyst=analyst, dataset=clinic).update(revoked_at=timezone.now())
+    again = client.get(f"{URL}{rid}/")
+    assert again.status_code == 200 and again.json()["result"] == released["result"]
+    assert post(client, {"epsilon": 0.1}).status_code == 400  # the same question: no replay
+    assert LedgerEntry.objects.count() == 1
+
+
 def test_a_task_delivered_twice_changes_nothing(api, analyst, clinic, django_capture_on_commit_callbacks):
     from governance.requests.execution import execute
 
