@@ -152,3 +152,31 @@ def test_a_datasets_committed_history_is_composed_off_the_grid(make_dataset, off
         run("--dataset", "nope")
     with pytest.raises(CommandError, match="either a file"):
         run("x.json", "--dataset", ds.name)
+
+
+def test_a_file_of_costly_events_is_refused_before_any_curve_past_max_work(tmp_path, monkeypatch):
+    """The API refused 2,000 distinct subsampled Gaussians in 0.08 s; the command composed
+    them for 93 s with no bound. Now it counts first, as the API does, against --max-work."""
+    from accounting import rdp_math, work
+    from tests.accounting.test_work import SeriesCounter
+
+    rdp_math._one_step_curve.cache_clear()
+    rdp_math._SERIES.clear()
+    series = SeriesCounter(monkeypatch)
+    path = tmp_path / "events.json"
+    path.write_text(json.dumps([{"kind": "subsampled_gaussian", "sample_rate": 0.001 + i * 1e-5,
+                                 "noise_multiplier": 1.0 + i * 1e-3, "steps": 100} for i in range(2000)]))
+    with pytest.raises(CommandError, match="--max-work 1"):
+        run(str(path), "--delta", "1e-5", "--max-work", "1")
+    assert series.orders == 0
+    cheap = tmp_path / "cheap.json"
+    cheap.write_text(json.dumps(EVENTS))
+    assert run(str(cheap), "--delta", "1e-5", "--max-work", "1") == run(str(cheap), "--delta", "1e-5",
+                                                                          "--max-work", "0")
+    assert work.active() is None  # the bound closed with the command
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "x"])
+def test_max_work_must_be_a_number_of_seconds(events_file, value):
+    with pytest.raises(CommandError, match="max-work"):
+        run(str(events_file), "--delta", "1e-5", "--max-work", value)

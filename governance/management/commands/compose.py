@@ -1,9 +1,10 @@
+import contextlib
 import json
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from accounting import ACCOUNTANTS
+from accounting import ACCOUNTANTS, work
 from accounting.events import EventError, parse_events
 
 from ...core import json_text
@@ -35,6 +36,24 @@ refined_epsilon).
 """
 
 
+# A command is run by someone at a shell, not by every analyst at once: a minute by default
+# (the API's bound is about one CPU second, ``accounting.work.MAX_UNITS``)
+MAX_WORK_SECONDS = 60
+
+
+def _work(text: str) -> float:
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0 or value > 10**6:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1e6 seconds, got {text!r}")
+    return value
+
+
 class Command(BaseCommand):
     help = EVENT_HELP.strip().splitlines()[0]
 
@@ -52,8 +71,12 @@ class Command(BaseCommand):
         parser.add_argument("--accountant", choices=sorted(ACCOUNTANTS), default="rdp",
                             help="composition rule (default rdp)")
         parser.add_argument("--delta", type=float, help="target total delta, in [0, 1) (required with a file)")
+        parser.add_argument("--max-work", type=_work, default=MAX_WORK_SECONDS, metavar="SECONDS",
+                            help="refuse a file of events whose RDP curves would take more than about this many "
+                                 f"CPU seconds, counted before any is computed (default {MAX_WORK_SECONDS}; 0: no "
+                                 "bound; POST /api/compose/ allows about 1)")
 
-    def handle(self, *args, file, accountant, delta, dataset=None, **options):
+    def handle(self, *args, file, accountant, delta, dataset=None, max_work=MAX_WORK_SECONDS, **options):
         if (file is None) == (dataset is None):
             raise CommandError("give either a file of events or --dataset NAME")
         if dataset is not None:
@@ -70,9 +93,14 @@ class Command(BaseCommand):
             raise CommandError(f"{file} is {e}") from None
         try:
             events = parse_events(data)
-            spent = ACCOUNTANTS[accountant].compose(events, delta)
+            with work.limit(int(max_work * work.MAX_UNITS)) if max_work else contextlib.nullcontext():
+                work.charge_grid(events)  # the refinement's zooms are charged as they come
+                spent = ACCOUNTANTS[accountant].compose(events, delta)
         except EventError as e:
             raise CommandError(str(e)) from e
+        except work.TooCostly as e:
+            raise CommandError(f"{e.message.replace('about one CPU second', f'--max-work {max_work:g}')}; or pass "
+                               "a larger --max-work (0: no bound)") from None
         out = {"epsilon": spent.epsilon, "delta": spent.delta}
         self._write(out)
 
