@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 from django.conf import settings
@@ -49,8 +50,14 @@ def resolve_location(location: str) -> str:
     if "://" in location:
         for prefix in settings.DATASET_IMPORT_URIS:
             root = prefix.rstrip("/") + "/"
-            if location.startswith(root) and ".." not in location[len(root):].split("/"):
-                return location
+            if not location.startswith(root):
+                continue
+            rest = location[len(root):]
+            # pyarrow decodes %2e%2e to ".." and reads ?endpoint_override=... as options
+            if ".." in unquote(rest).split("/") or ".." in rest.split("/") or any(c in rest for c in "?#"):
+                raise InvalidDataset(f"{location!r} must name a path under its prefix: no '..' (also "
+                                     f"percent-encoded), no '?' or '#'.", field="path")
+            return location
         allowed = ", ".join(settings.DATASET_IMPORT_URIS) or "none are configured"
         raise InvalidDataset(f"{location!r} is outside the URI prefixes tables may be registered from "
                              f"(DATASET_IMPORT_URIS: {allowed}).", field="path")

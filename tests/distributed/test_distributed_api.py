@@ -321,3 +321,22 @@ def test_registration_refuses_nan_unit_ids(api, officer, on_cluster, import_dir,
     r = api(officer).post("/api/datasets/", {"name": "nan-ids", "path": str(directory), "execution": "distributed",
                                              "unit_column": "pid", "budget_epsilon": 1.0}, format="json")
     assert r.status_code == 400 and f"{len(pid[::50])} empty values (null or NaN)" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("rest", ["%2e%2e/secret", "a/%2E%2E/%2e%2e/x", "..%2f..%2fx", "x?endpoint_override=evil:9000",
+                                  "x#frag", "../x"])
+def test_a_uri_must_name_a_path_under_its_prefix(api, officer, settings, rest):
+    """pyarrow decodes %2e%2e to '..' (file:// URIs walked out of their directory that way)
+    and takes ?endpoint_override=... as options: a location under an import prefix names
+    a path under it, nothing more."""
+    settings.DATASET_IMPORT_URIS = ["s3://bucket/tables/"]
+    r = api(officer).post("/api/datasets/", {"name": "far", "path": "s3://bucket/tables/" + rest,
+                                             "execution": "distributed", "budget_epsilon": 1.0}, format="json")
+    assert r.status_code == 400 and "under its prefix" in r.json()["detail"], r.json()
+
+
+def test_a_plain_uri_under_a_prefix_passes_the_path_check(settings):
+    from governance.datasets.partitions import resolve_location
+
+    settings.DATASET_IMPORT_URIS = ["s3://bucket/tables/"]
+    assert resolve_location("s3://bucket/tables/2026/part-1.parquet") == "s3://bucket/tables/2026/part-1.parquet"
