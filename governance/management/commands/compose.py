@@ -99,8 +99,10 @@ class Command(BaseCommand):
         except EventError as e:
             raise CommandError(str(e)) from e
         except work.TooCostly as e:
-            raise CommandError(f"{e.message.replace('about one CPU second', f'--max-work {max_work:g}')}; or pass "
-                               "a larger --max-work (0: no bound)") from None
+            raise CommandError(f"composing these events needs more than {e.limit:,} work units (--max-work "
+                               f"{max_work:g}: about that many CPU seconds); counted before computing: {e.needed:,}, "
+                               "nearly all of it one RDP curve per distinct (sample_rate, noise_multiplier) of "
+                               "subsampled_gaussian events; pass a larger --max-work (0: no bound)") from None
         out = {"epsilon": spent.epsilon, "delta": spent.delta}
         self._write(out)
 
