@@ -121,12 +121,9 @@ def read_table(path: Path | str, fmt: str, columns: list[str] | None = None, *,
             # list, what pandas' to_csv and R's write.csv write), as it is in numeric ones
             opts = pacsv.ConvertOptions(include_columns=columns or [], strings_can_be_null=True)
             table = pacsv.read_csv(path, convert_options=opts)
-        names = table.schema.names  # Arrow decodes names lazily: a binary file fails here
+        table.schema.names  # noqa: B018 - Arrow decodes names lazily: a binary file fails here
     except (pa.ArrowException, OSError, ValueError, UnicodeDecodeError) as e:
         raise InvalidDataset(f"The file is not a readable {fmt.upper()} table: {str(e)[:300]}") from e
-    if len(set(names)) != len(names):
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        raise InvalidDataset(f"The table has duplicate column names: {', '.join(dupes)[:300]}")
     if fmt == "csv":
         # Arrow reads cells that are not UTF-8 as a binary column: the file is not CSV text.
         binary = [f.name for f in table.schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
@@ -186,9 +183,14 @@ def _expanded_bytes(col: pa.DictionaryArray) -> int:
 
 def check_columns(schema: pa.Schema) -> None:
     """Columns the service can hold: at most MAX_COLUMNS, each named (the empty name means
-    "no unit column"), no NUL in a name (PostgreSQL cannot store it), no nested types."""
+    "no unit column") and named once, no NUL in a name (PostgreSQL cannot store it), no
+    nested types."""
     if len(schema) > MAX_COLUMNS:
         raise InvalidDataset(f"The table has {len(schema)} columns; at most {MAX_COLUMNS} can be registered.")
+    names = schema.names
+    if len(set(names)) != len(names):
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        raise InvalidDataset(f"The table has duplicate column names: {', '.join(map(repr, dupes))[:300]}")
     problems = {}
     for i, field in enumerate(schema):
         if field.name == "":

@@ -340,3 +340,15 @@ def test_a_plain_uri_under_a_prefix_passes_the_path_check(settings):
 
     settings.DATASET_IMPORT_URIS = ["s3://bucket/tables/"]
     assert resolve_location("s3://bucket/tables/2026/part-1.parquet") == "s3://bucket/tables/2026/part-1.parquet"
+
+
+def test_registration_names_a_column_named_twice(api, officer, on_cluster, import_dir):
+    """Was a 400 quoting Arrow's internals (__fragment_index ...)."""
+    directory = import_dir / "twice"
+    directory.mkdir()
+    pq.write_table(pa.Table.from_arrays([pa.array([1, 2]), pa.array([3, 4])], names=["a", "a"]),
+                   directory / "part-0.parquet")
+    r = api(officer).post("/api/datasets/", {"name": "twice", "path": str(directory), "execution": "distributed",
+                                             "budget_epsilon": 1.0}, format="json")
+    assert r.status_code == 400 and "duplicate column names: 'a'" in r.json()["detail"]
+    assert "fragment" not in r.json()["detail"]

@@ -107,6 +107,8 @@ TWO = pa.array([1, 2])
     (b"a,b\x00c\n1,x\n2,z\n", "t.csv", {}, "NUL"),  # in a column name
     (b",b\n1,x\n2,z\n", "t.csv", {}, "no name"),  # was stored as the privacy-unit column
     (parquet(pa.table({"u": [1.0, None, 2.0], "b": [1, 2, 3]})), "t.parquet", {"unit_column": "u"}, "1 empty values"),
+    (b"a,a\n1,2\n3,4\n", "t.csv", {}, "duplicate column names: 'a'"),
+    (parquet(pa.Table.from_arrays([TWO, TWO], names=["a", "a"])), "t.parquet", {}, "duplicate column names: 'a'"),
     # NaN is no id either: it was taken as one unit for every row holding it
     (parquet(pa.table({"u": [1.0, float("nan"), float("nan")], "b": [1, 2, 3]})), "t.parquet", {"unit_column": "u"},
      "2 empty values (null or NaN)"),
