@@ -27,6 +27,10 @@ from .types import Federation
 APP_DIR = Path(__file__).resolve().parent / "flwrapp"
 SUBMIT_TIMEOUT = 120.0
 CANCEL_WAIT = 300.0
+QUIET_MARGIN = 60.0  # seconds past the longest a run may be silent (sites awaited, three round timeouts)
+REPORT_AGAIN = 2.0  # seconds: the last progress is reported again, so a cancel is heard between rounds
+UNKNOWN_CHECKS = 3  # after a quiet spell, this many status checks the SuperLink does not answer end the run
+UNKNOWN_RETRY = 20.0  # seconds between those checks
 
 
 class FederatedRunError(EngineError):
@@ -93,9 +97,19 @@ def execute(request: EngineRequest, dataset, fed: Federation, plan: Plan, progre
 
 
 def _follow(d: dict, jobdir: Path, run_id: str, fed: Federation, progress, workdir: Path | None) -> Release:
-    state = {"seen": 0, "rounds": 0, "evals": 0, "last": time.monotonic()}
-    quiet = fed.wait_sites_seconds + 3 * fed.round_timeout + 60
+    state = {"seen": 0, "rounds": 0, "evals": 0, "last": time.monotonic(), "said": None, "told": time.monotonic(),
+             "unknown": 0}
+    quiet = fed.wait_sites_seconds + 3 * fed.round_timeout + QUIET_MARGIN
     result_path = jobdir / "result.json"
+
+    def say(update: dict) -> None:
+        """Report; a cancel (raised by ``progress``) asks the ServerApp to stop."""
+        state["said"], state["told"] = update, time.monotonic()
+        try:
+            progress(update)
+        except Cancelled as c:
+            c.actual_event = _cancel(d, jobdir, state["rounds"], state["evals"])
+            raise
 
     def drain() -> None:
         """Forward the ServerApp's new progress lines (a cancel raised here stops the run)."""
@@ -108,24 +122,26 @@ def _follow(d: dict, jobdir: Path, run_id: str, fed: Federation, progress, workd
             ev = json.loads(line)
             if ev.get("event") == "round":
                 state["rounds"], state["evals"] = ev["round"], ev.get("evals", state["evals"])
-                try:
-                    progress(_round_progress(d, ev))
-                except Cancelled as c:
-                    c.actual_event = _cancel(d, jobdir, state["rounds"], state["evals"])
-                    raise
+                say(_round_progress(d, ev))
             elif ev.get("event") in ("sites", "refused"):
-                progress({"phase": "sites", "fraction": 0.0, **{k: v for k, v in ev.items() if k != "event"}})
+                say({"phase": "sites", "fraction": 0.0, **{k: v for k, v in ev.items() if k != "event"}})
 
     while not result_path.exists():
         drain()
+        if state["said"] is not None and time.monotonic() - state["told"] > REPORT_AGAIN:
+            say(state["said"])  # between rounds too, so that a cancel is heard within seconds
         if time.monotonic() - state["last"] > quiet:
-            if run_status(jobdir, run_id).startswith("finished"):
-                break
-            state["last"] = time.monotonic()
+            status = run_status(jobdir, run_id)
+            state["unknown"] = state["unknown"] + 1 if status == "unknown" else 0
+            if status.startswith("finished") or state["unknown"] >= UNKNOWN_CHECKS:
+                break  # ended, or the SuperLink no longer answers: the run cannot finish
+            # running (sites slow to come): wait another quiet spell; unknown: ask again soon
+            state["last"] = time.monotonic() - (quiet - UNKNOWN_RETRY if status == "unknown" else 0)
         time.sleep(0.2)
     if not result_path.exists():
         status = run_status(jobdir, run_id)
-        err = FederatedRunError(f"the ServerApp ended without a result: {status}")
+        err = FederatedRunError(f"the ServerApp ended without a result: {status}"
+                                + (" (the SuperLink does not answer)" if status == "unknown" else ""))
         err.actual_event = planner.rounds_event(d, state["rounds"], state["evals"]) if state["rounds"] else None
         raise err
     drain()

@@ -43,7 +43,10 @@ class Recorder:
             row = {"round": update.get("round"), "epsilon_spent": update.get("epsilon_spent")}
             if ev.get("accuracy") is not None:
                 row.update(accuracy=ev["accuracy"], accuracy_ci95=ev.get("accuracy_ci95"), dp=ev.get("dp"))
-            self.history.append(row)
+            if self.history and self.history[-1]["round"] == row["round"]:
+                self.history[-1] = row  # the same round reported again (the engine repeats its last report)
+            else:
+                self.history.append(row)
             update = {**update, "history": list(self.history), "connected": self.connected}
         self.report(update)
 

@@ -90,3 +90,15 @@ def test_the_recorder_keeps_each_rounds_epsilon_and_dp_evaluation():
     job = rec.job({"flower_run_id": 42, "sites": {"connected": ["a", "b", "c"], "refused": {}}, "history": []})
     assert job["job"] == "42" and job["sites"]["connected"] == ["a", "b", "c"]
     assert job["sites"]["aggregated"] == ["a", "b"]
+
+
+def test_a_round_reported_again_is_one_row_of_the_history():
+    """The engine repeats its last report between rounds (so that a cancel is heard)."""
+    out = []
+    rec = Recorder(out.append, "link:9093")
+    update = {"phase": "training", "round": 1, "rounds": 2, "epsilon_spent": 0.5, "sites": {"accepted": ["a"]},
+              "eval": {}}
+    for _ in range(3):
+        rec(update)
+    rec({**update, "round": 2, "epsilon_spent": 0.9})
+    assert out[-1]["history"] == [{"round": 1, "epsilon_spent": 0.5}, {"round": 2, "epsilon_spent": 0.9}]

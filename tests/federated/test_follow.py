@@ -1,0 +1,80 @@
+"""Following a federated run from the worker (engines/federated/execute.py ``_follow``),
+with the ServerApp's files written by the test and ``flwr ls`` replaced: a SuperLink that
+dies mid-run ends the run within a bounded time, charged the rounds done (it hung: its
+status "unknown" restarted the wait forever, and a cancel was never heard); a cancel is
+heard between rounds, not only at the next round's report."""
+
+import json
+import threading
+import time
+
+import pytest
+
+from engines.federated import execute, planner
+from engines.federated.types import Federation
+from engines.types import Cancelled
+
+FED = Federation(superlink="127.0.0.1:9", wait_sites_seconds=0.0, round_timeout=0.0)
+
+
+@pytest.fixture
+def details():
+    return {"version": planner.DETAILS_VERSION, "evals": 0, "local": False, "sample_rate": 0.5,
+            "noise_multiplier": 1.0, "eval_epsilon_each": 0.0,
+            "spec": {"rounds": 5, "private": True, "sites": ["h1", "h2"]}}
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    monkeypatch.setattr(execute, "QUIET_MARGIN", 0.3)
+    monkeypatch.setattr(execute, "UNKNOWN_RETRY", 0.05)
+    monkeypatch.setattr(execute, "REPORT_AGAIN", 0.05)
+    monkeypatch.setattr(execute, "CANCEL_WAIT", 0.2)
+    monkeypatch.setattr(planner, "rounds_event", lambda d, rounds, evals: {"rounds": rounds, "evals": evals})
+
+
+def _round(jobdir, n):
+    with open(jobdir / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"event": "round", "round": n, "evals": 0, "sites": {"accepted": ["h1"]}}) + "\n")
+
+
+def test_a_superlink_that_stops_answering_ends_the_run_with_the_rounds_done(tmp_path, details, fast, monkeypatch):
+    checks = []
+    monkeypatch.setattr(execute, "run_status", lambda jobdir, run_id: checks.append(1) or "unknown")
+    _round(tmp_path, 1)
+    t0 = time.monotonic()
+    with pytest.raises(execute.FederatedRunError, match="SuperLink does not answer") as e:
+        execute._follow(details, tmp_path, "7", FED, lambda update: None, None)
+    assert time.monotonic() - t0 < 10
+    assert e.value.actual_event == {"rounds": 1, "evals": 0}
+    assert len(checks) == execute.UNKNOWN_CHECKS + 1  # three checks, then the error's own
+
+
+def test_a_run_still_running_is_waited_for(tmp_path, details, fast, monkeypatch):
+    """A quiet spell (sites slow to come) with the run still listed, or one unanswered check
+    between answered ones, does not end it."""
+    asked = []
+    statuses = iter(["running", "unknown", "running", "unknown", "unknown", "running"])
+    monkeypatch.setattr(execute, "run_status", lambda jobdir, run_id: asked.append(1) or next(statuses, "running"))
+    monkeypatch.setattr(execute, "_release", lambda d, r, workdir, run_id: r)
+    threading.Timer(1.5, lambda: (tmp_path / "result.json").write_text(json.dumps({"rounds": 5}))).start()
+    assert execute._follow(details, tmp_path, "7", FED, lambda update: None, None) == {"rounds": 5}
+    assert len(asked) >= 4
+
+
+def test_a_cancel_is_heard_between_rounds(tmp_path, details, fast, monkeypatch):
+    monkeypatch.setattr(execute, "run_status", lambda jobdir, run_id: "running")
+    reports = []
+
+    def progress(update):
+        reports.append(update)
+        if len(reports) >= 3:  # the round's report, then the same again while the next round runs
+            raise Cancelled("cancelled")
+
+    _round(tmp_path, 1)
+    t0 = time.monotonic()
+    with pytest.raises(Cancelled) as c:
+        execute._follow(details, tmp_path, "7", FED, progress, None)
+    assert time.monotonic() - t0 < 5 and (tmp_path / "cancel").exists()
+    assert all(r["round"] == 1 for r in reports)
+    assert c.value.actual_event == {"rounds": 2, "evals": 0}  # no answer: the round under way is charged
