@@ -1,5 +1,8 @@
 """One exception handler: every error is ``{"code", "detail", ...}`` with a stable code."""
 
+import errno
+import logging
+
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
@@ -12,6 +15,8 @@ from rest_framework.views import set_rollback
 
 from ..core.errors import GovernanceError
 from .parsers import RequestTooLarge
+
+log = logging.getLogger(__name__)
 
 # An error body is for people: a hostile request (a million unknown parameters) must not
 # get itself echoed back a million times.
@@ -51,6 +56,13 @@ def _handle(exc, context):
         exc = exceptions.ParseError(f"The request was refused: {str(exc)[:300]}")
     elif isinstance(exc, UnreadablePostError):
         exc = exceptions.ParseError("The request body could not be read (the client went away?).")
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        # the data or results directory is full: the server's state, not the request's fault
+        set_rollback()
+        log.error("no space left: %s", exc)
+        return Response({"code": "storage.full", "detail": "The server has no space left to store this "
+                         f"({exc.strerror}); nothing was kept. Retry once an operator has freed space."},
+                        status=status.HTTP_507_INSUFFICIENT_STORAGE)
     if isinstance(exc, IntegrityError):
         # Two concurrent creations of the same thing (a grant, a dataset name): one wins.
         set_rollback()

@@ -328,3 +328,28 @@ def test_number_like_usernames_are_neutralised_too(api, officer, make_dataset, n
     rows = list(csv.DictReader(io.StringIO(boss.get("/api/audit/export/", {"dataset": "survey",
                                                                             "format": "csv"}).content.decode())))
     assert [row["actor"] for row in rows] == [f"'{name}"]
+
+
+def test_a_full_data_directory_is_a_507_that_keeps_nothing(client, import_dir, monkeypatch, nothing_stored):
+    """Was Django's 500 page (with the traceback and settings: DEBUG is on by default)."""
+    import errno
+
+    path = import_dir / "t.csv"
+    path.write_bytes(CSV)
+    real_fdopen = os.fdopen
+
+    class Full(io.RawIOBase):  # the copy's file: every write finds the disk full
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            self.f.close()
+            super().close()
+
+    monkeypatch.setattr(dataset_files.os, "fdopen", lambda fd, mode="r", *a, **kw: Full(real_fdopen(fd, mode)))
+    r = client.post(URL, {"name": "full", "path": str(path), "budget_epsilon": 1}, format="json")
+    assert r.status_code == 507 and r.json()["code"] == "storage.full", r.content[:300]
+    assert "No space left on device" in r.json()["detail"]
