@@ -58,6 +58,8 @@ class Verification:
 def _close(a, b) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):  # a cost's curve, summed in another order
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         return a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
     return a == b
@@ -70,8 +72,9 @@ def verify_dataset(ds: Dataset, out: Verification, *, stop_at_first: bool = True
         return stop_at_first
 
     budget = Budget.objects.get(pk=ds.pk)
-    entries = {e.pk: e for e in LedgerEntry.objects.filter(dataset=ds).only(
-        "id", "status", "event", "committed_event", "cost", "committed_cost", "non_private")}
+    entries = {e.pk: e for e in LedgerEntry.objects.filter(dataset=ds).select_related("analyst", "grant").only(
+        "id", "status", "event", "committed_event", "cost", "committed_cost", "non_private", "reference",
+        "analyst", "grant")}
     seen: set[int] = set()
     state = Cost.zero()
     prev = GENESIS
@@ -119,6 +122,48 @@ def verify_dataset(ds: Dataset, out: Verification, *, stop_at_first: bool = True
         return
     if not _close(Cost.from_json(budget.committed).to_json(), state.to_json()):
         bad(None, "the budget row's committed totals differ from the chain's")
+        return
+    for problem in _gate_state(ds):
+        if bad(None, problem):
+            return
+
+
+def _gate_state(ds: Dataset) -> list[str]:
+    """What the gate admits against, re-derived from the ledger: the budget's and each
+    grant's running state (reserved and committed costs), within the budget; a reservation
+    only while its request is queued or running. Read with the budget row locked, so a
+    charge under way cannot make it disagree."""
+    from django.db import transaction
+
+    from ..ledger.actions import recompute_state
+    from ..ledger.limits import Limit
+    from ..models import Grant, Request
+
+    problems = []
+    with transaction.atomic():
+        budget = Budget.objects.select_for_update().get(pk=ds.pk)
+        derived = recompute_state(ds.pk)
+        if not _close(Cost.from_json(budget.state).to_json(), derived.to_json()):
+            problems.append("the budget row's running state (what the gate admits against) differs from the "
+                            "ledger's reserved and committed costs")
+        for grant in Grant.objects.filter(dataset=ds).order_by("pk"):
+            mine = Cost.zero()
+            for cost, committed in LedgerEntry.objects.filter(grant=grant).exclude(
+                    status=LedgerEntry.Status.RELEASED).values_list("cost", "committed_cost"):
+                mine = mine + Cost.from_json(committed or cost)
+            if not _close(Cost.from_json(grant.state).to_json(), mine.to_json()):
+                problems.append(f"grant {grant.pk}'s running state differs from its ledger entries' costs")
+        limit = Limit.of_dataset(ds)
+        spent = limit.spent(derived)
+        if math.isfinite(spent) and spent > limit.epsilon * (1 + 1e-9) + 1e-12:
+            problems.append(f"the ledger spends epsilon {spent:.6g} under {limit.policy}, past the budget of "
+                            f"{limit.epsilon:g}")
+        stray = list(LedgerEntry.objects.filter(dataset=ds, status=LedgerEntry.Status.RESERVED).exclude(
+            request__status__in=[Request.Status.QUEUED, Request.Status.RUNNING]).values_list("pk", flat=True)[:10])
+        if stray:
+            problems.append(f"ledger entr{'y' if len(stray) == 1 else 'ies'} {', '.join(map(str, stray))} "
+                            "reserved without a request in flight")
+    return problems
 
 
 def _agrees(rec: AuditRecord, entries: dict, seen: set, delta) -> str | None:
@@ -136,6 +181,19 @@ def _agrees(rec: AuditRecord, entries: dict, seen: set, delta) -> str | None:
     want = LedgerEntry.Status.COMMITTED if rec.action == AuditRecord.Action.COMMIT else LedgerEntry.Status.RELEASED
     if entry.status != want:
         return f"ledger entry {entry.pk} is {entry.status}, the record says {rec.action}"
+    if rec.actor != entry.analyst.get_username()[:150]:
+        return f"its actor differs from ledger entry {entry.pk}'s analyst"
+    if entry.grant is not None and entry.grant.analyst_id != entry.analyst_id:
+        return f"ledger entry {entry.pk}'s grant is another analyst's"
+    if entry.grant is None and not entry.analyst.is_staff:
+        return f"ledger entry {entry.pk} has no grant and its analyst is not an officer"
+    if rec.reference != entry.reference[:200]:
+        return f"its reference differs from ledger entry {entry.pk}'s"
+    if not _close(entry.cost, cost_json(entry.event)) or (
+            entry.committed_event is not None and not _close(entry.committed_cost, cost_json(entry.committed_event))):
+        return f"ledger entry {entry.pk}'s cost is not its event's"
+    if rec.reserved_event is not None and not _close(rec.reserved_event, entry.event):
+        return f"its reserved event differs from ledger entry {entry.pk}'s"
     spent = entry.committed_event or entry.event
     if rec.action == AuditRecord.Action.COMMIT:
         if not _close(rec.event, spent):
@@ -147,6 +205,16 @@ def _agrees(rec: AuditRecord, entries: dict, seen: set, delta) -> str | None:
     elif not _close(rec.event, entry.event):
         return f"its event differs from ledger entry {entry.pk}'s"
     return None
+
+
+def cost_json(event) -> dict:
+    from accounting.costs import cost_of
+    from accounting.events import parse_event
+
+    try:
+        return cost_of(parse_event(event)).to_json()
+    except (ValueError, TypeError, KeyError):
+        return {"unparseable": True}
 
 
 def charge_of(entry: LedgerEntry, delta: float) -> dict:

@@ -184,6 +184,85 @@ def test_a_committed_entry_without_record_is_found(history, tamperer):
     assert code == 1 and ("has no audit record" in err or "re-compose" in err)
 
 
+L = LedgerEntry._meta.db_table
+
+
+def _committed(ds, **kw):
+    return LedgerEntry.objects.filter(dataset=ds, status="committed", **kw).order_by("id").last()
+
+
+def _tamper_state(ds, analyst2):
+    sql(f"UPDATE {Budget._meta.db_table} SET state = %s WHERE dataset_id = %s", ["{}", ds.pk])
+
+
+def _tamper_grant_state(ds, analyst2):
+    from governance.models import Grant
+
+    sql(f"UPDATE {Grant._meta.db_table} SET state = %s WHERE id = %s",
+        ["{}", Grant.objects.get(dataset=ds, analyst=analyst2).pk])
+
+
+def _tamper_analyst(ds, analyst2):
+    entry = _committed(ds)
+    other = analyst2.pk if entry.analyst_id != analyst2.pk else LedgerEntry.objects.exclude(
+        analyst_id=analyst2.pk).first().analyst_id
+    sql(f"UPDATE {L} SET analyst_id = %s WHERE id = %s", [other, entry.pk])
+
+
+def _tamper_grant(ds, analyst2):
+    sql(f"UPDATE {L} SET grant_id = NULL WHERE id = %s", [_committed(ds, grant__isnull=False).pk])
+
+
+def _tamper_reference(ds, analyst2):
+    sql(f"UPDATE {L} SET reference = 'elsewhere' WHERE id = %s", [_committed(ds).pk])
+
+
+def _tamper_cost(ds, analyst2):
+    entry = _committed(ds, committed_event__isnull=True)
+    sql(f"UPDATE {L} SET cost = %s WHERE id = %s", [json.dumps(Cost.zero().to_json()), entry.pk])
+
+
+def _tamper_reservation(ds, analyst2):  # a cancelled run's reservation (the record keeps it)
+    entry = _committed(ds, committed_event__isnull=False)  # made to look as if it reserved what it spent
+    sql(f"UPDATE {L} SET event = %s, cost = %s WHERE id = %s",
+        [json.dumps(entry.committed_event), json.dumps(entry.committed_cost), entry.pk])
+
+
+def _tamper_stray_reservation(ds, analyst2):
+    entry = _committed(ds, grant__isnull=False)
+    sql(f"INSERT INTO {L} (dataset_id, analyst_id, grant_id, reference, event, cost, charge, non_private, status, "
+        "created_at) SELECT dataset_id, analyst_id, grant_id, 'fake', event, cost, charge, non_private, 'reserved', "
+        f"created_at FROM {L} WHERE id = %s", [entry.pk])
+
+
+@pytest.mark.parametrize("tamper, says", [
+    (_tamper_state, "running state (what the gate admits against)"),
+    (_tamper_grant_state, "running state differs from its ledger entries"),
+    (_tamper_analyst, "actor differs"),
+    (_tamper_grant, "no grant and its analyst is not an officer"),
+    (_tamper_reference, "reference differs"),
+    (_tamper_cost, "cost is not its event's"),
+    (_tamper_reservation, "reserved event differs"),
+    (_tamper_stray_reservation, "reserved without a request in flight"),
+])
+def test_ledger_fields_the_records_do_not_hash_are_checked_too(history, tamperer, analyst2, tamper, says):
+    """A hostile probe (2026-11-27) edited each of these with verify saying "ok"; an emptied
+    budget state let the gate admit an overspend that only recompose_audit.py noticed."""
+    ds, _ = history
+    tamper(ds, analyst2)
+    code, _, err = run_verify("--all")
+    assert code == 1 and says in err, err
+
+
+def test_spend_past_the_budget_is_found(history, tamperer):
+    from governance.models import Dataset
+
+    ds, _ = history
+    sql(f"UPDATE {Dataset._meta.db_table} SET budget_epsilon = %s WHERE id = %s", [0.01, ds.pk])
+    code, _, err = run_verify("--all")
+    assert code == 1 and "past the budget of 0.01" in err, err
+
+
 def test_records_cannot_be_edited_or_deleted_through_the_orm(history):
     from django.core.exceptions import ValidationError
 

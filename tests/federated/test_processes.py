@@ -57,7 +57,8 @@ def test_bad_sites_are_refused_and_bad_updates_rejected_on_real_supernodes(clust
         assert "not_finite" in h["sites"]["rejected"]["c"]
     assert r["epsilon_spent"] == pytest.approx(plan.details["planned_epsilon"])
     assert r["test"]["dp"] and len(r["test"]["accuracy_ci95"]) == 2
-    assert [p["round"] for p in seen if p.get("phase") == "training"] == [1, 2]
+    rounds = [p["round"] for p in seen if p.get("phase") == "training"]
+    assert [r for i, r in enumerate(rounds) if not i or r != rounds[i - 1]] == [1, 2]  # a report may repeat
     assert (out / "model.json").exists()
 
 
@@ -70,8 +71,11 @@ def test_a_site_killed_mid_run_and_a_site_joining_late(cluster, tmp_path):
     req = EngineRequest("train", {"target": "label", "rounds": 3, "eval_every": 3, "target_epsilon": "inf"})
     plan = plugins.plan("federated", req, ds)
 
+    done = []
+
     def progress(p):
-        if p.get("round") == 1:  # after round 1: c dies (SIGKILL, its SuperNode and ClientApp), d comes up
+        if p.get("round") == 1 and not done:  # after round 1: c dies (SIGKILL, its SuperNode and ClientApp),
+            done.append(1)                    # d comes up (once: the engine repeats its last report)
             cluster.kill_site("c")
             cluster.start_site("d", tables[3])
 
