@@ -119,8 +119,8 @@ class Coordinator:
             return self.node_site.get(node), f"error: {got[:200]}", [], {}
         arrays, reply = got
         site = reply.get("site")
-        if site not in self.keys:
-            return None, f"unregistered site {site!r}", [], reply
+        if site not in self.keys:  # its claimed name is not repeated: it may be another dataset's site
+            return None, "unregistered site", [], reply
         fields = dict(nonce=job["nonce"], round=job["round"], site=site, dataset=reply.get("dataset", ""), kind=kind,
                       payload=auth.digest(arrays))
         if reply.get("nonce") != job["nonce"] or not auth.verify(self.keys[site], reply.get("mac"), **fields):

@@ -50,7 +50,7 @@ def test_bad_sites_are_refused_and_bad_updates_rejected_on_real_supernodes(clust
     assert r["stopped"] == "completed" and r["rounds"] == 2 and rel.actual_event is None
     assert sorted(r["sites"]["connected"]) == ["a", "b", "c"]
     refused = " | ".join(r["sites"]["refused"].values())
-    assert "unregistered site 'mallory'" in refused
+    assert "unregistered site" in refused and "mallory" not in refused  # not named: maybe another's
     assert "e: schema: missing column 'x2'" in refused
     for h in r["history"]:
         assert h["sites"]["accepted"] == ["a", "b"]
