@@ -687,6 +687,9 @@ def check_chain(ds: dict, records: list, genesis: str, res: DatasetResult) -> No
             res.problem(seq, "chain", "its hash does not match its content (the record was edited)")
         prev = rec.get("hash")
     head = ds.get("head") or {}
+    if not isinstance(head, dict):
+        res.problem(None, "format", f"the dataset's head is a {type(head).__name__}, not an object with seq and hash")
+        head = {}
     last_seq = len(records)
     last_hash = prev if records else genesis
     res.head = {"seq": head.get("seq"), "hash": head.get("hash"), "chain_seq": last_seq, "chain_hash": last_hash}

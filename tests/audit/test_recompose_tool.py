@@ -258,6 +258,16 @@ def test_a_deleted_last_record_is_found(export_file):
 
 
 @pytest.mark.django_db
+def test_a_head_that_is_not_an_object_is_named(export_file):
+    """Was "could not be checked: AttributeError: 'str' object has no attribute 'get'"."""
+    export = load(export_file)
+    dataset(export, "basic")["head"] = "abc"
+    save(export_file, export)
+    code, out, _ = run(export_file)
+    assert code == 1 and "head is a str, not an object with seq and hash" in out and "AttributeError" not in out
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("policy,accountant", [("rdp", "rdp"), ("basic", "basic"), ("rdp", "advanced")])
 def test_an_edited_total_is_found_and_named(export_file, policy, accountant):
     export = load(export_file)
