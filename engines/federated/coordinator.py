@@ -306,10 +306,13 @@ class Coordinator:
 
     # ------------------------------------------------------------------ the run
     def run(self) -> str:
-        """Train; returns why it stopped: completed, max_epsilon, cancelled."""
+        """Train; returns why it stopped: completed, max_epsilon, cancelled, or no_sites (no
+        registered site answered within the wait: none was sent work, none read a row)."""
         self.wait_for_sites()
         self.emit({"event": "sites", "connected": sorted(self.node_site.values()),
                    "refused": {str(n): w for n, w in self.refused.items()}})
+        if not self.node_site and not self.refused_sites:
+            return "no_sites"
         cap = self.spec["max_epsilon"]
         with_eval = self.noise is not None
         for _ in range(self.spec["rounds"]):

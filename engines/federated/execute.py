@@ -165,6 +165,11 @@ def _cancel(d: dict, jobdir: Path, rounds: int, evals: int) -> dict:
 
 def _release(d: dict, r: dict, workdir: Path | None, run_id: str) -> Release:
     spec = d["spec"]
+    if r["stopped"] == "no_sites":
+        err = FederatedRunError("no registered site answered within the wait for sites: nothing was trained and "
+                                "no site read a row")
+        err.nothing_read = True  # the host refunds, as for a failure before the read
+        raise err
     if r["stopped"] == "failed":
         err = FederatedRunError(f"federated run failed after {r['rounds']} round(s): {r.get('error')}")
         err.actual_event = planner.rounds_event(d, r["rounds"], r["evals"]) if r["rounds"] else None

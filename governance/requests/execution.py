@@ -235,6 +235,12 @@ def _run(req: Request, clock: RunClock) -> str:
             "detail": "Cancelled while running; the data was read, the charge for the work done stands."},
             actual_event=c.actual_event, charge=True, clock=clock, officer_report=_jobs(recorder))
     except Exception as e:
+        if isinstance(e, EngineError) and getattr(e, "nothing_read", False):
+            # the engine knows no row was read (a federated run no site answered): refund
+            _empty(workdir)
+            return _finish(req, Request.Status.FAILED, error={
+                "code": "request.failed_before_read", "detail": f"No data was read: {e}"},
+                charge=False, clock=clock, officer_report=_jobs(recorder))
         _log_failure_after_read(req.pk, e)
         _empty(workdir)
         # An engine error may name the work done before it (a data-parallel run that lost a

@@ -130,3 +130,19 @@ def test_local_dp_mode_trains_with_dp_sgd_at_each_site(tmp_path, tables):
     assert r["epsilon"] == pytest.approx(p.details["planned_epsilon"]) and r["epsilon"] <= 8.0 * (1 + 1e-9)
     assert r["history"][-1]["eval"]["accuracy"] > 0.6  # noisy DP estimate of a model that learned
     assert all(np.all(np.isfinite(np.asarray(w))) for w in r["weights"])
+
+
+def test_no_registered_site_answering_stops_before_any_round(tmp_path, tables):
+    """It 'succeeded' with a pure-noise model, charged in full; no site read a row. Nodes of
+    another dataset on the same SuperLink do not count as answering."""
+    c, r, _ = run(tmp_path, [node(tmp_path, "x", tables[0])], target_epsilon=3.0)
+    assert r["stopped"] == "no_sites" and r["rounds"] == 0 and r["history"] == []
+    assert list(r["sites"]["refused"].values()) == ["unregistered site"]
+
+
+def test_a_registered_site_refused_at_hello_counts_as_answering(tmp_path, tables):
+    """Its refusal (another schema, a value outside the domain) was computed on its rows."""
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pq.read_table(tables[0]).drop_columns(["x2"]), bad)
+    c, r, _ = run(tmp_path, [node(tmp_path, "a", bad)], target_epsilon=3.0)
+    assert r["stopped"] != "no_sites"

@@ -102,3 +102,20 @@ def test_a_round_reported_again_is_one_row_of_the_history():
         rec(update)
     rec({**update, "round": 2, "epsilon_spent": 0.9})
     assert out[-1]["history"] == [{"round": 1, "epsilon_spent": 0.5}, {"round": 2, "epsilon_spent": 0.9}]
+
+
+def test_a_run_no_site_answered_is_refunded(api, analyst, wards, settings, monkeypatch,
+                                           django_capture_on_commit_callbacks):
+    """The engine knows no row was read (engines/federated/execute.py, stopped "no_sites")."""
+    from engines.federated import execute
+
+    settings.FEDERATED_SUPERLINK = "127.0.0.1:9"
+
+    def run(engine, request, dataset, data, plan, progress, workdir=None):
+        return execute._release(plan.details, {"stopped": "no_sites", "rounds": 0, "evals": 0}, None, "1")
+
+    monkeypatch.setattr(plugins, "run", run)
+    body = submit(api, analyst, django_capture_on_commit_callbacks)
+    assert body["status"] == "failed" and body["error"]["code"] == "request.failed_before_read"
+    assert "no registered site answered" in body["error"]["detail"]
+    assert LedgerEntry.objects.get().status == "released" and body["charge"]["rdp"]["epsilon"] == 0
