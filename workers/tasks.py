@@ -51,11 +51,13 @@ def sweep() -> dict:
     """The recovery sweep (governance.requests.recovery), run every minute by Celery beat."""
     from django.conf import settings
 
+    from governance.datasets.files import drop_orphan_files
     from governance.datasets.registry import resend_stale_registrations
     from governance.requests.recovery import sweep as run_sweep
 
     out = run_sweep()
     out["registrations"] = resend_stale_registrations(settings.REQUEST_LOST_AFTER_SECONDS)
+    out["orphan_files"] = drop_orphan_files()
     return out
 
 

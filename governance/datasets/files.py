@@ -206,5 +206,34 @@ def check_columns(schema: pa.Schema) -> None:
                              + "; ".join(f"{k}: {v}" for k, v in list(problems.items())[:10]), errors=problems)
 
 
+ORPHAN_AFTER_SECONDS = 6 * 3600  # far past the slowest registration between its copy and its row
+
+
+def drop_orphan_files(older_than: float = ORPHAN_AFTER_SECONDS) -> list[str]:
+    """Copies in DATA_DIR/datasets that no dataset names, older than ``older_than`` seconds:
+    a registration killed between the copy and its row (SIGKILL skips its clean-up) left a
+    copy of the rows nothing would ever remove. Run by the recovery sweep; returns them."""
+    import time
+
+    from ..models import Dataset
+
+    root = settings.DATA_DIR / "datasets"
+    if not root.is_dir():
+        return []
+    known = set(Dataset.objects.exclude(file="").values_list("file", flat=True))
+    cutoff = time.time() - older_than
+    removed = []
+    for path in sorted(root.iterdir()):
+        rel = f"datasets/{path.name}"
+        try:
+            if rel in known or not path.is_file() or path.stat().st_mtime > cutoff:
+                continue
+            path.unlink()
+        except OSError:
+            continue
+        removed.append(rel)
+    return removed
+
+
 def dataset_path(ds: Dataset) -> Path:
     return settings.DATA_DIR / ds.file

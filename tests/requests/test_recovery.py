@@ -105,3 +105,23 @@ def test_the_recover_command(api, analyst, clinic, django_capture_on_commit_call
     call_command("recover")
     out = capsys.readouterr().out
     assert f"lost: 1 {rid}" in out and "requeued: 0" in out
+
+
+def test_the_sweep_removes_a_copy_no_dataset_names_once_it_is_old(make_dataset, settings):
+    """A registration killed between its copy and its row (SIGKILL skips the clean-up) left
+    a copy of the rows in DATA_DIR forever (a hostile probe, 2026-11-27)."""
+    import os
+    import time
+
+    from workers.tasks import sweep as sweep_task
+
+    ds = make_dataset("kept")
+    root = settings.DATA_DIR / "datasets"
+    orphan, fresh = root / "gone-0123456789ab.csv", root / "inflight-0123456789ab.csv"
+    orphan.write_text("a,b\n1,2\n")
+    fresh.write_text("a,b\n1,2\n")
+    old = time.time() - 7 * 3600
+    os.utime(orphan, (old, old))
+    os.utime(settings.DATA_DIR / ds.file, (old, old))
+    assert sweep_task()["orphan_files"] == ["datasets/gone-0123456789ab.csv"]
+    assert not orphan.exists() and fresh.exists() and (settings.DATA_DIR / ds.file).exists()
