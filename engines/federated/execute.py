@@ -1,7 +1,8 @@
 """A federated run from the engine's side (the Celery worker): submit the Flower App to the
 SuperLink with ``flwr run``, follow the ServerApp's progress file, stop it on a cancel.
 
-The job directory (0700, removed after the run) holds ``job.json`` with the plan's details
+The job directory (0700, removed after the run; one a killed worker left is removed, its
+Flower run stopped, when the next run starts: ``sweep_orphans``) holds ``job.json`` with the plan's details
 and the registered sites' secrets (never in the plan, never in Flower's run config, which
 names only the directory), ``progress.jsonl`` and ``result.json`` written by the ServerApp,
 and ``cancel``, which the engine creates when ``progress`` raises ``Cancelled``: the
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +27,7 @@ from . import planner, processes
 from .types import Federation
 
 APP_DIR = Path(__file__).resolve().parent / "flwrapp"
+JOB_PREFIX = "federated-job-"
 SUBMIT_TIMEOUT = 120.0
 CANCEL_WAIT = 300.0
 QUIET_MARGIN = 60.0  # seconds past the longest a run may be silent (sites awaited, three round timeouts)
@@ -60,6 +63,40 @@ def submit(jobdir: Path, fed: Federation) -> str:
     return str(res["run-id"])
 
 
+def sweep_orphans() -> list[str]:
+    """Job directories of runs whose worker died (killed: its ``finally`` never ran) on this
+    host: their Flower run is stopped and the directory, with the sites' secrets, removed.
+    Called as each run starts; returns the directories removed."""
+    removed = []
+    for jobdir in Path(tempfile.gettempdir()).glob(JOB_PREFIX + "*"):
+        try:
+            owner = json.loads((jobdir / "owner").read_text())
+            if owner.get("host") != socket.gethostname() or _alive(int(owner["pid"])):
+                continue
+            run_id = (jobdir / "run_id").read_text().strip() if (jobdir / "run_id").exists() else ""
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not ours, or being written
+        if run_id.isdigit() and (jobdir / "flwr").is_dir():
+            try:
+                subprocess.run([str(processes.BIN / "flwr"), "stop", run_id, "service"],
+                               env=processes.env(jobdir / "flwr"), capture_output=True, timeout=60)
+            except (OSError, subprocess.SubprocessError):
+                pass  # the SuperLink may be gone too; the directory goes anyway
+        shutil.rmtree(jobdir, ignore_errors=True)
+        removed.append(str(jobdir))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def run_status(jobdir: Path, run_id: str) -> str:
     cmd = [str(processes.BIN / "flwr"), "ls", "service", "--run-id", run_id, "--format", "json"]
     out = subprocess.run(cmd, env=processes.env(jobdir / "flwr"), capture_output=True, text=True, timeout=60)
@@ -82,15 +119,19 @@ def execute(request: EngineRequest, dataset, fed: Federation, plan: Plan, progre
         raise EngineError("plan details from an unknown version of the federated engine")
     if not isinstance(fed, Federation):
         raise EngineError("a federated dataset runs on its sites: run() needs a Federation, not a table")
-    jobdir = Path(tempfile.mkdtemp(prefix="federated-job-"))
+    sweep_orphans()
+    jobdir = Path(tempfile.mkdtemp(prefix=JOB_PREFIX))
     os.chmod(jobdir, 0o700)
     try:
+        (jobdir / "owner").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
         (jobdir / "job.json").write_text(json.dumps({
             "details": d, "site_keys": {s: k for s, k in fed.site_keys.items() if s in d["spec"]["sites"]},
             "wait_sites_seconds": fed.wait_sites_seconds, "round_timeout": fed.round_timeout,
             "min_sites": fed.min_sites}))
+        os.chmod(jobdir / "job.json", 0o600)  # the sites' secrets (the directory is 0700 too)
         progress({"phase": "submitting", "fraction": 0.0})
         run_id = submit(jobdir, fed)
+        (jobdir / "run_id").write_text(run_id)
         return _follow(d, jobdir, run_id, fed, progress, Path(workdir) if workdir else None)
     finally:
         shutil.rmtree(jobdir, ignore_errors=True)

@@ -78,3 +78,32 @@ def test_a_cancel_is_heard_between_rounds(tmp_path, details, fast, monkeypatch):
     assert time.monotonic() - t0 < 5 and (tmp_path / "cancel").exists()
     assert all(r["round"] == 1 for r in reports)
     assert c.value.actual_event == {"rounds": 2, "evals": 0}  # no answer: the round under way is charged
+
+
+def test_a_job_a_killed_worker_left_is_stopped_and_removed(tmp_path, monkeypatch):
+    """A worker killed mid-run left its job directory (the sites' secrets, the model) and
+    its Flower run going; the next run's start stops and removes it, and only it."""
+    import os
+    import socket
+    import subprocess
+
+    monkeypatch.setattr(execute.tempfile, "gettempdir", lambda: str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stops = []
+    monkeypatch.setattr(execute.subprocess, "run", lambda cmd, **kw: stops.append(cmd))
+
+    def job(name, pid, host=None, run_id="42"):
+        d = tmp_path / (execute.JOB_PREFIX + name)
+        (d / "flwr").mkdir(parents=True)
+        (d / "job.json").write_text('{"site_keys": {"h1": "secret"}}')
+        (d / "owner").write_text(json.dumps({"pid": pid, "host": host or socket.gethostname()}))
+        (d / "run_id").write_text(run_id)
+        return d
+
+    orphan = job("orphan", dead.pid)
+    mine = job("running", os.getpid())
+    elsewhere = job("elsewhere", dead.pid, host="another-host")
+    assert execute.sweep_orphans() == [str(orphan)]
+    assert not orphan.exists() and mine.exists() and elsewhere.exists()
+    assert stops and stops[0][1:4] == ["stop", "42", "service"]
