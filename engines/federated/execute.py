@@ -2,11 +2,11 @@
 SuperLink with ``flwr run``, follow the ServerApp's progress file, stop it on a cancel.
 
 The job directory (0700, removed after the run; one a killed worker left is removed, its
-Flower run stopped, when the next run starts: ``sweep_orphans``) holds ``job.json`` with the plan's details
-and the registered sites' secrets (never in the plan, never in Flower's run config, which
-names only the directory), ``progress.jsonl`` and ``result.json`` written by the ServerApp,
-and ``cancel``, which the engine creates when ``progress`` raises ``Cancelled``: the
-ServerApp finishes the round under way and stops. The release then charges the rounds and
+Flower run stopped, when the next run starts: ``sweep_orphans``) holds ``job.json`` with
+the plan's details and the registered sites' secrets (never in the plan, never in Flower's
+run config, which names only the directory), ``progress.jsonl`` and ``result.json``
+written by the ServerApp, and ``cancel``, which the engine creates when ``progress``
+raises ``Cancelled``: the ServerApp finishes the round under way and stops. The release then charges the rounds and
 evaluations done (``Cancelled.actual_event``), as the DP-SGD engine charges its steps.
 """
 
