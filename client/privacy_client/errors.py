@@ -140,9 +140,10 @@ class RateLimited(ApiError):
 
 
 class ServerError(ApiError):
-    """5xx, or an answer that is not the service's JSON."""
+    """5xx, or an answer that is not the service's JSON (``storage.full``, 507: the server's
+    disk is full; retry later)."""
 
-    codes = ("error",)
+    codes = ("error", "storage.full")
 
 
 class RequestFailed(ApiError):

@@ -265,6 +265,8 @@ MAPPING_CASES = [
     (502, "<html>Bad gateway</html>", pc.ServerError, "error"),
     (418, {"code": "some.new_code", "detail": "x", "limit": 3}, pc.ApiError, "some.new_code"),
     (400, {"code": "dataset.partition_invalid", "detail": "x"}, pc.InvalidRequest, "dataset.partition_invalid"),
+    # a full disk: tests/hostile/test_uploads.py makes the service answer it
+    (507, {"code": "storage.full", "detail": "x"}, pc.ServerError, "storage.full"),
 ]
 
 

@@ -92,6 +92,10 @@ def test_a_group_drops_the_outcome_of_a_request_the_sweep_finished(api, analyst,
     kept.refresh_from_db()
     assert swept.status == "failed" and swept.result is None  # never shown
     assert LedgerEntry.objects.get(pk=swept.ledger_entry_id).status == "reserved"  # the sweep's to settle
+    assert not verification.verify().ok  # a reservation whose request is finished: verify names it
+    from governance.ledger import actions as ledger
+
+    ledger.release(swept.ledger_entry_id)  # as the sweep does, in the transaction that marks it failed
     assert kept.status == "succeeded" and verification.verify().ok
 
 
