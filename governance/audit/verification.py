@@ -9,6 +9,8 @@ ledger's costs.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -147,11 +149,7 @@ def _gate_state(ds: Dataset) -> list[str]:
             problems.append("the budget row's running state (what the gate admits against) differs from the "
                             "ledger's reserved and committed costs")
         for grant in Grant.objects.filter(dataset=ds).order_by("pk"):
-            mine = Cost.zero()
-            for cost, committed in LedgerEntry.objects.filter(grant=grant).exclude(
-                    status=LedgerEntry.Status.RELEASED).values_list("cost", "committed_cost"):
-                mine = mine + Cost.from_json(committed or cost)
-            if not _close(Cost.from_json(grant.state).to_json(), mine.to_json()):
+            if not _close(Cost.from_json(grant.state).to_json(), recompute_state(ds.pk, grant.pk).to_json()):
                 problems.append(f"grant {grant.pk}'s running state differs from its ledger entries' costs")
         limit = Limit.of_dataset(ds)
         spent = limit.spent(derived)
@@ -208,11 +206,18 @@ def _agrees(rec: AuditRecord, entries: dict, seen: set, delta) -> str | None:
 
 
 def cost_json(event) -> dict:
+    """The cost vector an event derives (what its ledger entry must store)."""
+    return _cost_of_text(json.dumps(event, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cost_of_text(text: str) -> dict:
+    """Cached by the event's JSON: a ledger repeats a few shapes of event many times (read only)."""
     from accounting.costs import cost_of
     from accounting.events import parse_event
 
     try:
-        return cost_of(parse_event(event)).to_json()
+        return cost_of(parse_event(json.loads(text))).to_json()
     except (ValueError, TypeError, KeyError):
         return {"unparseable": True}
 

@@ -377,10 +377,14 @@ def charge(dataset: Dataset | int, officer, event, *, reference: str = "") -> Le
         return commit(entry)
 
 
-def recompute_state(dataset_id: int) -> Cost:
-    """The running state re-derived from the ledger (for verification; O(history))."""
+def recompute_state(dataset_id: int, grant_id: int | None = None) -> Cost:
+    """The running state re-derived from the ledger (for verification; O(history)): the
+    dataset's, or with ``grant_id`` that grant's."""
+    entries = LedgerEntry.objects.filter(dataset_id=dataset_id)
+    if grant_id is not None:
+        entries = entries.filter(grant_id=grant_id)
     total = Cost.zero()
-    for cost, committed_cost in LedgerEntry.objects.filter(dataset_id=dataset_id).exclude(
+    for cost, committed_cost in entries.exclude(
             status=LedgerEntry.Status.RELEASED).values_list("cost", "committed_cost"):
         total = total + Cost.from_json(committed_cost or cost)
     return total
