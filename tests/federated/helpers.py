@@ -47,3 +47,11 @@ def meta(site_ids: list[str], rows: int = 400, name: str = "clinics") -> Federat
     n = rows * len(site_ids)
     return FederatedDatasetMeta(name=name, columns=COLUMNS, unit_column=None, n_rows=n, n_units=n, delta=1e-5,
                                 sites=tuple({"site": s, "n_rows": rows} for s in site_ids))
+
+
+def exact_accuracy(coord, weights) -> float:
+    """The model's accuracy on 2,000 fresh rows of the sites' distribution (not a DP release)."""
+    from engines.federated import model, site_data
+
+    x, y, _, _ = site_data.prepare(make_table(2000, seed=7), {**coord._job("train", 0)["spec"], "test_fraction": 1e-9})
+    return float(np.mean(model.predict([np.asarray(w) for w in weights], x) == y))

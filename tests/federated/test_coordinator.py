@@ -7,7 +7,7 @@ import pytest
 
 from engines.federated import coordinator, planner
 from engines.types import EngineRequest
-from tests.federated.helpers import meta, write_sites
+from tests.federated.helpers import exact_accuracy, meta, write_sites
 
 SITES = ["a", "b", "c"]
 
@@ -128,7 +128,12 @@ def test_local_dp_mode_trains_with_dp_sgd_at_each_site(tmp_path, tables):
                   mode="local", rounds=3, local_batch_size=32, eval_epsilon=1.0)
     assert r["stopped"] == "completed" and all(h["sites"]["accepted"] == SITES for h in r["history"])
     assert r["epsilon"] == pytest.approx(p.details["planned_epsilon"]) and r["epsilon"] <= 8.0 * (1 + 1e-9)
-    assert r["history"][-1]["eval"]["accuracy"] > 0.6  # noisy DP estimate of a model that learned
+    # the model learned: its exact accuracy on fresh rows was 0.725-0.800 in 15 runs (the untrained
+    # model 0.47); the released DP estimate (0.59 in one CI run, 0.66-0.98 here) is only checked
+    # against its own interval, as a noisy release cannot carry a threshold
+    assert exact_accuracy(c, r["weights"]) > 0.65
+    ev = r["history"][-1]["eval"]
+    assert ev["dp"] and ev["accuracy_ci95"][0] <= ev["accuracy"] <= ev["accuracy_ci95"][1]
     assert all(np.all(np.isfinite(np.asarray(w))) for w in r["weights"])
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from engines.federated import dpfedavg, planner, secagg
 from engines.types import EngineRequest, PlanError
-from tests.federated.helpers import meta, write_sites
+from tests.federated.helpers import exact_accuracy, meta, write_sites
 from tests.federated.test_coordinator import SITES, node, run
 
 
@@ -106,15 +106,6 @@ def test_a_site_clipped_to_the_quantization_clip_stays_within_c_once_quantized(d
 @pytest.fixture
 def tables(tmp_path):
     return write_sites(tmp_path, 3, rows=300)
-
-
-def exact_accuracy(coord, weights) -> float:
-    """The model's accuracy on 2,000 fresh rows of the sites' distribution (not a DP release)."""
-    from engines.federated import model, site_data
-    from tests.federated.helpers import make_table
-
-    x, y, _, _ = site_data.prepare(make_table(2000, seed=7), {**coord._job("train", 0)["spec"], "test_fraction": 1e-9})
-    return float(np.mean(model.predict([np.asarray(w) for w in weights], x) == y))
 
 
 def test_a_secure_run_trains_and_charges_as_a_plain_one(tmp_path, tables):
