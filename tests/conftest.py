@@ -147,17 +147,27 @@ def _audit_triggers_and_flush(request):
                 cur.execute(statement)
 
 
-# The pure layers (engines, accounting, the federated engine) import no Django: their
-# tests read no database, so the PostgreSQL pass of scripts/test.sh (DB_TESTS_ONLY=1)
-# leaves out those that ask for none; the SQLite pass ran them already.
-PURE_DIRS = ("tests/engines/", "tests/accounting/", "tests/federated/")
+# The pure layers (engines, accounting, the federated engine, the distributed engine on its
+# Dask cluster, DP-SGD's ranks, the client's own pieces) import no Django, and the settings,
+# docs and file checks set their own environment: their tests read no database, so the
+# PostgreSQL pass of scripts/test.sh (DB_TESTS_ONLY=1) leaves out those of them that ask
+# for none (no django_db mark, no DB_FIXTURES); the SQLite pass ran them already.
+PURE_DIRS = ("tests/engines/", "tests/accounting/", "tests/federated/", "tests/distributed/", "tests/dpsgd/",
+             "tests/client/", "tests/test_setting_checks.py", "tests/test_settings.py", "tests/test_docs.py",
+             "tests/test_import_contracts.py", "tests/hostile/test_parser_fuzz.py",
+             "tests/deploy/test_deploy_files.py", "tests/audit/test_pdf_report.py")
 # Tests that read a database but whose subject is not it (the embedded filesystem broker's
-# files, a federated run's Flower processes): the SQLite pass runs them, the PostgreSQL
-# pass would repeat their minutes for nothing the database decides.
+# files, a federated run's Flower processes, which queue a real worker takes an engine's
+# work from, an engine's output through the API, where its charge is also tested on
+# PostgreSQL by the cheaper requests of the same file): the SQLite pass runs them, the
+# PostgreSQL pass would repeat their minutes for nothing the database decides.
 NOT_ABOUT_THE_DATABASE = (
     "tests/workers/test_federated_run.py",
     "tests/workers/test_embedded_broker_bench.py",
     "tests/workers/test_embedded_broker.py::test_a_real_worker_on_the_embedded_broker_survives_bad_files",
+    "tests/workers/test_real_worker.py::test_a_synthetic_table_is_made_on_the_gpu_queue_by_a_real_worker",
+    "tests/workers/test_real_worker.py::test_a_model_is_trained_on_the_gpu_queue_by_a_real_worker",
+    "tests/requests/test_synthesis_api.py::test_mst_makes_a_table_charged_exactly_as_planned",
 )
 DB_FIXTURES = {"db", "transactional_db", "django_db_setup", "live_server", "django_user_model", "client",
                "admin_client", "api", "officer", "analyst", "make_dataset"}
