@@ -10,9 +10,11 @@
 # 3. runs the suite on the embedded SQLite default;
 # 4. installs (apt-get) and starts a local PostgreSQL in .services/ and runs the suite
 #    again on it, where row locks make the concurrency tests real: every test that reads a
-#    database (the pure engines', accounting's and the federated engine's tests read none,
-#    and three whose subject is not the database -- the embedded broker's files, a federated
-#    run's Flower processes -- ran in step 3 only: DB_TESTS_ONLY=1, tests/conftest.py).
+#    database (the tests of the pure engines, accounting, the federated and distributed
+#    engines, DP-SGD's ranks, the client's pieces and the settings/docs checks read none,
+#    and a few whose subject is not the database -- the embedded broker's files, a
+#    federated run's Flower processes, a real worker's queue, an engine's output -- ran in
+#    step 3 only: DB_TESTS_ONLY=1, tests/conftest.py).
 # On a machine where Redis, Chromium or PostgreSQL cannot be installed, what needs them is skipped
 # with a warning, except under CI (CI=true) where that is a failure.
 set -euo pipefail
