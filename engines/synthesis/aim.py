@@ -78,18 +78,35 @@ def _noisy_max_zcdp(scale: float):
 
 
 def _pair_marginal(model, a: str, b: str) -> np.ndarray:
-    """The model's marginal of (a, b): its potentials contracted by numpy's einsum (the
-    variable elimination mbi does, without compiling a program per pair)."""
+    """The model's marginal of (a, b) from its potentials, by variable elimination in numpy
+    (what mbi's ``variable_elimination`` does, without compiling a program per pair): the
+    other columns summed out one at a time, cheapest product first. One einsum over every
+    clique let numpy pick the order and on a loop of five 14-cell columns it took 1.3 s per
+    pair, 90% of an AIM run on ggplot2's diamonds."""
     pot = model.potentials
-    attrs = list(pot.domain.attributes)
-    letter = {c: chr(ord("a") + i) if i < 26 else chr(ord("A") + i - 26) for i, c in enumerate(attrs)}
-    ops, subs = [], []
+    size = {c: int(pot.domain[c]) for c in pot.domain.attributes}
+    factors = []
     for cl in pot.cliques:
         t = np.asarray(pot.tables[cl].values, dtype=np.float64)
-        ops.append(np.exp(t - t.max()))
-        subs.append("".join(letter[c] for c in cl))
-    m = np.einsum(",".join(subs) + "->" + letter[a] + letter[b], *ops, optimize="greedy")
+        factors.append((tuple(cl), np.exp(t - t.max())))
+    rest = {c for cl, _ in factors for c in cl} - {a, b}
+    while rest:
+        def joined(z):
+            return tuple(dict.fromkeys(c for cl, _ in factors if z in cl for c in cl))
+        z = min(sorted(rest), key=lambda z: math.prod(size[c] for c in joined(z)))
+        out = tuple(c for c in joined(z) if c != z)
+        t = _contract([f for f in factors if z in f[0]], out)
+        factors = [f for f in factors if z not in f[0]] + [(out, t / t.max())]
+        rest.discard(z)
+    m = _contract(factors + [((a,), np.ones(size[a])), ((b,), np.ones(size[b]))], (a, b))
     return m.ravel() / max(m.sum(), 1e-300) * float(model.total)
+
+
+def _contract(factors: list[tuple[tuple, np.ndarray]], out: tuple) -> np.ndarray:
+    """The product of ``factors`` (columns, table) summed down to the columns ``out``."""
+    index = {c: i for i, c in enumerate(dict.fromkeys(c for cl, _ in factors for c in cl))}
+    args = [x for cl, t in factors for x in (t, [index[c] for c in cl])]
+    return np.einsum(*args, [index[c] for c in out], optimize=len(factors) > 2)
 
 
 def _model_answer(model, cl: tuple) -> np.ndarray:

@@ -151,3 +151,27 @@ def test_the_default_method_follows_the_measurement(units, holdout, extra, meta_
     spec = plan.details["spec"]
     assert spec["method"] == want and spec["method_auto"] == ("method" not in extra)
     assert want in plan.details
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_cols=st.integers(2, 7), n_cliques=st.integers(0, 9))
+def test_a_pair_marginal_by_elimination_equals_one_contraction_of_every_clique(seed, n_cols, n_cliques):
+    """``_pair_marginal`` sums the other columns out one at a time; the answer is the one
+    einsum over every clique (loops, columns apart, columns in no clique)."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(seed)
+    cols = [f"c{i}" for i in range(n_cols)]
+    size = {c: int(rng.integers(1, 5)) for c in cols}
+    cliques = list({tuple(sorted(rng.choice(cols, int(rng.integers(1, min(n_cols, 3) + 1)), replace=False))) for _ in range(n_cliques)})
+    tables = {cl: SimpleNamespace(values=rng.normal(0, 2, [size[c] for c in cl])) for cl in cliques}
+    pot = SimpleNamespace(domain=type("D", (), {"attributes": cols, "__getitem__": lambda self, c: size[c]})(),
+                          cliques=cliques, tables=tables)
+    model = SimpleNamespace(potentials=pot, total=1234.0)
+    a, b = rng.choice(cols, 2, replace=False)
+    letter = {c: chr(ord("a") + i) for i, c in enumerate(cols)}
+    ops = [np.exp(t.values - t.values.max()) for t in tables.values()] + [np.ones(size[a]), np.ones(size[b])]
+    subs = ["".join(letter[c] for c in cl) for cl in cliques] + [letter[a], letter[b]]
+    want = np.einsum(",".join(subs) + "->" + letter[a] + letter[b], *ops).ravel()
+    got = aim._pair_marginal(model, a, b)
+    np.testing.assert_allclose(got, want / want.sum() * 1234.0, rtol=1e-9, atol=1e-9)
