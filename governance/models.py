@@ -258,7 +258,8 @@ class Request(models.Model):
 
 
 class AuditRecord(models.Model):
-    """One link of a dataset's hash chain: a release, a refund, a refusal or a replay.
+    """One link of a dataset's hash chain: a release, a refund, a refusal, a replay, a site's
+    secret handed out or an officer's change of the budget or a privacy setting.
 
     Written by ``governance.ledger.trail.append`` in the transaction (and under the budget row
     lock) of the ledger action it records; never edited or deleted. ``hash`` is the
@@ -272,6 +273,7 @@ class AuditRecord(models.Model):
         REFUSE = "refuse", "refuse (the gate said no)"
         REPLAY = "replay", "replay (a stored release served again, no charge)"
         SITE_KEY = "site_key", "site key (a federated site's secret handed out, no charge)"
+        SETTINGS = "settings", "settings (an officer changed the budget or a privacy setting, no charge)"
 
     dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="audit_records")
     seq = models.BigIntegerField(help_text="Position in the dataset's chain, from 1.")

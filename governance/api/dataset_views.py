@@ -78,11 +78,13 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
 
     @extend_schema(request=s.DatasetUpdateSerializer, responses=s.OfficerDatasetSerializer)
     def partial_update(self, request, name=None):
-        """Edit the schema (bounds, domains, types), the budget, the policy or the texts."""
+        """Edit the schema (bounds, domains, types), the budget, the policy or the texts. A
+        change of the budget or of a privacy setting (policy, delta share, non-private
+        releases, release clock, PLD) is a ``settings`` record in the dataset's audit chain."""
         ds = self.get_object()
         data = s.DatasetUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        ds = ds_actions.update(ds, **data.validated_data)
+        ds = ds_actions.update(ds, actor=request.user.get_username(), **data.validated_data)
         return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data)
 
     @extend_schema(request=None, responses=s.OfficerDatasetSerializer)

@@ -221,16 +221,26 @@ def not_registered(ds: Dataset) -> None:
                                "Register it again under the same name.")
 
 
-def update(ds: Dataset, *, schema=None, **fields) -> Dataset:
-    """Officer edits: schema, budget, policy, texts, allow_non_private. Budget changes lock the budget row."""
+# What an officer may change that decides what the ledger admits or how a release is made:
+# each change is a ``settings`` record in the dataset's audit chain (``update``).
+AUDITED_SETTINGS = ("budget_epsilon", "budget_delta", "delta_auto", "policy", "approx_delta_share",
+                    "allow_non_private", "release_quantum_ms", "pld_certification")
+
+
+def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
+    """Officer edits: schema, budget, policy, texts, allow_non_private, under the budget
+    row's lock. A change of any of ``AUDITED_SETTINGS`` is recorded in the dataset's audit
+    chain in the same transaction, naming ``actor`` (the officer's username)."""
     from accounting.costs import Cost
 
+    from ..ledger import trail
     from ..ledger.limits import Limit
 
     with transaction.atomic():
         budget = Budget.objects.select_for_update().get(pk=ds.pk)
         ds = Dataset.objects.get(pk=ds.pk)
         not_registered(ds)
+        was = {k: getattr(ds, k) for k in AUDITED_SETTINGS}
         has_entries = ds.ledger.exists()
         if schema is not None:
             before = {c["name"] for c in ds.schema.get("columns", []) if c.get("nullable") is False}
@@ -279,4 +289,7 @@ def update(ds: Dataset, *, schema=None, **fields) -> Dataset:
             if key in fields:
                 setattr(ds, key, fields[key])
         ds.save()
+        changed = {k: (v, getattr(ds, k)) for k, v in was.items() if getattr(ds, k) != v}
+        if changed:
+            trail.record_settings(budget, ds, actor, changed)
         return ds

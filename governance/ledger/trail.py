@@ -1,5 +1,6 @@
-"""The audit trail: one hash-chained record per release, refund, refusal and replay, and
-per federated site secret handed out.
+"""The audit trail: one hash-chained record per release, refund, refusal and replay, per
+federated site secret handed out and per officer's change of the budget or a privacy
+setting.
 
 Each dataset has its own chain. ``append`` is called by the ledger action it records
 (``ledger.commit``, ``ledger.release``, a refusal at the gate, a replay), in that
@@ -330,6 +331,16 @@ def record_site_key(dataset: Dataset, actor: str, site: str) -> None:
     budget = Budget.objects.select_for_update().get(pk=dataset.pk)
     ctx = Context(engine="federated", outcome="issued", detail=f"site {site!r}: its agent's secret handed out")
     append(budget, dataset.name, dataset.budget_delta, action=AuditRecord.Action.SITE_KEY, actor=actor, ctx=ctx)
+
+
+def record_settings(budget: Budget, dataset: Dataset, actor: str, changed: dict) -> None:
+    """An officer's change of the dataset's budget or of a privacy setting
+    (``governance.datasets.registry.update``): who, and each setting's old and new value in
+    ``params`` (``{"budget_epsilon": [1.0, 2.0], ...}``). No charge; the totals are at the
+    dataset's delta after the change. The caller holds ``budget``, the locked row."""
+    detail = "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
+    ctx = Context(outcome="changed", params={k: list(v) for k, v in changed.items()}, detail=detail)
+    append(budget, dataset.name, dataset.budget_delta, action=AuditRecord.Action.SETTINGS, actor=actor, ctx=ctx)
 
 
 def record_replay(dataset: Dataset, analyst, ctx: Context) -> None:

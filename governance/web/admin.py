@@ -98,7 +98,8 @@ class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         try:
-            datasets.update(obj, schema=form.cleaned_data["schema"], title=obj.title, description=obj.description,
+            datasets.update(obj, actor=request.user.get_username(), schema=form.cleaned_data["schema"],
+                            title=obj.title, description=obj.description,
                             budget_epsilon=form.cleaned_data["budget_epsilon"],
                             budget_delta=form.cleaned_data["budget_delta_text"],
                             allow_non_private=form.cleaned_data["allow_non_private"],

@@ -1,0 +1,102 @@
+"""An officer's change of a dataset's budget or of a privacy setting is a ``settings`` record
+in the dataset's audit chain: who, and each setting's old and new value, written in the
+same transaction as the change (a refused change leaves none), accepted by the service's
+verification and by the third party's tools/recompose_audit.py."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from governance.audit.verification import verify
+from governance.ledger import actions as ledger
+from governance.models import AuditRecord, Dataset
+
+pytestmark = pytest.mark.django_db
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "recompose_audit.py"
+
+
+def _settings(name="clinic"):
+    return list(AuditRecord.objects.filter(dataset__name=name, action="settings").order_by("seq"))
+
+
+def test_a_budget_raised_through_the_api_is_a_record_naming_the_officer(api, officer, analyst, grant, make_dataset,
+                                                                      tmp_path):
+    ds = make_dataset(epsilon=1.0)
+    grant(analyst, ds)
+    ledger.commit(ledger.admit(ds, analyst, {"kind": "laplace", "epsilon": 0.5}))
+    r = api(officer).patch("/api/datasets/clinic/", {"budget_epsilon": 3.0, "allow_non_private": True},
+                           format="json")
+    assert r.status_code == 200, r.content
+    (rec,) = _settings()
+    assert (rec.actor, rec.outcome, rec.charge, rec.ledger_entry_id) == (officer.username, "changed", None, None)
+    assert rec.params == {"budget_epsilon": [1.0, 3.0], "allow_non_private": [False, True]}
+    assert "budget_epsilon 1.0 -> 3.0" in rec.detail
+    assert rec.totals["basic"]["epsilon"] == pytest.approx(0.5)  # no charge: the committed spend as it was
+
+    # the same values again, or a title, change no setting: no record
+    assert api(officer).patch("/api/datasets/clinic/", {"budget_epsilon": 3.0, "title": "Clinic"},
+                              format="json").status_code == 200
+    assert len(_settings()) == 1
+    # refused (below what is spent): the change and its record roll back together
+    r = api(officer).patch("/api/datasets/clinic/", {"budget_epsilon": 0.1}, format="json")
+    assert r.status_code == 400
+    assert len(_settings()) == 1 and Dataset.objects.get(name="clinic").budget_epsilon == 3.0
+    # an analyst cannot change it at all
+    assert api(analyst).patch("/api/datasets/clinic/", {"budget_epsilon": 9.0}, format="json").status_code in (403, 404)
+    assert len(_settings()) == 1
+
+    assert verify().ok
+    r = api(officer).get("/api/audit/export/?dataset=clinic&format=json")
+    export = r.content if hasattr(r, "content") else b"".join(r.streaming_content)
+    (tmp_path / "export.json").write_bytes(export)
+    exported = next(d for d in json.loads(export)["datasets"] if d["name"] == "clinic")
+    assert exported["counts"]["settings"] == 1
+    out = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "export.json")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 settings" in out.stdout
+    from governance.audit.pdf import render_pdf
+
+    from .test_pdf_report import pdf_text
+
+    text = pdf_text(render_pdf(json.loads(export), compress=False))
+    assert "settings" in text and officer.username in text
+
+
+def test_a_delta_changed_between_releases_keeps_the_chain_verifiable(api, officer, analyst, grant, make_dataset,
+                                                                    tmp_path):
+    """The totals are reported at the dataset's delta: a record after the change at the new
+    one, and both verifiers re-derive each record at its own."""
+    ds = make_dataset(epsilon=5.0, delta=1e-6)
+    grant(analyst, ds)
+    ledger.commit(ledger.admit(ds, analyst, {"kind": "gaussian", "noise_multiplier": 2.0}))
+    assert api(officer).patch("/api/datasets/clinic/", {"budget_delta": 1e-8}, format="json").status_code == 200
+    ds.refresh_from_db()
+    ledger.commit(ledger.admit(ds, analyst, {"kind": "gaussian", "noise_multiplier": 2.0}))
+    (rec,) = _settings()
+    assert rec.params == {"budget_delta": [1e-6, 1e-8]} and rec.totals["at_delta"] == 1e-8
+    assert verify().ok
+    r = api(officer).get("/api/audit/export/?dataset=clinic&format=json")
+    export = r.content if hasattr(r, "content") else b"".join(r.streaming_content)
+    (tmp_path / "export.json").write_bytes(export)
+    out = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "export.json")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_budget_changed_in_the_admin_is_a_record_and_a_forged_one_is_caught(client, officer, make_dataset, tamperer):
+    ds = make_dataset(epsilon=1.0)
+    client.force_login(officer)
+    r = client.post(f"/admin/governance/dataset/{ds.pk}/change/",
+                    {"title": "t", "description": "", "schema": json.dumps(ds.schema), "budget_epsilon": "2.0",
+                     "budget_delta_text": "auto"})
+    assert r.status_code == 302
+    (rec,) = _settings()
+    assert rec.actor == officer.username and rec.params["budget_epsilon"] == [1.0, 2.0]
+    assert verify().ok
+    # the record rewritten in the database (the old budget hidden) breaks the chain
+    AuditRecord.objects.filter(pk=rec.pk).update(params=dict(rec.params, budget_epsilon=[2.0, 2.0]))
+    result = verify()
+    assert not result.ok and result.first_broken.seq == rec.seq
