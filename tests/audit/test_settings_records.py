@@ -19,6 +19,16 @@ pytestmark = pytest.mark.django_db
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "recompose_audit.py"
 
 
+def _exported_and_recomposed(api, officer, tmp_path) -> tuple[dict, str]:
+    """The JSON export of "clinic", and what the third party's tool printed (it passed)."""
+    r = api(officer).get("/api/audit/export/?dataset=clinic&format=json")
+    assert r.status_code == 200
+    (tmp_path / "export.json").write_bytes(r.content if hasattr(r, "content") else b"".join(r.streaming_content))
+    out = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "export.json")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads((tmp_path / "export.json").read_text()), out.stdout
+
+
 def _settings(name="clinic"):
     return list(AuditRecord.objects.filter(dataset__name=name, action="settings").order_by("seq"))
 
@@ -50,19 +60,14 @@ def test_a_budget_raised_through_the_api_is_a_record_naming_the_officer(api, off
     assert len(_settings()) == 1
 
     assert verify().ok
-    r = api(officer).get("/api/audit/export/?dataset=clinic&format=json")
-    export = r.content if hasattr(r, "content") else b"".join(r.streaming_content)
-    (tmp_path / "export.json").write_bytes(export)
-    exported = next(d for d in json.loads(export)["datasets"] if d["name"] == "clinic")
-    assert exported["counts"]["settings"] == 1
-    out = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "export.json")], capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "1 settings" in out.stdout
+    export, out = _exported_and_recomposed(api, officer, tmp_path)
+    assert next(d for d in export["datasets"] if d["name"] == "clinic")["counts"]["settings"] == 1
+    assert "1 settings" in out
     from governance.audit.pdf import render_pdf
 
     from .test_pdf_report import pdf_text
 
-    text = pdf_text(render_pdf(json.loads(export), compress=False))
+    text = pdf_text(render_pdf(export, compress=False))
     assert "settings" in text and officer.username in text
 
 
@@ -79,11 +84,7 @@ def test_a_delta_changed_between_releases_keeps_the_chain_verifiable(api, office
     (rec,) = _settings()
     assert rec.params == {"budget_delta": [1e-6, 1e-8]} and rec.totals["at_delta"] == 1e-8
     assert verify().ok
-    r = api(officer).get("/api/audit/export/?dataset=clinic&format=json")
-    export = r.content if hasattr(r, "content") else b"".join(r.streaming_content)
-    (tmp_path / "export.json").write_bytes(export)
-    out = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "export.json")], capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
+    _exported_and_recomposed(api, officer, tmp_path)
 
 
 def test_a_budget_changed_in_the_admin_is_a_record_and_a_forged_one_is_caught(client, officer, make_dataset, tamperer):
