@@ -259,7 +259,7 @@ class Request(models.Model):
 
 class AuditRecord(models.Model):
     """One link of a dataset's hash chain: a release, a refund, a refusal, a replay, a site's
-    secret handed out or an officer's change of the budget or a privacy setting.
+    secret handed out, an officer's change of the budget or a privacy setting, or of a grant.
 
     Written by ``governance.ledger.trail.append`` in the transaction (and under the budget row
     lock) of the ledger action it records; never edited or deleted. ``hash`` is the
@@ -274,6 +274,7 @@ class AuditRecord(models.Model):
         REPLAY = "replay", "replay (a stored release served again, no charge)"
         SITE_KEY = "site_key", "site key (a federated site's secret handed out, no charge)"
         SETTINGS = "settings", "settings (an officer changed the budget or a privacy setting, no charge)"
+        GRANT = "grant", "grant (an officer gave, re-capped or revoked an analyst's grant, no charge)"
 
     dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="audit_records")
     seq = models.BigIntegerField(help_text="Position in the dataset's chain, from 1.")

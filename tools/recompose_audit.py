@@ -834,7 +834,7 @@ def check_dataset(ds: dict, genesis: str, orders: Orders, tol: float) -> Dataset
         res.problem(None, "format", "the dataset has no records list (exported without records?)")
         return res
     res.records = len(records)
-    counts = {a: 0 for a in ("commit", "release", "refuse", "replay", "site_key", "settings")} | {"non_private": 0}
+    counts = {a: 0 for a in ("commit", "release", "refuse", "replay", "site_key", "settings", "grant")} | {"non_private": 0}
     for rec in records:
         if isinstance(rec, dict):
             if rec.get("action") not in counts:
@@ -844,8 +844,9 @@ def check_dataset(ds: dict, genesis: str, orders: Orders, tol: float) -> Dataset
             counts["non_private"] += rec.get("action") == "commit" and bool(rec.get("non_private"))
     res.counts = counts
     exported_counts = ds.get("counts")
-    # (exports made before site_key or settings records existed do not count them)
-    if isinstance(exported_counts, dict) and any(exported_counts.get(k, 0 if k in ("site_key", "settings") else None) != v
+    # (exports made before site_key, settings or grant records existed do not count them)
+    if isinstance(exported_counts, dict) and any(exported_counts.get(k, 0 if k in ("site_key", "settings", "grant")
+                                                                     else None) != v
                                                  for k, v in counts.items()):
         res.problem(None, "format", f"the dataset's counts {exported_counts} differ from its records {counts}")
 
@@ -1022,7 +1023,8 @@ def text_report(result: dict, path: str) -> str:
         lines.append("")
         lines.append(f"dataset {ds['name']}: {ds['records']} records ({c.get('commit', 0)} commit, "
                      f"{c.get('release', 0)} release, {c.get('refuse', 0)} refuse, {c.get('replay', 0)} replay, "
-                     f"{c.get('site_key', 0)} site_key, {c.get('settings', 0)} settings; "
+                     f"{c.get('site_key', 0)} site_key, {c.get('settings', 0)} settings, "
+                     f"{c.get('grant', 0)} grant; "
                      f"{c.get('non_private', 0)} non-private commits, not charged against epsilon)")
         head = ds["head"]
         if ds["chain_ok"]:

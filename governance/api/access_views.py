@@ -3,7 +3,6 @@
 
 
 from django.db import transaction
-from django.utils import timezone
 from drf_spectacular.utils import (
     extend_schema,
     inline_serializer,
@@ -18,6 +17,7 @@ from ..core import roles, tokens
 from ..core.errors import InvalidRequest
 from ..core.roles import role_of
 from ..core.roles import is_officer
+from ..ledger import grants
 from ..models import Grant
 from . import serializers as s
 from .common import FormatSuffix, User
@@ -26,7 +26,8 @@ from .permissions import IsOfficer, OfficerWritesOnly
 
 class GrantViewSet(FormatSuffix, viewsets.ModelViewSet):
     """Grants join an analyst to a dataset, optionally with a cap on their share.
-    DELETE revokes (the grant and its history are kept for the ledger)."""
+    DELETE revokes (the grant and its history are kept for the ledger). Each grant given,
+    re-capped or revoked is a ``grant`` record in the dataset's audit chain."""
 
     serializer_class = s.GrantSerializer
     permission_classes = [IsAuthenticated, OfficerWritesOnly]
@@ -42,36 +43,29 @@ class GrantViewSet(FormatSuffix, viewsets.ModelViewSet):
         return qs.filter(analyst=self.request.user)
 
     def perform_create(self, serializer):
-        analyst, dataset = serializer.validated_data["analyst"], serializer.validated_data["dataset"]
-        existing = Grant.objects.filter(analyst=analyst, dataset=dataset).first()
-        if existing is not None:
-            if existing.active:
-                raise InvalidRequest(f"{analyst} already holds a grant on {dataset}; PATCH it to change the cap.")
-            Grant.objects.filter(pk=existing.pk).update(
-                revoked_at=None, cap_epsilon=serializer.validated_data.get("cap_epsilon"),
-                cap_delta=serializer.validated_data.get("cap_delta"))
-            existing.refresh_from_db()
-            serializer.instance = existing
-            return
-        serializer.save(created_by=self.request.user)
+        """A new grant, or the analyst's revoked one active again: a ``grant`` record in the
+        dataset's audit chain (``governance.ledger.grants``)."""
+        v = serializer.validated_data
+        grant = grants.give(v["analyst"], v["dataset"], self.request.user, cap_epsilon=v.get("cap_epsilon"),
+                            cap_delta=v.get("cap_delta"))
+        if grant is None:
+            raise InvalidRequest(f"{v['analyst']} already holds a grant on {v['dataset']}; PATCH it to change the cap.")
+        serializer.instance = grant
 
     @extend_schema(request=s.GrantUpdateSerializer)
     def partial_update(self, request, pk=None):
+        """Change the grant's cap (a ``grant`` record in the dataset's audit chain)."""
         grant = self.get_object()
         data = s.GrantUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        with transaction.atomic():
-            grant = Grant.objects.select_for_update().get(pk=grant.pk)
-            for key, value in data.validated_data.items():
-                setattr(grant, key, value)
-            grant.save(update_fields=list(data.validated_data))
+        grant = grants.change_cap(grant, request.user, **data.validated_data)
         return Response(self.get_serializer(grant).data)
 
     def update(self, request, *args, **kwargs):  # PUT is not offered
         raise InvalidRequest("Use PATCH to change a grant's cap.")
 
     def perform_destroy(self, grant):
-        Grant.objects.filter(pk=grant.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        grants.revoke(grant, self.request.user)
 
 
 

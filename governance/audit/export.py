@@ -17,7 +17,8 @@ independent accountant and re-hashes the chain. Shape::
                    "spent_filter": {"basic": eps, ...},  # what each accountant's filter charges
                    "refined": {"rdp": {"epsilon", "order", "at_delta"},   # plain RDP, order off the grid
                                "charges": [{"seq", "epsilon", "order", "at_delta"}]},  # each commit's
-                   "counts": {"commit", "release", "refuse", "replay", "site_key", "settings", "non_private"},
+                   "counts": {"commit", "release", "refuse", "replay", "site_key", "settings", "grant",
+                              "non_private"},
                    "records": [{...record body..., "hash"}]}]}
 """
 

@@ -116,7 +116,8 @@ def _counts(ds: dict) -> dict:
     counts = ds.get("counts")
     if isinstance(counts, dict):
         return counts
-    out = {"commit": 0, "release": 0, "refuse": 0, "replay": 0, "site_key": 0, "settings": 0, "non_private": 0}
+    out = {"commit": 0, "release": 0, "refuse": 0, "replay": 0, "site_key": 0, "settings": 0, "grant": 0,
+           "non_private": 0}
     for rec in ds.get("records") or []:
         a = rec.get("action")
         out[a] = out.get(a, 0) + 1
@@ -163,7 +164,7 @@ def _analysts(records: list) -> list[list]:
     for rec in records:
         action = rec.get("action")
         col = column.get(action)
-        if col is None:  # a site_key or settings record: an officer's act, not an analyst's request
+        if col is None:  # a site_key, settings or grant record: an officer's act, not an analyst's request
             continue
         actor = rec.get("actor") or ""
         row = stats.get(actor)

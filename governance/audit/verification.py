@@ -167,7 +167,7 @@ def _gate_state(ds: Dataset) -> list[str]:
 def _agrees(rec: AuditRecord, entries: dict, seen: set, delta) -> str | None:
     """None if the record agrees with its ledger entry, else what is wrong."""
     if rec.action in (AuditRecord.Action.REFUSE, AuditRecord.Action.REPLAY, AuditRecord.Action.SITE_KEY,
-                      AuditRecord.Action.SETTINGS):
+                      AuditRecord.Action.SETTINGS, AuditRecord.Action.GRANT):
         if rec.ledger_entry_id is not None or rec.charge is not None:
             return f"a {rec.action} record carries a ledger entry or a charge"
         return None

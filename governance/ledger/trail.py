@@ -1,6 +1,6 @@
 """The audit trail: one hash-chained record per release, refund, refusal and replay, per
-federated site secret handed out and per officer's change of the budget or a privacy
-setting.
+federated site secret handed out, per officer's change of the budget or a privacy setting
+and per grant given, re-capped or revoked (``governance.ledger.grants``).
 
 Each dataset has its own chain. ``append`` is called by the ledger action it records
 (``ledger.commit``, ``ledger.release``, a refusal at the gate, a replay), in that

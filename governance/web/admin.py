@@ -14,6 +14,7 @@ from accounting.costs import Cost
 
 from ..core.errors import InvalidDataset
 from ..datasets import registry as datasets
+from ..ledger import grants
 from ..ledger.limits import Limit
 from ..models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
 from .admin_forms import DatasetChangeForm, DatasetRegisterForm, GrantForm
@@ -181,21 +182,19 @@ class GrantAdmin(OfficerPermissions, admin.ModelAdmin):
 
     @admin.action(description="Revoke (keeps the grant's history)")
     def revoke(self, request, queryset):
-        from django.utils import timezone
-
-        n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        n = sum(grants.revoke(g, request.user) for g in queryset.filter(revoked_at__isnull=True))
         messages.success(request, f"Revoked {n} grant(s).")
 
     def save_model(self, request, obj, form, change):
+        """Through ``governance.ledger.grants`` (a ``grant`` record in the dataset's audit
+        chain): a new grant (the form refused a second one for the pair), or only the cap."""
         if not change:
-            obj.created_by = request.user
-            super().save_model(request, obj, form, change)
-        else:  # only the cap changes, under the grant's row lock
-            from django.db import transaction
-
-            with transaction.atomic():
-                Grant.objects.select_for_update().filter(pk=obj.pk).update(
-                    cap_epsilon=obj.cap_epsilon, cap_delta=obj.cap_delta)
+            grant = grants.give(obj.analyst, obj.dataset, request.user, cap_epsilon=obj.cap_epsilon,
+                                cap_delta=obj.cap_delta)
+            grant = grant or Grant.objects.get(analyst=obj.analyst, dataset=obj.dataset)  # (given meanwhile)
+            obj.pk, obj.created_by, obj.created_at = grant.pk, grant.created_by, grant.created_at
+        else:
+            grants.change_cap(obj, request.user, cap_epsilon=obj.cap_epsilon, cap_delta=obj.cap_delta)
 
     @admin.display(description="epsilon spent by analyst")
     def spent(self, g):

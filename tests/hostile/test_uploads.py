@@ -327,7 +327,8 @@ def test_number_like_usernames_are_neutralised_too(api, officer, make_dataset, n
     assert r.status_code == 409
     rows = list(csv.DictReader(io.StringIO(boss.get("/api/audit/export/", {"dataset": "survey",
                                                                             "format": "csv"}).content.decode())))
-    assert [row["actor"] for row in rows] == [f"'{name}"]
+    assert [row["actor"] for row in rows if row["action"] == "refuse"] == [f"'{name}"]
+    assert [row["actor"] for row in rows if row["action"] == "grant"] == [officer.username]  # who granted
 
 
 def test_a_full_data_directory_is_a_507_that_keeps_nothing(client, import_dir, monkeypatch, nothing_stored):

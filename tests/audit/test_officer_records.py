@@ -1,7 +1,9 @@
 """An officer's change of a dataset's budget or of a privacy setting is a ``settings`` record
-in the dataset's audit chain: who, and each setting's old and new value, written in the
-same transaction as the change (a refused change leaves none), accepted by the service's
-verification and by the third party's tools/recompose_audit.py."""
+in the dataset's audit chain (who, and each setting's old and new value), and a grant
+given, re-capped or revoked a ``grant`` record (who, for which analyst, the caps before and
+after): written in the same transaction as the change (a refused change, or one that
+changes nothing, leaves none), accepted by the service's verification and by the third
+party's tools/recompose_audit.py."""
 
 import json
 import subprocess
@@ -29,8 +31,8 @@ def _exported_and_recomposed(api, officer, tmp_path) -> tuple[dict, str]:
     return json.loads((tmp_path / "export.json").read_text()), out.stdout
 
 
-def _settings(name="clinic"):
-    return list(AuditRecord.objects.filter(dataset__name=name, action="settings").order_by("seq"))
+def _settings(name="clinic", action="settings"):
+    return list(AuditRecord.objects.filter(dataset__name=name, action=action).order_by("seq"))
 
 
 def test_a_budget_raised_through_the_api_is_a_record_naming_the_officer(api, officer, analyst, grant, make_dataset,
@@ -101,3 +103,49 @@ def test_a_budget_changed_in_the_admin_is_a_record_and_a_forged_one_is_caught(cl
     AuditRecord.objects.filter(pk=rec.pk).update(params=dict(rec.params, budget_epsilon=[2.0, 2.0]))
     result = verify()
     assert not result.ok and result.first_broken.seq == rec.seq
+
+
+def test_a_grant_given_recapped_revoked_and_given_again_through_the_api(api, officer, analyst, make_dataset, tmp_path):
+    make_dataset(epsilon=2.0)
+    r = api(officer).post("/api/grants/", {"analyst": analyst.username, "dataset": "clinic", "cap_epsilon": 1.0},
+                          format="json")
+    assert r.status_code == 201, r.content
+    gid = r.json()["id"]
+    assert api(officer).post("/api/grants/", {"analyst": analyst.username, "dataset": "clinic"},
+                             format="json").status_code == 400  # held already: no record
+    assert api(officer).patch(f"/api/grants/{gid}/", {"cap_epsilon": 0.5}, format="json").status_code == 200
+    assert api(officer).patch(f"/api/grants/{gid}/", {"cap_epsilon": 0.5}, format="json").status_code == 200  # same
+    assert api(analyst).patch(f"/api/grants/{gid}/", {"cap_epsilon": 2.0}, format="json").status_code == 403
+    assert api(officer).delete(f"/api/grants/{gid}/").status_code == 204
+    assert api(officer).delete(f"/api/grants/{gid}/").status_code == 204  # revoked already: no record
+    assert api(officer).post("/api/grants/", {"analyst": analyst.username, "dataset": "clinic"},
+                             format="json").json()["id"] == gid
+    got = [(r.outcome, r.actor, r.params["analyst"], r.params["cap_epsilon"], r.charge) for r in _settings(action="grant")]
+    assert got == [("granted", officer.username, analyst.username, [None, 1.0], None),
+                   ("changed", officer.username, analyst.username, [1.0, 0.5], None),
+                   ("revoked", officer.username, analyst.username, [0.5, 0.5], None),
+                   ("granted", officer.username, analyst.username, [None, None], None)]
+    assert verify().ok
+    export, out = _exported_and_recomposed(api, officer, tmp_path)
+    assert next(d for d in export["datasets"] if d["name"] == "clinic")["counts"]["grant"] == 4
+    assert "4 grant" in out
+
+
+def test_a_grant_given_recapped_and_revoked_in_the_admin(client, officer, analyst, make_dataset):
+    from governance.models import Grant
+
+    ds = make_dataset()
+    client.force_login(officer)
+    assert client.post("/admin/governance/grant/add/", {"analyst": analyst.pk, "dataset": ds.pk, "cap_epsilon": "0.5",
+                                                        "cap_delta": ""}).status_code == 302
+    g = Grant.objects.get()
+    assert g.created_by == officer and g.cap_epsilon == 0.5
+    assert client.post(f"/admin/governance/grant/{g.pk}/change/", {"cap_epsilon": "0.25",
+                                                                   "cap_delta": ""}).status_code == 302
+    client.post("/admin/governance/grant/", {"action": "revoke", "_selected_action": [g.pk]})
+    g.refresh_from_db()
+    assert not g.active and g.cap_epsilon == 0.25
+    assert [(r.outcome, r.actor, r.params["cap_epsilon"]) for r in _settings(action="grant")] == [
+        ("granted", officer.username, [None, 0.5]), ("changed", officer.username, [0.5, 0.25]),
+        ("revoked", officer.username, [0.25, 0.25])]
+    assert verify().ok

@@ -1,0 +1,78 @@
+"""Grants as an officer changes them: given (or given again after a revocation), their cap
+changed, revoked. Each change is a ``grant`` record in the dataset's audit chain naming the
+officer, the analyst and the cap before and after, written in the change's transaction
+under the dataset's budget row lock (the gate's lock, taken first as the gate takes it),
+so the trail tells who could spend on a dataset, and within what share, at every point.
+A change that changes nothing (a revocation of a revoked grant, the same cap again) writes
+no record.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from ..models import AuditRecord, Budget, Grant
+from . import trail
+
+__all__ = ["give", "change_cap", "revoke"]
+
+
+def _caps(grant: Grant | None) -> tuple:
+    return (None, None) if grant is None else (grant.cap_epsilon, grant.cap_delta)
+
+
+def _record(budget: Budget, grant: Grant, actor: str, outcome: str, before: tuple) -> None:
+    caps = {name: [old, new] for name, old, new in zip(("cap_epsilon", "cap_delta"), before, _caps(grant))}
+    params = {"analyst": grant.analyst.get_username(), "grant": grant.pk, **caps}
+    moved = ", ".join(f"{n} {o!r} -> {v!r}" for n, (o, v) in caps.items() if o != v)
+    detail = f"{outcome} for {params['analyst']}" + (f": {moved}" if moved else "")
+    ctx = trail.Context(outcome=outcome, params=params, detail=detail)
+    trail.append(budget, grant.dataset.name, grant.dataset.budget_delta, action=AuditRecord.Action.GRANT,
+                 actor=actor, ctx=ctx)
+
+
+def give(analyst, dataset, actor, *, cap_epsilon=None, cap_delta=None) -> Grant | None:
+    """The analyst's grant on ``dataset`` with these caps: a new one, or their revoked one
+    active again. None if they hold an active one already (the caller refuses)."""
+    with transaction.atomic():
+        budget = Budget.objects.select_for_update().get(pk=dataset.pk)
+        grant = Grant.objects.select_for_update().filter(analyst=analyst, dataset=dataset).first()
+        if grant is not None and grant.active:
+            return None
+        before = (None, None)
+        if grant is None:
+            grant = Grant.objects.create(analyst=analyst, dataset=dataset, created_by=actor, cap_epsilon=cap_epsilon,
+                                         cap_delta=cap_delta)
+        else:
+            grant.revoked_at, grant.cap_epsilon, grant.cap_delta = None, cap_epsilon, cap_delta
+            grant.save(update_fields=["revoked_at", "cap_epsilon", "cap_delta"])
+        _record(budget, grant, actor.get_username(), "granted", before)
+        return grant
+
+
+def change_cap(grant: Grant, actor, **caps) -> Grant:
+    """``grant`` with ``cap_epsilon`` and / or ``cap_delta`` set (None: no cap of its own)."""
+    with transaction.atomic():
+        budget = Budget.objects.select_for_update().get(pk=grant.dataset_id)
+        grant = Grant.objects.select_for_update().select_related("analyst", "dataset").get(pk=grant.pk)
+        before = _caps(grant)
+        for key, value in caps.items():
+            setattr(grant, key, value)
+        if _caps(grant) != before:
+            grant.save(update_fields=list(caps))
+            _record(budget, grant, actor.get_username(), "changed", before)
+        return grant
+
+
+def revoke(grant: Grant, actor) -> bool:
+    """Revoke ``grant`` (kept, with its history, for the ledger); False if it was revoked."""
+    with transaction.atomic():
+        budget = Budget.objects.select_for_update().get(pk=grant.dataset_id)
+        grant = Grant.objects.select_for_update().select_related("analyst", "dataset").get(pk=grant.pk)
+        if not grant.active:
+            return False
+        grant.revoked_at = timezone.now()
+        grant.save(update_fields=["revoked_at"])
+        _record(budget, grant, actor.get_username(), "revoked", _caps(grant))
+        return True
