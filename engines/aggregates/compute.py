@@ -42,10 +42,11 @@ def _column(table: pa.Table, name: str) -> pa.ChunkedArray:
 
 
 def numeric_values(table: pa.Table, name: str) -> np.ndarray:
-    """The column as float64, nulls (and NaN) as NaN."""
+    """The column as float64, nulls (and NaN) as NaN; integers past 2**53 rounded to the
+    nearest float64 (Arrow's safe cast refuses them: every bound is far below)."""
     col = _column(table, name)
     if not pa.types.is_floating(col.type) or col.type != pa.float64():
-        col = col.cast(pa.float64())
+        col = col.cast(pa.float64(), safe=not pa.types.is_integer(col.type))
     arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     return arr.to_numpy(zero_copy_only=False)
 
@@ -53,13 +54,14 @@ def numeric_values(table: pa.Table, name: str) -> np.ndarray:
 def clamped_values(table: pa.Table, name: str, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray | None]:
     """The column as float64 clamped to [lo, hi], in a new array (chunk by chunk: no
     intermediate copy of the whole column), and the mask of its null/NaN rows, or None
-    when there are none. Nulls and NaN stay NaN (np.clip keeps NaN); infinities clamp."""
+    when there are none. Nulls and NaN stay NaN (np.clip keeps NaN); infinities clamp, and
+    integers past 2**53 are rounded to float64 (``numeric_values``) before they clamp."""
     col = _column(table, name)
     out = np.empty(table.num_rows, dtype=np.float64)
     off = 0
     for chunk in col.chunks:
         if chunk.type != pa.float64():
-            chunk = chunk.cast(pa.float64())
+            chunk = chunk.cast(pa.float64(), safe=not pa.types.is_integer(chunk.type))
         a = chunk.to_numpy(zero_copy_only=False)
         np.clip(a, lo, hi, out=out[off:off + len(a)])
         off += len(a)
@@ -153,8 +155,8 @@ def _mask(table: pa.Table, where: list[dict], cache: dict) -> np.ndarray:
             hit = _to_bool(pc.is_in(col, value_set=value_set))
             if op in ("==", "in"):
                 m = hit
-            else:
-                m = ~hit & _to_bool(pc.is_valid(col))
+            else:  # (the stored column's nulls and NaN: ``_lookup`` may have cast it to strings)
+                m = ~hit & _known(table, [p])
         mask &= m
     return mask
 

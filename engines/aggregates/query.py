@@ -54,6 +54,20 @@ def _err(errors: dict, key: str, message: str) -> None:
     errors.setdefault(key, message)
 
 
+def _floor_edge(j: int, w: float) -> float:
+    """The least float x with floor(x / w) >= j (x / w in float64, as SQL's FLOOR(col / w)
+    computes it): bins [edge_j, edge_j+1) hold exactly the values whose FLOOR(x / w) is j.
+    j * w alone is off by a unit in the last place for widths such as 0.1 (1.7 / 0.1 is
+    17.0, 17 * 0.1 is 1.7000000000000002, so 1.7 fell in the bin of 16). x / w is
+    monotone in x, so a few steps from j * w find it."""
+    x = float(j * w)
+    while math.floor(x / w) < j:
+        x = math.nextafter(x, math.inf)
+    while math.floor(math.nextafter(x, -math.inf) / w) >= j:
+        x = math.nextafter(x, -math.inf)
+    return x
+
+
 def _group_key(i: int, g: Any, dataset: DatasetMeta, errors: dict) -> dict | None:
     key = f"group_by[{i}]"
     if not isinstance(g, dict) or "column" not in g:
@@ -97,7 +111,7 @@ def _group_key(i: int, g: Any, dataset: DatasetMeta, errors: dict) -> dict | Non
             _err(errors, key, f"{last - first + 1} bins of width {w} in [{lo:g}, {hi:g}]: at most {MAX_GROUPS}")
             return None
         idx = list(range(first, last + 2))
-        edges = [float(j * w) for j in idx]
+        edges = [_floor_edge(j, w) for j in idx]
         labels = [_num(j * mult) for j in idx[:-1]]
         return {"name": name, "column": col, "type": "bins", "bounds": [lo, hi], "edges": edges, "labels": labels}
     th, closed, labels = g.get("thresholds"), g.get("closed", "left"), g.get("labels")

@@ -1,0 +1,88 @@
+"""The aggregates engine's exact answers on values as other writers store them (found by a
+probe on tables nobody tuned for): integers past 2**53, NaN in a float column declared
+categorical, and width bins that must agree with SQL's FLOOR(col / w) for any width."""
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engines import plugins
+from engines.aggregates import compute, sql
+from engines.aggregates import execute as local
+from engines.types import DatasetMeta, EngineRequest
+
+
+def exact(kind, params, table, columns):
+    ds = DatasetMeta("t", columns, None, table.num_rows, table.num_rows, 1e-6)
+    d = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), ds).details
+    return local.exact_parts(d, table, table.num_rows, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("arrow_type, big", [(pa.int64(), 2**53 + 1), (pa.int64(), -(2**63)),
+                                             (pa.uint64(), 2**64 - 1)])
+def test_integers_past_2_53_are_clamped_not_a_crash(arrow_type, big):
+    """Arrow's safe cast to float64 refused them (an ArrowInvalid after the read: a failed,
+    charged request); every bound is far below, so rounding first changes nothing."""
+    table = pa.table({"v": pa.array([1, 2, big], arrow_type)})
+    cols = {"v": {"type": "numeric", "lower": 0, "upper": 10, "integer": True}}
+    top = 0 if big < 0 else 10
+    assert exact("count", {"where": [{"column": "v", "op": "in", "value": [1, 2]}]}, table, cols) == {"count": 2}
+    assert exact("count", {"where": [{"column": "v", "op": "not_in", "value": [1]}]}, table, cols) == {"count": 2}
+    parts = exact("sum", {"column": "v"}, table, cols)
+    assert parts == exact("sum", {"column": "v"}, pa.table({"v": pa.array([1, 2, top], pa.int64())}), cols)
+    for kind, extra in (("mean", {}), ("histogram", {"bins": [0, 5, 10]}), ("quantile", {"q": 0.5})):
+        exact(kind, {"column": "v", **extra}, table, cols)  # runs
+
+
+@pytest.mark.parametrize("where", [[{"column": "c", "op": "!=", "value": 1.0}],
+                                   [{"column": "c", "op": "not_in", "value": [1.0]}],
+                                   [{"not": [{"column": "c", "op": "==", "value": 1.0}]}]])
+def test_nan_in_a_float_column_declared_categorical_never_matches(where):
+    """A NaN (as numpy or Spark writes it; pandas' Arrow conversion makes it null) is not
+    "!= 1" any more than a null is: each form counts the one row of 2.0."""
+    table = pa.table({"c": pa.array([1.0, 2.0, float("nan"), None])})
+    cols = {"c": {"type": "categorical", "domain": [1.0, 2.0]}}
+    assert exact("count", {"where": where}, table, cols) == {"count": 1}
+
+
+def test_sql_floor_bins_of_a_tenth_agree_with_sql():
+    """ggplot2's diamonds, FLOOR(carat / 0.1) * 0.1: 215 diamonds of carat 1.7 fell in the
+    group of 1.6 (edges j * w: 17 * 0.1 is 1.7000000000000002)."""
+    table = pa.table({"carat": [1.7, 1.7, 1.65, 0.3, 0.29999999999999993]})
+    cols = {"carat": {"type": "numeric", "lower": 0, "upper": 6}}
+    r = sql.translate("SELECT FLOOR(carat / 0.1) * 0.1 AS c, COUNT(*) AS n FROM t GROUP BY c", {"epsilon": 1.0})
+    parts = exact(r.kind, {k: v for k, v in r.params.items() if k != "epsilon"}, table, cols)
+    ds = DatasetMeta("t", cols, None, 5, 5, 1e-6)
+    labels = plugins.plan("aggregates", EngineRequest(r.kind, r.params), ds).details["group_keys"][0]["labels"]
+    got = {round(labels[i], 6): int(c) for i, c in enumerate(parts["0:count"]) if c}
+    want: dict = {}
+    for x in table.column("carat").to_pylist():
+        key = round(math.floor(x / 0.1) * 0.1, 6)
+        want[key] = want.get(key, 0) + 1
+    assert got == want == {1.7: 2, 1.6: 1, 0.2: 2}  # (0.3 / 0.1 is 2.9999999999999996 in SQL too)
+
+
+@settings(max_examples=300, deadline=None)
+@given(w=st.sampled_from([0.1, 0.2, 0.05, 1.1, 0.3, 1 / 3, 2.5, 0.07, 7.0, 0.01]),
+       xs=st.lists(st.floats(0, 50, allow_nan=False), min_size=1, max_size=40),
+       ticks=st.lists(st.integers(0, 500), max_size=20))
+def test_width_bins_are_sqls_floor_of_x_over_w(w, xs, ticks):
+    """Every value lands in the bin whose label SQL's FLOOR(x / w) gives, also values at
+    and one float either side of j * w."""
+    from engines.aggregates import query
+
+    xs = xs + [v for j in ticks for v in (j * w, math.nextafter(j * w, 0), math.nextafter(j * w, 99)) if 0 <= v <= 50]
+    errors: dict = {}
+    ds = DatasetMeta("t", {"x": {"type": "numeric", "lower": 0, "upper": 50}}, None, 1, 1, 1e-6)
+    key = query._group_key(0, {"column": "x", "width": w}, ds, errors)
+    assert not errors
+    x = np.asarray(xs)
+    codes = compute.bin_codes(x, key["edges"])
+    first = math.floor(0 / w)
+    want = np.array([math.floor(v / w) - first for v in xs])
+    last = len(key["edges"]) - 2  # the last bin is closed: the upper bound itself is in it
+    np.testing.assert_array_equal(codes, np.minimum(want, last))
