@@ -90,7 +90,8 @@ def _column_spec(dataset: DatasetMeta, name: Any) -> tuple[dict | None, str | No
         return None, "must be a column name"
     spec = dataset.columns.get(name)
     if spec is None:
-        return None, f"unknown column {name!r}"
+        same = [c for c in dataset.columns if c.lower() == name.lower()]
+        return None, f"unknown column {name!r}" + (f" (names are case-sensitive: {same[0]!r}?)" if same else "")
     if name == dataset.unit_column or spec.get("type") == "unit":
         return None, f"{name!r} is the privacy-unit column: it cannot be queried"
     return spec, None

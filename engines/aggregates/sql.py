@@ -113,7 +113,7 @@ def translate(sql: str, options: dict | None = None) -> SqlRequest:
     try:
         statements = [s for s in sqlglot.parse(sql, error_level=sqlglot.ErrorLevel.RAISE) if s is not None]
     except (ParseError, TokenError) as e:
-        raise SqlSyntaxError(f"not valid SQL: {_first_line(e)}{_hint(sql)}", part="syntax") from None
+        raise SqlSyntaxError(f"not valid SQL: {_first_line(e)}{_hint(sql, e)}", part="syntax") from None
     except RecursionError:
         raise SqlSyntaxError("not valid SQL: nested too deeply", part="syntax") from None
     except Exception as e:  # noqa: BLE001 - any other parser failure is still the text's fault, never a 500
@@ -193,19 +193,27 @@ def _option_problem(key) -> str:
     return f"unknown option {name!r}"
 
 
-def _hint(sql: str) -> str:
+def _hint(sql: str, error: Exception | None = None) -> str:
     """What probably went wrong, for the commonest parse failures."""
     import re
 
     m = re.search(r"\bFROM\s+([A-Za-z_][\w]*(?:-[\w]+)+)", sql, re.IGNORECASE)
     if m:
         return f' (a table name with a hyphen must be quoted: FROM "{m.group(1)}")'
+    if "Required keyword" in str(error or ""):  # a bare column named like a keyword: union, order, ...
+        return ' (a column named like an SQL keyword must be quoted: "union", "order")'
     return ""
 
 
 def _first_line(e: Exception) -> str:
+    import re
+
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return text.replace("\x1b[4m", "").replace("\x1b[0m", "")[:300]
+    text = text.replace("\x1b[4m", "").replace("\x1b[0m", "")[:300]
+    if text.startswith("Required keyword"):  # sqlglot's own classes: say only where
+        where = re.search(r"Line \d+, Col: \d+", text)
+        return "an expression is missing" + (f" ({where.group(0)})" if where else "")
+    return text
 
 
 def _refuse_clauses(tree: exp.Select) -> None:

@@ -4,7 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engines import plugins
 from engines.aggregates import sql as sqlplan
+from engines.types import DatasetMeta, EngineRequest, PlanError
 
 
 def test_it_reads_the_dataset_kind_column_filters_and_group():
@@ -216,3 +218,19 @@ def test_a_hyphenated_table_name_gets_a_hint_to_quote_it_and_a_typo_a_suggestion
     with pytest.raises(sqlplan.SqlSyntaxError) as e:
         sqlplan.translate("SELECT COUNT(*) FROM t", {"epsilonn": 1})
     assert "did you mean 'epsilon'" in e.value.errors["epsilonn"]
+
+
+def test_a_keyword_column_gets_a_hint_to_quote_it_and_a_case_slip_the_name():
+    """Not the parser's internals ("Required keyword: 'expression' missing for <class
+    'sqlglot.expressions.query.Union'>"): where, and what to do."""
+    with pytest.raises(sqlplan.SqlSyntaxError) as e:
+        sqlplan.translate("SELECT sex, union, COUNT(*) FROM t GROUP BY sex, union", {"epsilon": 1})
+    assert "sqlglot" not in e.value.message and "Col: 18" in e.value.message
+    assert 'must be quoted: "union"' in e.value.message
+    req = sqlplan.translate('SELECT "union", COUNT(*) FROM t GROUP BY "union"', {"epsilon": 1})
+    assert req.params["group_by"] == "union"
+    ds = DatasetMeta("t", {"v": {"type": "numeric", "lower": 0, "upper": 1}}, None, 3, 3, 1e-6)
+    req = sqlplan.translate("SELECT COUNT(*) FROM t WHERE V > 0", {"epsilon": 1})
+    with pytest.raises(PlanError) as e:
+        plugins.plan("aggregates", EngineRequest(req.kind, req.params), ds)
+    assert "unknown column 'V' (names are case-sensitive: 'v'?)" in str(e.value)
