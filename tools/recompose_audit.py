@@ -44,6 +44,10 @@ dataset in the export:
    order, with the dataset's ``budget.approx_delta_share`` of delta for approximate-DP
    events, 0.1 when the export predates that setting) and must match the exported one.
 
+   The officer's ``settings`` records (budget and privacy settings changed): each starts
+   where the one before left that setting, and the last one's budget epsilon and delta,
+   policy and delta share are the exported budget's.
+
 4. **Refined report.** The dataset's ``refined.rdp`` (exports from issue 16 on; outside
    the hashes, so older exports without it are only noted): the plain RDP composition of
    the committed events with the order chosen off the grid. Any order alpha > 1 gives a
@@ -827,6 +831,32 @@ def check_pld_synthesis(rec: dict, event, tol: float, res: DatasetResult) -> Non
                                 f"target {fmt(target)} it was certified at")
 
 
+SETTING_OF_BUDGET = {"budget_epsilon": "epsilon", "budget_delta": "delta", "policy": "policy",
+                     "approx_delta_share": "approx_delta_share"}
+
+
+def check_settings(records: list, budget: dict, res: DatasetResult) -> None:
+    """The officer's ``settings`` records in order: each starts where the one before left
+    the setting (else it was changed without a record in between), and the last one's
+    budget, policy and delta share are the exported budget's."""
+    now: dict = {}
+    for rec in records:
+        if not isinstance(rec, dict) or rec.get("action") != "settings":
+            continue
+        for name, change in (rec.get("params") or {}).items():
+            if not (isinstance(change, list) and len(change) == 2):
+                res.problem(rec.get("seq"), "settings", f"its change of {name} is not [old, new]")
+                continue
+            if name in now and now[name] != change[0]:
+                res.problem(rec.get("seq"), "settings", f"it changes {name} from {change[0]!r}, the record "
+                                                        f"before left it at {now[name]!r}")
+            now[name] = change[1]
+    for name, key in SETTING_OF_BUDGET.items():
+        if name in now and key in budget and budget[key] != now[name]:
+            res.problem(None, "settings", f"the budget's {key} is {budget[key]!r}, the last settings record "
+                                          f"set {name} to {now[name]!r}")
+
+
 def check_dataset(ds: dict, genesis: str, orders: Orders, tol: float) -> DatasetResult:
     res = DatasetResult(name=str(ds.get("name")))
     records = ds.get("records")
@@ -900,6 +930,7 @@ def check_dataset(ds: dict, genesis: str, orders: Orders, tol: float) -> Dataset
         res.problem(None, "cap", f"the dataset's budget is unreadable: {budget!r}")
         return res
     policy = budget.get("policy")
+    check_settings(records, budget, res)
 
     # the dataset-level totals are the last record's (or zero)
     ds_totals = ds.get("totals") or {}

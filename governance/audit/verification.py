@@ -4,7 +4,8 @@
 record's hash over its canonical body, each ``prev_hash`` the hash before it, the budget
 row's length and head), then that it agrees with the ledger: every final ledger entry has
 exactly its record, events and charges match, and the running totals re-compose from the
-ledger's costs.
+ledger's costs; and that the officer's settings and grant records follow one another and
+leave the dataset's settings and grants as they are now.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def verify_dataset(ds: Dataset, out: Verification, *, stop_at_first: bool = True
         "id", "status", "event", "committed_event", "cost", "committed_cost", "non_private", "reference",
         "analyst", "grant")}
     seen: set[int] = set()
+    officer: dict = {}  # the settings and grants as the last settings / grant records left them
     state = Cost.zero()
     prev = GENESIS
     expected_seq = 1
@@ -101,7 +103,7 @@ def verify_dataset(ds: Dataset, out: Verification, *, stop_at_first: bool = True
             elif bad(rec, "its hash does not match its content (the record was edited)"):
                 break
         prev = rec.hash
-        problem = _agrees(rec, entries, seen, rec.totals.get("at_delta"))
+        problem = _agrees(rec, entries, seen, rec.totals.get("at_delta")) or _follows(rec, officer)
         if problem is None and rec.action == AuditRecord.Action.COMMIT:
             entry = entries[rec.ledger_entry_id]
             state = state + Cost.from_json(entry.committed_cost or entry.cost)
@@ -125,6 +127,9 @@ def verify_dataset(ds: Dataset, out: Verification, *, stop_at_first: bool = True
     if not _close(Cost.from_json(budget.committed).to_json(), state.to_json()):
         bad(None, "the budget row's committed totals differ from the chain's")
         return
+    for problem in _officer_state_now(ds, officer, n):
+        if bad(None, problem):
+            return
     for problem in _gate_state(ds):
         if bad(None, problem):
             return
@@ -161,6 +166,60 @@ def _gate_state(ds: Dataset) -> list[str]:
         if stray:
             problems.append(f"ledger entr{'y' if len(stray) == 1 else 'ies'} {', '.join(map(str, stray))} "
                             "reserved without a request in flight")
+    return problems
+
+
+def _follows(rec: AuditRecord, officer: dict) -> str | None:
+    """None if a settings or grant record starts where the last one of the same setting or
+    grant left it (else it was changed without a record in between); notes where it leaves
+    it in ``officer``: ``{setting: value, ("grant", id): (cap_epsilon, cap_delta, active)}``."""
+    params = rec.params if isinstance(rec.params, dict) else {}
+    if rec.action == AuditRecord.Action.SETTINGS:
+        for name, change in params.items():
+            if not (isinstance(change, list) and len(change) == 2):
+                return f"its change of {name} is not [old, new]"
+            if name in officer and not _close(officer[name], change[0]):
+                return f"it changes {name} from {change[0]!r}, the record before left it at {officer[name]!r}"
+            officer[name] = change[1]
+    elif rec.action == AuditRecord.Action.GRANT:
+        caps = [params.get("cap_epsilon"), params.get("cap_delta")]
+        if not all(isinstance(c, list) and len(c) == 2 for c in caps):
+            return "its caps are not [old, new]"
+        key = ("grant", params.get("grant"))
+        last = officer.get(key)
+        if rec.outcome != "granted" and last is not None and not (
+                last[2] and _close(list(last[:2]), [c[0] for c in caps])):
+            return (f"it finds grant {params.get('grant')} with caps {[c[0] for c in caps]}, the record before "
+                    f"left it at {list(last[:2])}{'' if last[2] else ' and revoked'}")
+        officer[key] = (caps[0][1], caps[1][1], rec.outcome != "revoked")
+    return None
+
+
+def _officer_state_now(ds: Dataset, officer: dict, n: int) -> list[str]:
+    """The dataset's settings and grants as the last records left them (those with a record),
+    read under the budget row lock; nothing to say if the chain has grown past the ``n``
+    records read (a change came in meanwhile: the next verify sees it with its record)."""
+    from django.db import transaction
+
+    from ..models import Grant
+
+    problems = []
+    with transaction.atomic():
+        if Budget.objects.select_for_update().get(pk=ds.pk).audit_seq != n:
+            return []
+        ds = Dataset.objects.get(pk=ds.pk)
+        grants = {g.pk: g for g in Grant.objects.filter(dataset=ds)}
+    for key, value in officer.items():
+        if isinstance(key, str) and hasattr(ds, key) and not _close(storable(getattr(ds, key)), value):
+            problems.append(f"the dataset's {key} is {getattr(ds, key)!r}, its last settings record set "
+                            f"{value!r} (changed without a record)")
+    for key, (cap_epsilon, cap_delta, active) in ((k, v) for k, v in officer.items() if isinstance(k, tuple)):
+        g = grants.get(key[1])
+        if g is None or not _close([storable(g.cap_epsilon), storable(g.cap_delta)], [cap_epsilon, cap_delta]) \
+                or g.active != active:
+            problems.append(f"grant {key[1]} differs from what its last grant record left (caps "
+                            f"{[cap_epsilon, cap_delta]}, {'active' if active else 'revoked'}): changed without "
+                            "a record")
     return problems
 
 

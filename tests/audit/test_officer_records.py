@@ -65,6 +65,12 @@ def test_a_budget_raised_through_the_api_is_a_record_naming_the_officer(api, off
     export, out = _exported_and_recomposed(api, officer, tmp_path)
     assert next(d for d in export["datasets"] if d["name"] == "clinic")["counts"]["settings"] == 1
     assert "1 settings" in out
+    # an export whose budget is not what the last settings record set: the tool says so
+    forged = json.loads(json.dumps(export))
+    next(d for d in forged["datasets"] if d["name"] == "clinic")["budget"]["epsilon"] = 50.0
+    (tmp_path / "forged.json").write_text(json.dumps(forged))
+    bad = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "forged.json")], capture_output=True, text=True)
+    assert bad.returncode != 0 and "the last settings record set budget_epsilon to 3.0" in bad.stdout
     from governance.audit.pdf import render_pdf
 
     from .test_pdf_report import pdf_text
@@ -149,3 +155,31 @@ def test_a_grant_given_recapped_and_revoked_in_the_admin(client, officer, analys
         ("granted", officer.username, [None, 0.5]), ("changed", officer.username, [0.5, 0.25]),
         ("revoked", officer.username, [0.25, 0.25])]
     assert verify().ok
+
+
+def test_a_budget_or_a_cap_changed_in_the_database_without_a_record_is_found(api, officer, analyst, make_dataset):
+    """After a settings or grant record, the dataset and the grant must be as the last
+    record left them: an edit in the database (no record) is named by verify."""
+    from governance.models import Grant
+
+    make_dataset(epsilon=1.0)
+    assert api(officer).patch("/api/datasets/clinic/", {"budget_epsilon": 2.0}, format="json").status_code == 200
+    gid = api(officer).post("/api/grants/", {"analyst": analyst.username, "dataset": "clinic", "cap_epsilon": 0.5},
+                            format="json").json()["id"]
+    assert verify().ok
+    Dataset.objects.filter(name="clinic").update(budget_epsilon=50.0)
+    result = verify()
+    assert not result.ok and "budget_epsilon is 50.0, its last settings record set 2.0" in result.first_broken.problem
+    Dataset.objects.filter(name="clinic").update(budget_epsilon=2.0)
+    assert verify().ok
+    Grant.objects.filter(pk=gid).update(cap_epsilon=5.0)
+    result = verify()
+    assert not result.ok and f"grant {gid} differs" in result.first_broken.problem
+    Grant.objects.filter(pk=gid).update(cap_epsilon=0.5)
+    assert verify().ok
+    # a record that starts where the last did not leave it (a change in between, unrecorded)
+    Dataset.objects.filter(name="clinic").update(budget_epsilon=7.0)
+    assert api(officer).patch("/api/datasets/clinic/", {"budget_epsilon": 3.0}, format="json").status_code == 200
+    result = verify()
+    assert not result.ok and "changes budget_epsilon from 7.0, the record before left it at 2.0" in \
+        result.first_broken.problem
