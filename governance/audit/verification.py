@@ -187,6 +187,8 @@ def _follows(rec: AuditRecord, officer: dict) -> str | None:
             return "its caps are not [old, new]"
         key = ("grant", params.get("grant"))
         last = officer.get(key)
+        if last is not None and rec.outcome == "granted" and last[2]:
+            return f"it gives grant {params.get('grant')} again, the record before left it active"
         if rec.outcome != "granted" and last is not None and not (
                 last[2] and _close(list(last[:2]), [c[0] for c in caps])):
             return (f"it finds grant {params.get('grant')} with caps {[c[0] for c in caps]}, the record before "

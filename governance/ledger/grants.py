@@ -18,8 +18,8 @@ from . import trail
 __all__ = ["give", "change_cap", "revoke"]
 
 
-def _caps(grant: Grant | None) -> tuple:
-    return (None, None) if grant is None else (grant.cap_epsilon, grant.cap_delta)
+def _caps(grant: Grant) -> tuple:
+    return grant.cap_epsilon, grant.cap_delta
 
 
 def _record(budget: Budget, grant: Grant, actor: str, outcome: str, before: tuple) -> None:
