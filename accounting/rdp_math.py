@@ -162,7 +162,33 @@ def subsampled_at(q: float, z: float, a: np.ndarray) -> np.ndarray:
             # 4096): the same sum, in log space.
             finite[i] = _log_a_int(q, z, int(x)) / (x - 1)
     finite = np.where(np.isnan(finite), math.inf, finite)
+    fractional = [i for i, x in enumerate(a) if not float(x).is_integer() and x > 1]
+    if fractional and q < _FRACTIONAL_MAX_RATE:  # (above it they take the plain bound below)
+        _hold_to_integer_neighbours(q, z, a, finite, fractional)
     return np.maximum(np.minimum(finite, plain), 0.0)
+
+
+def _hold_to_integer_neighbours(q: float, z: float, a: np.ndarray, finite: np.ndarray, where: list) -> None:
+    """Opacus's signed series at a fractional order loses every digit at high orders
+    (q = 0.1, z = 42.3: 0 at order 511.31 between 0.00147 at 511 and 512; a DP-SGD run
+    at epsilon 0.05 reported 0.028 where its event costs 0.070). Each fractional value is
+    held to what its integer neighbours f < x < f + 1 (exact sums) allow: the RDP is
+    nondecreasing in the order, so at least the value at f, and (alpha - 1) times it is
+    convex in alpha (a log-moment), so at most the chord of (alpha - 1) RDP between f and
+    f + 1. A value outside is replaced by the chord: a valid bound, close to the true
+    value (between f's and f + 1's). In place on ``finite``."""
+    floors = {math.floor(float(a[i])) for i in where}
+    ints = np.array(sorted({f for f in floors if f > 1} | {f + 1 for f in floors}), dtype=float)
+    at = dict(zip(ints, subsampled_at(q, z, ints)))
+    at[1.0] = 0.0  # (alpha - 1) RDP is 0 at alpha = 1: the chord from 1 to 2
+    for i in where:
+        x = float(a[i])
+        f = float(math.floor(x))
+        lower = at[f] if f > 1 else 0.0
+        chord = ((f - 1) * at[f] + (x - f) * (f * at[f + 1] - (f - 1) * at[f])) / (x - 1)
+        chord = chord if math.isfinite(chord) else math.inf  # (the plain bound then applies)
+        if not (lower * (1 - 1e-9) <= finite[i] <= chord * (1 + 1e-9)):
+            finite[i] = chord
 
 
 class _LRU:

@@ -119,6 +119,7 @@ def series_units(q: float, z: float, orders, cap: int | None = None) -> int:
     """Work units of one step of the subsampled Gaussian (0 < q < 1) at ``orders``, as
     ``rdp_math.subsampled_at`` computes it; stops counting once past ``cap``."""
     total = 0
+    neighbours: set[int] = set()
     for a in orders:
         a = float(a)
         if not math.isfinite(a):
@@ -128,6 +129,11 @@ def series_units(q: float, z: float, orders, cap: int | None = None) -> int:
         elif q < _FRACTIONAL_MAX_RATE:
             left = None if cap is None else max(cap - total, 0) // FRAC_TERM + 1
             total += PER_ORDER + FRAC_TERM * _frac_terms(q, z, a, left)
+            if a > 1:  # the integer orders either side, once per call (``rdp_math._hold_to_integer_neighbours``)
+                f = math.floor(a)
+                for n in {f, f + 1} - neighbours - ({f} if f <= 1 else set()):
+                    neighbours.add(n)
+                    total += PER_ORDER + n + 1
         else:
             total += PER_ORDER  # fractional orders above the rate use the plain bound
         if cap is not None and total > cap:

@@ -134,7 +134,15 @@ def noise_multiplier(target: float, delta: float, q: float, steps: int, eval_eps
     on the smallest epsilon over ``NEAR`` orders around that one (the best order moves as
     z does). Every z it keeps meets the target at some order, so its refined epsilon meets
     it too."""
-    z = grid_noise_multiplier(target, delta, q, steps, eval_epsilon_each, evals)
+    grid_z = grid_noise_multiplier(target, delta, q, steps, eval_epsilon_each, evals)
+    z = _tightened(grid_z, target, delta, q, steps, eval_epsilon_each, evals)
+    # checked, not assumed: the refined epsilon at the z kept meets the target, else the grid's z
+    return z if _refined(q, z, steps, eval_epsilon_each, evals, delta)[1] <= target * (1 + 1e-9) else grid_z
+
+
+def _tightened(z: float, target: float, delta: float, q: float, steps: int, eval_epsilon_each: float,
+               evals: int) -> float:
+    """``noise_multiplier``'s search down from the grid's ``z``."""
     for _ in range(TIGHTEN_ROUNDS):
         if z <= MIN_NOISE:
             return z
