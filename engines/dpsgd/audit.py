@@ -64,10 +64,11 @@ def epsilon_lower_bound(m: int, r: int, v: int, delta: float, beta: float = BETA
     return lo
 
 
-def auc(scores_in: np.ndarray, scores_out: np.ndarray) -> float:
-    """P[score of a member > score of a non-member] (ties count half): Mann-Whitney."""
+def auc(scores_in: np.ndarray, scores_out: np.ndarray) -> float | None:
+    """P[score of a member > score of a non-member] (ties count half): Mann-Whitney. None
+    (not measurable, JSON null) when every canary's coin fell on one side."""
     if len(scores_in) == 0 or len(scores_out) == 0:
-        return float("nan")
+        return None
     u = stats.mannwhitneyu(scores_in, scores_out, alternative="two-sided").statistic
     return float(u / (len(scores_in) * len(scores_out)))
 
@@ -91,8 +92,8 @@ def audit(losses: np.ndarray, included: np.ndarray, delta: float, claimed_epsilo
             best = {"epsilon": eps, "guesses": 2 * k, "correct": v}
     thr = np.median(scores)
     guess_in = scores > thr
-    tpr = float(guess_in[inc].mean()) if inc.any() else float("nan")
-    fpr = float(guess_in[~inc].mean()) if (~inc).any() else float("nan")
+    tpr = float(guess_in[inc].mean()) if inc.any() else None  # (None: no canary on that side)
+    fpr = float(guess_in[~inc].mean()) if (~inc).any() else None
     return {
         "method": "loss-threshold membership inference on canaries, one-run audit (Steinke, Nasr & "
                   "Jagielski 2023)",

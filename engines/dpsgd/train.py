@@ -271,7 +271,10 @@ class Trainer:
                 pred = (out.squeeze(1) > 0).float() if task == "binary" else out.argmax(1)
                 metric.append((pred == y).float())
                 loss.append(row_losses(task, out, y).clamp(max=LOSS_CAP) / LOSS_CAP)
-        metric, loss = torch.cat(metric).double(), torch.cat(loss).double()
+        # a non-finite output (a diverged model) scores the worst: each unit's metric and loss
+        # stay in [0, 1], which the noise's sensitivity (3) assumes
+        metric = torch.nan_to_num(torch.cat(metric).double(), nan=1.0 if task == "regression" else 0.0)
+        loss = torch.nan_to_num(torch.cat(loss).double(), nan=1.0)
         counts = torch.bincount(p.test_units, minlength=p.n_test_units).double()
         per_unit_metric = torch.bincount(p.test_units, weights=metric, minlength=p.n_test_units) / counts.clamp(min=1)
         per_unit_loss = torch.bincount(p.test_units, weights=loss, minlength=p.n_test_units) / counts.clamp(min=1)
@@ -313,7 +316,8 @@ class Trainer:
     # ------------------------------------------------------------------ the run
     def fit(self, epochs: int, progress, *, label: str = "", max_epsilon: float | None = None,
             patience: int | None = None, base_fraction: float = 0.0, span: float = 1.0) -> str:
-        """Train up to ``epochs``; returns why it stopped (completed, max_epsilon, early_stopping).
+        """Train up to ``epochs``; returns why it stopped (completed, max_epsilon, early_stopping,
+        diverged: a weight is no longer finite, so further steps cannot mend it).
         ``Cancelled`` from ``progress`` propagates; ``event()`` is then what was spent."""
         with_eval = self.z is None or self.eval_noise is not None
         best, since = -math.inf, 0
@@ -331,6 +335,8 @@ class Trainer:
             row["epsilon"] = self.epsilon() if self.z is not None else None
             self.history.append(row)
             progress(self._progress(label, base_fraction + span * self.steps / total))
+            if not all(bool(torch.isfinite(prm).all()) for prm in self.model.parameters()):
+                return "diverged"
             score = row.get("val_accuracy", -row.get("val_mae", 0.0))
             if patience is not None and with_eval:
                 if score > best:

@@ -163,6 +163,8 @@ def _column(name: str, col: dict, bins: int) -> dict | str:
         if not (_finite(lo) and _finite(hi) and lo < hi):
             return (f"numeric column {name!r} has no declared bounds: the officer must declare lower and upper "
                     "(bounds read from the data would leak)")
+        if not math.isfinite(float(hi) - float(lo)):  # cells and the report's bins divide by the span
+            return f"numeric column {name!r}: its bounds [{lo}, {hi}] span more than the largest number"
         decimals = col.get("decimals")
         if decimals is not None and (isinstance(decimals, bool) or not isinstance(decimals, int)
                                      or not 0 <= decimals <= MAX_DECIMALS):

@@ -128,6 +128,8 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
                     errors[name] = "bounds must be finite numbers"
                 elif lo >= hi:
                     errors[name] = f"lower bound {lo} must be below upper bound {hi}"
+                elif not math.isfinite(float(hi) - float(lo)):  # every engine scales by the span
+                    errors[name] = f"the bounds [{lo}, {hi}] span more than the largest number (about 1.8e308)"
         elif typ == "categorical":
             dom = c.get("domain")
             if not isinstance(dom, list) or not dom:

@@ -151,6 +151,17 @@ def test_it_sets_bounds_and_domains_by_patch(api, officer, csv_bytes):
     assert Dataset.objects.get(name="clinic").columns["income"]["upper"] == 200_000
 
 
+def test_bounds_whose_span_overflows_are_a_400(api, officer, csv_bytes):
+    """Every engine scales a column by upper - lower: [-1e308, 1e308] made it inf (a
+    synthetic column of 0 and 1.7e308 only, an infinite MAE); refused with the reason."""
+    client = api(officer)
+    assert client.post(URL, form(csv_bytes), format="multipart").status_code == 201
+    r = client.patch(f"{URL}clinic/", {"schema": {"income": {"lower": -1e308, "upper": 1e308}}}, format="json")
+    assert r.status_code == 400 and "span more than the largest number" in json.dumps(r.json())
+    assert client.patch(f"{URL}clinic/", {"schema": {"income": {"lower": -1e307, "upper": 1e307}}},
+                        format="json").status_code == 200
+
+
 def test_it_patches_a_parquet_dataset(api, officer):
     client = api(officer)
     assert client.post(URL, form(parquet_bytes(), "t.parquet"), format="multipart").status_code == 201
