@@ -316,6 +316,8 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         elif te and ev >= te / 2:
             errors["eval_epsilon"] = f"must be less than half of target_epsilon ({te:g}), got {ev:g}"
         spec_kw = {"target_epsilon": te, "noise_multiplier": nm, "max_epsilon": cap, "eval_epsilon": ev or 0.0}
+        if patience and ev == 0:  # (it was ignored: the run went to its last epoch)
+            errors["early_stopping_patience"] = "stops on the DP validation metric: needs eval_epsilon > 0"
     else:
         eps = params.get("epsilons", DEFAULT_SWEEP)
         good = (isinstance(eps, list) and 1 <= len(eps) <= MAX_SWEEP

@@ -76,3 +76,11 @@ def test_an_audit_with_every_canary_on_one_side_releases_null_not_nan():
     got = audit(np.array([0.3]), np.array([True]), 1e-5, 3.0)
     assert got["auc"] is None and got["fpr_at_median"] is None and got["tpr_at_median"] == 0.0
     json.dumps(got, allow_nan=False)
+
+
+def test_early_stopping_without_evaluations_is_refused_not_ignored():
+    with pytest.raises(PlanError, match="early_stopping_patience.*needs eval_epsilon > 0"):
+        plugins.plan("dpsgd", EngineRequest("train", {"target": "y", "features": ["x1"], "target_epsilon": 3,
+                                                      "eval_epsilon": 0, "early_stopping_patience": 2}), meta())
+    plugins.plan("dpsgd", EngineRequest("train", {"target": "y", "features": ["x1"], "target_epsilon": 3,
+                                                  "early_stopping_patience": 2}), meta())  # the default share
