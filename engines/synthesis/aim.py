@@ -96,7 +96,7 @@ def _pair_marginal(model, a: str, b: str) -> np.ndarray:
         z = min(sorted(rest), key=lambda z: math.prod(size[c] for c in joined(z)))
         out = tuple(c for c in joined(z) if c != z)
         t = _contract([f for f in factors if z in f[0]], out)
-        factors = [f for f in factors if z not in f[0]] + [(out, t / t.max())]
+        factors = [f for f in factors if z not in f[0]] + [(out, t / max(t.max(), 1e-300))]
         rest.discard(z)
     m = _contract(factors + [((a,), np.ones(size[a])), ((b,), np.ones(size[b]))], (a, b))
     return m.ravel() / max(m.sum(), 1e-300) * float(model.total)
