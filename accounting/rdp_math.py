@@ -177,18 +177,23 @@ def _hold_to_integer_neighbours(q: float, z: float, a: np.ndarray, finite: np.nd
     convex in alpha (a log-moment), so at most the chord of (alpha - 1) RDP between f and
     f + 1. A value outside is replaced by the chord: a valid bound, close to the true
     value (between f's and f + 1's). In place on ``finite``."""
-    floors = {math.floor(float(a[i])) for i in where}
-    ints = np.array(sorted({f for f in floors if f > 1} | {f + 1 for f in floors}), dtype=float)
+    ints = np.array(sorted(set().union(*(integer_neighbours(float(a[i])) for i in where))), dtype=float)
     at = dict(zip(ints, subsampled_at(q, z, ints)))
     at[1.0] = 0.0  # (alpha - 1) RDP is 0 at alpha = 1: the chord from 1 to 2
     for i in where:
         x = float(a[i])
         f = float(math.floor(x))
-        lower = at[f] if f > 1 else 0.0
         chord = ((f - 1) * at[f] + (x - f) * (f * at[f + 1] - (f - 1) * at[f])) / (x - 1)
         chord = chord if math.isfinite(chord) else math.inf  # (the plain bound then applies)
-        if not (lower * (1 - 1e-9) <= finite[i] <= chord * (1 + 1e-9)):
+        if not (at[f] * (1 - 1e-9) <= finite[i] <= chord * (1 + 1e-9)):
             finite[i] = chord
+
+
+def integer_neighbours(x: float) -> set[int]:
+    """The integer orders a fractional order x > 1 is held to (``_hold_to_integer_neighbours``;
+    order 1 needs no series), which ``accounting.work`` prices."""
+    f = math.floor(x)
+    return {f, f + 1} if f > 1 else {f + 1}
 
 
 class _LRU:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import events as ev
-from .rdp_math import _FRACTIONAL_MAX_RATE, _LRU, FINITE_ORDERS
+from .rdp_math import _FRACTIONAL_MAX_RATE, _LRU, FINITE_ORDERS, integer_neighbours
 
 # One integer-order series term is the unit (about 2 us with the loop around it); a
 # fractional-order term costs about FRAC_TERM of them; each order's call PER_ORDER.
@@ -129,9 +129,8 @@ def series_units(q: float, z: float, orders, cap: int | None = None) -> int:
         elif q < _FRACTIONAL_MAX_RATE:
             left = None if cap is None else max(cap - total, 0) // FRAC_TERM + 1
             total += PER_ORDER + FRAC_TERM * _frac_terms(q, z, a, left)
-            if a > 1:  # the integer orders either side, once per call (``rdp_math._hold_to_integer_neighbours``)
-                f = math.floor(a)
-                for n in {f, f + 1} - neighbours - ({f} if f <= 1 else set()):
+            if a > 1:  # the integer orders it is held to, once per call
+                for n in integer_neighbours(a) - neighbours:
                     neighbours.add(n)
                     total += PER_ORDER + n + 1
         else:
