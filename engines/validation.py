@@ -39,6 +39,14 @@ def is_number(v: Any) -> bool:
 RUN_ACCOUNTANTS = ("rdp", "pld")  # what calibrates and certifies one run (pld: when the dataset allows it)
 
 
+def span_error(lo: float, hi: float) -> str | None:
+    """Why bounds lo < hi cannot scale a column, or None: every engine divides by hi - lo,
+    which overflows to inf on bounds such as [-1e308, 1e308]."""
+    if math.isfinite(float(hi) - float(lo)):
+        return None
+    return f"its bounds [{lo}, {hi}] span more than the largest number (about 1.8e308)"
+
+
 def run_accountant_error(accountant: Any, allow_pld: bool) -> str | None:
     """Why ``accountant`` cannot certify one pre-planned run on this dataset, or None."""
     if accountant not in RUN_ACCOUNTANTS:

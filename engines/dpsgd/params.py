@@ -7,13 +7,12 @@ data and nothing here imports torch: planning happens in the web process.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engines.types import DatasetMeta, PlanError
 from engines.validation import RUN_ACCOUNTANTS as ACCOUNTANTS
-from engines.validation import is_number, run_accountant_error, unknown_keys, unknown_message
+from engines.validation import is_number, run_accountant_error, span_error, unknown_keys, unknown_message
 
 from .model_spec import ModelSpecError, expand_model
 
@@ -120,8 +119,8 @@ def _feature_spec(name: str, col: dict) -> dict | str:
         lo, hi = col.get("lower"), col.get("upper")
         if not (is_number(lo) and is_number(hi) and lo < hi):
             return f"numeric column {name!r} has no declared bounds (lower < upper): the officer must declare them"
-        if not math.isfinite(float(hi) - float(lo)):  # features and targets are scaled by the span
-            return f"numeric column {name!r}: its bounds [{lo}, {hi}] span more than the largest number"
+        if problem := span_error(lo, hi):
+            return f"numeric column {name!r}: {problem}"
         return {"column": name, "type": "numeric", "lower": float(lo), "upper": float(hi)}
     if typ == "categorical":
         domain = col.get("domain")

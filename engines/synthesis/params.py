@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from engines.types import DatasetMeta, PlanError
-from engines.validation import is_number as _finite, run_accountant_error, unknown_keys, unknown_message
+from engines.validation import is_number as _finite, run_accountant_error, span_error, unknown_keys, unknown_message
 
 from . import encoding
 
@@ -163,8 +163,8 @@ def _column(name: str, col: dict, bins: int) -> dict | str:
         if not (_finite(lo) and _finite(hi) and lo < hi):
             return (f"numeric column {name!r} has no declared bounds: the officer must declare lower and upper "
                     "(bounds read from the data would leak)")
-        if not math.isfinite(float(hi) - float(lo)):  # cells and the report's bins divide by the span
-            return f"numeric column {name!r}: its bounds [{lo}, {hi}] span more than the largest number"
+        if problem := span_error(lo, hi):
+            return f"numeric column {name!r}: {problem}"
         decimals = col.get("decimals")
         if decimals is not None and (isinstance(decimals, bool) or not isinstance(decimals, int)
                                      or not 0 <= decimals <= MAX_DECIMALS):

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engines.columns import null_count
+from engines.validation import span_error
 from engines.synthesis.encoding import grid_decimals, holds_a_grid_value
 
 from ..core.errors import InvalidDataset
@@ -128,8 +129,8 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
                     errors[name] = "bounds must be finite numbers"
                 elif lo >= hi:
                     errors[name] = f"lower bound {lo} must be below upper bound {hi}"
-                elif not math.isfinite(float(hi) - float(lo)):  # every engine scales by the span
-                    errors[name] = f"the bounds [{lo}, {hi}] span more than the largest number (about 1.8e308)"
+                elif problem := span_error(lo, hi):
+                    errors[name] = problem
         elif typ == "categorical":
             dom = c.get("domain")
             if not isinstance(dom, list) or not dom:
