@@ -205,6 +205,8 @@ def _officer_state_now(ds: Dataset, officer: dict, n: int) -> list[str]:
 
     from ..models import Grant
 
+    if not officer:  # no settings or grant record: nothing to compare (and no lock taken)
+        return []
     problems = []
     with transaction.atomic():
         if Budget.objects.select_for_update().get(pk=ds.pk).audit_seq != n:
