@@ -44,9 +44,10 @@ dataset in the export:
    order, with the dataset's ``budget.approx_delta_share`` of delta for approximate-DP
    events, 0.1 when the export predates that setting) and must match the exported one.
 
-   The officer's ``settings`` records (budget and privacy settings changed): each starts
-   where the one before left that setting, and the last one's budget epsilon and delta,
-   policy and delta share are the exported budget's.
+   The ``settings`` records (the first, outcome ``registered``, the values the dataset
+   was registered with; the others an officer's changes): each starts where the one
+   before left that setting, and the last one's budget epsilon and delta, policy and
+   delta share are the exported budget's.
 
 4. **Refined report.** The dataset's ``refined.rdp`` (exports from issue 16 on; outside
    the hashes, so older exports without it are only noted): the plain RDP composition of

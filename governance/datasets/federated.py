@@ -182,6 +182,7 @@ def register(*, name: str, created_by, schema, sites, title: str = "", descripti
             max_rows_per_unit=1, budget_epsilon=eps, budget_delta=delta, delta_auto=delta_auto, policy=policy,
             status=Dataset.Status.ACTIVE if activate else Dataset.Status.DRAFT, created_by=created_by)
         Budget.objects.create(dataset=ds)
+        trail.record_registration(ds)
         FederatedSite.objects.bulk_create([FederatedSite(dataset=ds, site=s["site"], n_rows=s["n_rows"])
                                            for s in rows])
     return ds

@@ -31,6 +31,7 @@ from django.db import transaction
 from engines.distributed import PartitionedTable, PartitionError, source
 
 from ..core.errors import InvalidDataset
+from ..ledger import trail
 from ..models import Budget, Dataset
 
 __all__ = ["PartitionInvalid", "resolve_location", "register", "open_columns", "arrow_schema"]
@@ -202,4 +203,5 @@ def register(*, name: str, created_by, location: str, title: str = "", descripti
             partitions=manifest, arrow_schema=schema_json,
             status=Dataset.Status.ACTIVE if activate else Dataset.Status.DRAFT, created_by=created_by)
         Budget.objects.create(dataset=ds)
+        trail.record_registration(ds)
     return ds

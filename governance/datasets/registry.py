@@ -19,6 +19,7 @@ from accounting import POLICIES
 from engines.columns import null_count
 
 from ..core.errors import DatasetNotActive, InvalidDataset
+from ..ledger import trail
 from ..models import Budget, Dataset
 from .budget import parse_budget
 from .data import table_schema
@@ -107,6 +108,7 @@ def register(*, name: str, created_by, upload=None, path: str | None = None, fil
                 status=Dataset.Status.ACTIVE if activate else Dataset.Status.DRAFT, created_by=created_by,
                 **described)
             Budget.objects.create(dataset=ds)
+            trail.record_registration(ds)
         return ds
     except BaseException:
         _drop_file(rel)
@@ -192,8 +194,10 @@ def finish_registration(dataset_id: int) -> str:
             (settings.DATA_DIR / ds.file).unlink(missing_ok=True)  # a failed registration keeps no copy
         return Dataset.Status.FAILED
     status = Dataset.Status.ACTIVE if asked.get("activate") else Dataset.Status.DRAFT
-    Dataset.objects.filter(pk=ds.pk, status=Dataset.Status.PENDING).update(
-        budget_delta=delta, delta_auto=delta_auto, status=status, registration={}, **described)
+    with transaction.atomic():
+        if Dataset.objects.filter(pk=ds.pk, status=Dataset.Status.PENDING).update(
+                budget_delta=delta, delta_auto=delta_auto, status=status, registration={}, **described):
+            trail.record_registration(Dataset.objects.get(pk=ds.pk))
     return status
 
 
@@ -221,26 +225,19 @@ def not_registered(ds: Dataset) -> None:
                                "Register it again under the same name.")
 
 
-# What an officer may change that decides what the ledger admits or how a release is made:
-# each change is a ``settings`` record in the dataset's audit chain (``update``).
-AUDITED_SETTINGS = ("budget_epsilon", "budget_delta", "delta_auto", "policy", "approx_delta_share",
-                    "allow_non_private", "release_quantum_ms", "pld_certification")
-
-
 def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
     """Officer edits: schema, budget, policy, texts, allow_non_private, under the budget
-    row's lock. A change of any of ``AUDITED_SETTINGS`` is recorded in the dataset's audit
+    row's lock. A change of any of ``trail.AUDITED_SETTINGS`` is recorded in the dataset's audit
     chain in the same transaction, naming ``actor`` (the officer's username)."""
     from accounting.costs import Cost
 
-    from ..ledger import trail
     from ..ledger.limits import Limit
 
     with transaction.atomic():
         budget = Budget.objects.select_for_update().get(pk=ds.pk)
         ds = Dataset.objects.get(pk=ds.pk)
         not_registered(ds)
-        was = {k: getattr(ds, k) for k in AUDITED_SETTINGS}
+        was = {k: getattr(ds, k) for k in trail.AUDITED_SETTINGS}
         has_entries = ds.ledger.exists()
         if schema is not None:
             before = {c["name"] for c in ds.schema.get("columns", []) if c.get("nullable") is False}

@@ -333,6 +333,13 @@ def record_site_key(dataset: Dataset, actor: str, site: str) -> None:
     append(budget, dataset.name, dataset.budget_delta, action=AuditRecord.Action.SITE_KEY, actor=actor, ctx=ctx)
 
 
+# What an officer may change that decides what the ledger admits or how a release is made:
+# the values a dataset is registered with are the first ``settings`` record of its audit
+# chain (``record_registration``), each later change another (``record_settings``).
+AUDITED_SETTINGS = ("budget_epsilon", "budget_delta", "delta_auto", "policy", "approx_delta_share",
+                    "allow_non_private", "release_quantum_ms", "pld_certification")
+
+
 def record_settings(budget: Budget, dataset: Dataset, actor: str, changed: dict) -> None:
     """An officer's change of the dataset's budget or of a privacy setting
     (``governance.datasets.registry.update``): who, and each setting's old and new value in
@@ -341,6 +348,20 @@ def record_settings(budget: Budget, dataset: Dataset, actor: str, changed: dict)
     detail = "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
     ctx = Context(outcome="changed", params={k: list(v) for k, v in changed.items()}, detail=detail)
     append(budget, dataset.name, dataset.budget_delta, action=AuditRecord.Action.SETTINGS, actor=actor, ctx=ctx)
+
+
+def record_registration(dataset: Dataset) -> None:
+    """The budget and privacy settings a dataset was registered with, as a ``settings``
+    record from nothing (``{"budget_epsilon": [None, 1.0], ...}``) naming who registered it:
+    the start every later change of a setting must follow, so ``audit verify`` can compare
+    a dataset's settings with its records from its first day. Written in the registration's
+    transaction, when its budget is final (a table read by a worker: when the read is done)."""
+    budget = Budget.objects.select_for_update().get(pk=dataset.pk)
+    values = {k: getattr(dataset, k) for k in AUDITED_SETTINGS}
+    detail = "registered with " + "; ".join(f"{k} {v!r}" for k, v in values.items())
+    ctx = Context(outcome="registered", params={k: [None, v] for k, v in values.items()}, detail=detail)
+    append(budget, dataset.name, dataset.budget_delta, action=AuditRecord.Action.SETTINGS,
+           actor=dataset.created_by.get_username(), ctx=ctx)
 
 
 def record_replay(dataset: Dataset, analyst, ctx: Context) -> None:

@@ -32,7 +32,53 @@ def _exported_and_recomposed(api, officer, tmp_path) -> tuple[dict, str]:
 
 
 def _settings(name="clinic", action="settings"):
-    return list(AuditRecord.objects.filter(dataset__name=name, action=action).order_by("seq"))
+    """The officers' changes (the registration's own settings record left out)."""
+    return list(AuditRecord.objects.filter(dataset__name=name, action=action).exclude(outcome="registered")
+                .order_by("seq"))
+
+
+def test_a_registration_is_the_first_settings_record_and_a_budget_raised_after_it_is_found(officer, make_dataset):
+    """The values a dataset was registered with open its chain, so a budget raised in the
+    database on a dataset no officer ever changed is found too."""
+    ds = make_dataset(epsilon=1.0, delta=1e-6)
+    (rec,) = AuditRecord.objects.filter(dataset=ds)
+    assert (rec.seq, rec.action, rec.outcome, rec.actor, rec.charge) == (1, "settings", "registered",
+                                                                         officer.username, None)
+    assert rec.params["budget_epsilon"] == [None, 1.0] and rec.params["budget_delta"] == [None, 1e-6]
+    assert rec.params["policy"] == [None, "rdp"] and rec.params["allow_non_private"] == [None, False]
+    assert verify().ok
+    Dataset.objects.filter(pk=ds.pk).update(budget_epsilon=100.0)
+    result = verify()
+    assert not result.ok and "budget_epsilon is 100.0, its last settings record set 1.0" in result.first_broken.problem
+
+
+def test_a_table_read_by_a_worker_and_a_federated_dataset_are_recorded_when_registered(api, officer, settings,
+                                                                                     django_capture_on_commit_callbacks):
+    """A table read off the request thread: its record is written when the worker is done
+    (its delta "auto" is known then), none while it is pending."""
+    from tests.api.conftest import upload
+    from tests.conftest import small_frame
+
+    settings.REGISTER_INLINE_BYTES = 1000
+    with django_capture_on_commit_callbacks(execute=False) as sent:
+        r = api(officer).post("/api/datasets/", {"name": "big", "budget_epsilon": "2.0", "unit_column": "patient_id",
+                                                 "file": upload(small_frame().to_csv(index=False).encode())},
+                              format="multipart")
+    assert r.status_code == 202, r.content
+    assert not AuditRecord.objects.filter(dataset__name="big").exists()
+    sent[0]()
+    ds = Dataset.objects.get(name="big")
+    (rec,) = AuditRecord.objects.filter(dataset=ds)
+    assert rec.outcome == "registered" and rec.params["budget_delta"] == [None, ds.budget_delta]
+    assert rec.params["delta_auto"] == [None, True] and ds.budget_delta < 1.0 / ds.n_units
+    r = api(officer).post("/api/datasets/", {"name": "sites", "execution": "federated", "budget_epsilon": 3.0,
+                                             "schema": {"columns": [{"name": "x", "type": "numeric", "lower": 0,
+                                                                     "upper": 1}]},
+                                             "sites": [{"site": "a", "n_rows": 100}]}, format="json")
+    assert r.status_code == 201, r.content
+    (rec,) = AuditRecord.objects.filter(dataset__name="sites")
+    assert rec.outcome == "registered" and rec.params["budget_epsilon"] == [None, 3.0]
+    assert verify().ok
 
 
 def test_a_budget_raised_through_the_api_is_a_record_naming_the_officer(api, officer, analyst, grant, make_dataset,
@@ -63,8 +109,8 @@ def test_a_budget_raised_through_the_api_is_a_record_naming_the_officer(api, off
 
     assert verify().ok
     export, out = _exported_and_recomposed(api, officer, tmp_path)
-    assert next(d for d in export["datasets"] if d["name"] == "clinic")["counts"]["settings"] == 1
-    assert "1 settings" in out
+    assert next(d for d in export["datasets"] if d["name"] == "clinic")["counts"]["settings"] == 2  # + registration
+    assert "2 settings" in out
     # an export whose budget is not what the last settings record set: the tool says so
     forged = json.loads(json.dumps(export))
     next(d for d in forged["datasets"] if d["name"] == "clinic")["budget"]["epsilon"] = 50.0

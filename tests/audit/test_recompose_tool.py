@@ -182,7 +182,7 @@ def test_the_history_covers_every_event_kind_and_action(export_file):
                 walk(r["event"])
     assert kinds >= {"laplace", "gaussian", "subsampled_gaussian", "composed", "self_composed", "epsilon_delta",
                      "non_private"}
-    assert actions == {"commit", "release", "refuse", "replay"}
+    assert actions == {"settings", "commit", "release", "refuse", "replay"}  # settings: each registration
     smaller = [r for ds in export["datasets"] for r in ds["records"] if r["reserved_event"]]
     assert smaller and all(r["event"]["steps"] == 120 and r["reserved_event"]["steps"] == 300 for r in smaller)
     assert {d["budget"]["policy"] for d in export["datasets"]} == {"rdp", "basic", "advanced"}
@@ -313,8 +313,8 @@ def test_a_rehashed_smaller_subsampled_gaussian_is_caught(export_file):
 
 @pytest.mark.django_db
 def test_a_spend_over_the_cap_is_reported(export_file):
-    """The budget is not part of the chain: an export whose budget is below what was spent
-    fails the cap check (the chain itself is intact)."""
+    """An export whose budget is below what was spent fails the cap check (the chain itself
+    is intact), and the check of the budget against the last settings record."""
     export = load(export_file)
     ds = dataset(export, "rdp")
     ds["budget"]["epsilon"] = ds["totals"]["rdp"]["epsilon"] / 2
@@ -323,7 +323,8 @@ def test_a_spend_over_the_cap_is_reported(export_file):
     assert code == 1
     res = next(d for d in json.loads(out)["datasets"] if d["name"] == ds["name"])
     assert res["chain_ok"] and not res["cap"]["filter_ok"] and not res["cap"]["plain_ok"]
-    assert {p["check"] for p in res["problems"]} == {"cap"}
+    # and the budget no longer matches what the registration's settings record set
+    assert {p["check"] for p in res["problems"]} == {"cap", "settings"}
 
 
 @pytest.mark.django_db
