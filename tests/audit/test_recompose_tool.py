@@ -98,8 +98,9 @@ def histories(officer, analyst, analyst2):
     for policy in ("rdp", "basic", "advanced"):
         ds = register(officer, f"survey-{policy}", policy)
         if policy == "rdp":
-            Dataset.objects.filter(pk=ds.pk).update(allow_non_private=True)
-            ds.refresh_from_db()
+            from governance.datasets.registry import update
+
+            ds = update(ds, allow_non_private=True, actor=officer.username)  # a settings record
         Grant.objects.create(analyst=analyst, dataset=ds, created_by=officer, cap_epsilon=2.0)
         Grant.objects.create(analyst=analyst2, dataset=ds, created_by=officer)
         counts = build_history(ds, [analyst, analyst2], non_private=policy == "rdp")

@@ -110,7 +110,8 @@ def test_a_refund_and_a_charge_of_one_dataset_in_one_group(api, analyst, two_dat
                               outcomes.Outcome(charged, "succeeded", result={"value": 1})])
     assert LedgerEntry.objects.get(pk=refunded.ledger_entry_id).status == "released"
     assert LedgerEntry.objects.get(pk=charged.ledger_entry_id).status == "committed"
-    assert [r.action for r in AuditRecord.objects.filter(dataset=a).order_by("seq")] == ["release", "commit"]
+    assert [r.action for r in AuditRecord.objects.filter(dataset=a).order_by("seq")] == ["settings", "release",
+                                                                                         "commit"]
     assert verification.verify().ok
 
 
@@ -128,7 +129,8 @@ def test_a_dataset_s_charges_in_a_group_are_two_statements_under_its_lock(api, a
         ledger_group.commit_many([(r.ledger_entry_id, trail.Context.of_request(r, outcome="succeeded")) for r in reqs])
     if connection.vendor == "postgresql":
         assert len(q.captured_queries) == 2  # lock + read all; compare-and-set + records + chain head
-    assert [r.request_id for r in AuditRecord.objects.filter(dataset=a).order_by("seq")] == [r.pk for r in reqs]
+    assert [r.request_id for r in AuditRecord.objects.filter(dataset=a, action="commit").order_by("seq")] == [
+        r.pk for r in reqs]
     assert set(LedgerEntry.objects.filter(dataset=a).values_list("status", flat=True)) == {"committed"}
     assert verification.verify().ok
 
@@ -207,9 +209,9 @@ def test_a_real_worker_at_quantum_0_writes_outcomes_through_its_releaser(real_wo
     every request ends committed once, with its record, and the chain verifies."""
     from .conftest import wait_for
 
-    ds = make_dataset(epsilon=50.0)
-    ds.release_quantum_ms = 0
-    ds.save(update_fields=["release_quantum_ms"])
+    from governance.datasets.registry import update
+
+    ds = update(make_dataset(epsilon=50.0), release_quantum_ms=0, actor="officer")
     grant(analyst, ds)
     client = api(analyst)
     ids = [client.post("/api/requests/", {"dataset": ds.name, "engine": "aggregates", "kind": "count",
