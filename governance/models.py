@@ -233,6 +233,10 @@ class Request(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
     progress = models.JSONField(default=dict)
     result = models.JSONField(null=True, blank=True)
+    result_salt = models.CharField(
+        max_length=32, blank=True, help_text="Random hex text hashed in front of the result for the audit record's "
+        "result_sha256: the analyst can show the record is of what she got; no one reading the trail can test "
+        "guesses of the numbers.")
     officer_report = models.JSONField(
         null=True, blank=True, help_text="Diagnostics computed on the private rows (e.g. a synthetic table's quality "
         "and privacy reports): privacy officers only, never the analyst.")

@@ -49,6 +49,17 @@ def outsider(django_user_model):
 
 
 @pytest.fixture
+def auditor(django_user_model):
+    from django.contrib.auth.models import Group
+
+    from governance.core import roles
+
+    user = django_user_model.objects.create_user("audrey")
+    user.groups.add(Group.objects.get_or_create(name=roles.AUDITORS_GROUP)[0])
+    return user
+
+
+@pytest.fixture
 def api():
     def make(user=None):
         client = APIClient()

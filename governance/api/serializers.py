@@ -334,14 +334,15 @@ class RequestSerializer(serializers.ModelSerializer):
         help_text="epsilon/delta charged under each accountant: reserved while queued or running, "
                   "what was committed when done, zero when refunded or replayed")
     result = serializers.SerializerMethodField()
+    result_salt = serializers.SerializerMethodField()
     officer_report = serializers.SerializerMethodField()
     replayed = serializers.SerializerMethodField()
 
     class Meta:
         model = Request
         fields = ["id", "dataset", "analyst", "engine", "kind", "params", "status", "progress", "event", "charge",
-                  "result", "officer_report", "error", "replayed", "replay_of", "created_at", "started_at",
-                  "finished_at"]
+                  "result", "result_salt", "officer_report", "error", "replayed", "replay_of", "created_at",
+                  "started_at", "finished_at"]
         read_only_fields = fields
 
     def get_event(self, req) -> dict:
@@ -354,6 +355,13 @@ class RequestSerializer(serializers.ModelSerializer):
                           "description": "the release, shown only to the analyst who asked"})
     def get_result(self, req):
         return request_result(req, self.context.get("request"))
+
+    @extend_schema_field({"type": "string", "nullable": True,
+                          "description": "the result's salt, shown only to the analyst who asked: the audit record's "
+                                         "result_sha256 is SHA-256 of this text followed by the result's canonical "
+                                         "JSON (sorted keys, no spaces)"})
+    def get_result_salt(self, req):
+        return request_result_salt(req, self.context.get("request"))
 
     @extend_schema_field({"type": "object", "nullable": True,
                           "description": "diagnostics computed on the private rows (a synthetic table's quality and "
@@ -382,6 +390,12 @@ def request_result(req, request):
     return None
 
 
+def request_result_salt(req, request):
+    if request is not None and request.user.pk == req.analyst_id and req.result is not None:
+        return req.result_salt
+    return None
+
+
 def request_officer_report(req, request):
     if request is not None and request.user.is_staff:
         return req.officer_report
@@ -403,7 +417,8 @@ def request_json(req: Request, request) -> dict:
         "id": str(req.pk), "dataset": req.dataset.name, "analyst": req.analyst.username,
         "engine": req.engine, "kind": req.kind, "params": req.params, "status": str(req.status),
         "progress": req.progress, "event": req.plan.get("event"), "charge": request_charge(req, request),
-        "result": request_result(req, request), "officer_report": request_officer_report(req, request),
+        "result": request_result(req, request), "result_salt": request_result_salt(req, request),
+        "officer_report": request_officer_report(req, request),
         "error": req.error, "replayed": req.replay_of_id is not None, "replay_of": req.replay_of_id,
         "created_at": dt(req.created_at), "started_at": dt(req.started_at), "finished_at": dt(req.finished_at),
     }

@@ -216,11 +216,14 @@ def cluster_job(officer_report: dict | None) -> dict | None:
     return out
 
 
-def result_digest(result) -> str:
-    """SHA-256 of a released result's canonical JSON (files are in it with their own SHA-256)."""
+def result_digest(result, salt: str = "") -> str:
+    """SHA-256 of the request's ``result_salt`` (hex text) followed by the released result's
+    canonical JSON (files are in it with their own SHA-256). The salt goes to the analyst
+    with the result, never into the trail: without it, the few numbers a count or a
+    histogram releases could be found from the hash by trying them (a few million guesses)."""
     if result is None:
         return ""
-    return hashlib.sha256(canonical(result)).hexdigest()
+    return hashlib.sha256(salt.encode() + canonical(result)).hexdigest()
 
 
 # --------------------------------------------------------------------------- writing

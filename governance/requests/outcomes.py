@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -46,6 +47,7 @@ class Outcome:
     actual_event: object = None
     charge: bool = True
     officer_report: dict | None = None
+    salt: str = field(default_factory=lambda: secrets.token_hex(16))  # the result's, for its audit hash
 
 
 def write(outcome: Outcome) -> str:
@@ -106,7 +108,7 @@ def _write_logged(outcome: Outcome) -> None:
         log.exception("writing the outcome of request %s failed; the recovery sweep will finish it", outcome.req.pk)
 
 
-_ROW = ("status", "result", "error", "finished_at", "officer_report", "progress")
+_ROW = ("status", "result", "result_salt", "error", "finished_at", "officer_report", "progress")
 
 
 def _finish_rows(outcomes: list[Outcome]) -> set:
@@ -134,7 +136,9 @@ def _finish_rows(outcomes: list[Outcome]) -> set:
 
 def _row(o: Outcome, now) -> dict:
     """The request row's outcome columns as the compare-and-set writes them."""
-    return dict(zip(_ROW, (o.status, o.result, o.error, now, o.officer_report, {"phase": o.status, "fraction": 1.0})))
+    salt = o.salt if o.result is not None else ""
+    return dict(zip(_ROW, (o.status, o.result, salt, o.error, now, o.officer_report,
+                           {"phase": o.status, "fraction": 1.0})))
 
 
 def _written(o: Outcome, values: dict) -> None:
@@ -185,7 +189,7 @@ def _plain(o: Outcome) -> bool:
 def _context(o: Outcome) -> trail.Context:
     error = o.error or {}
     return trail.Context.of_request(o.req, outcome=o.status, reason=error.get("code", ""),
-                                    detail=error.get("detail", ""), result_sha256=trail.result_digest(o.result),
+                                    detail=error.get("detail", ""), result_sha256=trail.result_digest(o.result, o.salt),
                                     cluster=trail.cluster_job(o.officer_report))
 
 

@@ -106,9 +106,9 @@ def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) 
         replay = Request.objects.create(
             analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
             idempotency_key=idempotency_key, plan=prior.plan, replay_of=prior, status=Request.Status.SUCCEEDED,
-            result=prior.result, progress={"phase": "replayed", "fraction": 1.0}, started_at=now, finished_at=now)
+            result=prior.result, result_salt=prior.result_salt, progress={"phase": "replayed", "fraction": 1.0}, started_at=now, finished_at=now)
         trail.record_replay(ds, analyst, trail.Context.of_request(
-            replay, result_sha256=trail.result_digest(prior.result), detail=f"replay of request {prior.pk}"))
+            replay, result_sha256=trail.result_digest(prior.result, prior.result_salt), detail=f"replay of request {prior.pk}"))
         return replay, True
     req = Request(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
                   idempotency_key=idempotency_key, plan=_plan_json(plan), progress={"phase": "queued"})

@@ -62,7 +62,7 @@ def parse_wait(raw) -> float:
 
 
 FINAL_STATE_MAX_BYTES = 32 * 1024  # a larger final state is read from the row
-REQUEST_COLUMNS = ("status", "progress", "result", "officer_report", "error")
+REQUEST_COLUMNS = ("status", "progress", "result", "result_salt", "officer_report", "error")
 REQUEST_TIMES = ("started_at", "finished_at")
 ENTRY_COLUMNS = ("status", "committed_event", "committed_cost")
 ENTRY_TIMES = ("committed_at", "released_at")
@@ -76,7 +76,10 @@ def final_state(req, entry=None) -> bytes | None:
     if entry is not None:
         state["entry"] = {k: getattr(entry, k) for k in ENTRY_COLUMNS}
         state["entry"].update({k: _iso(getattr(entry, k)) for k in ENTRY_TIMES})
-    data = orjson.dumps(state)
+    try:
+        data = orjson.dumps(state)
+    except orjson.JSONEncodeError:  # e.g. an integer past 64 bits in a result: the waiter reads the row
+        return None
     return data if len(data) <= FINAL_STATE_MAX_BYTES else None
 
 

@@ -7,23 +7,14 @@ import io
 import json
 
 import pytest
-from django.contrib.auth.models import Group
 from django.core.management import call_command
 
-from governance.core import roles
 from governance.ledger import trail
 from accounting import ACCOUNTANTS, parse_event
 from accounting.costs import cost_of, resolve
 from governance.models import AuditRecord
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def auditor(django_user_model):
-    user = django_user_model.objects.create_user("audrey")
-    user.groups.add(Group.objects.get_or_create(name=roles.AUDITORS_GROUP)[0])
-    return user
 
 
 ENDPOINTS = [

@@ -32,7 +32,7 @@ def test_a_release_is_recorded_with_its_request_result_and_worker(api, analyst, 
     assert (rec.action, rec.outcome, rec.actor, str(rec.request_id)) == ("commit", "succeeded", "ann", rid)
     assert (rec.engine, rec.kind, rec.params) == ("probe", "count", {"epsilon": 0.25})
     assert rec.ledger_entry_id == req.ledger_entry_id and rec.event == {"kind": "laplace", "epsilon": 0.25}
-    assert rec.result_sha256 == trail.result_digest(req.result) and len(rec.result_sha256) == 64
+    assert rec.result_sha256 == trail.result_digest(req.result, req.result_salt) and len(rec.result_sha256) == 64
     assert rec.worker == req.worker and rec.requested_at == req.created_at
     assert rec.charge["basic"]["epsilon"] == pytest.approx(0.25)
     assert rec.totals["basic"]["epsilon"] == pytest.approx(0.25)
@@ -94,6 +94,30 @@ def test_a_refused_external_charge_is_recorded(api, officer, clinic):
     assert r.status_code == 409
     rec = only_record(dataset=clinic)
     assert rec.action == "refuse" and rec.actor == "olivia" and "census table 3" in rec.detail
+
+
+def test_the_analyst_can_match_her_result_to_its_record_and_the_trail_alone_cannot_be_tried(
+        api, analyst, auditor, clinic, django_capture_on_commit_callbacks):
+    """The record's result_sha256 is SHA-256 of the result's salt (given to the analyst with
+    her result) and the result's canonical JSON: she can show the record is of what she
+    got; someone with the trail alone (an auditor, an export) cannot find the released
+    number by hashing guesses of it."""
+    import hashlib
+    import json
+
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(client, {"epsilon": 0.25}).json()["id"]
+    body = client.get(f"/api/requests/{rid}/").json()
+    salt, result = body["result_salt"], body["result"]
+    assert isinstance(salt, str) and len(salt) == 32
+    text = json.dumps(result, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    (rec,) = api(auditor).get("/api/audit/", {"action": "commit"}).json()["results"]
+    assert hashlib.sha256(salt.encode() + text).hexdigest() == rec["result_sha256"]
+    assert hashlib.sha256(text).hexdigest() != rec["result_sha256"]  # the unsalted guess of the true value fails
+    assert api(auditor).get(f"/api/requests/{rid}/").status_code in (403, 404)
+    other = Request.objects.get(pk=rid)
+    assert other.result_salt == salt and Request.objects.exclude(pk=rid).count() == 0
 
 
 def test_a_replay_is_recorded_at_no_charge(api, analyst, clinic, django_capture_on_commit_callbacks):

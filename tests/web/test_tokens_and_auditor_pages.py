@@ -7,22 +7,13 @@ pages in Chromium: tests/browser/test_web_tokens_auditor.py."""
 import json
 
 import pytest
-from django.contrib.auth.models import Group
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
-from governance.core import roles
 from governance.models import AuditRecord
 from tests.audit.conftest import build_history, tamperer  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def auditor(django_user_model):
-    user = django_user_model.objects.create_user("audrey")
-    user.groups.add(Group.objects.get_or_create(name=roles.AUDITORS_GROUP)[0])
-    return user
 
 
 @pytest.fixture
