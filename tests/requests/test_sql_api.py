@@ -211,3 +211,20 @@ def test_several_aggregates_are_one_request_charged_once_their_composed_cost(
     if body["status"] == "succeeded":
         assert body["result"]["columns"] == ["site", "n", "mean_income", "oldest"]
         assert len(body["result"]["rows"]) <= 2
+
+
+def test_a_label_past_64_bits_is_released_not_rolled_back(api, analyst, clinic, django_capture_on_commit_callbacks):
+    """A CASE label of 10**20 (an integer no 64-bit encoder writes): the release, its charge
+    and its record are written, and the analyst reads it back (before: the pushed final
+    state's encoder failed inside the commit's transaction, which rolled back)."""
+    from governance.audit import verification
+
+    client = api(analyst)
+    sql = "SELECT CASE WHEN age < 50 THEN 1 ELSE 100000000000000000000 END AS b, COUNT(*) FROM clinic GROUP BY b"
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client.post(URL, {"sql": sql, "params": {"epsilon": 0.5}}, format="json")
+    assert r.status_code == 202, r.content
+    body = client.get(f"{URL}{r.json()['id']}/").json()
+    assert body["status"] == "succeeded", body
+    assert [row[0] for row in body["result"]["rows"]] == [1, 10**20]
+    assert LedgerEntry.objects.get().status == "committed" and verification.verify().ok
