@@ -200,6 +200,14 @@ def validate(params: Any, dataset: DatasetMeta) -> tuple[list, list, list, dict]
             errors[key] = f"agg must be one of {', '.join(AGGS)}, got {agg!r}"
             continue
         sub = {k: v for k, v in it.items() if k not in ("name", "agg")}
+        allowed = {"column"} | P.KIND_KEYS[AGGS[agg]]
+        if extra := sorted(map(str, set(sub) - allowed)):
+            where = [k for k in extra if k in P.COMMON_KEYS]
+            errors[key] = (f"unknown key{'s' if len(extra) > 1 else ''} {', '.join(extra)[:300]} for {agg}: an item "
+                           f"takes name, agg and {', '.join(sorted(allowed))}" +
+                           (f"; {', '.join(where)} apply to the whole query (every aggregate is on the same rows "
+                            "and groups): give them at the top level" if where else ""))
+            continue
         sub.update(shared)
         share = dict(budget)
         for b in ("epsilon", "rho"):

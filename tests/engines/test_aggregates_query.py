@@ -109,3 +109,24 @@ def test_query_errors_name_the_part(sql, key, words):
     with pytest.raises(PlanError) as e:
         plan_sql(sql)
     assert key in e.value.errors and words in e.value.errors[key], e.value.errors
+
+
+@pytest.mark.parametrize("item,words", [
+    ({"name": "n", "agg": "count", "where": [{"column": "age", "op": ">", "value": 50}]}, "where apply to the whole"),
+    ({"name": "n", "agg": "count", "max_rows_per_unit": 9}, "max_rows_per_unit apply to the whole"),
+    ({"name": "n", "agg": "count", "group_by": "site"}, "group_by apply to the whole"),
+    ({"name": "m", "agg": "mean", "column": "income", "epsilon": 5.0}, "epsilon apply to the whole"),
+    ({"name": "m", "agg": "mean", "column": "income", "q": 0.5}, "unknown key q for mean"),
+    ({"name": "m", "agg": "sum", "column": "income", "bins": 3}, "unknown key bins for sum"),
+])
+def test_an_item_with_a_key_it_does_not_take_is_refused_not_ignored(item, words):
+    """Before: an item's own ``where`` or ``max_rows_per_unit`` was silently replaced by the
+    query's (a count for site = north alone, released as if filtered on age too), and an
+    item's ``group_by`` failed after the read (charged)."""
+    params = {"select": [{"name": "a", "agg": "count"}, item], "where": [{"column": "site", "op": "=",
+                                                                         "value": "north"}], "epsilon": 1.0}
+    with pytest.raises(PlanError) as e:
+        plugins.plan("aggregates", EngineRequest("query", params), DS)
+    assert words in e.value.errors["select[1]"], e.value.errors
+    ok = {"select": [{"name": "p", "agg": "quantile", "column": "age", "q": 0.5, "candidates": 64}], "epsilon": 1.0}
+    plugins.plan("aggregates", EngineRequest("query", ok), DS)  # the keys an item does take
