@@ -147,6 +147,9 @@ MAX_UPLOAD_BYTES = envint("MAX_UPLOAD_BYTES", 2 * 1024**3)
 # A stored table larger than this is read by a worker, not on the request thread (about a
 # CPU second per 50 MB here): the dataset is "pending" until then (governance.datasets.registry).
 REGISTER_INLINE_BYTES = envint("REGISTER_INLINE_BYTES", 32 * 1024**2)
+# A request's parameters are kept in its row and in its audit record for good, a refusal's
+# and a replay's too (no charge): a larger one is a 400 before anything is planned.
+MAX_REQUEST_PARAMS_BYTES = envint("MAX_REQUEST_PARAMS_BYTES", 64 * 1024)
 # Distributed datasets (execution "distributed", engines/distributed): Parquet partitions
 # registered where they are (not copied), under DATASET_IMPORT_DIRS or an object-store
 # prefix listed in DATASET_IMPORT_URIS ("s3://bucket/tables/", read by pyarrow's filesystems

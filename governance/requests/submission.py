@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
@@ -38,6 +39,16 @@ def fingerprint(ds: Dataset, engine: str, kind: str, params: dict) -> str:
     canonical = json.dumps({"dataset": ds.pk, "version": ds.sha256, "engine": engine, "kind": kind,
                             "params": params}, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _check_size(params: dict) -> None:
+    """At most ``MAX_REQUEST_PARAMS_BYTES`` of JSON: parameters are kept in the request's
+    row and its audit record for good, a refusal's and a replay's too, at no charge."""
+    limit = settings.MAX_REQUEST_PARAMS_BYTES
+    size = len(json.dumps(params, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+    if size > limit:
+        raise InvalidRequest(f"params take {size:,} bytes of JSON, more than the {limit:,} a request may have "
+                             "(they are kept in its audit record for good)", errors={"params": "too large"})
 
 
 def plan_request(ds: Dataset, engine: str, kind: str, params: dict):
@@ -70,6 +81,7 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
         raise DatasetNotActive(f"Dataset {ds.name} is not active.", dataset=ds.name)
     if not isinstance(params, dict):
         raise InvalidRequest("params must be a JSON object", errors={"params": "must be an object"})
+    _check_size(params)
     plan = plan_request(ds, engine, kind, params)
     fp = fingerprint(ds, engine, kind, params)
     queue = plugins.info(engine)["queue"]

@@ -16,7 +16,7 @@ import json
 import pytest
 
 from governance.audit import verification
-from governance.models import Budget, Grant, LedgerEntry
+from governance.models import AuditRecord, Budget, Grant, LedgerEntry, Request
 
 pytestmark = pytest.mark.django_db
 
@@ -170,6 +170,24 @@ def test_oversized_bodies(world, django_capture_on_commit_callbacks, size_mib):
         "x" * (size_mib << 20) + '"}}'
     r = send(world, django_capture_on_commit_callbacks, "analyst", "POST", "/api/requests/", text)
     assert r.status_code == 413 and r.json()["code"] == "request.too_large"
+
+
+def test_a_refused_request_with_megabytes_of_labels_writes_no_record(world, django_capture_on_commit_callbacks):
+    """A refusal and a replay cost nothing, and their records are kept for good: a request
+    whose parameters take more than MAX_REQUEST_PARAMS_BYTES of JSON (labels of 2 MB, an
+    epsilon the budget refuses) is a 400 with no record, not a 4 MB record per POST."""
+    big = "x" * (2 << 20)
+    text = json.dumps({"dataset": "clinic", "engine": "aggregates", "kind": "query", "params": {
+        "select": [{"name": "b", "group": 0}, {"name": "n", "agg": "count"}], "epsilon": 1e6,
+        "group_by": [{"column": "age", "thresholds": [50], "labels": [big, big + "y"]}]}})
+    records = AuditRecord.objects.count()
+    r = send(world, django_capture_on_commit_callbacks, "analyst", "POST", "/api/requests/", text)
+    assert r.status_code == 400 and r.json()["errors"] == {"params": "too large"}, r.content[:300]
+    assert "more than the 65,536" in r.json()["detail"]
+    assert AuditRecord.objects.count() == records and not Request.objects.exists()
+    small = text.replace(big, "x" * 100)  # the same refusal with short labels: a 409 and its record
+    r = send(world, django_capture_on_commit_callbacks, "analyst", "POST", "/api/requests/", small)
+    assert r.status_code == 409 and AuditRecord.objects.count() == records + 1
 
 
 # --------------------------------------------------------------------------- the defects of issue 22
