@@ -16,6 +16,7 @@ import hashlib
 import logging
 import math
 import os
+import re
 import shutil
 import socket
 import sys
@@ -205,6 +206,15 @@ class RunClock:
             log.warning("progress or heartbeat of request %s failed", self.request_id, exc_info=True)
 
 
+_SERVER_PATH = re.compile(r"(?<![\w:/.])(?:/[^/\s'\"]+){2,}/?")
+
+
+def no_paths(e: BaseException) -> str:
+    """An error's message for the analyst, without the server's file paths (a stored table's
+    location, a scratch directory): the server's log has the whole message."""
+    return _SERVER_PATH.sub("<a server path>", str(e))
+
+
 def _run(req: Request, clock: RunClock) -> str:
     ds = req.dataset
     plan = Plan(**req.plan)
@@ -219,7 +229,7 @@ def _run(req: Request, clock: RunClock) -> str:
         # The rows never reached the engine: nothing was released, refund.
         log.exception("request %s failed before reading data", req.pk)
         return _finish(req, Request.Status.FAILED, error={"code": "request.failed_before_read",
-                                                          "detail": f"Failed before the data was read: {e}"},
+                                                          "detail": f"Failed before the data was read: {no_paths(e)}"},
                        charge=False)
 
     workdir = scratch_dir()

@@ -77,6 +77,9 @@ def test_it_refunds_a_failure_before_the_data_is_read(api, analyst, clinic, sett
     req = Request.objects.get(pk=rid)
     assert req.status == "failed" and req.error["code"] == "request.failed_before_read"
     assert LedgerEntry.objects.get().status == "released"
+    # the reason, without where the server keeps its tables
+    assert "<a server path>" in req.error["detail"] and clinic.file not in req.error["detail"]
+    assert str(settings.DATA_DIR) not in req.error["detail"]
 
 
 def test_it_keeps_the_charge_of_a_failure_after_the_read_and_hides_its_message(
