@@ -315,8 +315,16 @@ def _group_keys(tree: exp.Select) -> tuple[list[dict], list[str]]:
             raise _unsupported(f"GROUP BY {arg.upper().replace('_', ' ')}", "group by plain keys: " + _BINS_HINT)
     if len(group.expressions) > 4:
         raise _unsupported(f"GROUP BY {len(group.expressions)} keys", "group by at most 4 keys")
+    # GROUP BY name: an output alias of an expression (GROUP BY decade, the alias of
+    # FLOOR(age / 10) * 10), unless the name is also an input column, which wins as in
+    # PostgreSQL (FLOOR(age) AS age ... GROUP BY age groups by age); an aggregate's alias
+    # never (COUNT(*) AS site ... GROUP BY site groups by the column site).
+    # (input columns: those the select list and WHERE read; ORDER BY and HAVING name outputs)
+    inputs = {c.name for part in [*tree.expressions, tree.args.get("where")] if part is not None
+              for c in part.find_all(exp.Column)}
     aliases = {item.alias: item.this for item in tree.expressions
-               if isinstance(item, exp.Alias) and not isinstance(item.this, exp.Column)}
+               if isinstance(item, exp.Alias) and not isinstance(item.this, exp.Column)
+               and not item.this.find(exp.AggFunc) and item.alias not in inputs}
     keys, texts = [], []
     for node in group.expressions:
         if isinstance(node, exp.Column) and not node.args.get("table") and node.name in aliases:

@@ -234,3 +234,24 @@ def test_a_keyword_column_gets_a_hint_to_quote_it_and_a_case_slip_the_name():
     with pytest.raises(PlanError) as e:
         plugins.plan("aggregates", EngineRequest(req.kind, req.params), ds)
     assert "unknown column 'V' (names are case-sensitive: 'v'?)" in str(e.value)
+
+
+@pytest.mark.parametrize("sql,group_by,select", [
+    # an aggregate's alias is never a group key: GROUP BY site is the column (before: "GROUP BY COUNT(*)")
+    ("SELECT site AS s2, COUNT(*) AS site FROM t GROUP BY site", [{"column": "site"}],
+     [{"name": "s2", "group": 0}, {"name": "site", "agg": "count"}]),
+    # an expression's alias is one, unless its name is an input column too (PostgreSQL's rule)
+    ("SELECT FLOOR(age / 10) * 10 AS decade, COUNT(*) AS n FROM t GROUP BY decade",
+     [{"column": "age", "width": 10, "multiplier": 10}], [{"name": "decade", "group": 0}, {"name": "n", "agg": "count"}]),
+])
+def test_group_by_a_name_reads_an_input_column_before_an_alias(sql, group_by, select):
+    r = sqlplan.translate(sql, {"epsilon": 1.0})
+    assert r.params["group_by"] == group_by and r.params["select"] == select
+
+
+def test_group_by_a_name_that_is_a_column_and_an_expression_s_alias_groups_by_the_column():
+    """FLOOR(age) AS age ... GROUP BY age: PostgreSQL groups by the column age, where FLOOR(age)
+    is then no group key; before, the engine grouped by the expression instead."""
+    with pytest.raises(sqlplan.SqlUnsupported) as e:
+        sqlplan.translate("SELECT FLOOR(age) AS age, COUNT(*) FROM t GROUP BY age", {"epsilon": 1.0})
+    assert "FLOOR" in e.value.part
