@@ -25,7 +25,7 @@ from engines import plugins
 from engines.types import EngineRequest, PlanError
 
 from ..core import dispatch
-from ..core.errors import DatasetNotActive, IdempotencyKeyReused, InvalidRequest, LedgerConflict, UserError
+from ..core.errors import DatasetNotActive, IdempotencyKeyReused, InvalidRequest, LedgerConflict, NoGrant, UserError
 from ..datasets.engine_meta import dataset_meta
 from ..ledger import actions as ledger, sql as ledger_sql, trail
 from ..models import Dataset, Request
@@ -112,8 +112,22 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
     return out
 
 
+def _may_still_use(analyst, ds: Dataset) -> None:
+    """A replay's check of the grant and the dataset's status under the budget row lock, the
+    lock a revocation or a deactivation takes: one racing this replay is either seen here
+    (refused, NoGrant or DatasetNotActive) or comes after the replay's record."""
+    from ..models import Budget, Grant
+
+    Budget.objects.select_for_update().filter(pk=ds.pk).exists()
+    if Dataset.objects.filter(pk=ds.pk).values_list("status", flat=True).first() != Dataset.Status.ACTIVE:
+        raise DatasetNotActive(f"Dataset {ds.name} is not active.", dataset=ds.name)
+    if not analyst.is_staff and not Grant.objects.filter(dataset=ds, analyst=analyst, revoked_at__isnull=True).exists():
+        raise NoGrant(f"{analyst} has no grant on dataset {ds.name}.", dataset=ds.name)
+
+
 def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) -> tuple[Request, bool]:
     if (prior := _answered(analyst, fp)) is not None:
+        _may_still_use(analyst, ds)
         now = timezone.now()
         replay = Request.objects.create(
             analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,

@@ -117,6 +117,26 @@ def test_it_replays_an_identical_request_for_free_with_the_same_answer(api, anal
     assert LedgerEntry.objects.count() == 1
 
 
+def test_a_replay_racing_a_revocation_is_refused_under_the_lock(api, analyst, officer, clinic,
+                                                                django_capture_on_commit_callbacks):
+    """The API looks the grant up before the lock; a revocation landing after that lookup
+    is seen by the replay's own check under the budget row lock (a refusal with its record),
+    not served from the stored release."""
+    from governance.core.errors import NoGrant
+    from governance.ledger import grants
+    from governance.models import AuditRecord, Grant
+    from governance.requests import submission
+
+    with django_capture_on_commit_callbacks(execute=True):
+        post(api(analyst), {"epsilon": 0.5})
+    grants.revoke(Grant.objects.get(analyst=analyst, dataset=clinic), officer)  # after the API's lookup
+    with pytest.raises(NoGrant):
+        submission.submit(analyst, clinic, "probe", "count", {"epsilon": 0.5})
+    assert not Request.objects.filter(replay_of__isnull=False).exists()
+    assert AuditRecord.objects.filter(action="refuse", reason="grant.missing").count() == 1
+    assert not AuditRecord.objects.filter(action="replay").exists()
+
+
 def test_another_analysts_request_is_not_found(api, analyst, analyst2, clinic, grant,
                                                django_capture_on_commit_callbacks):
     grant(analyst2, clinic)
