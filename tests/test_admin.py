@@ -176,3 +176,55 @@ def test_a_budget_edit_the_ledger_refuses_says_so_and_nothing_else(officer_clien
     assert "changed successfully" not in page
     ds.refresh_from_db()
     assert ds.budget_epsilon == 1.0 and not LogEntry.objects.filter(object_id=str(ds.pk)).exists()
+
+
+def test_a_full_disk_on_the_officer_s_forms_is_a_507_page_not_a_500(officer_client, officer, analyst, csv_bytes,
+                                                                    make_dataset, monkeypatch, settings):
+    """The register form's copy of the table finds the disk full, and a grant's save finds
+    the database full: each a 507 page saying so, nothing kept (was Django's 500 page, with
+    its traceback under DEBUG)."""
+    import errno
+    import os
+
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    from django.db import OperationalError
+
+    from governance.datasets import files as dataset_files
+    from governance.ledger import grants
+
+    officer_client.raise_request_exception = False
+    real_fdopen = os.fdopen
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    with monkeypatch.context() as m:
+        m.setattr(dataset_files.os, "fdopen", lambda fd, mode="r", *a, **kw: Full(real_fdopen(fd, mode)))
+        r = officer_client.post("/admin/governance/dataset/register/", {
+            "name": "clinic", "upload": SimpleUploadedFile("clinic.csv", csv_bytes), "budget_epsilon": "1.5",
+            "budget_delta": "auto", "policy": "rdp"})
+    assert r.status_code == 507 and b"No space left on device" in r.content and b"Traceback" not in r.content
+    assert not Dataset.objects.filter(name="clinic").exists()
+    ds = make_dataset("other")
+
+    def full(*args, **kwargs):
+        raise OperationalError("database or disk is full")
+
+    monkeypatch.setattr(grants, "give", full)
+    r = officer_client.post("/admin/governance/grant/add/", {"analyst": analyst.pk, "dataset": ds.pk,
+                                                             "cap_epsilon": "0.5", "cap_delta": ""})
+    assert r.status_code == 507 and b"the database has no space left" in r.content
+    assert not Grant.objects.exists()

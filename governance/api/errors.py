@@ -1,6 +1,5 @@
 """One exception handler: every error is ``{"code", "detail", ...}`` with a stable code."""
 
-import errno
 import logging
 
 from django.conf import settings
@@ -13,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 from rest_framework.views import set_rollback
 
-from ..core.errors import GovernanceError
+from ..core.errors import STORAGE_FULL_DETAIL, GovernanceError, storage_full
 from .parsers import RequestTooLarge
 
 log = logging.getLogger(__name__)
@@ -56,12 +55,11 @@ def _handle(exc, context):
         exc = exceptions.ParseError(f"The request was refused: {str(exc)[:300]}")
     elif isinstance(exc, UnreadablePostError):
         exc = exceptions.ParseError("The request body could not be read (the client went away?).")
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        # the data or results directory is full: the server's state, not the request's fault
+    if (why := storage_full(exc)) is not None:
+        # the data or results directory, or the database, is full: the server's state, not the request's fault
         set_rollback()
         log.error("no space left: %s", exc)
-        return Response({"code": "storage.full", "detail": "The server has no space left to store this "
-                         f"({exc.strerror}); nothing was kept. Retry once an operator has freed space."},
+        return Response({"code": "storage.full", "detail": STORAGE_FULL_DETAIL.format(why)},
                         status=status.HTTP_507_INSUFFICIENT_STORAGE)
     if isinstance(exc, IntegrityError):
         # Two concurrent creations of the same thing (a grant, a dataset name): one wins.

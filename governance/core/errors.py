@@ -104,3 +104,23 @@ class TooCostly(UserError):
     far) and ``max_work_units`` say by how much."""
 
     code = "request.too_costly"
+
+
+def storage_full(exc: BaseException) -> str | None:
+    """Why, if ``exc`` means the server's disk is full (a file's write, or the database's:
+    SQLite's "database or disk is full", PostgreSQL's disk_full 53100); else None."""
+    import errno
+
+    from django.db import OperationalError
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return exc.strerror or "No space left on device"
+    if isinstance(exc, OperationalError):
+        cause = exc.__cause__
+        if "database or disk is full" in str(exc) or getattr(cause, "sqlstate", None) == "53100":
+            return "the database has no space left"
+    return None
+
+
+STORAGE_FULL_DETAIL = ("The server has no space left to store this ({}); nothing was kept. Retry once an operator "
+                       "has freed space.")

@@ -40,6 +40,30 @@ class SecurityHeaders:
         return response
 
 
+class StorageFull:
+    """A full disk (a table's copy, the database) on a web page (the officer's forms, the
+    admin) is a 507 saying so, not Django's 500 page (with its traceback under DEBUG); the
+    API's own handler says the same in JSON (``storage.full``)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        from django.http import HttpResponse
+        from django.utils.html import escape
+
+        from .errors import STORAGE_FULL_DETAIL, storage_full
+
+        if (why := storage_full(exception)) is None:
+            return None
+        logging.getLogger(__name__).error("no space left: %s", exception)
+        return HttpResponse(f"<!doctype html><title>No space left</title><h1>No space left on the server</h1>"
+                            f"<p>{escape(STORAGE_FULL_DETAIL.format(why))}</p>", status=507)
+
+
 class ExpiringTokenAuthentication(TokenAuthentication):
     """DRF tokens that expire ``API_TOKEN_TTL_DAYS`` after they were issued (0: never).
     An officer issues a new one with ``POST /api/analysts/{id}/token/`` (the old one stops
