@@ -68,6 +68,7 @@ class Coordinator:
                  round_timeout: float = 120.0, min_sites: int | None = None):
         self.d = details
         self.spec = details["spec"]
+        self.site_eval_rows = details.get("site_eval_rows") or {}  # plans from before it: no bound
         self.keys = {s: k for s, k in site_keys.items() if s in self.spec["sites"]}  # registered for this dataset
         self.t = transport
         self.emit, self.cancelled = emit, cancelled
@@ -290,6 +291,9 @@ class Coordinator:
             c, k = float(ev.get("correct", 0)), float(ev.get("count", 0))
             if not (math.isfinite(c) and math.isfinite(k) and 0 <= c <= k):
                 continue
+            if site in self.site_eval_rows:  # at most the held-out rows its registered rows allow
+                k = min(k, float(self.site_eval_rows[site]))
+                c = min(c, k)
             correct, count = correct + c, count + k
             sites.append(site)
         if not self.private:

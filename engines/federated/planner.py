@@ -25,6 +25,8 @@ row-level evaluations compose in the dataset's ledger as row-level events.
 
 from __future__ import annotations
 
+import math
+
 from engines.aggregates import noise as opendp_noise
 from engines.aggregates.noise import Noise
 from engines.dpsgd import calibrate
@@ -109,10 +111,21 @@ def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
                "local": local if spec.private else None,
                "eval_noise": noise, "eval_epsilon_each": each, "evals": evals, "planned_epsilon": planned,
                "eval_ci95_halfwidth": halfwidth,
+               "site_eval_rows": {str(s["site"]): held_out_bound(int(s.get("n_rows", 0)), spec.test_fraction)
+                                  for s in (getattr(ds, "sites", None) or ())},
                "n_parameters": (sum(1 if f["type"] == "numeric" else len(f["domain"]) for f in spec.features) + 1)
                * spec.classes}
     columns = [f["column"] for f in spec.features] + [spec.target["column"]]
     return Plan(event=event, columns=columns, details=details)
+
+
+def held_out_bound(n_rows: int, test_fraction: float) -> int:
+    """The most held-out rows a site registered with ``n_rows`` counts in an evaluation:
+    each row is held out with probability ``test_fraction``, so 4 standard deviations over
+    the mean (an honest site passes it with probability 1 - 3e-5). A site claiming more
+    (10**15 rows, which would drag the released accuracy to 0) counts this many."""
+    mean = n_rows * test_fraction
+    return math.ceil(mean + 4 * math.sqrt(mean * (1 - test_fraction)) + 1)
 
 
 def _worst_site(details: dict, rounds: int, evals: int) -> tuple[dict | None, float]:

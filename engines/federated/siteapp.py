@@ -15,8 +15,9 @@ Parquet file), ``key-file`` (its secret). Kinds:
   the server adds the noise (central DP: the service is the trusted aggregator).
 
 ``misbehave`` (tests only: the fault-injection switch of the site agent) makes a site send
-a NaN update (``nan``) or an unclipped, oversized one (``oversized``), so the server's
-checks can be tested on real processes.
+a NaN update (``nan``), an unclipped, oversized one (``oversized``) or an evaluation that
+claims 10**15 held-out rows (``inflate_eval``), so the server's checks can be tested on
+real processes.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def handle(kind: str, job: dict, arrays: list[np.ndarray], node_config: dict) ->
     w = [np.asarray(a, dtype=np.float64) for a in arrays]
     reply["eval"] = {"correct": float(np.sum(model.predict(w, x_te) == y_te)) if len(x_te) else 0.0,
                      "count": float(len(x_te))}
+    if str(node_config.get("misbehave", "")) == "inflate_eval":
+        reply["eval"]["count"] = 1e15
     if kind == "evaluate":
         return sign(out)
     local = job.get("local_dp")

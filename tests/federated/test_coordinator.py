@@ -97,6 +97,18 @@ def test_nan_and_oversized_updates_are_rejected_never_averaged(tmp_path, tables,
     assert all(np.all(np.isfinite(np.asarray(w))) for w in r["weights"])
 
 
+def test_a_site_claiming_more_held_out_rows_than_it_registered_counts_at_most_those(tmp_path, tables):
+    """A site's evaluation of 10**15 rows would drag the released accuracy to 0 (its correct
+    count small beside it): each site counts at most its registered rows."""
+    nodes = [node(tmp_path, "a", tables[0]), node(tmp_path, "b", tables[1]),
+             node(tmp_path, "c", tables[2], misbehave="inflate_eval")]
+    c, r, p = run(tmp_path, nodes, target_epsilon="inf", rounds=3)
+    bound = planner.held_out_bound(400, p.details["spec"]["test_fraction"])
+    assert p.details["site_eval_rows"] == {"a": bound, "b": bound, "c": bound} and bound < 400
+    ev = r["history"][-1]["eval"]
+    assert ev["n"] <= 3 * bound and ev["accuracy"] > 0.5, ev
+
+
 def test_the_cap_stops_before_a_round_that_would_pass_it(tmp_path, tables):
     p = planner.make_plan(EngineRequest("train", {"target": "label", "rounds": 10, "target_epsilon": 4.0}),
                           meta(SITES))
