@@ -141,9 +141,15 @@ class RateLimited(ApiError):
 
 class ServerError(ApiError):
     """5xx, or an answer that is not the service's JSON (``storage.full``, 507: the server's
-    disk is full; retry later)."""
+    disk is full; ``database.unavailable``, 503: its database is busy or unreachable, with
+    ``retry_after`` seconds; retry later). Nothing was kept."""
 
-    codes = ("error", "storage.full")
+    codes = ("error", "storage.full", "database.unavailable")
+
+    @property
+    def retry_after(self) -> float | None:
+        value = self.body.get("retry_after")
+        return float(value) if value is not None else None
 
 
 class RequestFailed(ApiError):

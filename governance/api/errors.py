@@ -5,7 +5,7 @@ import logging
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
-from django.db import IntegrityError
+from django.db import IntegrityError, OperationalError
 from django.http import Http404, JsonResponse, UnreadablePostError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 MAX_DETAIL_CHARS = 2_000
 MAX_ERROR_ENTRIES = 50
 
+
+DATABASE_RETRY_AFTER = 5  # seconds, on a 503 database.unavailable
 
 DRF_CODES = {
     RequestTooLarge: "request.too_large",
@@ -61,6 +63,15 @@ def _handle(exc, context):
         log.error("no space left: %s", exc)
         return Response({"code": "storage.full", "detail": STORAGE_FULL_DETAIL.format(why)},
                         status=status.HTTP_507_INSUFFICIENT_STORAGE)
+    if isinstance(exc, OperationalError):
+        # the database locked past its timeout (SQLite), restarting or unreachable: the
+        # request's transaction rolled back, nothing was kept; a retry in a moment may pass
+        set_rollback()
+        log.error("database unavailable: %s", exc)
+        return Response({"code": "database.unavailable", "detail": "The database is busy or unreachable; nothing "
+                         "was kept. Retry in a few seconds.", "retry_after": DATABASE_RETRY_AFTER},
+                        status=status.HTTP_503_SERVICE_UNAVAILABLE,
+                        headers={"Retry-After": str(DATABASE_RETRY_AFTER)})
     if isinstance(exc, IntegrityError):
         # Two concurrent creations of the same thing (a grant, a dataset name): one wins.
         set_rollback()

@@ -223,6 +223,7 @@ def _run(req: Request, clock: RunClock) -> str:
     try:
         meta = dataset_meta(ds)
         plugins.info(req.engine)  # the engine may have been removed since planning
+        workdir = scratch_dir()  # before the read: a full or unwritable results disk is a refund
         _mark_data_read(req.pk)
         data = load_columns(ds, list(plan.columns))
     except Exception as e:
@@ -232,7 +233,6 @@ def _run(req: Request, clock: RunClock) -> str:
                                                           "detail": f"Failed before the data was read: {no_paths(e)}"},
                        charge=False)
 
-    workdir = scratch_dir()
     _cluster_jobs()  # forget any job an earlier run of this thread left noted
     # a federated run: its progress per round and the sites its audit record names
     recorder = federated_runs.Recorder(clock.report, data.superlink) if isinstance(data, Federation) else None
@@ -260,6 +260,22 @@ def _run(req: Request, clock: RunClock) -> str:
             "code": "request.failed_after_read",
             "detail": "The engine failed after reading the data; the charge stands (a failure can depend on the data)."},
             actual_event=spent, charge=True, clock=clock, officer_report=_jobs(recorder))
+    try:
+        result, officer = _keep_files(req, release, workdir, recorder)
+    except OSError as e:  # the results disk: the release made but not kept, the charge stands
+        log.error("request %s: its files could not be kept: %s", req.pk, e)
+        _empty(workdir)
+        return _finish(req, Request.Status.FAILED, error={
+            "code": "request.failed_after_read",
+            "detail": f"The release could not be stored ({e.strerror or type(e).__name__}); the data was read, so "
+                      "the charge stands."}, actual_event=release.actual_event, charge=True, clock=clock)
+    return _finish(req, Request.Status.SUCCEEDED, result=result, actual_event=release.actual_event, charge=True,
+                   officer_report=officer, clock=clock)
+
+
+def _keep_files(req: Request, release, workdir: Path, recorder) -> tuple[dict, dict | None]:
+    """The result and officer report with the files the run wrote (moved to the request's
+    results directory)."""
     result = dict(release.result)
     files = _describe_files(workdir)
     if files:
@@ -274,8 +290,7 @@ def _run(req: Request, clock: RunClock) -> str:
         shutil.rmtree(target, ignore_errors=True)  # a previous delivery's
         target.parent.mkdir(parents=True, exist_ok=True)
         workdir.rename(target)
-    return _finish(req, Request.Status.SUCCEEDED, result=result, actual_event=release.actual_event, charge=True,
-                   officer_report=officer, clock=clock)
+    return result, officer
 
 
 READING = {"phase": "reading data", "fraction": 0.0}

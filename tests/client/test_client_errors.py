@@ -267,6 +267,8 @@ MAPPING_CASES = [
     (400, {"code": "dataset.partition_invalid", "detail": "x"}, pc.InvalidRequest, "dataset.partition_invalid"),
     # a full disk: tests/hostile/test_uploads.py makes the service answer it
     (507, {"code": "storage.full", "detail": "x"}, pc.ServerError, "storage.full"),
+    # a locked or unreachable database: tests/hostile/test_edges.py makes the service answer it
+    (503, {"code": "database.unavailable", "detail": "x", "retry_after": 5}, pc.ServerError, "database.unavailable"),
 ]
 
 

@@ -190,6 +190,29 @@ def test_a_refused_request_with_megabytes_of_labels_writes_no_record(world, djan
     assert r.status_code == 409 and AuditRecord.objects.count() == records + 1
 
 
+def test_a_locked_database_is_a_503_with_retry_after_not_an_html_500(world, django_capture_on_commit_callbacks,
+                                                                     monkeypatch):
+    """SQLite's lock held past its timeout (or PostgreSQL restarting) while a request is
+    admitted: a JSON 503 ``database.unavailable`` with Retry-After, nothing kept (was
+    Django's HTML 500 page after 30 s)."""
+    from django.db import OperationalError
+
+    from governance.ledger import actions
+
+    def locked(*args, **kwargs):
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(actions, "admit", locked)
+    ds, clients = world
+    before = snapshot(ds)
+    r = clients["analyst"].post("/api/requests/", {"dataset": "clinic", "engine": "aggregates", "kind": "count",
+                                                   "params": {"epsilon": 0.01}}, format="json")
+    assert snapshot(ds) == before and verification.verify().ok
+    assert r.status_code == 503 and r["Retry-After"] == "5", r.content[:300]
+    assert r.json()["code"] == "database.unavailable" and r.json()["retry_after"] == 5
+    assert not Request.objects.exists()
+
+
 # --------------------------------------------------------------------------- the defects of issue 22
 
 

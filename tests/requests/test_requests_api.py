@@ -82,6 +82,35 @@ def test_it_refunds_a_failure_before_the_data_is_read(api, analyst, clinic, sett
     assert str(settings.DATA_DIR) not in req.error["detail"]
 
 
+def test_a_full_results_disk_fails_the_request_at_once_with_the_rule_s_charge(api, analyst, clinic, monkeypatch,
+                                                                              django_capture_on_commit_callbacks):
+    """No scratch directory (the results disk full): refused before the read, refunded. The
+    files of a finished run not kept: failed after the read, charged. Both at once and
+    said so (before: the task's error left the request running until the sweep called its
+    worker lost, charged in full)."""
+    import errno
+
+    from governance.requests import execution
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(execution, "scratch_dir", full)
+        with django_capture_on_commit_callbacks(execute=True):
+            rid = post(api(analyst), {"epsilon": 0.25}).json()["id"]
+    req = Request.objects.get(pk=rid)
+    assert (req.status, req.error["code"]) == ("failed", "request.failed_before_read")
+    assert "No space left on device" in req.error["detail"] and req.ledger_entry.status == "released"
+    with monkeypatch.context() as m:
+        m.setattr(execution, "_keep_files", full)
+        with django_capture_on_commit_callbacks(execute=True):
+            rid = post(api(analyst), {"epsilon": 0.3}).json()["id"]
+    req = Request.objects.get(pk=rid)
+    assert (req.status, req.error["code"]) == ("failed", "request.failed_after_read") and req.result is None
+    assert "No space left on device" in req.error["detail"] and req.ledger_entry.status == "committed"
+
+
 def test_it_keeps_the_charge_of_a_failure_after_the_read_and_hides_its_message(
         api, analyst, clinic, django_capture_on_commit_callbacks):
     client = api(analyst)
