@@ -284,6 +284,10 @@ CELERY_TASK_TIME_LIMIT = envint("CELERY_TASK_TIME_LIMIT", 3 * 3600 + 300)
 #   worker died). So a request queued for 60 s with no file left is re-sent at once.
 REQUEST_HEARTBEAT_SECONDS = envint("REQUEST_HEARTBEAT_SECONDS", 15)
 REQUEST_LOST_AFTER_SECONDS = envint("REQUEST_LOST_AFTER_SECONDS", 120)
+# A finished run's outcome whose write finds the database away (locked past its timeout,
+# restarting, unreachable) is written again every few seconds for this long, its result kept
+# in the worker's memory; then the sweep finishes the request as lost.
+OUTCOME_RETRY_SECONDS = envint("OUTCOME_RETRY_SECONDS", 3600)
 REQUEST_REQUEUE_AFTER_SECONDS = envint("REQUEST_REQUEUE_AFTER_SECONDS", 60 if EMBEDDED_BROKER else 6 * 3600)
 # Worker liveness (governance/core/liveness.py): each worker writes a record every
 # WORKER_HEARTBEAT_SECONDS (Redis with REDIS_URL, else files in var/workers); it counts as

@@ -391,8 +391,11 @@ def _finish(req: Request, status: str, *, result=None, error=None, actual_event=
     due = clock.next_tick(time.monotonic())
     # The run's heartbeat stops with its task: a wait longer than half the sweep's grace
     # period is slept in the task instead, with the clock thread still beating.
-    if clock.thread is None or due - time.monotonic() > settings.REQUEST_LOST_AFTER_SECONDS / 2:
+    if clock.thread is None:  # run in-process (no worker): written here
         clock.hold()
         return outcomes.write(out)
+    if due - time.monotonic() > settings.REQUEST_LOST_AFTER_SECONDS / 2:
+        clock.hold()
+        return outcomes.write_or_retry(out)
     RELEASER.at(due, out, group=outcomes.write_group)
     return status

@@ -24,9 +24,10 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
+import time
 from dataclasses import dataclass, field
 
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from ..ledger import actions as ledger, group as ledger_group, trail
@@ -48,6 +49,8 @@ class Outcome:
     charge: bool = True
     officer_report: dict | None = None
     salt: str = field(default_factory=lambda: secrets.token_hex(16))  # the result's, for its audit hash
+    failing_since: float | None = None  # monotonic time of its first write that found the database away
+    tries: int = 0  # writes tried again since
 
 
 def write(outcome: Outcome) -> str:
@@ -101,11 +104,50 @@ def _signal_on_commit(o: Outcome, entry) -> None:
     transaction.on_commit(lambda: signal_done(o.req.pk, state))
 
 
+def write_or_retry(outcome: Outcome) -> str:
+    """``write``, and if the database is away, written again later (``_again``); the
+    request's status as far as this process knows."""
+    try:
+        return write(outcome)
+    except DATABASE_AWAY as e:
+        _again(outcome, e)
+        return Request.Status.RUNNING
+
+
 def _write_logged(outcome: Outcome) -> None:
     try:
-        write(outcome)
+        write_or_retry(outcome)
     except Exception:  # noqa: BLE001 - the request stays running; the sweep finishes it
         log.exception("writing the outcome of request %s failed; the recovery sweep will finish it", outcome.req.pk)
+
+
+DATABASE_AWAY = (OperationalError, InterfaceError)
+RETRY_DELAYS = (1.0, 2.0, 5.0)  # seconds before the 1st, 2nd, and every later try
+
+
+def _again(outcome: Outcome, error: Exception) -> None:
+    """The database was away (locked past its timeout, restarting, unreachable) when the
+    outcome was written: the run is done and its result in hand, so the write is tried
+    again on this process's releaser thread, every few seconds for OUTCOME_RETRY_SECONDS
+    (before: the result was dropped and the sweep later charged the reservation in full,
+    ``request.worker_lost``). The transaction rolled back, so nothing was half written."""
+    from django.conf import settings
+
+    from .releaser import RELEASER
+
+    now = time.monotonic()
+    if outcome.failing_since is None:
+        outcome.failing_since = now
+    waited = now - outcome.failing_since
+    if waited > settings.OUTCOME_RETRY_SECONDS:
+        log.error("the outcome of request %s could not be written for %.0f s (%s); the recovery sweep will finish "
+                  "it", outcome.req.pk, waited, error)
+        return
+    delay = RETRY_DELAYS[min(outcome.tries, len(RETRY_DELAYS) - 1)]
+    outcome.tries += 1
+    log.warning("writing the outcome of request %s found the database away (%s); trying again in %g s",
+                outcome.req.pk, error, delay)
+    RELEASER.at(now + delay, outcome, group=write_group)
 
 
 _ROW = ("status", "result", "result_salt", "error", "finished_at", "officer_report", "progress")

@@ -221,3 +221,36 @@ def test_a_real_worker_at_quantum_0_writes_outcomes_through_its_releaser(real_wo
     assert LedgerEntry.objects.filter(status="committed").count() == len(ids)
     assert AuditRecord.objects.filter(action="commit", request_id__in=ids).count() == len(ids)
     assert verification.verify().ok
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_outcome_whose_write_finds_the_database_away_is_written_when_it_is_back(
+        api, analyst, two_datasets, django_capture_on_commit_callbacks, monkeypatch):
+    """The database locked past its timeout (or restarting) when a finished run's outcome is
+    written: tried again on the releaser thread until it is back, then written with its
+    result and charge (before: dropped, and the sweep charged the reservation in full as
+    ``request.worker_lost``)."""
+    from django.db import OperationalError
+
+    from governance.requests.releaser import RELEASER
+
+    from governance.requests import submission
+
+    a, _ = two_datasets
+    monkeypatch.setattr(submission, "enqueue", lambda pk, queue: None)  # no task: claimed below as a worker would
+    req = claimed(api(analyst), django_capture_on_commit_callbacks, a, 0.5)
+    real, calls = outcomes.write, []
+
+    def away_twice(o):
+        calls.append(o.req.pk)
+        if len(calls) <= 2:
+            raise OperationalError("database is locked")
+        return real(o)
+
+    monkeypatch.setattr(outcomes, "write", away_twice)
+    assert outcomes.write_or_retry(outcomes.Outcome(req, "succeeded", result={"value": 1})) == "running"
+    assert RELEASER.drain(timeout=30) and len(calls) == 3
+    req.refresh_from_db()
+    assert req.status == "succeeded" and req.result == {"value": 1}
+    assert LedgerEntry.objects.get(pk=req.ledger_entry_id).status == "committed"
+    assert AuditRecord.objects.filter(action="commit", request_id=req.pk).count() == 1 and verification.verify().ok
