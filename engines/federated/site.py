@@ -50,7 +50,8 @@ def main(argv=None) -> int:
     p.add_argument("--root-certificates", help="CA bundle of the SuperLink's TLS certificate")
     p.add_argument("--port", type=int, default=0, help="the SuperNode's local runtime port (0: a free one)")
     p.add_argument("--workdir", help="private directory for the agent (default: a new temp dir)")
-    p.add_argument("--misbehave", choices=["", "nan", "oversized"], default="", help=argparse.SUPPRESS)
+    p.add_argument("--misbehave", choices=["", "nan", "oversized", "inflate_eval"], default="",
+                   help=argparse.SUPPRESS)
     a = p.parse_args(argv)
 
     work = Path(a.workdir or tempfile.mkdtemp(prefix=f"site-{a.site}-"))
