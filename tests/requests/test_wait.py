@@ -1,6 +1,7 @@
 """``?wait=seconds`` on GET and POST /api/requests/: the answer waits for the result instead
 of the client polling; bad values are a 400 before anything is planned or charged."""
 
+import os
 import threading
 import time
 
@@ -12,6 +13,8 @@ from governance.requests import waiting
 from governance.models import LedgerEntry, Request
 
 URL = "/api/requests/"
+# the real Redis of the ``signal`` cases (scripts/test.sh gives its PostgreSQL pass its own database)
+WAIT_REDIS = f"redis://127.0.0.1:{os.environ.get('REDIS_PORT', '63799')}/{os.environ.get('TEST_WAIT_REDIS_DB', '14')}"
 COUNT = {"engine": "aggregates", "kind": "count", "params": {"epsilon": 0.25}}
 
 
@@ -69,9 +72,7 @@ def test_a_get_with_wait_returns_once_another_process_finishes_it(api, analyst, 
     """The finishing side is another thread writing the row (as a worker would), with and
     without the Redis signal; the waiter sees the final row, not a stale one."""
     if signal:
-        import os
-
-        settings.REDIS_URL = f"redis://127.0.0.1:{os.environ.get('REDIS_PORT', '63799')}/14"
+        settings.REDIS_URL = WAIT_REDIS
         try:
             waiting._client().ping()
         except Exception:  # noqa: BLE001
@@ -108,13 +109,11 @@ def test_a_post_with_wait_answers_from_the_final_state_the_worker_pushed(api, an
     """The worker's wake-up carries what it committed (``waiting.final_state``): the POST
     that holds the rest of the row answers without reading it again, with the answer a
     read of the row gives."""
-    import os
-
     from governance.ledger import actions as ledger
     from governance.requests import submission
     from governance.api import request_views
 
-    settings.REDIS_URL = f"redis://127.0.0.1:{os.environ.get('REDIS_PORT', '63799')}/14"
+    settings.REDIS_URL = WAIT_REDIS
     try:
         waiting._client().ping()
     except Exception:  # noqa: BLE001
