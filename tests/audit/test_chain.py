@@ -278,3 +278,19 @@ def test_verify_names_an_unknown_dataset():
 
     with pytest.raises(CommandError, match="no dataset named nope"):
         call_command("audit", "verify", "--dataset", "nope")
+
+
+def test_the_gate_state_is_rederived_without_the_write_lock_unless_it_disagrees(history, monkeypatch):
+    """On SQLite the budget row's lock is the database's one write lock: verify re-derives
+    the gate's state once without it, and again under it only when that disagrees."""
+    from accounting.costs import Cost
+    from governance.audit import verification
+
+    ds, _ = history
+    calls = []
+    real = verification._gate_problems
+    monkeypatch.setattr(verification, "_gate_problems", lambda d: calls.append(d.pk) or real(d))
+    assert verification._gate_state(ds) == [] and len(calls) == 1
+    Budget.objects.filter(pk=ds.pk).update(state=Cost.zero().to_json())  # the gate's state edited
+    calls.clear()
+    assert "running state" in verification._gate_state(ds)[0] and len(calls) == 2
