@@ -525,7 +525,7 @@ def make_principals(args, tmp: Path) -> dict:
     rdp = ACCOUNTANTS["rdp"]
     fit = max(1, int(args.requests * args.admit_fraction))
     budget = rdp.filter_epsilon(cost.times(fit), BUDGET_DELTA)
-    Dataset.objects.filter(pk=ds.pk).update(budget_epsilon=budget)
+    ds = datasets.update(ds, budget_epsilon=budget, actor=officer.username)  # a settings record, as an officer
     share = args.requests / args.analysts
     cap_fit = max(1, int(share * args.cap_fraction))
     cap = rdp.filter_epsilon(cost.times(cap_fit), BUDGET_DELTA)

@@ -81,8 +81,8 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
         raise DatasetNotActive(f"Dataset {ds.name} is not active.", dataset=ds.name)
     if not isinstance(params, dict):
         raise InvalidRequest("params must be a JSON object", errors={"params": "must be an object"})
+    plan = plan_request(ds, engine, kind, params)  # (an engine's own error first: it names the bad keys)
     _check_size(params)
-    plan = plan_request(ds, engine, kind, params)
     fp = fingerprint(ds, engine, kind, params)
     queue = plugins.info(engine)["queue"]
     refusal = None
