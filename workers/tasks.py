@@ -67,7 +67,8 @@ _HEARTBEAT = []
 @worker_ready.connect
 def _start_heartbeat(sender=None, **_kwargs):
     """The worker's liveness record (governance.core.liveness), every WORKER_HEARTBEAT_SECONDS
-    from the main process: ``manage.py workers`` and the officer's dashboard read it."""
+    from the main process: ``manage.py workers`` and the officer's dashboard read it. With
+    an embedded beat (``manage.py worker --beat``), a watch that starts it again if it dies."""
     from governance.core.liveness import Heartbeat
 
     try:
@@ -75,6 +76,62 @@ def _start_heartbeat(sender=None, **_kwargs):
     except Exception:  # noqa: BLE001
         queues = []
     _HEARTBEAT.append(Heartbeat(getattr(sender, "hostname", "") or "worker", queues).start())
+    controller = getattr(sender, "controller", None)
+    if getattr(controller, "beat", None) is not None:
+        _HEARTBEAT.append(BeatWatch(controller).start())
+
+
+class BeatWatch:
+    """Celery runs an embedded beat (``worker --beat``) as a child process and never looks
+    at it again: killed (the OOM killer, a stray signal), the recovery sweep was never sent
+    again and nothing said so. This thread of the worker's main process looks every
+    ``interval`` seconds and starts a new one, with an error in the log."""
+
+    def __init__(self, controller, interval: float = 5.0):
+        import threading
+
+        self.controller, self.interval = controller, interval
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="governance-beat-watch", daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            beat = self.controller.beat
+            if beat is None or not hasattr(beat, "is_alive") or beat.is_alive() or self._stop.is_set():
+                continue
+            self._restart(beat)
+
+    def _restart(self, dead) -> None:
+        import logging
+
+        from celery.beat import EmbeddedService
+
+        logging.getLogger(__name__).error("the embedded beat process died (exit code %s): the recovery sweep "
+                                          "stopped; starting a new beat", getattr(dead, "exitcode", None))
+        try:
+            beat = EmbeddedService(self.controller.app, schedule_filename=self.controller.schedule_filename,
+                                   scheduler_cls=self.controller.scheduler)
+            beat.start()
+        except Exception:  # noqa: BLE001 - tried again at the next look
+            logging.getLogger(__name__).exception("the embedded beat could not be started again")
+            return
+        self.controller.beat = beat
+        self.restarts += 1
+
+    def stop(self):
+        """The worker is stopping: no more restarts, and a beat this watch started is
+        stopped (Celery's own step stops only the first)."""
+        self._stop.set()
+        if self.restarts and self.controller.beat is not None:
+            try:
+                self.controller.beat.stop()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 @worker_shutdown.connect

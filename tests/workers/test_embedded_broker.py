@@ -338,9 +338,10 @@ def test_the_dashboard_warns_when_no_worker_is_alive(client, officer, embedded):
 
 
 @pytest.fixture
-def embedded_worker(embedded, settings, tmp_path, monkeypatch):
+def embedded_worker(embedded, settings, tmp_path, monkeypatch, request):
     """``manage.py worker`` on the embedded broker in ``tmp_path/var/broker`` (no Redis),
-    against the test database; this process's sends go to the same folder."""
+    against the test database; this process's sends go to the same folder. Its pool:
+    prefork, or the fixture's parameter (``indirect``)."""
     from governance.requests import submission
     from workers import app
 
@@ -353,7 +354,8 @@ def embedded_worker(embedded, settings, tmp_path, monkeypatch):
     settings.WORKER_ALIVE_SECONDS = 3
     logfile = tmp_path / "worker.log"
     log = open(logfile, "w")
-    proc = subprocess.Popen([sys.executable, "manage.py", "worker", "-Q", "cpu,gpu", "-c", "1", "--pool", "prefork",
+    pool = getattr(request, "param", "prefork")
+    proc = subprocess.Popen([sys.executable, "manage.py", "worker", "-Q", "cpu,gpu", "-c", "1", "--pool", pool,
                              "--loglevel", "INFO"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     eager = app.conf.task_always_eager
     app.conf.task_always_eager = False
@@ -456,3 +458,28 @@ def test_a_worker_on_redis_writes_its_heartbeat_there(real_worker, redis_server,
     real_worker.process.terminate()
     real_worker.process.wait(30)
     assert [r for r in liveness.records() if r["pid"] == pid] == []  # a clean stop removes its record
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("embedded_worker", ["solo"], indirect=True)
+def test_an_embedded_beat_that_dies_is_started_again(embedded_worker):
+    """Celery starts the embedded beat (the recovery sweep's clock) as a child and never
+    looks at it again: killed, the sweep stopped for good and nothing said so. The worker's
+    watch starts a new one within seconds and logs it (solo pool: the beat is the only child)."""
+    import signal
+
+    import psutil
+
+    from .conftest import wait_for
+
+    worker = psutil.Process(embedded_worker.pid)
+
+    def beat():
+        children = worker.children()
+        return children[0] if len(children) == 1 else None
+
+    first = wait_for(beat, timeout=60)
+    os.kill(first.pid, signal.SIGKILL)
+    second = wait_for(lambda: (b := beat()) is not None and b.pid != first.pid and b, timeout=30)
+    assert second.is_running()
+    wait_for(lambda: "the embedded beat process died" in embedded_worker.logfile.read_text(), timeout=10)
