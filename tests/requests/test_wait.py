@@ -13,7 +13,7 @@ from governance.requests import waiting
 from governance.models import LedgerEntry, Request
 
 URL = "/api/requests/"
-# the real Redis of the ``signal`` cases (scripts/test.sh gives its PostgreSQL pass its own database)
+# the real Redis of the ``signal`` cases (TEST_WAIT_REDIS_DB: another database for a second run beside this one)
 WAIT_REDIS = f"redis://127.0.0.1:{os.environ.get('REDIS_PORT', '63799')}/{os.environ.get('TEST_WAIT_REDIS_DB', '14')}"
 COUNT = {"engine": "aggregates", "kind": "count", "params": {"epsilon": 0.25}}
 
