@@ -1,6 +1,9 @@
 """Tasks take ids, never model objects; the request row exists (queued) before the task is
 sent. User errors are not retried; a second delivery of a task changes nothing."""
 
+import logging
+import threading
+
 from celery import Task, shared_task
 from celery.signals import (
     task_postrun,
@@ -9,6 +12,8 @@ from celery.signals import (
     worker_ready,
     worker_shutdown,
 )
+
+log = logging.getLogger(__name__)
 
 
 class RequestTask(Task):
@@ -88,8 +93,6 @@ class BeatWatch:
     ``interval`` seconds and starts a new one, with an error in the log."""
 
     def __init__(self, controller, interval: float = 5.0):
-        import threading
-
         self.controller, self.interval = controller, interval
         self.restarts = 0
         self._stop = threading.Event()
@@ -107,18 +110,16 @@ class BeatWatch:
             self._restart(beat)
 
     def _restart(self, dead) -> None:
-        import logging
-
         from celery.beat import EmbeddedService
 
-        logging.getLogger(__name__).error("the embedded beat process died (exit code %s): the recovery sweep "
-                                          "stopped; starting a new beat", getattr(dead, "exitcode", None))
+        log.error("the embedded beat process died (exit code %s): the recovery sweep stopped; starting a new beat",
+                  getattr(dead, "exitcode", None))
         try:
             beat = EmbeddedService(self.controller.app, schedule_filename=self.controller.schedule_filename,
                                    scheduler_cls=self.controller.scheduler)
             beat.start()
         except Exception:  # noqa: BLE001 - tried again at the next look
-            logging.getLogger(__name__).exception("the embedded beat could not be started again")
+            log.exception("the embedded beat could not be started again")
             return
         self.controller.beat = beat
         self.restarts += 1
