@@ -28,6 +28,8 @@ brute-force loop over units.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -46,17 +48,22 @@ class Tape:
         return len(self.layers) - 1
 
 
+# The graph's nodes hold the tape by a weak reference: the tape holds the layers' inputs,
+# whose grad_fn are the graph's nodes, and autograd nodes are outside Python's cycle
+# collector. A strong reference made a cycle that was never freed: every step's inputs and
+# graph stayed in memory (0.6 MB a step, 2.9 GB after 3,860 steps of a small MLP; a worker
+# that trained a few models held 10 GB).
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, tape, slot):
         ctx.save_for_backward(weight)
-        ctx.tape, ctx.slot = tape, slot
+        ctx.tape, ctx.slot = weakref.ref(tape), slot
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, g):
         (weight,) = ctx.saved_tensors
-        ctx.tape.grads[ctx.slot] = g
+        ctx.tape().grads[ctx.slot] = g
         gx = g @ weight if ctx.needs_input_grad[0] else None
         return gx, None, None, None, None
 
@@ -65,13 +72,13 @@ class _Affine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, xhat, weight, bias, tape, slot):
         ctx.save_for_backward(weight)
-        ctx.tape, ctx.slot = tape, slot
+        ctx.tape, ctx.slot = weakref.ref(tape), slot
         return torch.addcmul(bias, xhat, weight)
 
     @staticmethod
     def backward(ctx, g):
         (weight,) = ctx.saved_tensors
-        ctx.tape.grads[ctx.slot] = g
+        ctx.tape().grads[ctx.slot] = g
         return (g * weight if ctx.needs_input_grad[0] else None), None, None, None, None
 
 
