@@ -37,10 +37,25 @@ class RequestTask(Task):
 
 @shared_task(name="workers.run_request", base=RequestTask, acks_late=True, ignore_result=True, bind=True)
 def run_request(self, request_id: str) -> str:
-    """Run an admitted request through its engine and commit (or refund) its charge."""
+    """Run an admitted request through its engine and commit (or refund) its charge.
+
+    The database away (restarting, unreachable) when the task arrives: the claim raised, and
+    Celery acknowledged the failed task, so the message was gone while the request stayed
+    ``queued`` with its budget reserved until the sweep's re-send period (6 h on Redis; 27
+    such requests in one 25 s PostgreSQL outage). Now the task is sent again after 1, 2, 4
+    ... up to 30 s until the database answers; a copy that finds the request claimed changes
+    nothing (the claim is a compare-and-set)."""
+    from django.db import InterfaceError, OperationalError
+
     from governance.requests.execution import execute
 
-    return execute(request_id, worker=self.request.hostname or "")
+    try:
+        return execute(request_id, worker=self.request.hostname or "")
+    except (OperationalError, InterfaceError) as exc:
+        if self.request.is_eager:
+            raise
+        log.warning("request %s: the database is unavailable (%s); its task is sent again", request_id, exc)
+        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30), max_retries=None) from exc
 
 
 @shared_task(name="workers.register_dataset", acks_late=True, ignore_result=True)

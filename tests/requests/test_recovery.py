@@ -125,3 +125,37 @@ def test_the_sweep_removes_a_copy_no_dataset_names_once_it_is_old(make_dataset, 
     os.utime(settings.DATA_DIR / ds.file, (old, old))
     assert sweep_task()["orphan_files"] == ["datasets/gone-0123456789ab.csv"]
     assert not orphan.exists() and fresh.exists() and (settings.DATA_DIR / ds.file).exists()
+
+
+def test_a_task_that_finds_the_database_away_is_sent_again_not_dropped(api, analyst, clinic, monkeypatch,
+                                                                        django_capture_on_commit_callbacks):
+    """The claim raising OperationalError (PostgreSQL restarting) used to fail the task, which
+    Celery then acknowledged: the message was gone, the request queued for the sweep's 6 h.
+    The task now asks Celery for a retry, which sends it again (here: run at once, eagerly)."""
+    from django.db import OperationalError
+
+    from governance.requests import execution
+    from workers.tasks import run_request
+
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    calls = []
+    real = execution.execute
+
+    def flaky(request_id, worker=""):
+        calls.append(request_id)
+        if len(calls) == 1:
+            raise OperationalError("connection failed: the database system is starting up")
+        return real(request_id, worker)
+
+    monkeypatch.setattr(execution, "execute", flaky)
+    run_request.push_request(id="t1", args=[rid], kwargs={}, retries=0, is_eager=False, called_directly=False,
+                             delivery_info={}, hostname="cpu@test")
+    try:
+        from celery.exceptions import Retry
+
+        with pytest.raises(Retry):
+            run_request.run(rid)
+    finally:
+        run_request.pop_request()
+    assert calls == [rid, rid]  # the retry's copy ran it
+    assert Request.objects.get(pk=rid).status == "succeeded"
