@@ -1,8 +1,10 @@
 """Requests to engines: submit (plan, gate, queue), status, result files, cancel; the engine list.
 """
 
+import logging
 import re
 
+from django.db import InterfaceError, OperationalError
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -22,6 +24,8 @@ from ..models import Request
 from ..requests.waiting import MAX_WAIT_SECONDS, apply_final_state, parse_wait, wait_final
 from . import serializers as s
 from .common import FormatSuffix, file_response, usable_dataset, visible_request
+
+log = logging.getLogger(__name__)
 
 WAIT_PARAM = OpenApiParameter(
     "wait", float, OpenApiParameter.QUERY, required=False,
@@ -92,11 +96,19 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
             raise InvalidRequest(f"No dataset {v['dataset']!r} that you may use.", errors={"dataset": "not found"})
         req, replayed = submit(request.user, ds, v["engine"], v["kind"], v["params"], idempotency_key=key)
         repeated = getattr(req, "repeated", False)
-        if final := self._wait_for(req, wait, in_hand=(ds, request.user)):
-            req = final  # read once, when final
-        elif wait or repeated or replayed or app().conf.task_always_eager:
-            req = self._visible(req.pk)  # as it is now
-        else:  # as just committed: the row, its dataset, analyst and reservation are in hand
+        try:
+            if final := self._wait_for(req, wait, in_hand=(ds, request.user)):
+                req = final  # read once, when final
+            elif wait or repeated or replayed or app().conf.task_always_eager:
+                req = self._visible(req.pk)  # as it is now
+            else:  # as just committed: the row, its dataset, analyst and reservation are in hand
+                req.dataset, req.analyst = ds, request.user
+        except (OperationalError, InterfaceError) as exc:
+            # Committed already (admitted and reserved, or a replay): only reading it again
+            # failed (the database restarting). A 503 "nothing was kept" here told the analyst
+            # to POST again, which charges again without an Idempotency-Key: answer with the
+            # request as committed instead.
+            log.warning("request %s: committed, then the database was unavailable for its answer: %s", req.pk, exc)
             req.dataset, req.analyst = ds, request.user
         replayed = replayed or (repeated and req.replay_of_id is not None)
         response = Response(s.request_json(req, request),

@@ -213,6 +213,34 @@ def test_a_locked_database_is_a_503_with_retry_after_not_an_html_500(world, djan
     assert not Request.objects.exists()
 
 
+@pytest.mark.parametrize("fails", ["_wait_for", "_visible"])
+def test_the_database_lost_after_the_commit_answers_202_with_the_request_not_nothing_was_kept(
+        world, django_capture_on_commit_callbacks, monkeypatch, fails):
+    """PostgreSQL restarting between the gate's commit and the POST's read of the request
+    (``?wait``): the answer was a 503 saying nothing was kept, for a request admitted and
+    charged; an analyst who posted again (no Idempotency-Key) paid twice. Now: 202 with
+    the request as committed."""
+    from django.db import OperationalError
+
+    from governance.api.request_views import RequestViewSet
+
+    def away(*args, **kwargs):
+        raise OperationalError("terminating connection due to administrator command")
+
+    if fails == "_visible":
+        monkeypatch.setattr(RequestViewSet, "_wait_for", lambda *a, **k: None)
+    monkeypatch.setattr(RequestViewSet, fails, away)
+    ds, clients = world
+    with django_capture_on_commit_callbacks(execute=False):
+        r = clients["analyst"].post("/api/requests/?wait=5", {"dataset": "clinic", "engine": "aggregates",
+                                                              "kind": "count", "params": {"epsilon": 0.01}},
+                                    format="json")
+    assert r.status_code == 202, r.content[:300]
+    req = Request.objects.get()
+    assert r.json()["id"] == str(req.pk) and r.json()["status"] == "queued" == req.status
+    assert req.ledger_entry.status == "reserved"
+
+
 # --------------------------------------------------------------------------- the defects of issue 22
 
 
