@@ -261,6 +261,10 @@ CELERY_TASK_ACKS_LATE = True
 # One message at a time per worker process: training runs are long, and a prefetched
 # message would wait behind one while another worker sits idle.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# `--pool prefork` is Celery's prefork pool with locks a killed pool process cannot keep
+# (workers/pool.py: on the embedded broker an idle process killed held the task pipe's lock,
+# and the worker wedged for good); on Redis it is Celery's own.
+CELERY_WORKER_POOL = "workers.pool:TaskPool"
 # Celery's Django fix-up closes the database connections before and after every task unless
 # this is set: a new PostgreSQL connection per request (bench_request_path: the server's CPU
 # for it, ~8 ms, was most of PostgreSQL's share of a DP count). The fix-up now closes them

@@ -483,3 +483,39 @@ def test_an_embedded_beat_that_dies_is_started_again(embedded_worker):
     second = wait_for(lambda: (b := beat()) is not None and b.pid != first.pid and b, timeout=30)
     assert second.is_running()
     wait_for(lambda: "the embedded beat process died" in embedded_worker.logfile.read_text(), timeout=10)
+
+
+def _uses_database(proc) -> bool:
+    from django.db import connection as db
+
+    name = str(db.settings_dict["NAME"])
+    if db.vendor == "sqlite":
+        return any(f.path.startswith(name) for f in proc.open_files())
+    return any(c.raddr and c.raddr.port == int(db.settings_dict["PORT"]) for c in proc.net_connections("inet"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_pool_process_killed_does_not_wedge_the_worker(embedded_worker, api, analyst, clinic, embedded):
+    """Prefork on the embedded broker is billiard's shared-pipe pool: its idle process waits
+    for a task holding the pipe's read lock. ``kill -9`` of that process left the lock held
+    for good: its replacement blocked on it, and every later request waited forever while
+    the worker looked alive (3 of 4 trials). With workers.pool's locks the kernel frees it."""
+    import signal
+
+    import psutil
+
+    client = api(analyst)
+    first = _queued(client, 1, eps=0.01)[0]
+    _publish(embedded, first)
+    wait_for(lambda: Request.objects.get(pk=first).status == "succeeded", timeout=90, interval=0.3)
+    worker = psutil.Process(embedded_worker.pid)
+    pool = [p for p in worker.children() if _uses_database(p)]
+    assert len(pool) == 1, worker.children()
+    time.sleep(0.5)  # idle again: waiting on the task pipe
+    os.kill(pool[0].pid, signal.SIGKILL)
+    wait_for(lambda: [p for p in worker.children() if p.pid != pool[0].pid and p.status() != "zombie"], timeout=30)
+    later = _queued(client, 2, eps=0.02)
+    for rid in later:
+        _publish(embedded, rid)
+    wait_for(lambda: Request.objects.filter(pk__in=later, status="succeeded").count() == 2, timeout=60, interval=0.3)
+    assert embedded_worker.poll() is None
