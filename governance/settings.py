@@ -278,21 +278,20 @@ CELERY_TASK_TIME_LIMIT = envint("CELERY_TASK_TIME_LIMIT", 3 * 3600 + 300)
 # Recovery (governance/requests/recovery.py): a running request's worker writes a heartbeat every
 # REQUEST_HEARTBEAT_SECONDS; one silent for REQUEST_LOST_AFTER_SECONDS is declared lost by
 # the sweep (the periodic task workers.sweep, or manage.py recover). A queued request not
-# picked up within REQUEST_REQUEUE_AFTER_SECONDS has its task sent again. The default
-# depends on the broker:
-# - Redis: 6 h, past the visibility timeout: before it a message taken by a worker that
-#   died is still "in flight" and Redis itself delivers it again; re-sending earlier only
-#   makes copies (harmless, the claim is a compare-and-set, but a backlog would fill up).
-# - embedded: 60 s. Nothing is in flight but invisible here: a message is either a file in
-#   var/broker (the sweep sees it and does not re-send) or in a worker's memory (gone if the
-#   worker died). So a request queued for 60 s with no file left is re-sent at once.
+# picked up within REQUEST_REQUEUE_AFTER_SECONDS (60 s) has its task sent again if the
+# broker holds no message of it: on the embedded broker no file in var/broker (a message is
+# a file or in a worker's memory, gone if the worker died); on Redis none in its queues or
+# its unacknowledged hash (a message taken by a dead worker waits there for the visibility
+# timeout, after which Redis delivers it again). A message Redis lost (restarted without its
+# append-only file) or never got (the web process killed between its commit and its publish)
+# is re-sent within about two minutes; before, the Redis default was 6 h with no look.
 REQUEST_HEARTBEAT_SECONDS = envint("REQUEST_HEARTBEAT_SECONDS", 15)
 REQUEST_LOST_AFTER_SECONDS = envint("REQUEST_LOST_AFTER_SECONDS", 120)
 # A finished run's outcome whose write finds the database away (locked past its timeout,
 # restarting, unreachable) is written again every few seconds for this long, its result kept
 # in the worker's memory; then the sweep finishes the request as lost.
 OUTCOME_RETRY_SECONDS = envint("OUTCOME_RETRY_SECONDS", 3600)
-REQUEST_REQUEUE_AFTER_SECONDS = envint("REQUEST_REQUEUE_AFTER_SECONDS", 60 if EMBEDDED_BROKER else 6 * 3600)
+REQUEST_REQUEUE_AFTER_SECONDS = envint("REQUEST_REQUEUE_AFTER_SECONDS", 60)
 # Worker liveness (governance/core/liveness.py): each worker writes a record every
 # WORKER_HEARTBEAT_SECONDS (Redis with REDIS_URL, else files in var/workers); it counts as
 # alive while the record is younger than WORKER_ALIVE_SECONDS. `manage.py workers` and the

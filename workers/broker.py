@@ -246,3 +246,28 @@ def pending_request_ids(folder) -> set[str]:
         if rid:
             out.add(rid)
     return out
+
+
+def redis_pending_request_ids(connection, queues) -> set[str]:
+    """The request ids of ``workers.run_request`` messages a Redis broker holds: waiting in
+    ``queues`` (kombu's list per queue and priority step) or delivered to a worker and not
+    yet acknowledged (kombu's ``unacked`` hash, where a message a dead worker had taken
+    waits for the visibility timeout). ``connection``: a kombu Connection to the broker.
+    Raises on a broker that cannot be read (the caller then re-sends nothing)."""
+    channel = connection.default_channel
+    client = channel.client
+    payloads = []
+    for queue in sorted(set(queues)):
+        for pri in channel.priority_steps:
+            payloads += [_json(raw) for raw in client.lrange(channel._q_for_pri(queue, pri), 0, -1)]
+    for value in client.hvals(channel.unacked_key):  # [message, exchange, routing key]
+        value = _json(value)
+        payloads.append(value[0] if isinstance(value, list) and value else None)
+    return {rid for p in payloads if isinstance(p, dict) and (rid := request_id_of(p))}
+
+
+def _json(raw):
+    try:
+        return json.loads(raw)
+    except (ValueError, TypeError):
+        return None

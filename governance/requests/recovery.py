@@ -15,16 +15,18 @@ sweep (``sweep()``: the periodic task ``workers.sweep`` run by Celery beat, or
 2. **Not picked up**: a request ``queued`` for longer than
    ``REQUEST_REQUEUE_AFTER_SECONDS`` has its task sent again, once per such period
    (``progress.requeued_at``), so a backlog that is only slow is not flooded with copies.
-   A second delivery is harmless: the claim is a compare-and-set. The period depends on
-   the broker (settings.py):
+   A second delivery is harmless: the claim is a compare-and-set. Only requests of which
+   the broker holds no message are sent (``_pending``; a broker that cannot be read sends
+   nothing that sweep):
 
-   - Redis: 6 h, past its visibility timeout (a message lost by a broker restart without
-     persistence; before that, one taken by a dead worker is delivered again by Redis).
-   - embedded (``filesystem://``, ``workers.broker``): 60 s, and only requests with no
-     message file left in the broker's folder (``workers.broker.pending_request_ids``):
-     a message there is waiting its turn; one that is gone was taken by a worker, which
-     claims it at once unless it died with it (``kill -9``; the transport keeps taken
-     messages in memory until they are acknowledged).
+   - Redis (``workers.broker.redis_pending_request_ids``): none in the queue's lists or in
+     the unacknowledged hash, where a message taken by a dead worker waits until Redis
+     delivers it again. What it lacks was lost with a restart without persistence, or never
+     published (the web process killed between its commit and its publish).
+   - embedded (``filesystem://``, ``workers.broker.pending_request_ids``): no message file
+     left in the broker's folder: a message there is waiting its turn; one that is gone was
+     taken by a worker, which claims it at once unless it died with it (``kill -9``; the
+     transport keeps taken messages in memory until they are acknowledged).
 3. **Not sent**: a request ``queued`` whose task could not be sent after its commit (Redis
    down or restarting, a broken broker connection: ``governance.core.dispatch`` lets the
    POST be answered and marks it with ``progress.unsent_at``, ``mark_unsent``) is sent by
@@ -78,26 +80,26 @@ def sweep(*, now=None, lost_after: float | None = None, requeue_after: float | N
     stale_queued = Request.objects.filter(
         Q(created_at__lt=now - timedelta(seconds=requeue_after)) | Q(progress__has_key="unsent_at"),
         status=Request.Status.QUEUED)
-    waiting = None  # embedded broker: the request ids whose message is still a file, read once
+    candidates = []
     for pk, engine, progress in stale_queued.values_list("pk", "engine", "progress"):
         progress = progress or {}
         last = progress.get("requeued_at")
         if "unsent_at" not in progress and last is not None and \
                 last > (now - timedelta(seconds=requeue_after)).timestamp():
             continue
-        if "unsent_at" not in progress and getattr(settings, "EMBEDDED_BROKER", False):
-            if waiting is None:
-                waiting = _embedded_pending()
-            if str(pk) in waiting:
-                continue  # its message is in the folder, waiting its turn: no copy
-        stamped = {k: v for k, v in progress.items() if k != "unsent_at"}
-        if not Request.objects.filter(pk=pk, status=Request.Status.QUEUED).update(
-                progress={**stamped, "requeued_at": now.timestamp()}):
-            continue
         try:
             queue = plugins.info(engine)["queue"]
         except Exception:  # noqa: BLE001 - an engine removed since: the cpu queue will fail it cleanly
             queue = "cpu"
+        candidates.append((pk, queue, progress))
+    waiting = _pending({q for pk, q, p in candidates if "unsent_at" not in p}) if candidates else set()
+    for pk, queue, progress in candidates:
+        if "unsent_at" not in progress and (waiting is None or str(pk) in waiting):
+            continue  # its message is in the broker, waiting its turn (or the broker cannot say): no copy
+        stamped = {k: v for k, v in progress.items() if k != "unsent_at"}
+        if not Request.objects.filter(pk=pk, status=Request.Status.QUEUED).update(
+                progress={**stamped, "requeued_at": now.timestamp()}):
+            continue
         enqueue(pk, queue)
         requeued.append(str(pk))
     if lost or requeued:
@@ -105,10 +107,25 @@ def sweep(*, now=None, lost_after: float | None = None, requeue_after: float | N
     return {"lost": lost, "requeued": requeued}
 
 
-def _embedded_pending() -> set[str]:
-    from workers.broker import pending_request_ids
+def _pending(queues: set[str]) -> set[str] | None:
+    """The request ids whose message the broker holds (waiting, or taken and not yet
+    acknowledged); None when the broker cannot be read."""
+    if not queues:
+        return set()
+    if getattr(settings, "EMBEDDED_BROKER", False):
+        from workers.broker import pending_request_ids
 
-    return pending_request_ids(settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("data_folder_in", settings.BROKER_DIR))
+        return pending_request_ids(settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("data_folder_in", settings.BROKER_DIR))
+    from workers.broker import redis_pending_request_ids
+
+    from ..core.dispatch import app
+
+    try:
+        with app().connection_for_read() as conn:
+            return redis_pending_request_ids(conn, queues)
+    except Exception:  # noqa: BLE001 - Redis down or restarting: the next sweep looks again
+        log.warning("recovery sweep: the broker's queues could not be read; nothing re-sent this time", exc_info=True)
+        return None
 
 
 def _finish_lost(pk, cutoff, now) -> bool:

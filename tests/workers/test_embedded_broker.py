@@ -243,17 +243,6 @@ def _publish(var: Path, rid):
 
 
 @pytest.mark.django_db
-def test_the_requeue_default_is_a_minute_on_the_embedded_broker_and_six_hours_on_redis():
-    code = "import django; django.setup(); from django.conf import settings as s; print(s.REQUEST_REQUEUE_AFTER_SECONDS)"
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "CELERY_BROKER_URL",
-                                                            "REQUEST_REQUEUE_AFTER_SECONDS")}
-    env["DJANGO_SETTINGS_MODULE"] = "governance.settings"
-    out = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=e, capture_output=True, text=True, timeout=60)
-           for e in (env, {**env, "REDIS_URL": "redis://127.0.0.1:1/0"})]
-    assert [o.stdout.strip().splitlines()[-1] for o in out] == ["60", "21600"], [o.stderr[-500:] for o in out]
-
-
-@pytest.mark.django_db
 def test_a_queued_request_whose_message_is_gone_is_sent_again_after_a_minute(api, analyst, clinic, embedded,
                                                                             settings, monkeypatch):
     from governance.requests import submission
