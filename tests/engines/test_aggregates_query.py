@@ -64,8 +64,10 @@ def test_the_answer_equals_pandas_at_a_huge_epsilon_with_named_columns(frame):
         row = got[(site, int(decade))]
         cis = r["ci95"][r["rows"].index(row)]
         assert row[2] == want["n"] and cis[2][0] <= want["n"] <= cis[2][1]
-        half = (cis[3][1] - cis[3][0]) / 2  # 95% per cell: allow 3 half-widths (one cell in 10^5 misses)
-        assert abs(row[3] - want["total"]) <= 3 * half
+        # 95% per cell. The noise is Laplace-tailed: past k half-widths with probability 20^-k
+        # (3 missed about one run in 400 of these 15 cells, once in CI); 6: one in 4 million
+        half = (cis[3][1] - cis[3][0]) / 2
+        assert abs(row[3] - want["total"]) <= 6 * half
 
 
 def test_case_bins_follow_sql(frame):
