@@ -43,6 +43,11 @@ fi
 "$PY" bench/bench_requests.py "${quick[@]}"
 "$PY" bench/bench_client.py "${quick[@]}"
 "$PY" bench/bench_dpsgd.py "${quick[@]}"
+epochs=()
+if [ -n "${BENCH_QUICK:-}" ]; then
+    epochs=(--epochs 5)
+fi
+"$PY" bench/bench_dpsgd_memory.py "${epochs[@]}"
 bench/setup_smartnoise.sh
 "$PY" bench/bench_synthesis.py "${quick[@]}"
 "$PY" bench/bench_accounting.py "${quick[@]}"
