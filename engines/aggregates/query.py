@@ -68,21 +68,34 @@ def _floor_edge(j: int, w: float) -> float:
     return x
 
 
+BIN_KEYS = {"column", "name", "width", "multiplier"}
+THRESHOLD_KEYS = {"column", "name", "thresholds", "closed", "labels"}
+
+
 def _group_key(i: int, g: Any, dataset: DatasetMeta, errors: dict) -> dict | None:
     key = f"group_by[{i}]"
     if not isinstance(g, dict) or "column" not in g:
         _err(errors, key, 'must be an object with "column" (and "width" or "thresholds" to bin a numeric one)')
         return None
-    extra = set(g) - {"column", "width", "multiplier", "thresholds", "closed", "labels", "name"}
+    # the keys each form takes; any other is refused, never accepted and ignored (it would be
+    # stored in the request and its audit record, and make the same question a new one)
+    form = (BIN_KEYS if "width" in g else THRESHOLD_KEYS if "thresholds" in g else {"column", "name"})
+    extra = set(g) - form
     if extra:
-        _err(errors, key, f"unknown key(s): {', '.join(sorted(map(str, extra)))}")
+        what = ("width bins take" if "width" in g else "threshold bins take" if "thresholds" in g
+                else "a categorical key takes")
+        _err(errors, key, f"unknown key(s) {', '.join(sorted(map(str, extra)))[:300]}: {what} "
+                          f"{', '.join(sorted(form))}")
+        return None
+    if "name" in g and (not isinstance(g["name"], str) or not g["name"] or len(g["name"]) > 200):
+        _err(errors, key, "name must be a string of 1 to 200 characters")
         return None
     spec, err = P._column_spec(dataset, g["column"])
     if err:
         _err(errors, key, err)
         return None
     col = g["column"]
-    name = g.get("name") if isinstance(g.get("name"), str) else col
+    name = g.get("name", col)
     if "width" not in g and "thresholds" not in g:
         dom = P._domain(spec)
         if dom is None:
@@ -190,13 +203,14 @@ def validate(params: Any, dataset: DatasetMeta) -> tuple[list, list, list, dict]
         names.add(name)
         if "group" in it:
             g = it["group"]
-            if set(it) != {"name", "group"} or isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < len(gb):
+            n_keys = len(gb) if isinstance(gb, list) else 0  # (a group_by that is no list is refused above)
+            if set(it) != {"name", "group"} or isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < n_keys:
                 errors[key] = "a group item is {\"name\", \"group\": index into group_by}"
                 continue
             items.append({"name": name, "group": g})
             continue
         agg = it.get("agg")
-        if agg not in AGGS:
+        if not isinstance(agg, str) or agg not in AGGS:
             errors[key] = f"agg must be one of {', '.join(AGGS)}, got {agg!r}"
             continue
         sub = {k: v for k, v in it.items() if k not in ("name", "agg")}
@@ -242,6 +256,9 @@ def validate(params: Any, dataset: DatasetMeta) -> tuple[list, list, list, dict]
         q.distinct_units = agg == "count_distinct"
         items.append({"name": name, "agg": len(aggs)})
         aggs.append((name, agg, q))
+    if "candidates" in params and not any(isinstance(it, dict) and isinstance(it.get("agg"), str)
+                                          and AGGS.get(it["agg"]) == "quantile" for it in select):
+        errors["candidates"] = "candidates are for a quantile (median, percentile): this query has none"
     post = _post(params, names, errors)
     if errors:
         detail = "; ".join(f"{k}: {v}" for k, v in errors.items())

@@ -99,14 +99,17 @@ _QUERY = {
             "width": _POSITIVE, "multiplier": {"type": "number"},
             "thresholds": {"type": "array", "items": {"type": "number"}, "minItems": 1},
             "closed": {"enum": ["left", "right"]}, "labels": {"type": "array", "items": _SCALAR}}},
-            "description": "categorical columns (declared domain) or bins of bounded numeric columns: "
-                           "width (FLOOR(col / width) * multiplier) or thresholds (CASE WHEN col < t ...)"},
+            "description": "categorical columns (declared domain; column, name) or bins of bounded numeric "
+                           "columns: width (FLOOR(col / width) * multiplier; column, name, width, multiplier) or "
+                           "thresholds (CASE WHEN col < t ...; column, name, thresholds, closed, labels). A key "
+                           "its form does not take is a 400"},
         "where": _COMMON["where"],
         "having": {"type": "array", "items": {"type": "object"}, "description": "on released values"},
         "order_by": {"type": "array", "items": {"type": "object", "properties": {
             "column": {"type": "string"}, "desc": {"type": "boolean"}}}},
         "limit": {"type": "integer", "minimum": 0},
         **{k: _COMMON[k] for k in ("mechanism", "epsilon", "rho", "accuracy", "max_rows_per_unit")},
-        "candidates": {"type": "integer", "minimum": 2, "maximum": MAX_CANDIDATES, "default": DEFAULT_CANDIDATES},
+        "candidates": {"type": "integer", "minimum": 2, "maximum": MAX_CANDIDATES, "default": DEFAULT_CANDIDATES,
+                       "description": "for a quantile item; refused on a query without one"},
     },
 }

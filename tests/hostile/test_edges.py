@@ -241,6 +241,38 @@ def test_the_database_lost_after_the_commit_answers_202_with_the_request_not_not
     assert req.ledger_entry.status == "reserved"
 
 
+QUERY_SHAPES = [
+    # a group item with a group_by that is no list: a TypeError and Django's HTML 500 page
+    ({"group_by": None}, "group_by"), ({"group_by": True}, "group_by"), ({"group_by": 2 ** 64}, "group_by"),
+    ({"select": [{"name": "n", "agg": [1]}]}, "select[0]"),  # an unhashable agg: a TypeError too
+    # accepted and ignored before: stored in the request and its record, a new fingerprint each
+    ({"candidates": {"junk": [1]}}, "candidates"),
+    ({"group_by": [{"column": "age", "width": 10, "closed": "junk"}]}, "group_by[0]"),
+    ({"group_by": [{"column": "age", "thresholds": [40], "labels": ["a", "b"], "multiplier": "x"}]},
+     "group_by[0]"),
+    ({"group_by": [{"column": "age", "width": 10, "name": {"x": [1]}}]}, "group_by[0]"),
+    ({"group_by": [{"column": "age", "width": 10, "thresholds": "junk", "labels": 7}]}, "group_by[0]"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(QUERY_SHAPES)))
+def test_a_query_of_the_wrong_shape_is_a_400_naming_the_part(world, django_capture_on_commit_callbacks, case):
+    change, part = QUERY_SHAPES[case]
+    params = {"select": [{"name": "g", "group": 0}, {"name": "n", "agg": "count"}],
+              "group_by": [{"column": "age", "width": 10}], "epsilon": 0.1}
+    r = send(world, django_capture_on_commit_callbacks, "analyst", "POST", "/api/datasets/clinic/estimate/",
+             json.dumps({"engine": "aggregates", "kind": "query", "params": params}))
+    assert r.status_code == 200, r.content[:300]  # the shape without the change is fine
+    params.update(change)
+    for url in ("/api/requests/", "/api/datasets/clinic/estimate/"):
+        body = {"dataset": "clinic", "engine": "aggregates", "kind": "query", "params": params}
+        if url != "/api/requests/":
+            body = {k: body[k] for k in ("engine", "kind", "params")}
+        r = send(world, django_capture_on_commit_callbacks, "analyst", "POST", url, json.dumps(body))
+        assert r.status_code == 400 and part in r.json()["errors"], (url, r.content[:400])
+    assert not Request.objects.exists()
+
+
 # --------------------------------------------------------------------------- the defects of issue 22
 
 
