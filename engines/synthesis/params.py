@@ -158,22 +158,34 @@ class Spec:
 
 def _column(name: str, col: dict, bins: int) -> dict | str:
     typ = col.get("type")
+    # (registration checks all of this: a DatasetMeta built by hand, an engine called
+    # directly, gets the same refusals, never a table that breaks its declarations)
+    for flag in ("integer", "nullable"):
+        if not isinstance(col.get(flag, False), bool):
+            return f"column {name!r}: {flag} must be true or false, got {col[flag]!r}"
     if typ == "numeric":
         lo, hi = col.get("lower"), col.get("upper")
-        if not (_finite(lo) and _finite(hi) and lo < hi):
+        if lo is None or hi is None:
             return (f"numeric column {name!r} has no declared bounds: the officer must declare lower and upper "
                     "(bounds read from the data would leak)")
+        if not (_finite(lo) and _finite(hi)):
+            return f"numeric column {name!r}: its bounds must be finite numbers, got [{lo!r}, {hi!r}]"
+        if not lo < hi:
+            return f"numeric column {name!r}: its lower bound {lo!r} must be below its upper bound {hi!r}"
         if problem := span_error(lo, hi):
             return f"numeric column {name!r}: {problem}"
         decimals = col.get("decimals")
         if decimals is not None and (isinstance(decimals, bool) or not isinstance(decimals, int)
                                      or not 0 <= decimals <= MAX_DECIMALS):
             return f"numeric column {name!r}: decimals must be an integer from 0 to {MAX_DECIMALS}"
-        integer = bool(col.get("integer", False)) or decimals == 0
+        integer = col.get("integer", False) or decimals == 0
         if not encoding.indexable(col):
             return (f"numeric column {name!r}: its {'integer' if integer else 'decimal'} grid on [{lo:g}, {hi:g}] "
                     "reaches more than 2^62 steps from zero; declare narrower bounds"
                     + ("" if integer else " or fewer decimals"))
+        if not encoding.holds_a_grid_value(col):
+            return (f"numeric column {name!r}: no {'integer' if integer else f'{decimals}-decimal value'} lies "
+                    f"in [{lo:g}, {hi:g}]")
         return {"column": name, "type": "numeric", "lower": float(lo), "upper": float(hi), "bins": bins,
                 "integer": integer,
                 "decimals": None if decimals is None or decimals == 0 else decimals,
@@ -182,6 +194,8 @@ def _column(name: str, col: dict, bins: int) -> dict | str:
         domain = col.get("domain")
         if not isinstance(domain, list) or not domain:
             return f"categorical column {name!r} has no declared domain"
+        if not all(isinstance(v, (str, int, float, bool)) for v in domain) or len({repr(v) for v in domain}) != len(domain):
+            return f"categorical column {name!r}: its domain must list distinct strings, numbers or booleans"
         return {"column": name, "type": "categorical", "domain": list(domain),
                 "nullable": col.get("nullable", True) is not False}
     return f"column {name!r} is of type {typ!r}: only numeric and categorical columns can be synthesized"

@@ -213,7 +213,10 @@ def _refuse_too_little_signal(method: str, spec: Spec, sd: float) -> None:
         raise PlanError(
             f"epsilon {spec.epsilon:g} is too small for {method} on {spec.n_train_units:,} privacy units and "
             f"{_columns(spec)}: the noise on each one-way marginal (sd {sd:,.3g}) would exceed a tenth of the "
-            f"training units ({limit:,.3g}); raise epsilon, synthesize fewer columns or use fewer bins",
+            f"training units ({limit:,.3g}); raise epsilon or synthesize fewer columns"
+            + (" (unit_weighting false drops the bucket column)" if spec.unit_weighting else "")
+            + (f", or a smaller max_rows_per_unit than {spec.max_rows_per_unit}" if spec.max_rows_per_unit > 1
+               else "") + " (bins do not change this noise)",
             {"epsilon": f"too small for {method} here (one-way noise sd {sd:,.3g}, over {limit:,.3g})"})
 
 

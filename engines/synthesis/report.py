@@ -7,11 +7,14 @@ draws fresh rows from the true distribution, would produce, so each quality metr
 reported for the synthetic table *and* for the holdout in its place (the "ceiling"), and
 each privacy metric next to the same attack run on the holdout (the "baseline").
 
-Encodings use only the declared schema (public), never a statistic of the data:
+Encodings:
 
-- ``discretise``: numeric -> ``bins`` equal-width bins between the declared bounds
-  (values clamped), categorical -> index in the declared domain; null or undeclared ->
-  one extra code;
+- the accuracy metrics (``quality_report``): a numeric column -> bins at quantiles of the
+  train values (``quantile_coder``: a skewed column keeps its resolution; the report says
+  so in each metric's ``binning``), categorical -> index in the declared domain; null or
+  undeclared -> one extra code. These read the train values, like every figure here;
+- ``discretise`` (equal-width bins between the declared bounds, values clamped): the
+  codes of the HTML page's marginal figures;
 - models (discriminator, TSTR, attribute inference): numeric clamped to the bounds (null
   kept as missing), categorical as its domain index (a native categorical feature of
   scikit-learn's histogram gradient boosting);
@@ -66,10 +69,12 @@ ASSOCIATION = ("bias-corrected Cramér's V (Bergsma 2013) between the discretise
 
 QUALITY_NOTES = {
     "univariate_accuracy": "1 - total variation distance between the train and the synthetic marginal of each "
-                           "column over its discretised codes (20 bins), averaged over columns. 1 = identical "
+                           "column over its codes (20 bins at quantiles of the train values; a categorical "
+                           "column's declared values), averaged over columns. 1 = identical "
                            "histograms. 'holdout' is the same with the holdout in place of the synthetic table: "
                            "the sampling-noise ceiling (a synthetic table larger than the holdout can exceed it).",
-    "bivariate_accuracy": "1 - total variation distance between the 2-D histograms (10 x 10 bins) of each pair of "
+    "bivariate_accuracy": "1 - total variation distance between the 2-D histograms (10 x 10 bins, at quantiles of "
+                          "the train values) of each pair of "
                           "columns in train and in synthetic, averaged over pairs: how well pairwise dependence is "
                           "kept. 'pairs' gives each pair.",
     "overall_accuracy": "Mean of univariate and bivariate accuracy.",

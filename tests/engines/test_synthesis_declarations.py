@@ -3,6 +3,7 @@ integer and decimal grids at any range, ``nullable: false``, the declared bounds
 domains; the private compression of measured cells; the tree partition of a skewed column;
 the plan charges every one-way histogram."""
 
+import json
 import os
 
 import numpy as np
@@ -459,3 +460,26 @@ def test_a_smooth_column_is_not_drawn_as_spikes_of_noise():
         syn, _, _ = synthesize(df, meta, {"method": "mst", "epsilon": 0.5, "rows": n, "holdout_fraction": 0})
         tv.append(0.5 * np.abs(real - np.histogram(syn.x, 20, (0, 1))[0] / len(syn)).sum())
     assert np.mean(tv) < 0.075, tv
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    # a grid with no value inside the bounds gave 0 and 1 on [0.2, 0.8], 0.1510010... on [0.151, 0.159]
+    ({"lower": 0.2, "upper": 0.8, "integer": True}, "no integer lies in [0.2, 0.8]"),
+    ({"lower": 0.151, "upper": 0.159, "decimals": 2}, "no 2-decimal value lies"),
+    # flags that are not booleans were read by truth: "no" meant integer, "false" nullable
+    ({"lower": 0, "upper": 10, "integer": "no"}, "integer must be true or false"),
+    ({"lower": 0, "upper": 10, "nullable": "false"}, "nullable must be true or false"),
+    # every bound problem said "has no declared bounds"
+    ({"lower": 5, "upper": 1}, "lower bound 5 must be below its upper bound 1"),
+    ({"lower": float("nan"), "upper": 1}, "must be finite numbers"),
+    ({"lower": "0", "upper": "9"}, "must be finite numbers"),
+    ({"type": "categorical", "domain": ["a", "a", "b"]}, "distinct"),
+    ({"type": "categorical", "domain": ["a", None]}, "distinct strings, numbers or booleans"),
+])
+def test_a_declaration_registration_would_refuse_is_refused_by_the_engine_too(spec, fragment):
+    """A DatasetMeta built by hand reaches the engine without registration's checks: it
+    refuses what would break its own declarations, naming the problem (a helper's probe)."""
+    df = pd.DataFrame({"x": np.linspace(0, 1, 100), "g": ["a", "b"] * 50})
+    schema = {"x": {"type": "numeric", **spec}, "g": {"type": "categorical", "domain": ["a", "b"]}}
+    errors = _plan_errors(df, schema, {"epsilon": 1, "method": "mst", "holdout_fraction": 0})
+    assert fragment in json.dumps(errors), errors
