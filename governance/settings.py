@@ -271,6 +271,12 @@ CELERY_WORKER_POOL = "workers.pool:TaskPool"
 # every CELERY_DB_REUSE_MAX tasks; before each task workers.tasks applies Django's own rules
 # (CONN_MAX_AGE, health checks, a connection broken by an error), as for a web request.
 CELERY_DB_REUSE_MAX = envint("CELERY_DB_REUSE_MAX", 1000)
+# A prefork pool process left holding more than this after a task is replaced by a fresh one
+# (Celery's worker_max_memory_per_child, in KiB): a guard against memory a run failed to give
+# back (a DP-SGD leak once left idle pool processes at 9-11 GB); 0: off. Solo and threads
+# pools ignore it.
+WORKER_MAX_MEMORY_MB = envint("WORKER_MAX_MEMORY_MB", 4096)
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = WORKER_MAX_MEMORY_MB * 1024 if WORKER_MAX_MEMORY_MB > 0 else None
 # Soft limit raises inside the task so it can record a failure (the charge stands once data
 # was read); the hard limit kills a task that ignores it. DP-SGD runs need hours, not days.
 CELERY_TASK_SOFT_TIME_LIMIT = envint("CELERY_TASK_SOFT_TIME_LIMIT", 3 * 3600)

@@ -40,6 +40,7 @@ def test_the_default_configuration_passes():
     ({"API_TOKEN_TTL_DAYS": -1}, "governance.E008"),
     ({"DASK_TASK_RETRIES": -1}, "governance.E015"),
     ({"CELERY_DB_REUSE_MAX": 0}, "governance.E017"),
+    ({"WORKER_MAX_MEMORY_MB": -1}, "governance.E035"),
     ({"SECURE_HSTS_SECONDS": -3600}, "governance.E023"),
     ({"REQUEST_REQUEUE_AFTER_SECONDS": 0}, "governance.E021"),
     ({"RELEASE_QUANTUM_MS": -1}, "governance.E022"),

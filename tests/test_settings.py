@@ -86,3 +86,12 @@ def test_every_secret_can_come_from_a_file(tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == [values["SECRET_KEY"], str(tmp_path / "db.sqlite3"),
                                                  values["REDIS_URL"], values["CELERY_BROKER_URL"]]
+
+
+def test_a_pool_process_holding_too_much_after_a_task_is_replaced():
+    """Celery reads the guard from the settings (KiB); 0 turns it off."""
+    from django.conf import settings
+
+    from workers import app
+
+    assert app.conf.worker_max_memory_per_child == settings.WORKER_MAX_MEMORY_MB * 1024 == 4096 * 1024

@@ -64,12 +64,14 @@ POSITIVE = {  # setting: (smallest value, what it is)
     "REGISTER_INLINE_BYTES": (0, "bytes of a table read on the request thread (larger: by a worker)"),
     "FEDERATED_WAIT_SITES_SECONDS": (1, "seconds a federated run waits for its sites to connect"),
     "FEDERATED_ROUND_TIMEOUT_SECONDS": (1, "seconds a federated round waits for a sampled site's reply"),
+    "WORKER_MAX_MEMORY_MB": (0, "MB a pool process may hold after a task before it is replaced (0: off)"),
 }
 POSITIVE_IDS = {"API_TOKEN_TTL_DAYS": "governance.E008",
                 "DASK_TASK_RETRIES": "governance.E015", "CELERY_DB_REUSE_MAX": "governance.E017",
                 "SECURE_HSTS_SECONDS": "governance.E023", "REQUEST_REQUEUE_AFTER_SECONDS": "governance.E021",
                 "RELEASE_QUANTUM_MS": "governance.E022", "REGISTER_INLINE_BYTES": "governance.E030",
-                "FEDERATED_WAIT_SITES_SECONDS": "governance.E034", "FEDERATED_ROUND_TIMEOUT_SECONDS": "governance.E034"}
+                "FEDERATED_WAIT_SITES_SECONDS": "governance.E034", "FEDERATED_ROUND_TIMEOUT_SECONDS": "governance.E034",
+                "WORKER_MAX_MEMORY_MB": "governance.E035"}
 
 
 def rate_problem(rate) -> str | None:
