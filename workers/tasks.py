@@ -2,10 +2,13 @@
 sent. User errors are not retried; a second delivery of a task changes nothing."""
 
 import logging
+import os
 import threading
+import time
 
 from celery import Task, shared_task
 from celery.signals import (
+    beat_embedded_init,
     task_postrun,
     task_prerun,
     worker_process_shutdown,
@@ -148,6 +151,23 @@ class BeatWatch:
                 self.controller.beat.stop()
             except Exception:  # noqa: BLE001
                 pass
+
+
+@beat_embedded_init.connect
+def _exit_with_the_worker(**_kwargs):
+    """In an embedded beat (the child process of ``manage.py worker --beat``): exit within
+    seconds once the worker that started it is gone. A worker killed with ``kill -9`` (or by
+    the OOM killer) left its beat running alone for good, sending the sweep every minute
+    beside the next worker's own beat (three such orphans after one CI run)."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        log.warning("the worker that started this embedded beat is gone: the beat stops")
+        os._exit(0)
+
+    threading.Thread(target=watch, name="governance-beat-parent", daemon=True).start()
 
 
 @worker_shutdown.connect

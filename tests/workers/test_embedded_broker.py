@@ -416,9 +416,16 @@ def test_a_worker_killed_is_seen_dead_and_its_taken_request_is_sent_again(embedd
     new worker runs it."""
     from governance.requests.recovery import sweep
 
+    import psutil
+
     wait_for(lambda: ": alive" in _workers_command().text, timeout=60, interval=0.3)
+    children = psutil.Process(embedded_worker.pid).children()
+    assert children  # its embedded beat, its pool process
     embedded_worker.kill()
     embedded_worker.wait(10)
+    # its children go with it (the beat was left running alone, sending sweeps for good)
+    wait_for(lambda: not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE],
+             timeout=20, interval=0.3)
     rid = _queued(api(analyst), 1, eps=0.03)[0]  # taken by the worker that died: no file left
     out = wait_for(lambda: (o := _workers_command()).code == 1 and "DEAD" in o.text and o, timeout=20)
     assert rid in out.text
