@@ -79,11 +79,11 @@ def _group_key(i: int, g: Any, dataset: DatasetMeta, errors: dict) -> dict | Non
         return None
     # the keys each form takes; any other is refused, never accepted and ignored (it would be
     # stored in the request and its audit record, and make the same question a new one)
-    form = (BIN_KEYS if "width" in g else THRESHOLD_KEYS if "thresholds" in g else {"column", "name"})
+    form, what = ((BIN_KEYS, "width bins take") if "width" in g else
+                  (THRESHOLD_KEYS, "threshold bins take") if "thresholds" in g else
+                  ({"column", "name"}, "a categorical key takes"))
     extra = set(g) - form
     if extra:
-        what = ("width bins take" if "width" in g else "threshold bins take" if "thresholds" in g
-                else "a categorical key takes")
         _err(errors, key, f"unknown key(s) {', '.join(sorted(map(str, extra)))[:300]}: {what} "
                           f"{', '.join(sorted(form))}")
         return None

@@ -92,7 +92,7 @@ def sweep(*, now=None, lost_after: float | None = None, requeue_after: float | N
         except Exception:  # noqa: BLE001 - an engine removed since: the cpu queue will fail it cleanly
             queue = "cpu"
         candidates.append((pk, queue, progress))
-    waiting = _pending({q for pk, q, p in candidates if "unsent_at" not in p}) if candidates else set()
+    waiting = _pending({q for pk, q, p in candidates if "unsent_at" not in p})
     for pk, queue, progress in candidates:
         if "unsent_at" not in progress and (waiting is None or str(pk) in waiting):
             continue  # its message is in the broker, waiting its turn (or the broker cannot say): no copy
