@@ -40,6 +40,7 @@ from ..datasets.engine_meta import dataset_meta
 from ..models import Dataset, Request
 from . import federated_runs, outcomes
 from .releaser import RELEASER
+from .submission import access_refusal
 
 log = logging.getLogger(__name__)
 PROGRESS_INTERVAL = 0.5  # seconds between progress writes when there are no ticks (eager runs)
@@ -221,17 +222,24 @@ def _run(req: Request, clock: RunClock) -> str:
     engine_request = EngineRequest(kind=req.kind, params=req.params)
 
     try:
-        meta = dataset_meta(ds)
-        plugins.info(req.engine)  # the engine may have been removed since planning
-        workdir = scratch_dir()  # before the read: a full or unwritable results disk is a refund
-        _mark_data_read(req.pk)
-        data = load_columns(ds, list(plan.columns))
+        # a grant revoked or a dataset deactivated while the request waited stops it here
+        refusal = access_refusal(req.analyst, ds)
+        if refusal is None:
+            meta = dataset_meta(ds)
+            plugins.info(req.engine)  # the engine may have been removed since planning
+            workdir = scratch_dir()  # before the read: a full or unwritable results disk is a refund
+            _mark_data_read(req.pk)
+            data = load_columns(ds, list(plan.columns))
     except Exception as e:
         # The rows never reached the engine: nothing was released, refund.
         log.exception("request %s failed before reading data", req.pk)
         return _finish(req, Request.Status.FAILED, error={"code": "request.failed_before_read",
                                                           "detail": f"Failed before the data was read: {no_paths(e)}"},
                        charge=False)
+    if refusal is not None:
+        return _finish(req, Request.Status.CANCELLED, error={
+            "code": refusal.code, "detail": f"Not run: {refusal} (since the request was admitted); nothing was read, "
+                                            "the reservation is refunded."}, charge=False)
 
     _cluster_jobs()  # forget any job an earlier run of this thread left noted
     # a federated run: its progress per round and the sites its audit record names

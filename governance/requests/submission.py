@@ -112,17 +112,28 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
     return out
 
 
+def access_refusal(analyst, ds: Dataset) -> UserError | None:
+    """Why ``analyst`` may not use ``ds`` now, as read from the database (the dataset is not
+    active, or the analyst is not an officer and holds no active grant on it); None if
+    they may."""
+    from ..models import Grant
+
+    if Dataset.objects.filter(pk=ds.pk).values_list("status", flat=True).first() != Dataset.Status.ACTIVE:
+        return DatasetNotActive(f"Dataset {ds.name} is not active.", dataset=ds.name)
+    if not analyst.is_staff and not Grant.objects.filter(dataset=ds, analyst=analyst, revoked_at__isnull=True).exists():
+        return NoGrant(f"{analyst} has no grant on dataset {ds.name}.", dataset=ds.name)
+    return None
+
+
 def _may_still_use(analyst, ds: Dataset) -> None:
     """A replay's check of the grant and the dataset's status under the budget row lock, the
     lock a revocation or a deactivation takes: one racing this replay is either seen here
     (refused, NoGrant or DatasetNotActive) or comes after the replay's record."""
-    from ..models import Budget, Grant
+    from ..models import Budget
 
     Budget.objects.select_for_update().filter(pk=ds.pk).exists()
-    if Dataset.objects.filter(pk=ds.pk).values_list("status", flat=True).first() != Dataset.Status.ACTIVE:
-        raise DatasetNotActive(f"Dataset {ds.name} is not active.", dataset=ds.name)
-    if not analyst.is_staff and not Grant.objects.filter(dataset=ds, analyst=analyst, revoked_at__isnull=True).exists():
-        raise NoGrant(f"{analyst} has no grant on dataset {ds.name}.", dataset=ds.name)
+    if (refusal := access_refusal(analyst, ds)) is not None:
+        raise refusal
 
 
 def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) -> tuple[Request, bool]:

@@ -245,6 +245,31 @@ def test_what_was_released_stays_readable_after_the_grant_is_revoked(api, analys
     assert LedgerEntry.objects.count() == 1
 
 
+@pytest.mark.parametrize("withdrawn", ["grant", "dataset"])
+def test_a_request_queued_before_a_revocation_is_not_run_and_is_refunded(api, analyst, clinic, withdrawn,
+                                                                          django_capture_on_commit_callbacks):
+    """A grant revoked (or the dataset deactivated) while the request waits in the queue:
+    the worker reads nothing, releases nothing to the analyst and refunds the reservation."""
+    from django.utils import timezone
+
+    from governance.models import AuditRecord, Dataset, Grant
+
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        rid = post(client, {"epsilon": 0.5}).json()["id"]
+    if withdrawn == "grant":
+        Grant.objects.filter(analyst=analyst, dataset=clinic).update(revoked_at=timezone.now())
+    else:
+        Dataset.objects.filter(pk=clinic.pk).update(status=Dataset.Status.DRAFT)
+    for callback in callbacks:  # the task arrives after the revocation
+        callback()
+    req = Request.objects.get(pk=rid)
+    assert req.status == "cancelled" and req.result is None and not req.data_read
+    assert req.error["code"] == {"grant": "grant.missing", "dataset": "dataset.inactive"}[withdrawn]
+    assert "refunded" in req.error["detail"]
+    assert LedgerEntry.objects.get().status == "released"
+    assert AuditRecord.objects.filter(outcome="cancelled").count() == 1
+
 def test_a_task_delivered_twice_changes_nothing(api, analyst, clinic, django_capture_on_commit_callbacks):
     from governance.requests.execution import execute
 
