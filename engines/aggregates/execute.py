@@ -23,10 +23,32 @@ def _check_cost(planned: float, actual: float) -> None:
 
 
 def check_version(plan: Plan) -> dict:
+    """The plan's details, of this engine's version, with their bounds, edges and grids as
+    floats (``as_planned``)."""
     d = plan.details
     if d.get("version") != DETAILS_VERSION:
         raise EngineError("plan details from an unknown version of the aggregates engine")
-    return d
+    return as_planned(d)
+
+
+FLOAT_KEYS = frozenset({"bounds", "edges", "lower", "upper", "center", "radius"})
+
+
+def as_planned(x, floats: bool = False):
+    """Plan details with the numbers the planner wrote as floats (under ``FLOAT_KEYS``:
+    bounds, bin edges, a quantile grid's ends, a mean's center and radius) floats again.
+    PostgreSQL's jsonb keeps a number's value, not its type: a float of 1e16 or more comes
+    back as an integer (1e150 as 10**150), and numpy takes a list of such integers as
+    objects (a quantile's grid, a histogram's edges: the run failed after the read). The
+    analyst's values (where clauses, labels, domains) are left as they are: an int64
+    unit id past 2**53 must stay exact."""
+    if isinstance(x, dict):
+        return {k: as_planned(v, floats or k in FLOAT_KEYS) for k, v in x.items()}
+    if isinstance(x, list):
+        return [as_planned(v, floats) for v in x]
+    if floats and isinstance(x, int) and not isinstance(x, bool):
+        return float(x)
+    return x
 
 
 def execute(request: EngineRequest, dataset: DatasetMeta, data: pa.Table, plan: Plan, progress) -> Release:
