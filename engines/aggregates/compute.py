@@ -98,12 +98,26 @@ def _as_str(v) -> str:
     return str(v)
 
 
+def _as_float(v):
+    """A domain value matched against a float column, as the schema compares numbers: as a
+    64-bit float (Arrow refuses an integer past 2**53 as a float, and the text fallback
+    would compare "18446744073709551616" with "1.8446744073709552e+19": no match)."""
+    if isinstance(v, float):
+        return v + 0.0
+    if isinstance(v, int) and not isinstance(v, bool):
+        try:
+            return float(v)
+        except OverflowError:
+            return v
+    return v
+
+
 def _lookup(col: pa.ChunkedArray, values: list) -> tuple[pa.ChunkedArray, pa.Array]:
     """``col`` and ``values`` in one Arrow type: the column's own when every value fits it,
     otherwise both as strings (JSON values may not match the stored type: "3" vs 3)."""
     if pa.types.is_floating(col.type):  # -0.0 == 0.0, as the comparison operators have it
         col = pc.add(col, pa.scalar(0.0, col.type))
-        values = [v + 0.0 if isinstance(v, float) else v for v in values]
+        values = [_as_float(v) for v in values]
     try:
         return col, pa.array(values, type=col.type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):

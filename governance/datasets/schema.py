@@ -67,7 +67,14 @@ def infer_schema(table: pa.Table, unit_column: str = "") -> dict:
 
 
 def is_finite_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A number (not a boolean) a 64-bit float holds: finite, and an integer within a
+    float's range (10**400 written out is not)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def _domain_kind(v) -> str:
@@ -137,9 +144,8 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
                 errors[name] = "a categorical column needs a non-empty 'domain' list"
             elif len(dom) > MAX_DECLARED_DOMAIN:
                 errors[name] = f"domain longer than {MAX_DECLARED_DOMAIN}"
-            elif not all(isinstance(v, (str, int, float, bool)) and not (isinstance(v, float) and not math.isfinite(v))
-                         for v in dom):
-                errors[name] = "domain values must be strings, numbers or booleans"
+            elif not all(isinstance(v, (str, bool)) or is_finite_number(v) for v in dom):
+                errors[name] = "domain values must be strings, finite numbers (within a 64-bit float's range) or booleans"
             elif len(kinds := {_domain_kind(v) for v in dom}) > 1:
                 errors[name] = ("domain values must be all strings, all numbers or all booleans "
                                 f"(got {', '.join(sorted(kinds))})")
@@ -147,6 +153,8 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
                 errors[name] = "domain values must be distinct"
         if typ != "numeric" and name not in errors and (c.get("lower") is not None or c.get("upper") is not None):
             errors[name] = f"bounds apply only to numeric columns; this column is {typ}"
+        if typ != "categorical" and name not in errors and c.get("domain") is not None:
+            errors[name] = f"a domain applies only to categorical columns; this column is {typ}"
         if "sensitive" in c and not isinstance(c["sensitive"], bool):
             errors[name] = "sensitive must be true or false"
         if "nullable" in c and not isinstance(c["nullable"], bool):

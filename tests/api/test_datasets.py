@@ -162,6 +162,22 @@ def test_bounds_whose_span_overflows_are_a_400(api, officer, csv_bytes):
                         format="json").status_code == 200
 
 
+@pytest.mark.parametrize("spec", [{"income": {"lower": 0, "upper": 10**400}},
+                                  {"site": {"type": "categorical", "domain": ["north", 10**400]}},
+                                  {"age": {"type": "categorical", "domain": [1, 10**400]}},
+                                  {"age": {"domain": [1, 2]}}])
+def test_integers_past_a_float_and_a_domain_on_a_numeric_column_are_a_400(api, officer, csv_bytes, spec):
+    """10**400 written out is a JSON integer no float holds: math.isfinite raised OverflowError
+    (an HTML 500); a domain on a numeric column was stored and used by nothing."""
+    client = api(officer)
+    assert client.post(URL, form(csv_bytes), format="multipart").status_code == 201
+    r = client.patch(f"{URL}clinic/", {"schema": spec}, format="json")
+    assert r.status_code == 400, r.content[:300]
+    assert list(r.json()["errors"]) == list(spec)
+    r = client.post(URL, form(csv_bytes, name="other", schema=json.dumps(spec)), format="multipart")
+    assert r.status_code == 400 and list(r.json()["errors"]) == list(spec), r.content[:300]
+
+
 def test_it_patches_a_parquet_dataset(api, officer):
     client = api(officer)
     assert client.post(URL, form(parquet_bytes(), "t.parquet"), format="multipart").status_code == 201

@@ -86,3 +86,15 @@ def test_width_bins_are_sqls_floor_of_x_over_w(w, xs, ticks):
     want = np.array([math.floor(v / w) - first for v in xs])
     last = len(key["edges"]) - 2  # the last bin is closed: the upper bound itself is in it
     np.testing.assert_array_equal(codes, np.minimum(want, last))
+
+
+@pytest.mark.parametrize("key", [2**64, 2**53 + 2, -(2**70)])
+def test_an_integer_domain_value_past_2_53_matches_its_float_in_a_float_column(key):
+    """A float column holding 2**64 with the value declared as the integer 18446744073709551616:
+    Arrow refused the integer as a float and the text fallback compared
+    "18446744073709551616" with "1.8446744073709552e+19" (the key counted 0 rows of 20).
+    Numbers are compared as 64-bit floats, as the schema checks them."""
+    table = pa.table({"b": pa.array([float(key)] * 20 + [1.0] * 3, pa.float64())})
+    cols = {"b": {"type": "categorical", "domain": [1, key]}}
+    assert exact("histogram", {"column": "b"}, table, cols)["count"].tolist() == [3, 20]
+    assert exact("count", {"where": [{"column": "b", "op": "in", "value": [key]}]}, table, cols) == {"count": 20}
