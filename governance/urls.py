@@ -29,7 +29,8 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # Swagger UI from the sidecar's static files; its initializer is a script of its own
     # (/api/docs/?script=), not inline, so that the page runs under the CSP
-    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="docs"),
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema", http_method_names=["get", "head"]),
+         name="docs"),
     path("api/", include("governance.api.urls")),
     path("analyst/", analyst_views.home, name="analyst-home"),
     path("analyst/login/", analyst_views.token_login, name="analyst-login"),

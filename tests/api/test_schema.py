@@ -77,6 +77,18 @@ def test_it_renders_the_docs(api, officer):
         assert b"/api/schema/" in script.content
 
 
+@pytest.mark.parametrize("method", ["OPTIONS", "POST", "PUT", "PATCH", "DELETE", "TRACE"])
+def test_other_methods_on_the_docs_and_the_schema_are_a_405_not_a_500(api, officer, method):
+    """OPTIONS /api/docs/ was a 500 for anyone (DRF's metadata rendered by the page's
+    template renderer, which has no template for it)."""
+    for client in (api(officer), api()):
+        client.raise_request_exception = False
+        for url in ("/api/docs/", "/api/docs/?script=", "/api/schema/"):
+            r = client.generic(method, url)
+            assert r.status_code < 500, (method, url, r.status_code)
+            assert r.status_code == 405 or (method == "OPTIONS" and url == "/api/schema/"), (method, url)
+
+
 def test_the_docs_load_nothing_from_another_host_and_keep_the_csp(client):
     """Issue 22: /api/docs/ loaded Swagger UI from a CDN and was exempt from the CSP (offline:
     a blank page). Every asset is now one of our static files, every script a file (no
