@@ -44,6 +44,7 @@ AGGS = {"count": "count", "count_distinct": "count", "sum": "sum", "mean": "mean
 QUERY_KEYS = {"select", "group_by", "where", "having", "order_by", "limit", "mechanism", "epsilon", "rho",
               "accuracy", "max_rows_per_unit", "candidates"}
 MAX_SELECT = 20
+MAX_NAME = 200  # characters of an output name, unless it is one of the dataset's column names
 MAX_GROUP_KEYS = 4
 MAX_GROUPS = 10_000
 MAX_LIMIT = 1_000_000
@@ -72,6 +73,13 @@ BIN_KEYS = {"column", "name", "width", "multiplier"}
 THRESHOLD_KEYS = {"column", "name", "thresholds", "closed", "labels"}
 
 
+def _too_long(name: str, dataset: DatasetMeta) -> bool:
+    """An output name past ``MAX_NAME`` characters that is not one of the dataset's columns
+    (a registered column may have a longer name: a survey's question as its header, and
+    a select item or a group key is named after its column by default)."""
+    return len(name) > MAX_NAME and name not in dataset.columns
+
+
 def _group_key(i: int, g: Any, dataset: DatasetMeta, errors: dict) -> dict | None:
     key = f"group_by[{i}]"
     if not isinstance(g, dict) or "column" not in g:
@@ -87,8 +95,8 @@ def _group_key(i: int, g: Any, dataset: DatasetMeta, errors: dict) -> dict | Non
         _err(errors, key, f"unknown key(s) {', '.join(sorted(map(str, extra)))[:300]}: {what} "
                           f"{', '.join(sorted(form))}")
         return None
-    if "name" in g and (not isinstance(g["name"], str) or not g["name"] or len(g["name"]) > 200):
-        _err(errors, key, "name must be a string of 1 to 200 characters")
+    if "name" in g and (not isinstance(g["name"], str) or not g["name"] or _too_long(g["name"], dataset)):
+        _err(errors, key, f"name must be a string of 1 to {MAX_NAME} characters (or a column's name)")
         return None
     spec, err = P._column_spec(dataset, g["column"])
     if err:
@@ -194,8 +202,8 @@ def validate(params: Any, dataset: DatasetMeta) -> tuple[list, list, list, dict]
             errors[key] = 'must be {"name", "agg", ...} or {"name", "group": index}'
             continue
         name = it["name"]
-        if len(name) > 200:
-            errors[key] = "a column name is at most 200 characters"
+        if _too_long(name, dataset):
+            errors[key] = f"an output name is at most {MAX_NAME} characters (or a column's name)"
             continue
         if name in names:
             errors[key] = f"the column name {name!r} is used twice: give each its own alias"

@@ -132,3 +132,19 @@ def test_an_item_with_a_key_it_does_not_take_is_refused_not_ignored(item, words)
     assert words in e.value.errors["select[1]"], e.value.errors
     ok = {"select": [{"name": "p", "agg": "quantile", "column": "age", "q": 0.5, "candidates": 64}], "epsilon": 1.0}
     plugins.plan("aggregates", EngineRequest("query", ok), DS)  # the keys an item does take
+
+
+def test_a_column_whose_name_is_longer_than_an_alias_may_be_is_grouped_and_named_after_itself():
+    """A registered column may be named by a 300-character header (a survey's question);
+    SQL names the output after it, which the 200-character limit on names refused."""
+    long = "how satisfied are you with " * 11 + "work"
+    assert len(long) > 200
+    ds = DatasetMeta("t", {**COLUMNS, long: {"type": "categorical", "domain": ["a", "b"]}}, "pid", N, N // 4, 1e-6)
+    req = sqlplan.translate(f'SELECT "{long}", COUNT(*) AS n FROM t GROUP BY "{long}"', {"epsilon": 1.0})
+    plan = plugins.plan("aggregates", EngineRequest(req.kind, req.params), ds)
+    assert plan.details["kind"] == "query"
+    with pytest.raises(PlanError) as e:  # an alias of its own is still held to the limit
+        aliased = sqlplan.translate(f'SELECT site, COUNT(*) AS "{"x" * 201}" FROM t GROUP BY site',
+                                        {"epsilon": 1.0})
+        plugins.plan("aggregates", EngineRequest(aliased.kind, aliased.params), ds)
+    assert "at most 200 characters" in str(e.value.errors)
