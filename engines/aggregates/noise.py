@@ -156,17 +156,22 @@ def _fit(make, scale: float, target: float) -> tuple[float, float]:
     raise ValueError("could not calibrate the noise scale to the requested budget")
 
 
+def _positive_budget(target: float) -> None:
+    if not (math.isfinite(target) and target > 0):  # e.g. 5e-324 split over three components is 0
+        raise ValueError(f"the budget per measurement ({target!r}) is not a positive number")
+
+
 def calibrate(mechanism: str, sensitivity, target: float, *, integer: bool, vector: bool) -> tuple[Noise, float]:
     """The smallest (up to float nudging) noise whose OpenDP map at ``sensitivity`` is at
     most ``target`` (epsilon for laplace, rho for gaussian). Returns (noise, its cost)."""
-    if not (math.isfinite(target) and target > 0):  # e.g. 5e-324 split over three components is 0
-        raise ValueError(f"the budget per measurement ({target!r}) is not a positive number")
+    _positive_budget(target)
     if mechanism == "laplace":
         scale = sensitivity / target
     else:  # zCDP: rho = sensitivity^2 / (2 sigma^2)
         scale = sensitivity / math.sqrt(2.0 * target)
     if not (math.isfinite(scale) and scale > 0):
-        raise ValueError("the requested budget gives no finite positive noise scale")
+        raise ValueError(f"the noise scale would be {scale!r} (sensitivity {sensitivity!r} at a budget of {target!r} "
+                         "per measurement): bounds this narrow or a budget this small or large cannot be calibrated")
 
     def make(s):
         return Noise(mechanism, s, sensitivity, integer, vector).cost()
@@ -226,6 +231,7 @@ def quantile_chain_cost(candidates: list[float], q: float, k: int, epsilon: floa
     (report-noisy-max, exponential noise) to ``epsilon`` at ``k`` rows per unit
     (symmetric distance k). Returns (noise scale, score sensitivity, epsilon from the
     chain's map)."""
+    _positive_budget(epsilon)
     t = _score_transformation(candidates, q)
     score_sensitivity = int(t.map(int(k)))
     # Report-noisy-max on non-monotonic scores: epsilon = 2 * d_score / scale.

@@ -315,3 +315,18 @@ def test_a_quantile_on_bounds_too_wide_for_its_grid_says_so():
     ds = DatasetMeta(name="wide", columns=wide, unit_column="pid", n_rows=10_000, n_units=2_000, delta=1e-6)
     errors = errors_of("quantile", {"column": "income", "q": 0.5, "epsilon": 0.1}, ds)
     assert "too wide" in json.dumps(errors)
+
+
+@pytest.mark.parametrize("kind, bounds, epsilon, says", [
+    ("mean", (-0.0, 5e-324), 1.0, "bounds this narrow"),
+    ("variance", (0.0, 1e-300), 1.0, "bounds this narrow"),
+    ("quantile", (0.0, 100.0), 5e-324, "is not a positive number"),
+])
+def test_a_budget_or_bounds_that_cannot_be_calibrated_say_why(kind, bounds, epsilon, says):
+    """Bounds of 5e-324 were refused as a budget problem ("cannot calibrate the noise to
+    epsilon=1.0"), and a quantile at epsilon 5e-324 said "float division by zero"."""
+    ds = DatasetMeta("t", {"x": {"type": "numeric", "lower": bounds[0], "upper": bounds[1]}}, None, 1000, 1000, 1e-6)
+    with pytest.raises(PlanError) as e:
+        plugins.plan("aggregates", EngineRequest(kind, {"column": "x", "epsilon": epsilon,
+                                                        **({"q": 0.5} if kind == "quantile" else {})}), ds)
+    assert says in str(e.value) and "division" not in str(e.value)
