@@ -11,6 +11,7 @@ without their message (which could depend on the data), and logged without it to
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import logging
@@ -127,6 +128,7 @@ class RunClock:
         self.lock = threading.Lock()
         self.pending: dict | None = None
         self.cancelled = False
+        self.write_failing = False
         self.thread = None
         self.last_direct = 0.0
 
@@ -203,8 +205,13 @@ class RunClock:
                 running.update(heartbeat_at=timezone.now())
             elif not running.filter(cancel_requested=False).update(progress=update, heartbeat_at=timezone.now()):
                 self.cancelled = running.filter(cancel_requested=True).exists()  # raised at the next report
-        except Exception:  # noqa: BLE001 - retried on the next tick; the sweep has a grace period
-            log.warning("progress or heartbeat of request %s failed", self.request_id, exc_info=True)
+        except Exception as e:  # noqa: BLE001 - retried on the next tick; the sweep has a grace period
+            # the traceback once, then a line per tick while it keeps failing (a full disk)
+            log.warning("progress or heartbeat of request %s failed: %s", self.request_id, e,
+                        exc_info=not self.write_failing)
+            self.write_failing = True
+        else:
+            self.write_failing = False
 
 
 _SERVER_PATH = re.compile(r"(?<![\w:/.])(?:/[^/\s'\"]+){2,}/?")
@@ -266,7 +273,10 @@ def _run(req: Request, clock: RunClock) -> str:
         spent = getattr(e, "actual_event", None) if isinstance(e, EngineError) else None
         return _finish(req, Request.Status.FAILED, error={
             "code": "request.failed_after_read",
-            "detail": "The engine failed after reading the data; the charge stands (a failure can depend on the data)."},
+            "detail": ("The results storage is full: the engine could not write its files after reading the data; "
+                       "the charge stands." if _storage_full(e) else
+                       "The engine failed after reading the data; the charge stands (a failure can depend on the "
+                       "data).")},
             actual_event=spent, charge=True, clock=clock, officer_report=_jobs(recorder))
     try:
         result, officer = _keep_files(req, release, workdir, recorder)
@@ -279,6 +289,12 @@ def _run(req: Request, clock: RunClock) -> str:
                       "the charge stands."}, actual_event=release.actual_event, charge=True, clock=clock)
     return _finish(req, Request.Status.SUCCEEDED, result=result, actual_event=release.actual_event, charge=True,
                    officer_report=officer, clock=clock)
+
+
+def _storage_full(e: BaseException) -> bool:
+    """The engine's failure was a full (or over-quota) disk: a fact about the server, said to
+    the analyst, not a message that could quote the data."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _keep_files(req: Request, release, workdir: Path, recorder) -> tuple[dict, dict | None]:
