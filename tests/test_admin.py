@@ -28,6 +28,22 @@ def test_it_lists_every_model_with_budget_columns(officer_client, make_dataset, 
     assert entry_page.status_code == 200 and b"laplace" in entry_page.content
 
 
+def test_no_admin_page_shows_an_api_token_not_even_to_a_superuser(client, django_user_model, analyst):
+    """DRF's TokenAdmin listed every live key in clear at /admin/authtoken/tokenproxy/ to an
+    officer made with createsuperuser (as the docs make one), who could then read an
+    analyst's results as her. A token is shown once, when issued."""
+    from rest_framework.authtoken.models import Token
+
+    key = Token.objects.get_or_create(user=analyst)[0].key
+    root = django_user_model.objects.create_superuser("root", "root@example.org", "pw")
+    client.force_login(root)
+    for url in ("/admin/authtoken/tokenproxy/", "/admin/authtoken/token/", "/admin/authtoken/"):
+        assert client.get(url).status_code == 404, url
+    for url in ("/admin/", f"/admin/auth/user/{analyst.pk}/change/", "/admin/auth/user/"):
+        page = client.get(url)
+        assert page.status_code == 200 and key.encode() not in page.content and b"authtoken" not in page.content
+
+
 def test_it_registers_an_uploaded_table_as_a_draft(officer_client, csv_bytes):
     from django.core.files.uploadedfile import SimpleUploadedFile
 

@@ -51,6 +51,18 @@ class GovernanceAdminSite(admin.AdminSite):
     def has_permission(self, request):
         return request.user.is_active and request.user.is_staff
 
+    def register(self, model_or_iterable, admin_class=None, **options):
+        """Every model but API tokens: DRF's ``TokenAdmin`` (registered by
+        ``rest_framework.authtoken``) lists every analyst's and auditor's key in clear to a
+        superuser, who could then read their results as them. A token is shown once, when
+        it is issued (``api_token``, ``/api/analysts/{id}/token/``)."""
+        from rest_framework.authtoken.models import Token, TokenProxy
+
+        models = model_or_iterable if isinstance(model_or_iterable, (list, tuple)) else [model_or_iterable]
+        models = [m for m in models if m not in (Token, TokenProxy)]
+        if models:
+            super().register(models, admin_class, **options)
+
     def get_urls(self):
         view = self.admin_view
         return [

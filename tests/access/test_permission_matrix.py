@@ -197,7 +197,7 @@ WEB_MATRIX = {
     ("admin:jsi18n", "POST"): {"-": f"405 {L4}"},
     ("admin:view_on_site", "GET"): {"A": f"404 {L4}"},
     ("admin:view_on_site", "POST"): {"A": f"404 {L4}"},
-    ("admin:app_list", "GET"): {"governance": f"200 {L4}", "auth": f"404 {L4}", "authtoken": f"404 {L4}"},
+    ("admin:app_list", "GET"): {"governance": f"200 {L4}", "auth": f"404 {L4}"},
     ("admin:app_list", "POST"): {"governance": f"200 {L4}"},
     ("admin/(?P<url>.*)$", "GET"): {"-": f"404 {L4}"},
     ("admin/(?P<url>.*)$", "POST"): {"-": f"404 {L4}"},
@@ -214,7 +214,6 @@ WEB_MATRIX = {
 ADMIN_MODELS = {
     "auth/group":               ("403 403", "403 403", "403 403", "403 403", "403 403", "302"),
     "auth/user":                ("403 403", "403 403", "403 403", "403 403", "403 403", "302"),
-    "authtoken/tokenproxy":     ("403 403", "403 403", "403 403", "403 403", "403 403", "302"),
     "governance/dataset":       ("200 200", "302 302", "200 200", "403 403", "200 200", "302"),
     "governance/budget":        ("200 200", "403 403", "200 200", "403 403", "200 403", "302"),
     "governance/grant":         ("200 200", "200 200", "200 200", "403 403", "200 302", "302"),
@@ -317,12 +316,9 @@ API_BODIES = {
 
 def _admin_obj(w, key):
     """The id of an existing object for an admin model page."""
-    from rest_framework.authtoken.models import Token
-
     return {
         "auth_group": lambda: Group.objects.get(name="auditors").pk,
         "auth_user": lambda: w.tess.pk,
-        "authtoken_tokenproxy": lambda: Token.objects.get(user=w.tess).user_id,
         "governance_dataset": lambda: w.datasets["A"].pk,
         "governance_budget": lambda: w.datasets["A"].budget.pk,
         "governance_grant": lambda: w.grants["gA"].pk,
