@@ -51,6 +51,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "governance.core.security.SecurityHeaders",
+    "governance.core.security.NeutralBidi",
     "governance.core.security.StorageFull",
 ]
 

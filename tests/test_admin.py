@@ -244,3 +244,35 @@ def test_a_full_disk_on_the_officer_s_forms_is_a_507_page_not_a_500(officer_clie
                                                              "cap_epsilon": "0.5", "cap_delta": ""})
     assert r.status_code == 507 and b"the database has no space left" in r.content
     assert not Grant.objects.exists()
+
+
+def test_directional_characters_an_analyst_sent_are_shown_escaped_to_the_officer_and_the_auditor(
+        client, officer, analyst, api, make_dataset, grant, django_capture_on_commit_callbacks):
+    """U+202E in a select alias made the officer's request page read the params right to
+    left ('{"epsilon": 0.25}' as "52.0"); the CSV export's params cell too. Shown as the
+    escape \\u202e: in the CSV's JSON cell the same value."""
+    import csv
+    import io
+    import json
+
+    from governance.models import AuditRecord, Request
+
+    ds = make_dataset(epsilon=5.0)
+    grant(analyst, ds)
+    params = {"select": [{"name": "n\u202e\u2066", "agg": "count"}], "epsilon": 0.25}
+    with django_capture_on_commit_callbacks(execute=True):
+        r = api(analyst).post("/api/requests/", {"dataset": ds.name, "engine": "aggregates", "kind": "query",
+                                                 "params": params}, format="json")
+    assert r.status_code == 202, r.content
+    req = Request.objects.get(pk=r.json()["id"])
+    client.force_login(officer)
+    record = AuditRecord.objects.get(request_id=req.pk)
+    for url in (f"/admin/governance/request/{req.pk}/change/", "/admin/governance/auditrecord/",
+                f"/admin/governance/auditrecord/{record.pk}/change/"):
+        page = client.get(url).content.decode()
+        assert "\u202e" not in page and "\u2066" not in page, url
+    assert "\\u202e" in client.get(f"/admin/governance/request/{req.pk}/change/").content.decode()
+    export = api(officer).get("/api/audit/export/", {"dataset": ds.name, "format": "csv"}).content.decode()
+    assert "\u202e" not in export
+    cells = [row["params"] for row in csv.DictReader(io.StringIO(export)) if "select" in row["params"]]
+    assert cells and json.loads(cells[0])["select"][0]["name"] == "n\u202e\u2066"

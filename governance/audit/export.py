@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from accounting import ACCOUNTANTS
 from accounting.costs import Cost
 
+from ..core.security import bidi_shown
 from ..ledger import trail
 from ..models import AuditRecord, Budget, Dataset
 from .verification import verify
@@ -139,12 +140,14 @@ def to_json(export: dict) -> bytes:
 
 
 def _cell(value) -> str:
-    """A CSV cell that a spreadsheet will not run: formula-like text gets a leading quote."""
+    """A CSV cell that a spreadsheet will not run: formula-like text gets a leading quote;
+    directional formatting characters are written as their escapes (``bidi_shown``: a
+    JSON cell keeps its value)."""
     if value is None:
         return ""
     if isinstance(value, (dict, list)):
         value = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    text = str(value)
+    text = bidi_shown(str(value))
     if text[:1] in ("=", "+", "-", "@", "\t", "\r") and not _is_number(text):
         return "'" + text
     return text

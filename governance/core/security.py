@@ -40,6 +40,37 @@ class SecurityHeaders:
         return response
 
 
+# Unicode's directional formatting characters: embeddings, overrides and isolates (and the
+# marks). In text an analyst sent (a request's params, an alias) shown on an officer's or an
+# auditor's page they reorder what follows: '{"epsilon": 0.25}' after U+202E reads "52.0".
+# Text in a right-to-left script is shown right to left without them.
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+_BIDI_SHOWN = {ord(c): f"\\u{ord(c):04x}" for c in BIDI_CONTROLS}
+
+
+def bidi_shown(text: str) -> str:
+    """``text`` with each directional formatting character written as its escape
+    (``\\u202e``): visible, and in a JSON string the same value."""
+    return text.translate(_BIDI_SHOWN)
+
+
+class NeutralBidi:
+    """Every HTML page (the admin, the auditor's and the analyst's pages) with directional
+    formatting characters written as their escapes (``bidi_shown``): the page's own text
+    has none, so whatever has one came from someone's input."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if (not response.streaming and response.get("Content-Type", "").startswith("text/html")
+                and any(c.encode() in response.content for c in BIDI_CONTROLS)):
+            charset = response.charset or "utf-8"
+            response.content = bidi_shown(response.content.decode(charset)).encode(charset)
+        return response
+
+
 class StorageFull:
     """A full disk (a table's copy, the database) on a web page (the officer's forms, the
     admin) is a 507 saying so, not Django's 500 page (with its traceback under DEBUG); the
