@@ -78,17 +78,21 @@ _SPELL = str.maketrans({"ε": "epsilon", "δ": "delta", "α": "alpha", "ρ": "rh
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def _plain(value, limit: int | None = None) -> str:
-    """``value`` as text the built-in fonts can draw (not escaped: for canvas/table strings)."""
+TEXT_LIMIT = 2000  # characters of one text: a cell of 100,000 was taller than a page (reportlab's LayoutError)
+
+
+def _plain(value, limit: int = TEXT_LIMIT) -> str:
+    """``value`` as text the built-in fonts can draw (not escaped: for canvas/table strings),
+    cut to ``limit`` characters."""
     text = "" if value is None else str(value)
     text = _CONTROL.sub(" ", text.translate(_SPELL))
     text = text.encode("cp1252", "replace").decode("cp1252")
-    if limit is not None and len(text) > limit:
+    if len(text) > limit:
         text = text[: limit - 3] + "..."
     return text
 
 
-def _t(value, limit: int | None = None) -> str:
+def _t(value, limit: int = TEXT_LIMIT) -> str:
     """``value`` escaped for a Paragraph (user text never becomes markup)."""
     return escape(_plain(value, limit))
 

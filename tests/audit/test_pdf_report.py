@@ -232,3 +232,19 @@ def test_text_outside_the_fonts_does_not_break():
 def test_page_streams_are_compressed_by_default():
     assert b"(Privacy audit report) Tj" in render_pdf(make_export(), compress=False)
     assert b"(Privacy audit report) Tj" not in render_pdf(make_export())
+
+
+def test_texts_of_a_hundred_thousand_characters_are_cut_not_a_layout_error():
+    """An export from elsewhere (pdf.py renders any): a 100,000-character name or author
+    made a table row taller than a page (reportlab's LayoutError)."""
+    long = "x" * 100_000
+    ds = export_dataset(long, 4)
+    ds["title"] = long
+    for rec in ds["records"]:
+        rec.update(actor=long, reference=long, detail=long, reason=long, engine=long)
+    export = make_export(datasets=[ds])
+    export.update(generated_by=long, generated_at=long, format=long)
+    export["verification"] |= {"ok": False, "first_broken": {"dataset": long, "seq": long, "problem": long},
+                               "problems": [long] * 3}
+    data = render_pdf(export, compress=False)
+    assert data[:5] == b"%PDF-" and "x" * 150 in pdf_text(data)
