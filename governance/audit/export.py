@@ -40,7 +40,7 @@ from ..models import AuditRecord, Budget, Dataset
 from .verification import verify
 
 CSV_COLUMNS = ("dataset", "seq", "at", "action", "outcome", "actor", "engine", "kind", "request", "ledger_entry",
-               "reference", "reason", "epsilon_basic", "epsilon_advanced", "epsilon_rdp", "total_epsilon_basic",
+               "reference", "reason", "detail", "epsilon_basic", "epsilon_advanced", "epsilon_rdp", "total_epsilon_basic",
                "total_epsilon_advanced", "total_epsilon_rdp", "non_private", "event", "params", "result_sha256",
                "worker", "requested_at", "prev_hash", "hash")
 
@@ -171,7 +171,7 @@ def to_csv(export: dict) -> bytes:
             charge, totals = r.get("charge") or {}, r.get("totals") or {}
             w.writerow([_cell(v) for v in (
                 ds["name"], r["seq"], r["at"], r["action"], r["outcome"], r["actor"], r["engine"], r["kind"],
-                r["request"], r["ledger_entry"], r["reference"], r["reason"],
+                r["request"], r["ledger_entry"], r["reference"], r["reason"], r.get("detail"),
                 *((charge.get(a) or {}).get("epsilon") for a in ("basic", "advanced", "rdp")),
                 *((totals.get(a) or {}).get("epsilon") for a in ("basic", "advanced", "rdp")),
                 r["non_private"], r["event"], r["params"], r["result_sha256"], r["worker"], r["requested_at"],

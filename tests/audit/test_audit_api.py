@@ -113,6 +113,8 @@ def test_csv_export_neutralises_formulas(history, tamperer, api, officer):
     assert len(rows) == AuditRecord.objects.filter(dataset=ds).count()
     assert rows[0]["reference"] == "'=HYPERLINK(\"http://evil\")"
     assert all(not row["reference"].startswith("=") for row in rows)
+    details = set(AuditRecord.objects.filter(dataset=ds).exclude(detail="").values_list("detail", flat=True))
+    assert details and {row["detail"] for row in rows} >= details  # a refusal's reason in words, as in the JSON
 
 
 def test_pdf_export(history, api, auditor):
