@@ -285,7 +285,9 @@ class Trainer:
         non-private baseline): the noisy sums over units divided by the noisy number of
         units (how many held-out units have a usable target depends on the data, so it is
         released too). A unit moves each of the three by at most 1: L1 sensitivity 3.
-        A private metric comes with its 95% interval (``intervals.ratio_interval``)."""
+        A private metric comes with its 95% interval (``intervals.ratio_interval``); metric
+        and loss are None when the released count of usable units is within its 95% noise
+        bound of zero (post-processing of the released values)."""
         values = self._exact_metrics()
         if self.z is not None and self.eval_noise is None:
             return {}
@@ -301,16 +303,21 @@ class Trainer:
         n = max(n_released, 1.0)
         metric, loss = (min(max(v / n, 0.0), 1.0) for v in (metric_sum, loss_sum))
         # the metric's 95% interval from the noise (post-processing: ``intervals``)
-        ci = (ratio_interval(metric_sum, n_released, self.eval_noise.halfwidth(ALPHA_EACH))
-              if self.z is not None else None)
+        t = self.eval_noise.halfwidth(ALPHA_EACH) if self.z is not None else None
+        ci = ratio_interval(metric_sum, n_released, t) if t is not None else None
+        if t is not None and n_released <= t:
+            # the held-out units with a usable target, as released, are within the noise of
+            # none (an all-null target, a tiny table): a ratio of noise, no estimate at all
+            # (it read 0.0 or 1.0, a loss of 0.0); the interval says how little is known
+            metric = loss = None
         # the held-out units with a usable target, as released (the plan's stated half-width
         # assumes every declared held-out unit has one; fewer widen the interval)
         units = {"val_units": max(round(n_released), 0)}  # (a noisy count: clamped at 0, post-processing)
         if self.spec.task == "regression":
             span = self.spec.target["upper"] - self.spec.target["lower"]
-            return {"val_mae": metric * span, "val_mse_scaled": loss, **units,
+            return {"val_mae": None if metric is None else metric * span, "val_mse_scaled": loss, **units,
                     **({"val_mae_ci95": [v * span for v in ci]} if ci else {})}
-        return {"val_accuracy": metric, "val_loss": loss * LOSS_CAP, **units,
+        return {"val_accuracy": metric, "val_loss": None if loss is None else loss * LOSS_CAP, **units,
                 **({"val_accuracy_ci95": ci} if ci else {})}
 
     # ------------------------------------------------------------------ the run
@@ -337,8 +344,9 @@ class Trainer:
             progress(self._progress(label, base_fraction + span * self.steps / total))
             if not all(bool(torch.isfinite(prm).all()) for prm in self.model.parameters()):
                 return "diverged"
-            score = row.get("val_accuracy", -row.get("val_mae", 0.0))
-            if patience is not None and with_eval:
+            metric = row.get("val_accuracy", row.get("val_mae"))
+            score = None if metric is None else metric if "val_accuracy" in row else -metric
+            if patience is not None and with_eval and score is not None:
                 if score > best:
                     best, since = score, 0
                 else:

@@ -304,8 +304,10 @@ class Coordinator:
         released = self.noise.release([correct, count])  # OpenDP Laplace: the plan's budget per round
         self.evals += 1
         s, k = released
-        acc = min(max(s / max(k, 1.0), 0.0), 1.0)
-        ci = ratio_interval(s, k, self.noise.halfwidth(ALPHA_EACH))
+        t = self.noise.halfwidth(ALPHA_EACH)
+        # a released count within its noise of none: no estimate (a ratio of noise read 0 or 1)
+        acc = min(max(s / max(k, 1.0), 0.0), 1.0) if k > t else None
+        ci = ratio_interval(s, k, t)
         return {"accuracy": acc, "accuracy_ci95": ci, "n_released": k, "sites": sorted(sites), "dp": True}
 
     # ------------------------------------------------------------------ the run

@@ -41,7 +41,7 @@ class Recorder:
             self.took_part.update(map(str, sites.get("accepted") or []))
             ev = update.get("eval") or {}
             row = {"round": update.get("round"), "epsilon_spent": update.get("epsilon_spent")}
-            if ev.get("accuracy") is not None:
+            if "accuracy" in ev:  # None: the round's held-out rows, as released, too few to measure
                 row.update(accuracy=ev["accuracy"], accuracy_ci95=ev.get("accuracy_ci95"), dp=ev.get("dp"))
             if self.history and self.history[-1]["round"] == row["round"]:
                 self.history[-1] = row  # the same round reported again (the engine repeats its last report)

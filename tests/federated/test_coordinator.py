@@ -163,3 +163,12 @@ def test_a_registered_site_refused_at_hello_counts_as_answering(tmp_path, tables
     pq.write_table(pq.read_table(tables[0]).drop_columns(["x2"]), bad)
     c, r, _ = run(tmp_path, [node(tmp_path, "a", bad)], target_epsilon=3.0)
     assert r["stopped"] != "no_sites"
+
+
+def test_a_private_round_with_held_out_rows_too_few_to_measure_releases_no_accuracy(tmp_path, tables):
+    """At an evaluation budget whose noise dwarfs the held-out rows, the ratio of two noisy
+    sums read as any accuracy from 0 to 1: no estimate then, the interval alone."""
+    c, r, _ = run(tmp_path, [node(tmp_path, s, t) for s, t in zip(SITES, tables)], target_epsilon=8.0,
+                  eval_epsilon=1e-4, rounds=1)
+    ev = r["history"][-1]["eval"]
+    assert ev["dp"] and ev["accuracy"] is None and ev["accuracy_ci95"][1] - ev["accuracy_ci95"][0] > 0.5
