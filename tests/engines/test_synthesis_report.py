@@ -186,6 +186,24 @@ def test_independent_columns_keep_the_marginals_but_lose_the_dependence(independ
     assert independent_quality["tstr"] is None
 
 
+def test_the_headline_places_the_table_between_floor_and_ceiling_and_the_page_shows_both(
+        data, fresh_quality, independent_quality, fresh_privacy):
+    """The HTML page showed the synthetic figures beside the ceiling only: a table under the
+    floor of independent columns (0.970 against a floor of 0.974, ceiling 0.980) read as
+    close to real data."""
+    assert independent_quality["standing"].startswith("At or near the floor")
+    assert fresh_quality["standing"].startswith("At least halfway")
+    below = {"overall_accuracy": 0.970, "overall_accuracy_floor": 0.974, "overall_accuracy_of_the_way": -0.67,
+             "bivariate_accuracy": 0.95, "bivariate_accuracy_floor": 0.96, "bivariate_accuracy_of_the_way": None}
+    assert report.standing(below).startswith("At or near the floor")
+    assert report.standing({**below, "overall_accuracy": 0.977, "overall_accuracy_of_the_way": 0.3,
+                            "bivariate_accuracy": 0.97}).startswith("Above the floor, less than halfway")
+    page = report.html_report(independent_quality, fresh_privacy, data["train"], data["independent"], SCHEMA,
+                              title="t")
+    assert "floor (columns drawn independently)" in page and "At or near the floor" in page
+    assert f"{independent_quality['summary']['bivariate_accuracy_floor']:.3f}"[:4] in page
+
+
 # --- privacy ------------------------------------------------------------------------------
 
 def test_a_fresh_sample_leaks_nothing(fresh_privacy):
