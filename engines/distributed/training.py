@@ -30,7 +30,11 @@ workers (a task pinned to a worker that died would wait for it for ever); when a
 lost, or a survivor's collective fails (at once if the peer's connection closed, else
 at the timeout), the run fails with ``RankLost``, within a minute, and is charged the
 steps and evaluations the survivors report taken, the one under way counted as taken
-(rank 0 may have drawn its noise); the whole plan if no rank could say.
+(rank 0 may have drawn its noise); the whole plan if no rank could say, as for a rank
+lost while it read its rows, before the group formed: it may have died of those rows (an
+out-of-memory kill), and a failure that depends on the data is charged, as a Celery
+worker lost after the read is (a free failure would be an oracle). A rank still waiting
+for the group then (``_rendezvous``) stops within a second of the driver's ``stop``.
 
 Rank 0 sends back the trained replicas (models, histories, the steps and evaluations
 spent), never rows; the driver writes the files and builds the release as a
@@ -55,6 +59,8 @@ from .source import PartitionedTable
 __all__ = ["execute", "rank_rows", "ranks_for", "RankLost"]
 
 RENDEZVOUS_SECONDS = 600.0  # a rank waits this long for rank 0's address (rank 0 reads its rows first)
+RENDEZVOUS_POLL_SECONDS = 1.0  # ... looking at the driver's stop between waits
+NOTHING = {"kind": "composed", "events": []}  # the event of a run that took no step
 COLLECTIVE_SECONDS = 45.0  # a collective waits this long for a rank: the ranks are in lockstep (rows read before)
 CANCEL_GRACE_SECONDS = 120.0
 LOST_GRACE_SECONDS = COLLECTIVE_SECONDS + 10.0  # after a rank is lost, how long the survivors may take to stop
@@ -110,14 +116,17 @@ def _rank_main(table: PartitionedTable, rank: int, size: int, job: str, d: dict)
     prep = prepare(rank_rows(table, rank, size), spec, secure_generator(torch.device("cpu")), dev,
                    canaries=None if rank == 0 else 0)
     address = Variable(f"{job}-rendezvous")
+    stop, report = Event(f"{job}-stop"), Variable(f"{job}-progress")
     if rank == 0:
         host = urlparse(worker.address).hostname
         group = parallel.connect(0, size, host, None, dev, publish=lambda port: address.set(f"{host}:{port}"),
                                  timeout_s=COLLECTIVE_SECONDS)
     else:
-        host, port = address.get(timeout=RENDEZVOUS_SECONDS).rsplit(":", 1)
+        rendezvous = _rendezvous(address, stop)
+        if rendezvous is None:  # the run was cancelled or lost a rank before the group formed: no step taken
+            return {"rank": rank, "cancelled": NOTHING}
+        host, port = rendezvous.rsplit(":", 1)
         group = parallel.connect(rank, size, host, int(port), dev, timeout_s=COLLECTIVE_SECONDS)
-    stop, report = Event(f"{job}-stop"), Variable(f"{job}-progress")
 
     def progress(info: dict) -> None:  # called at the same steps on every rank
         if rank == 0:
@@ -134,6 +143,22 @@ def _rank_main(table: PartitionedTable, rank: int, size: int, job: str, d: dict)
     if rank:
         return {"rank": rank, "steps": [t.steps for t in trainers]}
     return {"rank": 0, "trainers": [t.detached() for t in trainers], "outcomes": outcomes, "device": dev.type}
+
+
+def _rendezvous(address, stop) -> str | None:
+    """Rank 0's ``host:port`` (within ``RENDEZVOUS_SECONDS``: rank 0 reads its rows first),
+    or None once the driver sets ``stop`` (a cancellation, or a rank lost while reading its
+    rows): a rank that waited out the whole wait kept its Dask worker's thread for 10
+    minutes after the run had failed (a helper's probe)."""
+    deadline = time.monotonic() + RENDEZVOUS_SECONDS
+    while True:
+        try:
+            return address.get(timeout=RENDEZVOUS_POLL_SECONDS)
+        except TimeoutError:
+            if stop.is_set():
+                return None
+            if time.monotonic() > deadline:
+                raise
 
 
 def ranks_for(requested: int, scheduler: str) -> list[str]:
@@ -179,6 +204,7 @@ def _gather(futures: list, workers: list[str], c, progress, stop, report) -> lis
             checked = time.monotonic()
             why = _lost(futures, workers, c)
         if why is not None:
+            stop.set()  # a rank still waiting for the group to form stops waiting
             deadline = time.monotonic() + LOST_GRACE_SECONDS
             while time.monotonic() < deadline:
                 alive = set(c.scheduler_info(n_workers=-1)["workers"])

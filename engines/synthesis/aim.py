@@ -117,12 +117,19 @@ def _model_answer(model, cl: tuple) -> np.ndarray:
     return _pair_marginal(model, *cl)
 
 
-def _size_ok(domain, model, cl: tuple, limit: float) -> bool:
+def _size_ok(domain, model, cl: tuple, limit: float, sizes: dict) -> bool:
+    """Whether the model with ``cl`` added stays within ``limit`` (bytes); ``sizes`` keeps
+    each candidate's junction-tree size for this ``model`` (the model changes only at a
+    refit, every ``BATCH`` rounds, while the limit grows each round: mbi's
+    ``hypothetical_model_size`` for every candidate in every round took most of a 63-column
+    table's 616 s)."""
     from mbi.junction_tree import hypothetical_model_size
 
     if any(set(cl) <= set(m) for m in model.cliques):
         return True
-    return hypothetical_model_size(domain, list(model.cliques) + [cl]) * 2 ** 20 / 8 <= limit
+    if cl not in sizes:
+        sizes[cl] = hypothetical_model_size(domain, list(model.cliques) + [cl]) * 2 ** 20 / 8
+    return sizes[cl] <= limit
 
 
 def synthesize(codes: dict[str, np.ndarray], columns: list[dict], details: dict, rows: int, progress,
@@ -235,7 +242,7 @@ def _rounds(model, estimator, domain, measurements, ow, counts, details, progres
     answers = {cl: ow.single(counts, cl[0]) if len(cl) == 1 else ow.pair(counts, *cl) for cl in cands}
     sensitivity = details["sensitivity"] * max(cands.values())
     budget = Budget(details["rounds_rho"], details["rounds"])
-    est, fresh, index, rounds = {}, {}, {}, []
+    est, fresh, index, rounds, sizes = {}, {}, {}, [], {}
     while not budget.final:
         rho_t = budget.next()
         if not rho_t > 0:
@@ -244,7 +251,7 @@ def _rounds(model, estimator, domain, measurements, ow, counts, details, progres
         meas, meas_cost = opendp_noise.calibrate("gaussian", details["sensitivity"], rho_t - sel_cost,
                                                  integer=True, vector=True)
         limit = MAX_CELLS * (budget.spent + rho_t) / budget.total  # the size penalty
-        small = [cl for cl in cands if _size_ok(domain, model, cl, limit)]
+        small = [cl for cl in cands if _size_ok(domain, model, cl, limit, sizes)]
         bias = mst.noise_l1(meas.scale)
         for cl in small:
             if cl in fresh:
@@ -260,7 +267,7 @@ def _rounds(model, estimator, domain, measurements, ow, counts, details, progres
         rounds.append({"marginal": list(cl), "sigma": meas.scale, "rho": sel_cost + meas_cost})
         if len(fresh) >= BATCH or budget.final:
             model = _refit(estimator, domain, measurements, ow.total, model, [measurements[index[c]] for c in fresh])
-            est, fresh = {}, {}
+            est, fresh, sizes = {}, {}, {}
             after = _model_answer(model, cl)
         else:
             after = fresh[cl]

@@ -16,6 +16,7 @@ from engines.distributed.training import RankLost, ranks_for
 from engines.types import DatasetMeta, EngineRequest
 
 from .conftest import UNIT_COLUMNS, heal_hosts, row_copies
+from .slow_table import SlowTable
 from .test_dpsgd_ranks import PARAMS
 
 
@@ -48,6 +49,46 @@ def test_a_rank_that_dies_fails_the_run_within_a_minute_charged_the_steps_taken(
     trained = spent["events"][0] if spent["kind"] == "composed" else spent
     assert killed["steps"] <= trained["steps"] < planned["steps"]
     assert trained["sample_rate"] == planned["sample_rate"]
+    heal_hosts(2)
+    assert row_copies(dirs) == {}
+
+
+def test_a_rank_lost_while_reading_fails_the_run_at_once_and_frees_the_other_worker(hosts, partitioned, tmp_path):
+    """Rank 0 killed while it reads its rows: rank 1, waiting for rank 0's address, waited
+    out its 600 s and held its worker's one thread all that time after the run had failed
+    (a helper's probe: the worker still busy 2 minutes later). The driver's stop ends the
+    wait. No step was taken, but the rows were being read and the rank may have died of
+    them: charged as a worker lost after the read (the whole plan, ``actual_event`` None)."""
+    scheduler, dirs = hosts
+    table, manifest, _ = partitioned
+    c = cluster.client(scheduler)
+    heal_hosts(2)
+    ds = DatasetMeta(name="events", columns=UNIT_COLUMNS, unit_column="pid", n_rows=table.num_rows,
+                     n_units=len(set(table.column("pid").to_pylist())), delta=1e-6, distributed=True)
+    req = EngineRequest("train", {**PARAMS, "epochs": 400, "canaries": 0})
+    plan = plugins.plan("dpsgd", req, ds)
+    parts = SlowTable(paths=tuple(m["path"] for m in manifest), columns=("pid", "age", "income", "site", "flag"),
+                      num_rows=table.num_rows, unit_column="pid", scheduler=scheduler, delay=1.5)
+    workers = ranks_for(2, scheduler)
+    victim = c.run(os.getpid)[workers[0]]
+    killed = {}
+
+    def kill_soon():
+        time.sleep(2.0)  # rank 0 is reading its second of five files
+        killed["at"] = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+
+    def progress(info):
+        if "starting" in str(info.get("phase")) and not killed.get("thread"):
+            killed["thread"] = threading.Thread(target=kill_soon, daemon=True)
+            killed["thread"].start()
+
+    with pytest.raises(RankLost) as got:
+        plugins.run("dpsgd", req, ds, parts, plan, progress, workdir=tmp_path)
+    assert time.monotonic() - killed["at"] < 20  # was 55 s (and rank 1 kept waiting)
+    assert got.value.actual_event is None
+    free = c.submit(os.getpid, workers=[workers[1]], pure=False)
+    assert free.result(timeout=15) > 0  # the survivor's thread is free again at once
     heal_hosts(2)
     assert row_copies(dirs) == {}
 
