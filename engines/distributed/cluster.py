@@ -34,6 +34,7 @@ _lock = threading.Lock()
 _sent = threading.local()  # the jobs this thread sent to a cluster (see take_submitted)
 MAX_NOTED = 64
 MAX_BUCKETS = 128
+MIN_BUCKET_ROWS = 2_000  # a bucket per this many rows at most (see buckets_for)
 POLL_SECONDS = 0.25
 
 
@@ -101,8 +102,12 @@ def per_partition(table, fn, *args) -> list:
 
 def buckets_for(table) -> int:
     """How many unit buckets ``by_unit`` deals a table's rows into: one per file, at most
-    ``MAX_BUCKETS`` (each bucket task holds ~rows / buckets rows)."""
-    return max(1, min(len(table.paths), MAX_BUCKETS))
+    ``MAX_BUCKETS`` (each bucket task holds ~rows / buckets rows) and at most one per
+    ``MIN_BUCKET_ROWS`` rows: every file sends a piece to every bucket, so many small files
+    made files x buckets pieces (100 files of 200 rows: 10,000 pieces, 17 s for a query the
+    local engine answers in 0.07 s; a helper's probe)."""
+    by_rows = -(-int(getattr(table, "num_rows", 0) or 0) // MIN_BUCKET_ROWS)
+    return max(1, min(len(table.paths), MAX_BUCKETS, by_rows or MAX_BUCKETS))
 
 
 def _split(table, path: str, unit: str, buckets: int, pre, pre_args, ranges=None) -> tuple:
