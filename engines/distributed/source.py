@@ -138,11 +138,12 @@ def schema_from_json(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
-def _metadata(path: str, label: str) -> tuple[pa.Schema, pq.FileMetaData]:
+def _metadata(path: str, label: str) -> tuple[pa.Schema, pq.FileMetaData, int]:
+    """(Arrow schema, footer, size in bytes) of one Parquet file; errors name it ``label``."""
     try:
         with open_file(path) as f:
             pf = pq.ParquetFile(f)
-            return pf.schema_arrow.remove_metadata(), pf.metadata
+            return pf.schema_arrow.remove_metadata(), pf.metadata, f.size()
     except FileNotFoundError:
         raise PartitionError(f"partition {label!r} is missing", label, "missing") from None
     except (OSError, pa.ArrowException) as e:
@@ -152,7 +153,7 @@ def _metadata(path: str, label: str) -> tuple[pa.Schema, pq.FileMetaData]:
 
 def footer(path: str, label: str | None = None) -> tuple[pa.Schema, int]:
     """(Arrow schema, rows) of one Parquet file, from its footer; errors name it ``label``."""
-    schema, md = _metadata(path, label or path)
+    schema, md, _ = _metadata(path, label or path)
     return schema, md.num_rows
 
 
@@ -234,7 +235,8 @@ def differences(expected: pa.Schema, found: pa.Schema, columns=None) -> list[str
 def check_manifest(base: str, parts: list[dict], schema: pa.Schema, columns: list[str] | None = None,
                    range_of: str | None = None) -> tuple[int, tuple | None]:
     """Check every partition against the manifest: it exists, holds the registered row
-    count, and its schema matches the registered one (in ``columns``, or all). Reads
+    count and size in bytes (when the manifest has it: a local file's), and its schema
+    matches the registered one (in ``columns``, or all). Reads
     footers only; errors name partitions by their manifest name, not their server path.
     Returns the total row count and, from the same footers, ``file_ranges`` of the column
     ``range_of`` (None without one; ``span`` is their union); raises ``PartitionError``."""
@@ -242,7 +244,7 @@ def check_manifest(base: str, parts: list[dict], schema: pa.Schema, columns: lis
     _own_files(base, [part["path"] for part in parts])  # a file swapped for a link since registration
     with ThreadPoolExecutor(max_workers=FOOTER_THREADS) as pool:  # an object store answers each in ~50 ms
         footers = list(pool.map(lambda part: _metadata(join(base, part["path"]), part["path"]), parts))
-    for part, (found, md) in zip(parts, footers):
+    for part, (found, md, size) in zip(parts, footers):
         diff = differences(schema, found, columns)
         if diff:
             raise PartitionError(f"partition {part['path']!r} has a different schema: " + "; ".join(diff),
@@ -250,8 +252,11 @@ def check_manifest(base: str, parts: list[dict], schema: pa.Schema, columns: lis
         if md.num_rows != part["rows"]:
             raise PartitionError(f"partition {part['path']!r} holds {md.num_rows} rows, registered with "
                                  f"{part['rows']}: it was rewritten since registration", part["path"], "rows")
+        if part.get("bytes") is not None and size != part["bytes"]:  # other rows, as many of them
+            raise PartitionError(f"partition {part['path']!r} is {size:,} bytes, registered at {part['bytes']:,}: "
+                                 "it was rewritten since registration", part["path"], "bytes")
         total += md.num_rows
-    return total, (_known([_range_in(md, range_of) for _, md in footers]) if range_of else None)
+    return total, (_known([_range_in(md, range_of) for _, md, _ in footers]) if range_of else None)
 
 
 @dataclass(frozen=True)

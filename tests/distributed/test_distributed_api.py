@@ -122,6 +122,20 @@ def test_a_partition_with_another_schema_fails_before_the_read_and_is_refunded(
     assert _charged("events") == "released"
 
 
+def test_a_partition_rewritten_with_as_many_other_rows_fails_before_the_read_and_is_refunded(
+        api, analyst, events, parts_dir, django_capture_on_commit_callbacks):
+    """Every row of a file given to one unit, the row count kept (a helper's probe): answered
+    on the new rows, with the registered units and most rows per unit stale. The size in
+    bytes (in the manifest since registration) tells."""
+    part = pq.read_table(parts_dir / "part-0001.parquet")
+    part = part.set_column(part.schema.get_field_index("pid"), "pid", pa.array([7] * part.num_rows, pa.int64()))
+    pq.write_table(part, parts_dir / "part-0001.parquet")
+    body = ask(api(analyst), "events", "count", {"epsilon": 0.5}, django_capture_on_commit_callbacks)
+    assert body["status"] == "failed" and body["error"]["code"] == "request.failed_before_read", body
+    assert "part-0001.parquet" in body["error"]["detail"] and "rewritten since registration" in body["error"]["detail"]
+    assert _charged("events") == "released"
+
+
 def test_registration_refuses_partitions_that_disagree(api, officer, on_cluster, import_dir, table):
     directory = import_dir / "mixed"
     write_partitions(table, directory, 2)
