@@ -20,18 +20,24 @@ from .slow_table import SlowTable
 from .test_dpsgd_ranks import PARAMS
 
 
-@pytest.mark.parametrize("dies", [1, 0], ids=["rank1-dies", "rank0-dies"])
-def test_a_rank_that_dies_fails_the_run_within_a_minute_charged_the_steps_taken(hosts, partitioned, tmp_path, dies):
-    scheduler, dirs = hosts
+def _training(hosts, partitioned, table_class=PartitionedTable, **extra):
+    """A 2-rank training request on the ``hosts`` cluster, healed first: (client, dataset,
+    request, plan, the partitions as ``table_class``)."""
+    scheduler, _ = hosts
     table, manifest, _ = partitioned
-    c = cluster.client(scheduler)
     heal_hosts(2)
     ds = DatasetMeta(name="events", columns=UNIT_COLUMNS, unit_column="pid", n_rows=table.num_rows,
                      n_units=len(set(table.column("pid").to_pylist())), delta=1e-6, distributed=True)
     req = EngineRequest("train", {**PARAMS, "epochs": 400, "canaries": 0})
-    plan = plugins.plan("dpsgd", req, ds)
-    parts = PartitionedTable(paths=tuple(m["path"] for m in manifest), columns=("pid", "age", "income", "site", "flag"),
-                             num_rows=table.num_rows, unit_column="pid", scheduler=scheduler)
+    parts = table_class(paths=tuple(m["path"] for m in manifest), columns=("pid", "age", "income", "site", "flag"),
+                        num_rows=table.num_rows, unit_column="pid", scheduler=scheduler, **extra)
+    return cluster.client(scheduler), ds, req, plugins.plan("dpsgd", req, ds), parts
+
+
+@pytest.mark.parametrize("dies", [1, 0], ids=["rank1-dies", "rank0-dies"])
+def test_a_rank_that_dies_fails_the_run_within_a_minute_charged_the_steps_taken(hosts, partitioned, tmp_path, dies):
+    scheduler, dirs = hosts
+    c, ds, req, plan, parts = _training(hosts, partitioned)
     victim = c.run(os.getpid)[ranks_for(2, scheduler)[dies]]
     killed = {}
 
@@ -60,15 +66,7 @@ def test_a_rank_lost_while_reading_fails_the_run_at_once_and_frees_the_other_wor
     wait. No step was taken, but the rows were being read and the rank may have died of
     them: charged as a worker lost after the read (the whole plan, ``actual_event`` None)."""
     scheduler, dirs = hosts
-    table, manifest, _ = partitioned
-    c = cluster.client(scheduler)
-    heal_hosts(2)
-    ds = DatasetMeta(name="events", columns=UNIT_COLUMNS, unit_column="pid", n_rows=table.num_rows,
-                     n_units=len(set(table.column("pid").to_pylist())), delta=1e-6, distributed=True)
-    req = EngineRequest("train", {**PARAMS, "epochs": 400, "canaries": 0})
-    plan = plugins.plan("dpsgd", req, ds)
-    parts = SlowTable(paths=tuple(m["path"] for m in manifest), columns=("pid", "age", "income", "site", "flag"),
-                      num_rows=table.num_rows, unit_column="pid", scheduler=scheduler, delay=1.5)
+    c, ds, req, plan, parts = _training(hosts, partitioned, SlowTable, delay=1.5)
     workers = ranks_for(2, scheduler)
     victim = c.run(os.getpid)[workers[0]]
     killed = {}
