@@ -50,6 +50,7 @@ fi
 "$PY" bench/bench_dpsgd_memory.py "${epochs[@]}"
 bench/setup_smartnoise.sh
 "$PY" bench/bench_synthesis.py "${quick[@]}"
+"$PY" bench/bench_aim_wide.py
 "$PY" bench/bench_accounting.py "${quick[@]}"
 "$PY" bench/bench_request_path.py "${quick[@]}"
 "$PY" bench/bench_embedded_broker.py "${quick[@]}"

@@ -121,8 +121,8 @@ def _size_ok(domain, model, cl: tuple, limit: float, sizes: dict) -> bool:
     """Whether the model with ``cl`` added stays within ``limit`` (bytes); ``sizes`` keeps
     each candidate's junction-tree size for this ``model`` (the model changes only at a
     refit, every ``BATCH`` rounds, while the limit grows each round: mbi's
-    ``hypothetical_model_size`` for every candidate in every round took most of a 63-column
-    table's 616 s)."""
+    ``hypothetical_model_size`` for every candidate in every round took 464 of a 60-column
+    table's 600 s; 185 of 350 s with the sizes kept, ``bench/bench_aim_wide.py``)."""
     from mbi.junction_tree import hypothetical_model_size
 
     if any(set(cl) <= set(m) for m in model.cliques):
