@@ -30,6 +30,16 @@ def ratio_interval(metric_sum: float, n: float, t: float) -> list[float]:
     return [min(max(lo, 0.0), 1.0), min(max(hi, 0.0), 1.0)]
 
 
+def ratio_estimate(metric_sum: float, n: float, t: float | None) -> float | None:
+    """The released ratio ``metric_sum / n`` in [0, 1] (n taken as at least 1); None when
+    ``t`` (the noise bound, None for exact values) is given and the released ``n`` is within
+    it of zero: an all-null target or a tiny holdout, where a ratio of two noisy sums near
+    zero reads as any value from 0 to 1 (0.0 or 1.0, a loss of 0.0). Post-processing."""
+    if t is not None and n <= t:
+        return None
+    return min(max(metric_sum / max(n, 1.0), 0.0), 1.0)
+
+
 def expected_halfwidth(t: float, n_units: int, metric: float = 0.5) -> float:
     """The interval's half-width for a metric near ``metric`` over ``n_units`` held-out
     units, at noise bound ``t`` (what the plan states before any data is read)."""

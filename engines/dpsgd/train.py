@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from . import calibrate, clipping, features, pld
-from .intervals import ALPHA_EACH, ratio_interval
+from .intervals import ALPHA_EACH, ratio_estimate, ratio_interval
 from .model_spec import build
 
 LOSS_CAP = 5.0  # nats: per-row classification loss is clipped here for the released loss
@@ -300,16 +300,11 @@ class Trainer:
             values = self.eval_noise.release(list(values))
         self.evals += 1
         metric_sum, loss_sum, n_released = values
-        n = max(n_released, 1.0)
-        metric, loss = (min(max(v / n, 0.0), 1.0) for v in (metric_sum, loss_sum))
-        # the metric's 95% interval from the noise (post-processing: ``intervals``)
+        # the metric and loss (None when the units, as released, are within the noise of
+        # none) and the metric's 95% interval from the noise (post-processing: ``intervals``)
         t = self.eval_noise.halfwidth(ALPHA_EACH) if self.z is not None else None
+        metric, loss = (ratio_estimate(v, n_released, t) for v in (metric_sum, loss_sum))
         ci = ratio_interval(metric_sum, n_released, t) if t is not None else None
-        if t is not None and n_released <= t:
-            # the held-out units with a usable target, as released, are within the noise of
-            # none (an all-null target, a tiny table): a ratio of noise, no estimate at all
-            # (it read 0.0 or 1.0, a loss of 0.0); the interval says how little is known
-            metric = loss = None
         # the held-out units with a usable target, as released (the plan's stated half-width
         # assumes every declared held-out unit has one; fewer widen the interval)
         units = {"val_units": max(round(n_released), 0)}  # (a noisy count: clamped at 0, post-processing)

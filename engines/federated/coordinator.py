@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from engines.aggregates.noise import Noise
-from engines.dpsgd.intervals import ALPHA_EACH, ratio_interval
+from engines.dpsgd.intervals import ALPHA_EACH, ratio_estimate, ratio_interval
 
 from . import auth, dpfedavg, model, planner, secagg, siteapp
 
@@ -305,9 +305,7 @@ class Coordinator:
         self.evals += 1
         s, k = released
         t = self.noise.halfwidth(ALPHA_EACH)
-        # a released count within its noise of none: no estimate (a ratio of noise read 0 or 1)
-        acc = min(max(s / max(k, 1.0), 0.0), 1.0) if k > t else None
-        ci = ratio_interval(s, k, t)
+        acc, ci = ratio_estimate(s, k, t), ratio_interval(s, k, t)  # None: a count within its noise of none
         return {"accuracy": acc, "accuracy_ci95": ci, "n_released": k, "sites": sorted(sites), "dp": True}
 
     # ------------------------------------------------------------------ the run

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engines.aggregates.noise import calibrate
-from engines.dpsgd.intervals import ALPHA_EACH, expected_halfwidth, ratio_interval
+from engines.dpsgd.intervals import ALPHA_EACH, expected_halfwidth, ratio_estimate, ratio_interval
 from engines.dpsgd.planner import EVAL_SENSITIVITY
 
 
@@ -41,3 +41,13 @@ def test_the_stated_halfwidth_shrinks_with_the_holdout_and_the_share():
     assert expected_halfwidth(t, 12_000) < 0.05 < expected_halfwidth(t, 1_000) < expected_halfwidth(t, 100)
     assert expected_halfwidth(t / 3, 1_000) < expected_halfwidth(t, 1_000)
     assert expected_halfwidth(t, 0) == 1.0
+
+
+@given(st.floats(-1e6, 1e6), st.floats(-1e6, 1e6), st.floats(0.0, 1e5))
+def test_the_estimate_is_the_clamped_ratio_unless_the_count_is_within_the_noise_of_none(s, n, t):
+    est = ratio_estimate(s, n, t)
+    if n <= t:
+        assert est is None
+    else:
+        assert est == min(max(s / max(n, 1.0), 0.0), 1.0)
+    assert ratio_estimate(s, n, None) == min(max(s / max(n, 1.0), 0.0), 1.0)  # exact values
