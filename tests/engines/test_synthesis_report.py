@@ -201,6 +201,8 @@ def test_the_headline_places_the_table_between_floor_and_ceiling_and_the_page_sh
     page = report.html_report(independent_quality, fresh_privacy, data["train"], data["independent"], SCHEMA,
                               title="t")
     assert "floor (columns drawn independently)" in page and "At or near the floor" in page
+    tstr_page = report.html_report(fresh_quality, fresh_privacy, data["train"], data["fresh"], SCHEMA, title="t")
+    assert "lowest-highest of 5 bootstrap runs" in tstr_page and "95% over" not in tstr_page  # a range, said so
     assert f"{independent_quality['summary']['bivariate_accuracy_floor']:.3f}"[:4] in page
 
 
