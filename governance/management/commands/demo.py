@@ -368,6 +368,7 @@ class Command(BaseCommand):
         report = self.call(off, "get", f"/api/requests/{rid}/").json()["officer_report"]
         q, p = report["quality"]["summary"], report["privacy"]["summary"]
         self.out("   the officer's quality report (synthetic vs. the real training rows; ceiling = a real holdout):")
+        self.out(f"     {report['quality']['standing']}")
         self.out("     " + json.dumps(q))
         self.out("   the officer's privacy report:")
         self.out("     " + json.dumps(p))
