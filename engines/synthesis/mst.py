@@ -217,7 +217,11 @@ def compress(y: np.ndarray, sigma: float, col: dict, nv: int | None = None) -> n
     cell; a numeric column's adjacent cells are merged left to right until each group
     holds at least max(3 sigma, total / bins) of soft-thresholded mass (max(y - sigma, 0):
     empty cells add next to nothing), so groups are private quantile bins and a value
-    that alone carries that much keeps a cell of its own; its null cell stays apart when
+    that alone carries that much keeps a cell of its own. A flat numeric column (measured
+    on its own grid values, at most ``encoding.TREE_MIN``) keeps, as a categorical one, every
+    value whose noisy count clears 3 sigma as a cell of its own (a code 4 of 0-6 held by 4%
+    of the rows may decide another column: merged with 3 it could not), and merges only
+    the runs of rarer values between them. Its null cell stays apart when
     its noisy count clears 3 sigma, else it joins the largest cell's group (and is drawn
     there with its soft-thresholded weight, usually 0: ``_within``). ``nv``: the cells of
     values (the rest is the null cell)."""
@@ -234,13 +238,20 @@ def compress(y: np.ndarray, sigma: float, col: dict, nv: int | None = None) -> n
         return _dense(mapping)
     w = np.clip(y[:nv] - sigma, 0, None)
     target = max(3 * sigma, float(np.clip(y, 0, None).sum()) / col.get("bins", 20))
-    group, acc = 0, 0.0
+    own = y[:nv] >= 3 * sigma if encoding.tree_blocks(col) == [1] else np.zeros(nv, dtype=bool)
+    group, acc, members = 0, 0.0, 0
     for i in range(nv):
+        if own[i]:  # a grid value of a flat column that clears 3 sigma: a cell of its own
+            group += 1 if members else 0
+            mapping[i] = group
+            group, acc, members = group + 1, 0.0, 0
+            continue
         mapping[i] = group
         acc += w[i]
+        members += 1
         if acc >= target:
-            group, acc = group + 1, 0.0
-    if group > 0 and mapping[nv - 1] == group and acc < target:  # a short last group joins the one before
+            group, acc, members = group + 1, 0.0, 0
+    if group > 0 and members and acc < target:  # a short last group joins the one before
         mapping[:nv][mapping[:nv] == group] = group - 1
     if n > nv:
         mapping[nv] = mapping[:nv].max() + 1 if y[nv] >= 3 * sigma else mapping[int(np.argmax(y[:nv]))]
