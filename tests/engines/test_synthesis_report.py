@@ -195,7 +195,9 @@ def test_the_headline_places_the_table_between_floor_and_ceiling_and_the_page_sh
     assert fresh_quality["standing"].startswith("At least halfway")
     below = {"overall_accuracy": 0.970, "overall_accuracy_floor": 0.974, "overall_accuracy_of_the_way": -0.67,
              "bivariate_accuracy": 0.95, "bivariate_accuracy_floor": 0.96, "bivariate_accuracy_of_the_way": None}
-    assert report.standing(below).startswith("At or near the floor")
+    assert report.standing(below).startswith("Below the floor")
+    assert report.standing({**below, "overall_accuracy": 0.974, "bivariate_accuracy": 0.96}).startswith(
+        "At or near the floor")
     assert report.standing({**below, "overall_accuracy": 0.977, "overall_accuracy_of_the_way": 0.3,
                             "bivariate_accuracy": 0.97}).startswith("Above the floor, less than halfway")
     page = report.html_report(independent_quality, fresh_privacy, data["train"], data["independent"], SCHEMA,
@@ -283,3 +285,29 @@ def test_html_report_is_a_standalone_escaped_page(data, fresh_quality, fresh_pri
     assert "&lt;script&gt;" in page
     assert "<title>Synthetic &lt;b&gt;survey&lt;/b&gt; &amp; co</title>" in page
     assert "discriminator AUC" in page and "membership inference AUC" in page
+
+
+def test_the_headline_says_when_a_model_trained_on_the_table_cannot_predict_the_target(fresh_quality):
+    """A probe's nassCDS table (MST at epsilon 1) was 60% of the way to real data on its
+    accuracies, and the headline said "at least halfway", while a model trained on it
+    predicted `dead` at AUC 0.383 against 0.990 trained on real rows."""
+    halfway = {"overall_accuracy": 0.976, "overall_accuracy_floor": 0.961, "overall_accuracy_of_the_way": 0.63,
+               "bivariate_accuracy": 0.963, "bivariate_accuracy_floor": 0.930, "bivariate_accuracy_of_the_way": 0.67}
+    assert report.standing(halfway) == (
+        "At least halfway from the floor to real data. (overall accuracy 63% of the way from the floor to the "
+        "ceiling; bivariate accuracy 67% of the way from the floor to the ceiling.)")
+    chance = {**halfway, "tstr": 0.383, "trtr": 0.990, "tstr_target": "dead", "tstr_metric": "auc_macro_ovr"}
+    assert report.tstr_of_the_way(chance) < 0
+    assert report.standing(chance).endswith(
+        "A model trained on it predicts dead no better than chance: TSTR 0.383 against 0.990 trained on real rows "
+        "(auc_macro_ovr).")
+    weak = {**chance, "tstr": 0.70}  # 41% of the way from 0.5 to 0.99
+    assert "less than halfway from chance to real data" in report.standing(weak)
+    assert report.standing({**chance, "tstr": 0.80}) == report.standing(halfway)  # 61%: nothing to add
+    r2 = {**halfway, "tstr": 0.01, "trtr": 0.40, "tstr_target": "wage", "tstr_metric": "r2"}  # chance is R² 0
+    assert "predicts wage no better than chance" in report.standing(r2)
+    unpredictable = {**chance, "trtr": 0.52}  # not predictable from real rows either: nothing to say
+    assert report.tstr_of_the_way(unpredictable) is None and report.standing(unpredictable) == report.standing(halfway)
+    s = fresh_quality["summary"]  # the report fills what the headline reads
+    assert s["tstr_target"] == "grp" and s["tstr_metric"] == "auc_macro_ovr"
+    assert s["tstr_of_the_way"] == pytest.approx((s["tstr"] - 0.5) / (s["trtr"] - 0.5))
