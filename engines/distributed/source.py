@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -75,17 +76,29 @@ def _own_files(base: str, names) -> None:
             st = os.stat(path)
         except OSError:
             continue  # a missing file is reported by the footer read, which names it
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would hold the read (and its worker) forever
+            raise PartitionError(f"partition {name!r} is not a regular file", name, "not_a_file")
         other = seen.setdefault((st.st_dev, st.st_ino), name)
         if other != name:
             raise PartitionError(f"partitions {other!r} and {name!r} are the same file (a hard link): each file "
                                  "must be listed once", name, "duplicate")
 
 
+def hidden(name: str) -> bool:
+    """A file or directory name a table's readers skip, as pyarrow.dataset, Spark and Hive
+    do: ``_temporary/`` (a Spark job's attempts, rows written twice), ``_SUCCESS``, ``.crc``
+    and other dot-files."""
+    return name.startswith(("_", "."))
+
+
 def _local_parquet_files(root: str) -> list[str]:
     """Every ``*.parquet`` / ``*.pq`` under a local directory, relative to it, links not
-    followed: a link to a directory or to a Parquet file is refused (``_own_files``)."""
+    followed: a link to a directory or to a Parquet file is refused (``_own_files``);
+    ``hidden`` names (and everything under a hidden directory) are skipped."""
     files = []
     for d, dirs, names in os.walk(root, followlinks=False):
+        dirs[:] = [x for x in dirs if not hidden(x)]
+        names = [x for x in names if not hidden(x)]
         rel = os.path.relpath(d, root)
         for name in sorted(dirs) + sorted(names):
             full = os.path.join(d, name)
@@ -102,7 +115,7 @@ def _local_parquet_files(root: str) -> list[str]:
 def list_partitions(location: str) -> tuple[str, list[str]]:
     """The Parquet files of a location: ``(base, names)`` with each file's path relative to
     ``base``: one file (base its directory), or every ``*.parquet`` / ``*.pq`` file under
-    a directory, recursively, sorted. Raises ``PartitionError`` if there are none, or (on
+    a directory, recursively, sorted, ``hidden`` names skipped. Raises ``PartitionError`` if there are none, or (on
     a local disk) if one is a symbolic link or reached through one, or two are one file."""
     fs, p = _fs(location)
     scheme = location.split("://", 1)[0] + "://" if "://" in location else ""
@@ -120,7 +133,7 @@ def list_partitions(location: str) -> tuple[str, list[str]]:
         root = p.rstrip("/") + "/"
         files = sorted(i.path[len(root):] for i in fs.get_file_info(pafs.FileSelector(p, recursive=True))
                        if i.type == pafs.FileType.File and i.base_name.endswith((".parquet", ".pq"))
-                       and i.path.startswith(root))
+                       and i.path.startswith(root) and not any(map(hidden, i.path[len(root):].split("/"))))
     else:
         files = _local_parquet_files(p)
     if not files:
@@ -157,12 +170,16 @@ def footer(path: str, label: str | None = None) -> tuple[pa.Schema, int]:
     return schema, md.num_rows
 
 
-def _range_in(md: pq.FileMetaData, column: str) -> tuple | None:
+def _range_in(md: pq.FileMetaData, arrow: pa.Schema, column: str) -> tuple | None:
     """(min, max) of an integer column in one file from its footer; () for a file without
-    rows; None when a row group has no statistics or the column is not an integer (dates,
-    timestamps and decimals are stored as integers too: their logical type says so)."""
+    rows; None when a row group has no statistics, or statistics that cannot be true (min
+    above max), or the column is not an integer as Arrow reads it (``arrow``, the file's
+    schema: dates, timestamps and decimals are stored as integers too, and so is a
+    duration, whose Parquet logical type says nothing)."""
     names = [md.schema.column(j).path for j in range(len(md.schema))]
     if column not in names or md.schema.column(names.index(column)).logical_type.type not in ("NONE", "INT"):
+        return None
+    if arrow.get_field_index(column) < 0 or not pa.types.is_integer(arrow.field(column).type):
         return None
     ranges = []
     for g in range(md.num_row_groups):
@@ -174,6 +191,8 @@ def _range_in(md: pq.FileMetaData, column: str) -> tuple | None:
         stats = chunk.statistics if chunk is not None else None
         if stats is None or not stats.has_min_max or stats.physical_type not in ("INT32", "INT64") \
                 or not isinstance(stats.min, int) or not isinstance(stats.max, int):
+            return None
+        if stats.min > stats.max:
             return None
         ranges.append((int(stats.min), int(stats.max)))
     return (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else ()
@@ -198,7 +217,8 @@ def file_ranges(paths, column: str) -> tuple | None:
     (or the column is not an integer, or a footer cannot be read)."""
     def one(path):
         with open_file(path) as f:
-            return _range_in(pq.ParquetFile(f).metadata, column)
+            pf = pq.ParquetFile(f)
+            return _range_in(pf.metadata, pf.schema_arrow, column)
 
     try:
         with ThreadPoolExecutor(max_workers=FOOTER_THREADS) as pool:
@@ -256,7 +276,7 @@ def check_manifest(base: str, parts: list[dict], schema: pa.Schema, columns: lis
             raise PartitionError(f"partition {part['path']!r} is {size:,} bytes, registered at {part['bytes']:,}: "
                                  "it was rewritten since registration", part["path"], "bytes")
         total += md.num_rows
-    return total, (_known([_range_in(md, range_of) for _, md, _ in footers]) if range_of else None)
+    return total, (_known([_range_in(md, found, range_of) for found, md, _ in footers]) if range_of else None)
 
 
 @dataclass(frozen=True)
@@ -273,6 +293,7 @@ class PartitionedTable:
     retries: int = 2
     unit_ranges: tuple | None = ...  # file_ranges of the unit ids, when known (None: none); ...: not read
     max_rows_per_unit: int | None = None  # the most rows of one unit when registered: a hint, never trusted
+    expected: tuple | None = None  # each path's (rows, bytes or None) in the manifest: checked again at each read
 
     @property
     def unit_range(self) -> tuple[int, int] | None:
@@ -287,9 +308,25 @@ class PartitionedTable:
         return file_ranges(self.paths, column)
 
     def read_file(self, path: str) -> pa.Table:
-        """One partition's planned columns (called on a Dask worker)."""
+        """One partition's planned columns (called on a Dask worker), every column nullable
+        (a file may write one as required, another as optional: they are one table). With
+        ``expected``, the file read must still be the file checked: as many rows and bytes
+        as the manifest says, or ``PartitionError`` (a partition rewritten after the check,
+        or between a lost worker's read and its retry, would be answered on rows the run's
+        sizes, sensitivity grid and unit count were not planned for)."""
+        if "://" not in path and not stat.S_ISREG(os.stat(path).st_mode):
+            raise PartitionError(f"partition {os.path.basename(path)!r} is not a regular file", path, "not_a_file")
         with open_file(path) as f:
-            return pq.read_table(f, columns=list(self.columns))
+            pf = pq.ParquetFile(f, pre_buffer=True)  # as pq.read_table does: one read of the columns' ranges
+            if self.expected is not None:
+                rows, size = self.expected[self.paths.index(path)]
+                if pf.metadata.num_rows != rows or (size is not None and f.size() != size):
+                    raise PartitionError(f"partition {os.path.basename(path)!r} was rewritten while the run read "
+                                         "it", path, "rewritten")
+            t = pf.read(columns=list(self.columns))
+        if all(field.nullable for field in t.schema):
+            return t
+        return t.cast(pa.schema([field.with_nullable(True) for field in t.schema]))
 
     def to_arrow(self) -> pa.Table:
         """Every partition read into one table, in this process (for engines that do not

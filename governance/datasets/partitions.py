@@ -87,7 +87,8 @@ def _table(ds_location: str, manifest: list[dict], columns, rows: int, unit: str
     return PartitionedTable(paths=tuple(source.join(ds_location, p["path"]) for p in manifest),
                             columns=tuple(columns), num_rows=rows, unit_column=unit,
                             scheduler=settings.DASK_SCHEDULER_ADDRESS, retries=settings.DASK_TASK_RETRIES,
-                            unit_ranges=unit_ranges, max_rows_per_unit=max_rows_per_unit)
+                            unit_ranges=unit_ranges, max_rows_per_unit=max_rows_per_unit,
+                            expected=tuple((p["rows"], p.get("bytes")) for p in manifest))
 
 
 def open_columns(ds: Dataset, columns: list[str]) -> PartitionedTable:

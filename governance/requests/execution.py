@@ -235,11 +235,20 @@ def _run(req: Request, clock: RunClock) -> str:
             meta = dataset_meta(ds)
             plugins.info(req.engine)  # the engine may have been removed since planning
             workdir = scratch_dir()  # before the read: a full or unwritable results disk is a refund
-            _mark_data_read(req.pk)
-            data = load_columns(ds, list(plan.columns))
+            if ds.execution == Dataset.Execution.DISTRIBUTED:  # footers only: a check hung on a file reads no row
+                data = load_columns(ds, list(plan.columns))
+                _mark_data_read(req.pk)
+            else:
+                _mark_data_read(req.pk)
+                data = load_columns(ds, list(plan.columns))
     except Exception as e:
         # The rows never reached the engine: nothing was released, refund.
         log.exception("request %s failed before reading data", req.pk)
+        if getattr(e, "code", None) == "dataset.partition_invalid":  # the officer's: partition names, exact row counts
+            return _finish(req, Request.Status.FAILED, error={"code": "request.failed_before_read", "detail": (
+                "Failed before the data was read: a partition of the dataset is missing, unreadable or no longer "
+                "as registered (the privacy officer's page of this request says which); the reservation is "
+                "refunded.")}, charge=False, officer_report={"failure": str(e)})
         return _finish(req, Request.Status.FAILED, error={"code": "request.failed_before_read",
                                                           "detail": f"Failed before the data was read: {no_paths(e)}"},
                        charge=False)

@@ -97,19 +97,30 @@ def _charged(ds_name):
     return entry.status
 
 
-def test_a_missing_partition_fails_before_the_read_and_is_refunded(api, analyst, events, parts_dir,
+def said_to_the_officer(api, officer, body) -> str:
+    """A run refused for a partition: the analyst is told no more than that (a partition's
+    name can carry values, diagnosis=HIV/, and its rows now are an exact count, free of
+    charge); the officer's view of the request says which and why."""
+    detail = body["error"]["detail"]
+    assert "a partition of the dataset is missing, unreadable or no longer as registered" in detail, detail
+    assert ".parquet" not in detail and "rows" not in detail and "registered with" not in detail
+    return api(officer).get(f"/api/requests/{body['id']}/").json()["officer_report"]["failure"]
+
+
+def test_a_missing_partition_fails_before_the_read_and_is_refunded(api, officer, analyst, events, parts_dir,
                                                                     django_capture_on_commit_callbacks):
     (parts_dir / "part-0002.parquet").unlink()
     body = ask(api(analyst), "events", "count", {"epsilon": 0.5}, django_capture_on_commit_callbacks)
     assert body["status"] == "failed"
     assert body["error"]["code"] == "request.failed_before_read"
-    assert "partition 'part-0002.parquet' is missing" in body["error"]["detail"]
+    assert "partition 'part-0002.parquet' is missing" in said_to_the_officer(api, officer, body)
     assert str(parts_dir) not in body["error"]["detail"]  # no server path shown to the analyst
     assert _charged("events") == "released" and body["charge"]["rdp"]["epsilon"] == 0
+    assert "officer_report" not in body or body["officer_report"] is None
 
 
 def test_a_partition_with_another_schema_fails_before_the_read_and_is_refunded(
-        api, analyst, events, parts_dir, table, django_capture_on_commit_callbacks):
+        api, officer, analyst, events, parts_dir, table, django_capture_on_commit_callbacks):
     part = pq.read_table(parts_dir / "part-0001.parquet")
     part = part.set_column(part.schema.get_field_index("income"), "income",
                            pa.array([str(v) for v in part.column("income").to_pylist()]))
@@ -117,13 +128,14 @@ def test_a_partition_with_another_schema_fails_before_the_read_and_is_refunded(
     body = ask(api(analyst), "events", "sum", {"column": "age", "epsilon": 0.5, "max_rows_per_unit": 3},
                django_capture_on_commit_callbacks)
     assert body["status"] == "failed" and body["error"]["code"] == "request.failed_before_read"
-    assert "partition 'part-0001.parquet' has a different schema" in body["error"]["detail"]
-    assert "'income' is string, registered as double" in body["error"]["detail"]
+    failure = said_to_the_officer(api, officer, body)
+    assert "partition 'part-0001.parquet' has a different schema" in failure
+    assert "'income' is string, registered as double" in failure
     assert _charged("events") == "released"
 
 
 def test_a_partition_rewritten_with_as_many_other_rows_fails_before_the_read_and_is_refunded(
-        api, analyst, events, parts_dir, django_capture_on_commit_callbacks):
+        api, officer, analyst, events, parts_dir, django_capture_on_commit_callbacks):
     """Every row of a file given to one unit, the row count kept (a helper's probe): answered
     on the new rows, with the registered units and most rows per unit stale. The size in
     bytes (in the manifest since registration) tells."""
@@ -132,7 +144,8 @@ def test_a_partition_rewritten_with_as_many_other_rows_fails_before_the_read_and
     pq.write_table(part, parts_dir / "part-0001.parquet")
     body = ask(api(analyst), "events", "count", {"epsilon": 0.5}, django_capture_on_commit_callbacks)
     assert body["status"] == "failed" and body["error"]["code"] == "request.failed_before_read", body
-    assert "part-0001.parquet" in body["error"]["detail"] and "rewritten since registration" in body["error"]["detail"]
+    failure = said_to_the_officer(api, officer, body)
+    assert "part-0001.parquet" in failure and "rewritten since registration" in failure
     assert _charged("events") == "released"
 
 
@@ -307,7 +320,7 @@ def test_a_link_elsewhere_in_the_directory_is_left_alone(api, officer, on_cluste
 
 @pytest.mark.parametrize("swap", ["partition", "location"])
 def test_a_link_put_in_place_after_registration_fails_before_the_read_and_is_refunded(
-        api, analyst, events, parts_dir, outside, table, swap, django_capture_on_commit_callbacks):
+        api, officer, analyst, events, parts_dir, outside, table, swap, django_capture_on_commit_callbacks):
     if swap == "partition":  # the same schema and row count: the footer check alone passed it
         part = pq.read_table(parts_dir / "part-0003.parquet")
         pq.write_table(part, outside / "same.parquet")
@@ -323,7 +336,7 @@ def test_a_link_put_in_place_after_registration_fails_before_the_read_and_is_ref
         said = "location"
     body = ask(api(analyst), "events", "count", {"epsilon": 0.5}, django_capture_on_commit_callbacks)
     assert body["status"] == "failed" and body["error"]["code"] == "request.failed_before_read"
-    assert said in body["error"]["detail"] and str(outside) not in body["error"]["detail"]
+    assert said in said_to_the_officer(api, officer, body) and str(outside) not in body["error"]["detail"]
     assert _charged("events") == "released" and body["charge"]["rdp"]["epsilon"] == 0
 
 
