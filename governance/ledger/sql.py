@@ -65,17 +65,21 @@ def _sql_for(vendor: str) -> SimpleNamespace:
         budget=(f"SELECT b.state, d.name, d.status, d.budget_epsilon, d.budget_delta, d.policy, d.allow_non_private, "
                 f"d.approx_delta_share, b.committed, b.audit_seq, b.audit_head "
                 f"FROM {budget} b JOIN {dataset} d ON d.id = b.dataset_id WHERE b.dataset_id = %s"
-                + (" FOR UPDATE OF b" if pg else "")),  # SQLite: BEGIN IMMEDIATE holds the write lock
+                + (" FOR UPDATE OF b FOR SHARE OF d" if pg else "")),  # SQLite: BEGIN IMMEDIATE: the write lock
         # The budget row and the analyst's active grant locked in one statement, in the
         # gate's order (FOR UPDATE OF b, g locks b first; a row updated meanwhile is re-read
-        # at its newest version). No row: no active grant (or no budget row), and the two
+        # at its newest version). Only the rows a statement locks are re-read: the dataset
+        # row d is share-locked, after b, for its settings as committed once the wait is over
+        # (an officer's change holds b's lock until it commits; read from the statement's
+        # snapshot, taken before the wait, a budget cut meanwhile was not seen and a request
+        # admitted past it). No row: no active grant (or no budget row), and the two
         # statements below tell which.
         budget_grant=(f"SELECT b.state, d.name, d.status, d.budget_epsilon, d.budget_delta, d.policy, "
                       f"d.allow_non_private, d.approx_delta_share, b.committed, b.audit_seq, b.audit_head, "
                       f"g.id, g.cap_epsilon, g.cap_delta, g.state "
                       f"FROM {budget} b JOIN {dataset} d ON d.id = b.dataset_id JOIN {grant} g "
                       f"ON g.dataset_id = b.dataset_id AND g.analyst_id = %s AND g.revoked_at IS NULL "
-                      f"WHERE b.dataset_id = %s FOR UPDATE OF b, g") if pg else None,
+                      f"WHERE b.dataset_id = %s FOR UPDATE OF b, g FOR SHARE OF d") if pg else None,
         grant=(f"SELECT id, cap_epsilon, cap_delta, state FROM {grant} "
                f"WHERE dataset_id = %s AND analyst_id = %s AND revoked_at IS NULL LIMIT 1"
                + (" FOR UPDATE" if pg else "")),
@@ -194,14 +198,15 @@ def _settle_sql_for(vendor: str) -> SimpleNamespace:
     user_model = get_user_model()
     user, username = user_model._meta.db_table, user_model._meta.get_field(user_model.USERNAME_FIELD).column
     return SimpleNamespace(
-        # The budget row is locked (PostgreSQL re-reads a locked row at its newest version);
-        # the entry's immutable columns come with it. Its status may be older than the lock:
+        # The budget row is locked (PostgreSQL re-reads a locked row at its newest version),
+        # then the dataset row share-locked for its delta as committed (see ``admit_sql``);
+        # the entry's immutable columns come with them. Its status may be older than the lock:
         # the compare-and-set UPDATEs below decide (every status change holds this lock).
         lock=(f"SELECT e.status, e.cost, e.event, e.charge, e.non_private, e.reference, e.created_at, e.analyst_id, "
               f"e.grant_id, e.dataset_id, b.state, b.committed, b.audit_seq, b.audit_head, d.name, d.budget_delta, "
               f"u.{username} FROM {entry} e JOIN {budget} b ON b.dataset_id = e.dataset_id "
               f"JOIN {dataset} d ON d.id = e.dataset_id JOIN {user} u ON u.id = e.analyst_id WHERE e.id = %s"
-              + (" FOR UPDATE OF b" if pg else "")),
+              + (" FOR UPDATE OF b FOR SHARE OF d" if pg else "")),
         status=f"SELECT status FROM {entry} WHERE id = %s",
         grant=f"SELECT state FROM {grant} WHERE id = %s" + (" FOR UPDATE" if pg else ""),
         commit=(f"UPDATE {entry} SET status = %s, committed_at = %s, committed_event = %s{js}, "
