@@ -309,8 +309,11 @@ WORKER_ALIVE_SECONDS = envint("WORKER_ALIVE_SECONDS", 3 * WORKER_HEARTBEAT_SECON
 # sees of a run that reads data (progress, the outcome) changes only on ticks this many
 # milliseconds apart from the claim, never when a sampler or query happens to finish.
 RELEASE_QUANTUM_MS = envint("RELEASE_QUANTUM_MS", 1000)
+# No "expires": Celery dates it on beat's clock and a worker judges it on its own, so a beat
+# a minute behind the workers had every sweep discarded as expired (a probe). A backlog of
+# sweeps is harmless: each is a set of compare-and-sets.
 CELERY_BEAT_SCHEDULE = {"sweep-lost-requests": {"task": "workers.sweep", "schedule": 60.0,
-                                                "options": {"queue": "cpu", "expires": 55}}}
+                                                "options": {"queue": "cpu"}}}
 # Results live in the database (Request rows), not in a Celery result backend.
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "cpu"

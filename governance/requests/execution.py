@@ -40,6 +40,7 @@ from ..datasets.data import load_columns
 from ..datasets.engine_meta import dataset_meta
 from ..models import Dataset, Request
 from . import federated_runs, outcomes
+from .recovery import db_time
 from .releaser import RELEASER
 from .submission import access_refusal
 
@@ -60,9 +61,10 @@ def claim(request_id, worker: str = "") -> Request | None:
     """``queued -> running`` by compare-and-set, returning the claimed row and its dataset's
     in the same statement (``WITH r AS (UPDATE ... RETURNING ...) SELECT ... JOIN``); None
     when another delivery has it."""
-    now = timezone.now()
-    values = {"status": Request.Status.RUNNING, "started_at": now, "heartbeat_at": now, "worker": worker[:200],
-              "progress": {"phase": "starting", "fraction": 0.0}}
+    values = {"status": Request.Status.RUNNING, "worker": worker[:200], "progress": {"phase": "starting", "fraction": 0.0}}
+    if connection.vendor != "postgresql":  # SQLite: this host's clock is the database's (recovery.db_time)
+        now = timezone.now()
+        values.update(started_at=now, heartbeat_at=now)
     field = Request._meta.get_field
     try:
         params = [field(k).get_db_prep_save(v, connection) for k, v in values.items()]
@@ -86,7 +88,11 @@ def claim(request_id, worker: str = "") -> Request | None:
 @functools.cache
 def _claim_sql(vendor: str, columns: tuple[str, ...]) -> str:
     field = Request._meta.get_field
-    sets = ", ".join(f"{field(k).column} = %s" for k in columns)
+    # PostgreSQL: started and heartbeat on the database's clock, as every heartbeat and the
+    # sweep's cutoff (governance.requests.recovery): a worker's own clock may be stepped or skewed
+    own = [] if vendor != "postgresql" else [f"{field(k).column} = STATEMENT_TIMESTAMP()"
+                                             for k in ("started_at", "heartbeat_at")]
+    sets = ", ".join([f"{field(k).column} = %s" for k in columns] + own)
     ret = ", ".join(f.column for f in concrete(Request))
     update = f"UPDATE {Request._meta.db_table} SET {sets} WHERE id = %s AND status = %s RETURNING {ret}"
     if vendor != "postgresql":
@@ -174,7 +180,7 @@ class RunClock:
     def _write(self, update: dict) -> bool:
         """Write a progress report (and the heartbeat) unless a cancellation was requested."""
         return bool(Request.objects.filter(pk=self.request_id, cancel_requested=False).update(
-            progress=update, heartbeat_at=timezone.now()))
+            progress=update, heartbeat_at=db_time()))
 
     def _ticks(self):
         """The clock thread: on each tick, the latest report (and the heartbeat when due) is
@@ -202,8 +208,8 @@ class RunClock:
         try:
             running = Request.objects.filter(pk=self.request_id, status=Request.Status.RUNNING)
             if update is None:
-                running.update(heartbeat_at=timezone.now())
-            elif not running.filter(cancel_requested=False).update(progress=update, heartbeat_at=timezone.now()):
+                running.update(heartbeat_at=db_time())
+            elif not running.filter(cancel_requested=False).update(progress=update, heartbeat_at=db_time()):
                 self.cancelled = running.filter(cancel_requested=True).exists()  # raised at the next report
         except Exception as e:  # noqa: BLE001 - retried on the next tick; the sweep has a grace period
             # the traceback once, then a line per tick while it keeps failing (a full disk)

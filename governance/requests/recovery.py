@@ -6,7 +6,10 @@ sweep (``sweep()``: the periodic task ``workers.sweep`` run by Celery beat, or
 ``manage.py recover``) applies three documented rules:
 
 1. **Lost**: a request ``running`` whose heartbeat is older than
-   ``REQUEST_LOST_AFTER_SECONDS`` (grace period, default 120 s) is finished as ``failed``
+   ``REQUEST_LOST_AFTER_SECONDS`` (grace period, default 120 s) on the database's clock
+   (``db_now``, heartbeats are written as ``db_time``), or, once this process's sweeps
+   have watched it (``Watch``), unchanged for that long on their monotonic clock, is
+   finished as ``failed``
    with ``request.worker_lost``. Its reservation follows the charging rule of
    ``governance.requests.execution``: if the worker had started reading the data (``data_read``)
    the reservation is **committed in full** (the engine may have released something, or
@@ -41,11 +44,13 @@ result is dropped (never shown). Both take the request row before the budget row
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..core.dispatch import mark_unsent  # noqa: F401 - rule 3's marker lives with the sending
@@ -61,15 +66,84 @@ def _stale(cutoff):
     return Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
 
 
+def db_now():
+    """The database's clock: one clock for every process and host that writes heartbeats
+    and sweeps them (``db_time``). SQLite is one host's file: its clock is this one's."""
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cur:
+        cur.execute("SELECT STATEMENT_TIMESTAMP()")
+        return cur.fetchone()[0]
+
+
+def db_time():
+    """A heartbeat's value as an update writes it: the database's ``Now()`` on PostgreSQL
+    (workers on other hosts, their clocks stepped or skewed), this host's on SQLite (the
+    stored text then has the format every comparison with a Python datetime expects)."""
+    return Now() if connection.vendor == "postgresql" else timezone.now()
+
+
+class Watch:
+    """What this process's sweeps saw of each running request's heartbeat, on its monotonic
+    clock: a heartbeat that changed since the last sweep is alive whatever the wall clocks
+    say (a worker whose clock was stepped back writes times that look old; a sweeper stepped
+    forward sees every time as old), and one unchanged for ``lost_after`` seconds of this
+    clock is lost even when it reads as recent (a worker that ran ahead, then died). A
+    request this process has not watched yet is judged by the database's clock. After a
+    sweep that failed (the database away) every request is watched afresh: an outcome
+    held in a worker's memory meanwhile is written within seconds of the database's
+    return (``outcomes._again``) and must not lose that race to the sweep."""
+
+    def __init__(self):
+        self.seen: dict = {}  # request id -> (heartbeat, monotonic time it was first seen)
+        self.afresh = False
+
+    def lost(self, running, cutoff, lost_after: float) -> list:
+        now, seen, out = time.monotonic(), {}, []
+        for pk, heartbeat in running:
+            before = self.seen.get(pk)
+            if before is not None and before[0] == heartbeat and not self.afresh:
+                seen[pk] = before
+                if now - before[1] >= lost_after:
+                    out.append(pk)
+                continue
+            seen[pk] = (heartbeat, now)
+            if before is None and not self.afresh and heartbeat is not None and heartbeat < cutoff:
+                out.append(pk)  # not watched before: the database's clock decides
+        self.seen, self.afresh = seen, False
+        return out
+
+
+WATCH = Watch()
+
+
 def sweep(*, now=None, lost_after: float | None = None, requeue_after: float | None = None) -> dict:
-    """Apply the rules once; returns ``{"lost": [ids], "requeued": [ids]}``."""
-    now = now or timezone.now()
+    """Apply the rules once; returns ``{"lost": [ids], "requeued": [ids]}``. ``now`` (a
+    test's clock): judge every heartbeat by it alone, not by ``WATCH``."""
+    try:
+        return _sweep(now, lost_after, requeue_after)
+    except DatabaseError:
+        WATCH.afresh = True
+        raise
+
+
+def _sweep(now, lost_after, requeue_after) -> dict:
+    given = now is not None
+    now = now or db_now()
     lost_after = settings.REQUEST_LOST_AFTER_SECONDS if lost_after is None else lost_after
     requeue_after = settings.REQUEST_REQUEUE_AFTER_SECONDS if requeue_after is None else requeue_after
     cutoff = now - timedelta(seconds=lost_after)
+    if given:
+        candidates = [(pk, _stale(cutoff)) for pk in
+                      Request.objects.filter(_stale(cutoff), status=Request.Status.RUNNING).values_list("pk", flat=True)]
+    else:
+        running = {pk: (beat, started) for pk, beat, started in Request.objects.filter(
+            status=Request.Status.RUNNING).values_list("pk", "heartbeat_at", "started_at")}
+        candidates = [(pk, _unchanged(*running[pk])) for pk in WATCH.lost(
+            [(pk, beat or started) for pk, (beat, started) in running.items()], cutoff, lost_after)]
     lost = []
-    for pk in Request.objects.filter(_stale(cutoff), status=Request.Status.RUNNING).values_list("pk", flat=True):
-        if _finish_lost(pk, cutoff, now):
+    for pk, still in candidates:
+        if _finish_lost(pk, still, now):
             lost.append(str(pk))
     requeued = []
     from .submission import enqueue
@@ -78,7 +152,10 @@ def sweep(*, now=None, lost_after: float | None = None, requeue_after: float | N
     # Once per period per request: a backlog that is merely slow is not flooded with copies.
     # A request whose message never reached the broker (rule 3) is sent at once.
     stale_queued = Request.objects.filter(
-        Q(created_at__lt=now - timedelta(seconds=requeue_after)) | Q(progress__has_key="unsent_at"),
+        Q(created_at__lt=now - timedelta(seconds=requeue_after)) | Q(progress__has_key="unsent_at")
+        # created in the database's future: a web process whose clock runs ahead (its broker
+        # message, if lost, would never be old enough to send again)
+        | Q(created_at__gt=now + timedelta(seconds=requeue_after)),
         status=Request.Status.QUEUED)
     candidates = []
     for pk, engine, progress in stale_queued.values_list("pk", "engine", "progress"):
@@ -128,10 +205,15 @@ def _pending(queues: set[str]) -> set[str] | None:
         return None
 
 
-def _finish_lost(pk, cutoff, now) -> bool:
+def _unchanged(heartbeat, started):
+    """The compare-and-set's condition: the heartbeat the sweep judged is still the last one."""
+    return Q(heartbeat_at=heartbeat) if heartbeat is not None else Q(heartbeat_at__isnull=True, started_at=started)
+
+
+def _finish_lost(pk, still: Q, now) -> bool:
     with transaction.atomic():
         # the request row first, then the ledger: the order governance.requests.execution uses
-        done = Request.objects.filter(_stale(cutoff), pk=pk, status=Request.Status.RUNNING).update(
+        done = Request.objects.filter(still, pk=pk, status=Request.Status.RUNNING).update(
             status=Request.Status.FAILED, error=LOST, finished_at=now)
         if not done:
             return False

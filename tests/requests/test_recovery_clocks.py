@@ -1,0 +1,110 @@
+"""The recovery sweep when clocks disagree or jump (a helper's probe, 2026-11-29): heartbeats
+were written on each worker's clock and judged on the sweeper's, so a worker stepped back 5
+minutes had 6 of its 7 healthy runs declared lost (charged in full, results dropped), one
+that ran 3 hours ahead and died left its request running for hours, a web process ahead
+left a lost message never re-sent, and a beat a minute behind had every sweep discarded as
+expired. Heartbeats are now the database's time, the sweep's cutoff too, and a process's
+sweeps watch each heartbeat on their monotonic clock."""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.db import OperationalError
+
+from governance.models import Request
+from governance.requests import recovery
+from governance.requests.execution import claim
+from governance.requests.recovery import db_now, sweep
+from tests.requests.test_recovery import clinic, queued  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.django_db
+LOST_AFTER = 0.5
+
+
+@pytest.fixture(autouse=True)
+def fresh_watch(monkeypatch):
+    monkeypatch.setattr(recovery, "WATCH", recovery.Watch())
+
+
+def running(rid, heartbeat):
+    Request.objects.filter(pk=rid).update(status="running", started_at=heartbeat, heartbeat_at=heartbeat,
+                                          data_read=True, worker="cpu@w")
+
+
+def test_the_claim_and_the_heartbeats_are_the_databases_time(api, analyst, clinic, monkeypatch,
+                                                             django_capture_on_commit_callbacks):
+    from django.db import connection
+    from django.utils import timezone
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite is one host's file: its clock is the worker's")
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    real = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real() - timedelta(minutes=5))  # this worker's clock, stepped back
+    req = claim(rid, worker="cpu@behind")
+    monkeypatch.setattr(timezone, "now", real)
+    assert abs((req.heartbeat_at - db_now()).total_seconds()) < 5
+    assert abs((Request.objects.get(pk=rid).started_at - db_now()).total_seconds()) < 5
+    assert sweep(lost_after=120)["lost"] == []
+
+
+def test_a_heartbeat_that_keeps_changing_is_alive_whatever_the_clocks_say(api, analyst, clinic, monkeypatch,
+                                                                          django_capture_on_commit_callbacks):
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    running(rid, db_now())
+    assert sweep(lost_after=LOST_AFTER)["lost"] == []  # watched from now on
+    real = recovery.db_now
+    monkeypatch.setattr(recovery, "db_now", lambda: real() + timedelta(hours=3))  # the clock stepped 3 h forward
+    for _ in range(3):
+        time.sleep(LOST_AFTER)
+        Request.objects.filter(pk=rid).update(heartbeat_at=real())  # the worker's beats, 3 hours "old"
+        assert sweep(lost_after=LOST_AFTER)["lost"] == [], "a live heartbeat was swept"
+    time.sleep(LOST_AFTER * 1.5)  # now silent
+    assert sweep(lost_after=LOST_AFTER)["lost"] == [rid]
+    assert Request.objects.get(pk=rid).error["code"] == "request.worker_lost"
+
+
+def test_a_heartbeat_in_the_future_that_stops_is_lost_after_the_grace_period(api, analyst, clinic,
+                                                                              django_capture_on_commit_callbacks):
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    running(rid, db_now() + timedelta(hours=3))  # a worker that ran 3 hours ahead, then died
+    assert sweep(lost_after=LOST_AFTER)["lost"] == []
+    time.sleep(LOST_AFTER * 1.5)
+    assert sweep(lost_after=LOST_AFTER)["lost"] == [rid]
+
+
+def test_after_a_failed_sweep_every_heartbeat_gets_the_grace_period_again(api, analyst, clinic, monkeypatch,
+                                                                          django_capture_on_commit_callbacks):
+    """A worker holding its outcome while the database was away writes it within seconds
+    of its return: the sweep that follows the outage must not win that race."""
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    running(rid, db_now())
+    assert sweep(lost_after=LOST_AFTER)["lost"] == []
+    real = recovery.db_now
+
+    def away():
+        raise OperationalError("the database is away")
+
+    monkeypatch.setattr(recovery, "db_now", away)
+    time.sleep(LOST_AFTER * 1.5)
+    with pytest.raises(OperationalError):
+        sweep(lost_after=LOST_AFTER)
+    monkeypatch.setattr(recovery, "db_now", real)
+    assert sweep(lost_after=LOST_AFTER)["lost"] == []  # back: watched afresh
+    time.sleep(LOST_AFTER * 1.5)
+    assert sweep(lost_after=LOST_AFTER)["lost"] == [rid]
+
+
+def test_a_request_created_in_the_databases_future_is_sent_again(api, analyst, clinic,
+                                                                 django_capture_on_commit_callbacks):
+    """The web process's clock 3 hours ahead: its broker message lost, it was never old
+    enough to send again."""
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    Request.objects.filter(pk=rid).update(created_at=db_now() + timedelta(hours=3))
+    assert sweep(requeue_after=900)["requeued"] == [rid]
+
+
+def test_the_sweep_has_no_expiry_a_skewed_beat_could_judge():
+    assert "expires" not in settings.CELERY_BEAT_SCHEDULE["sweep-lost-requests"]["options"]
