@@ -96,8 +96,11 @@ def collapse(event: ev.Event) -> ev.Event:
         parts.append(ev.GaussianEvent(gaussians[0][0]))
     elif gaussians:
         inv_z2 = sum(m / (z * z) for z, m in gaussians)
-        parts.append(ev.GaussianEvent(1.0 / math.sqrt(inv_z2)) if math.isfinite(inv_z2)
-                     else ev.NonPrivateEvent())
+        if inv_z2 == 0.0:  # every 1/z^2 underflowed (z past ~1e154): one Gaussian that costs at least their sum
+            z = min(z for z, _ in gaussians) / math.sqrt(sum(m for _, m in gaussians))
+        else:
+            z = 1.0 / math.sqrt(inv_z2) if math.isfinite(inv_z2) else None
+        parts.append(ev.GaussianEvent(z) if z is not None else ev.NonPrivateEvent())
     parts += [ev.SubsampledGaussianEvent(q, z, n) for (q, z), n in steps.items()]
     parts += [leaf if n == 1 else ev.SelfComposedEvent(leaf, n) for leaf, n in counted.items()]
     return ev.ComposedEvent(tuple(parts))

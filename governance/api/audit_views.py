@@ -101,7 +101,7 @@ class AuditViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMixi
 def _datasets(request) -> list:
     names = request.query_params.getlist("dataset")
     # Only names a dataset can have reach the database: PostgreSQL refuses a NUL in a query (a 500).
-    odd = [n for n in names if n != "all" and not NAME_RE.match(n)]
+    odd = [n for n in names if n != "all" and not NAME_RE.fullmatch(n)]
     if odd:
         raise InvalidRequest(f"no dataset named {', '.join(repr(n[:100]) for n in odd[:5])}",
                              errors={"dataset": "not found"})

@@ -17,9 +17,12 @@ User = get_user_model()
 
 
 class FiniteFloatField(serializers.FloatField):
-    """A float that refuses NaN and infinity with a clear message."""
+    """A float that refuses NaN and infinity with a clear message, and a boolean (DRF's
+    FloatField takes ``true`` as 1.0: a budget of ``true`` was a budget of 1)."""
 
     def to_internal_value(self, data):
+        if isinstance(data, bool):
+            raise serializers.ValidationError("Must be a number, not true or false.")
         value = super().to_internal_value(data)
         if not math.isfinite(value):
             raise serializers.ValidationError("Must be a finite number.")

@@ -32,7 +32,7 @@ from ..models import Budget, Dataset, FederatedSite
 from .budget import parse_budget
 from .schema import validate_schema
 
-SITE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+SITE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # fullmatch: "$" also matches before a final newline
 MAX_SITES = 10_000
 MAX_SITE_ROWS = 10**12
 
@@ -149,7 +149,7 @@ def declared_sites(sites) -> list[dict]:
         if not isinstance(s, dict) or set(s) - {"site", "n_rows"}:
             raise InvalidDataset(f'sites[{i}] must be {{"site": id, "n_rows": rows}}', field="sites")
         site, rows = s.get("site"), s.get("n_rows")
-        if not isinstance(site, str) or not SITE_RE.match(site):
+        if not isinstance(site, str) or not SITE_RE.fullmatch(site):
             raise InvalidDataset(f"sites[{i}]: the site id must be 1-100 letters, digits, '.', '-' or '_' "
                                  f"(starting with a letter or digit), got {site!r}", field="sites")
         if site in seen:

@@ -43,7 +43,7 @@ def count_units(table: pa.Table, unit_column: str) -> tuple[int, int, int]:
     return n_rows, n_units, max_rows
 
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,99}")  # fullmatch: "$" also matches before a final newline
 
 
 def register(*, name: str, created_by, upload=None, path: str | None = None, file_format: str | None = None,
@@ -54,7 +54,7 @@ def register(*, name: str, created_by, upload=None, path: str | None = None, fil
     ``execution="distributed"``: ``path`` names Parquet partitions, registered where they
     are (governance.datasets.partitions). ``execution="federated"``: no table, the declared
     ``schema`` and the ``sites`` with their row counts (governance.datasets.federated)."""
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise InvalidDataset("name must be 1-100 lowercase letters, digits, '-' or '_'", field="name")
     failed = Dataset.objects.filter(name=name, status=Dataset.Status.FAILED).first()
     if failed is not None:  # a registration that failed holds nothing: its name is free again

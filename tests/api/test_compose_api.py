@@ -147,3 +147,14 @@ def test_a_repeated_composition_runs_no_series_again(api, analyst, series):
     second = api(analyst).post(URL, {"events": events, "delta": 1e-5}, format="json").json()
     assert before > 0 and series.orders == before  # every curve cached, per (q, z, order)
     assert first == second
+
+
+@pytest.mark.parametrize("z", [1.5e154, 1e300])
+def test_gaussians_so_noisy_their_costs_underflow_compose_to_about_zero(api, analyst, z):
+    """A noise multiplier past ~1.4e154 with q = 1 and 2 steps: every 1/z^2 underflowed to 0
+    and the collapse divided by zero, a 500 for any signed-in user (a helper's probe)."""
+    event = {"kind": "subsampled_gaussian", "sample_rate": 1.0, "noise_multiplier": z, "steps": 2}
+    r = api(analyst).post(URL, {"events": [event, {"kind": "gaussian", "noise_multiplier": z}], "delta": 1e-6},
+                          format="json")
+    assert r.status_code == 200, r.content
+    assert all(0 <= v["epsilon"] < 0.01 for v in r.json().values())  # what delta and the orders allow

@@ -53,6 +53,8 @@ def test_it_registers_a_federated_dataset_with_its_sites_and_no_file(api, office
     ({"sites": [{"site": "h1", "n_rows": 0}]}, "sites", "n_rows must be a whole number"),
     ({"sites": [{"site": "h1", "n_rows": 2.5}]}, "sites", "n_rows must be a whole number"),
     ({"sites": [{"site": "bad id!", "n_rows": 5}]}, "sites", "site id must be"),
+    # "$" matched before a final newline: "h1\n" beside "h1" doubled the rows (a helper's probe)
+    ({"sites": SITES + [{"site": "h1\n", "n_rows": 400}]}, "sites", "site id must be"),
     ({"sites": [{"site": "h1", "n_rows": 5, "key": "x"}]}, "sites", "must be {"),
     ({"sites": []}, "sites", "needs its sites"),
     ({"sites": {"h1": 5}}, "sites", "needs its sites"),

@@ -53,7 +53,7 @@ def test_it_patches_the_cap(api, officer, analyst, clinic):
 
 @pytest.mark.parametrize("fields", [{"cap_epsilon": 0}, {"cap_epsilon": -1}, {"cap_epsilon": "NaN"},
                                     {"cap_epsilon": "Infinity"}, {"cap_delta": 1}, {"cap_delta": -0.1},
-                                    {"cap_epsilon": "lots"}])
+                                    {"cap_epsilon": "lots"}, {"cap_epsilon": True}, {"cap_delta": True}])
 def test_it_refuses_a_bad_cap(api, officer, analyst, clinic, fields):
     client = api(officer)
     assert_error(create(client, **fields), 400)
