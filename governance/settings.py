@@ -53,6 +53,7 @@ MIDDLEWARE = [
     "governance.core.security.SecurityHeaders",
     "governance.core.security.NeutralBidi",
     "governance.core.security.StorageFull",
+    "governance.core.security.BadQuery",
 ]
 
 ROOT_URLCONF = "governance.urls"

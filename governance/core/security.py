@@ -71,6 +71,31 @@ class NeutralBidi:
         return response
 
 
+class BadQuery:
+    """A query string the database cannot take is a 400 on every page, as the API's parser
+    makes it for a body: a NUL character (PostgreSQL's text refuses it: a DataError, a 500
+    on the admin's and the auditor's filters) or an integer past 64 bits where an id goes
+    (SQLite's OverflowError on the admin's changelists)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if any("\x00" in k or any("\x00" in v for v in vs) for k, vs in request.GET.lists()):
+            from django.http import HttpResponseBadRequest
+
+            return HttpResponseBadRequest("A query parameter holds a NUL character.", content_type="text/plain")
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        if isinstance(exception, OverflowError) and request.method in ("GET", "HEAD"):
+            from django.http import HttpResponseBadRequest
+
+            return HttpResponseBadRequest("A query parameter is a number too large for what it names.",
+                                          content_type="text/plain")
+        return None
+
+
 class StorageFull:
     """A full disk (a table's copy, the database) on a web page (the officer's forms, the
     admin) is a 507 saying so, not Django's 500 page (with its traceback under DEBUG); the

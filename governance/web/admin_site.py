@@ -214,8 +214,9 @@ class GovernanceAdminSite(admin.AdminSite):
         else:
             messages.error(request, f"Audit chain BROKEN: {result.first_broken}")
         target = request.GET.get("next", "")
-        if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
-                                               require_https=request.is_secure()):
+        if not target.startswith("/") or not url_has_allowed_host_and_scheme(
+                target, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+            # a path only: redirect() reads any other word as a view's name (NoReverseMatch, a 500)
             target = reverse("admin:index")
         return redirect(target)
 
