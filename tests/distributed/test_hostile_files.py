@@ -71,6 +71,16 @@ def _exact_equal(table, manifest, scheduler, kind, params) -> None:
         np.testing.assert_array_equal(np.asarray(want[name]), np.asarray(got[name]), err_msg=name)
 
 
+def registered_and_answered(api, officer, analyst, grant, name, directory, capture) -> dict:
+    """Register ``directory`` as ``name``, grant it, and ask every query: each succeeds."""
+    body = register(api(officer), name, directory, "distributed")
+    grant(analyst, Dataset.objects.get(name=name))
+    for kind, params in QUERIES:
+        got = ask(api(analyst), name, kind, {"epsilon": 1.0, **params}, capture)
+        assert got["status"] == "succeeded", got
+    return body
+
+
 @pytest.mark.parametrize("kind,params", QUERIES, ids=[q[0] for q in QUERIES])
 def test_footer_statistics_with_min_above_max_are_not_used(dask_cluster, tmp_path, kind, params):
     """Such footers made registration a 500 (an overflow spreading the ids) and every unit
@@ -89,12 +99,9 @@ def test_lying_footers_register_and_answer_through_the_api(api, officer, analyst
     directory = import_dir / "inverted"
     write_by_unit(table, directory, 4)
     _invert_unit_statistics(directory)
-    body = register(api(officer), "inverted", directory, "distributed")
+    body = registered_and_answered(api, officer, analyst, grant, "inverted", directory,
+                                   django_capture_on_commit_callbacks)
     assert body["n_units"] == len(np.unique(table.column("pid").to_numpy()))
-    grant(analyst, Dataset.objects.get(name="inverted"))
-    for kind, params in QUERIES:
-        got = ask(api(analyst), "inverted", kind, {"epsilon": 1.0, **params}, django_capture_on_commit_callbacks)
-        assert got["status"] == "succeeded", got
 
 
 def test_unit_ids_read_as_durations_answer(api, officer, analyst, grant, on_cluster, import_dir,
@@ -105,11 +112,7 @@ def test_unit_ids_read_as_durations_answer(api, officer, analyst, grant, on_clus
     table = table.set_column(0, "pid", table.column("pid").cast(pa.duration("s")))
     directory = import_dir / "durations"
     write_by_unit(table, directory, 4)
-    register(api(officer), "durations", directory, "distributed")
-    grant(analyst, Dataset.objects.get(name="durations"))
-    for kind, params in QUERIES:
-        got = ask(api(analyst), "durations", kind, {"epsilon": 1.0, **params}, django_capture_on_commit_callbacks)
-        assert got["status"] == "succeeded", got
+    registered_and_answered(api, officer, analyst, grant, "durations", directory, django_capture_on_commit_callbacks)
 
 
 def test_a_column_required_in_one_file_and_optional_in_another_is_one_column(
@@ -122,11 +125,7 @@ def test_a_column_required_in_one_file_and_optional_in_another_is_one_column(
     required = pa.schema([pa.field(f.name, f.type, nullable=f.name not in ("age", "pid")) for f in first.schema])
     pq.write_table(first.cast(required), directory / "part-0000.parquet")
     pq.write_table(second, directory / "part-0001.parquet")
-    register(api(officer), "required", directory, "distributed")
-    grant(analyst, Dataset.objects.get(name="required"))
-    for kind, params in QUERIES:
-        got = ask(api(analyst), "required", kind, {"epsilon": 1.0, **params}, django_capture_on_commit_callbacks)
-        assert got["status"] == "succeeded", got
+    registered_and_answered(api, officer, analyst, grant, "required", directory, django_capture_on_commit_callbacks)
 
 
 def test_a_partition_rewritten_after_the_check_is_not_answered_on(

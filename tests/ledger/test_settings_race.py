@@ -22,6 +22,23 @@ from governance.requests import submission
 HOLD = 2.0  # seconds the officer's transaction keeps the lock after writing the change
 
 
+def race(officer_changes, other) -> None:
+    """Both in threads of their own (each with its own connection), as far as they go."""
+    def closing(fn):
+        def run():
+            try:
+                fn()
+            finally:
+                connections.close_all()
+        return run
+
+    threads = [threading.Thread(target=closing(officer_changes)), threading.Thread(target=closing(other))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+
 @pytest.fixture
 def unsent(monkeypatch):
     monkeypatch.setattr(submission, "enqueue", lambda pk, queue: None)
@@ -44,12 +61,6 @@ def test_an_admission_that_waited_for_a_budget_cut_judges_by_it(make_dataset, gr
     changed, out = threading.Event(), {}
     monkeypatch.setattr(trail, "record_settings", slow)
 
-    def officer_changes():
-        try:
-            registry.update(Dataset.objects.get(pk=ds.pk), actor=officer.username, budget_epsilon=0.2)
-        finally:
-            connections.close_all()
-
     def analyst_asks():
         try:
             assert changed.wait(30)
@@ -57,14 +68,9 @@ def test_an_admission_that_waited_for_a_budget_cut_judges_by_it(make_dataset, gr
             out["answer"] = "admitted"
         except BudgetExceeded:
             out["answer"] = "refused"
-        finally:
-            connections.close_all()
 
-    threads = [threading.Thread(target=officer_changes), threading.Thread(target=analyst_asks)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    race(lambda: registry.update(Dataset.objects.get(pk=ds.pk), actor=officer.username, budget_epsilon=0.2),
+         analyst_asks)
     assert out["answer"] == "refused", out
     assert LedgerEntry.objects.filter(dataset_id=ds.pk).count() == 1  # the warm-up only
     report = verification.verify(stop_at_first=False).as_dict()
@@ -92,24 +98,12 @@ def test_a_commit_that_waited_for_a_delta_change_reports_at_the_new_delta(make_d
 
     monkeypatch.setattr(trail, "record_settings", slow)
 
-    def officer_changes():
-        try:
-            registry.update(Dataset.objects.get(pk=ds.pk), actor=officer.username, budget_delta=1e-7)
-        finally:
-            connections.close_all()
-
     def worker_commits():
-        try:
-            assert changed.wait(30)
-            ledger.commit(req.ledger_entry_id)
-        finally:
-            connections.close_all()
+        assert changed.wait(30)
+        ledger.commit(req.ledger_entry_id)
 
-    threads = [threading.Thread(target=officer_changes), threading.Thread(target=worker_commits)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    race(lambda: registry.update(Dataset.objects.get(pk=ds.pk), actor=officer.username, budget_delta=1e-7),
+         worker_commits)
     record = AuditRecord.objects.get(dataset_id=ds.pk, action="commit")
     assert record.totals["at_delta"] == 1e-7, record.totals
     assert verification.verify(stop_at_first=False).as_dict()["ok"]
