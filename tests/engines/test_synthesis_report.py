@@ -311,3 +311,24 @@ def test_the_headline_says_when_a_model_trained_on_the_table_cannot_predict_the_
     s = fresh_quality["summary"]  # the report fills what the headline reads
     assert s["tstr_target"] == "grp" and s["tstr_metric"] == "auc_macro_ovr"
     assert s["tstr_of_the_way"] == pytest.approx((s["tstr"] - 0.5) / (s["trtr"] - 0.5))
+
+
+def test_a_tail_grown_heavy_shows_though_the_quantile_bins_cannot_see_it(data, fresh_quality, one_thread):
+    """A probe's crash table: MST's weights came back with 1.7% of rows above 10,000 (0.35%
+    real) and a weighted total doubled, while the column's accuracy read 0.99: every extra
+    row lands in the top quantile bin. The report now compares means and the share above the
+    train rows' 99th percentile."""
+    t = fresh_quality["tails"]["x"]
+    assert set(fresh_quality["tails"]) == {"x", "y"}  # numeric columns only
+    assert t["above_train_p99"]["synthetic"] == pytest.approx(0.01, abs=0.01)
+    assert t["mean"]["synthetic"] == pytest.approx(t["mean"]["train"], abs=1.5)
+    heavy = data["fresh"].copy()
+    top = heavy.sample(frac=0.06, random_state=0).index
+    heavy.loc[top, "x"] = 99.0  # 6% of the rows at the top of the range
+    q = report.quality_report(data["train"], heavy, data["holdout"], SCHEMA)
+    t = q["tails"]["x"]
+    assert t["above_train_p99"]["synthetic"] > 0.06 > 0.02 > t["above_train_p99"]["holdout"]
+    assert q["summary"]["tail_excess_column"] == "x" and q["summary"]["tail_excess"] > 0.04
+    assert q["summary"]["univariate_accuracy"] > 0.9  # what the bins alone said
+    page = report.html_report(q, {}, data["train"], heavy, SCHEMA, title="t")
+    assert "Numeric columns: means and tails" in page
