@@ -50,6 +50,9 @@ def _run_result(trainer: Trainer, run: dict, reason: str, planned_steps: int, au
         "epochs_completed": len(trainer.history),
         "stopped": reason,
         "test": {k.removeprefix("val_"): v for k, v in test.items()},
+        # a classifier's predictions on points of the declared domain (no data: no budget);
+        # one class on all of them is a model that predicts one class, whatever its accuracy
+        "public_inputs": trainer.classes_on_public_inputs(),
         "eval_ci95_halfwidth": run.get("eval_ci95_halfwidth"),  # what the plan stated
         "history": trainer.history,
         "audit": audit_result,

@@ -82,3 +82,18 @@ def preprocessing(spec) -> dict:
             "output": {"binary": "one logit; P(positive) = sigmoid(logit)",
                        "multiclass": "one logit per class, in target.classes order",
                        "regression": "prediction in [0, 1] scaled: lower + y (upper - lower)"}[spec.task]}
+
+
+def random_inputs(features: list[dict], n: int, seed: int = 0) -> np.ndarray:
+    """``n`` points drawn from the declared domain alone, encoded as ``encode_features``
+    encodes rows (numeric uniform on [-1, 1], one category per categorical column): inputs
+    that hold nothing of the data, to see what a released model does with them."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for f in features:
+        if f["type"] == "numeric":
+            parts.append(rng.uniform(-1.0, 1.0, (n, 1)))
+        else:
+            k = len(f["domain"])
+            parts.append(np.eye(k)[rng.integers(0, k, n)])
+    return np.hstack(parts).astype(np.float32) if parts else np.zeros((n, 0), dtype=np.float32)

@@ -29,6 +29,7 @@ from .model_spec import build
 
 LOSS_CAP = 5.0  # nats: per-row classification loss is clipped here for the released loss
 EVAL_CHUNK = 65_536
+PUBLIC_POINTS = 4096  # points of the declared domain a classifier is shown (classes_on_public_inputs)
 PROGRESS_EVERY = 25  # steps
 
 
@@ -279,6 +280,24 @@ class Trainer:
         per_unit_metric = torch.bincount(p.test_units, weights=metric, minlength=p.n_test_units) / counts.clamp(min=1)
         per_unit_loss = torch.bincount(p.test_units, weights=loss, minlength=p.n_test_units) / counts.clamp(min=1)
         return float(per_unit_metric.sum()), float(per_unit_loss.sum()), float((counts >= 1).sum())
+
+    def classes_on_public_inputs(self, n: int = PUBLIC_POINTS) -> dict | None:
+        """A classifier's predicted classes on ``n`` points of the declared domain
+        (``features.random_inputs``: public, so this costs no budget): a model that
+        predicts one class on all of them says so, whatever its accuracy reads (the
+        majority's share, on a rare positive). None for a regression."""
+        if self.spec.task == "regression":
+            return None
+        x = torch.from_numpy(features.random_inputs(self.spec.features, n)).to(self.prep.x_train.device)
+        self.model.eval()
+        with torch.no_grad():
+            out = self.model(x)
+        if not torch.isfinite(out).all():
+            return {"points": n, "classes_predicted": None, "most_predicted_share": None}
+        pred = (out.squeeze(1) > 0).long() if self.spec.task == "binary" else out.argmax(1)
+        counts = torch.bincount(pred.cpu())
+        return {"points": n, "classes_predicted": int((counts > 0).sum()),
+                "most_predicted_share": float(counts.max()) / n}
 
     def evaluate(self) -> dict:
         """Held-out metric and loss, released with OpenDP Laplace noise (or exact for a
