@@ -288,7 +288,8 @@ class Trainer:
         majority's share, on a rare positive). None for a regression."""
         if self.spec.task == "regression":
             return None
-        x = torch.from_numpy(features.random_inputs(self.spec.features, n)).to(self.prep.x_train.device)
+        dev = next(self.model.parameters()).device  # (a data-parallel rank's run comes back detached: no prep)
+        x = torch.from_numpy(features.random_inputs(self.spec.features, n)).to(dev)
         self.model.eval()
         with torch.no_grad():
             out = self.model(x)
