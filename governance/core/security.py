@@ -72,8 +72,8 @@ class NeutralBidi:
 
 
 class BadQuery:
-    """A query string the database cannot take is a 400 on every page, as the API's parser
-    makes it for a body: a NUL character (PostgreSQL's text refuses it: a DataError, a 500
+    """A query string the database cannot take is a 400 on every page outside the API (which
+    answers it in JSON itself), as the API's parser makes it for a body: a NUL character (PostgreSQL's text refuses it: a DataError, a 500
     on the admin's and the auditor's filters) or an integer past 64 bits where an id goes
     (SQLite's OverflowError on the admin's changelists)."""
 
@@ -81,6 +81,8 @@ class BadQuery:
         self.get_response = get_response
 
     def __call__(self, request):
+        if request.path.startswith("/api/"):  # the API answers these itself, in JSON
+            return self.get_response(request)
         if any("\x00" in k or any("\x00" in v for v in vs) for k, vs in request.GET.lists()):
             from django.http import HttpResponseBadRequest
 
@@ -88,7 +90,8 @@ class BadQuery:
         return self.get_response(request)
 
     def process_exception(self, request, exception):
-        if isinstance(exception, OverflowError) and request.method in ("GET", "HEAD"):
+        if isinstance(exception, OverflowError) and request.method in ("GET", "HEAD") \
+                and not request.path.startswith("/api/"):
             from django.http import HttpResponseBadRequest
 
             return HttpResponseBadRequest("A query parameter is a number too large for what it names.",

@@ -298,7 +298,7 @@ def test_a_string_domain_on_a_numeric_code_column_is_matched_as_the_aggregates_e
 
 @pytest.mark.parametrize("target", ["y", "r"])
 def test_a_target_with_no_usable_held_out_unit_releases_no_estimate_but_its_interval(table, tmp_path, seeded,
-                                                                                      target):
+                                                                                      target, monkeypatch):
     """An all-null target: every step trains on nothing, and the held-out ratio of noisy sums
     over a noisy count near zero read as accuracy 0.0 or 1.0, MAE 0.0, loss 0.0 (a perfect
     model, for a regression). When the released count is within its noise of none, the run
@@ -306,6 +306,11 @@ def test_a_target_with_no_usable_held_out_unit_releases_no_estimate_but_its_inte
     blank = table.set_column(table.schema.get_field_index(target), target,
                              pa.nulls(table.num_rows, table.schema.field(target).type))
     params = {**GENEROUS, "target": target, "canaries": 0, "epochs": 2}
+    # the evaluations' noise drawn as zero: with OpenDP's, a count of none is released above
+    # its 95% bound 2.5% of the time, and then an estimate is (rightly) given: a flaky test
+    from engines.aggregates.noise import Noise
+
+    monkeypatch.setattr(Noise, "release", lambda self, exact: [float(v) for v in exact])
     _, release = run(params, rows_meta(), blank, tmp_path)
     test = release.result["test"]
     metric, loss = ("accuracy", "loss") if target == "y" else ("mae", "mse_scaled")
