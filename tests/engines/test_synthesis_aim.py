@@ -41,7 +41,10 @@ def test_it_beats_the_independent_floor(loans):
 def test_every_declaration_holds_exactly(loans):
     df, syn, _, _ = loans
     assert_declarations_hold(syn)
-    assert syn["rate"].isin(df["rate"].unique()).mean() > 0.9  # heavy grid values, not invented ones
+    # heavy grid values, not invented ones (a continuous draw would give next to none); ten
+    # runs gave 0.919-0.961 (before and after 7ecb241, 5 each) and one CI run 0.899: the
+    # line is 0.85
+    assert syn["rate"].isin(df["rate"].unique()).mean() > 0.85
 
 
 def test_the_plan_states_what_the_run_spends(loans):
