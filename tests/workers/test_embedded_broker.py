@@ -288,6 +288,26 @@ def test_manage_workers_says_no_worker_is_alive_and_what_waits(api, analyst, cli
     assert out.code == 1 and "DEAD (no heartbeat)" in out.text and rid in out.text
 
 
+@pytest.mark.django_db
+def test_manage_workers_names_a_running_request_whose_worker_went_silent(api, analyst, clinic, embedded):
+    """A request left ``running`` by a worker that died: ``manage.py workers`` named no
+    problem and exited 0 until the recovery sweep finished it."""
+    from governance.core import liveness
+
+    rid = _queued(api(analyst), 1)[0]
+    liveness.write({"node": "celery@gone", "pid": 1, "queues": ["cpu"], "at": time.time()})
+    Request.objects.filter(pk=rid).update(status=Request.Status.RUNNING, worker="celery@gone",
+                                          started_at=timezone.now(), heartbeat_at=timezone.now())
+    out = _workers_command()
+    assert out.code == 0, out.text
+    assert "running requests: 1" in out.text and "SILENT" not in out.text
+    liveness.write({"node": "celery@gone", "pid": 1, "queues": ["cpu"], "at": time.time() - 600})
+    Request.objects.filter(pk=rid).update(heartbeat_at=timezone.now() - timedelta(seconds=300))
+    out = _workers_command()
+    assert out.code == 1, out.text
+    assert f"request {rid} on celery@gone (DEAD): SILENT, last request heartbeat 5 min ago" in out.text
+
+
 class _Out:
     def __init__(self, code, text):
         self.code, self.text = code, text

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand
 from django.utils import timezone
 
 from ...core import liveness
+from ...requests import recovery
 from ...models import Request
 
 
@@ -21,8 +22,11 @@ def _ago(seconds: float) -> str:
 
 class Command(BaseCommand):
     help = ("Which Celery workers are alive (the heartbeat each worker writes every WORKER_HEARTBEAT_SECONDS; "
-            "alive while younger than WORKER_ALIVE_SECONDS) and which queued requests wait on a queue no live "
-            "worker consumes. Exit status 1 when some do.")
+            "alive while younger than WORKER_ALIVE_SECONDS), which queued requests wait on a queue no live "
+            "worker consumes, and which running requests' workers went silent (no request heartbeat for "
+            "max(WORKER_ALIVE_SECONDS, 2 x REQUEST_HEARTBEAT_SECONDS) on the database's clock: the recovery "
+            "sweep finishes them after REQUEST_LOST_AFTER_SECONDS). Exit status 1 when any request waits "
+            "on a queue no live worker consumes or runs on a silent worker.")
 
     def add_arguments(self, parser):
         parser.add_argument("--ids", type=int, default=20, help="queued request ids listed per queue (default 20)")
@@ -75,9 +79,33 @@ class Command(BaseCommand):
             waiting = sum(1 for p in folder.glob("*.msg")) if folder.is_dir() else 0
             out(f"embedded broker: {waiting} message file(s) waiting in {folder}"
                 + (f"; {n_bad} unreadable file(s) set aside in {bad} (see the worker log)" if n_bad else ""))
-        running = Request.objects.filter(status=Request.Status.RUNNING).count()
-        out(f"running requests: {running}")
+        silent = self._running(out, recs, ids)
         out(f"(checked {time.strftime('%Y-%m-%d %H:%M:%S')}; alive = a heartbeat within "
             f"{settings.WORKER_ALIVE_SECONDS} s)")
-        if stranded:
+        if stranded or silent:
             sys.exit(1)
+
+    def _running(self, out, recs: list[dict], ids: int) -> int:
+        """Lists the running requests; returns how many have a silent worker."""
+        running = list(Request.objects.filter(status=Request.Status.RUNNING).order_by("started_at")
+                       .values_list("pk", "worker", "heartbeat_at", "started_at"))
+        out(f"running requests: {len(running)}")
+        if not running:
+            return 0
+        now = recovery.db_now()
+        limit = max(settings.WORKER_ALIVE_SECONDS, 2 * settings.REQUEST_HEARTBEAT_SECONDS)
+        nodes = {r["node"]: r["alive"] for r in recs}
+        silent = []
+        for pk, worker, heartbeat, started in running:
+            last = heartbeat or started
+            age = (now - last).total_seconds() if last else None
+            if age is not None and age > limit:
+                silent.append((pk, worker, age))
+        for pk, worker, age in silent[:ids]:
+            state = {True: "alive", False: "DEAD"}.get(nodes.get(worker), "no heartbeat record")
+            out(f"request {pk} on {worker or 'an unnamed worker'} ({state}): SILENT, last request heartbeat "
+                f"{_ago(age)} ago; the recovery sweep finishes it after {settings.REQUEST_LOST_AFTER_SECONDS} s "
+                f"(`manage.py recover`)")
+        if len(silent) > ids:
+            out(f"... and {len(silent) - ids} more silent")
+        return len(silent)
