@@ -180,7 +180,7 @@ def one_run(table, ds, params, seed: int) -> dict:
             "independent": ind, "order": order, "gap": r["epsilon_spent"] / ind - 1,
             "charged_gap": run["planned_epsilon"] / ind - 1, "dp_accuracy": r["test"]["accuracy"], "lo": lo, "hi": hi,
             "exact": truth, "covered": lo <= truth <= hi, "stated_halfwidth": run["eval_ci95_halfwidth"],
-            "eval_epsilon": run["eval_epsilon_each"] * run["evals"], "wall": wall}
+            "eval_epsilon": run["eval_epsilon_each"] * run["evals"] + run.get("final_eval_epsilon", 0.0), "wall": wall}
 
 
 def git_head() -> str:
@@ -195,7 +195,9 @@ def main():
     ap.add_argument("--runs", type=int, default=20, help="trainings per table (20)")
     ap.add_argument("--tables", default="cps,gss", help="comma-separated: cps, gss, and the unseen "
                     f"{', '.join(UNSEEN)}")
+    ap.add_argument("--epochs", type=int, default=COMMON["epochs"], help=f"epochs per training ({COMMON['epochs']})")
     args = ap.parse_args()
+    COMMON["epochs"] = args.epochs
     torch.set_num_threads(1)
     load0 = Path("/proc/loadavg").read_text().split()[0]
     print(f"== DP-SGD accounting and interval coverage; git {git_head()}; "

@@ -1,9 +1,10 @@
 """The events a training run costs, and the noise multiplier that meets a target epsilon.
 
 A run of T steps at sampling rate q and noise multiplier z, with E held-out evaluations
-released by the Laplace mechanism at epsilon e each, is the event
+released by the Laplace mechanism at epsilon e each and a final one at epsilon f (the
+metric the run releases as its result: ``planner``), is the event
 
-    composed[ subsampled_gaussian(q, z, T), self_composed(laplace(e), E) ]
+    composed[ subsampled_gaussian(q, z, T), self_composed(laplace(e), E), laplace(f) ]
 
 and its epsilon at delta is the service's own RDP accountant (``accounting``, pure
 Python, no Django) for that fixed composition: the curve of Opacus's analysis composed
@@ -68,8 +69,10 @@ def sampling(n_train_units: int, batch_size: int, epochs: int) -> tuple[float, i
     return q, max(1, round(1.0 / q))
 
 
-def run_event(q: float, z: float | None, steps: int, eval_epsilon_each: float, evals: int) -> dict:
-    """The event of ``steps`` DP-SGD steps and ``evals`` evaluations (z None: non-private)."""
+def run_event(q: float, z: float | None, steps: int, eval_epsilon_each: float, evals: int,
+              final: float = 0.0) -> dict:
+    """The event of ``steps`` DP-SGD steps, ``evals`` evaluations at ``eval_epsilon_each``
+    and a final one at ``final`` (0: none) (z None: non-private)."""
     if z is None:
         return {"kind": "non_private"}
     parts = []
@@ -78,21 +81,25 @@ def run_event(q: float, z: float | None, steps: int, eval_epsilon_each: float, e
     if evals and eval_epsilon_each > 0:
         parts.append({"kind": "self_composed", "event": {"kind": "laplace", "epsilon": eval_epsilon_each},
                       "count": evals})
+    if final > 0:
+        parts.append({"kind": "laplace", "epsilon": final})
     if not parts:
         return {"kind": "no_op"}
     return parts[0] if len(parts) == 1 else {"kind": "composed", "events": parts}
 
 
-def epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals: int, delta: float) -> float:
+def epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals: int, delta: float,
+            final: float = 0.0) -> float:
     """The run's epsilon at ``delta``: RDP of its fixed composition at the order refined
     off the grid (0 steps and 0 evals: 0). Never above ``grid_epsilon``."""
-    event = run_event(q, z, steps, eval_epsilon_each, evals)
+    event = run_event(q, z, steps, eval_epsilon_each, evals, final)
     if event["kind"] == "no_op":
         return 0.0
     return rdp.compose([parse_event(event)], delta).epsilon
 
 
-def grid_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals: int, delta: float) -> float:
+def grid_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals: int, delta: float,
+                 final: float = 0.0) -> float:
     """The run's epsilon at ``delta`` at the best order of the ledger's grid (0 steps and 0
     evals: 0)."""
     curve = np.zeros_like(laplace_curve(1.0))
@@ -100,12 +107,15 @@ def grid_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals
         curve = curve + subsampled_gaussian_curve(q, z, steps)
     if evals and eval_epsilon_each > 0:
         curve = curve + laplace_curve(eval_epsilon_each) * evals
-    if not steps and not (evals and eval_epsilon_each > 0):
+    if final > 0:
+        curve = curve + laplace_curve(final)
+    if not steps and not (evals and eval_epsilon_each > 0) and not final > 0:
         return 0.0
     return epsilon_from_curve(curve, delta)
 
 
-def _coarse_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals: int, delta: float) -> float:
+def _coarse_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals: int, delta: float,
+                    final: float = 0.0) -> float:
     """An upper bound on ``epsilon``: the same curve on the coarse orders only."""
     orders = [float(FINITE_ORDERS[i]) for i in _COARSE]
     if q >= 1.0:
@@ -119,12 +129,14 @@ def _coarse_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, ev
             rdp = np.asarray(compute_rdp(q=q, noise_multiplier=z, steps=steps, orders=orders), dtype=float)
     if evals and eval_epsilon_each > 0:
         rdp = rdp + laplace_curve(eval_epsilon_each)[_COARSE] * evals
+    if final > 0:
+        rdp = rdp + laplace_curve(final)[_COARSE]
     eps = np.where(np.isnan(rdp), np.inf, rdp) + conversion_terms(delta)[_COARSE]
     return max(0.0, float(np.min(eps)))
 
 
 def noise_multiplier(target: float, delta: float, q: float, steps: int, eval_epsilon_each: float = 0.0,
-                     evals: int = 0) -> float:
+                     evals: int = 0, final: float = 0.0) -> float:
     """The smallest noise multiplier (to about 0.01%) whose run costs at most ``target`` at
     the refined order (``epsilon``).
 
@@ -134,26 +146,26 @@ def noise_multiplier(target: float, delta: float, q: float, steps: int, eval_eps
     on the smallest epsilon over ``NEAR`` orders around that one (the best order moves as
     z does). Every z it keeps meets the target at some order, so its refined epsilon meets
     it too."""
-    grid_z = grid_noise_multiplier(target, delta, q, steps, eval_epsilon_each, evals)
-    z = _tightened(grid_z, target, delta, q, steps, eval_epsilon_each, evals)
+    grid_z = grid_noise_multiplier(target, delta, q, steps, eval_epsilon_each, evals, final)
+    z = _tightened(grid_z, target, delta, q, steps, eval_epsilon_each, evals, final)
     # checked, not assumed: the refined epsilon at the z kept meets the target, else the grid's z
-    return z if _refined(q, z, steps, eval_epsilon_each, evals, delta)[1] <= target * (1 + 1e-9) else grid_z
+    return z if _refined(q, z, steps, eval_epsilon_each, evals, delta, final)[1] <= target * (1 + 1e-9) else grid_z
 
 
 def _tightened(z: float, target: float, delta: float, q: float, steps: int, eval_epsilon_each: float,
-               evals: int) -> float:
+               evals: int, final: float = 0.0) -> float:
     """``noise_multiplier``'s search down from the grid's ``z``."""
     for _ in range(TIGHTEN_ROUNDS):
         if z <= MIN_NOISE:
             return z
-        order, eps = _refined(q, z, steps, eval_epsilon_each, evals, delta)
+        order, eps = _refined(q, z, steps, eval_epsilon_each, evals, delta, final)
         if order is None or eps >= target * (1 - 5e-4):
             return z
 
         near = 1.0 + (order - 1.0) * NEAR
 
         def over(z_):
-            event = parse_event(run_event(q, z_, steps, eval_epsilon_each, evals))
+            event = parse_event(run_event(q, z_, steps, eval_epsilon_each, evals, final))
             return float(np.min(epsilon_at(event, delta, near))) > target
 
         lo, hi = math.log(max(MIN_NOISE, z * TIGHTEN_SPAN)), math.log(z)  # at z itself: refined <= target
@@ -172,9 +184,9 @@ def _tightened(z: float, target: float, delta: float, q: float, steps: int, eval
     return z
 
 
-def _refined(q, z, steps, eval_epsilon_each, evals, delta) -> tuple[float | None, float]:
+def _refined(q, z, steps, eval_epsilon_each, evals, delta, final=0.0) -> tuple[float | None, float]:
     """(refined order or None if there is none to refine, refined epsilon) of the run."""
-    event = run_event(q, z, steps, eval_epsilon_each, evals)
+    event = run_event(q, z, steps, eval_epsilon_each, evals, final)
     if event["kind"] == "no_op":
         return None, 0.0
     best = rdp.compose([parse_event(event)], delta)
@@ -182,14 +194,14 @@ def _refined(q, z, steps, eval_epsilon_each, evals, delta) -> tuple[float | None
 
 
 def grid_noise_multiplier(target: float, delta: float, q: float, steps: int, eval_epsilon_each: float = 0.0,
-                          evals: int = 0) -> float:
+                          evals: int = 0, final: float = 0.0) -> float:
     """The smallest noise multiplier (to about 0.04%) whose run costs at most ``target``
     on the ledger's full grid of orders."""
     def eps(z):
-        return grid_epsilon(q, z, steps, eval_epsilon_each, evals, delta)
+        return grid_epsilon(q, z, steps, eval_epsilon_each, evals, delta, final)
 
     def coarse(z):
-        return _coarse_epsilon(q, z, steps, eval_epsilon_each, evals, delta)
+        return _coarse_epsilon(q, z, steps, eval_epsilon_each, evals, delta, final)
 
     if eps(MAX_NOISE) > target:
         raise CalibrationError(

@@ -36,7 +36,8 @@ def _finite(x):
 
 
 def _run_result(trainer: Trainer, run: dict, reason: str, planned_steps: int, audit_result: dict | None) -> dict:
-    last = trainer.history[-1] if trainer.history else {}
+    # the final evaluation's metrics (the last epoch's in a plan without one, or a diverged run)
+    last = trainer.final if trainer.final is not None else trainer.history[-1] if trainer.history else {}
     test = {k: v for k, v in last.items() if k.startswith("val_")}
     return {
         "label": run["label"] or None,
@@ -95,9 +96,11 @@ def train_runs(spec: Spec, d: dict, prep, gen: torch.Generator, progress, group=
     try:
         for i, run in enumerate(runs):
             eval_noise = Noise.from_dict(run["eval_noise"]) if run["eval_noise"] else None
+            final_noise = Noise.from_dict(run["final_eval_noise"]) if run.get("final_eval_noise") else None
             trainer = Trainer(spec, prep, q=d["sample_rate"], z=run["noise_multiplier"],
                               steps_per_epoch=d["steps_per_epoch"], gen=gen, eval_noise=eval_noise,
-                              eval_epsilon_each=run["eval_epsilon_each"], group=group)
+                              eval_epsilon_each=run["eval_epsilon_each"], final_noise=final_noise,
+                              final_epsilon=run.get("final_eval_epsilon", 0.0), group=group)
             trainers.append(trainer)
             reason = trainer.fit(spec.epochs, progress, label=run["label"] and f"epsilon {run['label']}",
                                  max_epsilon=spec.max_epsilon, patience=spec.early_stopping_patience,
@@ -114,10 +117,10 @@ def train_runs(spec: Spec, d: dict, prep, gen: torch.Generator, progress, group=
         c.actual_event = spent[0] if len(spent) == 1 else {"kind": "composed", "events": spent}
         raise
     except Exception as e:  # e.g. a collective failed (a rank died): the step or evaluation under way counts
-        if trainers:  # as taken (engines/distributed/training.py charges it if the run fails for that)
-            last, run = trainers[-1], runs[len(trainers) - 1]
+        if trainers:  # as taken, the final evaluation too (engines/distributed/training.py charges it if the run
+            last, run = trainers[-1], runs[len(trainers) - 1]  # fails for that)
             spent = [t.event() for t in trainers[:-1]] + [
-                last.event(min(last.steps + 1, d["steps"]), min(last.evals + 1, run["evals"]))]
+                last.event(min(last.steps + 1, d["steps"]), min(last.evals + 1, run["evals"]), final=True)]
             e.actual_event = spent[0] if len(spent) == 1 else {"kind": "composed", "events": spent}
         raise
     return trainers, outcomes
@@ -163,7 +166,9 @@ def finish(spec: Spec, d: dict, trainers: list, outcomes: list, workdir: Path, d
     metric = "mae" if spec.task == "regression" else "accuracy"
     if spec.kind == "train":
         r = results[0]
-        actual = events[0] if r["steps"] < planned_steps or trainers[0].evals < runs[0]["evals"] else None
+        t = trainers[0]
+        short = t.steps < planned_steps or t.evals < runs[0]["evals"] or (t.final_noise is not None and t.final is None)
+        actual = events[0] if short else None
         return Release(result={**common, **r}, actual_event=actual)
     _plot(results, metric, workdir / "sweep.png")
     with open(workdir / "sweep.csv", "w", newline="") as f:

@@ -42,7 +42,7 @@ REL_TOL = 1e-3  # calibrated noise multipliers to 0.1%
 
 @functools.lru_cache(maxsize=256)
 def epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals: int, delta: float,
-            interval: float = INTERVAL) -> float:
+            interval: float = INTERVAL, final: float = 0.0) -> float:
     """The run's epsilon at ``delta`` certified by PLD (an upper bound; inf if undefined)."""
     from dp_accounting import dp_event
     from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
@@ -53,6 +53,8 @@ def epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals: int
         events.append(dp_event.SelfComposedDpEvent(step, steps))
     if evals and eval_epsilon_each > 0:
         events.append(dp_event.SelfComposedDpEvent(dp_event.LaplaceDpEvent(1.0 / eval_epsilon_each), evals))
+    if final > 0:
+        events.append(dp_event.LaplaceDpEvent(1.0 / final))
     if not events:
         return 0.0
     acc = PLDAccountant(value_discretization_interval=interval)
@@ -62,17 +64,17 @@ def epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals: int
 
 
 def noise_multiplier(target: float, delta: float, q: float, steps: int, eval_epsilon_each: float = 0.0,
-                     evals: int = 0) -> float:
+                     evals: int = 0, final: float = 0.0) -> float:
     """The smallest noise multiplier (to ``REL_TOL``) whose run PLD certifies at ``target``
     (at ``INTERVAL``: the certificate the plan states)."""
     def coarse(z):
-        return epsilon(q, z, steps, eval_epsilon_each, evals, delta, COARSE_INTERVAL)
+        return epsilon(q, z, steps, eval_epsilon_each, evals, delta, COARSE_INTERVAL, final)
 
     def eps(z):
-        return epsilon(q, z, steps, eval_epsilon_each, evals, delta)
+        return epsilon(q, z, steps, eval_epsilon_each, evals, delta, final=final)
 
     try:  # RDP's noise is enough (PLD is never above RDP): the bracket's top, found cheaply
-        top = calibrate.noise_multiplier(target, delta, q, steps, eval_epsilon_each, evals)
+        top = calibrate.noise_multiplier(target, delta, q, steps, eval_epsilon_each, evals, final)
     except CalibrationError:
         top = MAX_NOISE
     if eps(top) > target:
@@ -137,7 +139,7 @@ def composition_epsilon(discrete_gaussians, pure, delta: float, interval: float 
 
 
 def certifier(accountant: str):
-    """The epsilon function (q, z, steps, eval_epsilon_each, evals, delta) that certifies a
+    """The epsilon function (q, z, steps, eval_epsilon_each, evals, delta, final=) that certifies a
     run under ``accountant`` ("rdp": the ledger's own grid; "pld": this module)."""
     return epsilon if accountant == NAME else calibrate.epsilon
 

@@ -168,11 +168,17 @@ class Trainer:
     share of the units; the noise is added once over all ranks (``parallel``)."""
 
     def __init__(self, spec, prep: Prepared, *, q: float, z: float | None, steps_per_epoch: int,
-                 gen: torch.Generator, eval_noise=None, eval_epsilon_each: float = 0.0, group=None):
+                 gen: torch.Generator, eval_noise=None, eval_epsilon_each: float = 0.0, final_noise=None,
+                 final_epsilon: float = 0.0, group=None):
         self.spec, self.prep, self.q, self.z = spec, prep, q, z
         self.steps_per_epoch = steps_per_epoch
         self.gen = gen
+        # per-epoch evaluations (``eval_noise``) and the final one (``final_noise``: the
+        # result's metric; None in a plan made before it existed, whose last epoch's
+        # evaluation is the result's, as in a non-private run)
         self.eval_noise, self.eval_epsilon_each = eval_noise, eval_epsilon_each
+        self.final_noise, self.final_epsilon = (final_noise, final_epsilon) if z is not None else (None, 0.0)
+        self.final: dict | None = None  # the final evaluation's metrics, once released
         self.model = build(spec.layers).to(prep.x_train.device)
         self.group = group
         if group is not None:
@@ -183,17 +189,22 @@ class Trainer:
         self.history: list[dict] = []
 
     # ------------------------------------------------------------------ accounting
-    def event(self, steps: int | None = None, evals: int | None = None) -> dict:
-        return calibrate.run_event(self.q, self.z, self.steps if steps is None else steps, self.eval_epsilon_each,
-                                   self.evals if evals is None else evals)
+    def _final(self, final: bool | None) -> float:
+        return self.final_epsilon if (self.final is not None if final is None else final) else 0.0
 
-    def epsilon(self, steps: int | None = None, evals: int | None = None) -> float:
+    def event(self, steps: int | None = None, evals: int | None = None, final: bool | None = None) -> dict:
+        """The event of the steps and evaluations taken (or of those given: ``final``, the
+        final evaluation's)."""
+        return calibrate.run_event(self.q, self.z, self.steps if steps is None else steps, self.eval_epsilon_each,
+                                   self.evals if evals is None else evals, self._final(final))
+
+    def epsilon(self, steps: int | None = None, evals: int | None = None, final: bool | None = None) -> float:
         if self.z is None:
             return math.inf
         # the run's certificate: by the accountant that calibrated it (pld or the ledger's rdp)
         return pld.certifier(getattr(self.spec, "accountant", "rdp"))(
             self.q, self.z, self.steps if steps is None else steps, self.eval_epsilon_each,
-            self.evals if evals is None else evals, self.spec.delta)
+            self.evals if evals is None else evals, self.spec.delta, final=self._final(final))
 
     # ------------------------------------------------------------------ one step
     def _sample(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
@@ -300,29 +311,39 @@ class Trainer:
         return {"points": n, "classes_predicted": int((counts > 0).sum()),
                 "most_predicted_share": float(counts.max()) / n}
 
-    def evaluate(self) -> dict:
+    def evaluate(self, final: bool = False) -> dict:
         """Held-out metric and loss, released with OpenDP Laplace noise (or exact for a
         non-private baseline): the noisy sums over units divided by the noisy number of
         units (how many held-out units have a usable target depends on the data, so it is
         released too). A unit moves each of the three by at most 1: L1 sensitivity 3.
         A private metric comes with its 95% interval (``intervals.ratio_interval``); metric
         and loss are None when the released count of usable units is within its 95% noise
-        bound of zero (post-processing of the released values)."""
-        values = self._exact_metrics()
-        if self.z is not None and self.eval_noise is None:
+        bound of zero (post-processing of the released values). ``final``: the final
+        evaluation, with its own noise (``final_noise``), kept as ``self.final``."""
+        noise = self.final_noise if final else self.eval_noise
+        if self.z is not None and noise is None:
             return {}
+        values = self._exact_metrics()
         if self.group is not None:  # every rank's held-out units, released once by rank 0
             values = self.group.sum_values(list(values))
             if self.z is not None:
-                released = self.eval_noise.release(list(values)) if self.group.rank == 0 else None
+                released = noise.release(list(values)) if self.group.rank == 0 else None
                 values = self.group.from_rank0(released, len(values))
         elif self.z is not None:
-            values = self.eval_noise.release(list(values))
-        self.evals += 1
+            values = noise.release(list(values))
+        if not final:
+            self.evals += 1
+        metrics = self._metrics(values, noise.halfwidth(ALPHA_EACH) if self.z is not None else None)
+        if final:
+            self.final = metrics
+        return metrics
+
+    def _metrics(self, values, t: float | None) -> dict:
+        """The released metric and loss from the released (or exact) sums; ``t``: the 95%
+        bound of their noise (None: exact)."""
         metric_sum, loss_sum, n_released = values
         # the metric and loss (None when the units, as released, are within the noise of
         # none) and the metric's 95% interval from the noise (post-processing: ``intervals``)
-        t = self.eval_noise.halfwidth(ALPHA_EACH) if self.z is not None else None
         metric, loss = (ratio_estimate(v, n_released, t) for v in (metric_sum, loss_sum))
         ci = ratio_interval(metric_sum, n_released, t) if t is not None else None
         # the held-out units with a usable target, as released (the plan's stated half-width
@@ -342,33 +363,42 @@ class Trainer:
         diverged: a weight is no longer finite, so further steps cannot mend it).
         ``Cancelled`` from ``progress`` propagates; ``event()`` is then what was spent."""
         with_eval = self.z is None or self.eval_noise is not None
+        has_final = self.final_noise is not None  # else the last epoch's evaluation is the result's
         best, since = -math.inf, 0
         total = epochs * self.steps_per_epoch
         for epoch in range(1, epochs + 1):
-            if max_epsilon is not None:
-                nxt = self.epsilon(self.steps + self.steps_per_epoch, self.evals + int(with_eval))
+            last = epoch == epochs and has_final
+            if max_epsilon is not None:  # this epoch, its evaluation and the final one
+                nxt = self.epsilon(self.steps + self.steps_per_epoch, self.evals + int(with_eval and not last),
+                                   final=has_final)
                 if nxt > max_epsilon:
-                    return "max_epsilon"
+                    return self._stop("max_epsilon")
             for s in range(self.steps_per_epoch):
                 self.step()
                 if s % PROGRESS_EVERY == 0:
                     progress(self._progress(label, base_fraction + span * self.steps / total))
-            row = {"epoch": epoch, "steps": self.steps, **self.evaluate()}
+            row = {"epoch": epoch, "steps": self.steps, **self.evaluate(final=last)}
             row["epsilon"] = self.epsilon() if self.z is not None else None
             self.history.append(row)
             progress(self._progress(label, base_fraction + span * self.steps / total))
             if not all(bool(torch.isfinite(prm).all()) for prm in self.model.parameters()):
-                return "diverged"
+                return "diverged"  # (no final evaluation: a model that is not finite has no metric)
             metric = row.get("val_accuracy", row.get("val_mae"))
             score = None if metric is None else metric if "val_accuracy" in row else -metric
-            if patience is not None and with_eval and score is not None:
+            if patience is not None and with_eval and score is not None and not last:
                 if score > best:
                     best, since = score, 0
                 else:
                     since += 1
                     if since >= patience:
-                        return "early_stopping"
+                        return self._stop("early_stopping")
         return "completed"
+
+    def _stop(self, reason: str) -> str:
+        """A run stopped before its last epoch: the final evaluation of the model it releases."""
+        if self.final_noise is not None and self.final is None:
+            self.evaluate(final=True)
+        return reason
 
     def detached(self) -> Trainer:
         """This run without its data, generators, optimizer and group: what a data-parallel

@@ -15,7 +15,7 @@ from engines import plugins
 from engines.dpsgd import calibrate
 from engines.dpsgd.intervals import ALPHA_EACH, expected_halfwidth
 from engines.dpsgd.params import DEFAULT_EVAL_SHARE, MAX_EVAL_SHARE
-from engines.dpsgd.planner import EVAL_HALFWIDTH, EVAL_SENSITIVITY, eval_share
+from engines.dpsgd.planner import EVAL_HALFWIDTH, EVAL_SENSITIVITY, FINAL_SHARE, eval_share
 from engines.types import EngineRequest, Plan
 from tests.engines.dpsgd_helpers import DELTA, GENEROUS, ledger_epsilon, rows_meta, units_meta
 
@@ -31,19 +31,22 @@ def test_the_event_is_the_subsampled_gaussian_composed_with_the_evaluations():
     p = plan(FIXED)
     q = 32 / 1600  # batch / training units (2000 rows, 20% held out)
     steps = round(1 / q) * 4
-    sg, evals = p.event["events"]
+    sg, evals, final = p.event["events"]
     assert p.event["kind"] == "composed"
     assert sg == {"kind": "subsampled_gaussian", "sample_rate": pytest.approx(q, rel=1e-12), "noise_multiplier": 1.3,
                   "steps": steps}
-    assert evals["kind"] == "self_composed" and evals["count"] == 4 and evals["event"]["kind"] == "laplace"
-    # Default evaluation budget with a given noise multiplier: 0.1 over the 4 epochs (OpenDP may round down).
-    assert 0.025 * 0.99 <= evals["event"]["epsilon"] <= 0.025
+    # Default evaluation budget with a given noise multiplier: 0.1, half of it for the final
+    # evaluation, the other half over the 3 epochs before the last (OpenDP may round down).
+    assert evals["kind"] == "self_composed" and evals["count"] == 3 and evals["event"]["kind"] == "laplace"
+    assert 0.05 / 3 * 0.99 <= evals["event"]["epsilon"] <= 0.05 / 3
+    assert final["kind"] == "laplace" and 0.05 * 0.99 <= final["epsilon"] <= 0.05
     d = p.details
     assert d["sample_rate"] == pytest.approx(q) and d["steps"] == steps and d["steps_per_epoch"] == steps // 4
     assert p.columns == ["x1", "x2", "c", "y"]
     run = d["runs"][0]
-    assert run["noise_multiplier"] == 1.3 and run["evals"] == 4
-    assert run["planned_epsilon"] == pytest.approx(calibrate.epsilon(q, 1.3, steps, run["eval_epsilon_each"], 4, DELTA))
+    assert run["noise_multiplier"] == 1.3 and run["evals"] == 3
+    assert run["planned_epsilon"] == pytest.approx(calibrate.epsilon(q, 1.3, steps, run["eval_epsilon_each"], 3, DELTA,
+                                                                     run["final_eval_epsilon"]))
     assert run["planned_epsilon"] == pytest.approx(ledger_epsilon(p.event), rel=1e-9)
 
 
@@ -58,9 +61,11 @@ def test_the_planned_epsilon_is_the_target_in_the_ledger():
     assert 0.99 * 8.0 <= eps <= 8.0 * (1 + 1e-9)
     run = p.details["runs"][0]
     assert run["target_epsilon"] == 8.0 and run["planned_epsilon"] == pytest.approx(eps, rel=1e-9)
-    # The evaluations take their share (2.0 over 3 epochs) inside the target.
-    sg, ev = p.event["events"]
-    assert ev["count"] == 3 and ev["event"]["epsilon"] == pytest.approx(2.0 / 3, rel=0.01)
+    # The evaluations take their share (2.0: 1.0 for the final one, 1.0 over the 2 epochs
+    # before the last) inside the target.
+    sg, ev, final = p.event["events"]
+    assert ev["count"] == 2 and ev["event"]["epsilon"] == pytest.approx(0.5, rel=0.01)
+    assert final["epsilon"] == pytest.approx(1.0, rel=0.01)
     assert ledger_epsilon(sg) < eps
     assert sg["sample_rate"] == pytest.approx(64 / 1600) and sg["steps"] == 75
 
@@ -100,18 +105,19 @@ def test_the_plan_describes_the_model_and_its_fixes():
 
 
 @settings(deadline=None)
-@given(target=st.floats(0.05, 50), evals=st.integers(1, 100), n_test=st.integers(0, 10**7))
-def test_the_default_share_is_the_least_that_states_the_aimed_halfwidth_within_its_bounds(target, evals, n_test):
-    share = eval_share(target, evals, n_test)
+@given(target=st.floats(0.05, 50), epochs=st.integers(1, 100), n_test=st.integers(0, 10**7))
+def test_the_default_share_is_the_least_that_states_the_aimed_halfwidth_within_its_bounds(target, epochs, n_test):
+    share = eval_share(target, epochs, n_test)
     low, high = DEFAULT_EVAL_SHARE * target, MAX_EVAL_SHARE * target
     assert low <= share <= high
-    t = EVAL_SENSITIVITY * math.log(1 / ALPHA_EACH) / (share / evals)  # Laplace's bound at that share
+    final = share * (FINAL_SHARE if epochs > 1 else 1.0)  # the final evaluation's
+    t = EVAL_SENSITIVITY * math.log(1 / ALPHA_EACH) / final  # Laplace's bound at that share
     halfwidth = expected_halfwidth(t, n_test)
     if share < high:  # not capped: the interval it states is the aimed one
         assert halfwidth <= EVAL_HALFWIDTH * (1 + 1e-6)
     if share > low:  # not floored: no less would do
         assert halfwidth >= EVAL_HALFWIDTH * (1 - 1e-6)
-    assert eval_share(target, evals, 2 * n_test + 1) <= share  # a larger holdout never needs more
+    assert eval_share(target, epochs, 2 * n_test + 1) <= share  # a larger holdout never needs more
 
 
 def test_a_plan_without_eval_epsilon_states_the_aimed_halfwidth_inside_its_target():
@@ -122,13 +128,15 @@ def test_a_plan_without_eval_epsilon_states_the_aimed_halfwidth_inside_its_targe
     assert run["eval_ci95_halfwidth"] == pytest.approx(EVAL_HALFWIDTH, rel=1e-3)
     share = eval_share(1.0, 3, 10_000)
     assert DEFAULT_EVAL_SHARE < share < MAX_EVAL_SHARE
-    assert run["eval_epsilon_each"] * 3 == pytest.approx(share, rel=1e-3)  # OpenDP may round the scale
+    spent = run["eval_epsilon_each"] * 2 + run["final_eval_epsilon"]
+    assert spent == pytest.approx(share, rel=1e-3)  # OpenDP may round the scale
+    assert run["final_eval_epsilon"] == pytest.approx(share * FINAL_SHARE, rel=1e-3)
     assert run["planned_epsilon"] == pytest.approx(ledger_epsilon(p.event), rel=1e-9)
     assert run["planned_epsilon"] <= 1.0 * (1 + 1e-9)
     # a small holdout gets the most the default gives (0.25 of the target), a wider interval
     small = plan(params, rows_meta()).details["runs"][0]
-    assert small["eval_epsilon_each"] * 3 == pytest.approx(MAX_EVAL_SHARE * 1.0, rel=1e-3)
+    assert small["eval_epsilon_each"] * 2 + small["final_eval_epsilon"] == pytest.approx(MAX_EVAL_SHARE, rel=1e-3)
     assert small["eval_ci95_halfwidth"] > EVAL_HALFWIDTH
     # given, it is kept
     given_ = plan({**params, "eval_epsilon": 0.05}, ds).details["runs"][0]
-    assert given_["eval_epsilon_each"] * 3 == pytest.approx(0.05, rel=1e-3)
+    assert given_["eval_epsilon_each"] * 2 + given_["final_eval_epsilon"] == pytest.approx(0.05, rel=1e-3)

@@ -108,21 +108,56 @@ def test_a_learnable_task_is_learnt_and_the_saved_model_reloads(table, tmp_path,
 def test_max_epsilon_stops_training_and_reports_the_cheaper_event(table, tmp_path, seeded):
     ds = rows_meta()
     uncapped = plan_of(FIXED, ds)
-    q, each = uncapped.details["sample_rate"], uncapped.details["runs"][0]["eval_epsilon_each"]
-    e2 = calibrate.epsilon(q, 1.0, 50, each, 2, DELTA)
-    e3 = calibrate.epsilon(q, 1.0, 75, each, 3, DELTA)
-    cap = (e2 + e3) / 2  # two epochs fit, the third would cross it
+    run0 = uncapped.details["runs"][0]
+    q, each, final = uncapped.details["sample_rate"], run0["eval_epsilon_each"], run0["final_eval_epsilon"]
+    e2 = calibrate.epsilon(q, 1.0, 50, each, 2, DELTA, final)
+    e3 = calibrate.epsilon(q, 1.0, 75, each, 3, DELTA, final)
+    cap = (e2 + e3) / 2  # two epochs and the final evaluation fit, the third would cross it
     p, release = run({**FIXED, "max_epsilon": cap}, ds, table, tmp_path)
     r = release.result
     assert p.event == uncapped.event  # the reservation is the whole run
     assert r["stopped"] == "max_epsilon" and r["steps"] == 50 and r["epochs_completed"] == 2
     assert r["planned_steps"] == 125 and len(r["history"]) == 2
     actual = release.actual_event
-    sg, ev = actual["events"]
+    sg, ev, fin = actual["events"]
     assert sg["steps"] == 50 < p.event["events"][0]["steps"] and ev["count"] == 2
+    assert fin == {"kind": "laplace", "epsilon": final}  # the stopped model's final evaluation
+    assert r["test"]["accuracy_ci95"] != r["history"][-1]["val_accuracy_ci95"]
     assert ledger_epsilon(actual) <= cap
     assert ledger_epsilon(actual) == pytest.approx(e2, rel=1e-9) == r["epsilon_spent"]
     assert ledger_epsilon(actual) < ledger_epsilon(p.event)
+
+
+def _width(ci):
+    return ci[1] - ci[0]
+
+
+def test_the_result_is_the_final_evaluation_with_half_the_evaluations_budget(table, tmp_path, seeded):
+    """Split evenly over 10 epochs each evaluation had a tenth of the evaluations' epsilon
+    and the result's interval was as wide as every epoch's; the final one gets half."""
+    p, release = run({**FIXED, "epochs": 10, "eval_epsilon": 1.0}, rows_meta(), table, tmp_path)
+    r, run0 = release.result, p.details["runs"][0]
+    assert release.actual_event is None and r["stopped"] == "completed"
+    assert run0["evals"] == 9 and run0["final_eval_epsilon"] == pytest.approx(0.5, rel=1e-3)
+    assert run0["eval_epsilon_each"] == pytest.approx(0.5 / 9, rel=1e-3)
+    last = r["history"][-1]
+    assert r["test"]["accuracy"] == last["val_accuracy"] and r["test"]["accuracy_ci95"] == last["val_accuracy_ci95"]
+    # Laplace's 95% bound is 9x smaller: every per-epoch interval is wider than the final one
+    assert all(_width(h["val_accuracy_ci95"]) > 2 * _width(last["val_accuracy_ci95"]) for h in r["history"][:-1])
+    assert r["epsilon_spent"] == pytest.approx(run0["planned_epsilon"], rel=1e-9)
+
+
+def test_an_early_stop_releases_a_final_evaluation_of_the_model_it_keeps(table, tmp_path, seeded):
+    # a learning rate too small to move the model: the per-epoch metric is noise around one
+    # value and patience 1 stops at the first that is not better (all 9 rising: 1 in 9!)
+    params = {**FIXED, "epochs": 10, "eval_epsilon": 1.0, "learning_rate": 1e-9, "early_stopping_patience": 1}
+    p, release = run(params, rows_meta(), table, tmp_path)
+    r, run0 = release.result, p.details["runs"][0]
+    assert r["stopped"] == "early_stopping" and len(r["history"]) < 10
+    sg, ev, fin = release.actual_event["events"]
+    assert ev["count"] == len(r["history"]) and fin == {"kind": "laplace", "epsilon": run0["final_eval_epsilon"]}
+    assert _width(r["test"]["accuracy_ci95"]) < _width(r["history"][-1]["val_accuracy_ci95"]) / 2
+    assert r["epsilon_spent"] == pytest.approx(ledger_epsilon(release.actual_event), rel=1e-9)
 
 
 def test_cancellation_carries_the_event_of_the_steps_done(table, tmp_path, seeded):
@@ -147,8 +182,10 @@ def test_cancellation_carries_the_event_of_the_steps_done(table, tmp_path, seede
 
 def test_a_cancellation_after_an_early_stop_charges_only_the_steps_taken(table, tmp_path, seeded):
     ds = rows_meta()
-    q, each = plan_of(FIXED, ds).details["sample_rate"], plan_of(FIXED, ds).details["runs"][0]["eval_epsilon_each"]
-    cap = (calibrate.epsilon(q, 1.0, 50, each, 2, DELTA) + calibrate.epsilon(q, 1.0, 75, each, 3, DELTA)) / 2
+    d = plan_of(FIXED, ds).details
+    q, each, final = d["sample_rate"], d["runs"][0]["eval_epsilon_each"], d["runs"][0]["final_eval_epsilon"]
+    cap = (calibrate.epsilon(q, 1.0, 50, each, 2, DELTA, final) + calibrate.epsilon(q, 1.0, 75, each, 3, DELTA,
+                                                                                    final)) / 2
 
     def progress(info):
         if info["phase"].startswith("auditing"):  # training stopped at the cap; cancelled while auditing
@@ -156,8 +193,8 @@ def test_a_cancellation_after_an_early_stop_charges_only_the_steps_taken(table, 
 
     with pytest.raises(Cancelled) as exc:
         run({**FIXED, "max_epsilon": cap, "canaries": 20}, ds, table, tmp_path, progress)
-    sg, ev = exc.value.actual_event["events"]
-    assert sg["steps"] == 50 and ev["count"] == 2  # not the 125 steps reserved
+    sg, ev, fin = exc.value.actual_event["events"]
+    assert sg["steps"] == 50 and ev["count"] == 2 and fin["kind"] == "laplace"  # not the 125 steps reserved
 
 
 # ---------------------------------------------------------------- privacy units
