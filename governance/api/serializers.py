@@ -269,14 +269,17 @@ class AnalystSerializer(serializers.ModelSerializer):
 
 
 class AnalystCreateSerializer(StrictInput, serializers.Serializer):
-    username = serializers.RegexField(r"^[\w.@+-]{1,150}$")
+    # ASCII only, unique ignoring case: "аnn" (a Cyrillic а) or "Ann" beside "ann" would be
+    # another person who reads as the same one in the audit trail
+    username = serializers.RegexField(r"\A[A-Za-z0-9_.@+-]{1,150}\Z", error_messages={
+        "invalid": "1-150 ASCII letters, digits and _ . @ + - (no look-alike letters of other scripts)"})
     email = serializers.EmailField(required=False, allow_blank=True)
     role = serializers.ChoiceField(["analyst", "auditor"], default="analyst",
                                    help_text="auditor: reads the audit trail and exports only")
 
     def validate_username(self, value):
-        if User.objects.filter(username=value).exists():
-            raise serializers.ValidationError("A user with this username already exists.")
+        if User.objects.filter(username__iexact=value).exists():
+            raise serializers.ValidationError("A user with this username (ignoring case) already exists.")
         return value
 
 

@@ -84,3 +84,13 @@ def test_it_forbids_analysts_to_rotate_their_own_token_through_the_officer_route
 def test_it_answers_404_for_an_unknown_analyst(api, officer):
     assert_error(api(officer).post(f"{URL}999999/token/"), 404)
     assert_error(api(officer).get(f"{URL}not-a-number/"), 404)
+
+
+@pytest.mark.parametrize("name", ["аnn", "ａnn", "Ann", "ANN", "josé", "ann\u200b"])
+def test_a_username_that_reads_as_another_is_refused(api, officer, name):
+    """Unicode letters were accepted: "аnn" (a Cyrillic а) became a second analyst who
+    reads as ann in the audit trail; so did "Ann" beside "ann"."""
+    boss = api(officer)
+    assert boss.post("/api/analysts/", {"username": "ann"}, format="json").status_code == 201
+    r = boss.post("/api/analysts/", {"username": name}, format="json")
+    assert r.status_code == 400 and "username" in r.json()["errors"], r.content
