@@ -382,7 +382,7 @@ class Trainer:
             self.history.append(row)
             progress(self._progress(label, base_fraction + span * self.steps / total))
             if not all(bool(torch.isfinite(prm).all()) for prm in self.model.parameters()):
-                return "diverged"  # (no final evaluation: a model that is not finite has no metric)
+                return "diverged"  # (this epoch's evaluation, the worst metric, is the result's)
             metric = row.get("val_accuracy", row.get("val_mae"))
             score = None if metric is None else metric if "val_accuracy" in row else -metric
             if patience is not None and with_eval and score is not None and not last:
