@@ -276,3 +276,26 @@ def test_directional_characters_an_analyst_sent_are_shown_escaped_to_the_officer
     assert "\u202e" not in export
     cells = [row["params"] for row in csv.DictReader(io.StringIO(export)) if "select" in row["params"]]
     assert cells and json.loads(cells[0])["select"][0]["name"] == "n\u202e\u2066"
+
+
+def test_the_requests_page_filters_on_its_own_filters_only_never_on_a_result(officer_client, make_dataset, analyst):
+    """Django allows a lookup on any local field from the query string: a probe read an
+    analyst's released mean, which officers never see, digit by digit with
+    ``?result__icontains="value": 4...`` (one row listed or none)."""
+    from governance.models import Request
+
+    ds = make_dataset("clinic")
+    req = Request.objects.create(analyst=analyst, dataset=ds, engine="aggregates", kind="mean", params={},
+                                 plan={}, status=Request.Status.SUCCEEDED, result={"value": 47847.33},
+                                 result_salt="0123456789abcdef")
+    page = "/admin/governance/request/"
+    for lookup in ({"result__icontains": '"value": 4'}, {"result__value__gt": "1"}, {"result_salt__startswith": "0"},
+                   {"params__icontains": "x"}, {"analyst__password__startswith": "p"}):
+        r = officer_client.get(page, lookup)
+        assert r.status_code == 400, (lookup, r.status_code)  # Django's DisallowedModelAdminLookup
+    # the page's own filters still work
+    for lookup in ({"status__exact": "succeeded"}, {"engine__exact": "aggregates"}, {"dataset__id__exact": ds.pk}):
+        r = officer_client.get(page, lookup)
+        assert r.status_code == 200 and str(req.pk) in r.content.decode(), lookup
+    assert officer_client.get("/admin/governance/auditrecord/", {"outcome__exact": "ok"}).status_code == 200
+    assert officer_client.get("/admin/governance/auditrecord/", {"hash__startswith": "0"}).status_code == 400

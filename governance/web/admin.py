@@ -6,6 +6,7 @@ texts and shows the schema and budget.
 """
 
 from django.contrib import admin, messages
+from django.db.models.constants import LOOKUP_SEP
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -42,6 +43,15 @@ class OfficerPermissions:
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    def lookup_allowed(self, lookup, value, request=None):
+        """Only the lookups of the page's own filters: Django allows one on any local field
+        from the query string, and ``?result__icontains=`` on the requests' page read an
+        analyst's result, which officers never see, digit by digit (one row or none)."""
+        filters = self.get_list_filter(request) if request is not None else self.list_filter
+        names = {self.date_hierarchy} | {f[0] if isinstance(f, (list, tuple)) else getattr(f, "parameter_name", f)
+                                         for f in filters}
+        return lookup.split(LOOKUP_SEP)[0] in names and super().lookup_allowed(lookup, value, request)
 
 
 class ReadOnly(OfficerPermissions):
