@@ -4,6 +4,11 @@
 dataset: a missing column, a numeric column that is not numeric, a categorical column
 whose values fall outside the declared domain. The site then trains nothing and says why
 (the server reports the site as refused); it never encodes a column it was not told about.
+What it says leaves the site and reaches the analyst, so it names missing columns (the
+table's structure) and no more: whether a column holds a value outside its domain, or
+text where a number was declared, is a fact about the site's rows (a probe asked for a
+chosen column and read back "has 3 value(s) outside its declared domain", exact and free);
+the details go to the site's own log (``SchemaMismatch.detail``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,11 @@ from engines.dpsgd import features as enc
 
 
 class SchemaMismatch(ValueError):
-    pass
+    """``str()``: what the site may say (missing columns); ``detail``: everything, for its log."""
+
+    def __init__(self, public: str, detail: str):
+        super().__init__(public)
+        self.detail = detail
 
 
 def read_table(path: str) -> pa.Table:
@@ -39,11 +48,11 @@ def schema_fingerprint(columns: list[dict]) -> str:
 
 
 def check_schema(table: pa.Table, columns: list[dict]) -> None:
-    problems = []
+    problems, missing = [], []
     for c in columns:
         name = c["column"]
         if name not in table.column_names:
-            problems.append(f"missing column {name!r}")
+            missing.append(f"missing column {name!r}")
             continue
         col = table.column(name)
         if c["type"] == "numeric":
@@ -55,8 +64,9 @@ def check_schema(table: pa.Table, columns: list[dict]) -> None:
             extra = values - set(domain)
             if extra:
                 problems.append(f"column {name!r} has {len(extra)} value(s) outside its declared domain")
-    if problems:
-        raise SchemaMismatch("; ".join(problems))
+    if problems or missing:
+        public = missing + (["the rows do not match the declared types and domains"] if problems else [])
+        raise SchemaMismatch("; ".join(public), "; ".join(missing + problems))
 
 
 def prepare(table: pa.Table, spec: dict, seed: bytes | None = None):

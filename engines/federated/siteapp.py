@@ -22,9 +22,13 @@ real processes.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from . import auth, dpfedavg, model, site_data
+
+log = logging.getLogger(__name__)
 
 
 def _secret(node_config: dict) -> str:
@@ -54,11 +58,13 @@ def handle(kind: str, job: dict, arrays: list[np.ndarray], node_config: dict) ->
     try:
         table = site_data.read_table(str(node_config["table"]))
         x_tr, y_tr, x_te, y_te = site_data.prepare(table, spec, auth.split_seed(secret, job["run_nonce"]))
-    except site_data.SchemaMismatch as e:
+    except site_data.SchemaMismatch as e:  # the details stay here, in the site's log
+        log.warning("site %s refuses job on dataset %s: %s", site, served, e.detail)
         reply["refused"] = f"schema: {e}"
         return sign(out)
     except (OSError, KeyError) as e:
-        reply["refused"] = f"table: {type(e).__name__}: {e}"
+        log.warning("site %s cannot read its table: %s: %s", site, type(e).__name__, e)
+        reply["refused"] = "table: the site's table could not be read (see the site's log)"
         return sign(out)
     if kind == "hello":
         return sign(out)

@@ -81,6 +81,27 @@ def test_unregistered_bad_key_other_dataset_and_schema_sites_are_refused(tmp_pat
     assert "schema: missing column 'color'" in r2["sites"]["refused"]["2"]
 
 
+@pytest.mark.parametrize("undeclared", [1, 3])
+def test_a_site_refused_for_its_rows_says_no_more_than_that(tmp_path, tables, caplog, undeclared):
+    """A site's refusal reaches the analyst: it said "column 'color' has 3 value(s) outside
+    its declared domain", exact and free, for a column the analyst chose. It names missing
+    columns (structure) only; the rest goes to the site's log."""
+    import pyarrow as pa
+
+    t = pq.read_table(tables[1])
+    colors = t.column("color").to_pylist()
+    colors[:undeclared] = [f"mauve{i}" for i in range(undeclared)]
+    bad = tmp_path / "bad-domain.parquet"
+    pq.write_table(t.set_column(t.schema.get_field_index("color"), "color", pa.array(colors)), bad)
+    with caplog.at_level("WARNING", logger="engines.federated.siteapp"):
+        c, r, _ = run(tmp_path, [node(tmp_path, "a", tables[0]), node(tmp_path, "b", bad)], sites=["a", "b"],
+                      target_epsilon="inf", rounds=1)
+    said = r["sites"]["refused"]["2"]
+    assert said == "b: schema: the rows do not match the declared types and domains", said
+    assert f"has {undeclared} value(s) outside its declared domain" in caplog.text  # the site's own log
+    assert all("seconds" not in h for h in r["history"])  # a round's duration follows the sites' rows
+
+
 def test_a_second_node_claiming_a_connected_site_is_refused(tmp_path, tables):
     c, r, _ = run(tmp_path, [node(tmp_path, "a", tables[0]), node(tmp_path, "a", tables[1])], sites=["a"],
                   target_epsilon="inf", rounds=1)
