@@ -48,8 +48,18 @@ log = logging.getLogger(__name__)
 PROGRESS_INTERVAL = 0.5  # seconds between progress writes when there are no ticks (eager runs)
 
 
+_LAST_TICK = threading.local()  # the tick (monotonic) of this thread's last run's outcome
+
+
 def execute(request_id: str, worker: str = "") -> str:
-    """Run one request to a final state; returns its final (or current) status."""
+    """Run one request to a final state; returns its final (or current) status. The claim
+    waits for the tick of this thread's last run, whose outcome the releaser writes then:
+    a claim at the moment the last run's engine finished showed its exact duration (the
+    next request's ``started_at``, its status, a cancel's answer), a data-dependent time
+    the ticks exist to hide, to whoever's request came next."""
+    wait = getattr(_LAST_TICK, "due", 0.0) - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)
     req = claim(request_id, worker)
     if req is None:
         return Request.objects.filter(pk=request_id).values_list("status", flat=True).first() or "missing"
@@ -437,4 +447,5 @@ def _finish(req: Request, status: str, *, result=None, error=None, actual_event=
         clock.hold()
         return outcomes.write_or_retry(out)
     RELEASER.at(due, out, group=outcomes.write_group)
+    _LAST_TICK.due = due  # this thread's next claim waits for it (``execute``)
     return status

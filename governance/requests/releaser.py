@@ -5,7 +5,12 @@ A run that read data shows its outcome on the next tick of its release clock
 worker process per run for up to a quantum, capping a pool of N processes at N runs per
 quantum (2 per second at the 1 s default, whatever the query costs). Instead the task
 hands the outcome's write to this process's releaser, a thread that runs each write at its
-tick, and returns to take the next task. The run clocks' progress and heartbeat writes go
+tick, and returns. The next task's claim still waits for that tick
+(``execution.execute``): a claim made the moment the engine finished showed the run's
+exact duration to whoever's request came next. So a process runs at most one request per
+quantum when its runs are shorter than one (runs that read no data, refusals and replays
+do not wait); more processes or threads (``-c``) keep up the throughput, as they wait
+idle. The run clocks' progress and heartbeat writes go
 through it too, so that they use its one persistent database connection (a short-lived
 thread's own connection is a new PostgreSQL backend each time).
 
