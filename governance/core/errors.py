@@ -67,6 +67,13 @@ class NoGrant(UserError):
     status = 403
 
 
+class GrantRevoked(UserError):
+    """A change of a revoked grant's cap (give it again with the cap instead)."""
+
+    code = "grant.revoked"
+    status = 409
+
+
 class DatasetNotActive(UserError):
     code = "dataset.inactive"
     status = 409

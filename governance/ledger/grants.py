@@ -12,6 +12,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from ..core.errors import GrantRevoked
 from ..models import AuditRecord, Budget, Grant
 from . import trail
 
@@ -52,10 +53,16 @@ def give(analyst, dataset, actor, *, cap_epsilon=None, cap_delta=None) -> Grant 
 
 
 def change_cap(grant: Grant, actor, **caps) -> Grant:
-    """``grant`` with ``cap_epsilon`` and / or ``cap_delta`` set (None: no cap of its own)."""
+    """``grant`` with ``cap_epsilon`` and / or ``cap_delta`` set (None: no cap of its own).
+    ``GrantRevoked`` if it is revoked (checked under the lock): the trail's next record of a
+    revoked grant is its giving again, which sets the caps; a cap changed meanwhile was a
+    record of a revoked grant, and ``audit verify`` failed for good."""
     with transaction.atomic():
         budget = Budget.objects.select_for_update().get(pk=grant.dataset_id)
         grant = Grant.objects.select_for_update().select_related("analyst", "dataset").get(pk=grant.pk)
+        if not grant.active:
+            raise GrantRevoked(f"The grant of {grant.analyst.get_username()} on {grant.dataset.name} is revoked: "
+                               "give it again (POST /api/grants/) with the cap.")
         before = _caps(grant)
         for key, value in caps.items():
             setattr(grant, key, value)

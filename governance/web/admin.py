@@ -13,7 +13,7 @@ from django.utils.html import format_html
 
 from accounting.costs import Cost
 
-from ..core.errors import InvalidDataset
+from ..core.errors import GrantRevoked, InvalidDataset
 from ..datasets import registry as datasets
 from ..ledger import grants
 from ..ledger.limits import Limit
@@ -179,7 +179,10 @@ class GrantAdmin(OfficerPermissions, admin.ModelAdmin):
     actions = ["revoke"]
 
     def get_readonly_fields(self, request, obj=None):
-        # Who and what a grant is for never changes; only the cap does.
+        # Who and what a grant is for never changes; only the cap does, while it is active
+        # (a revoked grant is given again, with its cap, from "add grant")
+        if obj is not None and not obj.active:
+            return self.fields
         return self.readonly_fields + (("analyst", "dataset") if obj else ())
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
@@ -204,7 +207,10 @@ class GrantAdmin(OfficerPermissions, admin.ModelAdmin):
             grant = grant or Grant.objects.get(analyst=obj.analyst, dataset=obj.dataset)  # (given meanwhile)
             obj.pk, obj.created_by, obj.created_at = grant.pk, grant.created_by, grant.created_at
         else:
-            grants.change_cap(obj, request.user, cap_epsilon=obj.cap_epsilon, cap_delta=obj.cap_delta)
+            try:
+                grants.change_cap(obj, request.user, cap_epsilon=obj.cap_epsilon, cap_delta=obj.cap_delta)
+            except GrantRevoked as e:  # revoked meanwhile, by another officer
+                messages.error(request, e.detail)
 
     @admin.display(description="epsilon spent by analyst")
     def spent(self, g):

@@ -111,6 +111,24 @@ def test_it_reactivates_on_regrant_after_revoke(api, officer, analyst, clinic):
     ledger.admit(clinic, analyst, LAPLACE)
 
 
+def test_a_revoked_grant_s_cap_is_not_changed_and_the_chain_still_verifies(api, officer, analyst, clinic):
+    """PATCH of a revoked grant answered 200 and wrote a ``grant`` record the verifier
+    reads as a change of a revoked grant: ``audit verify`` failed for good, even after
+    the grant was given again."""
+    from governance.audit.verification import verify
+
+    client = api(officer)
+    gid = create(client, cap_epsilon=0.5).json()["id"]
+    assert client.delete(f"{URL}{gid}/").status_code == 204
+    r = client.patch(f"{URL}{gid}/", {"cap_epsilon": 0.9}, format="json")
+    assert r.status_code == 409 and r.json()["code"] == "grant.revoked", r.content
+    assert Grant.objects.get(pk=gid).cap_epsilon == 0.5
+    assert verify([clinic]).ok, verify([clinic]).findings
+    assert create(client, cap_epsilon=0.3).status_code == 201
+    assert client.patch(f"{URL}{gid}/", {"cap_epsilon": 0.4}, format="json").status_code == 200
+    assert verify([clinic]).ok, verify([clinic]).findings
+
+
 def test_it_refuses_a_duplicate_active_grant(api, officer, analyst, clinic):
     client = api(officer)
     assert create(client, cap_epsilon=0.5).status_code == 201
