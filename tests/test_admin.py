@@ -299,3 +299,23 @@ def test_the_requests_page_filters_on_its_own_filters_only_never_on_a_result(off
         assert r.status_code == 200 and str(req.pk) in r.content.decode(), lookup
     assert officer_client.get("/admin/governance/auditrecord/", {"outcome__exact": "ok"}).status_code == 200
     assert officer_client.get("/admin/governance/auditrecord/", {"hash__startswith": "0"}).status_code == 400
+
+
+def test_an_account_s_username_cannot_be_changed_in_the_admin(client, django_user_model, analyst, make_dataset, grant):
+    """A rename in Django's user admin made every dataset the analyst had used fail
+    ``audit verify`` (its records name her by the old username)."""
+    from governance.audit.verification import verify
+
+    ds = make_dataset("clinic")
+    grant(analyst, ds)
+    ledger.commit(ledger.admit(ds, analyst, {"kind": "laplace", "epsilon": 0.1}).pk)
+    root = django_user_model.objects.create_superuser("root", "root@example.org", "pw")
+    client.force_login(root)
+    page = client.get(f"/admin/auth/user/{analyst.pk}/change/").content.decode()
+    assert 'name="username"' not in page  # shown, not editable
+    form = {"username": "ann2", "first_name": "", "last_name": "", "email": "", "is_active": "on",
+            "date_joined_0": "2026-01-01", "date_joined_1": "00:00:00", "initial-date_joined_0": "2026-01-01",
+            "initial-date_joined_1": "00:00:00"}
+    client.post(f"/admin/auth/user/{analyst.pk}/change/", form)
+    analyst.refresh_from_db()
+    assert analyst.username == "ann" and verify([ds]).ok
