@@ -35,6 +35,7 @@ from accounting import ACCOUNTANTS
 from accounting.costs import Cost
 
 from ..core.security import bidi_shown
+from ..core.snapshot import snapshot
 from ..ledger import trail
 from ..models import AuditRecord, Budget, Dataset
 from .verification import verify
@@ -120,6 +121,13 @@ def _num(x: float):
 def build(datasets, user=None, *, with_records: bool = True) -> dict:
     """The export of ``datasets`` (a queryset or list), verified first."""
     datasets = list(datasets)
+    with snapshot():  # the verification and the records of one moment (core.snapshot)
+        return _build(datasets, user, with_records)
+
+
+def _build(datasets: list, user, with_records: bool) -> dict:
+    fresh = {d.pk: d for d in Dataset.objects.filter(pk__in=[d.pk for d in datasets])}
+    datasets = [fresh[d.pk] for d in datasets if d.pk in fresh]
     verification = verify(datasets, stop_at_first=False)
     budgets = {b.pk: b for b in Budget.objects.filter(pk__in=[d.pk for d in datasets])}
     return {

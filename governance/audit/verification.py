@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from accounting.costs import Cost
 
+from ..core.snapshot import snapshot
 from ..ledger.limits import charge_summary
 from ..ledger.trail import GENESIS, body, digest, hashed_body, legacy_body, storable, totals_of
 from ..models import AuditRecord, Budget, Dataset, LedgerEntry
@@ -127,7 +128,7 @@ def verify_dataset(ds: Dataset, out: Verification, *, stop_at_first: bool = True
     if not _close(Cost.from_json(budget.committed).to_json(), state.to_json()):
         bad(None, "the budget row's committed totals differ from the chain's")
         return
-    for problem in _officer_state_now(ds, officer, n):
+    for problem in _officer_state_now(ds, officer):
         if bad(None, problem):
             return
     for problem in _gate_state(ds):
@@ -138,17 +139,10 @@ def verify_dataset(ds: Dataset, out: Verification, *, stop_at_first: bool = True
 def _gate_state(ds: Dataset) -> list[str]:
     """What the gate admits against, re-derived from the ledger: the budget's and each
     grant's running state (reserved and committed costs), within the budget; a reservation
-    only while its request is queued or running. Read first without a lock (on SQLite the
-    lock is the database's one write lock, and the re-derivation grows with the ledger:
-    6.5 s over 50,000 entries, every writer waiting); only what disagrees there is read
-    again with the budget row locked, so a charge under way cannot make it disagree."""
-    from django.db import transaction
-
-    if not _gate_problems(ds):
-        return []
-    with transaction.atomic():
-        Budget.objects.select_for_update().get(pk=ds.pk)
-        return _gate_problems(ds)
+    only while its request is queued or running. Read in ``verify``'s snapshot, with the
+    chain: a charge under way is in all of them or in none, and no lock is taken (on
+    SQLite the lock was the database's one write lock, every writer waiting)."""
+    return _gate_problems(ds)
 
 
 def _gate_problems(ds: Dataset) -> list[str]:
@@ -206,22 +200,15 @@ def _follows(rec: AuditRecord, officer: dict) -> str | None:
     return None
 
 
-def _officer_state_now(ds: Dataset, officer: dict, n: int) -> list[str]:
+def _officer_state_now(ds: Dataset, officer: dict) -> list[str]:
     """The dataset's settings and grants as the last records left them (those with a record),
-    read under the budget row lock; nothing to say if the chain has grown past the ``n``
-    records read (a change came in meanwhile: the next verify sees it with its record)."""
-    from django.db import transaction
-
+    read in ``verify``'s snapshot, with the records."""
     from ..models import Grant
 
-    if not officer:  # no settings or grant record: nothing to compare (and no lock taken)
+    if not officer:  # no settings or grant record: nothing to compare
         return []
     problems = []
-    with transaction.atomic():
-        if Budget.objects.select_for_update().get(pk=ds.pk).audit_seq != n:
-            return []
-        ds = Dataset.objects.get(pk=ds.pk)
-        grants = {g.pk: g for g in Grant.objects.filter(dataset=ds)}
+    grants = {g.pk: g for g in Grant.objects.filter(dataset=ds)}
     for key, value in officer.items():
         if isinstance(key, str) and hasattr(ds, key) and not _close(storable(getattr(ds, key)), value):
             problems.append(f"the dataset's {key} is {getattr(ds, key)!r}, its last settings record set "
@@ -301,12 +288,15 @@ def charge_of(entry: LedgerEntry, delta: float) -> dict:
 
 
 def verify(datasets=None, *, stop_at_first: bool = True) -> Verification:
+    """Every dataset's chain (or ``datasets``'), each read in one snapshot
+    (``core.snapshot``: releases written meanwhile are not half seen)."""
     out = Verification()
     qs = Dataset.objects.order_by("name")
     if datasets is not None:
         qs = qs.filter(pk__in=[d.pk for d in datasets])
-    for ds in qs:
-        verify_dataset(ds, out, stop_at_first=stop_at_first)
+    for pk in qs.values_list("pk", flat=True):
+        with snapshot():  # the dataset's row too: an officer's change meanwhile is seen with its record
+            verify_dataset(Dataset.objects.get(pk=pk), out, stop_at_first=stop_at_first)
         if out.findings and stop_at_first:
             break
     return out
