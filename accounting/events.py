@@ -9,7 +9,7 @@ Compatibility rules: the meaning of a kind or field never changes; new fields ar
 optional with a default that keeps old events' meaning.
 
 JSON forms (``kind`` selects the event; every number finite, every epsilon at most
-``MAX_EPSILON``):
+``MAX_EPSILON``, every noise multiplier at most ``MAX_NOISE_MULTIPLIER``):
 
 - ``{"kind": "laplace", "epsilon": e}`` or ``{"kind": "laplace", "scale": b,
   "sensitivity": s}``: Laplace noise of scale b on a query of L1 sensitivity s;
@@ -41,6 +41,10 @@ MAX_COUNT = 10**9
 # An epsilon above this promises nothing (e^epsilon overflows a float past ~709) and is
 # surely a mistake: refused, as the service refuses any budget or request above it.
 MAX_EPSILON = 1e6
+# A noise multiplier above this costs nothing any float can tell from zero (alpha / 2z^2 <
+# 1e-20 at every order used) and is surely a mistake; past about 1e154, z^2 overflows a float
+# in independent accountants (dp_accounting, the audit export's check tool).
+MAX_NOISE_MULTIPLIER = 1e12
 
 
 class EventError(ValueError):
@@ -298,13 +302,13 @@ def _parse(data: Any, path: str, depth: int, counter: list[int]) -> Event:
         return LaplaceEvent(eps)
     if kind == "gaussian":
         return GaussianEvent(
-            _number(data, "noise_multiplier", path),
+            _number(data, "noise_multiplier", path, upper=MAX_NOISE_MULTIPLIER, upper_open=False),
             _number(data, "delta", path, required=False, upper=1.0),
         )
     if kind == "subsampled_gaussian":
         return SubsampledGaussianEvent(
             _number(data, "sample_rate", path, upper=1.0, upper_open=False),
-            _number(data, "noise_multiplier", path),
+            _number(data, "noise_multiplier", path, upper=MAX_NOISE_MULTIPLIER, upper_open=False),
             _integer(data, "steps", path),
             _number(data, "delta", path, required=False, upper=1.0),
         )

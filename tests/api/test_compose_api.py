@@ -149,10 +149,20 @@ def test_a_repeated_composition_runs_no_series_again(api, analyst, series):
     assert first == second
 
 
-@pytest.mark.parametrize("z", [1.5e154, 1e300])
-def test_gaussians_so_noisy_their_costs_underflow_compose_to_about_zero(api, analyst, z):
+@pytest.mark.parametrize("z", [1.5e154, 1e300, 1.0000001e12])
+def test_a_noise_multiplier_past_the_largest_is_a_400(api, analyst, z):
     """A noise multiplier past ~1.4e154 with q = 1 and 2 steps: every 1/z^2 underflowed to 0
-    and the collapse divided by zero, a 500 for any signed-in user (a helper's probe)."""
+    and the collapse divided by zero, a 500 for any signed-in user (a helper's probe); then
+    an officer's charge of one was accepted and the export's check tool could not recompose
+    it (z^2 overflows in dp_accounting). Past MAX_NOISE_MULTIPLIER (1e12) it is refused."""
+    event = {"kind": "subsampled_gaussian", "sample_rate": 1.0, "noise_multiplier": z, "steps": 2}
+    for events in ([event], [{"kind": "gaussian", "noise_multiplier": z}]):
+        r = api(analyst).post(URL, {"events": events, "delta": 1e-6}, format="json")
+        assert r.status_code == 400 and "noise_multiplier" in r.json()["detail"], r.content
+
+
+def test_the_largest_noise_multiplier_composes_to_about_zero(api, analyst):
+    z = 1e12
     event = {"kind": "subsampled_gaussian", "sample_rate": 1.0, "noise_multiplier": z, "steps": 2}
     r = api(analyst).post(URL, {"events": [event, {"kind": "gaussian", "noise_multiplier": z}], "delta": 1e-6},
                           format="json")
