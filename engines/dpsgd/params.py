@@ -22,6 +22,11 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 MAX_EPOCHS = 1000
 MAX_CLASSES = 1000
 MAX_FEATURES = 200
+# rows x encoded inputs (a float32 each, one per numeric column and per declared category),
+# held dense and copied a few times while the split is prepared: 1 GB a copy at the limit.
+# Three columns of 10,000 declared codes on 20,000 rows (600M cells) were admitted, charged,
+# and the worker killed out of memory after the read.
+MAX_ENCODED_CELLS = 250_000_000
 MAX_ROWS_PER_UNIT = 256
 DEFAULT_ROWS_PER_UNIT = 16
 MAX_CANARIES = 10_000
@@ -253,6 +258,10 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     task, target = _target_spec(params, ds, errors)
     features = features_of(params, ds, errors)
     n_inputs = sum(1 if f["type"] == "numeric" else len(f["domain"]) for f in features)
+    if features and ds.n_rows * n_inputs > MAX_ENCODED_CELLS:
+        errors["features"] = (f"{ds.n_rows:,} rows x {n_inputs:,} encoded inputs (one per numeric column and per "
+                              f"declared category) is {ds.n_rows * n_inputs:,} cells, over {MAX_ENCODED_CELLS:,}: "
+                              "choose fewer features or declare fewer categories")
 
     epochs = errors.number(params, "epochs", 5, lo=1, hi=MAX_EPOCHS, integer=True)
     test_fraction = errors.number(params, "test_fraction", 0.2, lo=0.0, hi=0.5, lo_open=True)

@@ -16,6 +16,10 @@ from . import encoding
 KINDS = ("synthesize",)
 METHODS = ("mst", "aim", "vae")
 MAX_ROWS = 5_000_000
+# synthetic rows x columns: the sampler holds each cell as an int64 code and again decoded
+# (at least 16 bytes a cell): 1.6 GB at the limit. 5M rows of 60 columns were admitted,
+# charged, and the worker killed out of memory while sampling.
+MAX_CELLS = 100_000_000
 MAX_BINS = 256
 DEFAULT_BINS = 20
 DEFAULT_ROWS_PER_UNIT = 4  # the VAE's; MST and AIM default to ``auto_rows_per_unit``
@@ -289,6 +293,9 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
                 (problems.append(col) if isinstance(col, str) else columns.append(col))
         if problems:
             errors["columns"] = "; ".join(problems)
+    if columns and isinstance(rows, int) and "rows" not in errors and rows * len(columns) > MAX_CELLS:
+        errors["rows"] = (f"{rows:,} rows x {len(columns)} columns is {rows * len(columns):,} cells, over "
+                          f"{MAX_CELLS:,}: ask for fewer rows (at most {MAX_CELLS // len(columns):,}) or columns")
     if columns and len(columns) < 2 and method in ("mst", "aim") and "columns" not in errors:
         errors["columns"] = f"{method.upper()} needs at least two columns" + _left_out(left_out)
     target = params.get("target")

@@ -62,7 +62,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
             return Request.objects.none()
         qs = Request.objects.select_related("dataset", "analyst", "ledger_entry").order_by("-created_at")
         if is_officer(self.request.user):
-            return qs
+            return qs.defer("result")  # never shown to an officer (and can be megabytes)
         return qs.filter(analyst=self.request.user)
 
     @extend_schema(request=s.RequestCreateSerializer,

@@ -27,6 +27,7 @@ MAX_COLUMNS = 2_000
 # MAX_UPLOAD_BYTES in memory: about what a CSV of MAX_UPLOAD_BYTES decodes to at worst.
 MAX_DECODED_RATIO = 4
 PARQUET_BATCH_ROWS = 65_536
+CSV_BLOCK_BYTES = 64 << 20  # Arrow reads a CSV in blocks; a cell must fit in one
 
 
 # --------------------------------------------------------------------------- files
@@ -120,7 +121,10 @@ def read_table(path: Path | str, fmt: str, columns: list[str] | None = None, *,
             # A missing cell is null in text columns too ("", NA, NULL, NaN, N/A...: Arrow's
             # list, what pandas' to_csv and R's write.csv write), as it is in numeric ones
             opts = pacsv.ConvertOptions(include_columns=columns or [], strings_can_be_null=True)
-            table = pacsv.read_csv(path, convert_options=opts)
+            # blocks of 64 MB (Arrow's default, 1 MB, refused a cell over about 2 MB as "straddling
+            # object straddles two block boundaries")
+            table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+                                   convert_options=opts)
         table.schema.names  # noqa: B018 - Arrow decodes names lazily: a binary file fails here
     except (pa.ArrowException, OSError, ValueError, UnicodeDecodeError) as e:
         raise InvalidDataset(f"The file is not a readable {fmt.upper()} table: {str(e)[:300]}") from e

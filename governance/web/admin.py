@@ -238,6 +238,9 @@ class RequestAdmin(ReadOnly, admin.ModelAdmin):
     fields = ("id", "analyst", "dataset", "engine", "kind", "params", "status", "progress", "error", "worker",
               "ledger_entry", "replay_of", "created_at", "started_at", "finished_at")
 
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer(*Request.LARGE)  # (a result of 7 MB, decoded per row listed)
+
     @admin.display(description="progress")
     def phase(self, r):
         return progress_text(r.progress)

@@ -130,7 +130,8 @@ class GovernanceAdminSite(admin.AdminSite):
                     rec.refined_rdp = refined_reports.event_refined(rec.event, at)["refined_epsilon"]
                 except ValueError:  # an unreadable event: audit verify names it
                     pass
-        requests_ = Request.objects.filter(dataset=ds).select_related("analyst").order_by("-created_at")[:20]
+        requests_ = (Request.objects.filter(dataset=ds).select_related("analyst").defer(*Request.LARGE)
+                     .order_by("-created_at")[:20])
         for r in requests_:
             r.progress_text = progress_text(r.progress)
         sites = list(ds.sites.order_by("id")) if ds.execution == Dataset.Execution.FEDERATED else []

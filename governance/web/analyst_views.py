@@ -90,7 +90,8 @@ def home(request):
         rows.append({"ds": ds, "cap": g.cap_epsilon, "mine": mine, "dataset": whole,
                      "left": min(float(mine["remaining_epsilon"]) if limit else float("inf"),
                                  float(whole["remaining_epsilon"]))})
-    requests_ = Request.objects.filter(analyst=user).select_related("dataset").order_by("-created_at")[:50]
+    requests_ = (Request.objects.filter(analyst=user).select_related("dataset").defer(*Request.LARGE)
+                 .order_by("-created_at")[:50])
     return render(request, "governance/analyst.html", {"rows": rows, "requests": requests_, "role": role_of(user),
                                                        **token_context(user)})
 

@@ -67,6 +67,17 @@ def test_a_missing_text_cell_in_a_csv_is_null_not_a_category(api, officer, missi
         assert "nulls" in body["errors"][name]
 
 
+def test_a_csv_with_a_cell_of_some_megabytes_registers(api, officer, settings):
+    """Arrow's 1 MB blocks refused a valid CSV whose cell was over about 2 MB with "straddling
+    object straddles two block boundaries"."""
+    settings.MAX_UPLOAD_BYTES = max(settings.MAX_UPLOAD_BYTES, 16 << 20)
+    note = "x" * 5_000_001
+    data = "site,note\n" + "".join(f"s{i % 3},{note if i == 1 else 'ok'}\n" for i in range(20))
+    r = api(officer).post(URL, form(data.encode()), format="multipart")
+    assert r.status_code == 201, r.content[:300]
+    assert r.json()["n_rows"] == 20
+
+
 def test_it_registers_a_parquet_upload(api, officer):
     r = api(officer).post(URL, form(parquet_bytes(), "table.parquet", unit_column="patient_id"),
                           format="multipart")

@@ -84,3 +84,23 @@ def test_early_stopping_without_evaluations_is_refused_not_ignored():
                                                       "eval_epsilon": 0, "early_stopping_patience": 2}), meta())
     plugins.plan("dpsgd", EngineRequest("train", {"target": "y", "features": ["x1"], "target_epsilon": 3,
                                                   "early_stopping_patience": 2}), meta())  # the default share
+
+
+def test_a_table_whose_encoded_inputs_would_not_fit_is_refused_at_plan_time():
+    """Three columns of 10,000 declared codes on 20,000 rows (600M one-hot cells, copied a
+    few times): admitted, charged, and the worker killed out of memory after the read."""
+    from engines.dpsgd import features as enc
+    from engines.dpsgd.params import MAX_ENCODED_CELLS
+
+    codes = {f"c{i}": {"type": "categorical", "domain": [f"v{j}" for j in range(10_000)]} for i in range(3)}
+    cols = {**codes, "y": {"type": "categorical", "domain": ["no", "yes"]}}
+    params = {"target": "y", "positive_values": ["yes"], "target_epsilon": 1.0, "epochs": 1}
+    big = DatasetMeta(name="wide", columns=cols, unit_column=None, n_rows=20_000, n_units=20_000, delta=1e-6)
+    with pytest.raises(PlanError, match="encoded inputs") as e:
+        plugins.plan("dpsgd", EngineRequest("train", params), big)
+    assert "features" in e.value.errors
+    small = DatasetMeta(name="wide", columns=cols, unit_column=None, n_rows=5_000, n_units=5_000, delta=1e-6)
+    assert 5_000 * 30_000 <= MAX_ENCODED_CELLS and plugins.plan("dpsgd", EngineRequest("train", params), small)
+    # the model's look at the declared domain: float32, one 1.0 per categorical column, no k x k identity
+    pts = enc.random_inputs([{"column": c, **v} for c, v in codes.items()], 4096)
+    assert pts.shape == (4096, 30_000) and pts.dtype == np.float32 and (pts.sum(1) == 3).all()

@@ -519,3 +519,18 @@ def test_a_declaration_registration_would_refuse_is_refused_by_the_engine_too(sp
     schema = {"x": {"type": "numeric", **spec}, "g": {"type": "categorical", "domain": ["a", "b"]}}
     errors = _plan_errors(df, schema, {"epsilon": 1, "method": "mst", "holdout_fraction": 0})
     assert fragment in json.dumps(errors), errors
+
+
+def test_a_table_too_many_cells_to_sample_is_refused_at_plan_time():
+    """5,000,000 synthetic rows of 60 columns were admitted, charged and the worker killed
+    out of memory while sampling (two int64 copies of every cell)."""
+    from engines.synthesis.params import MAX_CELLS
+
+    cols = {f"x{i}": {"type": "numeric", "lower": 0, "upper": 10, "integer": True} for i in range(60)}
+    meta = DatasetMeta(name="wide", columns=cols, unit_column=None, n_rows=2_000, n_units=2_000, delta=1e-6)
+    with pytest.raises(PlanError, match="cells") as e:
+        plugins.plan("synthesis", EngineRequest("synthesize", {"method": "mst", "epsilon": 1.0, "rows": 5_000_000}),
+                     meta)
+    assert "rows" in e.value.errors and f"at most {MAX_CELLS // 60:,}" in e.value.errors["rows"]
+    assert plugins.plan("synthesis", EngineRequest("synthesize", {"method": "mst", "epsilon": 1.0,
+                                                                  "rows": MAX_CELLS // 60}), meta)
