@@ -313,12 +313,16 @@ def make_plan(request: EngineRequest, dataset: DatasetMeta) -> Plan:
     label = ", ".join(k["name"] for k in keys) if keys else None
     events, subs, errors = [], [], {}
     total: dict[str, float] = {}
+    cells = 0  # groups x (candidates + 1) summed over the query's quantiles: each score table is kept
     for name, agg, q in aggs:
         if keys:
             q.group_by, q.domain = label, domain
-            if q.kind == "quantile" and len(domain) * (q.candidates + 1) > P.MAX_SCORE_CELLS:
-                errors[f"{name}.candidates"] = (f"{len(domain)} groups x {q.candidates} candidates is too many; "
-                                                f"keep groups x candidates under {P.MAX_SCORE_CELLS:,}")
+            if q.kind == "quantile":
+                cells += len(domain) * (q.candidates + 1)
+            if q.kind == "quantile" and cells > P.MAX_SCORE_CELLS:
+                errors[f"{name}.candidates"] = (f"{len(domain)} groups x {q.candidates} candidates is too many "
+                                                "(with the quantiles before it); keep groups x candidates, summed "
+                                                f"over the query's quantiles, under {P.MAX_SCORE_CELLS:,}")
                 continue
         try:
             event, details = plan_validated(q, dataset)

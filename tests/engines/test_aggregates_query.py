@@ -148,3 +148,23 @@ def test_a_column_whose_name_is_longer_than_an_alias_may_be_is_grouped_and_named
                                         {"epsilon": 1.0})
         plugins.plan("aggregates", EngineRequest(aliased.kind, aliased.params), ds)
     assert "at most 200 characters" in str(e.value.errors)
+
+
+def test_grouped_quantiles_are_bounded_over_the_whole_query_not_each():
+    """The 20M score cells (groups x candidates) were checked per quantile: ten grouped
+    quantiles of 1,000 groups x 19,999 candidates were admitted, charged, and the worker
+    killed out of memory (each score table is kept)."""
+    from engines.aggregates.params import MAX_SCORE_CELLS
+
+    codes = {"type": "categorical", "domain": [f"c{i}" for i in range(1000)]}
+    ds = DatasetMeta("t", {**COLUMNS, "code": codes}, "pid", N, N // 4, 1e-6)
+    each = MAX_SCORE_CELLS // 1000 // 2 - 1  # two of them fit, three do not
+
+    def query(n):
+        return {"select": [{"name": f"q{i}", "agg": "quantile", "column": "age", "q": 0.5, "candidates": each}
+                           for i in range(n)], "group_by": [{"column": "code"}], "epsilon": 1.0}
+
+    plugins.plan("aggregates", EngineRequest("query", query(2)), ds)
+    with pytest.raises(PlanError) as e:
+        plugins.plan("aggregates", EngineRequest("query", query(3)), ds)
+    assert "summed over the query's quantiles" in e.value.errors["q2.candidates"], e.value.errors
