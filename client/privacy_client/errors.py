@@ -105,9 +105,9 @@ class BudgetExceeded(ApiError):
 
 class Conflict(ApiError):
     """409 other than the budget: a non-private release refused, an inactive dataset, a
-    request that can no longer be cancelled, a concurrent change."""
+    request that can no longer be cancelled, a concurrent change, a revoked grant's cap."""
 
-    codes = ("budget.non_private", "dataset.inactive", "ledger.conflict", "conflict")
+    codes = ("budget.non_private", "dataset.inactive", "ledger.conflict", "conflict", "grant.revoked")
 
 
 class IdempotencyKeyReused(ApiError):

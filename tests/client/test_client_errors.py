@@ -265,6 +265,8 @@ MAPPING_CASES = [
     (502, "<html>Bad gateway</html>", pc.ServerError, "error"),
     (418, {"code": "some.new_code", "detail": "x", "limit": 3}, pc.ApiError, "some.new_code"),
     (400, {"code": "dataset.partition_invalid", "detail": "x"}, pc.InvalidRequest, "dataset.partition_invalid"),
+    # an officer's PATCH of a revoked grant (the client has no grant calls): tests/api/test_grants.py
+    (409, {"code": "grant.revoked", "detail": "x"}, pc.Conflict, "grant.revoked"),
     # a full disk: tests/hostile/test_uploads.py makes the service answer it
     (507, {"code": "storage.full", "detail": "x"}, pc.ServerError, "storage.full"),
     # a locked or unreachable database: tests/hostile/test_edges.py makes the service answer it
