@@ -7,8 +7,8 @@ from django.core.management.base import BaseCommand
 from django.utils import timezone
 
 from ...core import liveness
-from ...requests import recovery
 from ...models import Request
+from ...requests import recovery
 
 
 def _ago(seconds: float) -> str:
