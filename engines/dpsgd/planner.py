@@ -14,10 +14,11 @@ expected half-width (``eval_ci95_halfwidth``) so the share can be chosen before 
 Without an ``eval_epsilon`` the plan chooses it (``eval_share``): the least that states a
 half-width of ``EVAL_HALFWIDTH`` over the declared held-out units, kept within 5% and 25%
 of the run's target. (Split evenly over 20 epochs, the 25% gave each evaluation 1.25% of
-the target: on 975 held-out units the released interval was [0, 1].) The evaluations' Laplace releases compose under RDP at a small
-fraction of their nominal epsilon: at target 1 on 22,524 training and 5,631 held-out
-units (AER/CPS1988, 3 epochs, batch 256), a share of 0.2 instead of 0.05 raises the
-noise multiplier from 1.202 to 1.245 and narrows the stated half-width from 0.20 to 0.05.
+the target: on 975 held-out units the released interval was [0, 1].) The evaluations'
+Laplace releases compose under RDP at a small fraction of their nominal epsilon: at
+target 1 on 22,524 training and 5,631 held-out units (AER/CPS1988, 3 epochs, batch 256,
+evaluations split evenly), a share of 0.2 instead of 0.05 raised the noise multiplier
+from 1.202 to 1.245 and narrowed the stated half-width from 0.20 to 0.05.
 """
 
 from __future__ import annotations
