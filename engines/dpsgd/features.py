@@ -20,6 +20,8 @@ import pyarrow as pa
 
 from engines.aggregates.compute import category_codes
 
+from .params import input_width
+
 
 def _values(table: pa.Table, name: str):
     return table.column(name).to_pandas()
@@ -33,7 +35,7 @@ def _codes(table: pa.Table, name: str, domain: list) -> np.ndarray:
 
 def encode_features(table: pa.Table, features: list[dict]) -> np.ndarray:
     n = table.num_rows
-    out = np.zeros((n, width(features)), dtype=np.float32)
+    out = np.zeros((n, input_width(features)), dtype=np.float32)
     j = 0
     for f in features:
         if f["type"] == "numeric":
@@ -88,7 +90,7 @@ def random_inputs(features: list[dict], n: int, seed: int = 0) -> np.ndarray:
     encodes rows (numeric uniform on [-1, 1], one category per categorical column): inputs
     that hold nothing of the data, to see what a released model does with them."""
     rng = np.random.default_rng(seed)
-    out = np.zeros((n, width(features)), dtype=np.float32)  # (np.eye(k) was k x k float64: 800 MB at 10,000)
+    out = np.zeros((n, input_width(features)), dtype=np.float32)  # (np.eye(k) was k x k float64: 800 MB at 10,000)
     j = 0
     for f in features:
         if f["type"] == "numeric":
@@ -99,8 +101,3 @@ def random_inputs(features: list[dict], n: int, seed: int = 0) -> np.ndarray:
             out[np.arange(n), j + rng.integers(0, k, n)] = 1.0
             j += k
     return out
-
-
-def width(features: list[dict]) -> int:
-    """The number of encoded inputs: one per numeric column, one per declared category."""
-    return sum(1 if f["type"] == "numeric" else len(f["domain"]) for f in features)

@@ -206,6 +206,11 @@ def _target_spec(params: dict, ds: DatasetMeta, errors: _Errors) -> tuple[str | 
     return task, {**spec, "positive": positive, "classes": [False, True]}
 
 
+def input_width(features: list[dict]) -> int:
+    """The number of encoded inputs: one per numeric column, one per declared category."""
+    return sum(1 if f["type"] == "numeric" else len(f["domain"]) for f in features)
+
+
 def features_of(params: dict, ds: DatasetMeta, errors: _Errors) -> list[dict]:
     """The feature columns' specs ``params["features"]`` names (by default every numeric
     column with bounds and every categorical one but the target), each problem noted in
@@ -257,7 +262,7 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
 
     task, target = _target_spec(params, ds, errors)
     features = features_of(params, ds, errors)
-    n_inputs = sum(1 if f["type"] == "numeric" else len(f["domain"]) for f in features)
+    n_inputs = input_width(features)
     if features and ds.n_rows * n_inputs > MAX_ENCODED_CELLS:
         errors["features"] = (f"{ds.n_rows:,} rows x {n_inputs:,} encoded inputs (one per numeric column and per "
                               f"declared category) is {ds.n_rows * n_inputs:,} cells, over {MAX_ENCODED_CELLS:,}: "
