@@ -10,6 +10,7 @@ The engine seeds its generator from os.urandom; the tests replace it by a seeded
 threshold leaves it a wide margin)."""
 
 import json
+import statistics
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -142,8 +143,11 @@ def test_the_result_is_the_final_evaluation_with_half_the_evaluations_budget(tab
     assert run0["eval_epsilon_each"] == pytest.approx(0.5 / 9, rel=1e-3)
     last = r["history"][-1]
     assert r["test"]["accuracy"] == last["val_accuracy"] and r["test"]["accuracy_ci95"] == last["val_accuracy_ci95"]
-    # Laplace's 95% bound is 9x smaller: every per-epoch interval is wider than the final one
-    assert all(_width(h["val_accuracy_ci95"]) > 2 * _width(last["val_accuracy_ci95"]) for h in r["history"][:-1])
+    # Laplace's 95% bound is 9x smaller: every per-epoch interval is wider than the final one,
+    # most of them over twice as wide (an interval clipped at 0 or 1 can be narrower than
+    # its bound: [0.54, 1.0] around a released 1.0)
+    widths, final = [_width(h["val_accuracy_ci95"]) for h in r["history"][:-1]], _width(last["val_accuracy_ci95"])
+    assert min(widths) > final and statistics.median(widths) > 2 * final, (widths, final)
     assert r["epsilon_spent"] == pytest.approx(run0["planned_epsilon"], rel=1e-9)
 
 
