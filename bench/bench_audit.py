@@ -244,6 +244,8 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
         return perf() - t0
 
     big = make("big")
+    registered = Budget.objects.get(pk=big.pk).audit_seq  # the registration's settings record
+    chain = registered + args.records
     others = [make(f"ds-{j:03d}") for j in range(1, args.datasets)]
     gc.collect()
     log(f"building: {args.records:,} records on big, {len(others)} x {args.small} on the others")
@@ -266,7 +268,7 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
     n_records = AuditRecord.objects.count()
     n_datasets = len(others) + 1
     budget = Budget.objects.get(pk=big.pk)
-    assert budget.audit_seq == args.records, (budget.audit_seq, args.records)
+    assert budget.audit_seq == chain, (budget.audit_seq, chain)
     with connection.cursor() as cur:  # planner statistics, as autovacuum would have them
         cur.execute("ANALYZE")
 
@@ -316,7 +318,7 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
         return bad
 
     bad = raw_rehash()
-    assert bad == 0, f"the raw re-hash baseline reproduced {args.records - bad} of {args.records} stored hashes"
+    assert bad == 0, f"the raw re-hash baseline reproduced {chain - bad} of {chain} stored hashes"
     canon_bytes = [canonical_of(r)[0] for r in raw_rows()]
 
     def sha_only():
@@ -325,7 +327,7 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
 
     def verify_full():
         v = verification.verify([big])
-        assert v.ok and v.records == args.records, v.as_dict()
+        assert v.ok and v.records == chain, v.as_dict()
         return v
 
     cpu_time = time.process_time
@@ -371,9 +373,12 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
             if attempt < args.pdf_retries:
                 log(f"pdf not importable ({pdf_error}); retrying in 60 s")
                 time.sleep(60)
-    export_parts = {"build": [], "to_json": [], "to_csv": [], "pdf": []}
-    export_cpu = {"build": [], "to_json": [], "to_csv": [], "pdf": []}
+    export_parts = {"build": [], "to_json": [], "to_csv": [], "pdf": [], "stream_json": [], "stream_csv": []}
+    export_cpu = {k: [] for k in export_parts}
     sizes = {}
+
+    def streamed(fmt):
+        return sum(len(piece) for piece in audit_export.stream([big], officer, fmt))
 
     def export_all():
         c0, t0 = cpu_time(), perf()
@@ -385,12 +390,28 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
         c3, t3 = cpu_time(), perf()
         p = pdf_render(e) if pdf_render else b""
         c4, t4 = cpu_time(), perf()
-        for k, v in (("build", c1 - c0), ("to_json", c2 - c1), ("to_csv", c3 - c2), ("pdf", c4 - c3)):
+        del e
+        sj = streamed("json")
+        c5, t5 = cpu_time(), perf()
+        sc = streamed("csv")
+        c6, t6 = cpu_time(), perf()
+        names = ("build", "to_json", "to_csv", "pdf", "stream_json", "stream_csv")
+        for k, v in zip(names, (c1 - c0, c2 - c1, c3 - c2, c4 - c3, c5 - c4, c6 - c5)):
             export_cpu[k].append(v)
-        assert e["verification"]["ok"] and len(e["datasets"][0]["records"]) == args.records
-        for k, v in (("build", t1 - t0), ("to_json", t2 - t1), ("to_csv", t3 - t2), ("pdf", t4 - t3)):
+        assert sj == len(j) and sc == len(c), (sj, len(j), sc, len(c))
+        for k, v in zip(names, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5)):
             export_parts[k].append(v)
         sizes.update(json=len(j), csv=len(c), pdf=len(p))
+
+    def peak_mb(fn) -> float:
+        import tracemalloc
+
+        tracemalloc.start()
+        try:
+            fn()
+            return tracemalloc.get_traced_memory()[1] / 1e6
+        finally:
+            tracemalloc.stop()
 
     def baseline_json():
         rows = list(AuditRecord.objects.filter(dataset=big).order_by("seq").values())
@@ -406,6 +427,9 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
     sizes_base = {"json": len(baseline_json()), "csv": len(baseline_csv())}
     exports = timed_group({"export": export_all, "values_json": baseline_json, "raw_csv": baseline_csv},
                           args.export_repeats, "export")
+    peaks = {"whole JSON (build + to_json)": peak_mb(lambda: audit_export.to_json(audit_export.build([big]))),
+             "streamed JSON": peak_mb(lambda: streamed("json")), "streamed CSV": peak_mb(lambda: streamed("csv"))}
+    log("export peaks (tracemalloc MB): " + ", ".join(f"{k} {v:,.1f}" for k, v in peaks.items()))
     cold_parts = {k: v[0] for k, v in export_parts.items()}  # the warm-up call came first
     parts = {k: v[1:] for k, v in export_parts.items()}
     parts_cpu = {k: v[1:] for k, v in export_cpu.items()}
@@ -515,7 +539,7 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
         "export_parts": {k: sec(v) for k, v in parts.items() if v and any(v)},
         "export_cold": cold_parts,
         "baselines": {k: sec(v) for k, v in exports["samples"].items() if k != "export"},
-        "sizes": sizes, "sizes_base": sizes_base,
+        "sizes": sizes, "sizes_base": sizes_base, "peaks_mb": peaks,
         "pages": {k: {**page[k], **sec(v)} for k, v in samples.items()},
         "build_median": build_med,
         "goals": {k: [v, ok] for k, (v, ok) in goals.items()},
@@ -598,12 +622,20 @@ def report(results: list[dict]) -> str:
     row("  JSON export (build + to_json)", lambda r: r["export"]["json"]["median"])
     row("  CSV export (build + to_csv)", lambda r: r["export"]["csv"]["median"])
     row("  PDF export (build + render pdf)", lambda r: r["export"]["pdf"]["median"])
+    row("  JSON export streamed (what the API, pages and CLI run)", lambda r: r["export_parts"]["stream_json"]["median"])
+    row("  CSV export streamed", lambda r: r["export_parts"]["stream_csv"]["median"])
+    for label in ("whole JSON (build + to_json)", "streamed JSON", "streamed CSV"):
+        row(f"  peak MB allocated (tracemalloc): {label}", lambda r, label=label: r["peaks_mb"][label], "{:,.1f}")
     row("  raw: json.dumps(values() rows)", lambda r: r["baselines"]["values_json"]["median"])
     row("  raw: csv.writer(cursor rows)", lambda r: r["baselines"]["raw_csv"]["median"])
     row("  ratio JSON export / json.dumps(values())",
         lambda r: r["export"]["json"]["median"] / r["baselines"]["values_json"]["median"], "{:,.2f}x")
     row("  ratio CSV export / csv.writer(rows)",
         lambda r: r["export"]["csv"]["median"] / r["baselines"]["raw_csv"]["median"], "{:,.2f}x")
+    row("  ratio streamed JSON / json.dumps(values())",
+        lambda r: r["export_parts"]["stream_json"]["median"] / r["baselines"]["values_json"]["median"], "{:,.2f}x")
+    row("  ratio streamed CSV / csv.writer(rows)",
+        lambda r: r["export_parts"]["stream_csv"]["median"] / r["baselines"]["raw_csv"]["median"], "{:,.2f}x")
     row("  ratio PDF export / json.dumps(values())",
         lambda r: r["export"]["pdf"]["median"] / r["baselines"]["values_json"]["median"], "{:,.2f}x")
     row("  CPU s of this process: build", lambda r: r["export_cpu"]["build"])

@@ -272,7 +272,7 @@ def test_directional_characters_an_analyst_sent_are_shown_escaped_to_the_officer
         page = client.get(url).content.decode()
         assert "\u202e" not in page and "\u2066" not in page, url
     assert "\\u202e" in client.get(f"/admin/governance/request/{req.pk}/change/").content.decode()
-    export = api(officer).get("/api/audit/export/", {"dataset": ds.name, "format": "csv"}).content.decode()
+    export = api(officer).get("/api/audit/export/", {"dataset": ds.name, "format": "csv"}).getvalue().decode()
     assert "\u202e" not in export
     cells = [row["params"] for row in csv.DictReader(io.StringIO(export)) if "select" in row["params"]]
     assert cells and json.loads(cells[0])["select"][0]["name"] == "n\u202e\u2066"

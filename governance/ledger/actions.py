@@ -377,6 +377,9 @@ def charge(dataset: Dataset | int, officer, event, *, reference: str = "") -> Le
         return commit(entry)
 
 
+STATE_CHUNK = 1000  # entries read at a time by recompute_state (each with its cost curve)
+
+
 def recompute_state(dataset_id: int, grant_id: int | None = None) -> Cost:
     """The running state re-derived from the ledger (for verification; O(history)): the
     dataset's, or with ``grant_id`` that grant's."""
@@ -385,6 +388,6 @@ def recompute_state(dataset_id: int, grant_id: int | None = None) -> Cost:
         entries = entries.filter(grant_id=grant_id)
     total = Cost.zero()
     for cost, committed_cost in entries.exclude(
-            status=LedgerEntry.Status.RELEASED).values_list("cost", "committed_cost"):
+            status=LedgerEntry.Status.RELEASED).values_list("cost", "committed_cost").iterator(chunk_size=STATE_CHUNK):
         total = total + Cost.from_json(committed_cost or cost)
     return total

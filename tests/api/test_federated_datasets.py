@@ -161,7 +161,7 @@ def test_a_secret_handed_out_is_a_site_key_record_in_the_audit_chain(api, office
     assert verify().ok
     r = api(officer).get("/api/audit/export/?dataset=clinics&format=json")
     assert r.status_code == 200
-    export = r.content if hasattr(r, "content") else b"".join(r.streaming_content)
+    export = r.getvalue()
     (tmp_path / "export.json").write_bytes(export)
     ds = next(d for d in json.loads(export)["datasets"] if d["name"] == "clinics")
     assert ds["counts"]["site_key"] == 1

@@ -77,7 +77,7 @@ def test_json_export_recomposes_to_its_totals(history, api, auditor):
     r = api(auditor).get("/api/audit/export/", {"dataset": ds.name, "format": "json"})
     assert r.status_code == 200 and r["Content-Type"] == "application/json"
     assert r["Content-Disposition"] == f'attachment; filename="audit-{ds.name}.json"'
-    export = json.loads(r.content)
+    export = json.loads(r.getvalue())
     assert export["format"] == "privacy-audit/1" and export["verification"]["ok"] is True
     (d,) = export["datasets"]
     assert len(d["records"]) == sum(counts.values()) and d["counts"]["refuse"] == counts["refuse"]
@@ -109,7 +109,7 @@ def test_csv_export_neutralises_formulas(history, tamperer, api, officer):
         cur.execute(f"UPDATE {AuditRecord._meta.db_table} SET reference = %s WHERE id = %s",
                     ['=HYPERLINK("http://evil")', rec.pk])
     r = api(officer).get("/api/audit/export/", {"dataset": ds.name, "format": "csv"})
-    rows = list(csv.DictReader(io.StringIO(r.content.decode())))
+    rows = list(csv.DictReader(io.StringIO(r.getvalue().decode())))
     assert len(rows) == AuditRecord.objects.filter(dataset=ds).count()
     assert rows[0]["reference"] == "'=HYPERLINK(\"http://evil\")"
     assert all(not row["reference"].startswith("=") for row in rows)

@@ -25,7 +25,7 @@ def _exported_and_recomposed(api, officer, tmp_path) -> tuple[dict, str]:
     """The JSON export of "clinic", and what the third party's tool printed (it passed)."""
     r = api(officer).get("/api/audit/export/?dataset=clinic&format=json")
     assert r.status_code == 200
-    (tmp_path / "export.json").write_bytes(r.content if hasattr(r, "content") else b"".join(r.streaming_content))
+    (tmp_path / "export.json").write_bytes(r.getvalue())
     out = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "export.json")], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads((tmp_path / "export.json").read_text()), out.stdout

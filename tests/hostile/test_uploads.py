@@ -296,7 +296,7 @@ def test_formulas_entered_through_the_api_are_neutralised_in_the_csv_export(api,
 
     r = boss.get("/api/audit/export/", {"dataset": "survey", "format": "csv"})
     assert r.status_code == 200
-    rows = list(csv.DictReader(io.StringIO(r.content.decode())))
+    rows = list(csv.DictReader(io.StringIO(r.getvalue().decode())))
     cells = [cell for row in rows for cell in row.values()]
     assert {f"'{t}" for t in FORMULAS} <= set(cells)
     assert {f"'{n}" for n in names if not _plain_number(n)} <= set(cells)
@@ -326,7 +326,7 @@ def test_number_like_usernames_are_neutralised_too(api, officer, make_dataset, n
                                                    "params": {"epsilon": 100.0}}, format="json")
     assert r.status_code == 409
     rows = list(csv.DictReader(io.StringIO(boss.get("/api/audit/export/", {"dataset": "survey",
-                                                                            "format": "csv"}).content.decode())))
+                                                                            "format": "csv"}).getvalue().decode())))
     assert [row["actor"] for row in rows if row["action"] == "refuse"] == [f"'{name}"]
     assert [row["actor"] for row in rows if row["action"] == "grant"] == [officer.username]  # who granted
 

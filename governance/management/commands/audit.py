@@ -1,5 +1,6 @@
 """``manage.py audit verify`` and ``manage.py audit export``."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,6 +25,8 @@ and replay; see governance/trail.py).
       JSON is re-verifiable by a third party: python tools/recompose_audit.py FILE.
       --dataset all exports every dataset. Without --output, JSON and CSV go to standard
       output; PDF needs --output. An existing FILE is replaced only with --force.
+      JSON and CSV are streamed (memory does not grow with the trail); FILE appears only
+      once it is whole (written as FILE.part, then renamed).
 """
 
 
@@ -72,21 +75,34 @@ class Command(BaseCommand):
     def export(self, datasets, fmt: str, output: Path | None, force: bool = False):
         if fmt == "pdf" and output is None:
             raise CommandError("--format pdf needs --output FILE")
-        data, _ = audit_export.render(audit_export.build(datasets), fmt)
+        if fmt == "pdf":
+            pieces = iter([audit_export.render(audit_export.build(datasets), fmt)[0]])
+        else:  # streamed: memory does not grow with the trail
+            pieces = audit_export.stream(datasets, None, fmt)
         if output is None:
-            self.stdout.write(data.decode(), ending="")
+            for piece in pieces:
+                self.stdout.write(piece.decode(), ending="")
             return
         if output.is_dir() or not str(output).strip():
             raise CommandError(f"--output {str(output)!r} is not a file name")
+        if output.exists() and not force:  # never replace a file by accident
+            raise CommandError(f"{output} exists; pass --force to replace it")
+        part = output.with_name(output.name + ".part")  # a file that is there is whole
+        size = 0
         try:
             output.parent.mkdir(parents=True, exist_ok=True)
-            with open(output, "wb" if force else "xb") as f:  # "x": never replace a file by accident
-                f.write(data)
-        except FileExistsError:
-            raise CommandError(f"{output} exists; pass --force to replace it") from None
+            with open(part, "wb") as f:
+                for piece in pieces:
+                    f.write(piece)
+                    size += len(piece)
+            if output.exists() and not force:  # it appeared meanwhile
+                raise CommandError(f"{output} exists; pass --force to replace it")
+            os.replace(part, output)
         except OSError as e:
             raise CommandError(f"cannot write {output}: {e.strerror or e}") from None
-        self.stdout.write(f"wrote {output} ({len(data):,} bytes, {fmt})")
+        finally:
+            part.unlink(missing_ok=True)
+        self.stdout.write(f"wrote {output} ({size:,} bytes, {fmt})")
 
 
 def _datasets(names):
