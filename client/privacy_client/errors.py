@@ -129,9 +129,11 @@ class UnsupportedMediaType(ApiError):
 
 
 class RateLimited(ApiError):
-    """429: too many new requests; ``retry_after`` seconds to wait (from the header)."""
+    """429: too many new requests (``rate.limited``), or too many of the analyst's requests
+    queued or running at once (``request.too_many_active``); ``retry_after`` seconds to
+    wait (from the header)."""
 
-    codes = ("rate.limited",)
+    codes = ("rate.limited", "request.too_many_active")
 
     @property
     def retry_after(self) -> float | None:

@@ -78,7 +78,9 @@ def _handle(exc, context):
         return Response({"code": "conflict", "detail": "This conflicts with a concurrent change; "
                          "reload and retry."}, status=status.HTTP_409_CONFLICT)
     if isinstance(exc, GovernanceError):
-        return Response({"code": exc.code, "detail": exc.detail, **exc.extra}, status=exc.status)
+        retry = exc.extra.get("retry_after")
+        return Response({"code": exc.code, "detail": exc.detail, **exc.extra}, status=exc.status,
+                        headers={"Retry-After": str(retry)} if retry is not None else None)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

@@ -48,6 +48,14 @@ class UploadTooLarge(InvalidDataset):
     status = 413
 
 
+class TooManyActive(UserError):
+    """The analyst has ``MAX_ACTIVE_REQUESTS`` requests queued or running: a new one waits
+    until one of them ends (``active``, ``max_active``, ``retry_after`` seconds)."""
+
+    code = "request.too_many_active"
+    status = 429
+
+
 class BudgetExceeded(UserError):
     """The gate refused: composing this event would cross a budget or a grant's cap."""
 

@@ -25,7 +25,15 @@ from engines import plugins
 from engines.types import EngineRequest, PlanError
 
 from ..core import dispatch
-from ..core.errors import DatasetNotActive, IdempotencyKeyReused, InvalidRequest, LedgerConflict, NoGrant, UserError
+from ..core.errors import (
+    DatasetNotActive,
+    IdempotencyKeyReused,
+    InvalidRequest,
+    LedgerConflict,
+    NoGrant,
+    TooManyActive,
+    UserError,
+)
 from ..datasets.engine_meta import dataset_meta
 from ..ledger import actions as ledger, sql as ledger_sql, trail
 from ..models import Dataset, Request
@@ -147,6 +155,7 @@ def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) 
         trail.record_replay(ds, analyst, trail.Context.of_request(
             replay, result_sha256=trail.result_digest(prior.result, prior.result_salt), detail=f"replay of request {prior.pk}"))
         return replay, True
+    _check_active(analyst)
     req = Request(analyst=analyst, dataset=ds, engine=engine, kind=kind, params=params, fingerprint=fp,
                   idempotency_key=idempotency_key, plan=_plan_json(plan), progress={"phase": "queued"})
     # A request with an Idempotency-Key is inserted before the budget lock, never under it:
@@ -169,6 +178,32 @@ def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) 
     req.ledger_entry = entry
     transaction.on_commit(lambda: enqueue(req.pk, queue))
     return req, False
+
+
+ACTIVE_RETRY_AFTER = 10  # seconds a refused analyst is told to wait
+
+
+def _check_active(analyst) -> None:
+    """``TooManyActive`` if ``analyst`` has ``MAX_ACTIVE_REQUESTS`` requests queued or
+    running. Counted in the submission's transaction: on PostgreSQL after a lock of the
+    analyst's own (an advisory lock on their id, held to the commit), so concurrent
+    submissions of one analyst count one another; SQLite's transaction holds the write
+    lock already. Replays do no work and are not counted."""
+    cap = settings.MAX_ACTIVE_REQUESTS
+    if not cap:
+        return
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [ACTIVE_LOCK_CLASS, analyst.pk % 2**31])
+    active = Request.objects.filter(analyst=analyst, status__in=(Request.Status.QUEUED, Request.Status.RUNNING))
+    n = active.count()
+    if n >= cap:
+        raise TooManyActive(f"{analyst} has {n} requests queued or running, the most one analyst may have at once; "
+                            "submit this one when one of them has ended (or cancel one).",
+                            active=n, max_active=cap, retry_after=ACTIVE_RETRY_AFTER)
+
+
+ACTIVE_LOCK_CLASS = 0x5071  # the advisory locks' first key: one analyst's submissions
 
 
 def _answered(analyst, fp: str) -> Request | None:

@@ -183,6 +183,17 @@ def test_rate_limited_carries_retry_after(server, settings):
     cache.clear()
 
 
+def test_too_many_active_is_rate_limited_with_retry_after(server, settings, monkeypatch):
+    from governance.requests import submission
+
+    monkeypatch.setattr(submission, "enqueue", lambda pk, queue: None)  # they stay queued
+    settings.MAX_ACTIVE_REQUESTS = 1
+    server.analyst.submit("clinic", "count", epsilon=0.01)
+    with raises(pc.RateLimited, "request.too_many_active", 429) as e:
+        server.analyst.submit("clinic", "count", epsilon=0.02)
+    assert e.value.retry_after == 10 and e.value.body["max_active"] == 1
+
+
 def test_request_too_large(server, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1_000
     with raises(pc.RequestTooLarge, "request.too_large", 413):
