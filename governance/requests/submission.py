@@ -192,11 +192,12 @@ def _check_active(analyst) -> None:
     cap = settings.MAX_ACTIVE_REQUESTS
     if not cap:
         return
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
+    with connection.cursor() as cur:  # plain SQL: the ORM's count cost ~0.5 ms of CPU on every POST
+        if connection.vendor == "postgresql":
             cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [ACTIVE_LOCK_CLASS, analyst.pk % 2**31])
-    active = Request.objects.filter(analyst=analyst, status__in=(Request.Status.QUEUED, Request.Status.RUNNING))
-    n = active.count()
+        cur.execute(f"SELECT COUNT(*) FROM {Request._meta.db_table} WHERE analyst_id = %s AND status IN (%s, %s)",
+                    [analyst.pk, Request.Status.QUEUED, Request.Status.RUNNING])
+        n = cur.fetchone()[0]
     if n >= cap:
         raise TooManyActive(f"{analyst} has {n} requests queued or running, the most one analyst may have at once; "
                             "submit this one when one of them has ended (or cancel one).",
