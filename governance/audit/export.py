@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from accounting import ACCOUNTANTS
 from accounting.costs import Cost
 
+from ..core.batched import batched
 from ..core.security import bidi_shown
 from ..core.snapshot import snapshot
 from ..ledger import trail
@@ -72,7 +73,7 @@ def dataset_export(ds: Dataset, budget: Budget, *, with_records: bool = True) ->
         if rec.action == "commit":
             committed_events.append((rec.seq, rec.event, (rec.totals or {}).get("at_delta")))
         if with_records:
-            records.append(trail.hashed_body(rec, ds.name) | {"hash": rec.hash})
+            records.append(_exported(rec, ds.name))
     committed = Cost.from_json(budget.committed)
     return {
         "name": ds.name, "title": ds.title, "unit_column": ds.unit_column or None, "n_units": ds.n_units,
@@ -241,14 +242,13 @@ def stream(datasets, user, fmt: str) -> Iterator[bytes]:
 
 def _record_pieces(ds: Dataset) -> Iterator[list[dict]]:
     """``ds``'s exported records in order, ``STREAM_RECORDS`` at a time."""
-    rows = []
-    for rec in AuditRecord.objects.filter(dataset=ds).order_by("seq").iterator(chunk_size=STREAM_RECORDS):
-        rows.append(trail.hashed_body(rec, ds.name) | {"hash": rec.hash})
-        if len(rows) == STREAM_RECORDS:
-            yield rows
-            rows = []
-    if rows:
-        yield rows
+    records = AuditRecord.objects.filter(dataset=ds).order_by("seq").iterator(chunk_size=STREAM_RECORDS)
+    for recs in batched(records, STREAM_RECORDS):
+        yield [_exported(rec, ds.name) for rec in recs]
+
+
+def _exported(rec: AuditRecord, dataset_name: str) -> dict:
+    return trail.hashed_body(rec, dataset_name) | {"hash": rec.hash}
 
 
 FORMATS = {"json": ("application/json", to_json), "csv": ("text/csv", to_csv)}

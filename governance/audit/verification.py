@@ -11,7 +11,6 @@ leave the dataset's settings and grants as they are now.
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import math
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 
 from accounting.costs import Cost
 
+from ..core.batched import batched
 from ..core.snapshot import snapshot
 from ..ledger.limits import charge_summary
 from ..ledger.trail import GENESIS, body, digest, hashed_body, legacy_body, storable, totals_of
@@ -150,17 +150,12 @@ def _with_entries(ds: Dataset, records) -> Iterator[tuple[AuditRecord, dict]]:
     """Each of ``records`` with ``{pk: ledger entry}`` of its chunk's entries in ``ds``'s
     ledger: read ``CHUNK`` records at a time, so memory does not grow with the trail (every
     entry at once, each with its cost curve, was 100 MB at 100,000 records)."""
-    chunk = []
-    for rec in itertools.chain(records.iterator(chunk_size=CHUNK), [None]):
-        if rec is not None:
-            chunk.append(rec)
-        if len(chunk) == CHUNK or (rec is None and chunk):
-            ids = {r.ledger_entry_id for r in chunk if r.ledger_entry_id is not None}
-            entries = {e.pk: e for e in LedgerEntry.objects.filter(dataset=ds, pk__in=ids).select_related(
-                "analyst", "grant").only("id", "status", "event", "committed_event", "cost", "committed_cost",
-                                         "non_private", "reference", "analyst", "grant")}
-            yield from ((r, entries) for r in chunk)
-            chunk = []
+    for chunk in batched(records.iterator(chunk_size=CHUNK), CHUNK):
+        ids = {r.ledger_entry_id for r in chunk if r.ledger_entry_id is not None}
+        entries = {e.pk: e for e in LedgerEntry.objects.filter(dataset=ds, pk__in=ids).select_related(
+            "analyst", "grant").only("id", "status", "event", "committed_event", "cost", "committed_cost",
+                                     "non_private", "reference", "analyst", "grant")}
+        yield from ((r, entries) for r in chunk)
 
 
 def _gate_state(ds: Dataset) -> list[str]:
