@@ -19,3 +19,8 @@ def plan(engine, request, dataset):
 @hookspec(firstresult=True)
 def run(engine, request, dataset, data, plan, progress, workdir):
     """If ``engine`` names this plugin, compute the Release from ``data`` (a pyarrow Table of the planned columns) using only the noise ``plan`` paid for, calling ``progress`` as it goes; files the analyst may download (a model, a table) go into ``workdir`` (a pathlib.Path, empty, private to the request; an implementation may leave the argument out); otherwise return None."""
+
+
+@hookspec
+def prepare(engine):
+    """Optional. If ``engine`` names this plugin, import what ``run`` will need (torch, a solver, ...). Called before the request's data is read: a failure to load them (out of memory, a missing library) does not depend on the data and is refunded like any failure before the read; otherwise do nothing."""

@@ -73,6 +73,13 @@ def plan(engine: str, request: EngineRequest, dataset: DatasetMeta) -> Plan:
     return result
 
 
+def prepare(engine: str) -> None:
+    """Load what the engine's ``run`` needs, before its data is read (the optional
+    ``prepare`` hook); ``UnknownEngine`` if it is gone since planning."""
+    info(engine)
+    pm.hook.prepare(engine=engine)
+
+
 def run(engine: str, request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, progress,
         workdir=None) -> Release:
     """Run a planned request on its data through the engine; its files go to ``workdir``.

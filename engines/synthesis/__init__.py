@@ -47,6 +47,12 @@ def plan(engine, request, dataset):
 
 
 @hookimpl
+def prepare(engine):
+    if engine == NAME:
+        from . import execute  # noqa: F401 - loaded before the read (torch and the rest)
+
+
+@hookimpl
 def run(engine, request, dataset, data, plan, progress, workdir):
     if engine != NAME:
         return None

@@ -249,7 +249,9 @@ def _run(req: Request, clock: RunClock) -> str:
         refusal = access_refusal(req.analyst, ds)
         if refusal is None:
             meta = dataset_meta(ds)
-            plugins.info(req.engine)  # the engine may have been removed since planning
+            # the engine may have been removed since planning; what it imports (torch, ...) is
+            # loaded now: a worker that cannot load it fails before the read, refunded
+            plugins.prepare(req.engine)
             workdir = scratch_dir()  # before the read: a full or unwritable results disk is a refund
             if ds.execution == Dataset.Execution.DISTRIBUTED:  # footers only: a check hung on a file reads no row
                 data = load_columns(ds, list(plan.columns))

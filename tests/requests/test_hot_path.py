@@ -56,9 +56,10 @@ def test_a_post_without_a_key_is_written_by_the_gate(api, analyst, clinic, djang
     else:  # the gate's writes are separate statements: the request row after its entry's
         entry_insert = next(i for i, s in enumerate(sql) if s.lstrip().upper().startswith(f"INSERT INTO {LedgerEntry._meta.db_table}".upper()))
         assert len(inserts) == 1 and inserts[0] > entry_insert, sql
-    # token and user, dataset, replay lookup, lock, the writes (one CTE on PostgreSQL:
-    # four on SQLite, whose gate locks the budget and grant by two reads)
-    assert len(sql) == (5 if connection.vendor == "postgresql" else 9), sql
+    # token and user, dataset, replay lookup, the analyst's active requests (MAX_ACTIVE_REQUESTS:
+    # a count, after an advisory lock on PostgreSQL), lock, the writes (one CTE on
+    # PostgreSQL: four on SQLite, whose gate locks the budget and grant by two reads)
+    assert len(sql) == (7 if connection.vendor == "postgresql" else 10), sql
 
 
 @pytest.mark.django_db
@@ -70,9 +71,9 @@ def test_a_post_with_a_key_is_inserted_before_the_gate(api, analyst, clinic, dja
     first_insert = next(i for i, s in enumerate(sql) if s.lstrip().upper().startswith(("INSERT", "WITH")))
     assert Request._meta.db_table in sql[first_insert] and "governance_ledgerentry" not in sql[first_insert]
     assert Request.objects.get(pk=r.json()["id"]).ledger_entry_id is not None
-    # token and user, dataset, key lookup, replay lookup, insert, lock, the writes (one CTE
-    # on PostgreSQL: four on SQLite)
-    assert len(sql) == (7 if connection.vendor == "postgresql" else 11), sql
+    # token and user, dataset, key lookup, replay lookup, active requests (+ advisory lock
+    # on PostgreSQL), insert, lock, the writes (one CTE on PostgreSQL: four on SQLite)
+    assert len(sql) == (9 if connection.vendor == "postgresql" else 12), sql
 
 
 @pytest.mark.django_db

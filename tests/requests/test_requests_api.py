@@ -82,6 +82,43 @@ def test_it_refunds_a_failure_before_the_data_is_read(api, analyst, clinic, sett
     assert str(settings.DATA_DIR) not in req.error["detail"]
 
 
+def test_an_engine_that_cannot_load_fails_before_the_read_refunded(api, analyst, clinic,
+                                                                   django_capture_on_commit_callbacks):
+    """What the engine imports (torch for DP-SGD) is loaded before the read (its ``prepare``
+    hook): a worker that cannot load it (a probe: ``import torch`` under an address-space
+    cap, after the read, was charged as a failure after the read) is refunded."""
+    from engines import plugins
+    from engines.hookspecs import hookimpl
+
+    class Unloadable:
+        @hookimpl
+        def prepare(self, engine):
+            if engine == "probe":
+                raise MemoryError("cannot allocate memory loading the engine's libraries")
+
+    plugins.pm.register(Unloadable(), name="unloadable")
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            rid = post(api(analyst), {"epsilon": 0.5}).json()["id"]
+    finally:
+        plugins.pm.unregister(name="unloadable")
+    req = Request.objects.get(pk=rid)
+    assert (req.status, req.error["code"], req.data_read) == ("failed", "request.failed_before_read", False)
+    assert "cannot allocate memory" in req.error["detail"] and req.ledger_entry.status == "released"
+
+
+def test_every_built_in_engine_loads_its_run_before_the_read():
+    import subprocess
+    import sys
+
+    code = ("import sys; from engines import plugins; before = 'torch' in sys.modules\n"
+            "for e in ('aggregates', 'dpsgd', 'synthesis', 'federated'): plugins.prepare(e)\n"
+            "print(before, 'torch' in sys.modules, all(f'engines.{e}.execute' in sys.modules for e in "
+            "('aggregates', 'dpsgd', 'synthesis', 'federated')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["False", "True", "True"], out.stderr[-2000:]
+
+
 def test_a_full_results_disk_fails_the_request_at_once_with_the_rule_s_charge(api, analyst, clinic, monkeypatch,
                                                                               django_capture_on_commit_callbacks):
     """No scratch directory (the results disk full): refused before the read, refunded. The
