@@ -29,7 +29,6 @@ import io
 import json
 import math
 import re
-import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -59,34 +58,45 @@ def accounting_rules() -> dict:
 
 
 def dataset_export(ds: Dataset, budget: Budget, *, with_records: bool = True) -> dict:
-    counts = {a: 0 for a in AuditRecord.Action.values} | {"non_private": 0}
-    records = []
-    committed_events = []
-    last_totals = None
-    records_qs = AuditRecord.objects.filter(dataset=ds).order_by("seq")
-    if not with_records:
-        records_qs = records_qs.only("seq", "action", "non_private", "totals", "event")
-    for rec in records_qs.iterator(chunk_size=2000):
-        counts[rec.action] += 1
-        counts["non_private"] += rec.action == "commit" and rec.non_private
-        last_totals = rec.totals
-        if rec.action == "commit":
-            committed_events.append((rec.seq, rec.event, (rec.totals or {}).get("at_delta")))
-        if with_records:
-            records.append(_exported(rec, ds.name))
-    committed = Cost.from_json(budget.committed)
+    records = [_exported(rec, ds.name) for rec in _records(ds)] if with_records else []
+    return {**_facts(ds), **_summary(ds, budget), "records": records}
+
+
+def _records(ds: Dataset):
+    return AuditRecord.objects.filter(dataset=ds).order_by("seq").iterator(chunk_size=STREAM_RECORDS)
+
+
+def _facts(ds: Dataset) -> dict:
+    """What the dataset's export says of it before its records."""
     return {
         "name": ds.name, "title": ds.title, "unit_column": ds.unit_column or None, "n_units": ds.n_units,
         "sha256": ds.sha256,
         "budget": {"epsilon": ds.budget_epsilon, "delta": ds.budget_delta, "policy": ds.policy,
                    "delta_auto": ds.delta_auto, "approx_delta_share": ds.approx_delta_share},
+    }
+
+
+def _summary(ds: Dataset, budget: Budget) -> dict:
+    """The chain's head, totals and counts: a pass over the records that keeps none of them
+    (the committed events' summary only)."""
+    counts = {a: 0 for a in AuditRecord.Action.values} | {"non_private": 0}
+    committed_events = []
+    last_totals = None
+    for rec in AuditRecord.objects.filter(dataset=ds).order_by("seq").only(
+            "seq", "action", "non_private", "totals", "event").iterator(chunk_size=STREAM_RECORDS):
+        counts[rec.action] += 1
+        counts["non_private"] += rec.action == "commit" and rec.non_private
+        last_totals = rec.totals
+        if rec.action == "commit":
+            committed_events.append((rec.seq, rec.event, (rec.totals or {}).get("at_delta")))
+    committed = Cost.from_json(budget.committed)
+    return {
         "head": {"seq": budget.audit_seq, "hash": budget.audit_head or trail.GENESIS},
         "totals": last_totals or trail.totals_of(committed, ds.budget_delta),
         "spent_filter": {name: _num(acc.filter_epsilon(committed, ds.budget_delta, ds.approx_delta_share))
                          for name, acc in ACCOUNTANTS.items()},
         "refined": refined_totals(committed, committed_events, ds.budget_delta),
         "counts": counts,
-        "records": records,
     }
 
 
@@ -140,6 +150,11 @@ def _read_again(datasets) -> list[Dataset]:
 def _build(datasets: list, user, with_records: bool) -> dict:
     verification = verify(datasets, stop_at_first=False)
     budgets = {b.pk: b for b in Budget.objects.filter(pk__in=[d.pk for d in datasets])}
+    return {**_preamble(user), "verification": verification.as_dict(),
+            "datasets": [dataset_export(d, budgets[d.pk], with_records=with_records) for d in datasets]}
+
+
+def _preamble(user) -> dict:
     return {
         "format": trail.FORMAT,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -148,8 +163,6 @@ def _build(datasets: list, user, with_records: bool) -> dict:
                     "canonical": 'json.dumps(record without "hash", sort_keys=True, separators=(",", ":"), '
                                  "ensure_ascii=False).encode()"},
         "accounting": accounting_rules(),
-        "verification": verification.as_dict(),
-        "datasets": [dataset_export(d, budgets[d.pk], with_records=with_records) for d in datasets],
     }
 
 
@@ -211,40 +224,30 @@ STREAM_RECORDS = 1000  # records per piece of a streamed export
 
 def stream(datasets, user, fmt: str) -> Iterator[bytes]:
     """The JSON or CSV export of ``datasets`` in pieces, read in one snapshot: what
-    ``to_json(build(...))`` or ``to_csv(...)`` give, without holding the trail. The
-    verification and the datasets' summaries are read first (a pass over the records that
-    keeps none of them), then the records again, ``STREAM_RECORDS`` at a time: memory does
-    not grow with the trail (``build`` held every record, then its text, then its bytes:
-    1 GB at 68,000 records)."""
+    ``to_json(build(...))`` or ``to_csv(...)`` give (the JSON's keys in another order),
+    without holding the trail. Records come first, ``STREAM_RECORDS`` at a time, at once
+    (a proxy's read timeout never waits on the verification); each dataset's summary
+    follows its records (a second pass, keeping none), the verification comes last (a
+    third). Memory does not grow with the trail (``build`` held every record, then its
+    text, then its bytes: 1 GB at 68,000 records, its first byte after the whole)."""
     with snapshot():
         datasets = _read_again(datasets)
         if fmt == "csv":
             yield _csv_text([CSV_COLUMNS])
             for d in datasets:
-                for rows in _record_pieces(d):
-                    yield _csv_text([_csv_row(d.name, r) for r in rows])
+                for recs in batched(_records(d), STREAM_RECORDS):
+                    yield _csv_text([_csv_row(d.name, _exported(rec, d.name)) for rec in recs])
             return
-        head = _build(datasets, user, with_records=False)
-        marker = f"records-{secrets.token_hex(16)}"  # where each dataset's records go in the text
-        for i, d in enumerate(head["datasets"]):
-            d["records"] = f"{marker}-{i}"
-        rest = _json(head)
+        yield (_json(_preamble(user))[:-1] + ', "datasets": [').encode()  # the object left open
         for i, d in enumerate(datasets):
-            before, rest = rest.split(_json(f"{marker}-{i}"), 1)
-            yield before.encode()
-            sep = "["
-            for rows in _record_pieces(d):
-                yield (sep + ", ".join(_json(r) for r in rows)).encode()
+            sep = (", " if i else "") + _json(_facts(d))[:-1] + ', "records": ['
+            for recs in batched(_records(d), STREAM_RECORDS):
+                yield (sep + ", ".join(_json(_exported(rec, d.name)) for rec in recs)).encode()
                 sep = ", "
-            yield b"[]" if sep == "[" else b"]"
-        yield rest.encode()
-
-
-def _record_pieces(ds: Dataset) -> Iterator[list[dict]]:
-    """``ds``'s exported records in order, ``STREAM_RECORDS`` at a time."""
-    records = AuditRecord.objects.filter(dataset=ds).order_by("seq").iterator(chunk_size=STREAM_RECORDS)
-    for recs in batched(records, STREAM_RECORDS):
-        yield [_exported(rec, ds.name) for rec in recs]
+            if sep != ", ":  # no records
+                yield sep.encode()
+            yield ("], " + _json(_summary(d, Budget.objects.get(pk=d.pk)))[1:]).encode()  # closes the dataset
+        yield ('], "verification": ' + _json(verify(datasets, stop_at_first=False).as_dict()) + "}").encode()
 
 
 def _exported(rec: AuditRecord, dataset_name: str) -> dict:

@@ -111,3 +111,15 @@ def test_an_export_command_that_fails_midway_leaves_no_file(history, monkeypatch
         call_command("audit", "export", "--dataset", ds.name, "--format", "json", "--output", str(out),
                      stdout=io.StringIO())
     assert list(out.parent.iterdir()) == []  # neither the file nor its part
+
+
+def test_the_first_records_go_out_before_the_verification(history, monkeypatch):
+    """A proxy's read timeout (nginx: 60 s) never waits on a verification of the whole
+    trail: the records stream at once, the verification is read last."""
+    called = []
+    real = audit_export.verify
+    monkeypatch.setattr(audit_export, "verify", lambda *a, **kw: called.append(1) or real(*a, **kw))
+    pieces = audit_export.stream([history[0]], None, "json")
+    head, records = next(pieces), next(pieces)
+    assert b'"format": "privacy-audit/1"' in head and b'"records": [{' in records and not called
+    assert json.loads(head + records + b"".join(pieces))["verification"]["ok"] is True and called == [1]
