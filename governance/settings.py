@@ -140,7 +140,7 @@ API_TOKEN_TTL_DAYS = envint("API_TOKEN_TTL_DAYS", 90)
 REQUEST_RATE_LIMIT = envstr("REQUEST_RATE_LIMIT", "600/min")
 # Requests one analyst may have queued or running at once (0: no limit): past it a new
 # request is a 429 until one ends, so one analyst cannot queue hours of every worker's time.
-MAX_ACTIVE_REQUESTS = envint("MAX_ACTIVE_REQUESTS", 50)
+MAX_ACTIVE_REQUESTS = envint("MAX_ACTIVE_REQUESTS", 100)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Where registered tables are stored, and the server directories a privacy officer may
