@@ -238,7 +238,8 @@ def group_codes(table: pa.Table, keys: list[dict]) -> tuple[np.ndarray, int]:
     """The group of each row under several keys (categorical: the declared domain; bins: the
     value clamped to the declared bounds, then binned by the public edges), as one code in the
     cartesian product (the first key varies slowest); -1 when any key has none (null, or a
-    value outside a declared domain)."""
+    value outside a declared domain), except that a key's ``nulls`` names the group of its
+    null rows (CASE bins: ELSE)."""
     codes = np.zeros(table.num_rows, dtype=np.int64)
     bad = np.zeros(table.num_rows, dtype=bool)
     total = 1
@@ -247,8 +248,10 @@ def group_codes(table: pa.Table, keys: list[dict]) -> tuple[np.ndarray, int]:
             c = category_codes(table, k["column"], k["labels"])
         else:
             lo, hi = k["bounds"]
-            values, _ = clamped_values(table, k["column"], lo, hi)
+            values, nulls = clamped_values(table, k["column"], lo, hi)
             c = bin_codes(values, k["edges"])
+            if nulls is not None and k.get("nulls") is not None:  # CASE bins: a null takes ELSE
+                c[nulls] = k["nulls"]
         size = len(k["labels"])
         bad |= c < 0
         codes = codes * size + np.maximum(c, 0)

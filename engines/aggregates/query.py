@@ -155,7 +155,9 @@ def _group_key(i: int, g: Any, dataset: DatasetMeta, errors: dict) -> dict | Non
     if len(set(labels)) != len(labels):  # the same label for two bins: they are one group
         _err(errors, key, "labels must differ (merge the bins with one threshold instead)")
         return None
-    return {"name": name, "column": col, "type": "bins", "bounds": [lo, hi], "edges": edges, "labels": labels}
+    # a null (or NaN) is not < t: it takes ELSE, as in SQL (every row has a group)
+    return {"name": name, "column": col, "type": "bins", "bounds": [lo, hi], "edges": edges, "labels": labels,
+            "nulls": len(labels) - 1}
 
 
 def _num(x: float):

@@ -65,9 +65,9 @@ def _peak(fn) -> int:
 
 
 def test_memory_does_not_grow_with_the_trail(make_dataset, grant, analyst, monkeypatch):
-    monkeypatch.setattr(audit_export, "STREAM_RECORDS", 50)  # chunks of 50: 300 records are 6
-    monkeypatch.setattr(verification, "CHUNK", 50)
-    monkeypatch.setattr(ledger, "STATE_CHUNK", 50)
+    monkeypatch.setattr(audit_export, "STREAM_RECORDS", 25)  # chunks of 25: 150 records are 6
+    monkeypatch.setattr(verification, "CHUNK", 25)
+    monkeypatch.setattr(ledger, "STATE_CHUNK", 25)
     ds = make_dataset("big", epsilon=1e6)
     grant(analyst, ds)
 
@@ -86,10 +86,10 @@ def test_memory_does_not_grow_with_the_trail(make_dataset, grant, analyst, monke
     def whole():
         audit_export.to_json(audit_export.build([ds]))
 
-    grow(300)
+    grow(150)
     small = _peak(streamed), _peak(lambda: verification.verify([ds])), _peak(whole)
-    grow(2700)
-    assert AuditRecord.objects.filter(dataset=ds).count() > 3000
+    grow(1350)
+    assert AuditRecord.objects.filter(dataset=ds).count() > 1500
     large = _peak(streamed), _peak(lambda: verification.verify([ds])), _peak(whole)
     # ten times the records: the whole export's memory grows with them; the verification's
     # does not (chunks of 50), the stream's by its header alone (a refined charge per commit)

@@ -77,6 +77,20 @@ def test_case_bins_follow_sql(frame):
     assert {row[0]: row[1] for row in r["rows"]} == ref.to_dict()
 
 
+def test_a_null_in_case_bins_falls_to_else_as_in_sql(frame):
+    """NULL < t is not true: SQL gives the row ELSE. A probe found nulls dropped from every
+    bin (movies' budget, 92% null: 3,310 'high' against SQL's 56,883)."""
+    with_nulls = frame.assign(age=frame.age.astype(float).where(frame.index % 7 != 0))
+    r = run_sql("SELECT CASE WHEN age < 40 THEN 'young' ELSE 'rest' END AS band, COUNT(*) AS n FROM t GROUP BY band",
+                with_nulls, max_rows_per_unit=100)
+    got = {row[0]: row[1] for row in r["rows"]}
+    assert got == {"young": int((with_nulls.age < 40).sum()), "rest": int((~(with_nulls.age < 40)).sum())}
+    assert got["rest"] > int((with_nulls.age >= 40).sum())  # the nulls are in it
+    # a FLOOR bin of a null stays in no group (the declared groups only)
+    r = run_sql("SELECT FLOOR(age / 10) * 10 AS d, COUNT(*) AS n FROM t GROUP BY d", with_nulls, max_rows_per_unit=100)
+    assert sum(row[1] for row in r["rows"]) == with_nulls.age.notna().sum()
+
+
 def test_having_order_and_limit_act_on_released_values(frame):
     r = run_sql("SELECT FLOOR(age / 10) * 10 AS d, COUNT(*) AS n FROM t GROUP BY d HAVING n > 500 "
                 "ORDER BY n DESC LIMIT 2", frame, max_rows_per_unit=100)
