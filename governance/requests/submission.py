@@ -44,8 +44,15 @@ class EngineRequestInvalid(UserError):
 
 
 def fingerprint(ds: Dataset, engine: str, kind: str, params: dict) -> str:
-    canonical = json.dumps({"dataset": ds.pk, "version": ds.sha256, "engine": engine, "kind": kind,
-                            "params": params}, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    """What makes two requests the same question, answered by one release (a replay): the
+    dataset, its rows' version, what the officer declared of it (the schema's bounds,
+    domains, integer and nullable declarations, its delta and PLD setting: a correction of
+    a bound or a domain is a new question, never answered by a release made under the old
+    declaration), the engine, the kind and the parameters."""
+    canonical = json.dumps({"dataset": ds.pk, "version": ds.sha256, "declared": {
+                                "columns": ds.columns, "delta": ds.budget_delta, "pld": ds.pld_certification},
+                            "engine": engine, "kind": kind, "params": params},
+                           sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -228,8 +235,10 @@ def _repeat_of(analyst, key: str, ds: Dataset, engine: str, kind: str, params) -
     if row is None:
         return None
     earlier = Request.objects.get(pk=row[0])
+    # the same POST: the same dataset, engine, kind and parameters (whatever changed in the
+    # dataset since, the earlier request is the answer to this one)
     same = (earlier.dataset_id == ds.pk and earlier.engine == engine and earlier.kind == kind
-            and isinstance(params, dict) and earlier.fingerprint == fingerprint(ds, engine, kind, params))
+            and isinstance(params, dict) and earlier.params == params)
     if not same:
         raise IdempotencyKeyReused(
             f"Idempotency-Key {key!r} was already used for request {earlier.pk} "

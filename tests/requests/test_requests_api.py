@@ -191,6 +191,34 @@ def test_it_replays_an_identical_request_for_free_with_the_same_answer(api, anal
     assert LedgerEntry.objects.count() == 1
 
 
+def test_after_the_officer_corrects_the_schema_the_same_request_is_a_new_question(
+        api, analyst, officer, clinic, django_capture_on_commit_callbacks):
+    """A probe: after a bound or a domain was corrected, the identical request came back as
+    a free replay of the release made under the old declaration (a mean of 10.48 after the
+    bounds became [0, 5]; a synthetic table breaking the new integer declaration)."""
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=True):
+        first = post(client, {"epsilon": 0.2}).json()
+    r = api(officer).patch(f"/api/datasets/{clinic.name}/", {"schema": {"age": {"lower": 18, "upper": 65}}},
+                           format="json")
+    assert r.status_code == 200, r.content
+    with django_capture_on_commit_callbacks(execute=True):
+        again = post(client, {"epsilon": 0.2})
+    assert again.status_code == 202 and not again.json()["replayed"], again.content
+    assert again.json()["id"] != first["id"] and LedgerEntry.objects.count() == 2
+    # asked again under the new declaration: a replay of the new release
+    replay = post(client, {"epsilon": 0.2}).json()
+    assert replay["replayed"] and replay["replay_of"] == again.json()["id"]
+    # an Idempotency-Key's retry is the same POST whatever changed since: the earlier request
+    with django_capture_on_commit_callbacks(execute=True):
+        keyed = client.post(URL, {"dataset": "clinic", "engine": "probe", "kind": "count", "params": {"epsilon": 0.1}},
+                            format="json", HTTP_IDEMPOTENCY_KEY="k-9").json()
+    api(officer).patch(f"/api/datasets/{clinic.name}/", {"schema": {"age": {"lower": 18, "upper": 70}}}, format="json")
+    retry = client.post(URL, {"dataset": "clinic", "engine": "probe", "kind": "count", "params": {"epsilon": 0.1}},
+                        format="json", HTTP_IDEMPOTENCY_KEY="k-9")
+    assert retry.status_code in (200, 202) and retry.json()["id"] == keyed["id"], retry.content
+
+
 def test_a_replay_racing_a_revocation_is_refused_under_the_lock(api, analyst, officer, clinic,
                                                                 django_capture_on_commit_callbacks):
     """The API looks the grant up before the lock; a revocation landing after that lookup
