@@ -1,7 +1,7 @@
 """Dummy data: rows generated from a dataset's public schema alone, to try queries on.
 
 ``dummy_rows(columns, unit_column, rows, seed)`` looks at nothing but the declared schema
-(names, types, bounds, ``integer``, domains), the requested row count and the seed: never
+(names, types, bounds, ``integer``, ``decimals``, domains), the requested row count and the seed: never
 the stored table, its row count or any statistic of it. So a preview costs no budget and
 two datasets with the same schema give the same preview for the same seed. The values
 follow no real distribution: numeric columns are uniform within their declared bounds,
@@ -50,8 +50,31 @@ def _column(spec: dict, is_unit: bool, rows: int, rng: np.random.Generator) -> t
         if integer and math.ceil(lo) <= math.floor(hi):
             return ([int(v) for v in rng.integers(math.ceil(lo), math.floor(hi) + 1, rows)],
                     f"integers uniform in [{lo:g}, {hi:g}]")
+        d = spec.get("decimals")
+        if not integer and isinstance(d, int) and 0 <= d <= 15:
+            scale = 10.0 ** d  # on the declared grid: k / 10^d, as rounded, inside the bounds
+            first, last = _grid_end(lo, scale, d, 1), _grid_end(hi, scale, d, -1)
+            if first is not None and last is not None and first <= last:
+                return ([round(k / scale, d) for k in rng.integers(first, last + 1, rows).tolist()],
+                        f"uniform in [{lo:g}, {hi:g}] to {d} decimal(s)")
         return [float(v) for v in rng.uniform(lo, hi, rows)], f"uniform in [{lo:g}, {hi:g}]"
     if typ == "categorical" and isinstance(spec.get("domain"), list) and spec["domain"]:
         dom = spec["domain"]
         return [dom[i] for i in rng.integers(0, len(dom), rows)], f"uniform over the {len(dom)} declared values"
     return [f"text {i}" for i in rng.integers(0, rows or 1, rows)], "placeholder text"
+
+
+def _grid_end(bound: float, scale: float, d: int, inward: int) -> int | None:
+    """The grid index k nearest ``bound`` whose value round(k / scale, d) lies inside it
+    (``inward`` 1: the lower bound, the least k at or above it; -1: the upper bound, the
+    largest at or below); None past 2^53 (the grid is not exact there)."""
+    k = bound * scale
+    if not math.isfinite(k) or abs(k) >= 2**53:
+        return None
+    k = math.ceil(k) if inward == 1 else math.floor(k)
+    inside = (lambda j: round(j / scale, d) >= bound) if inward == 1 else (lambda j: round(j / scale, d) <= bound)
+    while not inside(k):
+        k += inward
+    while inside(k - inward):
+        k -= inward
+    return k

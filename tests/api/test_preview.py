@@ -1,6 +1,8 @@
 """GET /api/datasets/{name}/preview/: dummy rows from the public schema only, free, for
 whoever may see the dataset."""
 
+import math
+
 import pytest
 
 from governance.models import Budget, LedgerEntry
@@ -90,6 +92,8 @@ from governance.datasets.preview import dummy_rows  # noqa: E402
 _bounds = st.tuples(st.floats(-1e12, 1e12), st.floats(-1e12, 1e12)).filter(lambda b: b[0] < b[1])
 _column = st.one_of(
     st.builds(lambda b, i: {"type": "numeric", "lower": b[0], "upper": b[1], "integer": i}, _bounds, st.booleans()),
+    st.builds(lambda b, d: {"type": "numeric", "lower": b[0], "upper": b[1], "integer": False, "decimals": d},
+              st.tuples(st.floats(-1e6, 1e6), st.floats(-1e6, 1e6)).filter(lambda b: b[0] < b[1]), st.integers(0, 6)),
     st.builds(lambda d: {"type": "categorical", "domain": d},
               st.lists(st.one_of(st.text(max_size=5), st.integers(), st.booleans()), min_size=1, max_size=6,
                        unique_by=lambda v: (type(v).__name__, v))),
@@ -109,5 +113,8 @@ def test_generated_values_stay_inside_the_declared_schema(columns, rows, seed):
             assert all(c["lower"] <= v <= c["upper"] for v in values)
             if c["integer"] and any(isinstance(v, int) for v in values):
                 assert all(isinstance(v, int) for v in values)
+            d = c.get("decimals")
+            if d is not None and math.floor(c["upper"] * 10**d) > math.ceil(c["lower"] * 10**d):
+                assert all(round(v, d) == v for v in values)  # on the grid (a probe: full float precision)
         elif c["type"] == "categorical":
             assert all(any(v == d and type(v) is type(d) for d in c["domain"]) for v in values)
