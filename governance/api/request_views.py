@@ -23,7 +23,7 @@ from ..core.roles import is_officer
 from ..models import Request
 from ..requests.waiting import MAX_WAIT_SECONDS, apply_final_state, parse_wait, wait_final
 from . import serializers as s
-from .common import FormatSuffix, file_response, usable_dataset, visible_request
+from .common import FormatSuffix, file_response, usable_dataset, visible_datasets, visible_request
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,8 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
             v.update(from_sql(v["sql"], v["params"], v.get("dataset")).as_json())
         ds = usable_dataset(request.user, v["dataset"])
         if ds is None:
-            raise InvalidRequest(f"No dataset {v['dataset']!r} that you may use.", errors={"dataset": "not found"})
+            raise InvalidRequest(f"No dataset {v['dataset']!r} that you may use.{_case_hint(request.user, v['dataset'])}",
+                                 errors={"dataset": "not found"})
         req, replayed = submit(request.user, ds, v["engine"], v["kind"], v["params"], idempotency_key=key)
         repeated = getattr(req, "repeated", False)
         try:
@@ -236,3 +237,12 @@ def engines_list(request):
     from engines import plugins
 
     return Response({"results": sorted(plugins.engines().values(), key=lambda e: e["name"])})
+
+
+def _case_hint(user, name) -> str:
+    """The hint " Did you mean 'mplsstops'?" when a dataset the user may use has ``name`` in other
+    letter case (SQL's FROM MplsStops; names are case-sensitive); else ""."""
+    if not isinstance(name, str) or not name:
+        return ""
+    other = visible_datasets(user).filter(name__iexact=name).values_list("name", flat=True).first()
+    return f" Did you mean {other!r}? (dataset names are case-sensitive)" if other else ""

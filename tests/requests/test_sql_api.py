@@ -160,6 +160,13 @@ def test_sql_on_a_dataset_without_a_grant_is_not_found_like_json(api, analyst2, 
     assert r.status_code == 404
 
 
+def test_a_name_in_other_letter_case_gets_a_hint_only_for_a_usable_dataset(api, analyst, analyst2, clinic):
+    r = api(analyst).post(URL, {"sql": "SELECT COUNT(*) FROM Clinic", "params": {"epsilon": 0.1}}, format="json")
+    assert r.status_code == 400 and "Did you mean 'clinic'?" in r.json()["detail"], r.content
+    r = api(analyst2).post(URL, {"sql": "SELECT COUNT(*) FROM Clinic", "params": {"epsilon": 0.1}}, format="json")
+    assert r.status_code == 400 and "Did you mean" not in r.json()["detail"]  # not a dataset analyst2 may use
+
+
 def test_estimate_with_sql_must_read_from_the_dataset_of_its_url(api, analyst, clinic, make_dataset, grant):
     grant(analyst, make_dataset("other", epsilon=1.0))
     r = api(analyst).post("/api/datasets/other/estimate/", {"sql": "SELECT COUNT(*) FROM clinic",
