@@ -288,7 +288,21 @@ def price(event: ev.Event, free_delta: float | None = None, *, floor: float = 0.
                 pool = floor
             resolved, n = with_delta(event, pool / weight), with_delta(n, pool / weight)
         non_private = ev.has_non_private(n)
-        cost = _cost(normalise(ev.without_non_private(n)) if non_private else n)
+        cost = _private_cost(n)
     except ArithmeticError as e:
         raise ev.EventError(f"its numbers are outside the range the accountants can compute with ({e})") from e
     return Price(resolved, cost, stated, weight, non_private)
+
+
+def private_cost(event: ev.Event) -> Cost:
+    """The cost of ``event`` without its ``non_private`` part: what the ledger stores for
+    a release whose non-private part (a sweep's epsilon = inf baseline, where the officer
+    allows one) is counted apart, never composed. ``cost_of`` of any other event."""
+    try:
+        return _private_cost(normalise(event))
+    except ArithmeticError as e:
+        raise ev.EventError(f"its numbers are outside the range the accountants can compute with ({e})") from e
+
+
+def _private_cost(n: ev.Event) -> Cost:
+    return _cost(normalise(ev.without_non_private(n)) if ev.has_non_private(n) else n)

@@ -272,6 +272,8 @@ def _agrees(rec: AuditRecord, entries: dict, seen: set, delta) -> str | None:
     if not _close(entry.cost, cost_json(entry.event)) or (
             entry.committed_event is not None and not _close(entry.committed_cost, cost_json(entry.committed_event))):
         return f"ledger entry {entry.pk}'s cost is not its event's"
+    if _non_private(json.dumps(entry.event, sort_keys=True)) != entry.non_private:
+        return f"ledger entry {entry.pk}'s non_private flag is not its event's (a non-private part counts apart)"
     if rec.reserved_event is not None and not _close(rec.reserved_event, entry.event):
         return f"its reserved event differs from ledger entry {entry.pk}'s"
     spent = entry.committed_event or entry.event
@@ -295,13 +297,24 @@ def cost_json(event) -> dict:
 @functools.lru_cache(maxsize=4096)
 def _cost_of_text(text: str) -> dict:
     """Cached by the event's JSON: a ledger repeats a few shapes of event many times (read only)."""
-    from accounting.costs import cost_of
+    from accounting.costs import private_cost
     from accounting.events import parse_event
 
-    try:
-        return cost_of(parse_event(json.loads(text))).to_json()
+    try:  # as the ledger stores it: an allowed non-private part is counted apart, not in the cost
+        return private_cost(parse_event(json.loads(text))).to_json()
     except (ValueError, TypeError, KeyError):
         return {"unparseable": True}
+
+
+@functools.lru_cache(maxsize=4096)
+def _non_private(text: str) -> bool | None:
+    """Whether the event (its JSON) has a non-private part; None if unreadable."""
+    from accounting.events import has_non_private, parse_event
+
+    try:
+        return has_non_private(parse_event(json.loads(text)))
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 def charge_of(entry: LedgerEntry, delta: float) -> dict:

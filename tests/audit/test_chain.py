@@ -235,8 +235,13 @@ def _tamper_stray_reservation(ds, analyst2):
         f"created_at FROM {L} WHERE id = %s", [entry.pk])
 
 
+def _tamper_non_private(ds, analyst2):  # flagged non-private: counted apart from the budget
+    sql(f"UPDATE {L} SET non_private = %s WHERE id = %s", [True, _committed(ds).pk])
+
+
 @pytest.mark.parametrize("tamper, says", [
     (_tamper_state, "running state (what the gate admits against)"),
+    (_tamper_non_private, "non_private flag is not its event's"),
     (_tamper_grant_state, "running state differs from its ledger entries"),
     (_tamper_analyst, "actor differs"),
     (_tamper_grant, "no grant and its analyst is not an officer"),

@@ -201,8 +201,9 @@ def test_non_private_releases_are_refused_unless_the_officer_allows_them(make_da
     with pytest.raises(NonPrivateRefused):
         ledger.admit(ds, analyst, {"kind": "non_private"})
     assert not LedgerEntry.objects.filter(dataset=ds).exists()
-    ds.allow_non_private = True
-    ds.save()
+    from governance.datasets import registry
+
+    ds = registry.update(ds, actor="olivia", allow_non_private=True)  # with its settings record
     sweep = {"kind": "composed", "events": [DPSGD, {"kind": "non_private"}]}
     entry = ledger.admit(ds, analyst, sweep)
     assert entry.non_private
@@ -211,6 +212,11 @@ def test_non_private_releases_are_refused_unless_the_officer_allows_them(make_da
     # The commit may shrink the private part; it may not add a non-private part elsewhere.
     ledger.commit(entry, {"kind": "composed", "events": [{**DPSGD, "steps": 10}, {"kind": "non_private"}]})
     assert_state_matches_ledger(ds)
+    # the chain verifies: its cost is the private part's, as the ledger stores it (a probe:
+    # "ledger entry N's cost is not its event's" after every allowed sweep, for good)
+    from governance.audit.verification import verify
+
+    assert verify([ds]).ok, verify([ds]).findings
     other = ledger.admit(ds, analyst, LAP)
     with pytest.raises(InvalidEvent):
         ledger.commit(other, {"kind": "composed", "events": [{"kind": "no_op"}, {"kind": "non_private"}]})
