@@ -119,6 +119,9 @@ def finish(d: dict, spec: Spec, synthetic: pd.DataFrame, info: dict, train: pd.D
         officer = reports(train, synthetic, holdout, spec, workdir / "officer")
         if reports_note:
             officer["rows_compared"] = reports_note
+        # a cancel sent while the reports ran is seen here, before anything is released (a
+        # probe: accepted, then the table released 3-5 s later)
+        progress({"phase": "releasing", "fraction": 0.98})
     result = {
         "method": spec.method, "rows": int(len(synthetic)), "columns": spec.names, "epsilon": spec.epsilon,
         "delta": spec.delta, "planned_epsilon": d["planned_epsilon"],

@@ -534,3 +534,22 @@ def test_a_table_too_many_cells_to_sample_is_refused_at_plan_time():
     assert "rows" in e.value.errors and f"at most {MAX_CELLS // 60:,}" in e.value.errors["rows"]
     assert plugins.plan("synthesis", EngineRequest("synthesize", {"method": "mst", "epsilon": 1.0,
                                                                   "rows": MAX_CELLS // 60}), meta)
+
+
+def test_a_cancel_sent_during_the_reports_is_seen_before_the_release():
+    """The reports were the last progress report: a cancel sent while they ran was accepted
+    and the table released seconds later (a probe)."""
+    from engines.types import Cancelled
+
+    phases = []
+
+    def progress(p):
+        phases.append(p["phase"])
+        if "quality and privacy reports" in phases[:-1]:  # the next report after them
+            raise Cancelled("cancelled by the analyst")
+
+    df = _loans(600)
+    meta = DatasetMeta(name="t", columns=SCHEMA, unit_column=None, n_rows=len(df), n_units=len(df), delta=1e-6)
+    with pytest.raises(Cancelled):
+        synthesize(df, meta, {"method": "mst", "epsilon": 1.0, "rows": 100, "holdout_fraction": 0.25}, progress)
+    assert phases[-2:] == ["quality and privacy reports", "releasing"]
