@@ -62,6 +62,8 @@ class Verification:
 
 
 def _close(a, b) -> bool:
+    if (isinstance(a, dict) or isinstance(a, list)) and a == b:  # the usual case, at C speed: a cost's
+        return True                                              # curve is hundreds of numbers
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):  # a cost's curve, summed in another order
