@@ -228,8 +228,9 @@ def stream(datasets, user, fmt: str) -> Iterator[bytes]:
     without holding the trail. Records come first, ``STREAM_RECORDS`` at a time, at once
     (a proxy's read timeout never waits on the verification); each dataset's summary
     follows its records (a second pass, keeping none), the verification comes last (a
-    third). Memory does not grow with the trail (``build`` held every record, then its
-    text, then its bytes: 1 GB at 68,000 records, its first byte after the whole)."""
+    third). Memory grows with the commits' summary alone (their refined charges, about 1 KB
+    each), the CSV's with nothing (``build`` held every record, then its text, then its
+    bytes: 1 GB at 68,000 records, its first byte after the whole)."""
     with snapshot():
         datasets = _read_again(datasets)
         if fmt == "csv":

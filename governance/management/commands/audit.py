@@ -25,7 +25,7 @@ and replay; see governance/trail.py).
       JSON is re-verifiable by a third party: python tools/recompose_audit.py FILE.
       --dataset all exports every dataset. Without --output, JSON and CSV go to standard
       output; PDF needs --output. An existing FILE is replaced only with --force.
-      JSON and CSV are streamed (memory does not grow with the trail); FILE appears only
+      JSON and CSV are streamed (they do not hold the records); FILE appears only
       once it is whole (written as FILE.part, then renamed).
 """
 
@@ -77,7 +77,7 @@ class Command(BaseCommand):
             raise CommandError("--format pdf needs --output FILE")
         if fmt == "pdf":
             pieces = iter([audit_export.render(audit_export.build(datasets), fmt)[0]])
-        else:  # streamed: memory does not grow with the trail
+        else:  # streamed: the records are not held
             pieces = audit_export.stream(datasets, None, fmt)
         if output is None:
             for piece in pieces:
