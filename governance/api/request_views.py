@@ -242,7 +242,11 @@ def engines_list(request):
 def _case_hint(user, name) -> str:
     """The hint " Did you mean 'mplsstops'?" when a dataset the user may use has ``name`` in other
     letter case (SQL's FROM MplsStops; names are case-sensitive); else ""."""
-    if not isinstance(name, str) or not name:
+    from ..datasets.registry import NAME_RE
+
+    # names are lowercase: only a name whose lowercase is one can be meant (and the lookup
+    # is an equality: a LIKE of a long pattern is an error on SQLite)
+    if not isinstance(name, str) or name == name.lower() or not NAME_RE.fullmatch(name.lower()):
         return ""
-    other = visible_datasets(user).filter(name__iexact=name).values_list("name", flat=True).first()
+    other = visible_datasets(user).filter(name=name.lower()).values_list("name", flat=True).first()
     return f" Did you mean {other!r}? (dataset names are case-sensitive)" if other else ""

@@ -17,8 +17,8 @@ HOOKS = sorted(name for name, fn in inspect.getmembers(hookspecs, inspect.isfunc
                if hasattr(fn, "privacy_engines_spec"))
 
 
-def test_the_contract_has_the_three_hooks():
-    assert HOOKS == ["engine_info", "plan", "run"]
+def test_the_contract_has_three_hooks_and_an_optional_fourth():
+    assert HOOKS == ["engine_info", "plan", "prepare", "run"]
 
 
 @pytest.mark.parametrize("hook", HOOKS)
@@ -64,6 +64,13 @@ def test_hook_run():
     plan = plugins.plan("aggregates", EngineRequest("count", {"epsilon": 50.0}), META)
     release = plugins.run("aggregates", EngineRequest("count", {"epsilon": 50.0}), META, data, plan, lambda p: None)
     assert abs(release.result["value"] - 100) < 5
+
+
+def test_hook_prepare():
+    """Optional: an engine without it prepares nothing; an unknown engine is refused."""
+    plugins.prepare("aggregates")
+    with pytest.raises(UnknownEngine):
+        plugins.prepare("no-such-engine")
 
 
 THIRD_PARTY = '''
