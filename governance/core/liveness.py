@@ -143,6 +143,10 @@ class Heartbeat:
         self._stop.set()
         if os.getpid() != self.record["pid"]:
             return  # a pool process forked after the start: the record is its parent's
+        # a beat under way finishes first: written after the removal, it made a stopped
+        # worker read as alive for WORKER_ALIVE_SECONDS (`manage.py workers` exited 0)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
         try:
             remove(self.node)
         except Exception:  # noqa: BLE001
