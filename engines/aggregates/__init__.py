@@ -47,7 +47,7 @@ def plan(engine, request, dataset):
 @hookimpl
 def prepare(engine):
     if engine == NAME:
-        from . import execute  # noqa: F401 - loaded before the read (torch and the rest)
+        from . import execute  # noqa: F401 - loaded before the read (the run's modules and their libraries)
 
 
 @hookimpl

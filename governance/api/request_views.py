@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from ..core.dispatch import app
 from ..core.errors import InvalidRequest
 from ..core.roles import is_officer
+from ..datasets.registry import NAME_RE
 from ..models import Request
 from ..requests.waiting import MAX_WAIT_SECONDS, apply_final_state, parse_wait, wait_final
 from . import serializers as s
@@ -242,8 +243,6 @@ def engines_list(request):
 def _case_hint(user, name) -> str:
     """The hint " Did you mean 'mplsstops'?" when a dataset the user may use has ``name`` in other
     letter case (SQL's FROM MplsStops; names are case-sensitive); else ""."""
-    from ..datasets.registry import NAME_RE
-
     # names are lowercase: only a name whose lowercase is one can be meant (and the lookup
     # is an equality: a LIKE of a long pattern is an error on SQLite)
     if not isinstance(name, str) or name == name.lower() or not NAME_RE.fullmatch(name.lower()):

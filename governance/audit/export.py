@@ -241,12 +241,9 @@ def stream(datasets, user, fmt: str) -> Iterator[bytes]:
             return
         yield (_json(_preamble(user))[:-1] + ', "datasets": [').encode()  # the object left open
         for i, d in enumerate(datasets):
-            sep = (", " if i else "") + _json(_facts(d))[:-1] + ', "records": ['
-            for recs in batched(_records(d), STREAM_RECORDS):
-                yield (sep + ", ".join(_json(_exported(rec, d.name)) for rec in recs)).encode()
-                sep = ", "
-            if sep != ", ":  # no records
-                yield sep.encode()
+            yield ((", " if i else "") + _json(_facts(d))[:-1] + ', "records": [').encode()  # the dataset left open
+            for j, recs in enumerate(batched(_records(d), STREAM_RECORDS)):
+                yield ((", " if j else "") + ", ".join(_json(_exported(rec, d.name)) for rec in recs)).encode()
             yield ("], " + _json(_summary(d, Budget.objects.get(pk=d.pk)))[1:]).encode()  # closes the dataset
         yield ('], "verification": ' + _json(verify(datasets, stop_at_first=False).as_dict()) + "}").encode()
 

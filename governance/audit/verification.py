@@ -62,8 +62,8 @@ class Verification:
 
 
 def _close(a, b) -> bool:
-    if (isinstance(a, dict) or isinstance(a, list)) and a == b:  # the usual case, at C speed: a cost's
-        return True                                              # curve is hundreds of numbers
+    if isinstance(a, (dict, list)) and a == b:  # the usual case, at C speed: a cost's curve is
+        return True                              # hundreds of numbers
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):  # a cost's curve, summed in another order
@@ -271,10 +271,11 @@ def _agrees(rec: AuditRecord, entries: dict, seen: set, delta) -> str | None:
         return f"ledger entry {entry.pk} has no grant and its analyst is not an officer"
     if rec.reference != entry.reference[:200]:
         return f"its reference differs from ledger entry {entry.pk}'s"
-    if not _close(entry.cost, cost_json(entry.event)) or (
-            entry.committed_event is not None and not _close(entry.committed_cost, cost_json(entry.committed_event))):
+    reserved_cost, reserved_non_private = priced(entry.event)
+    if not _close(entry.cost, reserved_cost) or (
+            entry.committed_event is not None and not _close(entry.committed_cost, priced(entry.committed_event)[0])):
         return f"ledger entry {entry.pk}'s cost is not its event's"
-    if _non_private(json.dumps(entry.event, sort_keys=True)) != entry.non_private:
+    if reserved_non_private != entry.non_private:
         return f"ledger entry {entry.pk}'s non_private flag is not its event's (a non-private part counts apart)"
     if rec.reserved_event is not None and not _close(rec.reserved_event, entry.event):
         return f"its reserved event differs from ledger entry {entry.pk}'s"
@@ -291,32 +292,23 @@ def _agrees(rec: AuditRecord, entries: dict, seen: set, delta) -> str | None:
     return None
 
 
-def cost_json(event) -> dict:
-    """The cost vector an event derives (what its ledger entry must store)."""
-    return _cost_of_text(json.dumps(event, sort_keys=True))
+def priced(event) -> tuple[dict, bool | None]:
+    """(the cost vector, whether it has a non-private part) of an event, as its ledger
+    entry must store them (``{"unparseable": True}`` and None for an unreadable one)."""
+    return _priced_text(json.dumps(event, sort_keys=True))
 
 
 @functools.lru_cache(maxsize=4096)
-def _cost_of_text(text: str) -> dict:
+def _priced_text(text: str) -> tuple[dict, bool | None]:
     """Cached by the event's JSON: a ledger repeats a few shapes of event many times (read only)."""
     from accounting.costs import private_cost
-    from accounting.events import parse_event
-
-    try:  # as the ledger stores it: an allowed non-private part is counted apart, not in the cost
-        return private_cost(parse_event(json.loads(text))).to_json()
-    except (ValueError, TypeError, KeyError):
-        return {"unparseable": True}
-
-
-@functools.lru_cache(maxsize=4096)
-def _non_private(text: str) -> bool | None:
-    """Whether the event (its JSON) has a non-private part; None if unreadable."""
     from accounting.events import has_non_private, parse_event
 
-    try:
-        return has_non_private(parse_event(json.loads(text)))
+    try:  # as the ledger stores it: an allowed non-private part is counted apart, not in the cost
+        event = parse_event(json.loads(text))
+        return private_cost(event).to_json(), has_non_private(event)
     except (ValueError, TypeError, KeyError):
-        return None
+        return {"unparseable": True}, None
 
 
 def charge_of(entry: LedgerEntry, delta: float) -> dict:

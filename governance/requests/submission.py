@@ -188,6 +188,7 @@ def _admit(analyst, ds, engine, kind, params, fp, plan, queue, idempotency_key) 
 
 
 ACTIVE_RETRY_AFTER = 10  # seconds a refused analyst is told to wait
+ACTIVE_LOCK_CLASS = 0x5071  # the advisory locks' first key: one analyst's submissions
 
 
 def _check_active(analyst) -> None:
@@ -209,9 +210,6 @@ def _check_active(analyst) -> None:
         raise TooManyActive(f"{analyst} has {n} requests queued or running, the most one analyst may have at once; "
                             "submit this one when one of them has ended (or cancel one).",
                             active=n, max_active=cap, retry_after=ACTIVE_RETRY_AFTER)
-
-
-ACTIVE_LOCK_CLASS = 0x5071  # the advisory locks' first key: one analyst's submissions
 
 
 def _answered(analyst, fp: str) -> Request | None:
