@@ -166,7 +166,8 @@ def _audit_triggers_and_flush(request):
 PURE_DIRS = ("tests/engines/", "tests/accounting/", "tests/federated/", "tests/distributed/", "tests/dpsgd/",
              "tests/client/", "tests/test_setting_checks.py", "tests/test_settings.py", "tests/test_docs.py",
              "tests/test_import_contracts.py", "tests/hostile/test_parser_fuzz.py",
-             "tests/deploy/test_deploy_files.py", "tests/audit/test_pdf_report.py")
+             "tests/deploy/test_deploy_files.py", "tests/audit/test_pdf_report.py",
+             "tests/test_demo.py")  # the demo: its own SQLite database, as scripts/demo.sh runs it
 # Tests that read a database but whose subject is not it (the embedded filesystem broker's
 # files, a federated run's Flower processes, which queue a real worker takes an engine's
 # work from, an engine's output through the API, where its charge is also tested on

@@ -181,7 +181,7 @@ class Command(BaseCommand):
         out_dir = Path(settings.VAR_DIR)
         for fmt in ("json", "pdf"):
             resp = self.call(auditor, "get", "/api/audit/export/", {"dataset": "all", "format": fmt})
-            (out_dir / f"demo-audit.{fmt}").write_bytes(resp.content)
+            (out_dir / f"demo-audit.{fmt}").write_bytes(resp.getvalue())  # the JSON is streamed
         check = subprocess.run([sys.executable, str(Path(settings.BASE_DIR) / "tools" / "recompose_audit.py"),
                                 str(out_dir / "demo-audit.json")], capture_output=True, text=True)
         self.out(f"   third-party check (tools/recompose_audit.py var/demo-audit.json): exit {check.returncode}")
