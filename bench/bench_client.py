@@ -75,7 +75,7 @@ def environment(tmp: Path) -> dict:
     return {**os.environ, "DATABASE_URL": f"sqlite:///{tmp / 'bench.sqlite3'}", "GOVERNANCE_VAR_DIR": str(tmp),
             "DATA_DIR": str(tmp / "data"), "DATASET_IMPORT_DIRS": str(tmp / "import"),
             "RESULTS_DIR": str(tmp / "results"), "DEBUG": "false", "SECRET_KEY": "bench-" + uuid.uuid4().hex,
-            "ALLOWED_HOSTS": "127.0.0.1,localhost", "REQUEST_RATE_LIMIT": "", "RELEASE_QUANTUM_MS": "0",
+            "ALLOWED_HOSTS": "127.0.0.1,localhost", "REQUEST_RATE_LIMIT": "", "MAX_ACTIVE_REQUESTS": "0", "RELEASE_QUANTUM_MS": "0",
             # the first (unreplayed) request runs in the web process when its transaction commits
             "CELERY_TASK_ALWAYS_EAGER": "true", "DJANGO_SETTINGS_MODULE": "governance.settings"}
 

@@ -131,7 +131,7 @@ def setup(args, tmp: Path) -> dict:
         "RESULTS_DIR": str(tmp / "results"), "GOVERNANCE_VAR_DIR": str(tmp / "var"),
         "MPLCONFIGDIR": str(tmp / "mpl"), "DEBUG": "false", "SECRET_KEY": secrets.token_urlsafe(50),
         "ALLOWED_HOSTS": "127.0.0.1,localhost", "CELERY_TASK_ALWAYS_EAGER": "false", "LOG_LEVEL": "WARNING",
-        "PRIVACY_ENGINES_DISABLE_ENTRYPOINTS": "1", "REQUEST_RATE_LIMIT": "",
+        "PRIVACY_ENGINES_DISABLE_ENTRYPOINTS": "1", "REQUEST_RATE_LIMIT": "", "MAX_ACTIVE_REQUESTS": "0",
         # the outcome of a count waits for the run clock's next tick (1 s by default): the
         # broker is what is measured here, as in bench_load
         "RELEASE_QUANTUM_MS": os.environ.get("RELEASE_QUANTUM_MS", "0"),

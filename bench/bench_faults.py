@@ -22,7 +22,8 @@ what beat's ``workers.sweep`` and ``manage.py recover`` run) runs in this proces
 ``--sweep-every`` seconds (beat's schedule is fixed at 60 s) with short grace settings,
 given to every process through the environment: REQUEST_HEARTBEAT_SECONDS
 ``--heartbeat`` (1), REQUEST_LOST_AFTER_SECONDS ``--lost-after`` (5),
-REQUEST_REQUEUE_AFTER_SECONDS ``--requeue-after`` (10). REQUEST_RATE_LIMIT is off unless
+REQUEST_REQUEUE_AFTER_SECONDS ``--requeue-after`` (10). MAX_ACTIVE_REQUESTS is off (requests
+pile up while a worker is down: the cap would answer 429, bench_load's choice). REQUEST_RATE_LIMIT is off unless
 ``--rate-limit`` is given (its throttle answered 500 while Redis restarted until it was
 made to fail open: bench/history/README.md, "Faults", finding 2).
 
@@ -857,7 +858,7 @@ def main():
         os.environ.update({"REQUEST_HEARTBEAT_SECONDS": str(args.heartbeat),
                            "REQUEST_LOST_AFTER_SECONDS": str(args.lost_after),
                            "REQUEST_REQUEUE_AFTER_SECONDS": str(args.requeue_after)})
-        env = bl.setup_django(SimpleNamespace(rate_limit=args.rate_limit), tmp, db_url, redis_url)
+        env = bl.setup_django(SimpleNamespace(rate_limit=args.rate_limit, max_active=0), tmp, db_url, redis_url)
         env.update({k: os.environ[k] for k in ("REQUEST_HEARTBEAT_SECONDS", "REQUEST_LOST_AFTER_SECONDS",
                                                "REQUEST_REQUEUE_AFTER_SECONDS")})
         port = bl.free_port()
@@ -948,7 +949,7 @@ def main():
               f"restarts; REST + gunicorn + Celery + Redis + PostgreSQL; code at git {code} (at the start)")
         print(f"   {where}; Redis of its own on port {redis_srv.port} (no RDB, no AOF: a restart empties the queues)")
         print(f"   web: deploy/entrypoint.sh web (gunicorn gthread 2 x 4, DEBUG=false, REQUEST_RATE_LIMIT "
-              f"{args.rate_limit or 'off'}); workers: deploy/entrypoint.sh worker on cpu and on gpu, prefork, one pool "
+              f"{args.rate_limit or 'off'}, MAX_ACTIVE_REQUESTS off); workers: deploy/entrypoint.sh worker on cpu and on gpu, prefork, one pool "
               f"process each, OMP_NUM_THREADS=1; recovery sweep every {args.sweep_every:g}s in the benchmark's process; "
               f"REQUEST_HEARTBEAT_SECONDS {args.heartbeat}, REQUEST_LOST_AFTER_SECONDS {args.lost_after}, "
               f"REQUEST_REQUEUE_AFTER_SECONDS {args.requeue_after}")

@@ -484,6 +484,9 @@ def setup_django(args, tmp: Path, db_url: str, redis_url: str) -> dict:
         # the per-analyst rate limit on request creation (settings default 600/min) would
         # turn a load test into a throttling test: off unless --rate-limit is given
         "REQUEST_RATE_LIMIT": args.rate_limit,
+        # and the cap on one analyst's queued requests (default 100) would turn it into a
+        # 429 test once the clients outrun the workers: off unless --max-active is given
+        "MAX_ACTIVE_REQUESTS": str(args.max_active),
     }
     for d in ("data", "import", "var", "results", "mpl"):
         (tmp / d).mkdir(parents=True, exist_ok=True)
@@ -877,7 +880,10 @@ def reliability(args, setup: dict, records: list, env: dict) -> dict:
 def gate_in_process(setup: dict, n: int) -> dict:
     """One client in this process, server and workers stopped: ``ledger.admit`` of the same
     planned event, and ``submission.submit`` of the same kind of request (plan, request row,
-    gate, Celery message to Redis on commit), on the "gate" dataset of the same database."""
+    gate, Celery message to Redis on commit), on the "gate" dataset of the same database.
+    With no worker to end them, the requests pile up: the active-request cap is off here
+    as on the server (--max-active)."""
+    from django.conf import settings
     from django.contrib.auth import get_user_model
 
     from governance.ledger import actions as ledger
@@ -888,6 +894,7 @@ def gate_in_process(setup: dict, n: int) -> dict:
     analyst = get_user_model().objects.get(pk=setup["analysts"][-1])
     event = setup["event"]
     perf = time.perf_counter
+    settings.MAX_ACTIVE_REQUESTS = 0
 
     def admit_loop(m):
         ts = []
@@ -932,6 +939,8 @@ def main():
     ap.add_argument("--celery", type=int, default=2, help="WORKER_CONCURRENCY, prefork processes (2)")
     ap.add_argument("--client-procs", type=int, default=4, help="client processes the threads are spread over (4)")
     ap.add_argument("--rate-limit", default="", help="REQUEST_RATE_LIMIT for the server ('' = none, the default here)")
+    ap.add_argument("--max-active", type=int, default=0,
+                    help="MAX_ACTIVE_REQUESTS for the server (0 = no cap, the default here)")
     ap.add_argument("--no-fault", action="store_true", help="do not restart the web server during the run")
     ap.add_argument("--fault-at", type=float, default=0.5, help="restart the web server at this fraction (0.5)")
     ap.add_argument("--retry-for", type=float, default=120.0, help="a client retries a connection error this long")
@@ -1045,7 +1054,7 @@ def main():
               f"{os.environ.get('GUNICORN_MAX_REQUESTS', '20000')} +- "
               f"{os.environ.get('GUNICORN_MAX_REQUESTS_JITTER', '2000')}), DEBUG=false; worker: "
               f"deploy/entrypoint.sh worker = manage.py worker -Q cpu,gpu -c {args.celery} (prefork); "
-              f"REQUEST_RATE_LIMIT {args.rate_limit or 'off'}; DB_CONN_MAX_AGE {os.environ.get('DB_CONN_MAX_AGE', '60 (default)')}")
+              f"REQUEST_RATE_LIMIT {args.rate_limit or 'off'}; MAX_ACTIVE_REQUESTS {args.max_active or 'off'}; DB_CONN_MAX_AGE {os.environ.get('DB_CONN_MAX_AGE', '60 (default)')}")
         print(f"   dataset {DATASET}: {setup['csv_rows']}-row CSV, rdp policy, delta {BUDGET_DELTA:g}, budget epsilon "
               f"{setup['budget']:.6g} (= the rdp filter of {setup['fit']:,} of the planned events "
               f"{json.dumps(setup['event'])}); {args.analysts} analysts with grants, {args.capped} capped at epsilon "

@@ -184,6 +184,7 @@ def setup_django(tmp: Path, redis_url: str):
         "LOG_LEVEL": "WARNING",
         "PRIVACY_ENGINES_DISABLE_ENTRYPOINTS": "1",
         "REQUEST_RATE_LIMIT": "",  # 600/min per analyst would cap one analyst at 10/s
+        "MAX_ACTIVE_REQUESTS": os.environ.get("MAX_ACTIVE_REQUESTS", "0"),  # 100 queued would answer 429
     }
     for d in ("data", "import", "var", "results"):
         (tmp / d).mkdir(parents=True, exist_ok=True)
@@ -452,7 +453,8 @@ def main():
         # ---------------------------------------------------------------- report
         print(f"== request path: DP count through gunicorn + Celery + PostgreSQL + Redis; code at git {git_code()}")
         print(f"   {where}; gunicorn gthread {args.gunicorn_workers} x {args.threads}; Celery prefork -c {args.celery}; "
-              f"{args.duration:.0f} s per row; REQUEST_RATE_LIMIT off")
+              f"{args.duration:.0f} s per row; REQUEST_RATE_LIMIT off, MAX_ACTIVE_REQUESTS "
+              f"{os.environ.get('MAX_ACTIVE_REQUESTS', '0')}")
         print(f"   shared machine: {os.cpu_count()} CPUs for clients, server, workers, PostgreSQL, Redis and other "
               f"engineers' work; 1-min load avg start/end {load0[0]:.2f}/{load1[0]:.2f}; "
               f"run {time.monotonic() - t_start:.0f}s")

@@ -103,7 +103,8 @@ class Started:
                                      start_new_session=True)
 
     def output(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return self.log_path.read_text()
 
     def wait_for(self, predicate, timeout: float, what: str):
