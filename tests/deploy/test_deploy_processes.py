@@ -221,7 +221,7 @@ def test_worker_starts_answers_ping_and_stops_on_sigterm(entrypoint, deploy_env,
 def test_beat_starts_and_stops_on_sigterm(entrypoint, deploy_env, tmp_path):
     beat = Started([entrypoint, "beat"], deploy_env, tmp_path / "beat.log")
     try:
-        beat.wait_for(lambda: "beat: Starting..." in beat.output(), 40, "'beat: Starting...'")
+        beat.wait_for(lambda: "beat: ready" in beat.output(), 40, "'beat: ready'")
         assert "Traceback" not in beat.output()
     finally:
         code = beat.terminate()
