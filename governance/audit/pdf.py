@@ -22,6 +22,8 @@ from __future__ import annotations
 import io
 import math
 import re
+from collections import deque
+from collections.abc import Iterable
 
 from reportlab.lib.pagesizes import A4
 from reportlab.lib.units import mm
@@ -49,12 +51,13 @@ from .pdf_parts import (
     _num,
     _p,
     _plain,
+    _sample,
     _short_time,
     _t,
     _table,
 )
 
-__all__ = ["render_pdf"]
+__all__ = ["digest", "render_pdf"]
 
 NAME_LIMIT = 200  # characters of a name shown (the service's are at most 150; an export may come from elsewhere)
 
@@ -62,9 +65,33 @@ NAME_LIMIT = 200  # characters of a name shown (the service's are at most 150; a
 # --------------------------------------------------------------------------- sections
 
 
+def digest(records: Iterable[dict], n: int | None = None) -> dict:
+    """What the report shows of a dataset's ``n`` records (all of them if ``n`` is not
+    given), in one pass that holds only that: how many, the releases per analyst, the
+    running totals of the burn-down's sampled records and the last ``LAST_RECORDS``. A
+    dataset of an export may carry it as ``"digest"`` in place of its ``"records"``."""
+    if n is None:
+        records = list(records)
+        n = len(records)
+    sampled = set(_sample(n))
+    points, last, analysts = [], deque(maxlen=LAST_RECORDS), _Analysts()
+    count = 0
+    for i, rec in enumerate(records):
+        count += 1
+        if i in sampled:
+            points.append({"at": rec.get("at"), "totals": rec.get("totals")})
+        last.append(rec)
+        analysts.add(rec)
+    return {"n_records": count, "burndown": points, "analysts": analysts.rows(), "last": list(last)}
+
+
+def _digest(ds: dict) -> dict:
+    return ds.get("digest") or digest(ds.get("records") or [])
+
+
 def _title(export: dict) -> list:
     datasets = export.get("datasets") or []
-    n_records = sum(len(ds.get("records") or []) for ds in datasets)
+    n_records = sum(_digest(ds)["n_records"] for ds in datasets)
     out = [_p("Privacy audit report", "title")]
     meta = [
         ["Generated at", _plain(export.get("generated_at") or "-")],
@@ -159,32 +186,39 @@ def _summary(datasets: list) -> list:
     return out
 
 
-def _analysts(records: list) -> list[list]:
+class _Analysts:
     """[actor, releases, refunds, refusals, replays, basic epsilon of the releases] per analyst."""
-    stats: dict[str, list] = {}
-    column = {"commit": 1, "release": 2, "refuse": 3, "replay": 4}
-    for rec in records:
+
+    COLUMN = {"commit": 1, "release": 2, "refuse": 3, "replay": 4}
+
+    def __init__(self):
+        self.stats: dict[str, list] = {}
+
+    def add(self, rec: dict) -> None:
         action = rec.get("action")
-        col = column.get(action)
+        col = self.COLUMN.get(action)
         if col is None:  # a site_key, settings or grant record: an officer's act, not an analyst's request
-            continue
+            return
         actor = rec.get("actor") or ""
-        row = stats.get(actor)
+        row = self.stats.get(actor)
         if row is None:
-            row = stats[actor] = [actor, 0, 0, 0, 0, 0.0]
+            row = self.stats[actor] = [actor, 0, 0, 0, 0, 0.0]
         row[col] += 1
         if action == "commit":
             eps = _eps(rec.get("charge"), "basic")
             if eps is not None and not math.isnan(eps):
                 row[5] += eps
-    return sorted(stats.values(), key=lambda r: (-r[1], -r[3], r[0]))
+
+    def rows(self) -> list[list]:
+        return sorted(self.stats.values(), key=lambda r: (-r[1], -r[3], r[0]))
 
 
 def _dataset_section(ds: dict, accountants: list[str]) -> list:
     name = ds.get("name")
     budget = ds.get("budget") or {}
     policy = budget.get("policy") or ""
-    records = ds.get("records") or []
+    dg = _digest(ds)
+    n = dg["n_records"]
     out = [_p(f"Dataset {_t(name, NAME_LIMIT)}", "h1")]
     facts = []
     if ds.get("title") and ds.get("title") != name:
@@ -199,11 +233,11 @@ def _dataset_section(ds: dict, accountants: list[str]) -> list:
         out.append(_p(f"Data file SHA-256: <font face='Courier'>{_t(ds.get('sha256'))}</font>", "small"))
 
     out.append(_p("Budget burn-down", "h2"))
-    out += _burndown(ds, accountants)
+    out += _burndown(ds, dg["burndown"], n, accountants)
 
     out.append(CondPageBreak(60 * mm))
     out.append(_p("Releases per analyst", "h2"))
-    stats = _analysts(records)
+    stats = dg["analysts"]
     if not stats:
         out.append(_p("No records.", "small"))
     else:
@@ -222,11 +256,12 @@ def _dataset_section(ds: dict, accountants: list[str]) -> list:
             out.append(_p(f"Releases per analyst{more}.", "caption"))
 
     out.append(CondPageBreak(50 * mm))
-    out.append(_p(f"Last {min(LAST_RECORDS, len(records))} records", "h2"))
-    if records:
+    last = dg["last"]
+    out.append(_p(f"Last {len(last)} records", "h2"))
+    if last:
         rows = [_head("Seq", "Time (UTC)", "Action", "Outcome", "Actor", "Engine.kind", f"epsilon ({policy})",
                       "Reference / reason", "Hash")]
-        for rec in records[-LAST_RECORDS:]:
+        for rec in last:
             action = rec.get("action") or ""
             if action == "refuse":
                 note = ": ".join(filter(None, [_plain(rec.get("reason")), _plain(rec.get("detail"))]))
@@ -244,8 +279,8 @@ def _dataset_section(ds: dict, accountants: list[str]) -> list:
         out.append(_table(rows, widths, extra=[
             ("ALIGN", (0, 1), (0, -1), "RIGHT"), ("ALIGN", (6, 1), (6, -1), "RIGHT"),
             ("FONT", (8, 1), (8, -1), "Courier", 6.5)]))
-    out.append(_p(f"{len(records)} record{'s' * (len(records) != 1)} in this dataset's chain"
-                  f"{', the last ' + str(LAST_RECORDS) + ' shown' if len(records) > LAST_RECORDS else ''}. The full "
+    out.append(_p(f"{n} record{'s' * (n != 1)} in this dataset's chain"
+                  f"{', the last ' + str(LAST_RECORDS) + ' shown' if n > LAST_RECORDS else ''}. The full "
                   "list, with each record's event, parameters, charge, running totals and hashes, is in the JSON/CSV "
                   "export.", "caption"))
     return out
@@ -322,7 +357,8 @@ def render_pdf(export: dict, *, compress: bool = True) -> bytes:
     ``compress=False`` writes uncompressed page streams and an invariant document (no
     timestamp or random ID), for tests that look for text in the bytes.
     """
-    datasets = export.get("datasets") or []
+    datasets = [{**ds, "digest": _digest(ds)} for ds in export.get("datasets") or []]
+    export = {**export, "datasets": datasets}
     accountants = list(ACCOUNTANTS)
     for name in export.get("accounting") or {}:
         if name not in accountants:

@@ -214,15 +214,14 @@ def _sample(n: int, limit: int = MAX_POINTS) -> list[int]:
     return idx
 
 
-def _burndown(ds: dict, accountants: list[str]) -> list:
-    records = ds.get("records") or []
+def _burndown(ds: dict, points: list[dict], n: int, accountants: list[str]) -> list:
+    """The chart of the running totals of ``points`` (each {"at", "totals"}: the records
+    ``_sample(n)`` picks of the dataset's ``n``)."""
     budget = ds.get("budget") or {}
     policy = budget.get("policy") or ""
     cap = _num(budget.get("epsilon"))
-    idx = _sample(len(records))
     times, series = [], {a: [] for a in accountants}
-    for i in idx:
-        rec = records[i]
+    for rec in points:
         t = _time(rec.get("at"))
         if t is None:
             continue
@@ -274,10 +273,9 @@ def _burndown(ds: dict, accountants: list[str]) -> list:
     fig.tight_layout()
     image = _png(fig, WIDTH)
 
-    n = len(records)
     caption = (f"Budget burn-down: committed epsilon after each record under each accountant, at the dataset's "
-               f"delta ({_fmt((records[-1].get('totals') or {}).get('at_delta'))}); {n} record{'s' * (n != 1)}")
-    caption += (f"; one record in {-(-n // (MAX_POINTS - 1))} plotted, first and last kept." if len(idx) < n
+               f"delta ({_fmt((points[-1].get('totals') or {}).get('at_delta'))}); {n} record{'s' * (n != 1)}")
+    caption += (f"; one record in {-(-n // (MAX_POINTS - 1))} plotted, first and last kept." if len(points) < n
                 else ".")
     if cap is not None:
         caption += (f" The dashed red line is the budget cap (epsilon {_fmt(cap)}); the gate compares the "

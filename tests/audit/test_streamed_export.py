@@ -86,16 +86,42 @@ def test_memory_does_not_grow_with_the_trail(make_dataset, grant, analyst, monke
     def whole():
         audit_export.to_json(audit_export.build([ds]))
 
+    def digested():  # what the PDF report is drawn from: at most MAX_POINTS records' totals (50 here)
+        audit_export.build_digested([ds])
+
+    from governance.audit import pdf, pdf_parts
+
+    monkeypatch.setattr(pdf, "_sample", lambda n: pdf_parts._sample(n, 50))
+
     grow(150)
-    small = _peak(streamed), _peak(lambda: verification.verify([ds])), _peak(whole)
+    small = (_peak(streamed), _peak(lambda: verification.verify([ds])), _peak(whole), _peak(digested))
     grow(1350)
     assert AuditRecord.objects.filter(dataset=ds).count() > 1500
-    large = _peak(streamed), _peak(lambda: verification.verify([ds])), _peak(whole)
+    large = (_peak(streamed), _peak(lambda: verification.verify([ds])), _peak(whole), _peak(digested))
     # ten times the records: the whole export's memory grows with them; the verification's
-    # does not (chunks of 50), the stream's by its header alone (a refined charge per commit)
+    # does not (chunks of 50), the stream's and the PDF's digest by their summaries alone
+    # (a refined charge per commit)
     assert large[2] > 5 * small[2], (small, large)
     assert large[1] < 2 * small[1], (small, large)
     assert large[0] - small[0] < (large[2] - small[2]) / 5, (small, large)
+    assert large[3] - small[3] < (large[2] - small[2]) / 5, (small, large)
+
+
+def test_the_pdf_drawn_from_the_digest_is_the_pdf_of_the_whole_export(two, monkeypatch, officer):
+    """The PDF report is drawn from the records digested as they are read: the same
+    document as from every record held, burn-down sampling and last records included."""
+    from governance.audit import pdf, pdf_parts
+
+    monkeypatch.setattr(pdf, "_sample", lambda n: pdf_parts._sample(n, 7))  # 30 records: every 5th plotted
+    monkeypatch.setattr(pdf_parts, "MAX_POINTS", 7)
+    monkeypatch.setattr(pdf, "LAST_RECORDS", 9)
+    whole = audit_export.build(two, officer)
+    lean = audit_export.build_digested(two, officer)
+    lean["generated_at"] = whole["generated_at"]
+    assert all("records" not in d and len(d["digest"]["last"]) == 9 for d in lean["datasets"])
+    assert lean["datasets"][0]["digest"]["n_records"] == len(whole["datasets"][0]["records"]) > 9
+    assert len(lean["datasets"][0]["digest"]["burndown"]) < lean["datasets"][0]["digest"]["n_records"]  # sampled
+    assert pdf.render_pdf(lean, compress=False) == pdf.render_pdf(whole, compress=False)
 
 
 def test_an_export_command_that_fails_midway_leaves_no_file(history, monkeypatch, tmp_path):

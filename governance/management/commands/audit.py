@@ -76,7 +76,7 @@ class Command(BaseCommand):
         if fmt == "pdf" and output is None:
             raise CommandError("--format pdf needs --output FILE")
         if fmt == "pdf":
-            pieces = iter([audit_export.render(audit_export.build(datasets), fmt)[0]])
+            pieces = iter([audit_export.pdf(datasets)])
         else:  # streamed: the records are not held
             pieces = audit_export.stream(datasets, None, fmt)
         if output is None:
