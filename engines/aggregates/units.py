@@ -20,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..columns import unit_ids
+
 __all__ = ["compact", "unit_codes", "integer_ids", "unit_hash", "mix64", "row_keys", "first_per_pair", "bound_by_content",
            "bounded_count", "bound_contributions"]
 
@@ -58,10 +60,8 @@ def unit_codes(table: pa.Table, name: str) -> tuple[np.ndarray, int]:
     integer ids by their slot in a table of at least 2n slots (``_slot_codes``); anything
     else is dictionary-encoded. Null ids (refused at registration) would share one code:
     merging units only tightens the bound."""
-    col = table.column(name)
+    col = unit_ids(table.column(name))
     arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    if pa.types.is_dictionary(arr.type):
-        arr = arr.cast(arr.type.value_type)
     n = len(arr)
     if n == 0:
         return np.zeros(0, dtype=np.int32), 0
@@ -209,10 +209,9 @@ def unit_hash(col) -> np.ndarray:
     their value, anything else by pandas' ``hash_array``, SipHash with a fixed key)."""
     import pandas as pd
 
+    col = unit_ids(col)
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    if pa.types.is_dictionary(col.type):
-        col = col.cast(col.type.value_type)
     ints = integer_ids(col)
     if ints is not None:
         return mix64(ints.view(np.uint64))

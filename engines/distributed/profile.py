@@ -15,7 +15,7 @@ import dask
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..columns import null_count
+from ..columns import null_count, unit_ids
 from . import cluster
 from .source import PartitionedTable
 
@@ -54,10 +54,7 @@ def _merge(parts: list[dict], cap: int) -> dict:
 
 
 def _unit_sizes(data: pa.Table, unit: str) -> dict:
-    col = data.column(unit)
-    if pa.types.is_dictionary(col.type):
-        col = col.cast(col.type.value_type)
-    col = col.drop_null()
+    col = unit_ids(data.column(unit)).drop_null()
     if len(col) == 0:
         return {"n_units": 0, "max_rows_per_unit": 0}
     counts = pc.value_counts(col).field("counts")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def resolve_server_path(path: str) -> Path:
 
 
 def store_file(source, name: str, declared_format: str | None = None) -> tuple[str, str, str]:
-    """Copy an uploaded file object or a server path into DATA_DIR.
+    """Copy an uploaded file object or a server path into DATA_DIR, a file of its own.
 
     Returns (path relative to DATA_DIR, format, sha256). Refuses files over MAX_UPLOAD_BYTES.
     """
@@ -98,7 +99,10 @@ def store_file(source, name: str, declared_format: str | None = None) -> tuple[s
             raise InvalidDataset("The file is empty.")
         fmt = _detect_format(str(getattr(source, "name", source)), head, declared_format)
         sha = digest.hexdigest()
-        rel = f"datasets/{name}-{sha[:12]}.{fmt}"
+        # a name of this copy's own: two registrations of one table under one name at once
+        # each clean up their own copy only (one failing unlinked the other's, which then
+        # registered a dataset without its file)
+        rel = f"datasets/{name}-{sha[:12]}-{secrets.token_hex(4)}.{fmt}"
         os.replace(tmp, settings.DATA_DIR / rel)
         return rel, fmt, sha
     except BaseException:

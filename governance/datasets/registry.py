@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 
 from accounting import POLICIES
-from engines.columns import null_count
+from engines.columns import null_count, unit_ids
 
 from ..core.errors import DatasetNotActive, InvalidDataset
 from ..ledger import trail
@@ -33,7 +33,7 @@ def count_units(table: pa.Table, unit_column: str) -> tuple[int, int, int]:
     n_rows = table.num_rows
     if not unit_column:
         return n_rows, n_rows, 1
-    col = table.column(unit_column)
+    col = unit_ids(table.column(unit_column))
     empty = null_count(col)  # NaN is no id either
     if empty:
         raise InvalidDataset(f"privacy-unit column {unit_column!r} has {empty} empty values (null or NaN)")

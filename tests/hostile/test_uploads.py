@@ -11,7 +11,7 @@ special paths, symlinked directories, FIFOs and devices.
 
 The service reads two formats, CSV and Parquet, and decompresses nothing itself: a gzip or
 zip file named ``.csv`` is read as (invalid) CSV text and refused; a stored table is named
-``<name>-<sha>.csv|.parquet``, so Arrow's decompression by file extension never applies.
+``<name>-<sha>-<random>.csv|.parquet``, so Arrow's decompression by file extension never applies.
 Parquet's internal compression is the only bomb: its decoded size is bounded at
 registration (``MAX_DECODED_RATIO`` x ``MAX_UPLOAD_BYTES``), batch by batch.
 """
