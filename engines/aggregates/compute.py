@@ -131,53 +131,63 @@ def _to_bool(arr) -> np.ndarray:
 
 
 def predicate_mask(table: pa.Table, where: list[dict]) -> np.ndarray:
-    """Rows matching every predicate (AND). A null (or NaN) never matches, not even
-    ``!=`` or ``not_in`` (SQL semantics)."""
-    return _mask(table, where, {})
+    """Rows matching every predicate (AND), in SQL's three-valued logic: a predicate on a
+    null (or NaN) is unknown, so it never matches, not even ``!=`` or ``not_in``, nor its
+    NOT; but ``NOT (p AND q)`` holds where p is false whatever q is, and ``p OR q`` where
+    either is true. Nested: ``{"or": [list, ...]}`` (any list holds), ``{"not": list}``."""
+    return _truth(table, where, {})[0]
 
 
-def _mask(table: pa.Table, where: list[dict], cache: dict) -> np.ndarray:
-    """``predicate_mask`` with nested ``{"or": [list, ...]}`` (any list holds) and ``{"not": list}``
-    (the list does not hold: SQL's NOT, so a row whose predicate meets a null is in neither)."""
-    mask = np.ones(table.num_rows, dtype=bool)
+def _truth(table: pa.Table, where: list[dict], cache: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(rows where ``where`` is true, rows where it is false); the rest are unknown."""
+    true = np.ones(table.num_rows, dtype=bool)
+    false = np.zeros(table.num_rows, dtype=bool)
     for p in where:
         if "or" in p:
-            m = np.zeros(table.num_rows, dtype=bool)
+            t, f = np.zeros(table.num_rows, dtype=bool), np.ones(table.num_rows, dtype=bool)
             for branch in p["or"]:
-                m |= _mask(table, branch, cache)
-            mask &= m
-            continue
-        if "not" in p:
-            mask &= ~_mask(table, p["not"], cache) & _known(table, p["not"])
-            continue
-        name, op, value = p["column"], p["op"], p["value"]
-        if p["type"] == "numeric":
-            if op in _COMPARE:
-                m = _compare(table, name, op, value)
-            else:
-                v = cache.get(name)
-                if v is None:
-                    v = cache[name] = numeric_values(table, name)
-                # + 0.0 turns -0.0 into 0.0: Arrow hashes them apart, comparisons do not
-                hit = _to_bool(pc.is_in(pa.array(v + 0.0), value_set=pa.array([x + 0.0 for x in value],
-                                                                             type=pa.float64())))
-                m = hit if op == "in" else ~hit & ~np.isnan(v)
+                bt, bf = _truth(table, branch, cache)
+                t |= bt
+                f &= bf
+        elif "not" in p:
+            f, t = _truth(table, p["not"], cache)
         else:
-            col = _column(table, name)
-            values = value if op in ("in", "not_in") else [value]
-            col, value_set = _lookup(col, values)
-            hit = _to_bool(pc.is_in(col, value_set=value_set))
-            if op in ("==", "in"):
-                m = hit
-            else:  # (the stored column's nulls and NaN: ``_lookup`` may have cast it to strings)
-                m = ~hit & _known(table, [p])
-        mask &= m
-    return mask
+            t = _atom(table, p, cache)
+            f = ~t & _known(table, [p])
+        true &= t
+        false |= f
+    return true, false
+
+
+def _atom(table: pa.Table, p: dict, cache: dict) -> np.ndarray:
+    """Rows where one predicate is true (a null or NaN: never)."""
+    name, op, value = p["column"], p["op"], p["value"]
+    if p["type"] == "numeric":
+        if op in _COMPARE:
+            m = _compare(table, name, op, value)
+        else:
+            v = cache.get(name)
+            if v is None:
+                v = cache[name] = numeric_values(table, name)
+            # + 0.0 turns -0.0 into 0.0: Arrow hashes them apart, comparisons do not
+            hit = _to_bool(pc.is_in(pa.array(v + 0.0), value_set=pa.array([x + 0.0 for x in value],
+                                                                         type=pa.float64())))
+            m = hit if op == "in" else ~hit & ~np.isnan(v)
+    else:
+        col = _column(table, name)
+        values = value if op in ("in", "not_in") else [value]
+        col, value_set = _lookup(col, values)
+        hit = _to_bool(pc.is_in(col, value_set=value_set))
+        if op in ("==", "in"):
+            m = hit
+        else:  # (the stored column's nulls and NaN: ``_lookup`` may have cast it to strings)
+            m = ~hit & _known(table, [p])
+    return m
 
 
 def _known(table: pa.Table, where: list[dict]) -> np.ndarray:
-    """Rows where every column the predicates read is non-null (SQL's three-valued logic, made
-    two-valued: NOT of a predicate on a null is not true either)."""
+    """Rows where every column the predicates read is non-null and not NaN: where an atom
+    is true or false, not unknown."""
     from .planner import where_columns
 
     ok = np.ones(table.num_rows, dtype=bool)
