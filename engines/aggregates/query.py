@@ -269,14 +269,27 @@ def validate(params: Any, dataset: DatasetMeta) -> tuple[list, list, list, dict]
     if "candidates" in params and not any(isinstance(it, dict) and isinstance(it.get("agg"), str)
                                           and AGGS.get(it["agg"]) == "quantile" for it in select):
         errors["candidates"] = "candidates are for a quantile (median, percentile): this query has none"
-    post = _post(params, names, errors)
+    post = _post(params, names, _kinds(items, keys), errors)
     if errors:
         detail = "; ".join(f"{k}: {v}" for k, v in errors.items())
         raise PlanError(f"invalid query request: {detail}", errors)
     return items, keys, aggs, post
 
 
-def _post(params: dict, names: set, errors: dict) -> dict:
+def _kind(v) -> str:
+    if isinstance(v, bool):
+        return "a boolean"
+    return "a number" if isinstance(v, (int, float)) else "text"
+
+
+def _kinds(items: list, keys: list) -> dict:
+    """The kinds of value (``_kind``) each selected column holds: an aggregate a number, a
+    group key its labels' (public: the declared domain, the bins)."""
+    return {it["name"]: ({"a number"} if "agg" in it else {_kind(v) for v in keys[it["group"]]["labels"]})
+            for it in items if "agg" in it or it["group"] < len(keys)}
+
+
+def _post(params: dict, names: set, kinds: dict, errors: dict) -> dict:
     out: dict = {"having": [], "order_by": [], "limit": None}
     having = params.get("having", [])
     if not isinstance(having, list):
@@ -287,6 +300,11 @@ def _post(params: dict, names: set, errors: dict) -> dict:
                     or h["op"] not in HAVING_OPS or not P._scalar_ok(h["value"])):
                 errors[f"having[{i}]"] = (f"must be {{column, op, value}} on a selected column ({', '.join(sorted(names))}), "
                                           f"op one of {', '.join(HAVING_OPS)}, value a literal")
+            elif h["column"] in kinds and _kind(h["value"]) not in kinds[h["column"]]:
+                # a value no row can equal or be ordered with: the answer would be empty (or
+                # every row), charged for nothing; SQL refuses such a comparison too
+                errors[f"having[{i}]"] = (f"{h['column']} holds {' or '.join(sorted(kinds[h['column']]))}, "
+                                          f"not {_kind(h['value'])} like {h['value']!r}")
             else:
                 out["having"].append(dict(h))
     order = params.get("order_by", [])

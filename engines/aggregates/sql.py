@@ -131,6 +131,8 @@ def translate(sql: str, options: dict | None = None) -> SqlRequest:
         return _translate(tree, options)
     except RecursionError:
         raise SqlSyntaxError("not valid SQL: nested too deeply", part="syntax") from None
+    except OverflowError:  # a number past float's range where the translator needs a float
+        raise _unsupported("a number out of range", "numbers must be within +-1.8e308") from None
 
 
 def _translate(tree: exp.Select, options: dict) -> SqlRequest:
@@ -357,7 +359,7 @@ def _group_key(node: exp.Expression) -> dict:
             inner, mult = a, _literal(b, "GROUP BY")
         elif isinstance(a, (exp.Literal, exp.Neg)) and isinstance(b, exp.Floor):
             inner, mult = b, _literal(a, "GROUP BY")
-    if isinstance(inner, exp.Floor) and inner.args.get("decimals") is None:
+    if isinstance(inner, exp.Floor) and inner.args.get("decimals") is None and inner.args.get("to") is None:
         arg = inner.this.this if isinstance(inner.this, exp.Paren) else inner.this
         if isinstance(arg, (exp.Div, exp.IntDiv)):
             width = _literal(arg.expression, "GROUP BY")
@@ -511,10 +513,12 @@ def _limit(tree: exp.Select) -> int | None:
 def _one_aggregate(node: exp.Expression) -> tuple[str, dict, str]:
     """(agg, its parameters, the column name it gets without an alias)."""
     if isinstance(node, exp.Count):
+        _only(node, {"this", "big_int"}, "COUNT", "COUNT(*) or COUNT(DISTINCT unit_column)")
         inner = node.this
         if isinstance(inner, exp.Star) or (isinstance(inner, exp.Literal) and not inner.is_string):
             return "count", {}, "count"  # COUNT(*), COUNT(1): rows
         if isinstance(inner, exp.Distinct):
+            _only(inner, {"expressions"}, "COUNT(DISTINCT)", "COUNT(DISTINCT unit_column) counts privacy units")
             if len(inner.expressions) != 1:
                 raise _unsupported("COUNT(DISTINCT a, b)", "COUNT(DISTINCT unit_column) counts privacy units")
             col = _column(inner.expressions[0], "COUNT(DISTINCT)")
@@ -528,6 +532,7 @@ def _one_aggregate(node: exp.Expression) -> tuple[str, dict, str]:
     if isinstance(node, (exp.Min, exp.Max)):
         if node.expressions:
             raise _unsupported(f"{node.key.upper()} of several values", "MIN(column) / MAX(column)")
+        _only(node, {"this"}, node.key.upper(), "MIN(column) / MAX(column)")
         col = _column(node.this, node.key.upper())
         q = MIN_Q if isinstance(node, exp.Min) else MAX_Q
         return "quantile", {"column": col, "q": q}, f"{node.key.lower()}_{col}"
@@ -535,6 +540,7 @@ def _one_aggregate(node: exp.Expression) -> tuple[str, dict, str]:
         col = _column(node.this, "MEDIAN")
         return "quantile", {"column": col, "q": 0.5}, f"median_{col}"
     if isinstance(node, (exp.Quantile, exp.ApproxQuantile)):
+        _only(node, {"this", "quantile"}, "QUANTILE", "QUANTILE(column, q): the engine's own accuracy")
         q = node.args.get("quantile")
         col = _column(node.this, "QUANTILE")
         p = _probability(q)
@@ -542,6 +548,7 @@ def _one_aggregate(node: exp.Expression) -> tuple[str, dict, str]:
     if isinstance(node, exp.WithinGroup):
         fn, order = node.this, node.expression
         if isinstance(fn, exp.PercentileCont) and isinstance(order, exp.Order) and len(order.expressions) == 1:
+            _only(fn, {"this"}, "PERCENTILE_CONT", "PERCENTILE_CONT(q) WITHIN GROUP (ORDER BY column)")
             ordered = order.expressions[0]
             if ordered.args.get("desc"):
                 raise _unsupported("ORDER BY ... DESC in PERCENTILE_CONT", "order ascending")
@@ -560,7 +567,7 @@ def _one_aggregate(node: exp.Expression) -> tuple[str, dict, str]:
 
 def _probability(node: Any) -> float:
     value = _literal(node, "a quantile") if node is not None else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1e308 < value < 1e308:
         raise _unsupported("quantile level", "give the level as a number literal in (0, 1)")
     return float(value)
 
@@ -609,8 +616,13 @@ def _predicates(node: exp.Expression) -> list[dict]:
         return [_in(node, negate=False)]
     if isinstance(node, exp.Between):
         column = _column(node.this, "BETWEEN")
-        return [{"column": column, "op": ">=", "value": _literal(node.args["low"], "BETWEEN")},
-                {"column": column, "op": "<=", "value": _literal(node.args["high"], "BETWEEN")}]
+        low, high = _literal(node.args["low"], "BETWEEN"), _literal(node.args["high"], "BETWEEN")
+        if node.args.get("symmetric"):  # the bounds in either order
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
+                raise _unsupported("BETWEEN SYMMETRIC of non-numbers", "BETWEEN SYMMETRIC takes two numbers")
+            low, high = min(low, high), max(low, high)
+        _only(node, {"this", "low", "high", "symmetric"}, "BETWEEN", "column BETWEEN [SYMMETRIC] a AND b")
+        return [{"column": column, "op": ">=", "value": low}, {"column": column, "op": "<=", "value": high}]
     for cls, op in _COMPARISONS.items():
         if type(node) is cls:
             left, right = node.this, node.expression
@@ -631,6 +643,7 @@ def _predicates(node: exp.Expression) -> list[dict]:
 def _in(node: exp.In, negate: bool) -> dict:
     if node.args.get("query") is not None:
         raise _unsupported("subquery", "IN takes a list of literals")
+    _only(node, {"this", "expressions"}, "IN", "column IN (literal, ...)")
     values = [_literal(v, "IN") for v in node.expressions]
     if not values:
         raise _unsupported("IN ()", "IN takes at least one literal")

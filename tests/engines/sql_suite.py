@@ -149,6 +149,10 @@ CASES = [
                "ORDER BY maritalcat"),
     Case("group-position", "cps", "SELECT region, AVG(experience) AS e FROM cps GROUP BY 1"),
     Case("not-between", "gss", "SELECT AVG(prestg10) AS p FROM gss WHERE age NOT BETWEEN 30 AND 60"),
+    Case("between-symmetric", "gss", "SELECT COUNT(*) FROM gss WHERE age BETWEEN SYMMETRIC 54 AND 25",
+         truth="SELECT COUNT(*) FROM gss WHERE age BETWEEN 25 AND 54"),
+    # NOT over an AND where one side is null: false AND unknown is false, so NOT holds (SQL's logic)
+    Case("where-not-and-nulls", "gss", "SELECT COUNT(*) FROM gss WHERE NOT (childs > 2 AND realrinc > 20000)"),
     # ---- COUNT(DISTINCT unit)
     Case("distinct-units", "cps", "SELECT COUNT(DISTINCT rownames) AS people FROM cps"),
     Case("distinct-units-grouped", "cps", "SELECT region, COUNT(DISTINCT rownames) AS people FROM cps "
@@ -163,6 +167,14 @@ CASES = [
     Case("join", "cps", "SELECT COUNT(*) FROM cps JOIN gss ON cps.wage = gss.realrinc", expect=("sql", "JOIN")),
     Case("like", "gss", "SELECT COUNT(*) FROM gss WHERE occrecode LIKE 'Prof%'", expect=("sql", "LIKE")),
     Case("count-column", "cps", "SELECT COUNT(wage) FROM cps", expect=("sql", "COUNT(column)")),
+    Case("count-two", "cps", "SELECT COUNT(1, 2) FROM cps", expect=("sql", "2")),
+    Case("quantile-accuracy", "cps", "SELECT APPROX_QUANTILE(wage, 0.5, 100) FROM cps", expect=("sql", "100")),
+    Case("quantile-level-huge", "cps", "SELECT QUANTILE(wage, 1" + "0" * 400 + ") FROM cps",
+         expect=("sql", "quantile level")),
+    Case("having-text", "gss", "SELECT wrkstat, COUNT(*) AS n FROM gss GROUP BY wrkstat HAVING n > 'x'",
+         expect=("plan", "having[0]")),
+    Case("having-key-number", "cps", "SELECT region, COUNT(*) AS n FROM cps GROUP BY region HAVING region = 5",
+         expect=("plan", "having[0]")),
     Case("stddev", "cps", "SELECT STDDEV(wage) FROM cps", expect=("sql", "STDDEV")),
     Case("subquery", "cps", "SELECT COUNT(*) FROM (SELECT * FROM cps) AS t", expect=("sql", "subquery")),
     Case("raw-column", "cps", "SELECT wage FROM cps", expect=("sql", "column wage in SELECT")),
