@@ -75,6 +75,13 @@ class NoGrant(UserError):
     status = 403
 
 
+class AccountInactive(UserError):
+    """The analyst's account was deactivated while a request of hers waited."""
+
+    code = "account.inactive"
+    status = 403
+
+
 class GrantRevoked(UserError):
     """A change of a revoked grant's cap (give it again with the cap instead)."""
 

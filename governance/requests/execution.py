@@ -35,6 +35,7 @@ from engines import plugins
 from engines.federated.types import Federation
 from engines.types import Cancelled, EngineError, EngineRequest, Plan
 
+from ..core.errors import AccountInactive
 from ..core.raw_rows import concrete, from_row
 from ..datasets.data import load_columns
 from ..datasets.engine_meta import dataset_meta
@@ -239,14 +240,22 @@ def no_paths(e: BaseException) -> str:
     return _SERVER_PATH.sub("<a server path>", str(e))
 
 
+def _account_refusal(req: Request) -> AccountInactive | None:
+    """An analyst deactivated since she submitted: her token stopped at once, and her
+    queued requests stop too (they ran, their results unreadable until she came back)."""
+    if not type(req.analyst).objects.filter(pk=req.analyst_id, is_active=True).exists():
+        return AccountInactive(f"the account {req.analyst} was deactivated")
+    return None
+
+
 def _run(req: Request, clock: RunClock) -> str:
     ds = req.dataset
     plan = Plan(**req.plan)
     engine_request = EngineRequest(kind=req.kind, params=req.params)
 
     try:
-        # a grant revoked or a dataset deactivated while the request waited stops it here
-        refusal = access_refusal(req.analyst, ds)
+        # a grant revoked, a dataset or an account deactivated while the request waited stops it here
+        refusal = access_refusal(req.analyst, ds) or _account_refusal(req)
         if refusal is None:
             meta = dataset_meta(ds)
             # the engine may have been removed since planning; what it imports (torch, ...) is

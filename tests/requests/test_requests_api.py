@@ -318,11 +318,12 @@ def test_what_was_released_stays_readable_after_the_grant_is_revoked(api, analys
     assert LedgerEntry.objects.count() == 1
 
 
-@pytest.mark.parametrize("withdrawn", ["grant", "dataset"])
+@pytest.mark.parametrize("withdrawn", ["grant", "dataset", "account"])
 def test_a_request_queued_before_a_revocation_is_not_run_and_is_refunded(api, analyst, clinic, withdrawn,
                                                                           django_capture_on_commit_callbacks):
-    """A grant revoked (or the dataset deactivated) while the request waits in the queue:
-    the worker reads nothing, releases nothing to the analyst and refunds the reservation."""
+    """A grant revoked (or the dataset, or the analyst's account, deactivated) while the
+    request waits in the queue: the worker reads nothing, releases nothing to the analyst
+    and refunds the reservation."""
     from django.utils import timezone
 
     from governance.models import AuditRecord, Dataset, Grant
@@ -332,13 +333,16 @@ def test_a_request_queued_before_a_revocation_is_not_run_and_is_refunded(api, an
         rid = post(client, {"epsilon": 0.5}).json()["id"]
     if withdrawn == "grant":
         Grant.objects.filter(analyst=analyst, dataset=clinic).update(revoked_at=timezone.now())
-    else:
+    elif withdrawn == "dataset":
         Dataset.objects.filter(pk=clinic.pk).update(status=Dataset.Status.DRAFT)
+    else:
+        type(analyst).objects.filter(pk=analyst.pk).update(is_active=False)
     for callback in callbacks:  # the task arrives after the revocation
         callback()
     req = Request.objects.get(pk=rid)
     assert req.status == "cancelled" and req.result is None and not req.data_read
-    assert req.error["code"] == {"grant": "grant.missing", "dataset": "dataset.inactive"}[withdrawn]
+    assert req.error["code"] == {"grant": "grant.missing", "dataset": "dataset.inactive",
+                                 "account": "account.inactive"}[withdrawn]
     assert "refunded" in req.error["detail"]
     assert LedgerEntry.objects.get().status == "released"
     assert AuditRecord.objects.filter(outcome="cancelled").count() == 1
