@@ -148,6 +148,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATA_DIR = Path(envstr("DATA_DIR", str(VAR_DIR / "data")))
 # Files a request releases (trained models, synthetic tables, plots), one directory per request.
 RESULTS_DIR = Path(envstr("RESULTS_DIR", str(VAR_DIR / "results")))
+# a run starts only with this much free on the results disk (else failed before the read, refunded)
+RESULTS_MIN_FREE_MB = envint("RESULTS_MIN_FREE_MB", 64)
 DATASET_IMPORT_DIRS = [Path(p) for p in envlist("DATASET_IMPORT_DIRS", str(DATA_DIR / "import"))]
 MAX_UPLOAD_BYTES = envint("MAX_UPLOAD_BYTES", 2 * 1024**3)
 # A stored table larger than this is read by a worker, not on the request thread (about a

@@ -170,7 +170,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
     def files(self, request, pk=None, name=None):
         """Download a file the request released (a trained model, a plot, a table): listed
         with its size and SHA-256 in ``result.files``. Only the analyst who asked may."""
-        from ..requests.execution import results_dir
+        from ..requests.result_files import results_dir
 
         req = self.get_object()
         listed = {f["name"] for f in ((req.result or {}).get("files") or [])}
@@ -190,7 +190,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
     def officer_files(self, request, pk=None, name=None):
         """Download a file of the officer's report (e.g. a synthetic table's quality and
         privacy report as HTML): privacy officers only; they are computed on the private rows."""
-        from ..requests.execution import results_dir
+        from ..requests.result_files import results_dir
 
         req = self.get_object()
         listed = {f["name"] for f in ((req.officer_report or {}).get("files") or [])}

@@ -43,6 +43,7 @@ from ..models import Dataset, Request
 from . import federated_runs, outcomes
 from .recovery import db_time
 from .releaser import RELEASER
+from .result_files import check_writable, disk_full, results_dir
 from .submission import access_refusal
 
 log = logging.getLogger(__name__)
@@ -329,8 +330,9 @@ def _run(req: Request, clock: RunClock) -> str:
 
 def _storage_full(e: BaseException) -> bool:
     """The engine's failure was a full (or over-quota) disk: a fact about the server, said to
-    the analyst, not a message that could quote the data."""
-    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+    the analyst, not a message that could quote the data. Seen in the error, or in the disk
+    itself (torch.save says RuntimeError)."""
+    return (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or disk_full()
 
 
 def _keep_files(req: Request, release, workdir: Path, recorder) -> tuple[dict, dict | None]:
@@ -407,6 +409,7 @@ def scratch_dir() -> Path:
         _empty(path)
     else:
         path.mkdir(parents=True)
+    check_writable(path)
     return path
 
 
@@ -417,11 +420,6 @@ def _empty(path: Path) -> None:
             shutil.rmtree(child, ignore_errors=True)
         else:
             child.unlink(missing_ok=True)
-
-
-def results_dir(request_id) -> Path:
-    """Where a request's files live (a replay serves the files of the request it replays)."""
-    return Path(settings.RESULTS_DIR) / str(request_id)
 
 
 def _describe_files(workdir: Path) -> list[dict]:

@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from ..ledger import actions as ledger, group as ledger_group, trail
 from ..models import Request
+from .result_files import drop_unreleased
 from .waiting import final_state, signal_done, signal_done_many
 
 log = logging.getLogger(__name__)
@@ -170,10 +171,18 @@ def _finish_rows(outcomes: list[Outcome]) -> set:
         moved = {row[0] for row in cur.fetchall()}
     for o in outcomes:
         if o.req.pk not in moved:
-            log.warning("request %s was finished elsewhere (recovery sweep); its run's outcome is dropped", o.req.pk)
+            _dropped(o)
         else:
             _written(o, rows[o.req.pk])
     return moved
+
+
+def _dropped(o: Outcome) -> None:
+    """The run's outcome is not written: the request was finished elsewhere (the recovery
+    sweep, its run taken for lost). Files the run kept are no release's."""
+    log.warning("request %s was finished elsewhere (recovery sweep); its run's outcome is dropped", o.req.pk)
+    if (o.result or {}).get("files") or (o.officer_report or {}).get("files"):
+        drop_unreleased(o.req.pk)
 
 
 def _row(o: Outcome, now) -> dict:
@@ -205,7 +214,7 @@ def _finish_row(o: Outcome) -> bool:
     values = _row(o, timezone.now())
     moved = Request.objects.filter(pk=o.req.pk, status=Request.Status.RUNNING).update(**values)
     if not moved:
-        log.warning("request %s was finished elsewhere (recovery sweep); its run's outcome is dropped", o.req.pk)
+        _dropped(o)
     else:
         _written(o, values)
     return bool(moved)

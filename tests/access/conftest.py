@@ -207,7 +207,7 @@ def world(db, officer, analyst, analyst2, api, make_dataset, grant, import_dir, 
     assert [f["name"] for f in reqs["fa"].result["files"]] == ["answer.csv"]
     assert [f["name"] for f in reqs["fa"].officer_report["files"]] == ["report.html"]
 
-    from governance.requests.execution import results_dir
+    from governance.requests.result_files import results_dir
 
     def file_marker(key, sub):
         return (results_dir(reqs[key].pk) / sub).read_text().strip().splitlines()[-1].removeprefix("<p>") \

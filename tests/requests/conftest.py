@@ -12,14 +12,15 @@ class ProbeEngine:
     """Counts rows (no noise: a test double of the flow, never a release engine).
 
     kinds: ``count`` (costs Laplace(epsilon)), ``fail`` (raises after reading the data),
-    ``stepwise`` (reports progress, so a cancellation can land mid-run; commits less than planned).
+    ``stepwise`` (reports progress, so a cancellation can land mid-run; commits less than planned),
+    ``file`` (writes a file for the analyst, as a model or a table).
     """
 
     NAME = "probe"
 
     @hookimpl
     def engine_info(self):
-        return {"name": self.NAME, "kinds": ["count", "fail", "stepwise"], "queue": "cpu",
+        return {"name": self.NAME, "kinds": ["count", "fail", "stepwise", "file"], "queue": "cpu",
                 "description": "test engine", "params_schema": {}}
 
     @hookimpl
@@ -36,9 +37,11 @@ class ProbeEngine:
         return Plan(event=event, columns=["age"], details={"epsilon": eps})
 
     @hookimpl
-    def run(self, engine, request, dataset, data, plan, progress):
+    def run(self, engine, request, dataset, data, plan, progress, workdir):
         if engine != self.NAME:
             return None
+        if request.kind == "file":
+            (workdir / "rows.txt").write_text(str(data.num_rows))
         progress({"phase": "counting", "fraction": 0.5})
         if request.kind == "fail":
             raise RuntimeError(f"secret value {pc.max(data.column('age')).as_py()}")

@@ -355,3 +355,81 @@ def test_a_task_delivered_twice_changes_nothing(api, analyst, clinic, django_cap
     before = (Request.objects.get(pk=rid).finished_at, LedgerEntry.objects.get().committed_at)
     assert execute(rid) == "succeeded"
     assert (Request.objects.get(pk=rid).finished_at, LedgerEntry.objects.get().committed_at) == before
+
+
+def test_a_results_disk_under_its_free_minimum_is_a_refund_before_the_read(api, analyst, clinic, settings,
+                                                                           django_capture_on_commit_callbacks):
+    """The real check (``result_files.check_writable`` on the scratch directory), not a
+    stand-in: a scratch directory is kept between runs and creating one succeeds on a full
+    disk, so a full disk was found after the read (a model trained, then not written) and
+    charged. RESULTS_MIN_FREE_MB past any disk makes every disk "full"."""
+    with django_capture_on_commit_callbacks(execute=True):
+        post(api(analyst), {"epsilon": 0.1}, kind="file")  # the scratch directory exists from here on
+    settings.RESULTS_MIN_FREE_MB = 2**40
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(api(analyst), {"epsilon": 0.2}, kind="file").json()["id"]
+    req = Request.objects.get(pk=rid)
+    assert (req.status, req.error["code"], req.data_read) == ("failed", "request.failed_before_read", False)
+    assert "RESULTS_MIN_FREE_MB" in req.error["detail"] and req.ledger_entry.status == "released"
+
+
+def test_files_kept_by_a_run_whose_outcome_is_not_written_are_removed(api, analyst, clinic, monkeypatch,
+                                                                      django_capture_on_commit_callbacks):
+    """A run paused (SIGSTOP, a long GC pause, a frozen VM) past REQUEST_LOST_AFTER_SECONDS:
+    the sweep finishes the request as lost; the run resumes, keeps its files and finds its
+    outcome dropped. Its files (a model trained on the rows) are no release's: removed. So
+    are those of a run killed between keeping its files and writing its outcome (the sweep)."""
+    from django.db.models import Q
+    from django.utils import timezone
+
+    from governance.requests import execution, recovery
+    from governance.requests.result_files import results_dir
+
+    real = execution._keep_files
+
+    def swept_meanwhile(req, *args):
+        assert recovery._finish_lost(req.pk, Q(), timezone.now())  # the sweep, while the run was paused
+        kept = real(req, *args)  # the run resumes: its files kept, its outcome next
+        assert results_dir(req.pk).is_dir()
+        return kept
+
+    monkeypatch.setattr(execution, "_keep_files", swept_meanwhile)
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(api(analyst), {"epsilon": 0.2}, kind="file").json()["id"]
+    req = Request.objects.get(pk=rid)
+    assert (req.status, req.error["code"]) == ("failed", "request.worker_lost") and not results_dir(rid).exists()
+    assert req.ledger_entry.status == "committed"  # the data was read: the lost run's charge stands
+
+    def killed_before_its_outcome(req, *args):
+        kept = real(req, *args)
+        assert recovery._finish_lost(req.pk, Q(), timezone.now())  # the sweep, the run gone
+        assert not results_dir(req.pk).exists()
+        return kept
+
+    monkeypatch.setattr(execution, "_keep_files", killed_before_its_outcome)
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(api(analyst), {"epsilon": 0.1}, kind="file").json()["id"]
+    assert Request.objects.get(pk=rid).status == "failed"
+
+    monkeypatch.setattr(execution, "_keep_files", real)
+    with django_capture_on_commit_callbacks(execute=True):
+        ok = post(api(analyst), {"epsilon": 0.1}, kind="file").json()["id"]
+    assert Request.objects.get(pk=ok).status == "succeeded" and (results_dir(ok) / "rows.txt").read_text() == "200"
+
+
+def test_a_failure_on_a_disk_that_filled_during_the_run_says_the_storage_is_full(
+        api, analyst, clinic, monkeypatch, settings, django_capture_on_commit_callbacks):
+    """torch.save on a full disk raises RuntimeError, not ENOSPC: the disk itself says it is
+    full (under RESULTS_MIN_FREE_MB now), and that is what the analyst is told."""
+    from governance.requests import execution
+
+    def fills_the_disk(*args, **kwargs):
+        settings.RESULTS_MIN_FREE_MB = 2**40  # the disk is full by the time the model is saved
+        raise RuntimeError("[enforce fail at inline_container.cc:595] . PytorchStreamWriter failed writing file")
+
+    monkeypatch.setattr(execution.plugins, "run", fills_the_disk)
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(api(analyst), {"epsilon": 0.2}).json()["id"]
+    req = Request.objects.get(pk=rid)
+    assert (req.status, req.error["code"]) == ("failed", "request.failed_after_read")
+    assert "storage is full" in req.error["detail"] and "enforce" not in req.error["detail"]

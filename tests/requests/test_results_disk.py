@@ -1,0 +1,61 @@
+"""The results disk on a real filesystem: a tmpfs mounted as RESULTS_DIR, then filled,
+then made read-only. A run that would write files finds out before the read (refunded),
+not after training (charged). Needs root and mount(8); skipped without them."""
+
+import os
+import subprocess
+
+import pytest
+
+from governance.models import Request
+
+from .test_requests_api import post
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    mnt = tmp_path / "results"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def clinic(make_dataset, analyst, grant):
+    ds = make_dataset(epsilon=5.0)
+    grant(analyst, ds)
+    return ds
+
+
+def run(api, analyst, callbacks_fixture, epsilon):
+    with callbacks_fixture(execute=True):  # each its own epsilon: the same question twice is a free replay
+        rid = post(api(analyst), {"epsilon": epsilon}, kind="file").json()["id"]
+    return Request.objects.get(pk=rid)
+
+
+def test_a_full_then_read_only_results_disk_is_a_refund_before_the_read(api, analyst, clinic, settings, tmpfs,
+                                                                        django_capture_on_commit_callbacks):
+    settings.RESULTS_DIR = tmpfs
+    settings.RESULTS_MIN_FREE_MB = 1
+    first = run(api, analyst, django_capture_on_commit_callbacks, 0.1)
+    assert first.status == "succeeded", first.error
+    with open(tmpfs / "filler", "wb", buffering=0) as f:  # the disk fills up (another tenant, a log)
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+        except OSError:
+            pass
+    full = run(api, analyst, django_capture_on_commit_callbacks, 0.2)
+    assert (full.status, full.error["code"], full.data_read) == ("failed", "request.failed_before_read", False)
+    assert "RESULTS_MIN_FREE_MB" in full.error["detail"] and full.ledger_entry.status == "released"
+
+    (tmpfs / "filler").unlink()
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    read_only = run(api, analyst, django_capture_on_commit_callbacks, 0.3)
+    assert (read_only.status, read_only.error["code"]) == ("failed", "request.failed_before_read")
+    assert "read-only" in read_only.error["detail"] and read_only.ledger_entry.status == "released"
