@@ -289,6 +289,23 @@ def test_manage_workers_says_no_worker_is_alive_and_what_waits(api, analyst, cli
 
 
 @pytest.mark.django_db
+def test_manage_workers_strict_and_unreadable_heartbeats_exit_1(embedded, monkeypatch):
+    """Nothing queued and every worker dead exited 0 (a health check reading the exit code
+    missed a dead fleet until requests piled up): --strict says so. Heartbeats that cannot
+    be read (Redis down) are no all-clear either."""
+    from governance.core import liveness
+
+    assert _workers_command().code == 0  # nothing waits: the default rule
+    out = _workers_command("--strict")
+    assert out.code == 1 and "--strict: no live worker consumes queue(s) cpu, gpu" in out.text, out.text
+    liveness.write({"node": "celery@box", "pid": 1, "queues": ["cpu", "gpu"], "at": time.time()})
+    assert _workers_command("--strict").code == 0
+    monkeypatch.setattr(liveness, "records", lambda: (_ for _ in ()).throw(ConnectionError("redis is down")))
+    out = _workers_command()
+    assert out.code == 1 and "cannot read the heartbeats (ConnectionError: redis is down)" in out.text
+
+
+@pytest.mark.django_db
 def test_manage_workers_names_a_running_request_whose_worker_went_silent(api, analyst, clinic, embedded):
     """A request left ``running`` by a worker that died: ``manage.py workers`` named no
     problem and exited 0 until the recovery sweep finished it."""
@@ -313,12 +330,12 @@ class _Out:
         self.code, self.text = code, text
 
 
-def _workers_command() -> _Out:
+def _workers_command(*args) -> _Out:
     import io
 
     buf = io.StringIO()
     try:
-        call_command("workers", stdout=buf)
+        call_command("workers", *args, stdout=buf)
         code = 0
     except SystemExit as e:
         code = e.code

@@ -26,21 +26,26 @@ class Command(BaseCommand):
             "worker consumes, and which running requests' workers went silent (no request heartbeat for "
             "max(WORKER_ALIVE_SECONDS, 2 x REQUEST_HEARTBEAT_SECONDS) on the database's clock: the recovery "
             "sweep finishes them after REQUEST_LOST_AFTER_SECONDS). Exit status 1 when any request waits "
-            "on a queue no live worker consumes or runs on a silent worker.")
+            "on a queue no live worker consumes or runs on a silent worker, or the heartbeats cannot be read; "
+            "with --strict also when an engine's queue has no live worker at all (a health check's rule).")
 
     def add_arguments(self, parser):
         parser.add_argument("--ids", type=int, default=20, help="queued request ids listed per queue (default 20)")
+        parser.add_argument("--strict", action="store_true",
+                            help="exit 1 also when a queue of the installed engines has no live worker, even with "
+                                 "nothing queued (for a health check: a dead fleet is seen before requests wait)")
 
-    def handle(self, *args, ids=20, **options):
+    def handle(self, *args, ids=20, strict=False, **options):
         from engines import plugins
 
         out = self.stdout.write
         out(f"broker: {settings.CELERY_BROKER_URL.split('@')[-1]}")
+        unreadable = False
         try:
             recs = liveness.records()
         except Exception as exc:  # noqa: BLE001
             out(f"workers: cannot read the heartbeats ({type(exc).__name__}: {exc})")
-            recs = []
+            recs, unreadable = [], True
         served = set()
         for r in recs:
             state = "alive" if r["alive"] else "DEAD (no heartbeat)"
@@ -82,7 +87,10 @@ class Command(BaseCommand):
         silent = self._running(out, recs, ids)
         out(f"(checked {time.strftime('%Y-%m-%d %H:%M:%S')}; alive = a heartbeat within "
             f"{settings.WORKER_ALIVE_SECONDS} s)")
-        if stranded or silent:
+        unserved = sorted({i.get("queue", "cpu") for i in plugins.engines().values()} - served) if strict else []
+        if unserved:
+            out(f"--strict: no live worker consumes queue(s) {', '.join(unserved)}")
+        if stranded or silent or unreadable or unserved:
             sys.exit(1)
 
     def _running(self, out, recs: list[dict], ids: int) -> int:
