@@ -80,6 +80,28 @@ def _remove(folder: str, owner: int):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+PREFIX = "governance-pool-"
+
+
+def remove_stale_folders(root: str | None = None) -> list[str]:
+    """The lock folders (``PREFIX<pid>-...``) of worker processes no longer running: a worker
+    killed with SIGKILL never runs its finalizer, and its folder stayed in /tmp for good."""
+    removed = []
+    root = root or tempfile.gettempdir()
+    for name in os.listdir(root):
+        pid = name[len(PREFIX):].split("-", 1)[0] if name.startswith(PREFIX) else ""
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(name)
+        except OSError:  # alive (another user's): not ours to judge
+            continue
+    return removed
+
+
 class BlockingPool(BilliardPool):
     """billiard's shared-pipe pool with :class:`DeathSafeLock` on both pipes: the task
     pipe's read lock (held by the idle process waiting on it) and the result pipe's write
@@ -87,7 +109,8 @@ class BlockingPool(BilliardPool):
 
     def _setup_queues(self):
         super()._setup_queues()
-        folder = tempfile.mkdtemp(prefix="governance-pool-")
+        remove_stale_folders()
+        folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
         weakref.finalize(self, _remove, folder, os.getpid())
         self._inqueue._rlock = DeathSafeLock(os.path.join(folder, "tasks.lock"))
         if self._outqueue._wlock is not None:
