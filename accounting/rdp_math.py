@@ -44,13 +44,26 @@ def gaussian_curve(noise_multiplier: float) -> np.ndarray:
     return np.append(_A / (2.0 * z2), math.inf)
 
 
+# Below a * eps of this, the closed forms of the Laplace and pure-DP curves lose digits (a
+# log of 1 + about a(a-1) eps^2 / 2: a millionth too small at a * eps = 1e-5, and 0,
+# negative or a few times too small at eps 1e-7 and under), and the zCDP bound a eps^2 / 2
+# (Bun-Steinke 2016, Prop. 3.3: any eps-DP mechanism) takes their place: valid always, at
+# most 0.034% over the Laplace curve and 0.00002% over the pure-DP one here (mpmath), where
+# the closed forms keep about 1e-10 above it.
+_SMALL_A_EPS = 1e-3
+
+
+def _small_eps(epsilon: float, a: np.ndarray, closed: np.ndarray) -> np.ndarray:
+    return np.where(a * epsilon < _SMALL_A_EPS, np.minimum(a * epsilon * epsilon / 2, epsilon), closed)
+
+
 def laplace_at(epsilon: float, a: np.ndarray) -> np.ndarray:
     """Laplace mechanism with epsilon = sensitivity / scale at the finite orders ``a``
     (Mironov 2017, Prop. 6): 1/(a-1) log( a/(2a-1) e^{(a-1) eps} + (a-1)/(2a-1) e^{-a eps} ),
-    computed in log space, capped at eps."""
+    computed in log space, capped at eps; ``a eps^2 / 2`` where a * eps is tiny."""
     t1 = np.log(a / (2 * a - 1)) + (a - 1) * epsilon
     t2 = np.log((a - 1) / (2 * a - 1)) - a * epsilon
-    return np.minimum(np.logaddexp(t1, t2) / (a - 1), epsilon)
+    return _small_eps(epsilon, a, np.minimum(np.logaddexp(t1, t2) / (a - 1), epsilon))
 
 
 def laplace_curve(epsilon: float) -> np.ndarray:
@@ -62,9 +75,9 @@ def pure_dp_at(epsilon: float, a: np.ndarray) -> np.ndarray:
     """Any epsilon-DP mechanism at the finite orders ``a``: the RDP of randomised response,
     which dominates them all. 1/(a-1) log( (e^{a eps} + e^{(1-a) eps}) / (1 + e^{eps}) ),
     the same as 1/(a-1) log( (sinh(a eps) - sinh((a-1) eps)) / sinh(eps) ) (Bun-Steinke
-    2016, Prop. 3.3); at most min(eps, a eps^2 / 2)."""
-    return np.minimum((np.logaddexp(a * epsilon, (1 - a) * epsilon) - np.logaddexp(0.0, epsilon)) / (a - 1),
-                      epsilon)
+    2016, Prop. 3.3); at most min(eps, a eps^2 / 2), which it is where a * eps is tiny."""
+    closed = (np.logaddexp(a * epsilon, (1 - a) * epsilon) - np.logaddexp(0.0, epsilon)) / (a - 1)
+    return _small_eps(epsilon, a, np.minimum(closed, epsilon))
 
 
 def pure_dp_curve(epsilon: float) -> np.ndarray:
@@ -133,15 +146,19 @@ def subsampled_at(q: float, z: float, a: np.ndarray) -> np.ndarray:
     # Without subsampling the Gaussian's curve is a valid upper bound at every order:
     # subsampling never costs privacy (joint convexity of exp((a-1) D_a)).
     plain = a / (2.0 * z * z)
-    orders = [float(x) for x in a if float(x).is_integer() or q < _FRACTIONAL_MAX_RATE]
     computed = {}
     missing = []
-    for x in orders:
+    for x in dict.fromkeys(float(x) for x in a):
+        if not (x.is_integer() or q < _FRACTIONAL_MAX_RATE) or x <= 1:
+            continue
         hit = _SERIES.get((q, z, x))
-        if hit is None:
-            missing.append(x)
-        else:
+        if hit is not None:
             computed[x] = hit
+        elif x.is_integer():  # the exact sum (Opacus's loses every digit at small q)
+            computed[x] = _log_a_int(q, z, int(x)) / (x - 1)
+            _SERIES.put((q, z, x), computed[x])
+        else:
+            missing.append(x)
     if missing:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -156,11 +173,6 @@ def subsampled_at(q: float, z: float, a: np.ndarray) -> np.ndarray:
             for x, v in new.items():
                 _SERIES.put((q, z, x), v)
     finite = np.array([computed.get(float(x), math.inf) for x in a], dtype=float)
-    for i, x in enumerate(a):
-        if float(x).is_integer() and not np.isfinite(finite[i]):
-            # Opacus's binomial coefficients overflow at the top orders (NaN at 2048 and
-            # 4096): the same sum, in log space.
-            finite[i] = _log_a_int(q, z, int(x)) / (x - 1)
     finite = np.where(np.isnan(finite), math.inf, finite)
     fractional = [i for i, x in enumerate(a) if not float(x).is_integer() and x > 1]
     if fractional and q < _FRACTIONAL_MAX_RATE:  # (above it they take the plain bound below)
@@ -185,8 +197,15 @@ def _hold_to_integer_neighbours(q: float, z: float, a: np.ndarray, finite: np.nd
         f = float(math.floor(x))
         chord = ((f - 1) * at[f] + (x - f) * (f * at[f + 1] - (f - 1) * at[f])) / (x - 1)
         chord = chord if math.isfinite(chord) else math.inf  # (the plain bound then applies)
-        if not (at[f] * (1 - 1e-9) <= finite[i] <= chord * (1 + 1e-9)):
+        # Opacus's series at a small q sums to 1 + (a tiny part) and keeps none of its digits:
+        # where f + 1's (alpha - 1) RDP is that small, its value cannot be told from 0 (a
+        # valid-looking 0 between 1 and 2), and the chord stands in
+        lost = f * at[f + 1] < _LOST_DIGITS
+        if lost or not (at[f] * (1 - 1e-9) <= finite[i] <= chord * (1 + 1e-9)):
             finite[i] = chord
+
+
+_LOST_DIGITS = 1e-6  # (alpha - 1) RDP below which Opacus's fractional series is not read
 
 
 def integer_neighbours(x: float) -> set[int]:
@@ -240,17 +259,23 @@ _SERIES = _LRU(65_536)
 
 def _log_a_int(q: float, z: float, alpha: int) -> float:
     """log A_alpha of the Poisson-subsampled Gaussian at an integer order (Mironov, Talwar
-    and Zhang 2019, Sec. 3.3): log sum_k C(alpha, k) (1-q)^(alpha-k) q^k exp((k^2 - k) / (2 z^2)),
-    every term in log space (no binomial coefficient or power is formed), so it stays
-    finite at any order. The RDP at alpha is this divided by alpha - 1."""
+    and Zhang 2019, Sec. 3.3): log sum_k C(alpha, k) (1-q)^(alpha-k) q^k exp((k^2 - k) / (2 z^2)).
+    The binomial weights sum to 1, so this is log1p(S), S = sum_{k>=2} of the same terms
+    with exp(...) - 1 in place of exp(...): every term >= 0 and in log space (no binomial
+    coefficient or power is formed), exact at any order and at any q (the sum as written
+    is 1 + S: at q = 1e-8 S is below a double's last digit of 1, and the RDP came out 0).
+    The RDP at alpha is this divided by alpha - 1."""
     from scipy.special import gammaln, logsumexp
 
     if not (0 < q < 1 and z > 0):
         return math.inf
-    k = np.arange(alpha + 1, dtype=float)
+    k = np.arange(2, alpha + 1, dtype=float)
+    e = (k * k - k) / (2 * z * z)
+    with np.errstate(over="ignore", divide="ignore"):
+        log_expm1 = np.where(e > 30.0, e + np.log1p(-np.exp(-e)), np.log(np.expm1(np.minimum(e, 30.0))))
     terms = (gammaln(alpha + 1) - gammaln(k + 1) - gammaln(alpha - k + 1)
-             + (alpha - k) * math.log1p(-q) + k * math.log(q) + (k * k - k) / (2 * z * z))
-    return float(logsumexp(terms))
+             + (alpha - k) * math.log1p(-q) + k * math.log(q) + log_expm1)
+    return float(np.logaddexp(0.0, logsumexp(terms)))
 
 
 @functools.lru_cache(maxsize=1024)

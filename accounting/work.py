@@ -125,14 +125,14 @@ def series_units(q: float, z: float, orders, cap: int | None = None) -> int:
         if not math.isfinite(a):
             continue
         if a.is_integer():
-            total += PER_ORDER + int(a) + 1
+            total += PER_ORDER + int(a) - 1  # rdp_math._log_a_int: the terms k = 2 .. a
         elif q < _FRACTIONAL_MAX_RATE:
             left = None if cap is None else max(cap - total, 0) // FRAC_TERM + 1
             total += PER_ORDER + FRAC_TERM * _frac_terms(q, z, a, left)
             if a > 1:  # the integer orders it is held to, once per call
                 for n in integer_neighbours(a) - neighbours:
                     neighbours.add(n)
-                    total += PER_ORDER + n + 1
+                    total += PER_ORDER + n - 1
         else:
             total += PER_ORDER  # fractional orders above the rate use the plain bound
         if cap is not None and total > cap:

@@ -20,9 +20,16 @@ class SeriesCounter:
 
     def __init__(self, monkeypatch):
         g = rm.opacus_compute_rdp().__globals__
-        self.erfc = self.add = self.sub = self.orders = 0
+        self.erfc = self.add = self.sub = self.orders = self.int_terms = 0
         for name in ("_log_erfc", "_log_add", "_log_sub", "_compute_rdp"):
             monkeypatch.setitem(g, name, self._wrap(name, g[name]))
+        real = rm._log_a_int
+
+        def exact_sum(q, z, alpha):  # integer orders: rdp_math's own sum of alpha - 1 terms
+            self.orders += 1
+            self.int_terms += alpha - 1
+            return real(q, z, alpha)
+        monkeypatch.setattr(rm, "_log_a_int", exact_sum)
 
     def _wrap(self, name, f):
         attr = {"_log_erfc": "erfc", "_log_add": "add", "_log_sub": "sub", "_compute_rdp": "orders"}[name]
@@ -44,7 +51,7 @@ class SeriesCounter:
     def units(self):
         """The series run, in work units (as accounting.work prices it, without PER_ORDER)."""
         int_terms = self.add + self.sub - 2 * self.frac_terms - self.frac_orders  # a frac order adds once at its end
-        return self.frac_terms * work.FRAC_TERM + int_terms
+        return self.frac_terms * work.FRAC_TERM + int_terms + self.int_terms
 
 
 @pytest.fixture
