@@ -192,7 +192,8 @@ def _expanded_bytes(col: pa.DictionaryArray) -> int:
 def check_columns(schema: pa.Schema) -> None:
     """Columns the service can hold: at most MAX_COLUMNS, each named (the empty name means
     "no unit column") and named once, no NUL in a name (PostgreSQL cannot store it), no
-    nested types."""
+    nested types, none of the types Arrow's compute kernels do not take (``_UNREAD``:
+    registered, their queries failed after the read, charged)."""
     if len(schema) > MAX_COLUMNS:
         raise InvalidDataset(f"The table has {len(schema)} columns; at most {MAX_COLUMNS} can be registered.")
     names = schema.names
@@ -209,9 +210,25 @@ def check_columns(schema: pa.Schema) -> None:
                                                 and pa.types.is_nested(field.type.value_type)):
             problems[field.name] = (f"nested type {str(field.type)[:100]}: only flat columns (numbers, text, "
                                     "booleans, dates) can be registered; flatten it first")
+        elif (hint := _unread(field.type)) is not None:
+            problems[field.name] = hint
     if problems:
         raise InvalidDataset("The table has columns the service cannot hold: "
                              + "; ".join(f"{k}: {v}" for k, v in list(problems.items())[:10]), errors=problems)
+
+
+def _unread(t: pa.DataType) -> str | None:
+    """Why a column of type ``t`` cannot be registered (the engines' Arrow kernels have none
+    for it: grouping, filtering and a unit's rows failed after the read), or None."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    views = {"string_view": "string (large_string)", "binary_view": "binary (large_binary)"}
+    if str(t) in views:
+        return (f"type {t}, which the engines cannot group, filter or bound by (a Polars table's text is "
+                f"string_view): write it as {views[str(t)]}")
+    if pa.types.is_float16(t):
+        return "type halffloat (float16), which the engines cannot read: write it as float32"
+    return None
 
 
 ORPHAN_AFTER_SECONDS = 6 * 3600  # far past the slowest registration between its copy and its row

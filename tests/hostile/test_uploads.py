@@ -192,6 +192,20 @@ def test_accepted_odd_but_flat_types(client):
     assert types == {"d": "text", "dec": "numeric", "u64": "numeric", "dict": "categorical", "n": "text"}
 
 
+@pytest.mark.parametrize("column,fragment", [
+    (pa.array(["a", "b"] * 50, pa.string_view()), "string_view"),
+    (pa.array([b"a", b"b"] * 50, pa.binary_view()), "binary_view"),
+    (pa.array(np.array([1, 2] * 50, dtype=np.float16)), "float16"),
+])
+def test_types_the_engines_cannot_read_are_refused_with_what_to_write(client, column, fragment, nothing_stored):
+    """A Polars table's text (string_view) and float16 registered, then every query grouping,
+    filtering or bounding by the column failed after the read, charged (a helper's probe)."""
+    table = pa.table({"g": column, "x": pa.array(range(100))})
+    r = client.post(URL, form(parquet(table), "t.parquet"), format="multipart")
+    body = assert_error(r, 400, "dataset.invalid")
+    assert fragment in str(body) and "write it as" in str(body), body
+
+
 # --------------------------------------------------------------------------- server paths
 
 
