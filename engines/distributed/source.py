@@ -11,6 +11,7 @@ another schema fails the request *before the read* (its reservation is refunded)
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
@@ -151,12 +152,32 @@ def schema_from_json(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
-def _metadata(path: str, label: str) -> tuple[pa.Schema, pq.FileMetaData, int]:
-    """(Arrow schema, footer, size in bytes) of one Parquet file; errors name it ``label``."""
+def footer_digest(f) -> str:
+    """SHA-256 (hex, 32 digits) of a Parquet file's footer bytes, read from the open file
+    ``f``: the row groups' offsets, sizes and statistics (min, max, nulls) of every column.
+    A file rewritten with other rows of the same size and count (fixed-width columns,
+    plain encoding, no compression) changed neither, and was answered on."""
+    size = f.size()
+    f.seek(size - 8)
+    length = int.from_bytes(f.read(4), "little")
+    if not 0 < length <= size - 12:
+        raise OSError("not a Parquet footer")
+    f.seek(size - 8 - length)
+    return hashlib.sha256(f.read(length)).hexdigest()[:32]
+
+
+def mtime_ns(path: str) -> int | None:
+    """A local file's modification time (ns); None for an object store's."""
+    return None if "://" in path else os.stat(path).st_mtime_ns
+
+
+def _metadata(path: str, label: str) -> tuple[pa.Schema, pq.FileMetaData, int, str]:
+    """(Arrow schema, footer, size in bytes, ``footer_digest``) of one Parquet file; errors
+    name it ``label``."""
     try:
         with open_file(path) as f:
             pf = pq.ParquetFile(f)
-            return pf.schema_arrow.remove_metadata(), pf.metadata, f.size()
+            return pf.schema_arrow.remove_metadata(), pf.metadata, f.size(), footer_digest(f)
     except FileNotFoundError:
         raise PartitionError(f"partition {label!r} is missing", label, "missing") from None
     except (OSError, pa.ArrowException) as e:
@@ -164,10 +185,11 @@ def _metadata(path: str, label: str) -> tuple[pa.Schema, pq.FileMetaData, int]:
                              "unreadable") from None
 
 
-def footer(path: str, label: str | None = None) -> tuple[pa.Schema, int]:
-    """(Arrow schema, rows) of one Parquet file, from its footer; errors name it ``label``."""
-    schema, md, _ = _metadata(path, label or path)
-    return schema, md.num_rows
+def footer(path: str, label: str | None = None) -> tuple[pa.Schema, int, str]:
+    """(Arrow schema, rows, ``footer_digest``) of one Parquet file, from its footer; errors
+    name it ``label``."""
+    schema, md, _, digest = _metadata(path, label or path)
+    return schema, md.num_rows, digest
 
 
 def _range_in(md: pq.FileMetaData, arrow: pa.Schema, column: str) -> tuple | None:
@@ -264,7 +286,7 @@ def check_manifest(base: str, parts: list[dict], schema: pa.Schema, columns: lis
     _own_files(base, [part["path"] for part in parts])  # a file swapped for a link since registration
     with ThreadPoolExecutor(max_workers=FOOTER_THREADS) as pool:  # an object store answers each in ~50 ms
         footers = list(pool.map(lambda part: _metadata(join(base, part["path"]), part["path"]), parts))
-    for part, (found, md, size) in zip(parts, footers):
+    for part, (found, md, size, digest) in zip(parts, footers):
         diff = differences(schema, found, columns)
         if diff:
             raise PartitionError(f"partition {part['path']!r} has a different schema: " + "; ".join(diff),
@@ -275,8 +297,14 @@ def check_manifest(base: str, parts: list[dict], schema: pa.Schema, columns: lis
         if part.get("bytes") is not None and size != part["bytes"]:  # other rows, as many of them
             raise PartitionError(f"partition {part['path']!r} is {size:,} bytes, registered at {part['bytes']:,}: "
                                  "it was rewritten since registration", part["path"], "bytes")
+        if part.get("mtime_ns") is not None and mtime_ns(join(base, part["path"])) != part["mtime_ns"]:
+            raise PartitionError(f"partition {part['path']!r} was modified since registration (its modification "
+                                 "time); register the files again if that was meant", part["path"], "modified")
+        if part.get("footer") is not None and digest != part["footer"]:  # other rows, as many bytes
+            raise PartitionError(f"partition {part['path']!r} has another footer (its row groups' statistics) "
+                                 "than when registered: it was rewritten since registration", part["path"], "footer")
         total += md.num_rows
-    return total, (_known([_range_in(md, found, range_of) for found, md, _ in footers]) if range_of else None)
+    return total, (_known([_range_in(md, found, range_of) for found, md, _, _ in footers]) if range_of else None)
 
 
 @dataclass(frozen=True)
@@ -293,7 +321,7 @@ class PartitionedTable:
     retries: int = 2
     unit_ranges: tuple | None = ...  # file_ranges of the unit ids, when known (None: none); ...: not read
     max_rows_per_unit: int | None = None  # the most rows of one unit when registered: a hint, never trusted
-    expected: tuple | None = None  # each path's (rows, bytes or None) in the manifest: checked again at each read
+    expected: tuple | None = None  # each path's (rows, bytes, footer, mtime_ns or None) in the manifest: checked at each read
 
     @property
     def unit_range(self) -> tuple[int, int] | None:
@@ -319,8 +347,10 @@ class PartitionedTable:
         with open_file(path) as f:
             pf = pq.ParquetFile(f, pre_buffer=True)  # as pq.read_table does: one read of the columns' ranges
             if self.expected is not None:
-                rows, size = self.expected[self.paths.index(path)]
-                if pf.metadata.num_rows != rows or (size is not None and f.size() != size):
+                rows, size, digest, mtime = (tuple(self.expected[self.paths.index(path)]) + (None, None))[:4]
+                if pf.metadata.num_rows != rows or (size is not None and f.size() != size) \
+                        or (digest is not None and footer_digest(f) != digest) \
+                        or (mtime is not None and mtime_ns(path) != mtime):
                     raise PartitionError(f"partition {os.path.basename(path)!r} was rewritten while the run read "
                                          "it", path, "rewritten")
             t = pf.read(columns=list(self.columns))

@@ -88,7 +88,8 @@ def _table(ds_location: str, manifest: list[dict], columns, rows: int, unit: str
                             columns=tuple(columns), num_rows=rows, unit_column=unit,
                             scheduler=settings.DASK_SCHEDULER_ADDRESS, retries=settings.DASK_TASK_RETRIES,
                             unit_ranges=unit_ranges, max_rows_per_unit=max_rows_per_unit,
-                            expected=tuple((p["rows"], p.get("bytes")) for p in manifest))
+                            expected=tuple((p["rows"], p.get("bytes"), p.get("footer"), p.get("mtime_ns"))
+                                           for p in manifest))
 
 
 def open_columns(ds: Dataset, columns: list[str]) -> PartitionedTable:
@@ -119,7 +120,7 @@ def _manifest(location: str) -> tuple[str, list[dict], pa.Schema]:
         base, names = source.list_partitions(location)
         schema, manifest = None, []
         for name in names:
-            found, rows = source.footer(source.join(base, name), name)
+            found, rows, digest = source.footer(source.join(base, name), name)
             if schema is None:
                 schema = found
             else:
@@ -127,8 +128,10 @@ def _manifest(location: str) -> tuple[str, list[dict], pa.Schema]:
                 if diff:
                     raise PartitionError(f"partition {name!r} has a different schema from {names[0]!r}: "
                                          + "; ".join(diff[:10]), name, "schema")
-            size = os.path.getsize(source.join(base, name)) if "://" not in base else None
-            manifest.append({"path": name, "rows": rows, "bytes": size})
+            path = source.join(base, name)
+            size = os.path.getsize(path) if "://" not in base else None
+            manifest.append({"path": name, "rows": rows, "bytes": size, "footer": digest,
+                             "mtime_ns": source.mtime_ns(path)})
     except PartitionError as e:
         raise PartitionInvalid(str(e), field="path") from None
     return base, manifest, schema

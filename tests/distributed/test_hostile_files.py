@@ -150,9 +150,11 @@ def test_a_partition_rewritten_after_the_check_is_not_answered_on(
         return out
 
     monkeypatch.setattr(partitions.source, "check_manifest", check_then_rewrite)
+    registered = os.stat(directory / "part-0001.parquet")
     for kind, params in (("sum", {"column": "income", "max_rows_per_unit": 1000}),
                          ("count", {"max_rows_per_unit": 1000}), ("sum", {"column": "age", "max_rows_per_unit": 2})):
-        pq.write_table(table.slice(N // 2), directory / "part-0001.parquet")  # as registered again
+        pq.write_table(table.slice(N // 2), directory / "part-0001.parquet")  # as registered again, ...
+        os.utime(directory / "part-0001.parquet", ns=(registered.st_atime_ns, registered.st_mtime_ns))  # ... to the ns
         got = ask(api(analyst), "grown", kind, {"epsilon": 1e4, **params}, django_capture_on_commit_callbacks)
         assert got["status"] == "failed" and got["result"] is None, got
         assert got["error"]["code"] == "request.failed_after_read"  # other files were read: charged, as the rules say
