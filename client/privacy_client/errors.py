@@ -69,9 +69,10 @@ class AuthenticationError(ApiError):
 
 
 class PermissionDenied(ApiError):
-    """403: not allowed (``permission.denied``) or no grant on the dataset (``grant.missing``)."""
+    """403: not allowed (``permission.denied``), no grant on the dataset (``grant.missing``),
+    or, as a queued request's error, an account deactivated meanwhile (``account.inactive``)."""
 
-    codes = ("permission.denied", "grant.missing")
+    codes = ("permission.denied", "grant.missing", "account.inactive")
 
 
 class NotFound(ApiError):

@@ -278,6 +278,9 @@ MAPPING_CASES = [
     (400, {"code": "dataset.partition_invalid", "detail": "x"}, pc.InvalidRequest, "dataset.partition_invalid"),
     # an officer's PATCH of a revoked grant (the client has no grant calls): tests/api/test_grants.py
     (409, {"code": "grant.revoked", "detail": "x"}, pc.Conflict, "grant.revoked"),
+    # a queued request's error when its analyst was deactivated meanwhile (she cannot sign in
+    # to read it): tests/requests/test_requests_api.py makes the service write it
+    (403, {"code": "account.inactive", "detail": "x"}, pc.PermissionDenied, "account.inactive"),
     # a full disk: tests/hostile/test_uploads.py makes the service answer it
     (507, {"code": "storage.full", "detail": "x"}, pc.ServerError, "storage.full"),
     # a locked or unreachable database: tests/hostile/test_edges.py makes the service answer it
