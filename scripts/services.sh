@@ -4,6 +4,7 @@
 # Usage:
 #   scripts/services.sh postgres-start   # install (apt) if needed, init + start cluster
 #   scripts/services.sh postgres-stop
+#   scripts/services.sh postgres-running # exit 0 if this tree's cluster runs (scripts/test.sh stops one it started)
 #   scripts/services.sh redis-start      # install (apt) if needed, start redis
 #   scripts/services.sh redis-stop
 #   scripts/services.sh chromium-install # install Debian's chromium (apt) if missing
@@ -294,6 +295,7 @@ usage() {
 case "${1:-}" in
     postgres-start) postgres_start ;;
     postgres-stop)  postgres_stop ;;
+    postgres-running) PGBIN="$(pg_bindir)"; [ -n "$PGBIN" ] && pg_is_running ;;
     redis-start)    redis_start ;;
     redis-stop)     redis_stop ;;
     chromium-install) chromium_install ;;

@@ -43,6 +43,11 @@ echo "== tests on SQLite" >&2
 env -u DATABASE_URL .venv/bin/python -m pytest "$@"
 
 echo "== tests on PostgreSQL" >&2
+if ! scripts/services.sh postgres-running 2>/dev/null; then
+    # started here, stopped here: a cluster left running holds the port, and the next
+    # fresh clone's run (CI's) could not start its own
+    trap 'scripts/services.sh postgres-stop >&2 || true' EXIT
+fi
 if scripts/services.sh postgres-start; then
     eval "$(scripts/services.sh env)"
     export DATABASE_URL
