@@ -56,7 +56,7 @@ from django.utils import timezone
 from ..core.dispatch import mark_unsent  # noqa: F401 - rule 3's marker lives with the sending
 from ..ledger import actions as ledger, trail
 from ..models import Request
-from .result_files import drop_unreleased
+from .result_files import drop_files
 
 log = logging.getLogger(__name__)
 LOST = {"code": "request.worker_lost",
@@ -227,5 +227,5 @@ def _finish_lost(pk, still: Q, now) -> bool:
                 ledger.commit(req.ledger_entry_id, audit_ctx=ctx)
             else:
                 ledger.release(req.ledger_entry_id, audit_ctx=ctx)
-    drop_unreleased(pk)  # files a run killed between keeping them and its outcome had kept
+    drop_files(pk)  # failed just now: files a run killed between keeping them and its outcome had kept
     return True

@@ -23,14 +23,19 @@ def results_dir(request_id) -> Path:
     return Path(settings.RESULTS_DIR) / str(request_id)
 
 
+def drop_files(request_id) -> None:
+    """Remove a request's results directory (a request that did not succeed: rows'
+    derivatives, a model or a table, nobody may download, left on the disk for good)."""
+    shutil.rmtree(results_dir(request_id), ignore_errors=True)
+
+
 def drop_unreleased(request_id) -> None:
-    """Remove the files of a request that did not succeed (its run kept them, its outcome
-    was not written): rows' derivatives (a model, a table) nobody may download, left on the
-    disk for good."""
+    """``drop_files`` unless the request succeeded (its run kept them, its own outcome was
+    not written: another delivery's may have been)."""
     from ..models import Request
 
     if not Request.objects.filter(pk=request_id, status=Request.Status.SUCCEEDED).exists():
-        shutil.rmtree(results_dir(request_id), ignore_errors=True)
+        drop_files(request_id)
 
 
 def check_writable(path: Path) -> None:
@@ -43,9 +48,8 @@ def check_writable(path: Path) -> None:
         raise OSError(errno.EROFS, "the results disk is read-only")
     if not os.access(path, os.W_OK):
         raise OSError(errno.EACCES, "the results directory is not writable")
-    free = st.f_bavail * st.f_frsize
-    if free < settings.RESULTS_MIN_FREE_MB * 2**20:
-        raise OSError(errno.ENOSPC, f"the results disk has {free // 2**20} MB free, under RESULTS_MIN_FREE_MB "
+    if _under_minimum(st):
+        raise OSError(errno.ENOSPC, f"the results disk has {_free(st) // 2**20} MB free, under RESULTS_MIN_FREE_MB "
                                     f"({settings.RESULTS_MIN_FREE_MB})")
 
 
@@ -53,7 +57,14 @@ def disk_full() -> bool:
     """Whether the results disk has less than RESULTS_MIN_FREE_MB free now (a run that failed
     writing its files may say so to the analyst: a fact about the server, not the data)."""
     try:
-        st = os.statvfs(settings.RESULTS_DIR)
+        return _under_minimum(os.statvfs(settings.RESULTS_DIR))
     except OSError:
         return False
-    return st.f_bavail * st.f_frsize < settings.RESULTS_MIN_FREE_MB * 2**20
+
+
+def _free(st: os.statvfs_result) -> int:
+    return st.f_bavail * st.f_frsize
+
+
+def _under_minimum(st: os.statvfs_result) -> bool:
+    return _free(st) < settings.RESULTS_MIN_FREE_MB * 2**20
