@@ -12,6 +12,8 @@ or ledger entry's charge, the officer's overview), never at admission.
 
 from __future__ import annotations
 
+from django.db.models import Count
+
 from accounting import events as ev
 from accounting.costs import Cost, cost_of
 
@@ -31,8 +33,15 @@ def active_event(dataset: Dataset | int, grant: Grant | None = None) -> ev.Event
     rows = LedgerEntry.objects.filter(dataset_id=pk).exclude(status=LedgerEntry.Status.RELEASED)
     if grant is not None:
         rows = rows.filter(grant=grant)
-    rows = rows.values_list("event", "committed_event")
-    return ev.compose([ev.parse_event(committed or event) for event, committed in rows.iterator(chunk_size=2000)])
+    # equal events read once, counted (a ledger of many equal releases: 100,000 entries of
+    # three kinds were 1.0 s of the overview page to read and walk one by one)
+    rows = rows.values("event", "committed_event").annotate(n=Count("id")).values_list("event", "committed_event", "n")
+    return ev.compose([_times(ev.parse_event(committed or event), n)
+                       for event, committed, n in rows.order_by().iterator(chunk_size=2000)])
+
+
+def _times(event: ev.Event, n: int) -> ev.Event:
+    return event if n == 1 else ev.SelfComposedEvent(event, n)
 
 
 def entry_charge(entry: LedgerEntry, delta: float, *, refine: bool = True) -> dict:
