@@ -11,12 +11,13 @@ Tests may ``pm.register(plugin)`` for one test and ``pm.unregister(plugin)`` aft
 
 from __future__ import annotations
 
+import json
 import os
 
 import pluggy
 
 from . import hookspecs
-from .types import DatasetMeta, EngineRequest, Plan, PlanError, Release, UnknownEngine
+from .types import DatasetMeta, EngineError, EngineRequest, Plan, PlanError, Release, UnknownEngine
 
 GROUP = "privacy_engines"
 BUILTINS = ("engines.aggregates", "engines.dpsgd", "engines.synthesis", "engines.federated")
@@ -98,4 +99,17 @@ def run(engine: str, request: EngineRequest, dataset: DatasetMeta, data, plan: P
                          workdir=workdir)
     if result is None:  # pragma: no cover
         raise UnknownEngine(f"engine {engine!r} did not run the request")
+    _check_json(engine, result)
     return result
+
+
+def _check_json(engine: str, release: Release) -> None:
+    """A release is stored and hashed as strict JSON: a NaN, an infinity or a NumPy number
+    in it could not be written, and the run was lost (left running until the sweep, charged
+    in full, nothing released). Raised here it is the engine's failure after the read."""
+    for part in ("result", "actual_event", "officer_report"):
+        try:
+            json.dumps(getattr(release, part), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise EngineError(f"engine {engine!r} released a {part} that is not plain JSON "
+                              f"({type(e).__name__}: {str(e)[:200]})") from None

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..core.errors import InvalidDataset
 from ..models import Dataset
 from .files import dataset_path, read_table
+
+
+class StoredTableChanged(InvalidDataset):
+    """A local dataset's stored file is no longer the one registered (its digest differs)."""
+
+    code = "dataset.file_changed"
 
 
 def load_columns(ds: Dataset, columns: list[str]) -> pa.Table:
@@ -27,6 +36,7 @@ def load_columns(ds: Dataset, columns: list[str]) -> pa.Table:
         return federation(ds)
     cols = list(dict.fromkeys(columns + ([ds.unit_column] if ds.unit_column else [])))
     path = str(dataset_path(ds))
+    _check_digest(path, ds.sha256)
     if not cols and ds.file_format == "csv":
         # Only the row count: a CSV has no footer to read it from, so read its first column
         # (named in the schema, which lists the file's columns in order) and drop it.
@@ -40,6 +50,26 @@ def _load(path: str, sha256: str, fmt: str, columns: tuple[str, ...]) -> pa.Tabl
     # Keyed by the file's digest: a re-registered table never serves stale rows. A Parquet
     # read of no columns takes the row count from the footer.
     return read_table(path, fmt, columns=list(columns))
+
+
+def _check_digest(path: str, sha256: str) -> None:
+    """Raise ``StoredTableChanged`` unless the stored file is the one registered: rows
+    appended, edited or truncated since (an operator, a restored backup) are never
+    answered on as if registered. Hashed once per process per file version (its size and
+    modification time): a stat per request after that."""
+    st = os.stat(path)
+    _digest_matches(path, sha256, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_matches(path: str, sha256: str, size: int, mtime_ns: int) -> None:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != sha256:  # raised, so not cached: a file put back is read again
+        raise StoredTableChanged(f"the stored table {path} is not the one registered: its SHA-256 is "
+                                 f"{digest.hexdigest()}, registered {sha256}; register the table again")
 
 
 def table_schema(ds: Dataset) -> pa.Schema:

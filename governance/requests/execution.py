@@ -263,27 +263,33 @@ def _run(req: Request, clock: RunClock) -> str:
             # loaded now: a worker that cannot load it fails before the read, refunded
             plugins.prepare(req.engine)
             workdir = scratch_dir()  # before the read: a full or unwritable results disk is a refund
-            if ds.execution == Dataset.Execution.DISTRIBUTED:  # footers only: a check hung on a file reads no row
-                data = load_columns(ds, list(plan.columns))
-                _mark_data_read(req.pk)
-            else:
-                _mark_data_read(req.pk)
-                data = load_columns(ds, list(plan.columns))
     except Exception as e:
         # The rows never reached the engine: nothing was released, refund.
-        log.exception("request %s failed before reading data", req.pk)
-        if getattr(e, "code", None) == "dataset.partition_invalid":  # the officer's: partition names, exact row counts
-            return _finish(req, Request.Status.FAILED, error={"code": "request.failed_before_read", "detail": (
-                "Failed before the data was read: a partition of the dataset is missing, unreadable or no longer "
-                "as registered (the privacy officer's page of this request says which); the reservation is "
-                "refunded.")}, charge=False, officer_report={"failure": str(e)})
-        return _finish(req, Request.Status.FAILED, error={"code": "request.failed_before_read",
-                                                          "detail": f"Failed before the data was read: {no_paths(e)}"},
-                       charge=False)
+        return _failed_before_read(req, e)
     if refusal is not None:
         return _finish(req, Request.Status.CANCELLED, error={
             "code": refusal.code, "detail": f"Not run: {refusal} (since the request was admitted); nothing was read, "
                                             "the reservation is refunded."}, charge=False)
+    try:
+        if ds.execution == Dataset.Execution.DISTRIBUTED:  # footers only: a check hung on a file reads no row
+            data = load_columns(ds, list(plan.columns))
+            _mark_data_read(req.pk)
+        else:
+            _mark_data_read(req.pk)
+            data = load_columns(ds, list(plan.columns))
+    except Exception as e:
+        # No row reached the engine: refund. A local table's read failed as rows were read
+        # (a stored file damaged or changed since registration): its message can quote a row
+        # (a CSV parser's names the line it stopped at), so the officer's report has it and
+        # the analyst a fixed text; as for a partition no longer as registered. A cluster's
+        # or federation's setup failed before any row (its message names no data).
+        if ds.execution == Dataset.Execution.LOCAL or getattr(e, "code", None) == "dataset.partition_invalid":
+            _log_failure(req.pk, e, "could not read its table")
+            return _finish(req, Request.Status.FAILED, error={"code": "request.failed_before_read", "detail": (
+                "Failed before the data was read: the dataset's table (or a partition of it) is missing, unreadable "
+                "or no longer as registered (the privacy officer's page of this request says why); the reservation "
+                "is refunded.")}, charge=False, officer_report={"failure": str(e)})
+        return _failed_before_read(req, e)
 
     _cluster_jobs()  # forget any job an earlier run of this thread left noted
     # a federated run: its progress per round and the sites its audit record names
@@ -303,7 +309,7 @@ def _run(req: Request, clock: RunClock) -> str:
             return _finish(req, Request.Status.FAILED, error={
                 "code": "request.failed_before_read", "detail": f"No data was read: {e}"},
                 charge=False, clock=clock, officer_report=_jobs(recorder))
-        _log_failure_after_read(req.pk, e)
+        _log_failure(req.pk, e)
         _empty(workdir)
         # An engine error may name the work done before it (a data-parallel run that lost a
         # rank: the steps taken); that is charged, as for a cancellation.
@@ -326,6 +332,15 @@ def _run(req: Request, clock: RunClock) -> str:
                       "the charge stands."}, actual_event=release.actual_event, charge=True, clock=clock)
     return _finish(req, Request.Status.SUCCEEDED, result=result, actual_event=release.actual_event, charge=True,
                    officer_report=officer, clock=clock)
+
+
+def _failed_before_read(req: Request, e: Exception) -> str:
+    """Refunded: the rows never reached the engine, and the failure's message names no data
+    (an engine that cannot load, a full results disk, a cluster out of reach)."""
+    log.exception("request %s failed before reading data", req.pk)
+    return _finish(req, Request.Status.FAILED, error={"code": "request.failed_before_read",
+                                                      "detail": f"Failed before the data was read: {no_paths(e)}"},
+                   charge=False)
 
 
 def _storage_full(e: BaseException) -> bool:
@@ -391,13 +406,13 @@ def _cluster_jobs() -> dict | None:
     return {"cluster": job} if job else None
 
 
-def _log_failure_after_read(request_id, e: Exception) -> None:
+def _log_failure(request_id, e: Exception, what: str = "failed after reading data") -> None:
     """The worker log gets the failure's type and where it happened, not its message: a
     message raised after the read can quote the data (a value, a row), and logs are no place
     for raw rows. Run the engine on public or synthetic data to see the message."""
     stack = "".join(traceback.format_tb(e.__traceback__))
-    log.error("request %s failed after reading data: %s (message withheld: it may quote the data)\n%s",
-              request_id, type(e).__name__, stack)
+    log.error("request %s %s: %s (message withheld: it may quote the data)\n%s",
+              request_id, what, type(e).__name__, stack)
 
 
 def scratch_dir() -> Path:

@@ -102,7 +102,7 @@ def said_to_the_officer(api, officer, body) -> str:
     name can carry values, diagnosis=HIV/, and its rows now are an exact count, free of
     charge); the officer's view of the request says which and why."""
     detail = body["error"]["detail"]
-    assert "a partition of the dataset is missing, unreadable or no longer as registered" in detail, detail
+    assert "the dataset's table (or a partition of it) is missing, unreadable or no longer as registered" in detail, detail
     assert ".parquet" not in detail and "rows" not in detail and "registered with" not in detail
     return api(officer).get(f"/api/requests/{body['id']}/").json()["officer_report"]["failure"]
 

@@ -13,14 +13,15 @@ class ProbeEngine:
 
     kinds: ``count`` (costs Laplace(epsilon)), ``fail`` (raises after reading the data),
     ``stepwise`` (reports progress, so a cancellation can land mid-run; commits less than planned),
-    ``file`` (writes a file for the analyst, as a model or a table).
+    ``file`` (writes a file for the analyst, as a model or a table), ``nan`` (a result
+    that is not strict JSON: a loss that diverged).
     """
 
     NAME = "probe"
 
     @hookimpl
     def engine_info(self):
-        return {"name": self.NAME, "kinds": ["count", "fail", "stepwise", "file"], "queue": "cpu",
+        return {"name": self.NAME, "kinds": ["count", "fail", "stepwise", "file", "nan"], "queue": "cpu",
                 "description": "test engine", "params_schema": {}}
 
     @hookimpl
@@ -45,6 +46,8 @@ class ProbeEngine:
         progress({"phase": "counting", "fraction": 0.5})
         if request.kind == "fail":
             raise RuntimeError(f"secret value {pc.max(data.column('age')).as_py()}")
+        if request.kind == "nan":
+            return Release(result={"loss": float("nan"), "history": [float("inf")]})
         if request.kind == "stepwise":
             for step in range(2):
                 progress({"phase": "step", "step": step, "fraction": step / 4})

@@ -77,9 +77,10 @@ def test_it_refunds_a_failure_before_the_data_is_read(api, analyst, clinic, sett
     req = Request.objects.get(pk=rid)
     assert req.status == "failed" and req.error["code"] == "request.failed_before_read"
     assert LedgerEntry.objects.get().status == "released"
-    # the reason, without where the server keeps its tables
-    assert "<a server path>" in req.error["detail"] and clinic.file not in req.error["detail"]
+    # a fixed text (a read's message can quote a row), without where the server keeps its tables
+    assert "no longer as registered" in req.error["detail"] and clinic.file not in req.error["detail"]
     assert str(settings.DATA_DIR) not in req.error["detail"]
+    assert "No such file" in req.officer_report["failure"]  # the officer's page says why
 
 
 def test_an_engine_that_cannot_load_fails_before_the_read_refunded(api, analyst, clinic,
@@ -433,3 +434,18 @@ def test_a_failure_on_a_disk_that_filled_during_the_run_says_the_storage_is_full
     req = Request.objects.get(pk=rid)
     assert (req.status, req.error["code"]) == ("failed", "request.failed_after_read")
     assert "storage is full" in req.error["detail"] and "enforce" not in req.error["detail"]
+
+
+def test_a_result_that_is_not_strict_json_fails_after_the_read_charged_not_lost(
+        api, analyst, clinic, django_capture_on_commit_callbacks):
+    """A NaN or an infinity in an engine's result: the outcome could not be written (the
+    JSON column refused it), the request stayed running until the sweep called its worker
+    lost, charged in full, nothing said. Now the engine's failure after the read."""
+    from governance.audit import verification
+
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(api(analyst), {"epsilon": 0.25}, kind="nan").json()["id"]
+    req = Request.objects.get(pk=rid)
+    assert (req.status, req.error["code"], req.data_read) == ("failed", "request.failed_after_read", True)
+    assert req.ledger_entry.status == "committed" and req.result is None
+    assert verification.verify(None).ok
