@@ -1,8 +1,12 @@
 """The audit API: records, the chain's verification and exports. Privacy officers and
 auditors only; auditors see nothing else (no datasets' rows, no results, no requests)."""
 
+import datetime
 from types import SimpleNamespace
 
+from django.core.exceptions import ValidationError
+from django_filters import rest_framework as filters
+from django_filters.fields import IsoDateTimeField
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -45,6 +49,33 @@ class AuditRecordSerializer(serializers.ModelSerializer):
 FORMATS = audit_export.EXPORT_FORMATS
 
 
+class UtcDateTimeField(IsoDateTimeField):
+    """An ISO 8601 date and time that is one in UTC too: ``9999-12-31T23:59:59-01:00`` is
+    past year 9999 in UTC, which SQLite's adapter cannot write (an OverflowError, a 500)."""
+
+    def to_python(self, value):
+        parsed = super().to_python(value)
+        if parsed is not None and parsed.tzinfo is not None:
+            try:
+                parsed.astimezone(datetime.timezone.utc)
+            except OverflowError:
+                raise ValidationError("the date and time is outside years 1-9999 in UTC", code="invalid") from None
+        return parsed
+
+
+class UtcDateTimeFilter(filters.IsoDateTimeFilter):
+    field_class = UtcDateTimeField
+
+
+class AuditFilter(filters.FilterSet):
+    at__gte = UtcDateTimeFilter(field_name="at", lookup_expr="gte")
+    at__lte = UtcDateTimeFilter(field_name="at", lookup_expr="lte")
+
+    class Meta:
+        model = AuditRecord
+        fields = {"dataset__name": ["exact"], "action": ["exact"], "actor": ["exact"], "outcome": ["exact"]}
+
+
 class ExportNegotiation(DefaultContentNegotiation):
     """``?format=`` names the export's format here, not DRF's renderer."""
 
@@ -58,8 +89,7 @@ class AuditViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMixi
     serializer_class = AuditRecordSerializer
     permission_classes = [IsAuthenticated, CanAudit]
     content_negotiation_class = ExportNegotiation
-    filterset_fields = {"dataset__name": ["exact"], "action": ["exact"], "actor": ["exact"],
-                        "outcome": ["exact"], "at": ["gte", "lte"]}
+    filterset_class = AuditFilter
     ordering_fields = ["seq", "at", "id"]
 
     def get_queryset(self):

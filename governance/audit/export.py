@@ -283,7 +283,9 @@ EXPORT_FORMATS = ("json", "csv", "pdf")  # FORMATS and the PDF report
 
 def datasets_named(names) -> list:
     """The datasets ``names`` (all of them for none or ``["all"]``), in name order;
-    ``LookupError`` naming the ones that do not exist."""
+    ``LookupError`` naming the ones that do not exist. A name given twice is one dataset
+    (not its records twice in the export)."""
+    names = list(dict.fromkeys(names or ()))
     if not names or list(names) == ["all"]:
         return list(Dataset.objects.order_by("name"))
     found = {d.name: d for d in Dataset.objects.filter(name__in=names)}

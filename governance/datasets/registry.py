@@ -56,6 +56,8 @@ def register(*, name: str, created_by, upload=None, path: str | None = None, fil
     ``schema`` and the ``sites`` with their row counts (governance.datasets.federated)."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise InvalidDataset("name must be 1-100 lowercase letters, digits, '-' or '_'", field="name")
+    if name == "all":  # ?dataset=all is every dataset (the audit exports and verify)
+        raise InvalidDataset("'all' is reserved: it names every dataset in the audit exports", field="name")
     failed = Dataset.objects.filter(name=name, status=Dataset.Status.FAILED).first()
     if failed is not None:  # a registration that failed holds nothing: its name is free again
         Budget.objects.filter(pk=failed.pk).delete()

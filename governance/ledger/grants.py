@@ -12,8 +12,8 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from ..core.errors import GrantRevoked
-from ..models import AuditRecord, Budget, Grant
+from ..core.errors import DatasetNotActive, GrantRevoked
+from ..models import AuditRecord, Budget, Dataset, Grant
 from . import trail
 
 __all__ = ["give", "change_cap", "revoke"]
@@ -33,11 +33,21 @@ def _record(budget: Budget, grant: Grant, actor: str, outcome: str, before: tupl
                  actor=actor, ctx=ctx)
 
 
+UNREGISTERED = (Dataset.Status.PENDING, Dataset.Status.FAILED)
+
+
 def give(analyst, dataset, actor, *, cap_epsilon=None, cap_delta=None) -> Grant | None:
     """The analyst's grant on ``dataset`` with these caps: a new one, or their revoked one
-    active again. None if they hold an active one already (the caller refuses)."""
+    active again. None if they hold an active one already (the caller refuses).
+    ``DatasetNotActive`` while the dataset's table is being read or failed to be (checked
+    under the lock): a failed registration's name is freed by deleting it, which a grant
+    (and its audit record) would block for good."""
     with transaction.atomic():
         budget = Budget.objects.select_for_update().get(pk=dataset.pk)
+        status = Dataset.objects.filter(pk=dataset.pk).values_list("status", flat=True).get()
+        if status in UNREGISTERED:
+            raise DatasetNotActive(f"{dataset.name} is {status}: its table is not registered (yet); give the grant "
+                                   "once it is draft or active.")
         grant = Grant.objects.select_for_update().filter(analyst=analyst, dataset=dataset).first()
         if grant is not None and grant.active:
             return None

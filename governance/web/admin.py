@@ -193,6 +193,8 @@ class GrantAdmin(OfficerPermissions, admin.ModelAdmin):
 
             kwargs["queryset"] = (db_field.remote_field.model.objects.filter(is_staff=False, is_active=True)
                                   .exclude(groups__name=AUDITORS_GROUP).order_by("username"))
+        if db_field.name == "dataset":  # grants.give refuses a table not registered (yet)
+            kwargs["queryset"] = db_field.remote_field.model.objects.exclude(status__in=grants.UNREGISTERED)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     @admin.action(description="Revoke (keeps the grant's history)")

@@ -224,3 +224,15 @@ def test_it_reports_spending_against_the_cap(api, officer, analyst, clinic):
     assert spent["basic"]["epsilon"] == pytest.approx(0.1)
     assert spent["rdp"]["gates"] is True
     assert spent["rdp"]["remaining_epsilon"] < 0.3
+
+
+@pytest.mark.parametrize("status", ["pending", "failed"])
+def test_a_table_not_registered_yet_takes_no_grant(api, officer, analyst, clinic, status):
+    """A grant (and its audit record) on a registration being read or failed blocked the
+    deletion that frees a failed registration's name: every new registration was a 409."""
+    from governance.models import AuditRecord, Dataset
+
+    Dataset.objects.filter(pk=clinic.pk).update(status=status)
+    r = api(officer).post("/api/grants/", {"analyst": analyst.username, "dataset": clinic.name}, format="json")
+    assert r.status_code == 409 and r.json()["code"] == "dataset.inactive", r.content
+    assert not AuditRecord.objects.filter(dataset=clinic, action="grant").exists()

@@ -139,3 +139,54 @@ def test_export_command_writes_each_format(history, tmp_path):
         assert out.stat().st_size > 500
     assert json.loads((tmp_path / "a.json").read_text())["datasets"][0]["name"] == ds.name
     assert (tmp_path / "a.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+def test_records_dates_past_year_9999_in_utc_are_a_400(history, api, auditor):
+    """9999-12-31T23:59:59-01:00 is in year 10000 in UTC: SQLite's adapter overflowed, a 500."""
+    for query in ({"at__gte": "9999-12-31T23:59:59-01:00"}, {"at__lte": "0001-01-01T00:00:00+01:00"}):
+        r = api(auditor).get("/api/audit/", query)
+        assert r.status_code == 400 and "outside years 1-9999" in json.dumps(r.json()), r.content
+    r = api(auditor).get("/api/audit/", {"at__gte": "2000-01-01T00:00:00+01:00", "page_size": 1})
+    assert r.status_code == 200 and r.json()["count"] > 0
+
+
+def test_a_dataset_named_twice_is_exported_once(history, api, auditor):
+    ds, _ = history
+    def csv(query):
+        r = api(auditor).get("/api/audit/export/?" + query)
+        assert r.status_code == 200
+        return b"".join(r.streaming_content)
+
+    assert csv(f"dataset={ds.name}&dataset={ds.name}&format=csv") == csv(f"dataset={ds.name}&format=csv")
+    body = json.loads(b"".join(api(auditor).get(f"/api/audit/export/?dataset={ds.name}&dataset={ds.name}")
+                               .streaming_content))
+    assert [d["name"] for d in body["datasets"]] == [ds.name]
+
+
+def test_all_is_not_a_dataset_name(make_dataset):
+    from governance.core.errors import InvalidDataset
+
+    with pytest.raises(InvalidDataset, match="reserved"):
+        make_dataset("all")
+
+
+def test_the_officers_verify_says_an_unknown_name_and_reads_all_as_every_dataset(history, tamperer, client, officer):
+    from django.contrib.messages import get_messages
+    from django.urls import reverse
+
+    from governance.models import AuditRecord
+
+    ds, _ = history
+    client.force_login(officer)
+    url = reverse("admin:governance_audit_verify")
+
+    def said(query):
+        r = client.get(url, query)
+        assert r.status_code == 302
+        return str(list(get_messages(r.wsgi_request))[-1])  # this request's (the redirect was not followed)
+
+    assert said({"dataset": "all"}).startswith("Audit chain verified") and " 0 records" not in said({})
+    AuditRecord.objects.filter(dataset=ds, seq=3).update(actor="mallory")
+    for query in ({"dataset": "all"}, {}, {"dataset": ds.name}):
+        assert said(query).startswith("Audit chain BROKEN"), query
+    assert said({"dataset": "survy"}) == "Audit chain not verified: no dataset named survy."
