@@ -23,11 +23,16 @@ import pandas as pd
 import requests
 
 from .errors import ApiError, NotFound, RequestFailed, ServerTimeout, ServerUnreachable, WaitTimeout, error_for
-from .results import Dataset, Estimate, Result, datasets_frame
+from .results import Dataset, Estimate, Result, datasets_frame, plain_file_name
 from .waiting import Backoff, progress_sink
 
 Predicate = dict[str, Any] | tuple[str, str, Any]
-_FROM = re.compile(r'\bFROM\s+(?:"((?:[^"]|"")+)"|([A-Za-z0-9_][A-Za-z0-9_-]*))', re.IGNORECASE)
+# The query's pieces that may hold the word FROM without naming a table (string literals,
+# quoted identifiers such as an alias "n from x", comments), parentheses (EXTRACT(YEAR FROM d)
+# names no table), and FROM with the table after it
+_SQL_PIECES = re.compile(r"""'(?:[^']|'')*'|--[^\n]*|/\*.*?\*/|(?P<paren>[()])"""
+                         r"""|\bFROM\s+(?:"(?P<quoted>(?:[^"]|"")+)"|(?P<bare>[A-Za-z0-9_][A-Za-z0-9_-]*))"""
+                         r'|"(?:[^"]|"")*"', re.IGNORECASE | re.DOTALL)
 
 
 class Client:
@@ -275,7 +280,7 @@ class Client:
                  sha256: str | None = None) -> Path:
         """Save a released file to ``path`` (default: ``name`` in the current directory);
         checks its SHA-256 when given."""
-        target = Path(path) if path is not None else Path(name)
+        target = Path(path) if path is not None else Path(plain_file_name(name))
         r = self._send("GET", f"/api/requests/{_seg(request_id)}/files/{_seg(name)}/", stream=True)
         if r.status_code >= 400:
             raise _error(r)
@@ -359,10 +364,21 @@ def _predicate(p: Predicate) -> dict:
 
 
 def _table_of(sql: str) -> str:
-    m = _FROM.search(sql)
-    if m is None:
+    """The dataset a query reads: the table after its first FROM outside parentheses (else
+    the first inside them: a subquery's), never a FROM inside a literal, a quoted name or a
+    comment."""
+    depth, nested = 0, None
+    for m in _SQL_PIECES.finditer(sql):
+        if m["paren"]:
+            depth = max(0, depth + (1 if m["paren"] == "(" else -1))
+        elif m["quoted"] is not None or m["bare"] is not None:
+            name = m["quoted"].replace('""', '"') if m["quoted"] is not None else m["bare"]
+            if depth == 0:
+                return name
+            nested = nested or name
+    if nested is None:
         raise ValueError("no FROM dataset in the query; pass dataset=")
-    return m.group(1).replace('""', '"') if m.group(1) is not None else m.group(2)
+    return nested
 
 
 def _seg(value: Any) -> str:

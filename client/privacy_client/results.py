@@ -204,7 +204,7 @@ class Result:
         """Save every released file into ``directory``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        return [self.download(name, directory / name) for name in self.files]
+        return [self.download(name, directory / plain_file_name(name)) for name in self.files]
 
     def table(self, directory: str | Path = ".") -> pd.DataFrame:
         """A synthetic table's rows (downloads ``synthetic.parquet``, or the CSV)."""
@@ -214,3 +214,13 @@ class Result:
                     continue  # no Parquet reader here (pyarrow is a dependency, but a bare pandas may run this)
                 return reader(self.download(name, Path(directory) / name))
         raise ValueError(f"this result holds no synthetic table; its files: {self.files}")
+
+
+def plain_file_name(name: Any) -> str:
+    """``name`` if it is one plain file name: a name from the service becomes a path here,
+    and ``../x`` or ``/etc/x`` (a hostile or impersonated server) must not write outside
+    the directory it is saved into."""
+    if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\x00" in name
+            or Path(name).is_absolute() or Path(name).name != name):
+        raise ValueError(f"the service named a file {str(name)[:200]!r}, not a plain file name: not saved")
+    return name

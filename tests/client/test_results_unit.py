@@ -77,3 +77,36 @@ def test_table_reads_the_csv_when_no_parquet_reader_is_installed(monkeypatch, tm
     synth = Result({"id": "r", "engine": "synthesis", "kind": "synthesize",
                     "result": {"files": [{"name": "synthetic.parquet"}, {"name": "synthetic.csv"}]}}, Stub())
     assert synth.table(tmp_path)["a"].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("name", ["../escaped.txt", "/tmp/abs.txt", "a/b.txt", "..", "", "a\\b"])
+def test_a_file_name_from_the_service_that_is_not_a_plain_name_is_not_saved(tmp_path, name):
+    """A hostile or impersonated server naming ``../escaped.txt`` (with its SHA-256) wrote
+    outside the directory ``download_all`` was given."""
+
+    class Sender:  # would serve any bytes: the name is refused before asking
+        def download(self, *a, **kw):
+            raise AssertionError("asked the service for a file it named badly")
+
+    res = Result({"id": "r1", "engine": "dpsgd", "status": "succeeded",
+                  "result": {"files": [{"name": name, "sha256": "0" * 64}]}}, client=Sender())
+    with pytest.raises(ValueError, match="not a plain file name"):
+        res.download_all(tmp_path / "here")
+    assert not any((tmp_path / "here").iterdir()) and not (tmp_path / "escaped.txt").exists()
+
+
+@pytest.mark.parametrize("sql,table", [
+    ('SELECT COUNT(*) AS "from other" FROM clinic', "clinic"),
+    ('SELECT site, COUNT(*) AS "n from x" FROM clinic GROUP BY site', "clinic"),
+    ("SELECT COUNT(*) FROM clinic WHERE note = 'from x'", "clinic"),
+    ("SELECT EXTRACT(YEAR FROM d) AS y, COUNT(*) FROM clinic GROUP BY y", "clinic"),
+    ("SELECT /* from x */ COUNT(*) -- from y\nFROM clinic", "clinic"),
+    ('select count(*) from "my-data"', "my-data"),
+    ('SELECT COUNT(*) FROM "a""b"', 'a"b'),
+])
+def test_the_dataset_of_a_query_is_the_table_after_its_from(sql, table):
+    """The server accepts an alias holding the word from; the client read its next word as
+    the dataset and asked another dataset's estimate."""
+    from privacy_client.client import _table_of
+
+    assert _table_of(sql) == table
