@@ -151,6 +151,12 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
                                 f"(got {', '.join(sorted(kinds))})")
             elif len({v + 0.0 if _domain_kind(v) == "numbers" else v for v in dom}) != len(dom):
                 errors[name] = "domain values must be distinct"
+            elif pa.types.is_boolean(types[name]) and (odd := [v for v in dom if not (
+                    isinstance(v, bool) or v in ("true", "false"))]):
+                # every engine matches a boolean as true / false: "TRUE" (as R writes it) matched
+                # no row, and a synthetic table came back all "TRUE", silently
+                errors[name] = (f"the column holds booleans, matched as true and false: {str(odd[0])[:100]!r} "
+                                "matches no row; declare the domain [true, false] (or \"true\", \"false\")")
         if typ != "numeric" and name not in errors and (c.get("lower") is not None or c.get("upper") is not None):
             errors[name] = f"bounds apply only to numeric columns; this column is {typ}"
         if typ != "categorical" and name not in errors and c.get("domain") is not None:

@@ -630,3 +630,21 @@ def test_the_registry_refuses_a_name_ending_in_a_newline(officer, import_dir):
     with pytest.raises(InvalidDataset, match="name"):
         registry.register(name="third\n", created_by=officer, path=str(path), budget_epsilon=1.0)
     assert not Dataset.objects.exists()
+
+
+def test_a_boolean_column_s_domain_is_true_and_false_or_refused(api, officer):
+    """R writes TRUE / FALSE; Arrow reads them as booleans, which every engine matches as
+    true / false: a declared ["TRUE", "FALSE"] matched no row (a histogram of zeros, a
+    synthetic column all "TRUE", a model trained on no labels), with no word said."""
+    data = b"age,treated\n" + b"".join(f"{20 + i % 50},{'TRUE' if i % 3 else 'FALSE'}\n".encode() for i in range(60))
+    for domain in (["TRUE", "FALSE"], ["True", "False"], [1, 0]):
+        schema = {"treated": {"type": "categorical", "domain": domain}}
+        r = api(officer).post(URL, form(data, schema=json.dumps(schema)), format="multipart")
+        assert r.status_code == 400 and "holds booleans" in r.json()["errors"]["treated"], (domain, r.json())
+    for i, domain in enumerate(([True, False], ["true", "false"])):
+        schema = {"treated": {"type": "categorical", "domain": domain}}
+        r = api(officer).post(URL, form(data, name=f"ok{i}", schema=json.dumps(schema)), format="multipart")
+        assert r.status_code == 201, r.json()
+        assert columns(r.json())["treated"]["domain"] == domain
+    r = api(officer).post(URL, form(data, name="inferred"), format="multipart")  # the draft's own domain passes
+    assert r.status_code == 201 and columns(r.json())["treated"]["type"] == "categorical", r.json()
