@@ -282,7 +282,10 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     if batch_size and "batch_size" not in errors and batch_size > n_train:
         errors["batch_size"] = (f"{batch_size} is larger than the training split ({n_train} privacy units of "
                                 f"{n_units}; test_fraction {test_fraction:g})")
-    if n_train < 10 or n_test < 1:
+    if n_train >= 10 and n_test < 1 and "test_fraction" in params:
+        errors["test_fraction"] = (f"{test_fraction:g} of {n_units} privacy units leaves no held-out unit: raise it "
+                                   f"above {0.5 / n_units:.3g}")
+    elif n_train < 10 or n_test < 1:
         errors["dataset"] = f"too small to train: {n_units} privacy units"
     optimizer = params.get("optimizer", "adam")
     if optimizer not in OPTIMIZERS:

@@ -345,16 +345,18 @@ class Trainer:
         # the metric and loss (None when the units, as released, are within the noise of
         # none) and the metric's 95% interval from the noise (post-processing: ``intervals``)
         metric, loss = (ratio_estimate(v, n_released, t) for v in (metric_sum, loss_sum))
-        ci = ratio_interval(metric_sum, n_released, t) if t is not None else None
+        # each with its interval: a noisy sum below zero is released as 0 (a loss of 0.0 on
+        # random labels), which its interval shows for what it is
+        ci, loss_ci = ((ratio_interval(v, n_released, t) if t is not None else None) for v in (metric_sum, loss_sum))
         # the held-out units with a usable target, as released (the plan's stated half-width
         # assumes every declared held-out unit has one; fewer widen the interval)
         units = {"val_units": max(round(n_released), 0)}  # (a noisy count: clamped at 0, post-processing)
         if self.spec.task == "regression":
             span = self.spec.target["upper"] - self.spec.target["lower"]
             return {"val_mae": None if metric is None else metric * span, "val_mse_scaled": loss, **units,
-                    **({"val_mae_ci95": [v * span for v in ci]} if ci else {})}
+                    **({"val_mae_ci95": [v * span for v in ci], "val_mse_scaled_ci95": loss_ci} if ci else {})}
         return {"val_accuracy": metric, "val_loss": None if loss is None else loss * LOSS_CAP, **units,
-                **({"val_accuracy_ci95": ci} if ci else {})}
+                **({"val_accuracy_ci95": ci, "val_loss_ci95": [v * LOSS_CAP for v in loss_ci]} if ci else {})}
 
     # ------------------------------------------------------------------ the run
     def fit(self, epochs: int, progress, *, label: str = "", max_epsilon: float | None = None,

@@ -149,3 +149,9 @@ def test_max_epsilon_below_one_epoch_is_a_plan_error():
     assert "below the cost of one epoch" in errs["max_epsilon"]
     # Above one epoch's cost it plans.
     plugins.plan("dpsgd", EngineRequest("train", {**BASE, "max_epsilon": 100.0}), ROWS)
+
+
+def test_a_test_fraction_that_leaves_no_held_out_unit_is_said_so():
+    """1e-9 of the units: the refusal said the dataset was too small to train."""
+    errs = errors({**BASE, "test_fraction": 1e-9})
+    assert "leaves no held-out unit" in errs["test_fraction"] and "dataset" not in errs

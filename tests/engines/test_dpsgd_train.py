@@ -376,3 +376,21 @@ def test_a_model_that_predicts_one_class_says_so_on_public_inputs(table, tmp_pat
     assert one == {"points": train.PUBLIC_POINTS, "classes_predicted": 1, "most_predicted_share": 1.0}
     reg = run({**GENEROUS, "target": "r"}, rows_meta(), table, tmp_path / "c")[1].result
     assert reg["public_inputs"] is None  # a regression has no classes
+
+
+def test_a_loss_clipped_to_zero_comes_with_the_interval_that_says_so():
+    """A noisy loss sum below zero (random labels, a small holdout) was released as a loss
+    of 0.0 with nothing beside it; its interval now shows how little that says."""
+    from types import SimpleNamespace
+
+    from engines.dpsgd.train import LOSS_CAP, Trainer
+
+    binary = SimpleNamespace(spec=SimpleNamespace(task="binary"))
+    m = Trainer._metrics(binary, (27.5, -3.0, 27.0), 10.0)  # metric clipped to 1, loss to 0
+    assert m["val_accuracy"] == 1.0 and m["val_loss"] == 0.0
+    lo, hi = m["val_loss_ci95"]
+    assert lo == 0.0 and hi == pytest.approx(7.0 / 17.0 * LOSS_CAP) and m["val_accuracy_ci95"][0] < 1.0
+    regression = SimpleNamespace(spec=SimpleNamespace(task="regression", target={"lower": 0.0, "upper": 2.0}))
+    r = Trainer._metrics(regression, (5.0, -1.0, 27.0), 10.0)
+    assert r["val_mse_scaled"] == 0.0 and r["val_mse_scaled_ci95"][0] == 0.0 and r["val_mse_scaled_ci95"][1] > 0
+    assert "val_loss_ci95" not in Trainer._metrics(binary, (20.0, 5.0, 27.0), None)  # exact: no interval
