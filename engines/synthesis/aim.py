@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import numpy as np
 
@@ -170,14 +171,17 @@ class Budget:
     and gets what is left. ``spend`` adds what OpenDP's maps certify a round cost (at most
     its share); ``spent`` never exceeds ``rounds_rho``."""
 
-    def __init__(self, rounds_rho: float, max_rounds: int):
+    def __init__(self, rounds_rho: float, max_rounds: int, seconds: float | None = None):
         self.total, self.max_rounds = float(rounds_rho), int(max_rounds)
         self.share, self.spent, self.rounds, self.final = self.total / self.max_rounds, 0.0, 0, False
+        self.deadline = None if seconds is None else time.monotonic() + seconds
 
     def next(self) -> float:
-        """The next round's share (0: nothing left; stop)."""
+        """The next round's share (0: nothing left; stop). Past the deadline, the round is
+        the last (the whole budget still spent: the charge is the plan's)."""
         left = self.total - self.spent
-        self.final = left < 2 * self.share or self.rounds + 1 >= self.max_rounds
+        self.final = (left < 2 * self.share or self.rounds + 1 >= self.max_rounds
+                      or (self.deadline is not None and time.monotonic() >= self.deadline))
         if self.final:
             self.share = left * (1 - 1e-9)  # a hair under what is left: OpenDP's costs summed in floats
         return self.share if self.share > 0 else 0.0
@@ -241,7 +245,7 @@ def _rounds(model, estimator, domain, measurements, ow, counts, details, progres
     cands = workload(ow.cols)
     answers = {cl: ow.single(counts, cl[0]) if len(cl) == 1 else ow.pair(counts, *cl) for cl in cands}
     sensitivity = details["sensitivity"] * max(cands.values())
-    budget = Budget(details["rounds_rho"], details["rounds"])
+    budget = Budget(details["rounds_rho"], details["rounds"], details.get("rounds_seconds"))
     est, fresh, index, rounds, sizes = {}, {}, {}, [], {}
     while not budget.final:
         rho_t = budget.next()

@@ -250,6 +250,11 @@ def _plan_mst(spec: Spec) -> tuple[dict, dict, float | None]:
 
 AIM_SHARES = {"one_way": 0.6, "fine": 0.1, "rounds": 0.3}
 AIM_ROUNDS_PER_COLUMN = 16  # the reference AIM's starting T = 16 d (the first rounds' rho is rounds_rho / T)
+# The rounds' wall-clock allowance: then one last round spends what is left. Each round
+# costs more as the model grows (40 binary columns: 2.6 s at first, 6-9 s by round 80, of
+# up to 640), and a run past the worker's time limit fails after the read, charged, with
+# nothing released.
+AIM_ROUNDS_SECONDS = 1800
 
 
 def _aim_event(z1: float, zf: float | None, rounds_rho: float, n1: int, m: int) -> dict:
@@ -305,7 +310,8 @@ def _plan_aim(spec: Spec) -> tuple[dict, dict]:
     rounds_rho = rounds_share * rho
     _refuse_too_little_signal("AIM", spec, one.scale)
     details = {"one_way": one.to_dict(), "fine": fine and fine.to_dict(), "rounds_rho": rounds_rho,
-               "rounds": AIM_ROUNDS_PER_COLUMN * d, "sensitivity": k, "shares": AIM_SHARES,
+               "rounds": AIM_ROUNDS_PER_COLUMN * d, "rounds_seconds": AIM_ROUNDS_SECONDS, "sensitivity": k,
+               "shares": AIM_SHARES,
                "one_way_releases": n1}
     return event, details
 

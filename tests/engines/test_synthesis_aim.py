@@ -215,3 +215,21 @@ def test_a_refit_fits_a_sharp_marginal_just_measured_before_it_is_scored_again()
     one_block = est.estimate(domain, ms, known_total=n, iters=aim.ROUND_ITERS, warm_start=start)
     assert aim._off(one_block, ms[2]) > 2  # what the rounds saw before
     assert aim._off(aim._refit(est, domain, ms, n, start, [ms[2]]), ms[2]) <= 1.5
+
+
+def test_past_its_deadline_the_next_round_is_the_last_and_spends_the_whole_budget():
+    """A wide table's rounds slow as the model grows (40 binary columns: 6-9 s a round by
+    round 80, of up to 640): past ``rounds_seconds`` one last round spends what is left, so
+    the run ends inside the worker's time limit, charged as planned, with its table."""
+    b = aim.Budget(1.0, 100, seconds=0.0)
+    assert b.next() == pytest.approx(1.0) and b.final
+    rng = np.random.default_rng(0)
+    cols = [{"column": c, "type": "categorical", "domain": list("abcd"), "nullable": False} for c in "xyz"]
+    df = pd.DataFrame({c: rng.choice(list("abcd"), 500) for c in "xyz"})
+    one = {"mechanism": "gaussian", "scale": 5.0, "integer": True, "vector": True, "sensitivity": 1}
+    details = {"one_way": one, "rounds_rho": 0.5, "rounds": 48, "rounds_seconds": 0.0, "sensitivity": 1}
+    codes, info, _ = aim.synthesize(encoding.cell_encode(df, cols), cols, details, 200, lambda p: None)
+    assert info["rounds"] == 1 and 0.5 * (1 - 1e-6) <= info["rounds_rho_spent"] <= 0.5
+    assert all(len(v) == 200 for v in codes.values())
+    details.pop("rounds_seconds")  # a plan made before the allowance: no deadline
+    assert aim.synthesize(encoding.cell_encode(df, cols), cols, details, 200, lambda p: None)[1]["rounds"] > 1
