@@ -155,9 +155,12 @@ def _group_key(i: int, g: Any, dataset: DatasetMeta, errors: dict) -> dict | Non
     if len(set(labels)) != len(labels):  # the same label for two bins: they are one group
         _err(errors, key, "labels must differ (merge the bins with one threshold instead)")
         return None
-    # a null (or NaN) is not < t: it takes ELSE, as in SQL (every row has a group)
-    return {"name": name, "column": col, "type": "bins", "bounds": [lo, hi], "edges": edges, "labels": labels,
-            "nulls": len(labels) - 1}
+    # a null (or NaN) is not < t: it takes ELSE, as in SQL (every row has a group). Each
+    # row's own value is compared, as WHERE compares it: clamped to the declared bounds
+    # first, the rows under a threshold below the lower bound went to ELSE (only the
+    # aggregated values are clamped); the outer edges keep every value in a bin.
+    return {"name": name, "column": col, "type": "bins", "bounds": [edges[0], edges[-1]], "edges": edges,
+            "labels": labels, "nulls": len(labels) - 1}
 
 
 def _num(x: float):
@@ -184,6 +187,9 @@ def validate(params: Any, dataset: DatasetMeta) -> tuple[list, list, list, dict]
         errors["group_by"] = f"must be a list of at most {MAX_GROUP_KEYS} group keys"
     else:
         keys = [k for k in (_group_key(i, g, dataset, errors) for i, g in enumerate(gb)) if k]
+        for i, g in enumerate(gb):  # the same key twice: groups of a x a, most of them empty by construction
+            if g in gb[:i]:
+                errors[f"group_by[{i}]"] = f"repeats group_by[{gb.index(g)}]: name each key once"
         n_groups = math.prod(len(k["labels"]) for k in keys) if keys else 1
         if n_groups > MAX_GROUPS:
             errors["group_by"] = f"{n_groups} groups (the product of the keys' labels): at most {MAX_GROUPS}"

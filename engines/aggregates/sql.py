@@ -325,8 +325,7 @@ def _group_keys(tree: exp.Select) -> tuple[list[dict], list[str]]:
     inputs = {c.name for part in [*tree.expressions, tree.args.get("where")] if part is not None
               for c in part.find_all(exp.Column)}
     aliases = {item.alias: item.this for item in tree.expressions
-               if isinstance(item, exp.Alias) and not isinstance(item.this, exp.Column)
-               and not item.this.find(exp.AggFunc) and item.alias not in inputs}
+               if isinstance(item, exp.Alias) and not item.this.find(exp.AggFunc) and item.alias not in inputs}
     keys, texts = [], []
     for node in group.expressions:
         if isinstance(node, exp.Column) and not node.args.get("table") and node.name in aliases:
@@ -337,12 +336,20 @@ def _group_keys(tree: exp.Select) -> tuple[list[dict], list[str]]:
                 raise _unsupported(f"GROUP BY {node.sql()[:20]}", f"a position between 1 and {len(tree.expressions)}")
             item = tree.expressions[pos - 1]
             node = item.this if isinstance(item, exp.Alias) else item
-        keys.append(_group_key(node))
-        texts.append(_norm(node))
+        key = _group_key(node)
+        if key not in keys:  # GROUP BY a, a (or a, 1 naming a) is GROUP BY a: one key, not a x a
+            keys.append(key)
+            texts.append(_norm(node))
     return keys, texts
 
 
 def _norm(node: exp.Expression) -> str:
+    """The expression's text to match it by, case-folded but for its string literals
+    ('LOW' is not 'low': a label of the release), which are kept as their hex."""
+    node = node.copy()
+    for lit in node.find_all(exp.Literal):
+        if lit.is_string:
+            lit.set("this", lit.this.encode("utf-8", "surrogatepass").hex())
     return node.sql(normalize=True, pretty=False).lower()
 
 
@@ -361,7 +368,7 @@ def _group_key(node: exp.Expression) -> dict:
             inner, mult = b, _literal(a, "GROUP BY")
     if isinstance(inner, exp.Floor) and inner.args.get("decimals") is None and inner.args.get("to") is None:
         arg = inner.this.this if isinstance(inner.this, exp.Paren) else inner.this
-        if isinstance(arg, (exp.Div, exp.IntDiv)):
+        if type(arg) is exp.Div:  # (DIV truncates toward zero: not a floor, refused below)
             width = _literal(arg.expression, "GROUP BY")
             if isinstance(width, (int, float)) and not isinstance(width, bool) and width > 0 and \
                     isinstance(mult, (int, float)) and not isinstance(mult, bool):

@@ -77,6 +77,21 @@ def test_case_bins_follow_sql(frame):
     assert {row[0]: row[1] for row in r["rows"]} == ref.to_dict()
 
 
+def test_case_bins_compare_each_row_s_own_value_as_where_does(frame):
+    """A threshold outside the declared bounds [18, 90]: ages 10-17 and 91-99 are in the
+    table. The rows were clamped before they were binned, so age < 16 held for none of
+    them (WHERE age < 16 counts them)."""
+    wide = frame.assign(age=np.where(frame.index % 9 == 0, 10 + frame.index % 8, frame.age))
+    wide.loc[wide.index % 11 == 0, "age"] = 95
+    r = run_sql("SELECT CASE WHEN age < 16 THEN 'child' WHEN age < 93 THEN 'adult' ELSE 'over' END AS band, "
+                "COUNT(*) AS n FROM t GROUP BY band", wide, max_rows_per_unit=100)
+    got = {row[0]: row[1] for row in r["rows"]}
+    want = pd.cut(wide.age, [-np.inf, 16, 93, np.inf], right=False, labels=["child", "adult", "over"])
+    assert got == want.value_counts().to_dict() and got["child"] > 0 and got["over"] > 0
+    where = run_sql("SELECT COUNT(*) AS n FROM t WHERE age < 16", wide, max_rows_per_unit=100)
+    assert where["rows"][0][0] == got["child"]
+
+
 def test_a_null_in_case_bins_falls_to_else_as_in_sql(frame):
     """NULL < t is not true: SQL gives the row ELSE. A probe found nulls dropped from every
     bin (movies' budget, 92% null: 3,310 'high' against SQL's 56,883)."""

@@ -255,3 +255,43 @@ def test_group_by_a_name_that_is_a_column_and_an_expression_s_alias_groups_by_th
     with pytest.raises(sqlplan.SqlUnsupported) as e:
         sqlplan.translate("SELECT FLOOR(age) AS age, COUNT(*) FROM t GROUP BY age", {"epsilon": 1.0})
     assert "FLOOR" in e.value.part
+
+
+@pytest.mark.parametrize("sql", ['SELECT "Month", COUNT(*) FROM t GROUP BY "Month", "Month"',
+                                 'SELECT "Month", COUNT(*) FROM t GROUP BY "Month", 1',
+                                 'SELECT "Month" AS m, COUNT(*) FROM t GROUP BY m, "Month"'])
+def test_a_key_named_twice_is_one_key(sql):
+    """GROUP BY a, a is GROUP BY a; it was planned as a x a (16 groups for 4 months, 12 of
+    them empty by construction, a noisy one ranked first under ORDER BY ... LIMIT)."""
+    r = sqlplan.translate(sql, {"epsilon": 1.0})
+    assert r.params["group_by"] in ("Month", [{"column": "Month"}]), r.params
+
+
+def test_a_json_query_naming_a_key_twice_is_refused():
+    ds = DatasetMeta("t", {"m": {"type": "categorical", "domain": [5, 6]}, "v": {"type": "numeric", "lower": 0,
+                                                                               "upper": 1}}, None, 3, 3, 1e-6)
+    params = {"select": [{"name": "n", "agg": "count"}], "group_by": [{"column": "m"}, {"column": "m"}], "epsilon": 1}
+    with pytest.raises(PlanError) as e:
+        plugins.plan("aggregates", EngineRequest("query", params), ds)
+    assert "repeats group_by[0]" in e.value.errors["group_by[1]"]
+
+
+def test_an_alias_of_a_column_names_its_key():
+    r = sqlplan.translate('SELECT "Month" AS m, COUNT(*) AS n FROM t GROUP BY m', {"epsilon": 1.0})
+    assert r.params["group_by"] == [{"column": "Month"}] and r.params["select"][0] == {"name": "m", "group": 0}
+
+
+def test_integer_division_is_refused_not_binned_as_a_floor():
+    """DIV truncates toward zero: -7 DIV 2 is -3, FLOOR(-7 / 2) is -4."""
+    with pytest.raises(sqlplan.SqlUnsupported):
+        sqlplan.translate("SELECT COUNT(*) FROM t GROUP BY FLOOR(x DIV 2)", {"epsilon": 1.0})
+
+
+def test_a_case_label_differing_only_in_case_is_another_expression():
+    """'LOW' is not 'low': the select list's CASE must be the GROUP BY's, as SQL binds it."""
+    with pytest.raises(sqlplan.SqlUnsupported):
+        sqlplan.translate("SELECT CASE WHEN x < 1 THEN 'LOW' ELSE 'HIGH' END AS band, COUNT(*) FROM t "
+                          "GROUP BY CASE WHEN x < 1 THEN 'low' ELSE 'high' END", {"epsilon": 1.0})
+    same = sqlplan.translate("SELECT CASE WHEN x < 1 THEN 'LOW' ELSE 'HIGH' END AS band, COUNT(*) FROM t "
+                             "group by case when x < 1 then 'LOW' else 'HIGH' end", {"epsilon": 1.0})
+    assert same.params["group_by"][0]["labels"] == ["LOW", "HIGH"]
