@@ -288,6 +288,12 @@ def _table(tree: exp.Select) -> str:
     return table.name
 
 
+def _unparen(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
 def _column(node: exp.Expression, where: str) -> str:
     if isinstance(node, exp.Paren):
         return _column(node.this, where)
@@ -632,7 +638,7 @@ def _predicates(node: exp.Expression) -> list[dict]:
         return [{"column": column, "op": ">=", "value": low}, {"column": column, "op": "<=", "value": high}]
     for cls, op in _COMPARISONS.items():
         if type(node) is cls:
-            left, right = node.this, node.expression
+            left, right = _unparen(node.this), _unparen(node.expression)  # ("Temp") > 90 is Temp > 90
             if isinstance(left, exp.Column) and not isinstance(right, exp.Column):
                 return [{"column": _column(left, "WHERE"), "op": op, "value": _literal(right, "WHERE")}]
             if isinstance(right, exp.Column) and not isinstance(left, exp.Column):

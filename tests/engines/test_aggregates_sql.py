@@ -295,3 +295,8 @@ def test_a_case_label_differing_only_in_case_is_another_expression():
     same = sqlplan.translate("SELECT CASE WHEN x < 1 THEN 'LOW' ELSE 'HIGH' END AS band, COUNT(*) FROM t "
                              "group by case when x < 1 then 'LOW' else 'HIGH' end", {"epsilon": 1.0})
     assert same.params["group_by"][0]["labels"] == ["LOW", "HIGH"]
+
+
+def test_a_parenthesised_column_or_literal_is_compared_as_itself():
+    r = sqlplan.translate('SELECT COUNT(*) FROM t WHERE ("Temp") > (90) AND (5) <= x', {"epsilon": 1.0})
+    assert r.params["where"] == [{"column": "Temp", "op": ">", "value": 90}, {"column": "x", "op": ">=", "value": 5}]
