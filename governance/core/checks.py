@@ -65,13 +65,19 @@ POSITIVE = {  # setting: (smallest value, what it is)
     "FEDERATED_WAIT_SITES_SECONDS": (1, "seconds a federated run waits for its sites to connect"),
     "FEDERATED_ROUND_TIMEOUT_SECONDS": (1, "seconds a federated round waits for a sampled site's reply"),
     "WORKER_MAX_MEMORY_MB": (0, "MB a pool process may hold after a task before it is replaced (0: off)"),
+    "MAX_ACTIVE_REQUESTS": (0, "requests one analyst may have queued or running (0: no limit)"),
+    "MAX_REQUEST_PARAMS_BYTES": (1, "bytes of a request's parameters"),
+    "RESULTS_MIN_FREE_MB": (0, "MB free on the results disk for a run to start"),
+    "OUTCOME_RETRY_SECONDS": (0, "seconds a run's outcome is written again while the database is away"),
 }
 POSITIVE_IDS = {"API_TOKEN_TTL_DAYS": "governance.E008",
                 "DASK_TASK_RETRIES": "governance.E015", "CELERY_DB_REUSE_MAX": "governance.E017",
                 "SECURE_HSTS_SECONDS": "governance.E023", "REQUEST_REQUEUE_AFTER_SECONDS": "governance.E021",
                 "RELEASE_QUANTUM_MS": "governance.E022", "REGISTER_INLINE_BYTES": "governance.E030",
                 "FEDERATED_WAIT_SITES_SECONDS": "governance.E034", "FEDERATED_ROUND_TIMEOUT_SECONDS": "governance.E034",
-                "WORKER_MAX_MEMORY_MB": "governance.E035"}
+                "WORKER_MAX_MEMORY_MB": "governance.E035", "MAX_ACTIVE_REQUESTS": "governance.E036",
+                "MAX_REQUEST_PARAMS_BYTES": "governance.E036", "RESULTS_MIN_FREE_MB": "governance.E036",
+                "OUTCOME_RETRY_SECONDS": "governance.E036"}
 
 
 def rate_problem(rate) -> str | None:
