@@ -30,6 +30,11 @@ class RequestTask(Task):
     the reconnection of another thread (``AttributeError: 'NoneType' object has no attribute 'client'``)."""
 
     def apply_async(self, args=None, kwargs=None, **options):
+        # No time limits in the message: the worker's own CELERY_TASK_*_TIME_LIMIT apply.
+        # Celery stamps the sender's (the web process's, the sweep's) into each message, and a
+        # worker obeys the message's over its own: limits set on the workers never fired.
+        options.setdefault("time_limit", None)
+        options.setdefault("soft_time_limit", None)
         if self.app.conf.task_always_eager:  # run in-process (tests): nothing is sent, errors are the task's own
             return super().apply_async(args, kwargs, **options)
         from governance.core.dispatch import publish_or_mark

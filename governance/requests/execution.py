@@ -311,16 +311,23 @@ def _run(req: Request, clock: RunClock) -> str:
                 charge=False, clock=clock, officer_report=_jobs(recorder))
         _log_failure(req.pk, e)
         _empty(workdir)
-        # An engine error may name the work done before it (a data-parallel run that lost a
-        # rank: the steps taken); that is charged, as for a cancellation.
-        spent = getattr(e, "actual_event", None) if isinstance(e, EngineError) else None
-        return _finish(req, Request.Status.FAILED, error={
-            "code": "request.failed_after_read",
-            "detail": ("The results storage is full: the engine could not write its files after reading the data; "
-                       "the charge stands." if _storage_full(e) else
-                       "The engine failed after reading the data; the charge stands (a failure can depend on the "
-                       "data).")},
-            actual_event=spent, charge=True, clock=clock, officer_report=_jobs(recorder))
+        # The engine may name the work done before the failure (a data-parallel run that lost a
+        # rank, a training stopped by the time limit: the steps taken); that is charged, as
+        # for a cancellation (the whole reservation was, whatever the engine said, but for
+        # an EngineError).
+        spent = getattr(e, "actual_event", None)
+        if _time_limited(e):
+            limit = settings.CELERY_TASK_SOFT_TIME_LIMIT
+            error = {"code": "request.time_limit",
+                     "detail": f"Stopped by the workers' time limit ({limit} s, CELERY_TASK_SOFT_TIME_LIMIT) after "
+                               "reading the data; the work done is charged."}
+        else:
+            error = {"code": "request.failed_after_read", "detail": (
+                "The results storage is full: the engine could not write its files after reading the data; "
+                "the charge stands." if _storage_full(e) else
+                "The engine failed after reading the data; the charge stands (a failure can depend on the data).")}
+        return _finish(req, Request.Status.FAILED, error=error, actual_event=spent, charge=True, clock=clock,
+                       officer_report=_jobs(recorder))
     try:
         result, officer = _keep_files(req, release, workdir, recorder)
     except OSError as e:  # the results disk: the release made but not kept, the charge stands
@@ -341,6 +348,13 @@ def _failed_before_read(req: Request, e: Exception) -> str:
     return _finish(req, Request.Status.FAILED, error={"code": "request.failed_before_read",
                                                       "detail": f"Failed before the data was read: {no_paths(e)}"},
                    charge=False)
+
+
+def _time_limited(e: BaseException) -> bool:
+    """The worker's soft time limit stopped the run (Celery raises it in the task)."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    return isinstance(e, SoftTimeLimitExceeded)
 
 
 def _storage_full(e: BaseException) -> bool:

@@ -256,6 +256,20 @@ def test_worker_lost(server, monkeypatch):
     assert e.value.request["charge"]["ledger_status"] == "committed"
 
 
+def test_time_limit(server, monkeypatch):
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from engines import plugins
+
+    def stopped(*args, **kwargs):
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(plugins, "run", stopped)
+    with raises(pc.RequestFailed, "request.time_limit", 200) as e:
+        server.analyst.run("clinic", "count", epsilon=0.5)
+    assert e.value.request["charge"]["ledger_status"] == "committed"
+
+
 def test_wait_timeout_leaves_the_request_going(server, monkeypatch):
     from governance.requests import submission
 

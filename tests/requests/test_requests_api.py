@@ -449,3 +449,43 @@ def test_a_result_that_is_not_strict_json_fails_after_the_read_charged_not_lost(
     assert (req.status, req.error["code"], req.data_read) == ("failed", "request.failed_after_read", True)
     assert req.ledger_entry.status == "committed" and req.result is None
     assert verification.verify(None).ok
+
+
+def test_a_run_stopped_by_the_time_limit_is_said_so_and_charged_the_work_it_names(
+        api, analyst, clinic, monkeypatch, django_capture_on_commit_callbacks):
+    """A DP-SGD run stopped by the soft time limit names the steps it took, as a cancelled
+    one does; they were thrown away (the whole reservation committed) and the analyst read
+    'the engine failed'."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from engines import plugins
+
+    def stopped(engine, request, dataset, data, plan, progress, workdir=None):
+        e = SoftTimeLimitExceeded()
+        e.actual_event = {"kind": "laplace", "epsilon": 0.1}  # of the 0.4 planned
+        raise e
+
+    monkeypatch.setattr(plugins, "run", stopped)
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(api(analyst), {"epsilon": 0.4}).json()["id"]
+    req = Request.objects.get(pk=rid)
+    assert (req.status, req.error["code"]) == ("failed", "request.time_limit") and "TIME_LIMIT" in req.error["detail"]
+    entry = req.ledger_entry
+    assert entry.status == "committed" and entry.committed_event == {"kind": "laplace", "epsilon": 0.1}
+
+
+def test_a_request_task_carries_no_time_limit_so_the_worker_s_own_apply(monkeypatch):
+    """Celery stamps the sender's CELERY_TASK_*_TIME_LIMIT into each message, and a worker
+    obeys the message's: limits set on the workers (not the web process) never fired."""
+    from workers import app
+    from workers.tasks import run_request
+
+    sent = {}
+    monkeypatch.setattr(type(app), "send_task", lambda self, name, *a, **kw: sent.update(kw, name=name))
+    eager, app.conf.task_always_eager = app.conf.task_always_eager, False
+    try:
+        run_request.apply_async(args=["00000000-0000-0000-0000-000000000000"], queue="cpu")
+    finally:
+        app.conf.task_always_eager = eager
+    assert sent["name"] == "workers.run_request"
+    assert sent["time_limit"] is None and sent["soft_time_limit"] is None
