@@ -221,6 +221,8 @@ class RunClock:
             running = Request.objects.filter(pk=self.request_id, status=Request.Status.RUNNING)
             if update is None:
                 running.update(heartbeat_at=db_time())
+                # a cancel asked during a long phase without reports is raised at the next one
+                self.cancelled = self.cancelled or running.filter(cancel_requested=True).exists()
             elif not running.filter(cancel_requested=False).update(progress=update, heartbeat_at=db_time()):
                 self.cancelled = running.filter(cancel_requested=True).exists()  # raised at the next report
         except Exception as e:  # noqa: BLE001 - retried on the next tick; the sweep has a grace period
@@ -296,6 +298,12 @@ def _run(req: Request, clock: RunClock) -> str:
     recorder = federated_runs.Recorder(clock.report, data.superlink) if isinstance(data, Federation) else None
     try:
         release = plugins.run(req.engine, engine_request, meta, data, plan, recorder or clock.report, workdir)
+        if clock.cancelled or Request.objects.filter(pk=req.pk, cancel_requested=True).exists():
+            # asked after the engine's last report was handed over (a synthesis's reports and
+            # release are its last two): the run is cancelled as promised, not released
+            late = Cancelled("cancelled by the analyst")
+            late.actual_event = release.actual_event
+            raise late
     except Cancelled as c:
         _empty(workdir)
         return _finish(req, Request.Status.CANCELLED, error={

@@ -489,3 +489,42 @@ def test_a_request_task_carries_no_time_limit_so_the_worker_s_own_apply(monkeypa
         app.conf.task_always_eager = eager
     assert sent["name"] == "workers.run_request"
     assert sent["time_limit"] is None and sent["soft_time_limit"] is None
+
+
+def test_a_cancel_asked_after_the_engine_s_last_report_cancels_the_run(api, analyst, clinic, monkeypatch, settings,
+                                                                      django_capture_on_commit_callbacks):
+    """A cancel answered 200 during a synthesis's reports: its last two reports had gone,
+    the run ended succeeded and its table was released (probe AF). Now it is cancelled,
+    charged the work done, and its files are not kept."""
+    from engines import plugins
+
+    real = plugins.run
+
+    def then_cancelled(engine, request, *args, **kwargs):
+        release = real(engine, request, *args, **kwargs)
+        Request.objects.filter(engine=engine).update(cancel_requested=True)  # asked as it finished
+        return release
+
+    monkeypatch.setattr(plugins, "run", then_cancelled)
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = post(api(analyst), {"epsilon": 0.1}, kind="file").json()["id"]
+    req = Request.objects.get(pk=rid)
+    assert (req.status, req.error["code"], req.result) == ("cancelled", "request.cancelled", None)
+    assert req.ledger_entry.status == "committed"
+    assert not (settings.RESULTS_DIR / str(rid)).exists()
+
+
+def test_a_heartbeat_tick_notices_a_cancel_asked_during_a_phase_without_reports(api, analyst, clinic, monkeypatch):
+    """MST's fit sends no report for 10-13 s: the cancel was seen only at the report after
+    the next one. A heartbeat tick now marks the run cancelled (raised at the next report)
+    and still beats (the sweep must not take a cancelled run's worker for lost)."""
+    from governance.requests import execution, submission
+
+    monkeypatch.setattr(submission, "enqueue", lambda pk, queue: None)
+    rid = post(api(analyst), {"epsilon": 0.1}).json()["id"]
+    Request.objects.filter(pk=rid).update(status="running", cancel_requested=True)
+    clock = execution.RunClock(rid, 0)
+    clock._tick_write(None)
+    assert clock.cancelled and Request.objects.get(pk=rid).heartbeat_at is not None
+    with pytest.raises(execution.Cancelled):
+        clock.report({"phase": "sampling", "fraction": 0.9})
