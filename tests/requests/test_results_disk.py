@@ -59,3 +59,30 @@ def test_a_full_then_read_only_results_disk_is_a_refund_before_the_read(api, ana
     read_only = run(api, analyst, django_capture_on_commit_callbacks, 0.3)
     assert (read_only.status, read_only.error["code"]) == ("failed", "request.failed_before_read")
     assert "read-only" in read_only.error["detail"] and read_only.ledger_entry.status == "released"
+
+
+def test_a_killed_run_s_scratch_files_are_removed_when_a_process_starts_its_first_run(settings):
+    """kill -9 (or the hard time limit) in a synthesis's reports left synthetic.csv and
+    synthetic.parquet in .scratch/<host>-<dead pid>-<thread>/ for good (probe AF)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    from governance.requests import execution
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    base = settings.RESULTS_DIR / ".scratch"
+    host = socket.gethostname()
+    left = base / f"{host}-{int(dead.stdout)}-1234"
+    mine = base / f"{host}-{os.getpid()}-99"  # another thread of this process: alive
+    elsewhere = base / f"other-host-{int(dead.stdout)}-1"  # another host's: not judged here
+    for d in (left, mine, elsewhere):
+        d.mkdir(parents=True)
+        (d / "synthetic.csv").write_text("rows")
+    got = {}
+    t = threading.Thread(target=lambda: got.update(path=execution.scratch_dir()))  # a thread's first run
+    t.start()
+    t.join()
+    assert not left.exists() and mine.exists() and elsewhere.exists() and got["path"].is_dir()
