@@ -51,8 +51,9 @@ def database_url() -> str:
 
 
 @pytest.fixture
-def real_worker(redis_server, settings, tmp_path, monkeypatch):
-    """Start a worker process on Redis and send this process's tasks there.
+def real_worker(redis_server, settings, tmp_path, monkeypatch, request):
+    """Start a worker process on Redis and send this process's tasks there
+    (``@pytest.mark.worker(pool="prefork", NAME="value")``: another pool, more environment).
 
     Yields ``send(request_id)``, which delivers a task for a request once more.
     """
@@ -65,8 +66,12 @@ def real_worker(redis_server, settings, tmp_path, monkeypatch):
            "DATASET_IMPORT_DIRS": ",".join(map(str, settings.DATASET_IMPORT_DIRS)),
            "GOVERNANCE_VAR_DIR": str(tmp_path / "worker-var"), "CELERY_TASK_ALWAYS_EAGER": "false",
            "REQUEST_HEARTBEAT_SECONDS": "1"}
+    marker = request.node.get_closest_marker("worker")
+    extra = dict(marker.kwargs) if marker else {}
+    pool = extra.pop("pool", "solo")
+    env.update(extra)
     log = open(tmp_path / "worker.log", "w")
-    proc = subprocess.Popen([sys.executable, "manage.py", "worker", "-Q", "cpu,gpu", "-c", "1", "--pool", "solo",
+    proc = subprocess.Popen([sys.executable, "manage.py", "worker", "-Q", "cpu,gpu", "-c", "1", "--pool", pool,
                              "--loglevel", "INFO"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def send(request_id, queue="cpu"):
