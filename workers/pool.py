@@ -27,6 +27,8 @@ import weakref
 from billiard.pool import Pool as BilliardPool
 from celery.concurrency import prefork
 
+from governance.core import processes
+
 
 class DeathSafeLock:
     """A lock between processes (``acquire``/``release``, a context manager) held as an
@@ -90,15 +92,9 @@ def remove_stale_folders(root: str | None = None) -> list[str]:
     root = root or tempfile.gettempdir()
     for name in os.listdir(root):
         pid = name[len(PREFIX):].split("-", 1)[0] if name.startswith(PREFIX) else ""
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
+        if pid.isdigit() and processes.gone(int(pid)):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             removed.append(name)
-        except OSError:  # alive (another user's): not ours to judge
-            continue
     return removed
 
 

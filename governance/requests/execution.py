@@ -35,6 +35,7 @@ from engines import plugins
 from engines.federated.types import Federation
 from engines.types import Cancelled, EngineError, EngineRequest, Plan
 
+from ..core import processes
 from ..core.errors import AccountInactive
 from ..core.raw_rows import concrete, from_row
 from ..datasets.data import load_columns
@@ -321,8 +322,7 @@ def _run(req: Request, clock: RunClock) -> str:
         _empty(workdir)
         # The engine may name the work done before the failure (a data-parallel run that lost a
         # rank, a training stopped by the time limit: the steps taken); that is charged, as
-        # for a cancellation (the whole reservation was, whatever the engine said, but for
-        # an EngineError).
+        # for a cancellation.
         spent = getattr(e, "actual_event", None)
         if _time_limited(e):
             limit = settings.CELERY_TASK_SOFT_TIME_LIMIT
@@ -466,19 +466,8 @@ def remove_dead_scratch(base: Path) -> None:
         parts = entry.name.rsplit("-", 2)  # host-pid-thread (a host name may hold '-')
         if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
             continue
-        pid = int(parts[1])
-        if pid != os.getpid() and not _alive(pid):
+        if processes.gone(int(parts[1])):
             shutil.rmtree(entry, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
 
 
 def _empty(path: Path) -> None:
