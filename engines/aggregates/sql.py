@@ -83,6 +83,9 @@ class SqlRequest:
     kind: str
     params: dict[str, Any] = field(default_factory=dict)
     engine: str = "aggregates"
+    # GROUP BY names read as select-list aliases: if one is also a column of the dataset,
+    # SQL binds it to the column (``ambiguous_alias``, once the dataset is known)
+    alias_keys: tuple[str, ...] = ()
 
     def as_json(self) -> dict:
         return {"dataset": self.dataset, "engine": self.engine, "kind": self.kind, "params": self.params}
@@ -138,7 +141,7 @@ def translate(sql: str, options: dict | None = None) -> SqlRequest:
 def _translate(tree: exp.Select, options: dict) -> SqlRequest:
     _refuse_clauses(tree)
     dataset = _table(tree)
-    keys, key_sql = _group_keys(tree)
+    keys, key_sql, alias_keys = _group_keys(tree)
     items = _select_items(tree, keys, key_sql)
     where_node = tree.args.get("where")
     where = _predicates(where_node.this) if where_node is not None else []
@@ -160,7 +163,7 @@ def _translate(tree: exp.Select, options: dict) -> SqlRequest:
         for key in OPTION_KEYS:
             if key in options:
                 params[key] = options[key]
-        return SqlRequest(dataset=dataset, kind=kind, params=params)
+        return SqlRequest(dataset=dataset, kind=kind, params=params, alias_keys=alias_keys)
     select = [{k: v for k, v in it.items() if k not in ("named", "sql")} for it in items]
     params = {"select": select}
     if keys:
@@ -176,7 +179,7 @@ def _translate(tree: exp.Select, options: dict) -> SqlRequest:
     for key in OPTION_KEYS:
         if key in options:
             params[key] = options[key]
-    return SqlRequest(dataset=dataset, kind="query", params=params)
+    return SqlRequest(dataset=dataset, kind="query", params=params, alias_keys=alias_keys)
 
 
 _SHAPE_KEYS = {"where", "group_by", "column", "q", "bins", "kind", "select", "having", "order_by", "limit"}
@@ -313,11 +316,12 @@ _BINS_HINT = ("group by a column with a declared domain, FLOOR(col / w) * w, or 
               "CASE WHEN col < a THEN 'x' WHEN col < b THEN 'y' ELSE 'z' END")
 
 
-def _group_keys(tree: exp.Select) -> tuple[list[dict], list[str]]:
-    """The GROUP BY keys (JSON) and each key's SQL text (to find it in the select list)."""
+def _group_keys(tree: exp.Select) -> tuple[list[dict], list[str], tuple[str, ...]]:
+    """The GROUP BY keys (JSON), each key's SQL text (to find it in the select list) and the
+    names among them read as select-list aliases."""
     group = tree.args.get("group")
     if group is None:
-        return [], []
+        return [], [], ()
     for arg in ("rollup", "cube", "grouping_sets"):
         if group.args.get(arg):
             raise _unsupported(f"GROUP BY {arg.upper().replace('_', ' ')}", "group by plain keys: " + _BINS_HINT)
@@ -332,9 +336,10 @@ def _group_keys(tree: exp.Select) -> tuple[list[dict], list[str]]:
               for c in part.find_all(exp.Column)}
     aliases = {item.alias: item.this for item in tree.expressions
                if isinstance(item, exp.Alias) and not item.this.find(exp.AggFunc) and item.alias not in inputs}
-    keys, texts = [], []
+    keys, texts, named = [], [], []
     for node in group.expressions:
         if isinstance(node, exp.Column) and not node.args.get("table") and node.name in aliases:
+            named.append(node.name)
             node = aliases[node.name]  # GROUP BY decade, the alias of FLOOR(age / 10) * 10
         elif isinstance(node, exp.Literal) and not node.is_string:  # GROUP BY 1: the first selected column
             pos = _literal(node, "GROUP BY")
@@ -346,7 +351,14 @@ def _group_keys(tree: exp.Select) -> tuple[list[dict], list[str]]:
         if key not in keys:  # GROUP BY a, a (or a, 1 naming a) is GROUP BY a: one key, not a x a
             keys.append(key)
             texts.append(_norm(node))
-    return keys, texts
+    return keys, texts, tuple(named)
+
+
+def ambiguous_alias(request: SqlRequest, columns) -> str | None:
+    """A GROUP BY name the translation read as a select-list alias that is also one of the
+    dataset's ``columns``: SQL binds such a name to the column (``CASE ... END AS "Month"
+    ... GROUP BY "Month"`` groups by the column Month, and then the CASE is no group key)."""
+    return next((name for name in request.alias_keys if name in columns), None)
 
 
 def _norm(node: exp.Expression) -> str:

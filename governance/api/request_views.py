@@ -88,14 +88,20 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         data = s.RequestCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = dict(data.validated_data)
+        translated = None
         if "sql" in v:  # planned into the JSON request it equals (engines/aggregates/sql.py)
             from ..requests.sql import from_sql
 
-            v.update(from_sql(v["sql"], v["params"], v.get("dataset")).as_json())
+            translated = from_sql(v["sql"], v["params"], v.get("dataset"))
+            v.update(translated.as_json())
         ds = usable_dataset(request.user, v["dataset"])
         if ds is None:
             raise InvalidRequest(f"No dataset {v['dataset']!r} that you may use.{_case_hint(request.user, v['dataset'])}",
                                  errors={"dataset": "not found"})
+        if translated is not None:
+            from ..requests.sql import check_aliases
+
+            check_aliases(translated, ds)
         req, replayed = submit(request.user, ds, v["engine"], v["kind"], v["params"], idempotency_key=key)
         repeated = getattr(req, "repeated", False)
         try:

@@ -31,12 +31,25 @@ def from_sql(sql: str, options, dataset: str | None = None) -> sqlplan.SqlReques
     return out
 
 
+def check_aliases(request: sqlplan.SqlRequest, ds) -> None:
+    """Refuse a GROUP BY name that is a select-list alias and a column of ``ds`` too (SQL
+    binds it to the column; the translation, which does not know the columns, read the
+    alias)."""
+    name = sqlplan.ambiguous_alias(request, {c["name"] for c in ds.schema.get("columns", [])})
+    if name is not None:
+        raise SqlUnsupported(f"unsupported SQL: GROUP BY {name}: names a column of the dataset and a select-list "
+                             "alias; SQL groups by the column: group by the expression, or give the alias another "
+                             "name", part=f"GROUP BY {name}")
+
+
 def price(ds, user, *, sql: str | None = None, engine: str | None = None, kind: str | None = None,
           params=None) -> dict:
     """``ledger.estimates.estimate`` of the event the request would reserve: planned by its
     engine (no data read), charged nothing; with ``request``, the JSON request it is."""
     if sql is not None:
-        asked = from_sql(sql, params or {}, ds.name).as_json()
+        translated = from_sql(sql, params or {}, ds.name)
+        check_aliases(translated, ds)
+        asked = translated.as_json()
     else:
         asked = {"engine": engine, "kind": kind, "params": {} if params is None else params}
     if not isinstance(asked["params"], dict):

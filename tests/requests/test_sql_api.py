@@ -235,3 +235,18 @@ def test_a_label_past_64_bits_is_released_not_rolled_back(api, analyst, clinic, 
     assert body["status"] == "succeeded", body
     assert [row[0] for row in body["result"]["rows"]] == [1, 10**20]
     assert LedgerEntry.objects.get().status == "committed" and verification.verify().ok
+
+
+def test_a_group_by_name_that_is_an_alias_and_a_column_of_the_dataset_is_refused(api, analyst, clinic):
+    """CASE ... END AS site ... GROUP BY site: SQL groups by the column site (and refuses the
+    CASE, then no group key); the translation, which does not know the columns, grouped by
+    the CASE and named its output site. Refused on both routes, nothing charged."""
+    sql = "SELECT CASE WHEN age < 40 THEN 'young' ELSE 'old' END AS site, COUNT(*) AS n FROM clinic GROUP BY site"
+    client = api(analyst)
+    for r in (client.post(URL, {"sql": sql, "params": {"epsilon": 0.5}}, format="json"),
+              client.post("/api/datasets/clinic/estimate/", {"sql": sql, "params": {"epsilon": 0.5}}, format="json")):
+        assert r.status_code == 400 and r.json()["code"] == "sql.unsupported", r.content
+        assert r.json()["part"] == "GROUP BY site"
+    assert not LedgerEntry.objects.exists()
+    ok = sql.replace("AS site", "AS band").replace("GROUP BY site", "GROUP BY band")
+    assert client.post(URL, {"sql": ok, "params": {"epsilon": 0.5}}, format="json").status_code in (200, 202)
