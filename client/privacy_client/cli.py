@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="privacy-client", description="The privacy-budget service from a shell.")
     ap.add_argument("--url", default=None, help="the service (default: PRIVACY_URL, or http://localhost:8000)")
     ap.add_argument("--token", default=None, help="your API token (default: PRIVACY_TOKEN)")
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per HTTP call")
+    ap.add_argument("--timeout", type=_positive_seconds, default=60.0, help="seconds per HTTP call")
     sub = ap.add_subparsers(dest="command", required=True)
     q = sub.add_parser("sql", help="run (or price, or try on dummy rows) one SQL query")
     q.add_argument("query")
@@ -100,6 +100,19 @@ def main(argv: list[str] | None = None) -> int:
     except WaitTimeout as e:
         sys.stderr.write(f"privacy-client: {e}\n")
         return 3
+    except ValueError as e:  # the query names no dataset, a file name refused, ...
+        sys.stderr.write(f"privacy-client: {e}\n")
+        return 2
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
 
 
 if __name__ == "__main__":  # pragma: no cover

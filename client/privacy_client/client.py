@@ -22,7 +22,8 @@ from urllib.parse import quote
 import pandas as pd
 import requests
 
-from .errors import ApiError, NotFound, RequestFailed, ServerTimeout, ServerUnreachable, WaitTimeout, error_for
+from .errors import (ApiError, NotFound, RateLimited, RequestFailed, ServerError, ServerTimeout,
+                     ServerUnreachable, WaitTimeout, error_for)
 from .results import Dataset, Estimate, Result, datasets_frame, plain_file_name
 from .waiting import Backoff, progress_sink
 
@@ -48,6 +49,8 @@ class Client:
                  session: requests.Session | None = None):
         url = url or os.environ.get("PRIVACY_URL") or "http://localhost:8000"
         token = token if token is not None else os.environ.get("PRIVACY_TOKEN")
+        if not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
+            raise ValueError(f"timeout must be a number of seconds above 0, got {timeout!r}")
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.progress = progress
@@ -74,7 +77,7 @@ class Client:
             raise ServerTimeout("connection.timeout", 0, f"{method} {url}: no answer within {timeout:g} s "
                                                           f"({type(e).__name__})",
                                 {"url": url, "timeout": timeout}) from e
-        except requests.ConnectionError as e:
+        except requests.RequestException as e:  # refused, reset, an invalid URL or scheme
             raise ServerUnreachable("connection.failed", 0, f"{method} {url}: cannot reach the service "
                                                             f"({_reason(e)}); is it running, and is the URL right?",
                                     {"url": url}) from e
@@ -84,7 +87,7 @@ class Client:
         r = self._send(method, path, json=json, params=params, headers=headers, timeout=timeout)
         if r.status_code >= 400:
             raise _error(r)
-        return r.json()
+        return _json(r)
 
     def call(self, method: str, path: str, *, json: Any = None, data: bytes | str | None = None,
              params: dict | None = None, headers: dict | None = None) -> Any:
@@ -95,7 +98,7 @@ class Client:
             raise _error(r)
         if r.status_code == 204 or not r.content:
             return None
-        return r.json()
+        return _json(r)
 
     def _pages(self, path: str, params: dict | None = None) -> Iterable[dict]:
         params = {"page_size": 1000, **(params or {})}
@@ -255,8 +258,7 @@ class Client:
                 hold = self.backoff.long_poll if left is None else max(0.0, min(self.backoff.long_poll, left))
                 t0 = time.monotonic()
                 params = {"wait": f"{hold:g}"} if hold > 0 else None
-                body = self._call("GET", f"/api/requests/{_seg(rid)}/", params=params,
-                                  timeout=self.timeout + hold)
+                body = self._poll(rid, params, self.timeout + hold)
                 current = Result(body, self)
                 sink.update(body)
                 if not current.done:
@@ -273,6 +275,21 @@ class Client:
             raise RequestFailed(code, 200, err.get("detail") or f"request {rid} {current.status}",
                                 {**err, "code": code, "request": current.raw})
         return current
+
+    def _poll(self, rid: str, params: dict | None, timeout: float) -> Any:
+        """One status read while waiting, read again after a transient answer (503 with its
+        Retry-After, a 429, a connection lost): the request was admitted and charged, and one
+        busy moment of the service must not end the analyst's wait."""
+        for attempt in range(self.retries + 1):
+            try:
+                return self._call("GET", f"/api/requests/{_seg(rid)}/", params=params, timeout=timeout)
+            except (RateLimited, ServerError, ServerUnreachable) as e:
+                transient = not isinstance(e, ServerError) or e.status in (502, 503, 504)
+                if not transient or attempt == self.retries:
+                    raise
+                after = getattr(e, "retry_after", None)
+                time.sleep(min(after if after is not None else 0.5 * 2 ** attempt, 30.0))
+        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ files
 
@@ -379,6 +396,16 @@ def _table_of(sql: str) -> str:
     if nested is None:
         raise ValueError("no FROM dataset in the query; pass dataset=")
     return nested
+
+
+def _json(r: requests.Response) -> Any:
+    """The answer's JSON; an answer that is not JSON (a proxy's or a captive portal's page
+    with status 200) is a ``ServerError`` ``response.invalid``."""
+    try:
+        return r.json()
+    except ValueError:
+        raise ServerError("response.invalid", r.status_code, f"the answer is not the service's JSON: "
+                                                            f"{r.text[:200]!r}", {}) from None
 
 
 def _seg(value: Any) -> str:

@@ -138,8 +138,7 @@ class RateLimited(ApiError):
 
     @property
     def retry_after(self) -> float | None:
-        value = self.body.get("retry_after")
-        return float(value) if value is not None else None
+        return _seconds(self.body.get("retry_after"))
 
 
 class ServerError(ApiError):
@@ -147,12 +146,20 @@ class ServerError(ApiError):
     disk is full; ``database.unavailable``, 503: its database is busy or unreachable, with
     ``retry_after`` seconds; retry later). Nothing was kept."""
 
-    codes = ("error", "storage.full", "database.unavailable")
+    codes = ("error", "storage.full", "database.unavailable", "response.invalid")
 
     @property
     def retry_after(self) -> float | None:
-        value = self.body.get("retry_after")
-        return float(value) if value is not None else None
+        return _seconds(self.body.get("retry_after"))
+
+
+def _seconds(value: Any) -> float | None:
+    """A Retry-After as seconds, or None when it is not a number of seconds ("soon", a date)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds >= 0 and seconds == seconds and seconds != float("inf") else None
 
 
 class RequestFailed(ApiError):
@@ -203,16 +210,15 @@ ERRORS: dict[str, type[ApiError]] = {code: cls for cls in (
 
 def error_for(status: int, body: Any, retry_after: str | None = None) -> ApiError:
     """The typed error for an error answer (``body`` as parsed JSON, or text)."""
+    wait = {"retry_after": _seconds(retry_after)} if _seconds(retry_after) is not None else {}
     if not isinstance(body, dict) or not isinstance(body.get("code"), str):
+        # not the service's JSON (a proxy's page): typed by its status, its Retry-After kept
         text = body if isinstance(body, str) else repr(body)
+        if status == 429:
+            return RateLimited("rate.limited", status, text[:500], wait)
         cls: type[ApiError] = ServerError if status >= 500 else ApiError
-        return cls("error" if status >= 500 else f"http.{status}", status, text[:500], {})
-    body = dict(body)
-    if retry_after is not None:
-        try:
-            body.setdefault("retry_after", float(retry_after))
-        except ValueError:
-            pass
+        return cls("error" if status >= 500 else f"http.{status}", status, text[:500], wait)
+    body = {**wait, **body}
     code = body["code"]
     detail = body.get("detail")
     cls = ERRORS.get(code) or (ServerError if status >= 500 else ApiError)

@@ -116,3 +116,71 @@ def test_the_progress_bar_shows_a_federated_runs_round_epsilon_and_dp_accuracy()
                     {"round": 2, "epsilon_spent": 1.2345, "accuracy": 0.714, "accuracy_ci95": [0.66, 0.77]}]}})
     assert bar.bar.postfix == "training round 2/5 eps 1.23 sites 2 acc 0.71 [0.66, 0.77]"
     assert bar.bar.n == 40
+
+
+class Raw:
+    """An answer as a proxy or a busy service gives it: a status, text, headers."""
+
+    def __init__(self, status, text, headers=None, body=None):
+        self.status_code, self.text, self.headers, self._body = status, text, headers or {}, body
+        self.content = text.encode()
+
+    def json(self):
+        if self._body is None:
+            import json
+
+            return json.loads(self.text)  # raises ValueError on a page
+        return self._body
+
+
+class Scripted:
+    def __init__(self, answers):
+        self.answers, self.headers, self.calls = list(answers), {}, 0
+
+    def request(self, method, url, params=None, **kw):
+        self.calls += 1
+        return self.answers.pop(0)
+
+
+def test_one_busy_answer_while_waiting_does_not_end_the_wait_of_a_charged_request(clock):
+    """A 503 database.unavailable (Retry-After 1) on the first status read made run() raise
+    after the request was admitted and charged (probe AK): read again after Retry-After."""
+    running = {"id": "r1", "engine": "aggregates", "kind": "count", "status": "running", "progress": {}}
+    done = {**running, "status": "succeeded", "result": {"value": 3}}
+    busy = Raw(503, '{"code": "database.unavailable", "detail": "busy", "retry_after": 1}', {"Retry-After": "1"})
+    proxy_429 = Raw(429, "Too Many Requests", {"Retry-After": "2"})
+    session = Scripted([busy, proxy_429, Raw(200, "", body=done)])
+    got = Client("http://x", session=session, progress=False, backoff=Backoff(long_poll=0)).wait(
+        __import__("privacy_client").Result(running))
+    assert got.status == "succeeded" and session.calls == 3 and clock.sleeps[:2] == [1.0, 2.0]
+
+
+def test_answers_that_are_not_the_service_s_json_are_typed_errors():
+    import privacy_client as pc
+
+    page = Raw(200, "<html>captive portal</html>")
+    with pytest.raises(pc.ServerError) as e:
+        Client("http://x", session=Scripted([page])).datasets()
+    assert e.value.code == "response.invalid"
+    with pytest.raises(pc.RateLimited) as e:
+        Client("http://x", session=Scripted([Raw(429, "slow down", {"Retry-After": "7"})])).datasets()
+    assert e.value.retry_after == 7.0
+    odd = Raw(429, '{"code": "rate.limited", "detail": "x", "retry_after": "soon"}')
+    with pytest.raises(pc.RateLimited) as e:
+        Client("http://x", session=Scripted([odd])).datasets()
+    assert e.value.retry_after is None
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="timeout"):
+            Client("http://x", timeout=bad)
+
+
+def test_the_command_line_says_what_is_wrong_without_a_traceback(capsys):
+    from privacy_client.cli import main
+
+    assert main(["--url", "http://127.0.0.1:9", "sql", "SELECT 1", "--estimate"]) == 2
+    assert "no FROM dataset" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--timeout", "0", "datasets"])
+    assert e.value.code == 2 and "above 0" in capsys.readouterr().err
+    assert main(["--url", "not a url", "datasets"]) == 3
+    assert "cannot reach the service" in capsys.readouterr().err
