@@ -99,10 +99,20 @@ def aggregate_frame(result: dict[str, Any]) -> pd.DataFrame:
         index = result.get("group_by") or ("bin" if result.get("kind") == "histogram" else "key")
         rows = [{index: g.get("key"), "value": g.get("value"), "ci_low": ci(g.get("ci95"))[0],
                  "ci_high": ci(g.get("ci95"))[1]} for g in result["groups"]]
-        return pd.DataFrame(rows, columns=[index, "value", "ci_low", "ci_high"]).set_index(index)
+        return _float_intervals(pd.DataFrame(rows, columns=[index, "value", "ci_low", "ci_high"]).set_index(index))
     low, high = ci(result.get("ci95"))
-    return pd.DataFrame([{"value": result.get("value"), "ci_low": low, "ci_high": high}],
-                        columns=["value", "ci_low", "ci_high"], index=pd.Index([result.get("kind")], name="kind"))
+    return _float_intervals(pd.DataFrame([{"value": result.get("value"), "ci_low": low, "ci_high": high}],
+                                         columns=["value", "ci_low", "ci_high"],
+                                         index=pd.Index([result.get("kind")], name="kind")))
+
+
+def _float_intervals(df: pd.DataFrame) -> pd.DataFrame:
+    """Interval columns as floats, NaN where there is none (a quantile's, a dummy run's):
+    ``df.n - df.n_ci_low`` works on every result alike."""
+    for c in df.columns:
+        if str(c).endswith(("ci_low", "ci_high")):
+            df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
+    return df
 
 
 def query_frame(result: dict[str, Any]) -> pd.DataFrame:
@@ -121,7 +131,7 @@ def query_frame(result: dict[str, Any]) -> pd.DataFrame:
                 ok = isinstance(pair, (list, tuple)) and len(pair) == 2
                 rec[f"{c}_ci_low"], rec[f"{c}_ci_high"] = (pair[0], pair[1]) if ok else (None, None)
         out.append(rec)
-    return pd.DataFrame(out, columns=columns + [f"{c}_ci_{e}" for c in aggs for e in ("low", "high")])
+    return _float_intervals(pd.DataFrame(out, columns=columns + [f"{c}_ci_{e}" for c in aggs for e in ("low", "high")]))
 
 
 def _has_parquet() -> bool:

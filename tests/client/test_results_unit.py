@@ -110,3 +110,13 @@ def test_the_dataset_of_a_query_is_the_table_after_its_from(sql, table):
     from privacy_client.client import _table_of
 
     assert _table_of(sql) == table
+
+
+def test_interval_columns_are_floats_even_where_none_is_given():
+    """A dummy run's intervals (and a quantile's) are None: the columns were of object dtype,
+    and ``df.n - df.n_ci_low`` raised on them while it worked on a real result."""
+    q = Result({"engine": "aggregates", "result": {"kind": "query", "columns": ["site", "n"], "rows": [["a", 3]],
+                                                   "ci95": [[None, None]], "aggregates": [{"name": "n"}]}}).df
+    assert q["n_ci_low"].dtype == float and (q.n - q.n_ci_low).isna().all()
+    one = Result({"engine": "aggregates", "result": {"kind": "quantile", "value": 3.0, "ci95": None}}).df
+    assert one["ci_low"].dtype == float
