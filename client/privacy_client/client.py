@@ -201,8 +201,12 @@ class Client:
         if dummy:
             from . import dummy as dummy_run
 
-            sql, options = dummy_run.sql_of(dataset, engine, kind, _params(params, kw))
-            return dummy_run.run(self, sql, dataset, rows=dummy_rows, seed=seed, **options)
+            asked = _params(params, kw)
+            # priced and checked as the request it is (its errors and its result's shape are
+            # the real call's); only run as SQL on the dummy rows
+            estimate = self.estimate(dataset, kind, engine=engine, params=dummy_run.priced(asked))
+            sql, _ = dummy_run.sql_of(dataset, engine, kind, asked)
+            return dummy_run.run(self, sql, dataset, rows=dummy_rows, seed=seed, estimate=estimate)
         return self._run({"dataset": dataset, "engine": engine, "kind": kind, "params": _params(params, kw)},
                          timeout, progress)
 
@@ -374,7 +378,14 @@ def _shape(column: str | None, by: str | None, where: Iterable[Predicate] | None
 
 
 def _predicate(p: Predicate) -> dict:
+    """A predicate as the service reads it: ``(column, op, value)`` or its dict, and inside
+    ``{"or": [[...], ...]}`` and ``{"not": [...]}`` alike."""
     if isinstance(p, dict):
+        if isinstance(p.get("or"), (list, tuple)):
+            return {**p, "or": [[_predicate(q) for q in branch] if isinstance(branch, (list, tuple)) else branch
+                                for branch in p["or"]]}
+        if isinstance(p.get("not"), (list, tuple)):
+            return {**p, "not": [_predicate(q) for q in p["not"]]}
         return dict(p)
     column, op, value = p
     return {"column": column, "op": op, "value": list(value) if isinstance(value, (tuple, set)) else value}

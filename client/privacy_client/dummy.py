@@ -42,16 +42,24 @@ def duckdb_sql(sql: str) -> str:
     return sql
 
 
-def run(client: "Client", sql: str, dataset: str, rows: int = DEFAULT_ROWS, seed: int = 0,
+def priced(options: dict) -> dict:
+    """``options`` with a budget to price them by if they name none (free; nothing is spent)."""
+    if not any(options.get(k) is not None for k in ("epsilon", "rho", "accuracy")):
+        return {**options, "epsilon": 1.0}
+    return options
+
+
+def run(client: "Client", sql: str, dataset: str, rows: int = DEFAULT_ROWS, seed: int = 0, estimate=None,
         **options: Any) -> Result:
+    """``sql`` run on dummy rows; ``estimate``: the request's own, when it was asked as JSON
+    (``Client.run``), else the SQL is priced here."""
     try:
         import duckdb
     except ImportError:  # pragma: no cover - depends on the install
         raise ImportError("dummy=True runs the query locally with DuckDB: pip install './client[dummy]' "
                           "(or pip install duckdb)") from None
-    if not any(options.get(k) is not None for k in ("epsilon", "rho", "accuracy")):
-        options = {**options, "epsilon": 1.0}  # only to price it (free); nothing is spent
-    estimate = client.estimate_sql(sql, dataset=dataset, **options)
+    if estimate is None:
+        estimate = client.estimate_sql(sql, dataset=dataset, **priced(options))
     request = estimate.request or {}
     frame = client.preview(dataset, rows=rows, seed=seed)
     con = duckdb.connect()

@@ -134,9 +134,17 @@ def test_the_pandas_like_calls_take_dummy_too(server):
     assert list(dummy.df.columns) == list(real.df.columns) and dummy.df.index.name == real.df.index.name == "site"
     assert set(dummy.df.index) <= set(real.df.index)
     assert server.analyst.count("clinic", dummy=True, dummy_rows=77).df["value"].iloc[0] == 77
+    # an OR filter: priced as the count it is, so the frame is a count's (it was a query's)
+    either = [{"or": [[("age", "<", 30)], [("site", "==", "east")]]}]
+    ored = server.analyst.count("clinic", by="site", where=either, dummy=True, dummy_rows=300)
+    assert list(ored.df.columns) == ["value", "ci_low", "ci_high"] and ored.df.index.name == "site"
     assert LedgerEntry.objects.count() == 1  # only the real one
     with pytest.raises(ValueError):
         server.analyst.histogram("clinic", "site", dummy=True)
+    import privacy_client as pc
+
+    with pytest.raises(pc.InvalidRequest):  # the service's refusal, as the real call's (a KeyError before)
+        server.analyst.count("clinic", where=[("age", "~", 3)], dummy=True)
 
 
 @pytest.mark.django_db(transaction=True)
