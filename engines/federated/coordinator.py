@@ -97,6 +97,7 @@ class Coordinator:
         self.noise = Noise.from_dict(details["eval_noise"]) if details.get("eval_noise") else None
         import torch
 
+        self.rows_asked = False  # a train or evaluate message sent: a site read its rows
         self.gen = torch.Generator()
         self.gen.manual_seed(int.from_bytes(os.urandom(8), "little"))
 
@@ -119,6 +120,9 @@ class Coordinator:
         if isinstance(got, str):
             return self.node_site.get(node), f"error: {got[:200]}", [], {}
         arrays, reply = got
+        if not isinstance(reply, dict) or not isinstance(reply.get("site"), str) or not isinstance(arrays, list):
+            # a hostile or broken agent's reply: refused for its node, never the run's end
+            return self.node_site.get(node), "malformed reply", [], {}
         site = reply.get("site")
         if site not in self.keys:  # its claimed name is not repeated: it may be another dataset's site
             return None, "unregistered site", [], reply
@@ -145,7 +149,11 @@ class Coordinator:
         got = self.t.exchange({n: ("hello", jobs[n], []) for n in new}, self.round_timeout)
         for n in new:
             if n not in got:
-                continue  # no reply yet: asked again next round
+                # no answer within the round timeout: given up (asked every round, a silent node
+                # added the whole timeout to each); a site that restarts is a new node
+                self.refused[n] = "no answer to hello"
+                self.emit({"event": "refused", "node": str(n), "site": None, "why": "no answer to hello"})
+                continue
             site, why, _, _ = self._check(n, "hello", jobs[n], got[n])
             if why is None and site in self.node_site.values():
                 why = f"site {site!r} is already connected on another node"
@@ -187,6 +195,7 @@ class Coordinator:
                 n = site_node[s]
                 jobs[n] = self._job("train", rnd, s)
                 sends[n] = ("train", jobs[n], self.weights)
+        self.rows_asked = self.rows_asked or bool(sends)
         aggregate = self._secure_sum if self.secure else self._plain_sum
         total, accepted, rejected, (sent_bytes, recv_bytes), secure = aggregate(sends, jobs, rnd)
         # the round is spent once the noisy sum is formed, whoever replied
@@ -234,7 +243,8 @@ class Coordinator:
                 continue
             _, why, arrays, _ = self._check(n, "train", jobs[n], got[n])
             if why is None:
-                arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
+                arrays, why = _real_arrays(arrays)
+            if why is None:
                 recv_bytes += sum(a.nbytes for a in arrays)
                 why = dpfedavg.check_update(arrays, self.shapes, self.clip)
             if why is not None:
@@ -274,6 +284,7 @@ class Coordinator:
 
     def evaluate(self, rnd: int) -> dict:
         nodes = list(self.node_site)
+        self.rows_asked = self.rows_asked or bool(nodes)
         jobs = {n: self._job("evaluate", rnd) for n in nodes}
         got = self.t.exchange({n: ("evaluate", jobs[n], self.weights) for n in nodes}, self.round_timeout)
         correct = count = 0.0
@@ -284,9 +295,12 @@ class Coordinator:
                 continue
             site, why, _, reply = self._check(n, "evaluate", jobs[n], got[n])
             ev = reply.get("eval") if why is None else None
-            if not ev:
+            if not isinstance(ev, dict) or not ev:
                 continue
-            c, k = float(ev.get("correct", 0)), float(ev.get("count", 0))
+            try:
+                c, k = float(ev.get("correct", 0)), float(ev.get("count", 0))
+            except (TypeError, ValueError):  # a list, an object: not counts
+                continue
             if not (math.isfinite(c) and math.isfinite(k) and 0 <= c <= k):
                 continue
             if site in self.site_eval_rows:  # at most the held-out rows its registered rows allow
@@ -328,8 +342,21 @@ class Coordinator:
         return "completed"
 
     def result(self, reason: str) -> dict:
-        return {"stopped": reason, "rounds": self.rounds, "evals": self.evals, "epsilon": self.epsilon(),
+        return {"stopped": reason, "rows_asked": self.rows_asked, "rounds": self.rounds, "evals": self.evals,
+                "epsilon": self.epsilon(),
                 "event": self.event(), "history": self.history,
                 "sites": {"connected": sorted(self.node_site.values()),
                           "refused": {str(n): w for n, w in self.refused.items()}},
                 "weights": [a.tolist() for a in self.weights]}
+
+
+def _real_arrays(arrays: list) -> tuple[list, str | None]:
+    """A site's update as float64 arrays, or why not: only real numbers (a string array
+    ended the run, a complex one lost its imaginary part silently)."""
+    try:
+        raw = [np.asarray(a) for a in arrays]
+        if any(a.dtype.kind not in "fiub" for a in raw):
+            return [], "not an array of real numbers"
+        return [a.astype(np.float64) for a in raw], None
+    except (TypeError, ValueError):
+        return [], "not an array of real numbers"

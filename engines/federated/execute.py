@@ -132,14 +132,26 @@ def execute(request: EngineRequest, dataset, fed: Federation, plan: Plan, progre
         progress({"phase": "submitting", "fraction": 0.0})
         run_id = submit(jobdir, fed)
         (jobdir / "run_id").write_text(run_id)
-        return _follow(d, jobdir, run_id, fed, progress, Path(workdir) if workdir else None)
+        state: dict = {"rounds": 0, "evals": 0}
+        try:
+            return _follow(d, jobdir, run_id, fed, progress, Path(workdir) if workdir else None, state)
+        except (Cancelled, EngineError):
+            raise
+        except BaseException as e:  # the worker's time limit, a signal: stop the ServerApp too, charge its rounds
+            if not (jobdir / "result.json").exists():  # (else the sites would train on after the request ended)
+                e.actual_event = _cancel(d, jobdir, state["rounds"], state["evals"])
+            raise
     finally:
         shutil.rmtree(jobdir, ignore_errors=True)
 
 
-def _follow(d: dict, jobdir: Path, run_id: str, fed: Federation, progress, workdir: Path | None) -> Release:
-    state = {"seen": 0, "rounds": 0, "evals": 0, "last": time.monotonic(), "said": None, "told": time.monotonic(),
-             "unknown": 0}
+def _follow(d: dict, jobdir: Path, run_id: str, fed: Federation, progress, workdir: Path | None,
+            state: dict | None = None) -> Release:
+    """Forward the run's progress until its result; ``state`` holds the rounds and evaluations
+    seen (for a charge when the run is stopped from outside)."""
+    state = {} if state is None else state
+    state.update({"seen": 0, "rounds": 0, "evals": 0, "last": time.monotonic(), "said": None,
+                  "told": time.monotonic(), "unknown": 0})
     quiet = fed.wait_sites_seconds + 3 * fed.round_timeout + QUIET_MARGIN
     result_path = jobdir / "result.json"
 
@@ -213,7 +225,11 @@ def _release(d: dict, r: dict, workdir: Path | None, run_id: str) -> Release:
         raise err
     if r["stopped"] == "failed":
         err = FederatedRunError(f"federated run failed after {r['rounds']} round(s): {r.get('error')}")
-        err.actual_event = planner.rounds_event(d, r["rounds"], r["evals"]) if r["rounds"] else None
+        if not r.get("rows_asked", True):  # before any site was sent work: no row was read, refund
+            err.nothing_read = True
+        else:  # the rounds done and the one that may have been under way
+            err.actual_event = planner.rounds_event(d, min(r["rounds"] + 1, spec["rounds"]),
+                                                    min(r["evals"] + 1, d["evals"]) if d["evals"] else 0)
         raise err
     if r["stopped"] == "cancelled":
         c = Cancelled("cancelled")

@@ -193,3 +193,90 @@ def test_a_private_round_with_held_out_rows_too_few_to_measure_releases_no_accur
                   eval_epsilon=1e-4, rounds=1)
     ev = r["history"][-1]["eval"]
     assert ev["dp"] and ev["accuracy"] is None and ev["accuracy_ci95"][1] - ev["accuracy_ci95"][0] > 0.5
+
+
+class Hostile(coordinator.LocalTransport):
+    """Sites in this process, and one node (``bad``) whose replies of a kind are replaced:
+    an agent changed by its owner, or broken."""
+
+    def __init__(self, configs, bad, kind, reply):
+        super().__init__(configs)
+        self.bad, self.kind, self.reply, self.asked = bad, kind, reply, 0
+
+    def exchange(self, sends, timeout):
+        out = super().exchange(sends, timeout)
+        for node, (kind, job, arrays) in sends.items():
+            if node == self.bad and kind == self.kind:
+                self.asked += 1
+                got = self.reply(out[node])
+                if got is None:
+                    out.pop(node)  # silent
+                else:
+                    out[node] = got
+        return out
+
+
+def hostile_run(tmp_path, tables, kind, reply, bad_site="c"):
+    nodes = [node(tmp_path, "a", tables[0]), node(tmp_path, "b", tables[1]), node(tmp_path, bad_site, tables[2])]
+    p = planner.make_plan(EngineRequest("train", {"target": "label", "rounds": 3, "target_epsilon": 8.0}),
+                          meta(SITES))
+    t = Hostile(dict(enumerate(nodes, 1)), 3, kind, reply)
+    c = coordinator.Coordinator(p.details, {s: f"key-{s}" for s in SITES}, t, emit=lambda e: None,
+                                wait_sites_seconds=0)
+    return c, c.result(c.run()), t
+
+
+def _meta_of(mutate):
+    def reply(got):
+        arrays, meta = got
+        return arrays, mutate(dict(meta))
+    return reply
+
+
+@pytest.mark.parametrize("kind, reply, why", [
+    ("hello", lambda got: (got[0], ["hostile"]), "malformed reply"),  # an unregistered agent's list
+    ("hello", _meta_of(lambda m: {**m, "site": ["c"]}), "malformed reply"),  # an unhashable site
+])
+def test_a_malformed_hello_is_refused_for_its_node_not_the_end_of_the_run(tmp_path, tables, kind, reply, why):
+    """A list for a reply's meta ended the whole run (AttributeError), after 0 rounds: the
+    host charged the whole reservation for nothing trained (probe AH)."""
+    c, r, _ = hostile_run(tmp_path, tables, kind, reply)
+    assert r["rounds"] == 3 and why in r["sites"]["refused"]["3"]
+
+
+def test_a_train_update_that_is_not_real_numbers_is_rejected_for_its_site(tmp_path, tables):
+    def strings(got):
+        arrays, meta = got
+        return [np.array(["x"] * a.size) for a in map(np.asarray, arrays)], meta
+
+    c, r, _ = hostile_run(tmp_path, tables, "train", strings)
+    assert r["rounds"] == 3 and all(np.all(np.isfinite(np.asarray(w))) for w in r["weights"])
+    # (its MAC no longer matches its payload: refused there, or for the dtype; never the run's end)
+    assert all("c" not in h["sites"]["accepted"] for h in r["history"] if "c" in h["sites"]["sampled"])
+    arrays, why = coordinator._real_arrays([np.array(["x"]), np.array([1 + 2j])])
+    assert why == "not an array of real numbers"
+
+
+def test_an_evaluation_reply_of_the_wrong_shape_is_skipped(tmp_path, tables):
+    c, r, _ = hostile_run(tmp_path, tables, "evaluate", _meta_of(lambda m: {**m, "eval": [1, 2]}))
+    assert r["rounds"] == 3
+
+
+def test_a_node_silent_at_hello_is_asked_once_not_every_round(tmp_path, tables):
+    """Asked again every round, a silent node added the whole round timeout to each."""
+    c, r, t = hostile_run(tmp_path, tables, "hello", lambda got: None)
+    assert t.asked == 1 and r["sites"]["refused"]["3"] == "no answer to hello" and r["rounds"] == 3
+
+
+def test_a_failed_run_is_refunded_before_any_site_was_sent_work_else_charged_a_round_more():
+    from engines.federated import execute
+
+    p = planner.make_plan(EngineRequest("train", {"target": "label", "rounds": 3, "target_epsilon": 8.0}),
+                          meta(SITES))
+    base = {"stopped": "failed", "rounds": 0, "evals": 0, "error": "AttributeError", "history": [], "weights": []}
+    with pytest.raises(execute.FederatedRunError) as e:
+        execute._release(p.details, {**base, "rows_asked": False}, None, "7")
+    assert e.value.nothing_read and getattr(e.value, "actual_event", None) is None
+    with pytest.raises(execute.FederatedRunError) as e:
+        execute._release(p.details, {**base, "rows_asked": True, "rounds": 1}, None, "7")
+    assert e.value.actual_event == planner.rounds_event(p.details, 2, min(1, p.details["evals"]))

@@ -107,3 +107,33 @@ def test_a_job_a_killed_worker_left_is_stopped_and_removed(tmp_path, monkeypatch
     assert execute.sweep_orphans() == [str(orphan)]
     assert not orphan.exists() and mine.exists() and elsewhere.exists()
     assert stops and stops[0][1:4] == ["stop", "42", "service"]
+
+
+def test_the_worker_s_time_limit_stops_the_serverapp_and_charges_its_rounds(tmp_path, details, fast, monkeypatch):
+    """The soft time limit raised while following: the job directory was removed and the
+    sites trained all the planned rounds after the request had ended, charged in full
+    (probe AH). Now the ServerApp is asked to stop (``cancel``) and the rounds are charged."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from engines.types import EngineRequest, Plan
+
+    monkeypatch.setattr(execute, "sweep_orphans", lambda: None)
+    monkeypatch.setattr(execute, "submit", lambda jobdir, fed: "7")
+    seen = {}
+
+    def follow(d, jobdir, run_id, fed, progress, workdir, state):
+        state.update(rounds=2, evals=0)
+        seen["jobdir"] = jobdir
+        raise SoftTimeLimitExceeded()
+
+    def cancel(d, jobdir, rounds, evals):
+        seen["cancel"] = (jobdir / "cancel").exists() or True
+        return {"rounds": rounds + 1, "evals": evals}
+
+    monkeypatch.setattr(execute, "_follow", follow)
+    monkeypatch.setattr(execute, "_cancel", cancel)
+    fed = Federation(superlink="127.0.0.1:9", site_keys={"h1": "k"}, wait_sites_seconds=0.0, round_timeout=0.0)
+    with pytest.raises(SoftTimeLimitExceeded) as e:
+        execute.execute(EngineRequest("train", {}), None, fed, Plan(event={}, columns=[], details=details),
+                        lambda u: None)
+    assert seen["cancel"] and e.value.actual_event == {"rounds": 3, "evals": 0}
