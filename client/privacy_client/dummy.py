@@ -71,11 +71,27 @@ def run(client: "Client", sql: str, dataset: str, rows: int = DEFAULT_ROWS, seed
     finally:
         con.close()
     result = _release(request, names, answer)
+    if "groups" in result:  # the real release's groups: the declared domain, in its order
+        result["groups"] = _declared_groups(client, dataset, result)
     body = {"id": "dummy", "dataset": dataset, "engine": "aggregates", "kind": request.get("kind"),
             "params": request.get("params") or {}, "status": "succeeded", "progress": {}, "event": None,
             "charge": {}, "replayed": False, "error": None, "result": result, "dummy": True,
             "dummy_rows": {"rows": rows, "seed": seed}, "estimate": estimate.raw}
     return Result(body, client)
+
+
+def _declared_groups(client: "Client", dataset: str, result: dict) -> list[dict]:
+    """A one-key answer's groups as the service lists them: every value of the key's
+    declared domain, in its order (DuckDB gives those present in the dummy rows, in any
+    order); an empty group's count or sum is 0, any other aggregate None. A key without a
+    declared domain keeps DuckDB's groups."""
+    column = next((c for c in client.dataset(dataset).columns if c.get("name") == result.get("group_by")), {})
+    domain = column.get("domain")
+    if not isinstance(domain, list):
+        return result["groups"]
+    found = {g["key"]: g for g in result["groups"]}
+    empty = 0 if result.get("kind") in ("count", "sum") else None
+    return [found.get(v, {"key": v, "value": empty, "ci95": None}) for v in domain]
 
 
 def _plain(v: Any) -> Any:
