@@ -108,7 +108,8 @@ class Conflict(ApiError):
     """409 other than the budget: a non-private release refused, an inactive dataset, a
     request that can no longer be cancelled, a concurrent change, a revoked grant's cap."""
 
-    codes = ("budget.non_private", "dataset.inactive", "ledger.conflict", "conflict", "grant.revoked")
+    codes = ("budget.non_private", "dataset.pld_not_allowed", "dataset.inactive", "ledger.conflict", "conflict",
+             "grant.revoked")
 
 
 class IdempotencyKeyReused(ApiError):

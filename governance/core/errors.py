@@ -70,6 +70,14 @@ class NonPrivateRefused(UserError):
     status = 409
 
 
+class PldNotAllowed(UserError):
+    """A run to be certified by PLD on a dataset whose officer turned PLD certification off
+    while it waited (a new request asking for it is a 400, request.invalid)."""
+
+    code = "dataset.pld_not_allowed"
+    status = 409
+
+
 class NoGrant(UserError):
     code = "grant.missing"
     status = 403

@@ -31,12 +31,14 @@ from django.core.exceptions import ValidationError
 from django.db import connection
 from django.utils import timezone
 
+from accounting import events as ev
+from accounting.costs import Cost
 from engines import plugins
 from engines.federated.types import Federation
 from engines.types import Cancelled, EngineError, EngineRequest, Plan
 
 from ..core import processes
-from ..core.errors import AccountInactive
+from ..core.errors import AccountInactive, BudgetExceeded, NonPrivateRefused, PldNotAllowed, UserError
 from ..core.raw_rows import concrete, from_row
 from ..datasets.data import load_columns
 from ..datasets.engine_meta import dataset_meta
@@ -252,6 +254,33 @@ def _account_refusal(req: Request) -> AccountInactive | None:
     return None
 
 
+def _settings_refusal(req: Request, plan: Plan) -> UserError | None:
+    """What the request's admission relied on and the officer changed while it waited: the
+    dataset's allow_non_private (a non-private part) or pld_certification (a run certified
+    by PLD) turned off, or the analyst's cap lowered below what she has spent and reserved
+    (this request's reservation included). Submitted now it would be refused; queued, it
+    stops here, refunded (which may make room under the cap for the next one)."""
+    from ..ledger.actions import to_event
+    from ..ledger.limits import Limit
+    from ..models import Grant
+
+    allow_non_private, allow_pld = Dataset.objects.filter(pk=req.dataset_id).values_list(
+        "allow_non_private", "pld_certification").get()
+    if not allow_non_private and ev.has_non_private(to_event(plan.event)):
+        return NonPrivateRefused(f"this request includes a non-private release and the privacy officer of dataset "
+                                 f"{req.dataset.name} turned allow_non_private off", dataset=req.dataset.name)
+    if not allow_pld and req.params.get("accountant") == "pld":
+        return PldNotAllowed(f"this run is certified by PLD and the privacy officer of dataset {req.dataset.name} "
+                             "turned pld_certification off", dataset=req.dataset.name)
+    grant = Grant.objects.filter(dataset_id=req.dataset_id, analyst_id=req.analyst_id, revoked_at__isnull=True).first()
+    limit = Limit.of_grant(grant, req.dataset) if grant is not None else None
+    if limit is not None and not limit.admits(state := Cost.from_json(grant.state)):
+        return BudgetExceeded(f"the privacy officer lowered {req.analyst}'s cap on dataset {req.dataset.name} to "
+                              f"epsilon {limit.epsilon:.6g}, below what is spent and reserved under it "
+                              f"({limit.spent(state):.6g})", scope="grant", dataset=req.dataset.name)
+    return None
+
+
 def _run(req: Request, clock: RunClock) -> str:
     ds = req.dataset
     plan = Plan(**req.plan)
@@ -259,7 +288,7 @@ def _run(req: Request, clock: RunClock) -> str:
 
     try:
         # a grant revoked, a dataset or an account deactivated while the request waited stops it here
-        refusal = access_refusal(req.analyst, ds) or _account_refusal(req)
+        refusal = access_refusal(req.analyst, ds) or _account_refusal(req) or _settings_refusal(req, plan)
         if refusal is None:
             meta = dataset_meta(ds)
             # the engine may have been removed since planning; what it imports (torch, ...) is

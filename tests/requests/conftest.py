@@ -35,6 +35,8 @@ class ProbeEngine:
             event = {"kind": "self_composed", "event": {"kind": "laplace", "epsilon": eps}, "count": 4}
         else:
             event = {"kind": "laplace", "epsilon": eps}
+        if request.params.get("non_private"):  # with a non-private baseline, as a DP-SGD sweep's
+            event = {"kind": "composed", "events": [event, {"kind": "non_private"}]}
         return Plan(event=event, columns=["age"], details={"epsilon": eps})
 
     @hookimpl

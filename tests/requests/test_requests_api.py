@@ -348,6 +348,56 @@ def test_a_request_queued_before_a_revocation_is_not_run_and_is_refunded(api, an
     assert LedgerEntry.objects.get().status == "released"
     assert AuditRecord.objects.filter(outcome="cancelled").count() == 1
 
+@pytest.mark.parametrize("setting,params,code", [
+    ("allow_non_private", {"non_private": True}, "budget.non_private"),
+    ("pld_certification", {"accountant": "pld"}, "dataset.pld_not_allowed")])
+def test_a_request_queued_before_the_officer_turns_its_setting_off_is_not_run(
+        api, analyst, officer, clinic, setting, params, code, django_capture_on_commit_callbacks):
+    """A probe found a DP-SGD sweep queued with its non-private baseline released after the
+    officer turned allow_non_private off (a new one was refused), and a PLD-certified run
+    after pld_certification was: what the admission relied on is checked again at the claim."""
+    from governance.models import AuditRecord
+
+    assert api(officer).patch(f"/api/datasets/{clinic.name}/", {setting: True}, format="json").status_code == 200
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        queued = post(client, {"epsilon": 0.2, **params}).json()["id"]
+        other = post(client, {"epsilon": 0.1}).json()["id"]  # relies on neither setting
+    assert api(officer).patch(f"/api/datasets/{clinic.name}/", {setting: False}, format="json").status_code == 200
+    for callback in callbacks:
+        callback()
+    req = Request.objects.get(pk=queued)
+    assert (req.status, req.error["code"], req.result, req.data_read) == ("cancelled", code, None, False)
+    assert setting in req.error["detail"] and "refunded" in req.error["detail"]
+    assert req.ledger_entry.status == "released"
+    assert Request.objects.get(pk=other).status == "succeeded"
+    assert AuditRecord.objects.filter(outcome="cancelled").count() == 1
+
+
+def test_a_cap_lowered_below_what_is_reserved_stops_the_queued_requests_past_it(
+        api, analyst, officer, clinic, django_capture_on_commit_callbacks):
+    """A probe lowered an analyst's cap to 0.05 while her requests of 0.3 and 0.25 waited:
+    both released, 1.47 spent under a cap of 0.05. Lowering a cap stays allowed (it stops
+    her next requests); at the claim, a queued request whose grant's cap no longer covers
+    what is spent and reserved is cancelled and refunded, which may make room for the next."""
+    from governance.models import Grant
+
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        first = post(client, {"epsilon": 0.3}).json()["id"]
+        second = post(client, {"epsilon": 0.25}).json()["id"]
+    gid = Grant.objects.get(analyst=analyst, dataset=clinic).pk
+    assert api(officer).patch(f"/api/grants/{gid}/", {"cap_epsilon": 0.4}, format="json").status_code == 200
+    for callback in callbacks:
+        callback()
+    req = Request.objects.get(pk=first)
+    assert (req.status, req.error["code"], req.data_read) == ("cancelled", "budget.exceeded", False)
+    assert "cap" in req.error["detail"] and req.ledger_entry.status == "released"
+    assert Request.objects.get(pk=second).status == "succeeded"  # 0.25 alone fits under 0.4
+    spent = api(analyst).get(f"/api/grants/{gid}/").json()["spent"]
+    assert spent["basic"]["epsilon"] == pytest.approx(0.25)
+
+
 def test_a_task_delivered_twice_changes_nothing(api, analyst, clinic, django_capture_on_commit_callbacks):
     from governance.requests.execution import execute
 
