@@ -132,6 +132,103 @@ def test_a_grant_form_refuses_the_caps_the_api_refuses(officer_client, make_data
     assert (g.cap_epsilon, g.cap_delta) == (0.5, None)
 
 
+def _form_as_shown(page: bytes) -> dict:
+    """The change form's fields as the officer's browser would send them back unchanged."""
+    from html.parser import HTMLParser
+
+    class Form(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.data, self.textarea = {}, None
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if tag == "input" and a.get("name") and a.get("type") not in ("submit", "checkbox"):
+                self.data[a["name"]] = a.get("value", "")
+            elif tag == "input" and a.get("type") == "checkbox" and "checked" in a:
+                self.data[a["name"]] = "on"
+            elif tag == "textarea":
+                self.textarea = a["name"]
+                self.data[self.textarea] = ""
+
+        def handle_data(self, data):
+            if self.textarea:
+                self.data[self.textarea] += data
+
+        def handle_endtag(self, tag):
+            if tag == "textarea":
+                self.textarea = None
+
+    f = Form()
+    f.feed(page.decode())
+    f.data.pop("csrfmiddlewaretoken", None)
+    return f.data
+
+
+def test_a_page_saved_after_another_officer_s_edit_keeps_that_edit(client, django_user_model, officer, make_dataset,
+                                                                   analyst, grant):
+    """A probe's two officers: the second saved a page opened before the first lowered the
+    budget and turned allow_non_private off (only the title edited): budget and setting came
+    back as they were, recorded as the second officer's deliberate change. Each page sends
+    what it showed, and only the fields its officer changed are saved."""
+    from django.test import Client
+
+    ds = make_dataset()
+    Dataset.objects.filter(pk=ds.pk).update(allow_non_private=True)
+    g = grant(analyst, ds, cap_epsilon=0.8)
+    other = django_user_model.objects.create_user("olga", password="x", is_staff=True, is_superuser=True)
+    first, second = Client(), Client()
+    first.force_login(officer)
+    second.force_login(other)
+    url = f"/admin/governance/dataset/{ds.pk}/change/"
+    shown_first, shown_second = _form_as_shown(first.get(url).content), _form_as_shown(second.get(url).content)
+    assert shown_first["allow_non_private"] == "on" and "initial-budget_epsilon" in shown_first
+    first_edit = {**shown_first, "budget_epsilon": "0.6"}
+    first_edit.pop("allow_non_private")
+    assert first.post(url, first_edit).status_code == 302
+    assert second.post(url, {**shown_second, "title": "renamed"}).status_code == 302
+    ds.refresh_from_db()
+    assert (ds.title, ds.budget_epsilon, ds.allow_non_private) == ("renamed", 0.6, False)
+    gurl = f"/admin/governance/grant/{g.pk}/change/"
+    shown_first, shown_second = _form_as_shown(first.get(gurl).content), _form_as_shown(second.get(gurl).content)
+    assert first.post(gurl, {**shown_first, "cap_epsilon": "0.5"}).status_code == 302
+    assert second.post(gurl, {**shown_second, "cap_delta": "1e-7"}).status_code == 302
+    g.refresh_from_db()
+    assert (g.cap_epsilon, g.cap_delta) == (0.5, 1e-7)
+
+
+def test_a_revoked_grant_is_given_again_from_add_grant(officer_client, make_dataset, analyst, grant):
+    """A probe found "Grant with this Analyst and Dataset already exists" for a revoked one
+    (the form's unique check came before grants.give could give it again)."""
+    from governance.ledger import grants
+
+    ds = make_dataset()
+    g = grant(analyst, ds, cap_epsilon=0.5)
+    assert grants.revoke(g, analyst)
+    r = officer_client.post("/admin/governance/grant/add/", {"analyst": analyst.pk, "dataset": ds.pk,
+                                                             "cap_epsilon": "0.3", "cap_delta": "-0"})
+    assert r.status_code == 302, r.content.decode()[-2000:]
+    g.refresh_from_db()
+    assert g.active and (g.cap_epsilon, g.cap_delta) == (0.3, 0.0) and str(g.cap_delta) == "0.0"
+    r = officer_client.post("/admin/governance/grant/add/", {"analyst": analyst.pk, "dataset": ds.pk})
+    assert r.status_code == 200 and b"already exists" in r.content  # an active one is a duplicate
+    assert Grant.objects.count() == 1
+
+
+def test_a_cap_saved_on_a_grant_revoked_meanwhile_says_so_and_nothing_else(officer_client, make_dataset, analyst,
+                                                                            grant):
+    from governance.ledger import grants
+
+    g = grant(analyst, make_dataset(), cap_epsilon=0.5)
+    url = f"/admin/governance/grant/{g.pk}/change/"
+    shown = _form_as_shown(officer_client.get(url).content)
+    grants.revoke(g, analyst)
+    page = officer_client.post(url, {**shown, "cap_epsilon": "0.2"}, follow=True).content.decode()
+    assert "is revoked" in page and "changed successfully" not in page
+    g.refresh_from_db()
+    assert g.cap_epsilon == 0.5
+
+
 def test_analysts_cannot_use_the_admin(client, analyst):
     client.force_login(analyst)
     assert client.get("/admin/governance/dataset/").status_code == 302  # to the login page

@@ -23,6 +23,10 @@ def _caps(grant: Grant) -> tuple:
     return grant.cap_epsilon, grant.cap_delta
 
 
+def _cap(value: float | None) -> float | None:
+    return None if value is None else value + 0.0  # -0.0 stored (and listed) as 0.0
+
+
 def _record(budget: Budget, grant: Grant, actor: str, outcome: str, before: tuple) -> None:
     caps = {name: [old, new] for name, old, new in zip(("cap_epsilon", "cap_delta"), before, _caps(grant))}
     params = {"analyst": grant.analyst.get_username(), "grant": grant.pk, **caps}
@@ -42,6 +46,7 @@ def give(analyst, dataset, actor, *, cap_epsilon=None, cap_delta=None) -> Grant 
     ``DatasetNotActive`` while the dataset's table is being read or failed to be (checked
     under the lock): a failed registration's name is freed by deleting it, which a grant
     (and its audit record) would block for good."""
+    cap_epsilon, cap_delta = _cap(cap_epsilon), _cap(cap_delta)
     with transaction.atomic():
         budget = Budget.objects.select_for_update().get(pk=dataset.pk)
         status = Dataset.objects.filter(pk=dataset.pk).values_list("status", flat=True).get()
@@ -75,7 +80,7 @@ def change_cap(grant: Grant, actor, **caps) -> Grant:
                                "give it again (POST /api/grants/) with the cap.")
         before = _caps(grant)
         for key, value in caps.items():
-            setattr(grant, key, value)
+            setattr(grant, key, _cap(value))
         if _caps(grant) != before:
             grant.save(update_fields=list(caps))
             _record(budget, grant, actor.get_username(), "changed", before)

@@ -111,14 +111,7 @@ class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         try:
-            datasets.update(obj, actor=request.user.get_username(), schema=form.cleaned_data["schema"],
-                            title=obj.title, description=obj.description,
-                            budget_epsilon=form.cleaned_data["budget_epsilon"],
-                            budget_delta=form.cleaned_data["budget_delta_text"],
-                            allow_non_private=form.cleaned_data["allow_non_private"],
-                            release_quantum_ms=form.cleaned_data["release_quantum_ms"],
-                            approx_delta_share=form.cleaned_data["approx_delta_share"],
-                            pld_certification=form.cleaned_data["pld_certification"])
+            datasets.update(obj, actor=request.user.get_username(), **form.edited())
         except InvalidDataset as e:
             errors = e.extra.get("errors") or {}
             messages.error(request, e.detail + (" " + "; ".join(f"{k}: {v}" for k, v in errors.items())))
@@ -212,9 +205,23 @@ class GrantAdmin(OfficerPermissions, admin.ModelAdmin):
             obj.pk, obj.created_by, obj.created_at = grant.pk, grant.created_by, grant.created_at
         else:
             try:
-                grants.change_cap(obj, request.user, cap_epsilon=obj.cap_epsilon, cap_delta=obj.cap_delta)
+                grants.change_cap(obj, request.user, **{f: form.cleaned_data[f] for f in form.changed_data
+                                                         if f in ("cap_epsilon", "cap_delta")})
             except GrantRevoked as e:  # revoked meanwhile, by another officer
                 messages.error(request, e.detail)
+                request._grant_unchanged = True
+
+    def log_change(self, request, obj, message):
+        if not getattr(request, "_grant_unchanged", False):
+            return super().log_change(request, obj, message)
+        return None
+
+    def response_change(self, request, obj):
+        """Back to the page with the error and without "changed successfully" when the grant
+        was revoked meanwhile."""
+        if getattr(request, "_grant_unchanged", False):
+            return redirect(request.path)
+        return super().response_change(request, obj)
 
     @admin.display(description="epsilon spent by analyst")
     def spent(self, g):

@@ -78,8 +78,18 @@ class SafeJSONFormField(forms.JSONField):
         return super().bound_data(data, initial)
 
 
+def _track_edits(form: forms.BaseForm) -> None:
+    """Each field of ``names`` sent back with the value the page showed (a hidden input), so
+    ``form.changed_data`` is what this officer changed, not what differs from the row as it
+    is now: saving a page opened before another officer's edit keeps that edit (the later
+    save sent every field and put the budget and allow_non_private back as they were)."""
+    for field in form.fields.values():
+        field.show_hidden_initial = True
+
+
 class DatasetChangeForm(forms.ModelForm):
-    """Schema and budget edits are validated by ``registry.update`` when saved."""
+    """Schema and budget edits are validated by ``registry.update`` when saved, with only
+    the fields the officer changed on the page (``edited``)."""
 
     schema = SafeJSONFormField(widget=forms.Textarea(attrs={"rows": 20, "cols": 100}))
     budget_delta_text = forms.CharField(label="Budget delta", help_text='a number below 1/n and 0.1, or "auto"')
@@ -97,6 +107,12 @@ class DatasetChangeForm(forms.ModelForm):
         if self.instance.pk:
             self.fields["budget_delta_text"].initial = "auto" if self.instance.delta_auto else repr(
                 self.instance.budget_delta)
+        _track_edits(self)
+
+    def edited(self) -> dict:
+        """``registry.update``'s keywords for the fields this officer changed on the page."""
+        names = {"budget_delta_text": "budget_delta"}
+        return {names.get(f, f): self.cleaned_data[f] for f in self.changed_data if f in self.cleaned_data}
 
     def clean(self):
         data = super().clean()
@@ -125,3 +141,18 @@ class GrantForm(forms.ModelForm):
     class Meta:
         model = Grant
         fields = ["analyst", "dataset", "cap_epsilon", "cap_delta"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _track_edits(self)
+
+    def clean(self):
+        """A pair whose grant is revoked is given again (``grants.give``, from "add grant"):
+        the form works on that grant, so only an active one of the pair is a duplicate."""
+        data = super().clean()
+        analyst, dataset = data.get("analyst"), data.get("dataset")
+        if self.instance.pk is None and analyst is not None and dataset is not None:
+            revoked = Grant.objects.filter(analyst=analyst, dataset=dataset, revoked_at__isnull=False).first()
+            if revoked is not None:
+                self.instance = revoked
+        return data
