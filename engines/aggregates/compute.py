@@ -19,6 +19,7 @@ The truncation changes each value by less than 2^-e (about B * n / 2^51).
 
 from __future__ import annotations
 
+import decimal
 import math
 
 import numpy as np
@@ -112,12 +113,34 @@ def _as_float(v):
     return v
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _lookup(col: pa.ChunkedArray, values: list) -> tuple[pa.ChunkedArray, pa.Array]:
-    """``col`` and ``values`` in one Arrow type: the column's own when every value fits it,
-    otherwise both as strings (JSON values may not match the stored type: "3" vs 3)."""
-    if pa.types.is_floating(col.type):  # -0.0 == 0.0, as the comparison operators have it
-        col = pc.add(col, pa.scalar(0.0, col.type))
+    """``col`` and ``values`` in one Arrow type: the column's own when every value fits it
+    exactly, otherwise both as 64-bit floats (numbers: 2.5 against an integer column, which
+    Arrow would truncate to 2 and match the 2s; 1.5 against a decimal at another scale) or
+    as strings (JSON values may not match the stored type: "3" vs 3). A date or time given
+    as text is read in the column's type ("1970-01-01 00:00:00" against a timestamp, whose
+    own text is "1970-01-01 00:00:00.000000")."""
+    t = col.type
+    if pa.types.is_floating(t):  # -0.0 == 0.0, as the comparison operators have it
+        col = pc.add(col, pa.scalar(0.0, t))
         values = [_as_float(v) for v in values]
+    elif (pa.types.is_decimal(t) or pa.types.is_integer(t)) and all(_is_number(v) for v in values):
+        if not (pa.types.is_integer(t) and any(isinstance(v, float) and not v.is_integer() for v in values)):
+            try:
+                return col, pa.array([decimal.Decimal(repr(v)) if isinstance(v, float) and pa.types.is_decimal(t)
+                                      else v for v in values], type=t)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+                pass
+        return col.cast(pa.float64(), safe=False), pa.array([float(v) for v in values], pa.float64())
+    elif pa.types.is_temporal(t) and all(isinstance(v, str) for v in values):
+        try:
+            return col, pa.array(values, type=pa.string()).cast(t)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            pass
     try:
         return col, pa.array(values, type=col.type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):

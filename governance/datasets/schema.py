@@ -8,6 +8,7 @@ domain read from the data can reveal a rare value.
 
 from __future__ import annotations
 
+import decimal
 import math
 
 import pyarrow as pa
@@ -81,6 +82,32 @@ def _domain_kind(v) -> str:
     """What a domain value is; a domain holds one kind (``1`` and ``"1"`` or ``true`` would
     be one value to the engines that match by string and two to the others)."""
     return "booleans" if isinstance(v, bool) else "strings" if isinstance(v, str) else "numbers"
+
+
+def _unmatchable(typ: pa.DataType, domain: list) -> str | None:
+    """Why a domain value can never equal a value the column's type holds, or None. The
+    engines compare a value in the column's type where it fits: 2.5 against integers was
+    truncated to 2 and counted the 2s; 1.5 against a decimal column and a date written in
+    another form than Arrow's own text matched nothing. Refused at the declaration."""
+    numbers = [v for v in domain if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if pa.types.is_integer(typ) and (odd := [v for v in numbers if isinstance(v, float) and not v.is_integer()]):
+        return f"the column holds integers: {odd[0]!r} matches no row"
+    if pa.types.is_decimal(typ):
+        for v in numbers:
+            try:
+                pa.array([decimal.Decimal(repr(v)) if isinstance(v, float) else v], type=typ)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                return f"the column holds {typ} values: {v!r} matches no row"
+    if pa.types.is_temporal(typ) and (texts := [v for v in domain if isinstance(v, str)]):
+        for v in texts:
+            try:
+                pa.array([v], type=pa.string()).cast(typ)
+            except pa.ArrowNotImplementedError:  # (times, durations: matched as text, as shown)
+                return None
+            except pa.ArrowInvalid:
+                return (f"the column holds {typ} values: {v[:100]!r} is not one"
+                        + (" (give its zone, e.g. a trailing Z for UTC)" if getattr(typ, "tz", None) else ""))
+    return None
 
 
 def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dict | None = None) -> dict:
@@ -157,6 +184,8 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
                 # no row, and a synthetic table came back all "TRUE", silently
                 errors[name] = (f"the column holds booleans, matched as true and false: {str(odd[0])[:100]!r} "
                                 "matches no row; declare the domain [true, false] (or \"true\", \"false\")")
+            elif (odd := _unmatchable(types[name], dom)) is not None:
+                errors[name] = odd
         if typ != "numeric" and name not in errors and (c.get("lower") is not None or c.get("upper") is not None):
             errors[name] = f"bounds apply only to numeric columns; this column is {typ}"
         if typ != "categorical" and name not in errors and c.get("domain") is not None:

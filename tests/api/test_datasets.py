@@ -648,3 +648,34 @@ def test_a_boolean_column_s_domain_is_true_and_false_or_refused(api, officer):
         assert columns(r.json())["treated"]["domain"] == domain
     r = api(officer).post(URL, form(data, name="inferred"), format="multipart")  # the draft's own domain passes
     assert r.status_code == 201 and columns(r.json())["treated"]["type"] == "categorical", r.json()
+
+
+def test_a_domain_value_the_column_s_type_cannot_hold_is_refused(api, officer):
+    """A probe's silent wrong answers (the engines' side: tests/engines/test_predicate_logic.py):
+    a domain of [1, 2.5, 3] on an integer column counted the 2s as 2.5, and a date written
+    without its zone on a UTC timestamp column matched no row. Such a value is refused at
+    the declaration, with the reason; a decimal column's 1.5 is its 1.50."""
+    import io
+    from decimal import Decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 60
+    table = pa.table({"r": pa.array([1 + i % 3 for i in range(n)], pa.int64()),
+                      "d": pa.array([Decimal("1.50") if i % 2 else Decimal("3.00") for i in range(n)],
+                                    pa.decimal128(10, 2)),
+                      "t": pa.array([(i % 2) * 10**6 for i in range(n)], pa.timestamp("us", tz="UTC"))})
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    data = buf.getvalue()
+    for column, domain, reason in (("r", [1, 2.5, 3], "holds integers: 2.5"),
+                                   ("d", [1.5, 1.505], "1.505 matches no row"),
+                                   ("t", ["1970-01-01 00:00:00"], "give its zone")):
+        schema = {column: {"type": "categorical", "domain": domain}}
+        r = api(officer).post(URL, form(data, "t.parquet", schema=json.dumps(schema)), format="multipart")
+        assert r.status_code == 400 and reason in r.json()["errors"][column], (column, r.json())
+    schema = {"r": {"type": "categorical", "domain": [1, 2.0, 3]}, "d": {"type": "categorical", "domain": [1.5, 3]},
+              "t": {"type": "categorical", "domain": ["1970-01-01 00:00:00Z", "1970-01-01T00:00:01+00:00"]}}
+    r = api(officer).post(URL, form(data, "t.parquet", name="typed", schema=json.dumps(schema)), format="multipart")
+    assert r.status_code == 201, r.json()

@@ -73,3 +73,27 @@ def test_not_of_a_false_and_an_unknown_holds():
     where = [{"not": [{"column": "age", "type": "numeric", "op": ">", "value": 3.0},
                       {"column": "site", "type": "categorical", "op": "==", "value": "north"}]}]
     assert predicate_mask(table, where).tolist() == [True, False, False]
+
+
+def test_a_value_is_matched_in_what_the_column_holds_not_truncated_or_respelled():
+    """A probe's silent wrong answers: 2.5 against an integer column was made 2 by Arrow and
+    counted the 2s; 1.5 against a decimal column was compared as text ("1.50" vs "1.5") and
+    matched nothing; a date written "1970-01-01 00:00:00" matched none of its timestamps."""
+    from decimal import Decimal
+
+    from engines.aggregates.compute import category_codes
+
+    table = pa.table({"r": pa.array([1, 2, 2, 3], pa.int64()),
+                      "d": pa.array([Decimal("1.50"), Decimal("2.50"), Decimal("2.50"), Decimal("3.00")],
+                                    pa.decimal128(10, 2)),
+                      "t": pa.array([0, 0, 10**6, 10**6], pa.timestamp("us"))})
+
+    def rows(column, op, value, typ="categorical"):
+        return np.flatnonzero(predicate_mask(table, [{"column": column, "type": typ, "op": op, "value": value}])).tolist()
+
+    assert rows("r", "==", 2.5) == [] and rows("r", "!=", 2.5) == [0, 1, 2, 3] and rows("r", "in", [2.5, 3]) == [3]
+    assert rows("r", "==", 2.0) == [1, 2]
+    assert rows("d", "==", 1.5) == [0] and rows("d", "==", 2.5) == [1, 2] and rows("d", "in", [3, 1.505]) == [3]
+    assert rows("t", "==", "1970-01-01 00:00:00") == [0, 1] and rows("t", "==", "1970-01-01 00:00:01.000000") == [2, 3]
+    assert category_codes(table, "r", [1, 2.5, 3]).tolist() == [0, -1, -1, 2]
+    assert category_codes(table, "d", [1.5, 2.5, 3]).tolist() == [0, 1, 1, 2]
