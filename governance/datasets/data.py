@@ -36,7 +36,7 @@ def load_columns(ds: Dataset, columns: list[str]) -> pa.Table:
         return federation(ds)
     cols = list(dict.fromkeys(columns + ([ds.unit_column] if ds.unit_column else [])))
     path = str(dataset_path(ds))
-    _check_digest(path, ds.sha256)
+    check_digest(path, ds.sha256)
     if not cols and ds.file_format == "csv":
         # Only the row count: a CSV has no footer to read it from, so read its first column
         # (named in the schema, which lists the file's columns in order) and drop it.
@@ -52,7 +52,7 @@ def _load(path: str, sha256: str, fmt: str, columns: tuple[str, ...]) -> pa.Tabl
     return read_table(path, fmt, columns=list(columns))
 
 
-def _check_digest(path: str, sha256: str) -> None:
+def check_digest(path: str, sha256: str) -> None:
     """Raise ``StoredTableChanged`` unless the stored file is the one registered: rows
     appended, edited or truncated since (an operator, a restored backup) are never
     answered on as if registered. Hashed once per process per file version (its size and

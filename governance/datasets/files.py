@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 import tempfile
 from pathlib import Path
@@ -111,6 +112,14 @@ def store_file(source, name: str, declared_format: str | None = None) -> tuple[s
         raise
 
 
+def _without_cells(message: str) -> str:
+    """A parser's message without the row or cell it quotes (Arrow's CSV reader ends "Expected
+    2 columns, got 1: <the row>" and names "invalid value '<the cell>'"): the message is
+    kept as the registration's error, which the API shows, and no endpoint shows raw rows."""
+    message = re.sub(r"(Expected \d+ columns, got \d+): .*", r"\1", message, flags=re.S)
+    return re.sub(r"invalid value '.*?'(?=$|\s)", "an invalid value", message, flags=re.S)
+
+
 def read_table(path: Path | str, fmt: str, columns: list[str] | None = None, *,
                max_bytes: int | None = None) -> pa.Table:
     """Read a stored table with Arrow (vectorised; no Python object per row). With
@@ -131,7 +140,7 @@ def read_table(path: Path | str, fmt: str, columns: list[str] | None = None, *,
                                    convert_options=opts)
         table.schema.names  # noqa: B018 - Arrow decodes names lazily: a binary file fails here
     except (pa.ArrowException, OSError, ValueError, UnicodeDecodeError) as e:
-        raise InvalidDataset(f"The file is not a readable {fmt.upper()} table: {str(e)[:300]}") from e
+        raise InvalidDataset(f"The file is not a readable {fmt.upper()} table: {_without_cells(str(e))[:300]}") from e
     if fmt == "csv":
         # Arrow reads cells that are not UTF-8 as a binary column: the file is not CSV text.
         binary = [f.name for f in table.schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]

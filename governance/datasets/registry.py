@@ -22,7 +22,7 @@ from ..core.errors import DatasetNotActive, InvalidDataset
 from ..ledger import trail
 from ..models import Budget, Dataset
 from .budget import parse_budget
-from .data import table_schema
+from .data import StoredTableChanged, check_digest, table_schema
 from .files import MAX_DECODED_RATIO, check_columns, dataset_path, read_table, resolve_server_path, store_file
 from .schema import check_nulls, infer_schema, null_counts, validate_schema
 
@@ -185,6 +185,7 @@ def finish_registration(dataset_id: int) -> str:
         return "gone"
     asked = ds.registration or {}
     try:
+        _check_stored_copy(ds)
         described = describe_table(settings.DATA_DIR / ds.file, ds.file_format, ds.unit_column, asked.get("schema"))
         eps, delta, delta_auto = parse_budget(ds.budget_epsilon, asked.get("budget_delta", "auto"),
                                               described["n_units"])
@@ -201,6 +202,19 @@ def finish_registration(dataset_id: int) -> str:
                 budget_delta=delta, delta_auto=delta_auto, status=status, registration={}, **described):
             trail.record_registration(Dataset.objects.get(pk=ds.pk))
     return status
+
+
+def _check_stored_copy(ds: Dataset) -> None:
+    """The stored copy is the one uploaded (its SHA-256 was taken as it was stored): a copy
+    changed while the registration waited was registered as read, filed under the upload's
+    digest, and every request on it then failed as a changed table."""
+    path = settings.DATA_DIR / ds.file
+    if ds.sha256 and path.is_file():  # (a missing copy: describe_table says so)
+        try:
+            check_digest(str(path), ds.sha256)
+        except StoredTableChanged:
+            raise InvalidDataset("the stored copy of the table changed after it was uploaded and before it was "
+                                 "read: upload it again") from None
 
 
 def resend_stale_registrations(older_than_seconds: float) -> list[int]:

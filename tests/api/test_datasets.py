@@ -679,3 +679,12 @@ def test_a_domain_value_the_column_s_type_cannot_hold_is_refused(api, officer):
               "t": {"type": "categorical", "domain": ["1970-01-01 00:00:00Z", "1970-01-01T00:00:01+00:00"]}}
     r = api(officer).post(URL, form(data, "t.parquet", name="typed", schema=json.dumps(schema)), format="multipart")
     assert r.status_code == 201, r.json()
+
+
+def test_a_table_the_parser_refuses_is_named_without_its_rows(api, officer):
+    """Arrow's CSV reader quotes the row it stopped at ("Expected 2 columns, got 1: <row>");
+    the registration's error is shown by the API and kept: it names the line's shape only."""
+    for data in (b"age,site\n30,north\nROWSECRET4242\n", b"age,site\n30,north\n31,south,ROWSECRET4242\n"):
+        r = api(officer).post(URL, form(data), format="multipart")
+        assert r.status_code == 400 and "Expected 2 columns" in r.json()["detail"], r.json()
+        assert "ROWSECRET" not in r.content.decode()

@@ -81,6 +81,24 @@ def test_a_table_that_cannot_be_registered_fails_with_the_reason(api, officer, c
     assert r.status_code == 202 and Dataset.objects.get(name="clinic").status == "draft"
 
 
+def test_a_stored_copy_changed_before_the_worker_read_it_fails_the_registration(
+        api, officer, csv_bytes, off_thread, settings, django_capture_on_commit_callbacks):
+    """A probe appended rows to the stored copy while its registration waited: it was
+    registered as read (filed under the upload's digest), could be activated, and every
+    request on it failed as a changed table. Now the registration fails, with the reason."""
+    from governance.datasets.registry import finish_registration
+
+    with django_capture_on_commit_callbacks(execute=False):
+        r = api(officer).post(URL, form(csv_bytes), format="multipart")
+    ds = Dataset.objects.get()
+    with open(settings.DATA_DIR / ds.file, "ab") as f:
+        f.write(csv_bytes.splitlines(keepends=True)[1])
+    assert finish_registration(ds.pk) == "failed"
+    body = api(officer).get(f"{URL}{r.json()['name']}/").json()
+    assert body["status"] == "failed" and "changed after it was uploaded" in body["registration"]["error"]
+    assert stored_files() == []
+
+
 def test_a_bad_budget_is_refused_at_once(api, officer, csv_bytes, off_thread):
     r = api(officer).post(URL, form(csv_bytes, budget_delta="2"), format="multipart")
     assert_error(r, 400)
