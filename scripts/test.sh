@@ -7,14 +7,18 @@
 # 2. installs (apt-get) and starts a local Redis in .services/ for the tests that run a
 #    real Celery worker, and installs (apt-get) Debian's chromium for the Playwright
 #    browser tests in tests/browser;
-# 3. runs the suite on the embedded SQLite default;
-# 4. installs (apt-get) and starts a local PostgreSQL in .services/ and runs the suite
-#    again on it, where row locks make the concurrency tests real: every test that reads a
-#    database (the tests of the pure engines, accounting, the federated and distributed
-#    engines, DP-SGD's ranks, the client's pieces and the settings/docs checks read none,
-#    and a few whose subject is not the database -- the embedded broker's files, a
-#    federated run's Flower processes, a real worker's queue, an engine's output -- ran in
-#    step 3 only: DB_TESTS_ONLY=1, tests/conftest.py).
+# 3. installs (apt-get) and starts a local PostgreSQL in .services/;
+# 4. runs the suite on the embedded SQLite default and, side by side with it (most tests
+#    wait on processes, sockets and ticks: the two passes take about 25 minutes on 2
+#    cores where one after the other took 37), again on PostgreSQL, where row locks make
+#    the concurrency tests real: every test that reads a database (the tests of the pure
+#    engines, accounting, the federated and distributed engines, DP-SGD's ranks, the
+#    client's pieces and the settings/docs checks read none, and a few whose subject is
+#    not the database -- the embedded broker's files, a federated run's Flower processes,
+#    a real worker's queue, an engine's output -- run in the SQLite pass only:
+#    DB_TESTS_ONLY=1, tests/conftest.py). The PostgreSQL pass has a var directory
+#    (var/pg-pass) and a Redis database of its own; its output is in var/test-postgres.log,
+#    printed after the SQLite pass's.
 # On a machine where Redis, Chromium or PostgreSQL cannot be installed, what needs them is skipped
 # with a warning, except under CI (CI=true) where that is a failure.
 set -euo pipefail
@@ -39,19 +43,21 @@ if ! scripts/services.sh chromium-install; then
     echo "WARNING: Chromium could not be installed; browser tests will be skipped" >&2
 fi
 
-echo "== tests on SQLite" >&2
-env -u DATABASE_URL .venv/bin/python -m pytest "$@"
-
-echo "== tests on PostgreSQL" >&2
+pg_pid=""
+stop_pg=true
 if ! scripts/services.sh postgres-running 2>/dev/null; then
     # started here, stopped here: a cluster left running holds the port, and the next
     # fresh clone's run (CI's) could not start its own
-    trap 'scripts/services.sh postgres-stop >&2 || true' EXIT
+    stop_pg='scripts/services.sh postgres-stop >&2 || true'
 fi
+trap 'if [ -n "$pg_pid" ]; then kill "$pg_pid" 2>/dev/null || true; fi; eval "$stop_pg"' EXIT
 if scripts/services.sh postgres-start; then
-    eval "$(scripts/services.sh env)"
-    export DATABASE_URL
-    DB_TESTS_ONLY=1 .venv/bin/python -m pytest "$@"
+    pg_url="$(eval "$(scripts/services.sh env)"; echo "$DATABASE_URL")"
+    mkdir -p var/pg-pass
+    echo "== tests on PostgreSQL (beside the SQLite pass; output in var/test-postgres.log)" >&2
+    DB_TESTS_ONLY=1 DATABASE_URL="$pg_url" TEST_REDIS_DB=8 GOVERNANCE_VAR_DIR="$REPO/var/pg-pass" \
+        .venv/bin/python -m pytest "$@" > var/test-postgres.log 2>&1 &
+    pg_pid=$!
 else
     if [ "${CI:-}" = "true" ]; then
         echo "PostgreSQL could not be started; CI requires it" >&2
@@ -59,3 +65,17 @@ else
     fi
     echo "WARNING: PostgreSQL could not be started; the PostgreSQL run was skipped" >&2
 fi
+
+echo "== tests on SQLite" >&2
+sqlite_rc=0
+env -u DATABASE_URL .venv/bin/python -m pytest "$@" || sqlite_rc=$?
+
+pg_rc=0
+if [ -n "$pg_pid" ]; then
+    wait "$pg_pid" || pg_rc=$?
+    pg_pid=""
+    echo "== tests on PostgreSQL (ran beside; var/test-postgres.log)" >&2
+    cat var/test-postgres.log
+fi
+echo "== SQLite pass exit $sqlite_rc, PostgreSQL pass exit $pg_rc" >&2
+[ "$sqlite_rc" -eq 0 ] && [ "$pg_rc" -eq 0 ]
