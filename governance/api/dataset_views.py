@@ -154,9 +154,9 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         rows = _int_param(request, "rows", DEFAULT_PREVIEW_ROWS, 1, MAX_PREVIEW_ROWS)
         seed = _int_param(request, "seed", 0, 0, 2**32 - 1)
         columns = s.DatasetSerializer(ds, context={"request": request}).get_columns(ds)
-        if rows * len(columns) > dummy_data.MAX_PREVIEW_CELLS:  # a wide table: keep the answer a few MB
-            raise InvalidRequest(f"rows x columns must stay under {dummy_data.MAX_PREVIEW_CELLS:,}: at most "
-                                 f"{dummy_data.MAX_PREVIEW_CELLS // max(len(columns), 1):,} rows of this table",
+        if rows > (most := dummy_data.max_rows(columns)):  # a wide table: keep the answer a few MB
+            raise InvalidRequest(f"rows x columns must stay under {dummy_data.MAX_PREVIEW_CELLS:,} cells and about "
+                                 f"{dummy_data.MAX_PREVIEW_BYTES >> 20} MB: at most {most:,} rows of this table",
                                  errors={"rows": "too many for this table's width"})
         out = dummy_data.dummy_rows(columns, ds.unit_column or None, rows, seed)
         return Response({"dataset": ds.name, "rows": rows, "seed": seed, **out})

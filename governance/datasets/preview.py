@@ -16,6 +16,15 @@ import numpy as np
 
 MAX_PREVIEW_ROWS = 10_000
 MAX_PREVIEW_CELLS = 1_000_000  # rows x columns of one answer
+MAX_PREVIEW_BYTES = 32 << 20  # rows x the widest value of each column, about, of one answer
+
+
+def max_rows(columns: list[dict]) -> int:
+    """The most rows of one preview of a table with these columns: MAX_PREVIEW_CELLS cells
+    and about MAX_PREVIEW_BYTES (a row's size taken as its columns' widest values: a
+    category's label can be 1,000 characters long, and was 50 MB before that limit)."""
+    width = sum(max([len(str(v)) for v in c.get("domain") or []] + [24]) + 4 for c in columns)
+    return max(1, min(MAX_PREVIEW_CELLS // max(len(columns), 1), MAX_PREVIEW_BYTES // max(width, 1)))
 DEFAULT_PREVIEW_ROWS = 100
 
 

@@ -24,6 +24,10 @@ from .files import MAX_COLUMNS
 COLUMN_TYPES = ("numeric", "categorical", "text", "unit")
 MAX_DOMAIN = 1000
 MAX_DECLARED_DOMAIN = 10_000
+# A domain value's length at most (characters): a value is a category's label, listed with
+# the dataset and repeated in its dummy rows; a 50 MB cell proposed as a category made
+# every dataset listing 52 MB and a 10-row preview 314 MB.
+MAX_DOMAIN_VALUE_CHARS = 1_000
 MAX_DECIMALS = 9  # numeric values on a grid of 10**-decimals (synthesis keeps them there)
 
 # --------------------------------------------------------------------------- schema
@@ -50,7 +54,8 @@ def infer_schema(table: pa.Table, unit_column: str = "") -> dict:
             if pa.types.is_dictionary(t):
                 col = col.cast(pa.string())
             uniq = pc.unique(col.drop_null())
-            if len(uniq) <= MAX_DOMAIN:
+            long = len(uniq) and pc.max(pc.utf8_length(uniq)).as_py() > MAX_DOMAIN_VALUE_CHARS
+            if len(uniq) <= MAX_DOMAIN and not long:
                 try:
                     values = [str(v) for v in uniq.to_pylist()]
                 except UnicodeDecodeError:  # a Parquet string column that is not UTF-8
@@ -173,6 +178,8 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
                 errors[name] = f"domain longer than {MAX_DECLARED_DOMAIN}"
             elif not all(isinstance(v, (str, bool)) or is_finite_number(v) for v in dom):
                 errors[name] = "domain values must be strings, finite numbers (within a 64-bit float's range) or booleans"
+            elif any(isinstance(v, str) and len(v) > MAX_DOMAIN_VALUE_CHARS for v in dom):
+                errors[name] = f"a domain value is at most {MAX_DOMAIN_VALUE_CHARS:,} characters long"
             elif len(kinds := {_domain_kind(v) for v in dom}) > 1:
                 errors[name] = ("domain values must be all strings, all numbers or all booleans "
                                 f"(got {', '.join(sorted(kinds))})")

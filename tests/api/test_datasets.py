@@ -688,3 +688,15 @@ def test_a_table_the_parser_refuses_is_named_without_its_rows(api, officer):
         r = api(officer).post(URL, form(data), format="multipart")
         assert r.status_code == 400 and "Expected 2 columns" in r.json()["detail"], r.json()
         assert "ROWSECRET" not in r.content.decode()
+
+
+def test_a_long_value_is_no_category(api, officer):
+    """A probe's 50 MB cell was proposed as a category: every dataset listing was 52 MB. A
+    column with a value over 1,000 characters is proposed as text, and a declared domain
+    value over that is refused."""
+    data = b"age,note\n" + b"".join(f"{20 + i},{'x' * (1001 if i == 3 else 5)}{i % 2}\n".encode() for i in range(40))
+    r = api(officer).post(URL, form(data), format="multipart")
+    assert r.status_code == 201 and columns(r.json())["note"]["type"] == "text", r.json()
+    schema = {"note": {"type": "categorical", "domain": ["a", "y" * 1001]}}
+    r = api(officer).post(URL, form(data, name="declared", schema=json.dumps(schema)), format="multipart")
+    assert r.status_code == 400 and "at most 1,000 characters" in r.json()["errors"]["note"], r.json()

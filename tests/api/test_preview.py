@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from governance.models import Budget, LedgerEntry
+from governance.models import Budget, Dataset, LedgerEntry
 from tests.conftest import small_frame
 
 pytestmark = pytest.mark.django_db
@@ -80,6 +80,26 @@ def test_a_wide_table_gets_fewer_rows(api, analyst, twins, monkeypatch):
     assert api(analyst).get("/api/datasets/twin-a/preview/?rows=100").status_code == 200
     r = api(analyst).get("/api/datasets/twin-a/preview/?rows=101")
     assert r.status_code == 400 and "at most 100 rows" in r.json()["detail"]
+
+
+def test_long_category_labels_get_fewer_rows(api, analyst, twins, monkeypatch):
+    """A probe's 10 MB cell, proposed as a category, made a 20-row preview 94 MB: a row's
+    size counts its columns' widest values (and a category's label is now at most 1,000
+    characters: tests/api/test_datasets.py)."""
+    from governance.datasets import preview
+
+    monkeypatch.setattr(preview, "MAX_PREVIEW_BYTES", 100_000)
+    ds = Dataset.objects.get(name="twin-a")
+    schema = ds.schema
+    for c in schema["columns"]:
+        if c["type"] == "categorical":
+            c["domain"] = [c["domain"][0] + "x" * 999] + c["domain"][1:]
+    Dataset.objects.filter(pk=ds.pk).update(schema=schema)
+    most = preview.max_rows(schema["columns"])
+    assert 10 < most < 100
+    assert api(analyst).get(f"/api/datasets/twin-a/preview/?rows={most}").status_code == 200
+    r = api(analyst).get(f"/api/datasets/twin-a/preview/?rows={most + 1}")
+    assert r.status_code == 400 and f"at most {most} rows" in r.json()["detail"]
 
 
 # ---- a property of the generator: every value lies inside what the schema declares
