@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from accounting.events import MAX_EPSILON
 
 from ..core.errors import InvalidDataset
@@ -10,6 +12,9 @@ from .schema import is_finite_number
 
 AUTO_DELTA_MAX = 1e-3  # "auto" on a small table: 1/n^1.2 would be 1 for one unit, 0.06 for ten
 MAX_DELTA = 0.1  # the engines refuse a request's own delta above this too
+
+
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 
 
 def parse_budget(epsilon, delta, n_units: int) -> tuple[float, float, bool]:
@@ -23,10 +28,11 @@ def parse_budget(epsilon, delta, n_units: int) -> tuple[float, float, bool]:
     top = min(MAX_DELTA, 1.0 / max(n_units, 1))
     wrong = f"budget delta must be a number in [0, {top:.3g}) (below 1/n for {max(n_units, 1):,} units) or \"auto\""
     if isinstance(delta, str):
-        try:
-            delta = float(delta)
-        except ValueError:
-            raise InvalidDataset(f"{wrong}, got {delta!r}") from None
+        # a plain decimal number in ASCII digits: Python's float() also reads "1_0e-6" and
+        # full-width digits, which an officer's form accepted and stored as another number
+        if not _PLAIN_NUMBER.fullmatch(delta.strip()):
+            raise InvalidDataset(f"{wrong}, got {delta!r}")
+        delta = float(delta)
     if isinstance(delta, bool) or not is_finite_number(delta) or not 0 <= delta < top:
         raise InvalidDataset(f"{wrong}, got {delta!r}")
     return float(epsilon), float(delta), False

@@ -398,6 +398,9 @@ def test_an_explicit_delta_must_stay_below_one_over_n(api, officer):
     {"budget_delta": 1},
     {"budget_delta": "-1e-9"},
     {"budget_delta": "Infinity"},
+    {"budget_delta": "1_0e-6"},  # float() reads these: a probe's officer form stored 1e-05
+    {"budget_delta": "\uff11e-6"},
+    {"budget_delta": "0x1p-20"},
     {"policy": "zcdp"},
     {"unit_column": "no_such_column"},
     {"schema": {"age": {"lower": 5, "upper": 1}}},
