@@ -18,15 +18,17 @@ arrays reuse freed heap pages instead of faulting in fresh ones (heap.py).
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
+import time
 
 import dask
 
-from engines.types import Cancelled
+from engines.types import Cancelled, EngineError
 
 from . import heap
 
-__all__ = ["client", "compute", "tree_reduce", "per_partition", "by_unit", "buckets_for", "id_span", "public_address",
+__all__ = ["ClusterUnavailable", "client", "compute", "lost", "tree_reduce", "per_partition", "by_unit", "buckets_for", "id_span", "public_address",
            "submitted", "take_submitted"]
 
 _clients: dict = {}
@@ -36,6 +38,46 @@ MAX_NOTED = 64
 MAX_BUCKETS = 128
 MIN_BUCKET_ROWS = 2_000  # a bucket per this many rows at most (see buckets_for)
 POLL_SECONDS = 0.25
+CONNECT_SECONDS = 30  # a scheduler that does not answer within this is out of reach
+WAIT_FOR_WORKER_SECONDS = 30.0  # a graph is sent once the cluster has a worker, waited for this long
+NO_WORKER_SECONDS = 60.0  # a graph under way on a cluster left without a worker this long fails
+WORKER_CHECK_SECONDS = 5.0  # how often a graph under way asks the scheduler for its workers
+
+
+class ClusterUnavailable(EngineError):
+    """The scheduler could not be reached, or had no worker: before this run sent the
+    cluster anything, ``nothing_read`` (the host refunds); a graph under way whose cluster
+    lost every worker for ``NO_WORKER_SECONDS`` is not (its tasks may have read rows)."""
+
+    def __init__(self, message: str, nothing_read: bool):
+        super().__init__(message)
+        self.nothing_read = nothing_read
+
+
+def lost(e: BaseException) -> bool:
+    """``e`` says the cluster is unavailable, not that the data is wrong: ``ClusterUnavailable``,
+    or distributed's own for a scheduler or a connection lost mid-graph (a graph cancelled
+    with the scheduler, a closed comm, a timeout)."""
+    from distributed.comm.core import CommClosedError
+
+    return isinstance(e, (ClusterUnavailable, CommClosedError, TimeoutError, ConnectionError,
+                          concurrent.futures.CancelledError))
+
+
+def _ready_client(scheduler: str):
+    """The client, once the scheduler answers and has a worker: a cluster down failed the
+    run after it was charged (nothing read), and one without a worker waited for ever."""
+    nothing_sent = not getattr(_sent, "jobs", None)
+    try:
+        c = client(scheduler)
+        if not c.scheduler_info(n_workers=1).get("workers"):
+            c.wait_for_workers(1, timeout=WAIT_FOR_WORKER_SECONDS)
+    except Exception as e:  # noqa: BLE001 - unreachable, refused, timed out: the cluster's state
+        raise ClusterUnavailable(
+            f"the Dask cluster could not be reached or had no worker within "
+            f"{WAIT_FOR_WORKER_SECONDS:g} s ({type(e).__name__})" + ("; nothing was sent to it" if nothing_sent else ""),
+            nothing_read=nothing_sent) from None
+    return c
 
 
 def client(address: str):
@@ -45,7 +87,7 @@ def client(address: str):
     with _lock:
         c = _clients.get(address)
         if c is None or c.status not in ("running", "connecting"):
-            c = _clients[address] = Client(address, set_as_default=False, timeout="30s")
+            c = _clients[address] = Client(address, set_as_default=False, timeout=f"{CONNECT_SECONDS}s")
         return c
 
 
@@ -236,7 +278,7 @@ def compute(value, scheduler: str, retries: int, progress=None, phase: str = "ag
             progress({"phase": phase, "fraction": 0.5})
         (out,) = dask.compute(value, scheduler="threads")
         return out
-    c = client(scheduler)
+    c = _ready_client(scheduler)
     future = c.compute(value, retries=retries)
     submitted(scheduler, [future.key])
     try:
@@ -248,7 +290,16 @@ def compute(value, scheduler: str, retries: int, progress=None, phase: str = "ag
         # polls of done() added up to POLL_SECONDS to every run).
         finished = threading.Event()
         future.add_done_callback(lambda _: finished.set())
+        alone_since, looked = None, time.monotonic()
         while not finished.wait(POLL_SECONDS):
+            if time.monotonic() - looked >= WORKER_CHECK_SECONDS:
+                looked = time.monotonic()
+                if c.scheduler_info(n_workers=1).get("workers"):
+                    alone_since = None
+                elif looked - (alone_since := alone_since or looked) > NO_WORKER_SECONDS:
+                    raise ClusterUnavailable(f"the Dask cluster had no worker for "
+                                             f"{NO_WORKER_SECONDS:g} s while the run's graph was under way",
+                                             nothing_read=False)
             # No elapsed time in the report: how long the cluster takes depends on the
             # data, and what the analyst sees of a run changes only on the run clock's
             # ticks (README, "Release-path side channels"). The call lets a
@@ -256,7 +307,7 @@ def compute(value, scheduler: str, retries: int, progress=None, phase: str = "ag
             if progress is not None:
                 progress({"phase": phase, "fraction": 0.5})
         return future.result()
-    except Cancelled:
+    except (Cancelled, ClusterUnavailable):
         future.cancel()
         raise
     finally:

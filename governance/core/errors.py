@@ -19,6 +19,14 @@ class GovernanceError(Exception):
         self.extra = extra
 
 
+class ClusterUnavailable(GovernanceError):
+    """The Dask cluster could not be reached, had no worker, or was lost while it read a
+    table being registered: nothing was registered; a retry later may pass."""
+
+    code = "cluster.unavailable"
+    status = 503
+
+
 class UserError(GovernanceError):
     """The request was wrong; retrying it unchanged will fail again."""
 

@@ -28,11 +28,13 @@ import pyarrow as pa
 from django.conf import settings
 from django.db import transaction
 
-from engines.distributed import PartitionedTable, PartitionError, source
+from engines.distributed import PartitionedTable, PartitionError, cluster, source
 
-from ..core.errors import InvalidDataset
+from ..core.errors import ClusterUnavailable, InvalidDataset
 from ..ledger import trail
 from ..models import Budget, Dataset
+
+CLUSTER_RETRY_AFTER = 30  # seconds, on a 503 cluster.unavailable
 
 __all__ = ["PartitionInvalid", "resolve_location", "register", "open_columns", "arrow_schema"]
 
@@ -187,8 +189,14 @@ def register(*, name: str, created_by, location: str, title: str = "", descripti
         prof = profile(table, text, MAX_DOMAIN)
     except PartitionError as e:
         raise PartitionInvalid(str(e), field="path") from None
-    except (OSError, pa.ArrowException) as e:
-        raise InvalidDataset(f"The partitions cannot be read: {str(e)[:300]}", field="path") from None
+    except Exception as e:
+        if cluster.lost(e):  # out of reach, no worker, or lost while it read: the registration's
+            # HTTP call waited until the scheduler went away, then was a 500
+            raise ClusterUnavailable(f"The Dask cluster is unavailable, nothing was registered ({e}); retry later",
+                                     retry_after=CLUSTER_RETRY_AFTER) from None
+        if isinstance(e, (OSError, pa.ArrowException)):
+            raise InvalidDataset(f"The partitions cannot be read: {str(e)[:300]}", field="path") from None
+        raise
     if unit_column and prof["unit_nulls"]:
         raise InvalidDataset(f"privacy-unit column {unit_column!r} has {prof['unit_nulls']} empty values (null or NaN)")
     draft = infer_schema(_draft_table(schema_found, prof["uniques"], MAX_DOMAIN), unit_column)

@@ -379,3 +379,33 @@ def test_registration_names_a_column_named_twice(api, officer, on_cluster, impor
                                              "budget_epsilon": 1.0}, format="json")
     assert r.status_code == 400 and "duplicate column names: 'a'" in r.json()["detail"]
     assert "fragment" not in r.json()["detail"]
+
+
+def test_a_cluster_out_of_reach_or_without_a_worker_is_a_refund_and_no_registration(
+        api, officer, analyst, events, parts_dir, settings, monkeypatch, django_capture_on_commit_callbacks):
+    """A probe's cluster down: the request failed after the read, charged, though nothing
+    was sent; a cluster with no worker held the request (and a registration's HTTP call,
+    then a 500) until the scheduler went away. Now the run waits a bounded time for a
+    worker before it sends anything, and a registration is a 503."""
+    from distributed import LocalCluster
+
+    from engines.distributed import cluster
+
+    monkeypatch.setattr(cluster, "CONNECT_SECONDS", 2)
+    monkeypatch.setattr(cluster, "WAIT_FOR_WORKER_SECONDS", 2.0)
+    settings.DASK_SCHEDULER_ADDRESS = "tcp://127.0.0.1:9"  # nothing listens there
+    body = ask(api(analyst), "events", "count", {"epsilon": 0.5}, django_capture_on_commit_callbacks)
+    assert (body["status"], body["error"]["code"]) == ("failed", "request.failed_before_read"), body
+    assert "could not be reached or had no worker" in body["error"]["detail"]
+    assert LedgerEntry.objects.get(request__id=body["id"]).status == "released"
+    with LocalCluster(n_workers=0, dashboard_address=None, host="127.0.0.1") as empty:
+        settings.DASK_SCHEDULER_ADDRESS = empty.scheduler_address
+        body = ask(api(analyst), "events", "sum", {"column": "income", "epsilon": 0.5, "max_rows_per_unit": 2},
+                   django_capture_on_commit_callbacks)
+        assert (body["status"], body["error"]["code"]) == ("failed", "request.failed_before_read"), body
+        assert LedgerEntry.objects.get(request__id=body["id"]).status == "released"
+        r = api(officer).post("/api/datasets/", {"name": "again", "path": str(parts_dir), "execution": "distributed",
+                                                 "unit_column": "pid", "schema": BOUNDS, "budget_epsilon": 1.0},
+                              format="json")
+        assert r.status_code == 503 and r.json()["code"] == "cluster.unavailable", r.content
+        assert r["Retry-After"] == "30" and not Dataset.objects.filter(name="again").exists()

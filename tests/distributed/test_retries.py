@@ -97,3 +97,27 @@ def test_a_cancellation_stops_the_cluster_job(dask_cluster, partitioned):
     with pytest.raises(Cancelled):
         plugins.run("aggregates", req, meta, data, plan, progress)
     assert all(set(r) <= {"phase", "fraction"} for r in reports)  # no elapsed time: it depends on the data
+
+
+def test_a_graph_whose_cluster_loses_every_worker_fails_charged_not_for_ever(monkeypatch):
+    """A probe's cluster without a worker held a run until the scheduler went away (three
+    hours, then the workers' time limit). A graph under way on a cluster left without a
+    worker fails after NO_WORKER_SECONDS, as charged (its tasks may have read rows): a
+    cluster with no worker before anything was sent is a refund (test_distributed_api.py)."""
+    import threading
+    import time
+
+    import dask
+    from distributed import LocalCluster
+
+    from engines.distributed import cluster
+
+    monkeypatch.setattr(cluster, "NO_WORKER_SECONDS", 1.0)
+    monkeypatch.setattr(cluster, "WORKER_CHECK_SECONDS", 0.2)
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None, host="127.0.0.1") as lc:
+        slow = dask.delayed(time.sleep, pure=False)(120)
+        threading.Timer(2.0, lambda: lc.scale(0)).start()
+        started = time.monotonic()
+        with pytest.raises(cluster.ClusterUnavailable, match="had no worker") as e:
+            cluster.compute(slow, lc.scheduler_address, retries=0)
+        assert e.value.nothing_read is False and time.monotonic() - started < 30
