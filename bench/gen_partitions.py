@@ -15,6 +15,7 @@ is left as it is. Prints what it wrote, with bytes and seconds.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -55,12 +56,17 @@ def main(argv=None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     bounds = np.linspace(0, a.rows, a.partitions + 1).astype(np.int64)
     t0, written, kept, size = time.perf_counter(), 0, 0, 0
+    # a file is kept only if written with these arguments (a --by-unit run into a directory
+    # first written without it kept the old files, units spread over every file)
+    made_with = json.dumps({"rows": a.rows, "partitions": a.partitions, "seed": a.seed, "row_group": a.row_group,
+                            "by_unit": a.by_unit}, sort_keys=True).encode()
     for i in range(a.partitions):
         path = a.out / f"part-{i:05d}.parquet"
         rows = int(bounds[i + 1] - bounds[i])
         if path.exists():
             try:
-                if pq.ParquetFile(path).metadata.num_rows == rows:
+                meta = pq.ParquetFile(path).metadata
+                if meta.num_rows == rows and (meta.metadata or {}).get(b"gen_partitions") == made_with:
                     kept += 1
                     size += path.stat().st_size
                     continue
@@ -69,7 +75,9 @@ def main(argv=None) -> int:
         tmp = path.with_suffix(".tmp")
         units = max(a.rows // 4, 1)
         ids = (units * i // a.partitions, units * (i + 1) // a.partitions) if a.by_unit else None
-        pq.write_table(partition(i, rows, a.rows, a.seed, ids), tmp, row_group_size=a.row_group)
+        table = partition(i, rows, a.rows, a.seed, ids)
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"gen_partitions": made_with})
+        pq.write_table(table, tmp, row_group_size=a.row_group)
         tmp.replace(path)
         written += 1
         size += path.stat().st_size
