@@ -82,9 +82,10 @@ def _track_edits(form: forms.BaseForm) -> None:
     """Each field of ``names`` sent back with the value the page showed (a hidden input), so
     ``form.changed_data`` is what this officer changed, not what differs from the row as it
     is now: saving a page opened before another officer's edit keeps that edit (the later
-    save sent every field and put the budget and allow_non_private back as they were)."""
-    for field in form.fields.values():
-        field.show_hidden_initial = True
+    save sent every field and put the budget and allow_non_private back as they were). A
+    POST without the shown value (a script's) is compared with the row as it is now."""
+    for name, field in form.fields.items():
+        field.show_hidden_initial = not form.is_bound or f"initial-{form.add_prefix(name)}" in form.data
 
 
 class DatasetChangeForm(forms.ModelForm):
