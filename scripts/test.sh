@@ -50,13 +50,16 @@ if ! scripts/services.sh postgres-running 2>/dev/null; then
     # fresh clone's run (CI's) could not start its own
     stop_pg='scripts/services.sh postgres-stop >&2 || true'
 fi
-trap 'if [ -n "$pg_pid" ]; then kill "$pg_pid" 2>/dev/null || true; fi; eval "$stop_pg"' EXIT
+# the PostgreSQL pass runs in a process group of its own (setsid): stopped with everything it
+# started (real workers, servers), a pass left running would go on using the next run's
+# PostgreSQL on the same port
+trap 'if [ -n "$pg_pid" ]; then kill -- "-$pg_pid" 2>/dev/null || true; fi; eval "$stop_pg"' EXIT
 if scripts/services.sh postgres-start; then
     pg_url="$(eval "$(scripts/services.sh env)"; echo "$DATABASE_URL")"
     mkdir -p var/pg-pass
     echo "== tests on PostgreSQL (beside the SQLite pass; output in var/test-postgres.log)" >&2
     DB_TESTS_ONLY=1 DATABASE_URL="$pg_url" TEST_REDIS_DB=8 GOVERNANCE_VAR_DIR="$REPO/var/pg-pass" \
-        .venv/bin/python -m pytest "$@" > var/test-postgres.log 2>&1 &
+        setsid .venv/bin/python -m pytest "$@" > var/test-postgres.log 2>&1 &
     pg_pid=$!
 else
     if [ "${CI:-}" = "true" ]; then
