@@ -28,8 +28,8 @@ from engines.types import Cancelled, EngineError
 
 from . import heap
 
-__all__ = ["ClusterUnavailable", "client", "compute", "lost", "tree_reduce", "per_partition", "by_unit", "buckets_for", "id_span", "public_address",
-           "submitted", "take_submitted"]
+__all__ = ["ClusterUnavailable", "client", "compute", "lost", "tree_reduce", "per_partition", "by_unit",
+           "buckets_for", "id_span", "public_address", "submitted", "take_submitted"]
 
 _clients: dict = {}
 _lock = threading.Lock()

@@ -17,6 +17,7 @@ import numpy as np
 MAX_PREVIEW_ROWS = 10_000
 MAX_PREVIEW_CELLS = 1_000_000  # rows x columns of one answer
 MAX_PREVIEW_BYTES = 32 << 20  # rows x the widest value of each column, about, of one answer
+DEFAULT_PREVIEW_ROWS = 100
 
 
 def max_rows(columns: list[dict]) -> int:
@@ -25,7 +26,6 @@ def max_rows(columns: list[dict]) -> int:
     category's label can be 1,000 characters long, and was 50 MB before that limit)."""
     width = sum(max([len(str(v)) for v in c.get("domain") or []] + [24]) + 4 for c in columns)
     return max(1, min(MAX_PREVIEW_CELLS // max(len(columns), 1), MAX_PREVIEW_BYTES // max(width, 1)))
-DEFAULT_PREVIEW_ROWS = 100
 
 
 def dummy_rows(columns: list[dict], unit_column: str | None, rows: int, seed: int) -> dict:

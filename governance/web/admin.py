@@ -74,8 +74,24 @@ def _spent(state, limit: Limit) -> str:
     return f"{spent:.4g} / {limit.epsilon:g}" if spent != float("inf") else f"inf / {limit.epsilon:g}"
 
 
+class SaveRefusable:
+    """An edit ``save_model`` refused under the ledger's lock (``request._save_refused``: a
+    budget below what is spent, a grant revoked meanwhile): back to the form with the error,
+    without "changed successfully" and without a change in the object's history."""
+
+    def log_change(self, request, obj, message):
+        if not getattr(request, "_save_refused", False):
+            return super().log_change(request, obj, message)
+        return None
+
+    def response_change(self, request, obj):
+        if getattr(request, "_save_refused", False):
+            return redirect(request.path)
+        return super().response_change(request, obj)
+
+
 @admin.register(Dataset)
-class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
+class DatasetAdmin(SaveRefusable, OfficerPermissions, admin.ModelAdmin):
     """Registering (upload or server path) infers the schema; edits go through datasets.update."""
 
     form = DatasetChangeForm
@@ -115,19 +131,7 @@ class DatasetAdmin(OfficerPermissions, admin.ModelAdmin):
         except InvalidDataset as e:
             errors = e.extra.get("errors") or {}
             messages.error(request, e.detail + (" " + "; ".join(f"{k}: {v}" for k, v in errors.items())))
-            request._dataset_unchanged = True  # checked under the ledger's lock, so not a form error
-
-    def log_change(self, request, obj, message):
-        if not getattr(request, "_dataset_unchanged", False):
-            return super().log_change(request, obj, message)
-        return None
-
-    def response_change(self, request, obj):
-        """Back to the form, with the error and without "changed successfully", when the
-        edit was refused (``save_model``)."""
-        if getattr(request, "_dataset_unchanged", False):
-            return redirect(request.path)
-        return super().response_change(request, obj)
+            request._save_refused = True  # checked under the ledger's lock, so not a form error
 
     @admin.action(description="Activate (schema reviewed)")
     def activate(self, request, queryset):
@@ -165,7 +169,7 @@ class BudgetAdmin(OfficerPermissions, admin.ModelAdmin):
 
 
 @admin.register(Grant)
-class GrantAdmin(OfficerPermissions, admin.ModelAdmin):
+class GrantAdmin(SaveRefusable, OfficerPermissions, admin.ModelAdmin):
     form = GrantForm
     list_display = ("analyst", "dataset", "cap_epsilon", "cap_delta", "spent", "revoked_at")
     list_filter = ("dataset",)
@@ -209,19 +213,8 @@ class GrantAdmin(OfficerPermissions, admin.ModelAdmin):
                                                          if f in ("cap_epsilon", "cap_delta")})
             except GrantRevoked as e:  # revoked meanwhile, by another officer
                 messages.error(request, e.detail)
-                request._grant_unchanged = True
+                request._save_refused = True
 
-    def log_change(self, request, obj, message):
-        if not getattr(request, "_grant_unchanged", False):
-            return super().log_change(request, obj, message)
-        return None
-
-    def response_change(self, request, obj):
-        """Back to the page with the error and without "changed successfully" when the grant
-        was revoked meanwhile."""
-        if getattr(request, "_grant_unchanged", False):
-            return redirect(request.path)
-        return super().response_change(request, obj)
 
     @admin.display(description="epsilon spent by analyst")
     def spent(self, g):

@@ -79,7 +79,7 @@ class SafeJSONFormField(forms.JSONField):
 
 
 def _track_edits(form: forms.BaseForm) -> None:
-    """Each field of ``names`` sent back with the value the page showed (a hidden input), so
+    """Each field sent back with the value the page showed (a hidden input), so
     ``form.changed_data`` is what this officer changed, not what differs from the row as it
     is now: saving a page opened before another officer's edit keeps that edit (the later
     save sent every field and put the budget and allow_non_private back as they were). A
