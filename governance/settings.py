@@ -317,9 +317,13 @@ WORKER_ALIVE_SECONDS = envint("WORKER_ALIVE_SECONDS", 3 * WORKER_HEARTBEAT_SECON
 RELEASE_QUANTUM_MS = envint("RELEASE_QUANTUM_MS", 1000)
 # No "expires": Celery dates it on beat's clock and a worker judges it on its own, so a beat
 # a minute behind the workers had every sweep discarded as expired (a probe). A backlog of
-# sweeps is harmless: each is a set of compare-and-sets.
+# sweeps is harmless: each is a set of compare-and-sets. The sweep has a queue of its own,
+# which every `manage.py worker` consumes beside its own: on the cpu queue it waited behind
+# every request queued before it (a probe's lost request stayed "running", its reservation
+# held, 8 minutes past its deadline behind 500 queued ones).
+SWEEP_QUEUE = "sweep"
 CELERY_BEAT_SCHEDULE = {"sweep-lost-requests": {"task": "workers.sweep", "schedule": 60.0,
-                                                "options": {"queue": "cpu"}}}
+                                                "options": {"queue": SWEEP_QUEUE}}}
 # Results live in the database (Request rows), not in a Celery result backend.
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "cpu"

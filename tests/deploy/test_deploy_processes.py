@@ -206,7 +206,7 @@ def test_worker_starts_answers_ping_and_stops_on_sigterm(entrypoint, deploy_env,
     try:
         worker.wait_for(lambda: " ready." in worker.output(), 40, "'ready' from the Celery worker")
         log = worker.output()
-        assert "worker: broker filesystem://localhost/, queues cpu,gpu" in log
+        assert "worker: broker filesystem://localhost/, queues sweep,cpu,gpu" in log
         assert "Traceback" not in log
         out = health(entrypoint, "worker", env)  # `celery inspect ping` of this host's node, over the broker
         assert out.returncode == 0, out.stdout + out.stderr

@@ -437,7 +437,7 @@ def test_a_real_worker_on_the_embedded_broker_survives_bad_files_and_concurrent_
     assert sorted(os.listdir(broker / "bad")) == ["0_a_empty.cpu.msg", "0_garbage.cpu.msg"]
     # it is visible as alive; stopped cleanly, it is not, and what waits is listed
     out = wait_for(lambda: (o := _workers_command()).code == 0 and ": alive" in o.text and o, timeout=20)
-    assert "queues cpu,gpu" in out.text and "2 unreadable file(s) set aside" in out.text
+    assert "queues sweep,cpu,gpu" in out.text and "2 unreadable file(s) set aside" in out.text
     embedded_worker.terminate()
     embedded_worker.wait(30)
     left = _queued(api(analyst), 1, eps=0.02)[0]
@@ -487,7 +487,7 @@ def test_a_worker_on_redis_writes_its_heartbeat_there(real_worker, redis_server,
     settings.REDIS_URL = redis_server
     pid = real_worker.process.pid  # (other test runs may share this Redis database)
     mine = wait_for(lambda: [r for r in liveness.alive() if r["pid"] == pid], timeout=90, interval=0.3)
-    assert mine[0]["queues"] == ["cpu", "gpu"]
+    assert mine[0]["queues"] == ["cpu", "gpu", "sweep"]  # the recovery sweep's queue, always
     real_worker.process.terminate()
     real_worker.process.wait(30)
     assert [r for r in liveness.records() if r["pid"] == pid] == []  # a clean stop removes its record
@@ -552,3 +552,30 @@ def test_an_idle_pool_process_killed_does_not_wedge_the_worker(embedded_worker, 
         _publish(embedded, rid)
     wait_for(lambda: Request.objects.filter(pk__in=later, status="succeeded").count() == 2, timeout=60, interval=0.3)
     assert embedded_worker.poll() is None
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("embedded_worker", ["solo"], indirect=True)
+def test_the_sweep_is_not_queued_behind_the_requests(embedded_worker, api, analyst, clinic, embedded, settings):
+    """A probe's lost request stayed "running", its reservation held, 8 minutes past its
+    deadline: the sweep was a message on the cpu queue behind 500 requests. It has a queue
+    of its own, which `manage.py worker` consumes beside the ones it is given: taken in
+    turn with them, it runs long before a backlog drains."""
+    import re
+    import warnings
+
+    from celery.exceptions import AlwaysEagerIgnored
+
+    from workers import app
+
+    ids = _queued(api(analyst), 24, eps=0.001)
+    with connection(embedded / "broker") as conn, warnings.catch_warnings():
+        warnings.simplefilter("ignore", AlwaysEagerIgnored)
+        for rid in ids:
+            app.send_task("workers.run_request", args=[str(rid)], queue="cpu", connection=conn)
+        app.send_task("workers.sweep", connection=conn,  # where beat sends it
+                      queue=settings.CELERY_BEAT_SCHEDULE["sweep-lost-requests"]["options"]["queue"])
+    log = wait_for(lambda: (t := embedded_worker.logfile.read_text()).count("] received") >= len(ids) + 1 and t,
+                   timeout=180, interval=0.5)
+    taken = re.findall(r"Task (workers\.\w+)\[", log)
+    assert taken.index("workers.sweep") < 6, taken

@@ -32,7 +32,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--queues", "-Q", default="cpu,gpu", type=_queues,
-                            help="comma-separated queues (default cpu,gpu; an engine may name its own)")
+                            help="comma-separated queues (default cpu,gpu; an engine may name its own); the "
+                                 "recovery sweep's own queue (sweep) is always consumed too")
         parser.add_argument("--concurrency", "-c", type=_processes, default=1,
                             help=f"worker processes, 1 to {MAX_CONCURRENCY} (default 1)")
         parser.add_argument("--pool", default="prefork", choices=["prefork", "solo", "threads"],
@@ -49,6 +50,7 @@ class Command(BaseCommand):
 
         if beat is None:
             beat = settings.EMBEDDED_BROKER
+        queues = ",".join(dict.fromkeys([settings.SWEEP_QUEUE, *queues.split(",")]))
         self.stderr.write(f"worker: broker {settings.CELERY_BROKER_URL.split('@')[-1]}, queues {queues}")
         argv = ["worker", "-Q", queues, "-c", str(concurrency), "--pool", pool, "--loglevel", loglevel,
                 "--without-gossip", "--without-mingle", "--without-heartbeat"]
