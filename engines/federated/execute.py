@@ -76,15 +76,20 @@ def sweep_orphans() -> list[str]:
             run_id = (jobdir / "run_id").read_text().strip() if (jobdir / "run_id").exists() else ""
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not ours, or being written
-        if run_id.isdigit() and (jobdir / "flwr").is_dir():
-            try:
-                subprocess.run([str(processes.BIN / "flwr"), "stop", run_id, "service"],
-                               env=processes.env(jobdir / "flwr"), capture_output=True, timeout=60)
-            except (OSError, subprocess.SubprocessError):
-                pass  # the SuperLink may be gone too; the directory goes anyway
+        _stop(jobdir, run_id)
         shutil.rmtree(jobdir, ignore_errors=True)
         removed.append(str(jobdir))
     return removed
+
+
+def _stop(jobdir: Path, run_id: str) -> None:
+    """``flwr stop`` the run (a ServerApp that would otherwise train its remaining rounds)."""
+    if run_id.isdigit() and (jobdir / "flwr").is_dir():
+        try:
+            subprocess.run([str(processes.BIN / "flwr"), "stop", run_id, "service"],
+                           env=processes.env(jobdir / "flwr"), capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            pass  # the SuperLink may be gone too
 
 
 def _alive(pid: int) -> bool:
@@ -211,7 +216,11 @@ def _cancel(d: dict, jobdir: Path, rounds: int, evals: int) -> dict:
     if (jobdir / "result.json").exists():
         r = json.loads((jobdir / "result.json").read_text())
         return planner.rounds_event(d, r["rounds"], r["evals"])
-    # no answer: charge the round that may have been under way as done
+    # no answer (a round longer than the wait): stop the run on the SuperLink, else its sites
+    # trained every remaining round after the request ended; charge the round that may have
+    # been under way as done
+    run_id = (jobdir / "run_id").read_text().strip() if (jobdir / "run_id").exists() else ""
+    _stop(jobdir, run_id)
     return planner.rounds_event(d, min(rounds + 1, d["spec"]["rounds"]),
                                 min(evals + 1, d["evals"]) if d["evals"] else 0)
 

@@ -110,7 +110,8 @@ def main(grid: Grid, context: Context) -> None:
         log.write(json.dumps(event, default=str) + "\n")
 
     coord = Coordinator(job["details"], job["site_keys"], GridTransport(grid), emit=emit,
-                        cancelled=lambda: (jobdir / "cancel").exists(),
+                        # the job directory gone: its request ended (a cancel not answered in time)
+                        cancelled=lambda: (jobdir / "cancel").exists() or not jobdir.is_dir(),
                         wait_sites_seconds=job.get("wait_sites_seconds", 30.0),
                         round_timeout=job.get("round_timeout", 120.0), min_sites=job.get("min_sites"))
     emit({"event": "started", "pid": os.getpid()})

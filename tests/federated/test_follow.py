@@ -80,6 +80,18 @@ def test_a_cancel_is_heard_between_rounds(tmp_path, details, fast, monkeypatch):
     assert c.value.actual_event == {"rounds": 2, "evals": 0}  # no answer: the round under way is charged
 
 
+def test_a_cancel_not_answered_in_time_stops_the_run_on_the_superlink(tmp_path, details, fast, monkeypatch):
+    """A probe's round longer than CANCEL_WAIT (SecAgg+'s four stages, a large site): the
+    request ended, charged, and the ServerApp trained every remaining round, its sites
+    reading their rows. The run is stopped (``flwr stop``), and a ServerApp whose job
+    directory is gone stops as for a cancel."""
+    stopped = []
+    monkeypatch.setattr(execute, "_stop", lambda jobdir, run_id: stopped.append(run_id))
+    (tmp_path / "run_id").write_text("7")
+    assert execute._cancel(details, tmp_path, 1, 0) == {"rounds": 2, "evals": 0}
+    assert stopped == ["7"]
+
+
 def test_a_job_a_killed_worker_left_is_stopped_and_removed(tmp_path, monkeypatch):
     """A worker killed mid-run left its job directory (the sites' secrets, the model) and
     its Flower run going; the next run's start stops and removes it, and only it."""
