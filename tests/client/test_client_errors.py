@@ -295,6 +295,9 @@ MAPPING_CASES = [
     # a queued request's error when its analyst was deactivated meanwhile (she cannot sign in
     # to read it): tests/requests/test_requests_api.py makes the service write it
     (403, {"code": "account.inactive", "detail": "x"}, pc.PermissionDenied, "account.inactive"),
+    # a Dask cluster out of reach while a distributed dataset is registered:
+    # tests/distributed/test_distributed_api.py makes the service answer it
+    (503, {"code": "cluster.unavailable", "detail": "x", "retry_after": 30}, pc.ServerError, "cluster.unavailable"),
     # a queued request's error when its officer turned pld_certification off meanwhile
     (409, {"code": "dataset.pld_not_allowed", "detail": "x"}, pc.Conflict, "dataset.pld_not_allowed"),
     # a full disk: tests/hostile/test_uploads.py makes the service answer it
