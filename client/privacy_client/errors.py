@@ -145,9 +145,10 @@ class RateLimited(ApiError):
 class ServerError(ApiError):
     """5xx, or an answer that is not the service's JSON (``storage.full``, 507: the server's
     disk is full; ``database.unavailable``, 503: its database is busy or unreachable, with
-    ``retry_after`` seconds; retry later). Nothing was kept."""
+    ``retry_after`` seconds; ``cluster.unavailable``, 503: the Dask cluster, registering a
+    distributed dataset; retry later). Nothing was kept."""
 
-    codes = ("error", "storage.full", "database.unavailable", "response.invalid")
+    codes = ("error", "storage.full", "database.unavailable", "cluster.unavailable", "response.invalid")
 
     @property
     def retry_after(self) -> float | None:
