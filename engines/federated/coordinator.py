@@ -265,9 +265,14 @@ class Coordinator:
         for n in sends:
             site = self.node_site[n]
             if n not in out.replies:
-                rejected[site] = "no masked update in the sum" if why is None else "no sum this round"
-                if why is None:  # the protocol went on without it: dropped, as a silent plain site
+                # the protocol went on without it, or halted for want of its key shares while
+                # others sent theirs (a site killed between rounds: kept, it halted every later
+                # round it was sampled in, each charged): dropped, as a silent plain site
+                if why is None or out.replies:
+                    rejected[site] = "no masked update in the sum"
                     self.lost[n] = self.node_site.pop(n)
+                else:
+                    rejected[site] = "no sum this round"
                 continue
             _, bad, _, reply = self._check(n, "train", jobs[n], ([], out.replies[n]))
             if bad is not None:
@@ -277,6 +282,8 @@ class Coordinator:
                 rejected[site] = f"withheld at the site: {reply['withheld']}"
             else:
                 accepted.append(site)
+        if why is not None and (silent := sorted(s for s, r in rejected.items() if r == "no masked update in the sum")):
+            why += f" (no masked update from {', '.join(silent)})"
         total = out.total if why is None else None
         if total is None:
             accepted = []

@@ -131,6 +131,20 @@ class _Counted:
         return replies
 
 
+class _SecAggPlus(SecAggPlusWorkflow):
+    """Flower's SecAgg+, but a node that does not answer the setup stage is no longer one of
+    the round's sampled nodes. It received no neighbour's keys and sent none, so no masked
+    vector holds a mask shared with it and the unmask stage needs none of its key shares;
+    Flower asked for them all the same and halted the round for want of them (a site killed
+    between rounds halted every later round it was sampled in). A node that answered setup
+    and drops later is still unmasked from its shares, as Flower does."""
+
+    def setup_stage(self, grid, context, state) -> bool:
+        ok = super().setup_stage(grid, context, state)
+        state.sampled_node_ids = set(state.active_node_ids)
+        return ok
+
+
 def secure_sum(grid, sends: dict[int, tuple[dict, list[np.ndarray]]], *, clip: float, rnd: int,
                timeout: float | None) -> SecureSum:
     """Run SecAgg+ over ``sends`` (node -> (job, global weights)) on ``grid``."""
@@ -144,7 +158,7 @@ def secure_sum(grid, sends: dict[int, tuple[dict, list[np.ndarray]]], *, clip: f
     context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({"current_round": rnd})
     context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord([np.asarray(a) for a in next(iter(sends.values()))[1]])
     shares, threshold = sharing(len(sends))
-    SecAggPlusWorkflow(num_shares=shares, reconstruction_threshold=threshold, max_weight=1.0,
+    _SecAggPlus(num_shares=shares, reconstruction_threshold=threshold, max_weight=1.0,
                        clipping_range=float(clip), quantization_range=QUANTIZATION_RANGE,
                        modulus_range=MODULUS_RANGE, timeout=timeout)(grid, context)
     out = SecureSum(None, strategy.replies, sent=grid.sent, received=grid.received)

@@ -162,6 +162,50 @@ def test_a_reply_with_a_bad_mac_voids_the_whole_sum(tmp_path, tables, monkeypatc
     assert all(np.all(np.asarray(w) == 0) for w in r["weights"])
 
 
+def test_a_site_dead_before_it_shares_its_keys_is_dropped_after_one_round(tmp_path, monkeypatch):
+    """A probe killed site c after round 1 under SecAgg+ with no evaluation between rounds:
+    every later round halted (Flower asked key shares of every sampled node, c's included,
+    though c shared no mask with anyone), each charged, the model frozen at round 1, and the
+    run "completed". A node silent at setup is no longer asked for; c is dropped as a
+    silent plain site, and the others' sum is taken that round and every round after."""
+    from flwr.app import Error, Message
+
+    from engines.federated import coordinator
+
+    sites = ["a", "b", "c", "d", "e"]
+    tables = write_sites(tmp_path, 5, rows=300)
+    nodes = [node(tmp_path, s, t) for s, t in zip(sites, tables)]
+    dead, state = 3, {"round": 0}  # c's node, from round 2 on: every message to it fails
+    real_sar, real_exchange = secagg.LocalGrid.send_and_receive, coordinator.LocalTransport.exchange
+
+    def sar(self, messages, *, timeout=None):
+        messages = list(messages)
+        if state["round"] < 1:
+            return real_sar(self, messages, timeout=timeout)
+        return real_sar(self, [m for m in messages if m.metadata.dst_node_id != dead], timeout=timeout) + [
+            Message(error=Error(code=0, reason="node offline"), reply_to=m)
+            for m in messages if m.metadata.dst_node_id == dead]
+
+    def exchange(self, sends, timeout):
+        return real_exchange(self, {n: v for n, v in sends.items() if state["round"] < 1 or n != dead}, timeout)
+
+    monkeypatch.setattr(secagg.LocalGrid, "send_and_receive", sar)
+    monkeypatch.setattr(coordinator.LocalTransport, "exchange", exchange)
+    p = planner.make_plan(EngineRequest("train", {"target": "label", "rounds": 4, "target_epsilon": 50.0,
+                                                  "secure_aggregation": True, "eval_every": 10}), meta(sites))
+    c = coordinator.Coordinator(p.details, {s: f"key-{s}" for s in sites},
+                                coordinator.LocalTransport(dict(enumerate(nodes, 1))),
+                                emit=lambda e: e.get("event") == "round" and state.update(round=e["round"]),
+                                wait_sites_seconds=0)
+    r = c.result(c.run())
+    rounds = r["history"]
+    assert rounds[0]["sites"]["accepted"] == sites and len(rounds) == 4
+    assert rounds[1]["sites"]["rejected"]["c"] == "no masked update in the sum"
+    for h in rounds[1:]:  # a sum that kept a mask would be out of range: "malformed masked vector"
+        assert h["secure_aggregation"]["why"] is None and h["sites"]["accepted"] == ["a", "b", "d", "e"], h
+    assert exact_accuracy(c, r["weights"]) > 0.65
+
+
 @pytest.mark.parametrize("params,field", [
     ({"secure_aggregation": "yes"}, "secure_aggregation"),
     ({"secure_aggregation": True, "mode": "local"}, "secure_aggregation"),
