@@ -16,7 +16,9 @@
 #    client's pieces and the settings/docs checks read none, and a few whose subject is
 #    not the database -- the embedded broker's files, a federated run's Flower processes,
 #    a real worker's queue, an engine's output -- run in the SQLite pass only:
-#    DB_TESTS_ONLY=1, tests/conftest.py). The PostgreSQL pass has a var directory
+#    DB_TESTS_ONLY=1, tests/conftest.py; the federated processes' and the demo's tests, which
+#    read none, run in the PostgreSQL pass instead, to even the two passes' lengths:
+#    PASSES_SIDE_BY_SIDE=1). The PostgreSQL pass has a var directory
 #    (var/pg-pass) and a Redis database of its own; its output is in var/test-postgres.log,
 #    printed after the SQLite pass's.
 # On a machine where Redis, Chromium or PostgreSQL cannot be installed, what needs them is skipped
@@ -58,8 +60,8 @@ if scripts/services.sh postgres-start; then
     pg_url="$(eval "$(scripts/services.sh env)"; echo "$DATABASE_URL")"
     mkdir -p var/pg-pass
     echo "== tests on PostgreSQL (beside the SQLite pass; output in var/test-postgres.log)" >&2
-    DB_TESTS_ONLY=1 DATABASE_URL="$pg_url" TEST_REDIS_DB=8 GOVERNANCE_VAR_DIR="$REPO/var/pg-pass" \
-        setsid .venv/bin/python -m pytest "$@" > var/test-postgres.log 2>&1 &
+    PASSES_SIDE_BY_SIDE=1 DB_TESTS_ONLY=1 DATABASE_URL="$pg_url" TEST_REDIS_DB=8 \
+        GOVERNANCE_VAR_DIR="$REPO/var/pg-pass" setsid .venv/bin/python -m pytest "$@" > var/test-postgres.log 2>&1 &
     pg_pid=$!
 else
     if [ "${CI:-}" = "true" ]; then
@@ -71,7 +73,8 @@ fi
 
 echo "== tests on SQLite" >&2
 sqlite_rc=0
-env -u DATABASE_URL .venv/bin/python -m pytest "$@" || sqlite_rc=$?
+side_by_side=$([ -n "$pg_pid" ] && echo 1 || echo 0)  # a few minutes of tests move to the other pass
+PASSES_SIDE_BY_SIDE=$side_by_side env -u DATABASE_URL .venv/bin/python -m pytest "$@" || sqlite_rc=$?
 
 pg_rc=0
 if [ -n "$pg_pid" ]; then
