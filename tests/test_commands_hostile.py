@@ -60,4 +60,4 @@ def test_worker_refuses_arguments_celery_would_trace_back_on(monkeypatch, args):
         call_command("worker", *args)
     assert started == []
     call_command("worker", "-c", "2", "-Q", "cpu")
-    assert started and started[0][:4] == ["worker", "-Q", "cpu", "-c"]
+    assert started and started[0][:4] == ["worker", "-Q", "sweep,cpu", "-c"]  # the sweep's own queue, always
