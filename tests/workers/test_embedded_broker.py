@@ -437,7 +437,7 @@ def test_a_real_worker_on_the_embedded_broker_survives_bad_files_and_concurrent_
     assert sorted(os.listdir(broker / "bad")) == ["0_a_empty.cpu.msg", "0_garbage.cpu.msg"]
     # it is visible as alive; stopped cleanly, it is not, and what waits is listed
     out = wait_for(lambda: (o := _workers_command()).code == 0 and ": alive" in o.text and o, timeout=20)
-    assert "queues sweep,cpu,gpu" in out.text and "2 unreadable file(s) set aside" in out.text
+    assert "queues cpu,gpu,sweep" in out.text and "2 unreadable file(s) set aside" in out.text
     embedded_worker.terminate()
     embedded_worker.wait(30)
     left = _queued(api(analyst), 1, eps=0.02)[0]
