@@ -261,7 +261,7 @@ class Coordinator:
         nothing (one bad reply cannot be taken out of a sum)."""
         out = self.t.secure_sum({n: (jobs[n], self.weights) for n in sends}, clip=self.spec["clip_norm"], rnd=rnd,
                                 timeout=self.round_timeout)
-        accepted, rejected, why = [], {}, out.why
+        accepted, rejected, silent, why = [], {}, [], out.why
         for n in sends:
             site = self.node_site[n]
             if n not in out.replies:
@@ -270,6 +270,7 @@ class Coordinator:
                 # round it was sampled in, each charged): dropped, as a silent plain site
                 if why is None or out.replies:
                     rejected[site] = "no masked update in the sum"
+                    silent.append(site)
                     self.lost[n] = self.node_site.pop(n)
                 else:
                     rejected[site] = "no sum this round"
@@ -282,8 +283,8 @@ class Coordinator:
                 rejected[site] = f"withheld at the site: {reply['withheld']}"
             else:
                 accepted.append(site)
-        if why is not None and (silent := sorted(s for s, r in rejected.items() if r == "no masked update in the sum")):
-            why += f" (no masked update from {', '.join(silent)})"
+        if why is not None and silent:
+            why += f" (no masked update from {', '.join(sorted(silent))})"
         total = out.total if why is None else None
         if total is None:
             accepted = []

@@ -144,7 +144,7 @@ def execute(request: EngineRequest, dataset, fed: Federation, plan: Plan, progre
             raise
         except BaseException as e:  # the worker's time limit, a signal: stop the ServerApp too, charge its rounds
             if not (jobdir / "result.json").exists():  # (else the sites would train on after the request ended)
-                e.actual_event = _cancel(d, jobdir, state["rounds"], state["evals"])
+                e.actual_event = _cancel(d, jobdir, run_id, state["rounds"], state["evals"])
             raise
     finally:
         shutil.rmtree(jobdir, ignore_errors=True)
@@ -166,7 +166,7 @@ def _follow(d: dict, jobdir: Path, run_id: str, fed: Federation, progress, workd
         try:
             progress(update)
         except Cancelled as c:
-            c.actual_event = _cancel(d, jobdir, state["rounds"], state["evals"])
+            c.actual_event = _cancel(d, jobdir, run_id, state["rounds"], state["evals"])
             raise
 
     def drain() -> None:
@@ -207,7 +207,7 @@ def _follow(d: dict, jobdir: Path, run_id: str, fed: Federation, progress, workd
     return _release(d, result, workdir, run_id)
 
 
-def _cancel(d: dict, jobdir: Path, rounds: int, evals: int) -> dict:
+def _cancel(d: dict, jobdir: Path, run_id: str, rounds: int, evals: int) -> dict:
     """Ask the ServerApp to stop; the event of what it really did (a round may be under way)."""
     (jobdir / "cancel").touch()
     deadline = time.monotonic() + CANCEL_WAIT
@@ -219,7 +219,6 @@ def _cancel(d: dict, jobdir: Path, rounds: int, evals: int) -> dict:
     # no answer (a round longer than the wait): stop the run on the SuperLink, else its sites
     # trained every remaining round after the request ended; charge the round that may have
     # been under way as done
-    run_id = (jobdir / "run_id").read_text().strip() if (jobdir / "run_id").exists() else ""
     _stop(jobdir, run_id)
     return planner.rounds_event(d, min(rounds + 1, d["spec"]["rounds"]),
                                 min(evals + 1, d["evals"]) if d["evals"] else 0)

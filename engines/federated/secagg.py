@@ -159,8 +159,8 @@ def secure_sum(grid, sends: dict[int, tuple[dict, list[np.ndarray]]], *, clip: f
     context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord([np.asarray(a) for a in next(iter(sends.values()))[1]])
     shares, threshold = sharing(len(sends))
     _SecAggPlus(num_shares=shares, reconstruction_threshold=threshold, max_weight=1.0,
-                       clipping_range=float(clip), quantization_range=QUANTIZATION_RANGE,
-                       modulus_range=MODULUS_RANGE, timeout=timeout)(grid, context)
+                clipping_range=float(clip), quantization_range=QUANTIZATION_RANGE,
+                modulus_range=MODULUS_RANGE, timeout=timeout)(grid, context)
     out = SecureSum(None, strategy.replies, sent=grid.sent, received=grid.received)
     if strategy.mean is None:
         out.why = "secure aggregation halted: too few sites answered a stage to unmask the sum"

@@ -87,8 +87,7 @@ def test_a_cancel_not_answered_in_time_stops_the_run_on_the_superlink(tmp_path, 
     directory is gone stops as for a cancel."""
     stopped = []
     monkeypatch.setattr(execute, "_stop", lambda jobdir, run_id: stopped.append(run_id))
-    (tmp_path / "run_id").write_text("7")
-    assert execute._cancel(details, tmp_path, 1, 0) == {"rounds": 2, "evals": 0}
+    assert execute._cancel(details, tmp_path, "7", 1, 0) == {"rounds": 2, "evals": 0}
     assert stopped == ["7"]
 
 
@@ -138,7 +137,7 @@ def test_the_worker_s_time_limit_stops_the_serverapp_and_charges_its_rounds(tmp_
         seen["jobdir"] = jobdir
         raise SoftTimeLimitExceeded()
 
-    def cancel(d, jobdir, rounds, evals):
+    def cancel(d, jobdir, run_id, rounds, evals):
         seen["cancel"] = (jobdir / "cancel").exists() or True
         return {"rounds": rounds + 1, "evals": evals}
 
