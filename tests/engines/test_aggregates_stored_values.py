@@ -98,3 +98,55 @@ def test_an_integer_domain_value_past_2_53_matches_its_float_in_a_float_column(k
     cols = {"b": {"type": "categorical", "domain": [1, key]}}
     assert exact("histogram", {"column": "b"}, table, cols)["count"].tolist() == [3, 20]
     assert exact("count", {"where": [{"column": "b", "op": "in", "value": [key]}]}, table, cols) == {"count": 20}
+
+
+class _Width(float):
+    """A bin width that counts the divisions by it, and stops a search that would run on."""
+
+    def __new__(cls, w):
+        out = super().__new__(cls, w)
+        out.divisions = 0
+        return out
+
+    def __rtruediv__(self, x):
+        self.divisions += 1
+        assert self.divisions < 1_000, "the edge search went on past 1,000 divisions"
+        return float(x) / float(self)
+
+
+@settings(max_examples=300, deadline=None)
+@given(w=st.one_of(st.sampled_from([1e12, 1e308, 1e-300, 5e-324, 0.1, 1 / 3, 3e7]),
+                   st.floats(1e-300, 1e300, allow_nan=False, allow_infinity=False)),
+       j=st.integers(-(2**40), 2**40))
+def test_a_width_bins_edge_is_found_in_a_few_steps_for_any_width(w, j):
+    """A probe's FLOOR(wage / 1e12) (bounds [0, 5000]) held a web thread for good: the edge
+    of bin 0 was searched one float at a time from 0 down, and x / 1e12 is -0.0 for every
+    negative x of magnitude under about 2.5e-312. The edge is the least float x with
+    x / w >= j, found by bisection, whatever the width."""
+    from engines.aggregates import query
+
+    if not math.isfinite(j * w):
+        return
+    width = _Width(w)
+    edge = query._floor_edge(j, width)
+    assert edge / w >= j and math.nextafter(edge, -math.inf) / w < j
+    assert width.divisions <= 300
+
+
+def test_a_huge_width_on_a_small_range_is_one_bin_planned_at_once():
+    """The probe's query end to end: planned (in a thread, so that a search that runs on
+    fails the test instead of holding it) into one bin holding every value."""
+    import threading
+
+    from engines.aggregates import query
+
+    ds = DatasetMeta("t", {"wage": {"type": "numeric", "lower": 0, "upper": 5000}}, None, 1, 1, 1e-6)
+    keys: list = []
+    planner = threading.Thread(target=lambda: keys.extend(
+        query._group_key(0, {"column": "wage", "width": w}, ds, {}) for w in (1e12, 1e308)), daemon=True)
+    planner.start()
+    planner.join(60)
+    assert not planner.is_alive(), "planning a width of 1e12 ran on"
+    for key in keys:
+        assert key["labels"] == [0] and len(key["edges"]) == 2
+        assert compute.bin_codes(np.array([0.0, 1.0, 4999.5, 5000.0]), key["edges"]).tolist() == [0, 0, 0, 0]
