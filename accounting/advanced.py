@@ -55,7 +55,7 @@ def spent(cost: Cost, delta: float) -> Spent:
 def filter_epsilon(cost: Cost, budget_delta: float, approx_share: float | None = None) -> float:
     """The epsilon the Whitehouse et al. filter charges, if the deltas fit in delta''
     (``approx_share`` is the RDP filter's and not used here)."""
-    if cost.delta > budget_delta / 2 * (1 + 1e-12):
+    if cost.delta > budget_delta / 2:
         return math.inf
     if cost.sq == 0:
         return 0.0

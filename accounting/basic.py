@@ -31,7 +31,7 @@ def spent(cost: Cost, delta: float) -> Spent:
 def filter_epsilon(cost: Cost, budget_delta: float, approx_share: float | None = None) -> float:
     """The epsilon the basic filter charges: sum of epsilons, if the deltas fit (every
     delta is charged as it is; ``approx_share`` is the RDP filter's and not used here)."""
-    if cost.delta > budget_delta * (1 + 1e-12):
+    if cost.delta > budget_delta:
         return math.inf
     return cost.eps
 

@@ -54,6 +54,21 @@ class UnresolvedDelta(ev.EventError):
                          "advanced composition", "event")
 
 
+def _sum_up(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a + b rounded up, field by field: never below the exact sum. Rounded to nearest, a
+    running state stops growing once an event is under half a unit in the last place of
+    what is spent (0.9999999999999999 + 1e-16 is 1.0, and 1.0 + 1e-16 is 1.0 again): a
+    full budget admitted tiny releases without end. Rounded up, every state is at least
+    the exact sum of its events' costs (refunds too: a - c rounded up is at least a - c),
+    so a filter that holds on it holds on the exact sum. The rounding error of each sum
+    is exact in floating point (Knuth's TwoSum); where it is positive the sum is moved up
+    one float."""
+    s = a + b
+    bb = s - a
+    err = (a - (s - bb)) + (b - bb)
+    return np.where(err > 0, np.nextafter(s, np.inf), s)
+
+
 @dataclass(frozen=True, eq=False)
 class Cost:
     finite: np.ndarray
@@ -80,11 +95,11 @@ class Cost:
 
     def __add__(self, other: "Cost") -> "Cost":
         with np.errstate(over="ignore", invalid="ignore"):
-            return Cost._counted(self.finite + other.finite, self.infs + other.infs)
+            return Cost._counted(_sum_up(self.finite, other.finite), self.infs + other.infs)
 
     def __sub__(self, other: "Cost") -> "Cost":
         with np.errstate(over="ignore", invalid="ignore"):
-            return Cost._counted(self.finite - other.finite, self.infs - other.infs)
+            return Cost._counted(_sum_up(self.finite, -other.finite), self.infs - other.infs)
 
     def times(self, k: int) -> "Cost":
         with np.errstate(over="ignore", invalid="ignore"):

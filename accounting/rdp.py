@@ -84,7 +84,7 @@ def filter_epsilon(cost: Cost, budget_delta: float, approx_share: float | None =
     ``approx_share`` (default ``APPROX_SHARE``) of ``budget_delta`` set aside for
     approximate-DP events."""
     share = APPROX_SHARE if approx_share is None else approx_share
-    if cost.approx > share * budget_delta * (1 + 1e-12):
+    if cost.approx > share * budget_delta:
         return math.inf
     rdp = cost.rdp
     per_order = order_deltas(budget_delta, share)

@@ -247,6 +247,7 @@ def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
     chain in the same transaction, naming ``actor`` (the officer's username)."""
     from accounting.costs import Cost
 
+    from ..ledger.actions import EntrySums
     from ..ledger.limits import Limit
 
     with transaction.atomic():
@@ -280,7 +281,8 @@ def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
             old = (ds.budget_epsilon, ds.budget_delta)
             ds.budget_epsilon, ds.budget_delta, ds.delta_auto = eps, delta, auto
             state = Cost.from_json(budget.state)
-            if (eps, delta) != old and not Limit.of_dataset(ds).admits(state):
+            limit = Limit.of_dataset(ds)
+            if (eps, delta) != old and not limit.holds(state, EntrySums(ds.pk, None, limit).plus()):
                 raise InvalidDataset("the new budget is below what the ledger has already spent", field="budget_epsilon",
                                      spent_epsilon=Limit.of_dataset(ds).spent(state))
         if "approx_delta_share" in fields and fields["approx_delta_share"] != ds.approx_delta_share:

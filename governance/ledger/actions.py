@@ -45,7 +45,7 @@ from ..core.errors import (
 )
 from ..models import Budget, Dataset, Grant, LedgerEntry, Request
 from . import sql as ledger_sql, trail
-from .limits import Limit, charge_summary, num, refusal
+from .limits import Limit, charge_summary, exact_sums, num, refusal
 
 
 @contextmanager
@@ -158,7 +158,7 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepo
                 raise DatasetNotActive(f"Dataset {name} is not active (status {status}).", dataset=name)
             stamped, cost, limits = _plan(event, ds, budget, grant)
             for limit, before in limits:
-                if not limit.admits(before + cost):
+                if not limit.holds(before + cost, EntrySums(dataset_id, grant and grant.pk, limit).plus((cost, 1))):
                     raise refusal(limit, before, before + cost, cost)
         except GATE_REFUSALS as e:
             # the locked row's chain head, for the refusal's audit record (``refuse``)
@@ -378,6 +378,34 @@ def charge(dataset: Dataset | int, officer, event, *, reference: str = "") -> Le
 
 
 STATE_CHUNK = 1000  # entries read at a time by recompute_state (each with its cost curve)
+
+
+class EntrySums:
+    """``Limit.holds``'s exact sums: of the reserved and committed entries under a limit
+    (the dataset's, or with a grant's limit that grant's; read once, O(history), and only
+    when a state lies near the limit), plus new costs: ``sums.plus((cost, times), ...)``."""
+
+    def __init__(self, dataset_id: int, grant_id: int | None, limit: Limit):
+        self.dataset_id, self.grant_id, self.limit = dataset_id, grant_id, limit
+        self._entries: dict[tuple, dict] = {}
+
+    def entries(self, fields: list[int]) -> dict:
+        key = tuple(fields)
+        if key not in self._entries:
+            entries = LedgerEntry.objects.filter(dataset_id=self.dataset_id).exclude(
+                status=LedgerEntry.Status.RELEASED)
+            if self.limit.scope == "grant":
+                entries = entries.filter(grant_id=self.grant_id)
+            costs = (committed or cost for cost, committed in
+                     entries.values_list("cost", "committed_cost").iterator(chunk_size=STATE_CHUNK))
+            self._entries[key] = exact_sums(costs, fields)
+        return self._entries[key]
+
+    def plus(self, *extra: tuple[Cost, int]):
+        def sums(fields):
+            out, more = dict(self.entries(fields)), exact_sums((), fields, extra)
+            return {i: None if out[i] is None or more[i] is None else out[i] + more[i] for i in fields}
+        return sums
 
 
 def recompute_state(dataset_id: int, grant_id: int | None = None) -> Cost:

@@ -63,7 +63,9 @@ def _estimate(dataset: Dataset, user, parsed) -> dict:
                 cost = cost_of(event)
         total = total + cost
         items.append({"event": stamped.to_dict(), "charge": charge_summary(cost, dataset.budget_delta)})
-    admitted = not refused and (all(limit.admits(state + total) for limit, state in limits) if limits else True)
+    sums = {limit.scope: ledger.EntrySums(dataset.pk, grant and grant.pk, limit) for limit, _state in limits or ()}
+    admitted = not refused and (all(limit.holds(state + total, sums[limit.scope].plus((total, 1)))
+                                    for limit, state in limits) if limits else True)
     if dataset.status != Dataset.Status.ACTIVE or (grant is None and not getattr(user, "is_staff", False)):
         admitted = False  # the gate refuses every request on a draft, and analysts without a grant
     return {
@@ -71,15 +73,15 @@ def _estimate(dataset: Dataset, user, parsed) -> dict:
         "total": charge_summary(total, dataset.budget_delta),
         "would_admit": admitted,
         "has_grant": grant is not None,
-        "fits": _how_many_fit(total, limits) if limits else None,
+        "fits": _how_many_fit(total, limits, sums) if limits else None,
         "budget": {lim.scope: budget_report(state, lim) for lim, state in limits} if limits else {},
     }
 
 
-def _how_many_fit(cost: Cost, limits, cap: int = 10**7) -> int | None:
+def _how_many_fit(cost: Cost, limits, sums, cap: int = 10**7) -> int | None:
     """Largest k such that k more copies (each charged like this one) pass every filter."""
     def ok(k):
-        return all(limit.admits(state + cost.times(k)) for limit, state in limits)
+        return all(limit.holds(state + cost.times(k), sums[limit.scope].plus((cost, k))) for limit, state in limits)
 
     if not ok(1):
         return 0

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
 from accounting import ACCOUNTANTS
 from accounting.base import Spent
-from accounting.costs import Cost
+from accounting.costs import SCALARS, Cost
+from accounting.rdp import APPROX_SHARE as RDP_APPROX_SHARE
 from accounting.events import ComposedEvent, Event
 
 from ..core.errors import BudgetExceeded
@@ -66,8 +69,74 @@ class Limit:
     def admits(self, state: Cost) -> bool:
         return self.spent(state) <= self.epsilon
 
+    # The fields each filter compares with a limit as they are (a sum of the events' own
+    # numbers), and that limit: basic's epsilon and delta, advanced's delta (half the
+    # budget's), RDP's delta for approximate-DP events.
+    def linear(self) -> list[tuple[int, Fraction]]:
+        eps, delta = _decimal(self.epsilon), _decimal(self.delta)
+        if self.policy == "basic":
+            return [(SCALARS.index("eps"), eps), (SCALARS.index("delta"), delta)]
+        if self.policy == "advanced":
+            return [(SCALARS.index("delta"), delta / 2)]
+        share = _decimal(self.approx_share) if self.approx_share is not None else _decimal(RDP_APPROX_SHARE)
+        return [(SCALARS.index("approx"), share * delta)]
+
+    def near(self, state: Cost) -> bool:
+        """A linear field within a rounding's reach of its limit, where only the exact sum
+        of the entries' numbers decides (``admits_exactly``)."""
+        values = state.values
+        return any(float(lim) * (1 - NEAR_BELOW) <= values[i] <= float(lim) * (1 + NEAR) for i, lim in self.linear())
+
+    def holds(self, state: Cost, exact: Callable[[list[int]], dict[int, Fraction | None]]) -> bool:
+        """The filter on ``state`` (a running state with the new costs added), decided by
+        the exact sums (``exact(fields)``: the entries' and the new costs', O(history))
+        where the state lies near a limit, by the float state elsewhere (O(1))."""
+        if not self.near(state):
+            return self.admits(state)
+        return self.admits_exactly(state, exact([i for i, _lim in self.linear()]))
+
+    def admits_exactly(self, state: Cost, sums: dict[int, Fraction | None]) -> bool:
+        """The filter on ``state`` with its linear fields judged by ``sums``, the exact sums
+        of the entries' numbers (None: an infinity among them), each number read as the
+        decimal it is written as (0.1, not the float nearest it, which is 0.1 +
+        5.6e-18): ten charges of 0.1 fill a budget of 1, and nothing more fits. The float
+        state, rounded up at each sum, cannot tell: its ten 0.1s are 1.0000000000000007."""
+        fields = self.linear()
+        if any(sums[i] is None or sums[i] > lim for i, lim in fields):
+            return False
+        rest = Cost(state.finite.copy(), state.infs.copy())
+        for i, _lim in fields:  # judged above; the rest of the filter (advanced's, RDP's curve) as it is
+            rest.finite[i], rest.infs[i] = 0.0, 0
+        return self.spent(rest) <= self.epsilon
+
     def pool(self, state: Cost) -> float:
         return max(0.0, self.accountant.gate_pool(state, self.delta))
+
+
+#: how close (relative) to a limit a linear field must be for the exact sums to decide:
+#: above it by every rounding of the float state (at most one unit in the last place per
+#: sum, each rounded up: 1e-9 is 4.5 million of them), below it by more than the decimals'
+#: distance to their floats (under 1.2e-16 of their sum)
+NEAR, NEAR_BELOW = 1e-9, 1e-15
+
+
+def _decimal(x: float) -> Fraction:
+    """The number as it is written (the shortest text that reads back as the float)."""
+    return Fraction(repr(float(x))) if math.isfinite(x) else Fraction(10) ** 400
+
+
+def exact_sums(costs, fields, extra: tuple[tuple[Cost, int], ...] = ()) -> dict[int, Fraction | None]:
+    """Per field index, the exact sum of the costs' numbers read as decimals (None where
+    one is infinite); ``costs``: cost JSON dicts, ``extra``: (cost, times) beside them."""
+    out: dict[int, Fraction | None] = dict.fromkeys(fields, Fraction(0))
+    both = [(c["finite"], c["infs"], 1) for c in costs] + [(c.finite.tolist(), c.infs.tolist(), k) for c, k in extra]
+    for finite, infs, k in both:
+        for i in fields:
+            if infs[i] and k:
+                out[i] = None
+            elif out[i] is not None and finite[i]:
+                out[i] += _decimal(finite[i]) * k
+    return out
 
 
 def charge_summary(cost: Cost, delta: float) -> dict:

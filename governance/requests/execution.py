@@ -260,7 +260,7 @@ def _settings_refusal(req: Request, plan: Plan) -> UserError | None:
     by PLD) turned off, or the analyst's cap lowered below what she has spent and reserved
     (this request's reservation included). Submitted now it would be refused; queued, it
     stops here, refunded (which may make room under the cap for the next one)."""
-    from ..ledger.actions import to_event
+    from ..ledger.actions import EntrySums, to_event
     from ..ledger.limits import Limit
     from ..models import Grant
 
@@ -274,7 +274,10 @@ def _settings_refusal(req: Request, plan: Plan) -> UserError | None:
                              "turned pld_certification off", dataset=req.dataset.name)
     grant = Grant.objects.filter(dataset_id=req.dataset_id, analyst_id=req.analyst_id, revoked_at__isnull=True).first()
     limit = Limit.of_grant(grant, req.dataset) if grant is not None else None
-    if limit is not None and not limit.admits(state := Cost.from_json(grant.state)):
+    if limit is None:
+        return None
+    state = Cost.from_json(grant.state)
+    if not limit.holds(state, EntrySums(req.dataset_id, grant.pk, limit).plus()):
         return BudgetExceeded(f"the privacy officer lowered {req.analyst}'s cap on dataset {req.dataset.name} to "
                               f"epsilon {limit.epsilon:.6g}, below what is spent and reserved under it "
                               f"({limit.spent(state):.6g})", scope="grant", dataset=req.dataset.name)

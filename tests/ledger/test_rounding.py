@@ -1,0 +1,117 @@
+"""A full budget stays full whatever the floats: the running state is summed rounded up,
+and near a limit the exact sums of the entries' numbers (each read as the decimal it is
+written as) decide. Found by a probe: rounded to nearest, 0.9999999999999999 + 1e-16 is
+1.0 and 1.0 + 1e-16 is 1.0 again, so a spent budget admitted requests of 1e-16 without end
+(200 of them, on SQLite and PostgreSQL alike)."""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accounting.costs import N_FIELDS, Cost
+from governance.core.errors import BudgetExceeded
+from governance.ledger import actions as ledger
+from governance.models import Budget, LedgerEntry
+
+
+def _eps(x: float) -> Cost:
+    v = np.zeros(N_FIELDS)
+    v[0] = x
+    return Cost.from_values(v)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 10, allow_subnormal=True), st.booleans()), min_size=1, max_size=60))
+def test_the_running_state_is_never_below_the_exact_sum(steps):
+    """Charges and refunds (each refund of a charge made before) in any order: the state is
+    at least the exact sum of what stands, and above it by at most a unit in the last place
+    per sum."""
+    state, exact, charged = Cost.zero(), Fraction(0), []
+    for x, refund in steps:
+        if refund and charged:
+            y = charged.pop()
+            state, exact = state - _eps(y), exact - Fraction(y)
+        else:
+            charged.append(x)
+            state, exact = state + _eps(x), exact + Fraction(x)
+        assert Fraction(state.finite[0]) >= exact
+    assert state.eps <= float(exact) + len(steps) * math.ulp(max(1.0, float(exact)) * 16)
+
+
+LAP = {"kind": "laplace", "epsilon": 0.1}
+
+
+@pytest.mark.django_db
+def test_ten_tenths_fill_a_budget_of_one_and_nothing_more_fits(make_dataset, analyst, grant):
+    ds = make_dataset("tenths", epsilon=1.0, policy="basic")
+    grant(analyst, ds)
+    for _ in range(10):
+        ledger.admit(ds, analyst, LAP)
+    for eps in (1e-16, 1e-300, 5e-324, 0.1):
+        with pytest.raises(BudgetExceeded):
+            ledger.admit(ds, analyst, {"kind": "laplace", "epsilon": eps})
+    assert LedgerEntry.objects.filter(dataset=ds).count() == 10
+
+
+@pytest.mark.django_db
+def test_a_nearly_full_budget_takes_what_fits_exactly_and_no_more(make_dataset, analyst, grant):
+    """0.9999999999999999 rounded to nearest after ten charges of 0.1 in the probe's run:
+    the last tiny request that fits exactly is admitted, the next refused."""
+    ds = make_dataset("almost", epsilon=1.0, policy="basic")
+    grant(analyst, ds)
+    for _ in range(9):
+        ledger.admit(ds, analyst, LAP)
+    ledger.admit(ds, analyst, {"kind": "laplace", "epsilon": 0.0999999999999999})
+    ledger.admit(ds, analyst, {"kind": "laplace", "epsilon": 1e-16})  # 0.9 + 0.0999999999999999 + 1e-16 = 1
+    with pytest.raises(BudgetExceeded):
+        ledger.admit(ds, analyst, {"kind": "laplace", "epsilon": 1e-16})
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("policy", ["basic", "advanced", "rdp"])
+def test_tiny_requests_after_a_refusal_each_raise_the_state_by_their_cost(make_dataset, analyst, grant, policy):
+    """Under every filter: after a tenth is refused, each tiny request admitted raises every
+    field of the state by at least its exact cost (the state no longer stands still), and
+    where the state is the sum itself (basic, after ten tenths) none is admitted."""
+    from accounting.costs import cost_of
+    from accounting.events import parse_event
+
+    ds = make_dataset(f"spent-{policy}", epsilon=1.0, delta=1e-6, policy=policy)
+    grant(analyst, ds)
+    while True:
+        try:
+            ledger.admit(ds, analyst, LAP)
+        except BudgetExceeded:
+            break
+    before = Budget.objects.get(pk=ds.pk).state
+    tiny_event = {"kind": "laplace", "epsilon": 1e-16}
+    tiny = 0
+    for _ in range(200):
+        try:
+            ledger.admit(ds, analyst, tiny_event)
+            tiny += 1
+        except BudgetExceeded:
+            pass
+    after = Cost.from_json(Budget.objects.get(pk=ds.pk).state)
+    cost = cost_of(parse_event(tiny_event))
+    for i in range(N_FIELDS):
+        assert Fraction(after.finite[i]) - Fraction(before["finite"][i]) >= tiny * Fraction(cost.finite[i])
+    if policy == "basic":
+        assert tiny == 0
+
+
+@pytest.mark.django_db
+def test_delta_charges_fill_a_delta_budget_exactly(make_dataset, officer):
+    """An officer's (epsilon, delta) charges: ten of 1e-7 fill a delta of 1e-6; a charge
+    over it by 5e-19 (admitted before, under a relative tolerance of 1e-12) is refused."""
+    ds = make_dataset("deltas", epsilon=10.0, delta=1e-6, policy="basic")
+    with pytest.raises(BudgetExceeded):
+        ledger.charge(ds, officer, {"kind": "epsilon_delta", "epsilon": 0.01, "delta": 1.0000000000005e-06})
+    for _ in range(10):
+        ledger.charge(ds, officer, {"kind": "epsilon_delta", "epsilon": 0.01, "delta": 1e-7})
+    with pytest.raises(BudgetExceeded):
+        ledger.charge(ds, officer, {"kind": "epsilon_delta", "epsilon": 0.01, "delta": 1e-300})
