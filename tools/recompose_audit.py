@@ -55,7 +55,9 @@ dataset in the export:
    valid conversion of a fixed composition (Mironov 2017, Prop. 3), so the figure is
    valid if it is the Balle et al. 2020 (Thm. 21) conversion at its stated order: the
    events' curves are re-computed here at that one order (the rules below; the signed
-   series at fractional orders) and converted. It must also be at most the grid total
+   series at fractional orders) and converted; up to 0.1% above it is accepted (the service
+   bounds a fractional order's RDP by the chord of its integer neighbours where Opacus's
+   series keeps no digits, at tiny sampling rates: valid, a little above). It must also be at most the grid total
    (the refinement never reports more). The same for each commit's refined charge
    (``refined.charges``: seq, epsilon, order, at_delta) against its own event.
 
@@ -757,10 +759,13 @@ def _refined_one(ref, events: list, grid_of, orders: Orders):
     return eps, order, at, mine, grid
 
 
+CHORD_SLACK = 1e-3  # how far above the conversion at its order a refined figure may lie (check_refined)
+
+
 def check_refined(ds: dict, events: list, commits: dict, state: State, orders: Orders, tol: float,
                   res: DatasetResult) -> None:
     """4.: each exported refined RDP figure (the total; each commit's) is Thm. 21 at its
-    stated order and at most the grid's. ``commits``: seq -> (event, its grid State)."""
+    stated order (or up to ``CHORD_SLACK`` above it) and at most the grid's. ``commits``: seq -> (event, its grid State)."""
     refined = ds.get("refined") if isinstance(ds.get("refined"), dict) else {}
     if refined.get("rdp") is None:
         res.notes.append("no refined rdp total in the export (exports before issue 16): not checked")
@@ -787,9 +792,14 @@ def check_refined(ds: dict, events: list, commits: dict, state: State, orders: O
                                 "grid_epsilon": grid})
         else:
             res.refined["charges"] += 1
-        if rel_diff(eps, mine) > tol:
+        # the conversion at its order, or above it by at most CHORD_SLACK where the service
+        # bounds a fractional order's RDP by the chord of its integer neighbours (Opacus's
+        # series keeps none of its digits at a tiny sampling rate: q = 1/2400 gave 1.7289
+        # where this tool's conversion is 1.7280, 0.05% above; valid, never under)
+        if eps < mine * (1 - tol) or eps > mine * (1 + max(tol, CHORD_SLACK)):
             res.problem(seq, "refined", f"{what} {fmt(eps)} at order {fmt(order)} is not the conversion at that "
-                                        f"order ({fmt(mine)}, re-computed here)")
+                                        f"order ({fmt(mine)}, re-computed here; at most {CHORD_SLACK:.1%} above it "
+                                        "where a fractional order is bounded by its integer neighbours)")
         if eps > grid * (1 + tol):
             res.problem(seq, "refined", f"{what} {fmt(eps)} is above the grid's {fmt(grid)}")
 

@@ -562,3 +562,29 @@ def test_a_pld_certified_synthesis_is_re_certified_and_a_false_one_found(pld_exp
     rehash(ds)
     problems, _ = messages(tool.check_export(export, 1e-6), "synth")
     assert any("above the target 1.9 it was certified at" in m for m in problems)
+
+
+@pytest.mark.django_db
+def test_an_export_with_a_tiny_sampling_rate_passes(officer, tmp_path):
+    """A probe's officer charges (the events a VAE and a batch-size-1 DP-SGD run commit,
+    q = 1/2400): the tool found the refined total 1.72889 at order 8.71 "not the conversion
+    at that order" (1.72801): the service bounds that fractional order by the chord of its
+    integer neighbours (Opacus's series keeps no digits there), 0.05% above, valid."""
+    from governance.ledger import actions as ledger
+
+    ds = register(officer, "tinyq", "rdp", epsilon=10.0)
+    vae = {"kind": "subsampled_gaussian", "sample_rate": 0.21333333333333335, "noise_multiplier": 2.3393454075309505,
+           "steps": 5}
+    for event in (vae, {"kind": "composed", "events": [
+            {"kind": "subsampled_gaussian", "sample_rate": 1 / 2400, "noise_multiplier": 2.606268121585188,
+             "steps": 2400000},
+            {"kind": "self_composed", "event": {"kind": "laplace", "epsilon": 0.00012512512512512512}, "count": 999},
+            {"kind": "laplace", "epsilon": 0.125}]}, vae, {"kind": "composed", "events": [
+            {"kind": "subsampled_gaussian", "sample_rate": 1 / 2400, "noise_multiplier": 4.727956868181842,
+             "steps": 197},
+            {"kind": "laplace", "epsilon": 6.256256256256256e-05}, {"kind": "laplace", "epsilon": 0.0625}]}):
+        ledger.charge(ds, officer, event)
+    path = tmp_path / "export.json"
+    path.write_bytes(audit_export.to_json(audit_export.build([ds])))
+    code, out, _ = run(path)
+    assert code == 0, out
