@@ -8,6 +8,7 @@ from accounting import POLICIES
 from accounting.events import MAX_EPSILON
 from accounting.costs import Cost
 
+from ..datasets.budget import is_plain_number
 from ..datasets.federated import site_rows
 from ..ledger.limits import Limit, budget_report, charge_summary
 from ..ledger.refined_reports import active_event, dataset_report, entry_charge
@@ -23,6 +24,8 @@ class FiniteFloatField(serializers.FloatField):
     def to_internal_value(self, data):
         if isinstance(data, bool):
             raise serializers.ValidationError("Must be a number, not true or false.")
+        if isinstance(data, str) and not is_plain_number(data):
+            raise serializers.ValidationError("Must be a plain decimal number (ASCII digits, as 0.5 or 1e-6).")
         value = super().to_internal_value(data)
         if not math.isfinite(value):
             raise serializers.ValidationError("Must be a finite number.")

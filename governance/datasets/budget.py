@@ -17,6 +17,13 @@ MAX_DELTA = 0.1  # the engines refuse a request's own delta above this too
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 
 
+def is_plain_number(text: str) -> bool:
+    """A plain decimal number in ASCII digits (spaces around allowed): Python's float() also
+    reads "1_000" (1000.0), "0x1"-free but full-width and Arabic-Indic digits ("１" is 1.0),
+    which forms and the API took as budgets and caps of another number than was shown."""
+    return bool(_PLAIN_NUMBER.fullmatch(text.strip()))
+
+
 def parse_budget(epsilon, delta, n_units: int) -> tuple[float, float, bool]:
     """(epsilon, delta, delta is "auto") of a budget an officer states for ``n_units``
     units. A delta of 1/n or more lets a mechanism release one unit's record whole, so an
@@ -30,12 +37,12 @@ def parse_budget(epsilon, delta, n_units: int) -> tuple[float, float, bool]:
     if isinstance(delta, str):
         # a plain decimal number in ASCII digits: Python's float() also reads "1_0e-6" and
         # full-width digits, which an officer's form accepted and stored as another number
-        if not _PLAIN_NUMBER.fullmatch(delta.strip()):
+        if not is_plain_number(delta):
             raise InvalidDataset(f"{wrong}, got {delta!r}")
         delta = float(delta)
     if isinstance(delta, bool) or not is_finite_number(delta) or not 0 <= delta < top:
         raise InvalidDataset(f"{wrong}, got {delta!r}")
-    return float(epsilon), float(delta), False
+    return float(epsilon), float(delta) + 0.0, False  # (+ 0.0: -0.0 is 0)
 
 
 def auto_delta(n_units: int) -> float:

@@ -20,6 +20,17 @@ def _raise(e: InvalidDataset):
     raise forms.ValidationError(e.detail)
 
 
+class PlainFloatField(forms.FloatField):
+    """A number typed as a plain decimal in ASCII digits (float() also reads "1_000" and
+    full-width digits, which would store another number than the officer saw)."""
+
+    def to_python(self, value):
+        if isinstance(value, str) and value.strip() and not budget.is_plain_number(value):
+            raise forms.ValidationError("Enter a plain decimal number (ASCII digits, as 0.5 or 1e-6).",
+                                        code="invalid")
+        return super().to_python(value)
+
+
 class DatasetRegisterForm(forms.Form):
     name = forms.SlugField(max_length=100, help_text="lowercase identifier used in the API")
     title = forms.CharField(max_length=200, required=False)
@@ -28,7 +39,7 @@ class DatasetRegisterForm(forms.Form):
                            help_text="inside DATASET_IMPORT_DIRS")
     unit_column = forms.CharField(required=False, max_length=200, label="Privacy-unit column",
                                   help_text="e.g. patient_id; blank = one row per person")
-    budget_epsilon = forms.FloatField(min_value=1e-9, max_value=MAX_EPSILON, initial=1.0)
+    budget_epsilon = PlainFloatField(min_value=1e-9, max_value=MAX_EPSILON, initial=1.0)
     budget_delta = forms.CharField(initial="auto", help_text='a number below 1/n and 0.1, or "auto" = 1/n^1.2 (at most 0.001)')
     policy = forms.ChoiceField(choices=[(p, p) for p in POLICIES], initial="rdp")
     schema = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 80}), required=False,
@@ -134,9 +145,9 @@ class GrantForm(forms.ModelForm):
     """A grant's cap, with the API's bounds (GrantSerializer): epsilon in [1e-9,
     MAX_EPSILON], delta in [0, 0.999999], both finite, or empty for no cap."""
 
-    cap_epsilon = forms.FloatField(required=False, min_value=1e-9, max_value=MAX_EPSILON,
+    cap_epsilon = PlainFloatField(required=False, min_value=1e-9, max_value=MAX_EPSILON,
                                    help_text="this analyst's share of the dataset's epsilon (empty: no cap)")
-    cap_delta = forms.FloatField(required=False, min_value=0.0, max_value=0.999999,
+    cap_delta = PlainFloatField(required=False, min_value=0.0, max_value=0.999999,
                                  help_text="this analyst's share of the dataset's delta (empty: no cap)")
 
     class Meta:

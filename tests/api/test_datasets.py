@@ -401,6 +401,9 @@ def test_an_explicit_delta_must_stay_below_one_over_n(api, officer):
     {"budget_delta": "1_0e-6"},  # float() reads these: a probe's officer form stored 1e-05
     {"budget_delta": "\uff11e-6"},
     {"budget_delta": "0x1p-20"},
+    {"budget_epsilon": "1_000"},  # float() reads these too: a probe registered a budget of 1000
+    {"budget_epsilon": "\uff11"},
+    {"budget_epsilon": "\u0661"},
     {"policy": "zcdp"},
     {"unit_column": "no_such_column"},
     {"schema": {"age": {"lower": 5, "upper": 1}}},
@@ -703,3 +706,24 @@ def test_a_long_value_is_no_category(api, officer):
     schema = {"note": {"type": "categorical", "domain": ["a", "y" * 1001]}}
     r = api(officer).post(URL, form(data, name="declared", schema=json.dumps(schema)), format="multipart")
     assert r.status_code == 400 and "at most 1,000 characters" in r.json()["errors"]["note"], r.json()
+
+
+@pytest.mark.parametrize("text", ["1_0", "\uff11", "\u0661"])
+def test_a_budget_or_cap_changed_to_number_text_float_reads_otherwise_is_refused(api, officer, analyst, make_dataset,
+                                                                                 text):
+    """PATCH budget_epsilon "1_0" stored 10.0, a grant's cap "١" 1.0 (a probe)."""
+    ds = make_dataset("texts", epsilon=2.0)
+    r = api(officer).patch(f"{URL}{ds.name}/", {"budget_epsilon": text}, format="json")
+    assert_error(r, 400)
+    r = api(officer).post("/api/grants/", {"analyst": analyst.username, "dataset": ds.name, "cap_epsilon": text},
+                          format="json")
+    assert_error(r, 400)
+    ds.refresh_from_db()
+    assert ds.budget_epsilon == 2.0
+
+
+def test_a_delta_of_minus_zero_is_stored_as_zero(api, officer, make_dataset):
+    ds = make_dataset("negzero", epsilon=2.0, policy="basic")
+    r = api(officer).patch(f"{URL}{ds.name}/", {"budget_delta": "-0.0"}, format="json")
+    assert r.status_code == 200, r.content
+    assert str(r.json()["budget_delta"]) == "0.0"
