@@ -16,10 +16,11 @@ from . import encoding
 KINDS = ("synthesize",)
 METHODS = ("mst", "aim", "vae")
 MAX_ROWS = 5_000_000
-# synthetic rows x columns: the sampler holds each cell as an int64 code and again decoded
-# (at least 16 bytes a cell): 1.6 GB at the limit. 5M rows of 60 columns were admitted,
-# charged, and the worker killed out of memory while sampling.
-MAX_CELLS = 100_000_000
+# synthetic rows x columns: the sampler holds each cell as an int64 code, again decoded,
+# and the table's CSV and Parquet as they are written. 5M rows of 60 columns were
+# admitted, charged, and the worker killed out of memory while sampling; a probe's MST at
+# 1e8 cells (5M rows of 20 columns) passed 3.8 GB: about 40 bytes a cell, 1 GB at this limit.
+MAX_CELLS = 25_000_000
 MAX_BINS = 256
 DEFAULT_BINS = 20
 DEFAULT_ROWS_PER_UNIT = 4  # the VAE's; MST and AIM default to ``auto_rows_per_unit``
@@ -45,6 +46,58 @@ UNIT_ROWS = "__rows_of_unit__"
 UNIT_ROWS_FACTOR, UNIT_ROWS_TOP = 2.0, 64
 KEYS = {"method", "epsilon", "delta", "rows", "columns", "bins", "max_rows_per_unit", "holdout_fraction", "target",
         "epochs", "batch_size", "latent_dim", "hidden", "learning_rate", "accountant", "unit_weighting"}
+
+
+# What a run may hold, checked before it is admitted (a probe's requests were admitted,
+# charged, then killed out of memory on the worker): MST and AIM keep every pair's counts
+# (AIM each candidate pair's as a dense float64 array: 8 bytes a cell, 400 MB at the
+# limit); the VAE's input is one float32 a row and encoded input (each category a column
+# of its own: 10,000 declared values of one column on 160,000 rows were 6.4 GB), and its
+# networks are trained with per-unit clipping as the DP-SGD engine's are (their limit).
+MAX_MODEL_COLUMNS = 100
+MAX_PAIR_CELLS = 50_000_000
+MAX_VAE_ENCODED_CELLS = 100_000_000
+MAX_VAE_PARAMETERS = 5_000_000
+
+
+def _model_cells(col: dict) -> int:
+    """A column's cells in the model's pair marginals (numeric columns are merged to at
+    most their bins or their grid values, at most 32; categorical ones keep each
+    declared value that clears the noise)."""
+    if col["type"] == "numeric":
+        return min(encoding.cell_size(col), max(col["bins"], 32) + 1)
+    return encoding.cell_size(col)
+
+
+def _pairs_too_large(columns: list[dict], method: str) -> str | None:
+    if len(columns) > MAX_MODEL_COLUMNS:
+        return (f"{method.upper()} models every pair of its columns: at most {MAX_MODEL_COLUMNS} columns, got "
+                f"{len(columns)}; name the columns to synthesize")
+    cells = [_model_cells(c) for c in columns]
+    total = (sum(cells) ** 2 - sum(x * x for x in cells)) // 2
+    if total > MAX_PAIR_CELLS:
+        widest = sorted(columns, key=_model_cells, reverse=True)[:3]
+        return (f"the pairs of these columns have {total:,} cells in all (declared domains: "
+                + ", ".join(f"{c['column']!r} {_model_cells(c):,}" for c in widest)
+                + f"), over {MAX_PAIR_CELLS:,}: leave out or coarsen the columns with the largest domains")
+    return None
+
+
+def _vae_too_large(columns: list[dict], vae: dict, n_train: int) -> str | None:
+    """``n_train``: the training split's rows (at most k of each unit)."""
+    numeric = [c for c in columns if c["type"] == "numeric"]
+    n_in = 2 * len(numeric) + sum(encoding.cell_size(c) for c in columns if c["type"] != "numeric")
+    n_out = n_in + len(numeric) + sum(c["bins"] + 1 for c in numeric)  # at most: either numeric head
+    widths_in = [n_in, *vae["hidden"], 2 * vae["latent_dim"]]
+    widths_out = [vae["latent_dim"], *reversed(vae["hidden"]), n_out]
+    params = sum((a + 1) * b for w in (widths_in, widths_out) for a, b in zip(w[:-1], w[1:]))
+    if params > MAX_VAE_PARAMETERS:
+        return f"the VAE has {params:,} parameters on these columns; at most {MAX_VAE_PARAMETERS:,}: narrower hidden layers"
+    if n_train * n_in > MAX_VAE_ENCODED_CELLS:
+        return (f"{n_train:,} training rows x {n_in:,} encoded inputs (a numeric column is 2, a categorical one "
+                f"each declared value and null) is {n_train * n_in:,} cells, over {MAX_VAE_ENCODED_CELLS:,}: "
+                "leave out the columns with the largest domains")
+    return None
 
 
 def auto_rows_per_unit(ds: DatasetMeta) -> int:
@@ -298,6 +351,8 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
                           f"{MAX_CELLS:,}: ask for fewer rows (at most {MAX_CELLS // len(columns):,}) or columns")
     if columns and len(columns) < 2 and method in ("mst", "aim") and "columns" not in errors:
         errors["columns"] = f"{method.upper()} needs at least two columns" + _left_out(left_out)
+    if method in ("mst", "aim") and "columns" not in errors and (problem := _pairs_too_large(columns, method)):
+        errors["columns"] = problem
     target = params.get("target")
     if target is not None and target not in [c["column"] for c in columns]:
         errors["target"] = "must be one of the synthesized columns (used for train-synthetic-test-real utility)"
@@ -321,6 +376,9 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
             errors["hidden"] = "must be a list of 1 to 8 layer widths from 1 to 4096"
         if not _finite(vae["learning_rate"]) or not 0 < vae["learning_rate"] <= 1:
             errors["learning_rate"] = "must be a number in (0, 1]"
+        if columns and "columns" not in errors and not {"hidden", "latent_dim"} & set(errors) \
+                and (problem := _vae_too_large(columns, vae, min(int(ds.n_rows), n_train * k))):
+            errors["hidden" if problem.startswith("the VAE has") else "columns"] = problem
     else:
         for key in ("epochs", "batch_size", "latent_dim", "hidden", "learning_rate"):
             if key in params:

@@ -556,3 +556,40 @@ def test_a_cancel_sent_during_the_reports_is_seen_before_the_release():
     with pytest.raises(Cancelled):
         synthesize(df, meta, {"method": "mst", "epsilon": 1.0, "rows": 100, "holdout_fraction": 0.25}, progress)
     assert phases[-2:] == ["quality and privacy reports", "releasing"]
+
+
+WIDE = {f"k{i}": {"type": "categorical", "domain": list(range(10_000))} for i in range(4)}
+WIDE["num"] = {"type": "numeric", "lower": 0, "upper": 1}
+
+
+@pytest.mark.parametrize("params, key, fragment", [
+    ({"method": "mst", "epsilon": 20, "columns": ["k0", "k1", "k2", "k3"], "rows": 1000}, "columns", "cells in all"),
+    ({"method": "aim", "epsilon": 10, "columns": ["k0", "k1", "k2"]}, "columns", "cells in all"),
+    ({"method": "vae", "epsilon": 1, "epochs": 1, "columns": ["k0", "num"], "hidden": [8], "rows": 100},
+     "columns", "encoded inputs"),
+    ({"method": "vae", "epsilon": 1, "epochs": 1, "columns": ["num", "k0"], "hidden": [4096] * 8, "rows": 100},
+     "hidden", "parameters"),
+])
+def test_a_run_too_large_for_a_worker_is_refused_at_plan_time(params, key, fragment):
+    """A probe's bombs: MST and AIM over four columns of 10,000 declared values (every pair's
+    counts dense: 800 MB a pair), a VAE one-hot encoding 10,000 values on 160,000 rows
+    (6.4 GB) or with eight layers of 4,096 (300M parameters): each was admitted, charged,
+    then killed out of memory on the worker. Each is refused before the gate, naming why."""
+    meta = DatasetMeta(name="wide", columns=WIDE, unit_column=None, n_rows=200_000, n_units=200_000, delta=1e-6)
+    with pytest.raises(PlanError) as e:
+        plugins.plan("synthesis", EngineRequest("synthesize", params), meta)
+    assert fragment in e.value.errors[key], e.value.errors
+    small = {**params, "columns": ["k0", "num"], "hidden": [64]} if params["method"] == "vae" else \
+        {**params, "columns": ["k0", "num"]}
+    if params["method"] == "vae":
+        meta = DatasetMeta(name="wide", columns=WIDE, unit_column=None, n_rows=5_000, n_units=5_000, delta=1e-6)
+    assert plugins.plan("synthesis", EngineRequest("synthesize", small), meta)
+
+
+def test_mst_on_more_columns_than_it_can_pair_is_refused():
+    from engines.synthesis.params import MAX_MODEL_COLUMNS
+
+    cols = {f"x{i}": {"type": "numeric", "lower": 0, "upper": 10, "integer": True} for i in range(300)}
+    meta = DatasetMeta(name="manycols", columns=cols, unit_column=None, n_rows=5_000, n_units=5_000, delta=1e-6)
+    with pytest.raises(PlanError, match=f"at most {MAX_MODEL_COLUMNS} columns"):
+        plugins.plan("synthesis", EngineRequest("synthesize", {"method": "mst", "epsilon": 1.5, "rows": 100}), meta)
