@@ -36,6 +36,11 @@ _SQL_PIECES = re.compile(r"""'(?:[^']|'')*'|--[^\n]*|/\*.*?\*/|(?P<paren>[()])""
                          r'|"(?:[^"]|"")*"', re.IGNORECASE | re.DOTALL)
 
 
+#: how long a wait without a timeout keeps reading a request's status through a service
+#: that cannot be reached (a restart) before it gives up, naming the request
+OUTAGE_SECONDS = 300.0
+
+
 class Client:
     """An analyst's connection to the service.
 
@@ -73,6 +78,11 @@ class Client:
         url = self.url + path
         try:
             return self.session.request(method, url, timeout=timeout, **kw)
+        except (requests.exceptions.InvalidJSONError, requests.exceptions.InvalidHeader) as e:
+            # nothing was sent: the client's own input (a NaN in the body, a token with a
+            # newline), not the service or the network
+            raise ValueError(f"{method} {url}: the request could not be sent ({_reason(e)}); nothing reached the "
+                             "service") from e
         except requests.Timeout as e:
             raise ServerTimeout("connection.timeout", 0, f"{method} {url}: no answer within {timeout:g} s "
                                                           f"({type(e).__name__})",
@@ -179,15 +189,19 @@ class Client:
         # An Idempotency-Key makes a retry after a lost answer safe: the service returns
         # the first request and charges nothing twice. ``hold`` > 0: the answer waits up to
         # that long for the result (``?wait=``), so a quick request is done in one call.
-        headers = {"Idempotency-Key": key or str(uuid.uuid4()), "Content-Type": "application/json"}
+        key = key or str(uuid.uuid4())
+        headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
         params = {"wait": f"{hold:g}"} if hold > 0 else None
         for attempt in range(self.retries + 1):
             try:
                 return Result(self._call("POST", "/api/requests/", json=body, headers=headers, params=params,
                                          timeout=self.timeout + hold), self)
-            except ServerUnreachable:  # ServerTimeout too: the same key is never charged twice
+            except ServerUnreachable as e:  # ServerTimeout too: the same key is never charged twice
                 if attempt == self.retries:
-                    raise
+                    # the POST may have been admitted (the answer lost): the key gets it back
+                    raise type(e)(e.code, e.status, f"{e.detail}; the request may have been admitted: submit it "
+                                  f"again with idempotency_key={key!r} to get it, never charged twice",
+                                  {**e.body, "idempotency_key": key}) from e
                 time.sleep(0.2 * 2 ** attempt)
         raise AssertionError("unreachable")
 
@@ -231,7 +245,10 @@ class Client:
         hold = self.backoff.long_poll if timeout is None else max(0.0, min(self.backoff.long_poll, timeout))
         submitted = self._post_request(body, None, hold)
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
-        return self.wait(submitted, timeout=left, progress=progress)
+        try:
+            return self.wait(submitted, timeout=left, progress=progress)
+        except WaitTimeout as e:  # the whole call's seconds, not the wait's share of them
+            raise WaitTimeout(e.request_id, e.status, timeout) from None
 
     def request(self, request_id: str) -> Result:
         return Result(self._call("GET", f"/api/requests/{_seg(request_id)}/"), self)
@@ -262,7 +279,7 @@ class Client:
                 hold = self.backoff.long_poll if left is None else max(0.0, min(self.backoff.long_poll, left))
                 t0 = time.monotonic()
                 params = {"wait": f"{hold:g}"} if hold > 0 else None
-                body = self._poll(rid, params, self.timeout + hold)
+                body = self._poll(rid, params, self.timeout + hold, None if timeout is None else start + timeout)
                 current = Result(body, self)
                 sink.update(body)
                 if not current.done:
@@ -280,20 +297,26 @@ class Client:
                                 {**err, "code": code, "request": current.raw})
         return current
 
-    def _poll(self, rid: str, params: dict | None, timeout: float) -> Any:
+    def _poll(self, rid: str, params: dict | None, timeout: float, deadline: float | None) -> Any:
         """One status read while waiting, read again after a transient answer (503 with its
-        Retry-After, a 429, a connection lost): the request was admitted and charged, and one
-        busy moment of the service must not end the analyst's wait."""
-        for attempt in range(self.retries + 1):
+        Retry-After, a 429, a connection lost) until the wait's ``deadline`` (monotonic), or
+        for ``OUTAGE_SECONDS`` without one: the request was admitted and charged, and a
+        restart of the service must not end the analyst's wait. Given up, the error names
+        the request (``request_id``), which goes on."""
+        give_up = deadline if deadline is not None else time.monotonic() + OUTAGE_SECONDS
+        attempt = 0
+        while True:
             try:
                 return self._call("GET", f"/api/requests/{_seg(rid)}/", params=params, timeout=timeout)
             except (RateLimited, ServerError, ServerUnreachable) as e:
                 transient = not isinstance(e, ServerError) or e.status in (502, 503, 504)
-                if not transient or attempt == self.retries:
-                    raise
                 after = getattr(e, "retry_after", None)
-                time.sleep(min(after if after is not None else 0.5 * 2 ** attempt, 30.0))
-        raise AssertionError("unreachable")
+                pause = min(after if after is not None else 0.5 * 2 ** attempt, 5.0 if after is None else 30.0)
+                if not transient or time.monotonic() + pause > give_up:
+                    raise type(e)(e.code, e.status, f"{e.detail}; request {rid} was admitted and goes on: "
+                                  f"client.wait({rid!r}) reads it later", {**e.body, "request_id": rid}) from e
+                time.sleep(pause)
+                attempt += 1
 
     # ------------------------------------------------------------------ files
 

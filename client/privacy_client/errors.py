@@ -182,7 +182,9 @@ class ServerUnreachable(ApiError):
     """The service could not be reached: connection refused, DNS failure, a dropped
     connection, TLS failure (``connection.failed``; ``status`` 0; ``url``; the
     ``requests`` exception is the ``__cause__``). Nothing was charged unless a POST had
-    reached the service: retry it with the same ``Idempotency-Key`` (``submit`` does)."""
+    reached the service: retry it with the same ``Idempotency-Key`` (``submit`` does; when
+    its retries fail too, the error's ``idempotency_key`` is that key). A wait that gave up
+    names its request (``request_id``): it was admitted and goes on."""
 
     codes = ("connection.failed",)
 

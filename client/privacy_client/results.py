@@ -97,41 +97,58 @@ def aggregate_frame(result: dict[str, Any]) -> pd.DataFrame:
         return query_frame(result)
     if "groups" in result:
         index = result.get("group_by") or ("bin" if result.get("kind") == "histogram" else "key")
-        rows = [{index: g.get("key"), "value": g.get("value"), "ci_low": ci(g.get("ci95"))[0],
-                 "ci_high": ci(g.get("ci95"))[1]} for g in result["groups"]]
-        return _float_intervals(pd.DataFrame(rows, columns=[index, "value", "ci_low", "ci_high"]).set_index(index))
+        groups = result["groups"]
+        pairs = [ci(g.get("ci95")) for g in groups]
+        # built by column, the group key as the index: a group column named "value" or
+        # "ci_low" is the index's name and takes no column's place
+        return _float_intervals(pd.DataFrame(
+            {"value": [g.get("value") for g in groups], "ci_low": [p[0] for p in pairs],
+             "ci_high": [p[1] for p in pairs]},
+            index=pd.Index([g.get("key") for g in groups], name=index)), ["ci_low", "ci_high"])
     low, high = ci(result.get("ci95"))
     return _float_intervals(pd.DataFrame([{"value": result.get("value"), "ci_low": low, "ci_high": high}],
                                          columns=["value", "ci_low", "ci_high"],
-                                         index=pd.Index([result.get("kind")], name="kind")))
+                                         index=pd.Index([result.get("kind")], name="kind")), ["ci_low", "ci_high"])
 
 
-def _float_intervals(df: pd.DataFrame) -> pd.DataFrame:
+def _float_intervals(df: pd.DataFrame, intervals: list) -> pd.DataFrame:
     """Interval columns as floats, NaN where there is none (a quantile's, a dummy run's):
-    ``df.n - df.n_ci_low`` works on every result alike."""
-    for c in df.columns:
-        if str(c).endswith(("ci_low", "ci_high")):
-            df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
+    ``df.n - df.n_ci_low`` works on every result alike. Only the intervals: a selected
+    column the analyst named ``..._ci_low`` keeps its values."""
+    for c in intervals:
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
     return df
+
+
+def _unique(name: str, taken: set) -> str:
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name
 
 
 def query_frame(result: dict[str, Any]) -> pd.DataFrame:
     """A SQL query's release: the SELECT list's columns in order (named by their aliases),
-    then ``<name>_ci_low`` and ``<name>_ci_high`` (95%) for every aggregate."""
+    then ``<name>_ci_low`` and ``<name>_ci_high`` (95%) for every aggregate (with a ``_``
+    added where the SELECT list already has a column of that name)."""
     columns = list(result.get("columns") or [])
     rows = result.get("rows") or []
     cis = result.get("ci95") or [[None] * len(columns) for _ in rows]
     names = {a.get("name") for a in result.get("aggregates") or []}
-    aggs = [c for c in columns if c in names]
-    out = []
-    for row, ci in zip(rows, cis):
-        rec = dict(zip(columns, row))
-        for c, pair in zip(columns, ci):
-            if c in names:
-                ok = isinstance(pair, (list, tuple)) and len(pair) == 2
-                rec[f"{c}_ci_low"], rec[f"{c}_ci_high"] = (pair[0], pair[1]) if ok else (None, None)
-        out.append(rec)
-    return _float_intervals(pd.DataFrame(out, columns=columns + [f"{c}_ci_{e}" for c in aggs for e in ("low", "high")]))
+    taken = set(columns)
+    interval_of = {c: (_unique(f"{c}_ci_low", taken), _unique(f"{c}_ci_high", taken))
+                   for c in columns if c in names}
+    data: dict = {}
+    for j, c in enumerate(columns):
+        data[c] = [row[j] for row in rows]
+    for j, c in enumerate(columns):
+        if c in interval_of:
+            pairs = [ci[j] if isinstance(ci[j], (list, tuple)) and len(ci[j]) == 2 else (None, None) for ci in cis]
+            low, high = interval_of[c]
+            data[low], data[high] = [p[0] for p in pairs], [p[1] for p in pairs]
+    order = columns + [n for c in columns if c in interval_of for n in interval_of[c]]
+    frame = pd.DataFrame({n: data[n] for n in order}, columns=order)
+    return _float_intervals(frame, [n for pair in interval_of.values() for n in pair])
 
 
 def _has_parquet() -> bool:

@@ -120,3 +120,24 @@ def test_interval_columns_are_floats_even_where_none_is_given():
     assert q["n_ci_low"].dtype == float and (q.n - q.n_ci_low).isna().all()
     one = Result({"engine": "aggregates", "result": {"kind": "quantile", "value": 3.0, "ci95": None}}).df
     assert one["ci_low"].dtype == float
+
+
+def test_names_the_analyst_chose_never_break_or_change_the_frame():
+    """A probe's released, charged answers whose .df raised or changed a column: a group
+    column named "value", an alias named like another's interval, a count aliased
+    ``cyl_ci_low`` (made a float as if it were an interval)."""
+    grouped = Result({"engine": "aggregates", "kind": "histogram", "result": {
+        "kind": "histogram", "group_by": "value", "groups": [
+            {"key": "a", "value": 3, "ci95": [1, 5]}, {"key": "b", "value": 4, "ci95": [2, 6]}]}}).df
+    assert grouped.index.name == "value" and grouped.index.tolist() == ["a", "b"]
+    assert grouped["value"].tolist() == [3, 4] and grouped["ci_low"].tolist() == [1.0, 2.0]
+    df = Result({"engine": "aggregates", "kind": "query", "result": {
+        "kind": "query", "columns": ["n", "n_ci_low"], "rows": [[10, 5.5]],
+        "ci95": [[[8, 12], [4.0, 7.0]]], "aggregates": [{"name": "n"}, {"name": "n_ci_low"}]}}).df
+    assert list(df.columns) == ["n", "n_ci_low", "n_ci_low_", "n_ci_high", "n_ci_low_ci_low", "n_ci_low_ci_high"]
+    assert df.iloc[0].tolist() == [10, 5.5, 8.0, 12.0, 4.0, 7.0]
+    counted = Result({"engine": "aggregates", "kind": "query", "result": {
+        "kind": "query", "columns": ["cyl", "cyl_ci_low"], "rows": [[4, 11], [6, 7]],
+        "ci95": [[None, [9, 13]], [None, [5, 9]]], "aggregates": [{"name": "cyl_ci_low"}]}}).df
+    assert counted["cyl_ci_low"].tolist() == [11, 7] and counted["cyl_ci_low"].dtype.kind == "i"
+    assert counted["cyl_ci_low_ci_low"].tolist() == [9.0, 5.0]

@@ -184,3 +184,63 @@ def test_the_command_line_says_what_is_wrong_without_a_traceback(capsys):
     assert e.value.code == 2 and "above 0" in capsys.readouterr().err
     assert main(["--url", "not a url", "datasets"]) == 3
     assert "cannot reach the service" in capsys.readouterr().err
+
+
+def test_a_wait_reads_through_a_restart_and_gives_up_naming_the_request(clock):
+    """A probe stopped the service 4 s into a wait: the client gave up after two reads
+    (1.5 s), hiding that the request had been admitted; asked again, it was charged twice.
+    The wait now keeps reading until its timeout, and the error names the request."""
+    import requests
+
+    running = {"id": "r1", "engine": "aggregates", "kind": "count", "status": "running", "progress": {}}
+    done = {**running, "status": "succeeded", "result": {"value": 3}}
+
+    class Down:
+        def __init__(self, down_reads, then):
+            self.down, self.then, self.calls, self.headers = down_reads, then, 0, {}
+
+        def request(self, method, url, params=None, **kw):
+            self.calls += 1
+            if self.calls <= self.down:
+                raise requests.ConnectionError("Connection refused")
+            return Answer(self.then)
+
+    session = Down(8, done)
+    got = Client("http://x", session=session, progress=False, backoff=Backoff(long_poll=0)).wait(
+        __import__("privacy_client").Result(running), timeout=60)
+    assert got.status == "succeeded" and session.calls == 9
+    session, start = Down(10**6, done), clock.now
+    with pytest.raises(__import__("privacy_client").ServerUnreachable) as e:
+        Client("http://x", session=session, progress=False, backoff=Backoff(long_poll=0)).wait(
+            __import__("privacy_client").Result(running), timeout=30)
+    assert e.value.request_id == "r1" and "client.wait('r1')" in str(e.value) and 25 <= clock.now - start <= 31
+
+
+def test_a_post_whose_answers_never_came_names_its_idempotency_key(clock):
+    import requests
+
+    import privacy_client as pc
+
+    class Refused:
+        headers: dict = {}
+
+        def request(self, method, url, **kw):
+            self.key = kw["headers"]["Idempotency-Key"]
+            raise requests.ConnectionError("Connection refused")
+
+    session = Refused()
+    with pytest.raises(pc.ServerUnreachable) as e:
+        Client("http://x", session=session, progress=False).sql("SELECT COUNT(*) FROM t")
+    assert e.value.idempotency_key == session.key and session.key in str(e.value)
+
+
+@pytest.mark.parametrize("call", [lambda c: c.run("t", "count", epsilon=float("nan")),
+                                  lambda c: c.request("r1")])
+def test_input_the_client_cannot_send_is_a_value_error_not_an_unreachable_service(call):
+    """epsilon=nan (not JSON) and a token ending in a newline (not a header) were reported
+    as "cannot reach the service" and retried with sleeps."""
+    import privacy_client as pc
+
+    client = pc.Client("http://127.0.0.1:9", token="abc\n", progress=False)
+    with pytest.raises(ValueError, match="could not be sent"):
+        call(client)
