@@ -175,14 +175,16 @@ def test_a_worker_killed_mid_training_is_recovered_by_the_sweep(real_worker, api
     assert sweep(lost_after=2)["lost"] == [] and verification.verify().ok
 
 
-@pytest.mark.worker(pool="prefork", CELERY_TASK_SOFT_TIME_LIMIT="10", CELERY_TASK_TIME_LIMIT="60",
-                    CELERY_VISIBILITY_TIMEOUT="120")
+@pytest.mark.worker(pool="prefork", CELERY_TASK_SOFT_TIME_LIMIT="25", CELERY_TASK_TIME_LIMIT="120",
+                    CELERY_VISIBILITY_TIMEOUT="240")
 def test_the_worker_s_own_time_limit_stops_a_training_charged_its_steps(real_worker, api, analyst, make_dataset,
                                                                         grant, settings):
     """The limits set on the worker, not on the sender (this test process keeps 3 h): a DP-SGD
-    run stopped at 10 s fails as request.time_limit, charged the steps taken, and the worker
+    run stopped at 25 s fails as request.time_limit, charged the steps taken, and the worker
     serves the next request. Before, the message carried the sender's 3 h and the worker's
-    limits never fired (probe AF)."""
+    limits never fired (probe AF). (At 10 s, on a loaded machine, loading torch before the
+    read took the whole limit once: failed before the read, refunded, as it should be, but
+    not this test's case.)"""
     from tests.real_data import GSS_SCHEMA, GSS_TRAIN, gss_wages
 
     assert settings.CELERY_TASK_SOFT_TIME_LIMIT > 3600
@@ -190,8 +192,8 @@ def test_the_worker_s_own_time_limit_stops_a_training_charged_its_steps(real_wor
     grant(analyst, ds)
     client = api(analyst)
     rid = client.post("/api/requests/", {"dataset": "gss", "engine": "dpsgd", "kind": "train", "params": {
-        **GSS_TRAIN, "target_epsilon": 3.0, "epochs": 30, "batch_size": 256}}, format="json").json()["id"]
-    body = wait_for(finished(client, rid), timeout=120)
+        **GSS_TRAIN, "target_epsilon": 3.0, "epochs": 100, "batch_size": 256}}, format="json").json()["id"]
+    body = wait_for(finished(client, rid), timeout=180)
     assert body["status"] == "failed" and body["error"]["code"] == "request.time_limit", body["error"]
     entry = LedgerEntry.objects.get(request__id=rid)
     assert entry.status == "committed" and entry.committed_event is not None  # the steps taken, not all
