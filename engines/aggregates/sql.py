@@ -121,6 +121,8 @@ def translate(sql: str, options: dict | None = None) -> SqlRequest:
         raise SqlSyntaxError("not valid SQL: nested too deeply", part="syntax") from None
     except Exception as e:  # noqa: BLE001 - any other parser failure is still the text's fault, never a 500
         raise SqlSyntaxError(f"not valid SQL: {type(e).__name__}", part="syntax") from None
+    if not statements:  # only comments or semicolons: not a query at all
+        raise SqlSyntaxError("not valid SQL: no statement (only comments or semicolons)", part="syntax")
     if len(statements) != 1:
         raise _unsupported("multiple statements", f"send one SELECT, got {len(statements)} statements")
     tree = statements[0]

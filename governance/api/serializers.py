@@ -295,9 +295,12 @@ class RequestCreateSerializer(StrictInput, serializers.Serializer):
                                                    "with sql only the privacy options (epsilon, rho, accuracy, "
                                                    "mechanism, max_rows_per_unit, candidates)")
     sql = serializers.CharField(required=False, max_length=10_000, trim_whitespace=False,
-                                help_text="instead of engine and kind: one SELECT with one aggregate (COUNT(*), "
-                                          "SUM, AVG, VARIANCE, MEDIAN, QUANTILE, PERCENTILE_CONT) FROM a dataset, "
-                                          "WHERE with AND, GROUP BY one column; planned into the aggregates "
+                                help_text="instead of engine and kind: one SELECT FROM a dataset (at most 10,000 "
+                                          "characters) with up to 20 aggregates (COUNT(*), COUNT(DISTINCT unit), SUM, "
+                                          "AVG, VARIANCE, MEDIAN, QUANTILE, PERCENTILE_CONT, MIN and MAX as DP "
+                                          "percentiles), WHERE with AND / OR / NOT, BETWEEN and IN, GROUP BY up to "
+                                          "four keys (columns with a declared domain, FLOOR or CASE bins), HAVING, "
+                                          "ORDER BY and LIMIT on the released values; planned into the aggregates "
                                           "request it equals (sql.unsupported names any other part)")
 
     def validate(self, attrs):

@@ -141,3 +141,17 @@ def test_names_the_analyst_chose_never_break_or_change_the_frame():
         "ci95": [[None, [9, 13]], [None, [5, 9]]], "aggregates": [{"name": "cyl_ci_low"}]}}).df
     assert counted["cyl_ci_low"].tolist() == [11, 7] and counted["cyl_ci_low"].dtype.kind == "i"
     assert counted["cyl_ci_low_ci_low"].tolist() == [9.0, 5.0]
+
+
+def test_dummy_sql_spells_between_symmetric_for_duckdb():
+    """The service takes BETWEEN SYMMETRIC (docs/engines.md); DuckDB does not, and dummy=True
+    raised its raw ParserException (a probe)."""
+    import duckdb
+
+    from privacy_client.dummy import duckdb_sql
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t AS SELECT range * 10 AS wage FROM range(200)")
+    for sql in ("SELECT COUNT(*) FROM t WHERE wage BETWEEN SYMMETRIC 900 AND 100",
+                "SELECT COUNT(*) FROM t WHERE wage between symmetric 100 and 900"):
+        assert con.execute(duckdb_sql(sql)).fetchall() == [(81,)]

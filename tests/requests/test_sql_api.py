@@ -118,6 +118,8 @@ def test_it_refuses_unsupported_sql_naming_the_part_and_charges_nothing(api, ana
 
 
 @pytest.mark.parametrize("body,code,field", [
+    ({"sql": "-- only a comment", "params": {"epsilon": 0.1}}, "sql.invalid", "sql"),
+    ({"sql": ";;;", "params": {"epsilon": 0.1}}, "sql.invalid", "sql"),
     ({"sql": "SELEC COUNT(*) FROM clinic", "params": {"epsilon": 0.1}}, "sql.invalid", "sql"),
     ({"sql": "SELECT COUNT(*) FROM clinic WHERE age >", "params": {"epsilon": 0.1}}, "sql.invalid", "sql"),
     ({"sql": "SELECT COUNT(*) FROM clinic", "params": {"epsilon": 0.1, "group_by": "site"}}, "sql.invalid",
