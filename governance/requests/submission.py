@@ -89,7 +89,14 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
     With an ``idempotency_key`` the analyst used before, nothing is planned, gated or
     charged again: the earlier request comes back as it is now, with ``repeated = True``
     (a retry of a POST whose answer was lost, while the first may still be queued or
-    running). The same key with a different request is refused (422)."""
+    running). The same key with a different request is refused (422).
+
+    ``params`` are planned, fingerprinted and stored as every database gives them back
+    (``trail.storable``: a float of 1e16 or more is the int it equals): PostgreSQL's jsonb
+    read 1.5e300 back as the decimal 15 x 10^299, SQLite as the float, and the two audit
+    trails recorded the same request with two different numbers."""
+    if isinstance(params, dict):
+        params = trail.storable(params)
     if idempotency_key and (earlier := _repeat_of(analyst, idempotency_key, ds, engine, kind, params)):
         return earlier, False
     if ds.status != Dataset.Status.ACTIVE:

@@ -578,3 +578,29 @@ def test_a_heartbeat_tick_notices_a_cancel_asked_during_a_phase_without_reports(
     assert clock.cancelled and Request.objects.get(pk=rid).heartbeat_at is not None
     with pytest.raises(execution.Cancelled):
         clock.report({"phase": "sampling", "fraction": 0.9})
+
+
+def test_a_huge_float_parameter_is_one_number_on_every_database(api, analyst, clinic,
+                                                                 django_capture_on_commit_callbacks):
+    """A count WHERE age < 1.5e300: SQLite kept the float, PostgreSQL's jsonb gave back the
+    decimal 15 x 10^299, and the commit's audit record (read from the request's row) held
+    that other integer on PostgreSQL only (a probe). Stored as the int the float equals,
+    before anything: the request, its fingerprint and every record agree on both."""
+    from governance.models import AuditRecord
+
+    client = api(analyst)
+    where = [{"column": "age", "op": "<", "value": 1.5e300}]
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client.post(URL, {"dataset": "clinic", "engine": "aggregates", "kind": "count",
+                              "params": {"epsilon": 0.1, "where": where}}, format="json")
+    assert r.status_code == 202, r.content
+    body = client.get(f"{URL}{r.json()['id']}/").json()
+    assert body["status"] == "succeeded", body
+    stored = body["params"]["where"][0]["value"]
+    assert type(stored) is int and stored == int(1.5e300)
+    record = AuditRecord.objects.get(action="commit", request_id=r.json()["id"])
+    assert record.params["where"][0]["value"] == stored
+    with django_capture_on_commit_callbacks(execute=True):
+        again = client.post(URL, {"dataset": "clinic", "engine": "aggregates", "kind": "count",
+                                  "params": {"epsilon": 0.1, "where": where}}, format="json")
+    assert again.json()["replayed"] is True  # the same question, whatever the number's form
