@@ -84,8 +84,9 @@ class Limit:
     def near(self, state: Cost) -> bool:
         """A linear field within a rounding's reach of its limit, where only the exact sum
         of the entries' numbers decides (``admits_exactly``)."""
-        values = state.values
-        return any(float(lim) * (1 - NEAR_BELOW) <= values[i] <= float(lim) * (1 + NEAR) for i, lim in self.linear())
+        values = state.values  # (a sum of 0 is exact: a pure-DP ledger's delta against a delta of 0)
+        return any(0 < values[i] and float(lim) * (1 - NEAR_BELOW) <= values[i] <= float(lim) * (1 + NEAR)
+                   for i, lim in self.linear())
 
     def holds(self, state: Cost, exact: Callable[[list[int]], dict[int, Fraction | None]]) -> bool:
         """The filter on ``state`` (a running state with the new costs added), decided by

@@ -115,3 +115,17 @@ def test_delta_charges_fill_a_delta_budget_exactly(make_dataset, officer):
         ledger.charge(ds, officer, {"kind": "epsilon_delta", "epsilon": 0.01, "delta": 1e-7})
     with pytest.raises(BudgetExceeded):
         ledger.charge(ds, officer, {"kind": "epsilon_delta", "epsilon": 0.01, "delta": 1e-300})
+
+
+@pytest.mark.django_db
+def test_a_pure_dp_ledger_on_a_delta_of_zero_is_judged_without_reading_the_ledger(make_dataset, analyst, grant,
+                                                                                  monkeypatch):
+    """Its delta sum is 0 against a limit of 0: exact as it is. Taken for "near the limit",
+    every admission read the whole ledger."""
+    ds = make_dataset("pure", epsilon=10.0, delta=0.0, policy="basic")
+    grant(analyst, ds)
+    reads = []
+    monkeypatch.setattr(ledger.EntrySums, "entries", lambda self, fields: reads.append(fields) or {})
+    for _ in range(5):
+        ledger.admit(ds, analyst, LAP)
+    assert reads == []
