@@ -149,8 +149,8 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
     ds_ledger = make("ledger", 1000.0)  # the measured ledger: N admissions of epsilon 1e-7
     ds_bare = make("bare", 1000.0)  # bare inserts land here
     ds_warm = make("warmup", 1000.0)
-    ds_gauss = make("gauss", 1e9)
-    ds_sgd = make("sgd", 1e9)
+    ds_gauss = make("gauss", 1e6)  # (the largest budget a dataset may have)
+    ds_sgd = make("sgd", 1e6)
     grant_bare = Grant.objects.get(dataset=ds_bare, analyst=analyst)
 
     # Payloads of a real admission (same JSON sizes for the bare inserts).

@@ -205,9 +205,13 @@ def refusal(limit: Limit, before: Cost, after: Cost, event_cost: Cost) -> Budget
     delta_used = after.approx if limit.policy == "rdp" else after.delta
     reason = "epsilon" if math.isfinite(total) or not math.isfinite(event_cost.eps) else "delta"
     what = "dataset budget" if limit.scope == "dataset" else "analyst's cap"
+    if math.isfinite(total) and fmt(total) == fmt(limit.epsilon):
+        # decided at the last digits (the exact sums, near the limit): "to 1 (limit 1)" said nothing
+        to = f"past its limit of epsilon {limit.epsilon!r} (to {total!r}; near the limit the exact sum decides)"
+    else:
+        to = f"to epsilon {fmt(total)} (limit {limit.epsilon:g})"
     return BudgetExceeded(
-        f"Refused: this request would take the {what} to epsilon {fmt(total)} "
-        f"(limit {limit.epsilon:g}) under the {limit.policy} filter; "
+        f"Refused: this request would take the {what} {to} under the {limit.policy} filter; "
         f"{fmt(max(0.0, limit.epsilon - spent))} remains.",
         scope=limit.scope,
         policy=limit.policy,

@@ -129,3 +129,14 @@ def test_a_pure_dp_ledger_on_a_delta_of_zero_is_judged_without_reading_the_ledge
     for _ in range(5):
         ledger.admit(ds, analyst, LAP)
     assert reads == []
+
+
+@pytest.mark.django_db
+def test_a_refusal_at_the_last_digits_says_so(make_dataset, analyst, grant):
+    ds = make_dataset("digits", epsilon=1.0, policy="basic")
+    grant(analyst, ds)
+    for _ in range(10):
+        ledger.admit(ds, analyst, LAP)
+    with pytest.raises(BudgetExceeded) as e:
+        ledger.admit(ds, analyst, {"kind": "laplace", "epsilon": 1e-16})
+    assert "past its limit of epsilon 1.0" in str(e.value) and "(limit 1)" not in str(e.value)
