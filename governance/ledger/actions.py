@@ -157,16 +157,17 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepo
             if status != Dataset.Status.ACTIVE:
                 raise DatasetNotActive(f"Dataset {name} is not active (status {status}).", dataset=name)
             stamped, cost, limits = _plan(event, ds, budget, grant)
-            for limit, before in limits:
-                if not limit.holds(before + cost, EntrySums(dataset_id, grant and grant.pk, limit).plus((cost, 1))):
-                    raise refusal(limit, before, before + cost, cost)
+            afters = [before + cost for _limit, before in limits]
+            for (limit, before), after in zip(limits, afters):
+                if not limit.holds(after, EntrySums(dataset_id, grant and grant.pk, limit).plus((cost, 1))):
+                    raise refusal(limit, before, after, cost)
         except GATE_REFUSALS as e:
             # the locked row's chain head, for the refusal's audit record (``refuse``)
             e.budget_row = SimpleNamespace(pk=dataset_id, committed=ledger_sql.loads(committed), audit_seq=audit_seq,
                                            audit_head=audit_head or "", name=name, delta=b_delta)
             refused = e
         else:
-            entry_id, now, fields = _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delta,
+            entry_id, now, fields = _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, afters, b_delta,
                                              reference, request_id, new_request)
     if refused is not None:
         raise refused
@@ -174,7 +175,7 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepo
                        reference=reference[:200], status=LedgerEntry.Status.RESERVED, created_at=now, **fields)
 
 
-def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delta, reference, request_id,
+def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, afters, b_delta, reference, request_id,
              new_request):
     """The admitted entry's writes (under the locks): the entry, both running states and
     the request row's link (or the new request row). Returns (entry id, now, the entry's
@@ -186,11 +187,11 @@ def _reserve(cur, sql, dataset_id, analyst, grant, stamped, cost, limits, b_delt
     entry_row = [dataset_id, analyst.pk, grant.pk if grant else None, reference[:200], ledger_sql.dumps(fields["event"]),
                  ledger_sql.dumps(fields["cost"]), ledger_sql.dumps(fields["charge"]), LedgerEntry.Status.RESERVED, when,
                  fields["non_private"]]
-    budget_row = [ledger_sql.dumps((limits[0][1] + cost).to_json()), when, dataset_id]
+    budget_row = [ledger_sql.dumps(afters[0].to_json()), when, dataset_id]
     grant_row = None
     if grant is not None:
-        grant_state = limits[1][1] if len(limits) > 1 else Cost.from_json(grant.state)
-        grant_row = [ledger_sql.dumps((grant_state + cost).to_json()), grant.pk]
+        grant_after = afters[1] if len(afters) > 1 else Cost.from_json(grant.state) + cost
+        grant_row = [ledger_sql.dumps(grant_after.to_json()), grant.pk]
     request_pk = None if request_id is None else Request._meta.pk.get_db_prep_value(request_id, connection)
     new_row = None if new_request is None else ledger_sql.request_values(new_request)
     if sql.write_all is not None:  # PostgreSQL: the four writes in one round trip

@@ -71,21 +71,22 @@ class Limit:
 
     # The fields each filter compares with a limit as they are (a sum of the events' own
     # numbers), and that limit: basic's epsilon and delta, advanced's delta (half the
-    # budget's), RDP's delta for approximate-DP events.
-    def linear(self) -> list[tuple[int, Fraction]]:
-        eps, delta = _decimal(self.epsilon), _decimal(self.delta)
+    # budget's), RDP's delta for approximate-DP events. As floats (cheap, at every
+    # admission) and as the exact decimals they are written as (near a limit only).
+    def linear(self, exact: bool = False) -> list[tuple[int, float | Fraction]]:
+        num = _decimal if exact else float
+        eps, delta = num(self.epsilon), num(self.delta)
         if self.policy == "basic":
-            return [(SCALARS.index("eps"), eps), (SCALARS.index("delta"), delta)]
+            return [(_EPS, eps), (_DELTA, delta)]
         if self.policy == "advanced":
-            return [(SCALARS.index("delta"), delta / 2)]
-        share = _decimal(self.approx_share) if self.approx_share is not None else _decimal(RDP_APPROX_SHARE)
-        return [(SCALARS.index("approx"), share * delta)]
+            return [(_DELTA, delta / 2)]
+        return [(_APPROX, num(self.approx_share if self.approx_share is not None else RDP_APPROX_SHARE) * delta)]
 
     def near(self, state: Cost) -> bool:
         """A linear field within a rounding's reach of its limit, where only the exact sum
         of the entries' numbers decides (``admits_exactly``)."""
         values = state.values  # (a sum of 0 is exact: a pure-DP ledger's delta against a delta of 0)
-        return any(0 < values[i] and float(lim) * (1 - NEAR_BELOW) <= values[i] <= float(lim) * (1 + NEAR)
+        return any(0 < values[i] and lim * (1 - NEAR_BELOW) <= values[i] <= lim * (1 + NEAR)
                    for i, lim in self.linear())
 
     def holds(self, state: Cost, exact: Callable[[list[int]], dict[int, Fraction | None]]) -> bool:
@@ -102,7 +103,7 @@ class Limit:
         decimal it is written as (0.1, not the float nearest it, which is 0.1 +
         5.6e-18): ten charges of 0.1 fill a budget of 1, and nothing more fits. The float
         state, rounded up at each sum, cannot tell: its ten 0.1s are 1.0000000000000007."""
-        fields = self.linear()
+        fields = self.linear(exact=True)
         if any(sums[i] is None or sums[i] > lim for i, lim in fields):
             return False
         rest = Cost(state.finite.copy(), state.infs.copy())
@@ -113,6 +114,8 @@ class Limit:
     def pool(self, state: Cost) -> float:
         return max(0.0, self.accountant.gate_pool(state, self.delta))
 
+
+_EPS, _DELTA, _APPROX = (SCALARS.index(name) for name in ("eps", "delta", "approx"))
 
 #: how close (relative) to a limit a linear field must be for the exact sums to decide:
 #: above it by every rounding of the float state (at most one unit in the last place per
