@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Iterator
 
 MAX_DEPTH = 16
@@ -294,6 +295,8 @@ def _parse(data: Any, path: str, depth: int, counter: list[int]) -> Event:
             if scale is None or sens is None:
                 raise EventError("give 'epsilon', or both 'scale' and 'sensitivity'", path)
             eps = sens / scale
+            if math.isfinite(eps) and eps > 0 and Fraction(eps) < Fraction(sens) / Fraction(scale):
+                eps = math.nextafter(eps, math.inf)  # never below what the scale gives (1 / 3.0)
             if not math.isfinite(eps) or eps <= 0:
                 raise EventError("sensitivity / scale must be a finite positive epsilon", path)
             if eps > MAX_EPSILON:

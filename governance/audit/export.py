@@ -39,6 +39,7 @@ from ..core.batched import batched
 from ..core.security import bidi_shown
 from ..core.snapshot import snapshot
 from ..ledger import trail
+from ..ledger.limits import Limit
 from ..models import AuditRecord, Budget, Dataset
 from .verification import verify
 
@@ -98,7 +99,8 @@ def _summary(ds: Dataset, budget: Budget) -> dict:
         last_totals = rec.totals
         if rec.action == "commit":
             committed_events.append((rec.seq, rec.event, (rec.totals or {}).get("at_delta")))
-    committed = Cost.from_json(budget.committed)
+    # as the gate judged it: a field just past its limit (admitted by the exact sums) at the limit
+    committed = Limit.of_dataset(ds).clamped(Cost.from_json(budget.committed))
     return {
         "head": {"seq": budget.audit_seq, "hash": budget.audit_head or trail.GENESIS},
         "totals": last_totals or trail.totals_of(committed, ds.budget_delta),

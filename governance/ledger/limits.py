@@ -16,7 +16,7 @@ from fractions import Fraction
 
 from accounting import ACCOUNTANTS
 from accounting.base import Spent
-from accounting.costs import SCALARS, Cost
+from accounting.costs import N_FIELDS, SCALARS, Cost
 from accounting.rdp import APPROX_SHARE as RDP_APPROX_SHARE
 from accounting.events import ComposedEvent, Event
 
@@ -64,14 +64,16 @@ class Limit:
         return ACCOUNTANTS[self.policy]
 
     def spent(self, state: Cost) -> float:
-        return self.accountant.filter_epsilon(state, self.delta, self.approx_share)
+        return self.accountant.filter_epsilon(self.clamped(state), self.delta, self.approx_share)
 
     def admits(self, state: Cost) -> bool:
         return self.spent(state) <= self.epsilon
 
     # The fields each filter compares with a limit as they are (a sum of the events' own
     # numbers), and that limit: basic's epsilon and delta, advanced's delta (half the
-    # budget's), RDP's delta for approximate-DP events. As floats (cheap, at every
+    # budget's), RDP's delta for approximate-DP events. Each must hold. RDP's curve at
+    # alpha = infinity (the sum of pure epsilons) is one more, which suffices alone
+    # (``_INF``: the filter's last order needs no delta). As floats (cheap, at every
     # admission) and as the exact decimals they are written as (near a limit only).
     def linear(self, exact: bool = False) -> list[tuple[int, float | Fraction]]:
         num = _decimal if exact else float
@@ -82,20 +84,28 @@ class Limit:
             return [(_DELTA, delta / 2)]
         return [(_APPROX, num(self.approx_share if self.approx_share is not None else RDP_APPROX_SHARE) * delta)]
 
+    def _fields(self, exact: bool = False) -> list[tuple[int, float | Fraction]]:
+        return self.linear(exact) + ([(_INF, _decimal(self.epsilon) if exact else float(self.epsilon))]
+                                     if self.policy == "rdp" else [])
+
+    def _near_fields(self, state: Cost) -> list[tuple[int, float]]:
+        """The fields past their limit by no more than the roundings of the float state
+        (rounded up at each sum: 1e-9 is 4.5 million of them), where only the exact sums
+        decide. At or below a limit the float state decides: it is at least the exact sum
+        of the entries' floats."""
+        values = state.values
+        return [(i, lim) for i, lim in self._fields() if lim < values[i] <= lim * (1 + NEAR)]
+
     def near(self, state: Cost) -> bool:
-        """A linear field within a rounding's reach of its limit, where only the exact sum
-        of the entries' numbers decides (``admits_exactly``)."""
-        values = state.values  # (a sum of 0 is exact: a pure-DP ledger's delta against a delta of 0)
-        return any(0 < values[i] and lim * (1 - NEAR_BELOW) <= values[i] <= lim * (1 + NEAR)
-                   for i, lim in self.linear())
+        return bool(self._near_fields(state))
 
     def holds(self, state: Cost, exact: Callable[[list[int]], dict[int, Fraction | None]]) -> bool:
         """The filter on ``state`` (a running state with the new costs added), decided by
         the exact sums (``exact(fields)``: the entries' and the new costs', O(history))
-        where the state lies near a limit, by the float state elsewhere (O(1))."""
+        where the state lies just past a limit, by the float state elsewhere (O(1))."""
         if not self.near(state):
             return self.admits(state)
-        return self.admits_exactly(state, exact([i for i, _lim in self.linear()]))
+        return self.admits_exactly(state, exact([i for i, _lim in self._fields()]))
 
     def admits_exactly(self, state: Cost, sums: dict[int, Fraction | None]) -> bool:
         """The filter on ``state`` with its linear fields judged by ``sums``, the exact sums
@@ -109,19 +119,35 @@ class Limit:
         rest = Cost(state.finite.copy(), state.infs.copy())
         for i, _lim in fields:  # judged above; the rest of the filter (advanced's, RDP's curve) as it is
             rest.finite[i], rest.infs[i] = 0.0, 0
+        if self.policy == "rdp":
+            if sums[_INF] is not None and sums[_INF] <= _decimal(self.epsilon):
+                return True  # the pure-DP order alone keeps the filter within the budget
+            rest.finite[_INF], rest.infs[_INF] = 0.0, 1  # judged: the other orders decide
         return self.spent(rest) <= self.epsilon
+
+    def clamped(self, state: Cost) -> Cost:
+        """``state`` with the fields just past their limit (``_near_fields``) at the limit:
+        what the gate writes after the exact sums admitted it (so that the next admission
+        reads the ledger only if it adds to such a field) and what the reports show (a
+        delta pool filled exactly read "filter epsilon inf, nothing remains" while the gate
+        admitted). Never below the exact sums by more than the limit's own rounding."""
+        near = self._near_fields(state)
+        if not near:
+            return state
+        out = Cost(state.finite.copy(), state.infs.copy())
+        for i, lim in near:
+            out.finite[i] = lim
+        return out
 
     def pool(self, state: Cost) -> float:
         return max(0.0, self.accountant.gate_pool(state, self.delta))
 
 
 _EPS, _DELTA, _APPROX = (SCALARS.index(name) for name in ("eps", "delta", "approx"))
+_INF = N_FIELDS - 1  # the RDP curve at alpha = infinity (the last order)
 
-#: how close (relative) to a limit a linear field must be for the exact sums to decide:
-#: above it by every rounding of the float state (at most one unit in the last place per
-#: sum, each rounded up: 1e-9 is 4.5 million of them), below it by more than the decimals'
-#: distance to their floats (under 1.2e-16 of their sum)
-NEAR, NEAR_BELOW = 1e-9, 1e-15
+#: how far (relative) past a limit a summed field may lie for the exact sums to decide
+NEAR = 1e-9
 
 
 def _decimal(x: float) -> Fraction:
@@ -182,6 +208,7 @@ def budget_report(state: Cost, limit: Limit, event: Event | None = None) -> dict
     ``state`` sums, ``rdp`` also reports the refined plain composition (``refined``) and
     ``refined_filter_price_epsilon``, the filter's price above it."""
     out = {}
+    state = limit.clamped(state)  # as the gate judged it (just past a limit: the exact sums)
     for name, acc in ACCOUNTANTS.items():
         filt = acc.filter_epsilon(state, limit.delta, limit.approx_share)
         plain = acc.spent(state, limit.delta)
