@@ -157,13 +157,12 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepo
             if status != Dataset.Status.ACTIVE:
                 raise DatasetNotActive(f"Dataset {name} is not active (status {status}).", dataset=name)
             stamped, cost, limits = _plan(event, ds, budget, grant)
-            afters = [before + cost for _limit, before in limits]
-            for (limit, before), after in zip(limits, afters):
-                if not limit.holds(after, EntrySums(dataset_id, grant and grant.pk, limit).plus((cost, 1))):
-                    raise refusal(limit, before, after, cost)
-            # admitted just past a limit by the exact sums: written at the limit, so that the
-            # next admission reads the ledger only if it adds to that field
-            afters = [limit.clamped(after) for (limit, _before), after in zip(limits, afters)]
+            afters = []
+            for limit, before in limits:
+                ok, after = limit.judge(before + cost, EntrySums(dataset_id, grant and grant.pk, limit).plus((cost, 1)))
+                if not ok:
+                    raise refusal(limit, before, before + cost, cost)
+                afters.append(after)  # (just past a limit and within it exactly: at the limit)
         except GATE_REFUSALS as e:
             # the locked row's chain head, for the refusal's audit record (``refuse``)
             e.budget_row = SimpleNamespace(pk=dataset_id, committed=ledger_sql.loads(committed), audit_seq=audit_seq,

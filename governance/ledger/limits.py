@@ -103,9 +103,23 @@ class Limit:
         """The filter on ``state`` (a running state with the new costs added), decided by
         the exact sums (``exact(fields)``: the entries' and the new costs', O(history))
         where the state lies just past a limit, by the float state elsewhere (O(1))."""
-        if not self.near(state):
-            return self.admits(state)
-        return self.admits_exactly(state, exact([i for i, _lim in self._fields()]))
+        return self.judge(state, exact)[0]
+
+    def judge(self, state: Cost, exact: Callable[[list[int]], dict[int, Fraction | None]]) -> tuple[bool, Cost]:
+        """(``holds``, the state to write if admitted): a field just past its limit whose
+        exact sum is within it is written at the limit, so that the next admission reads
+        the ledger only if it adds to that field; any other field as it is (never below
+        its exact sum: RDP's pure-DP order past the budget while other orders certify)."""
+        near = self._near_fields(state)
+        if not near:
+            return self.admits(state), state
+        sums = exact([i for i, _lim in self._fields()])
+        within = {i for i, lim in self._fields(exact=True) if sums.get(i) is not None and sums[i] <= lim}
+        out = Cost(state.finite.copy(), state.infs.copy())
+        for i, lim in near:
+            if i in within:
+                out.finite[i] = lim
+        return self.admits_exactly(state, sums), out
 
     def admits_exactly(self, state: Cost, sums: dict[int, Fraction | None]) -> bool:
         """The filter on ``state`` with its linear fields judged by ``sums``, the exact sums
@@ -126,11 +140,10 @@ class Limit:
         return self.spent(rest) <= self.epsilon
 
     def clamped(self, state: Cost) -> Cost:
-        """``state`` with the fields just past their limit (``_near_fields``) at the limit:
-        what the gate writes after the exact sums admitted it (so that the next admission
-        reads the ledger only if it adds to such a field) and what the reports show (a
-        delta pool filled exactly read "filter epsilon inf, nothing remains" while the gate
-        admitted). Never below the exact sums by more than the limit's own rounding."""
+        """``state`` with the fields just past their limit (``_near_fields``) at the limit,
+        as the reports show it (a delta pool filled exactly, where the gate admitted, read
+        "filter epsilon inf, nothing remains"). For the eyes only: the gate writes what
+        ``judge`` says."""
         near = self._near_fields(state)
         if not near:
             return state

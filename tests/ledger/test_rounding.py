@@ -230,3 +230,22 @@ def test_gaussian_requests_halving_the_delta_pool_never_read_the_ledger(make_dat
             break
     ledger.admit(ds, analyst, LAP)
     assert admitted >= 50 and reads == []
+
+
+@pytest.mark.django_db
+def test_a_field_past_its_limit_is_never_written_under_its_exact_sum(make_dataset, analyst, grant):
+    """RDP's pure-DP order may pass the budget while other orders certify: that field is
+    written as summed, never at the limit (which would be under what was spent)."""
+    from governance.ledger.limits import _INF
+
+    ds = make_dataset("past-inf", epsilon=1.0, delta=1e-3, policy="rdp")
+    grant(analyst, ds)
+    spent = Fraction(0)
+    for eps in [0.1] * 10 + [1e-12, 1e-12]:
+        try:
+            ledger.admit(ds, analyst, {"kind": "laplace", "epsilon": eps})
+            spent += Fraction(repr(eps))
+        except BudgetExceeded:
+            pass
+    stored = Cost.from_json(Budget.objects.get(pk=ds.pk).state)
+    assert spent > 1 and Fraction(stored.finite[_INF]) >= spent
