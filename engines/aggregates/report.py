@@ -150,10 +150,10 @@ def quantile_interval(details: dict, pick: float, ends) -> list[float] | None:
     (a candidate grid resolves no finer), holding the answer, inside the declared bounds."""
     if ends is None:
         return None
-    g = details["quantile"]["grid"]
+    qd = details["quantile"]
+    g = qd["grid"]
     step = (g["upper"] - g["lower"]) / max(g["count"] - 1, 1)
     lo, hi = ends
-    qd = details["quantile"]
     # Each end's bound holds where some candidate's score reaches -t (+t): the lowest
     # candidate's score is -q n, the highest's (1 - q) n. Past that (a small epsilon on few
     # rows: t of thousands of ranks on 300 rows) the shifted score's best is itself off by

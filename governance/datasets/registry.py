@@ -284,7 +284,7 @@ def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
             limit = Limit.of_dataset(ds)
             if (eps, delta) != old and not limit.holds(state, EntrySums(ds.pk, None, limit).plus()):
                 raise InvalidDataset("the new budget is below what the ledger has already spent", field="budget_epsilon",
-                                     spent_epsilon=Limit.of_dataset(ds).spent(state))
+                                     spent_epsilon=limit.spent(state))
         if "approx_delta_share" in fields and fields["approx_delta_share"] != ds.approx_delta_share:
             share = fields["approx_delta_share"]
             if not (isinstance(share, (int, float)) and 0.0 <= share <= 0.9):

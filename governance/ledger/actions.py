@@ -159,9 +159,10 @@ def admit(dataset: Dataset | int, analyst, event, *, reference: str = "", savepo
             stamped, cost, limits = _plan(event, ds, budget, grant)
             afters = []
             for limit, before in limits:
-                ok, after = limit.judge(before + cost, EntrySums(dataset_id, grant and grant.pk, limit).plus((cost, 1)))
+                summed = before + cost
+                ok, after = limit.judge(summed, EntrySums(dataset_id, grant and grant.pk, limit).plus((cost, 1)))
                 if not ok:
-                    raise refusal(limit, before, before + cost, cost)
+                    raise refusal(limit, before, summed, cost)
                 afters.append(after)  # (just past a limit and within it exactly: at the limit)
         except GATE_REFUSALS as e:
             # the locked row's chain head, for the refusal's audit record (``refuse``)

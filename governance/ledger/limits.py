@@ -9,6 +9,7 @@ builds the 409 an analyst sees, with the numbers that explain it. No database ac
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,10 +65,11 @@ class Limit:
         return ACCOUNTANTS[self.policy]
 
     def spent(self, state: Cost) -> float:
-        return self.accountant.filter_epsilon(self.clamped(state), self.delta, self.approx_share)
+        """What the filter charges, as the gate judged the state (``clamped``)."""
+        return self._filter(self.clamped(state))
 
-    def admits(self, state: Cost) -> bool:
-        return self.spent(state) <= self.epsilon
+    def _filter(self, state: Cost) -> float:
+        return self.accountant.filter_epsilon(state, self.delta, self.approx_share)
 
     # The fields each filter compares with a limit as they are (a sum of the events' own
     # numbers), and that limit: basic's epsilon and delta, advanced's delta (half the
@@ -96,9 +98,6 @@ class Limit:
         values = state.values
         return [(i, lim) for i, lim in self._fields() if lim < values[i] <= lim * (1 + NEAR)]
 
-    def near(self, state: Cost) -> bool:
-        return bool(self._near_fields(state))
-
     def holds(self, state: Cost, exact: Callable[[list[int]], dict[int, Fraction | None]]) -> bool:
         """The filter on ``state`` (a running state with the new costs added), decided by
         the exact sums (``exact(fields)``: the entries' and the new costs', O(history))
@@ -112,7 +111,7 @@ class Limit:
         its exact sum: RDP's pure-DP order past the budget while other orders certify)."""
         near = self._near_fields(state)
         if not near:
-            return self.admits(state), state
+            return self._filter(state) <= self.epsilon, state
         sums = exact([i for i, _lim in self._fields()])
         within = {i for i, lim in self._fields(exact=True) if sums.get(i) is not None and sums[i] <= lim}
         out = Cost(state.finite.copy(), state.infs.copy())
@@ -137,7 +136,7 @@ class Limit:
             if sums[_INF] is not None and sums[_INF] <= _decimal(self.epsilon):
                 return True  # the pure-DP order alone keeps the filter within the budget
             rest.finite[_INF], rest.infs[_INF] = 0.0, 1  # judged: the other orders decide
-        return self.spent(rest) <= self.epsilon
+        return self._filter(rest) <= self.epsilon
 
     def clamped(self, state: Cost) -> Cost:
         """``state`` with the fields just past their limit (``_near_fields``) at the limit,
@@ -172,7 +171,8 @@ def exact_sums(costs, fields, extra: tuple[tuple[Cost, int], ...] = ()) -> dict[
     """Per field index, the exact sum of the costs' numbers read as decimals (None where
     one is infinite); ``costs``: cost JSON dicts, ``extra``: (cost, times) beside them."""
     out: dict[int, Fraction | None] = dict.fromkeys(fields, Fraction(0))
-    both = [(c["finite"], c["infs"], 1) for c in costs] + [(c.finite.tolist(), c.infs.tolist(), k) for c, k in extra]
+    both = itertools.chain(((c["finite"], c["infs"], 1) for c in costs),  # streamed: a ledger may be large
+                           ((c.finite.tolist(), c.infs.tolist(), k) for c, k in extra))
     for finite, infs, k in both:
         for i in fields:
             if infs[i] and k:
