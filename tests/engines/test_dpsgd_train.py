@@ -143,11 +143,13 @@ def test_the_result_is_the_final_evaluation_with_half_the_evaluations_budget(tab
     assert run0["eval_epsilon_each"] == pytest.approx(0.5 / 9, rel=1e-3)
     last = r["history"][-1]
     assert r["test"]["accuracy"] == last["val_accuracy"] and r["test"]["accuracy_ci95"] == last["val_accuracy_ci95"]
-    # Laplace's 95% bound is 9x smaller: every per-epoch interval is wider than the final one,
-    # most of them over twice as wide (an interval clipped at 0 or 1 can be narrower than
-    # its bound: [0.54, 1.0] around a released 1.0)
+    # Laplace's 95% bound is 9x smaller: the per-epoch intervals are wider than the final one,
+    # most of them over twice as wide. Not every one: an interval clipped at 0 or 1 can be
+    # narrower than its bound ([0.54, 1.0] around a released 1.0), and a noisy sum far above
+    # the noisy count clips both ends near 1 (0.094 wide once in 40 runs, about 1 interval
+    # in 360): at most one of the nine may be narrower (two: about 1 run in 3,000)
     widths, final = [_width(h["val_accuracy_ci95"]) for h in r["history"][:-1]], _width(last["val_accuracy_ci95"])
-    assert min(widths) > final and statistics.median(widths) > 2 * final, (widths, final)
+    assert sum(w <= final for w in widths) <= 1 and statistics.median(widths) > 2 * final, (widths, final)
     assert r["epsilon_spent"] == pytest.approx(run0["planned_epsilon"], rel=1e-9)
 
 
