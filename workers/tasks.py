@@ -11,6 +11,7 @@ from celery.signals import (
     beat_embedded_init,
     task_postrun,
     task_prerun,
+    worker_process_init,
     worker_process_shutdown,
     worker_ready,
     worker_shutdown,
@@ -58,12 +59,43 @@ def run_request(self, request_id: str) -> str:
     from governance.requests.execution import execute
 
     try:
-        return execute(request_id, worker=self.request.hostname or "")
+        status = execute(request_id, worker=self.request.hostname or "")
     except (OperationalError, InterfaceError) as exc:
         if self.request.is_eager:
             raise
         log.warning("request %s: the database is unavailable (%s); its task is sent again", request_id, exc)
         raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30), max_retries=None) from exc
+    _replace_after_out_of_memory(request_id)
+    return status
+
+
+_IN_POOL_PROCESS = []  # set in a prefork pool's process (worker_process_init)
+
+
+@worker_process_init.connect
+def _pool_process(**_kwargs):
+    _IN_POOL_PROCESS.append(True)
+
+
+def _replace_after_out_of_memory(request_id: str) -> None:
+    """A run that ran out of memory left its process holding it
+    (``governance.requests.execution._note_out_of_memory``): in a prefork pool the process
+    exits once the request's outcome is written (``worker_process_shutdown`` drains the
+    releaser) and the pool starts a fresh one. Celery logs the exit as a lost worker; the
+    request is already final, and a second delivery of its task changes nothing. A solo or
+    threads pool is the worker itself: it keeps running, with an error in the log."""
+    from governance.requests.execution import OUT_OF_MEMORY
+
+    if not OUT_OF_MEMORY.is_set():
+        return
+    if not _IN_POOL_PROCESS:
+        log.error("request %s ran out of memory; this worker (a solo or threads pool) keeps what it allocated: "
+                  "restart it, or run a prefork pool, which replaces the process", request_id)
+        OUT_OF_MEMORY.clear()
+        return
+    log.warning("request %s ran out of memory: this pool process (pid %s) exits and the pool starts a fresh one",
+                request_id, os.getpid())
+    raise SystemExit(0)
 
 
 @shared_task(name="workers.register_dataset", acks_late=True, ignore_result=True)

@@ -1,0 +1,43 @@
+"""A test engine (never a release engine) that a real worker loads by its entry point
+(``tests/workers/entry_points`` on the worker's PYTHONPATH): ``hog`` allocates 300 MB,
+keeps it, and fails with MemoryError after reading the data, as a run that asked for more
+than the host has; ``pid`` answers which process ran it and how much it holds."""
+
+import os
+
+import numpy as np
+
+from engines.hookspecs import hookimpl
+from engines.types import Plan, PlanError, Release
+
+HELD: list[np.ndarray] = []  # what a failed run left behind in its process
+
+
+class MemoryHog:
+    NAME = "memory-hog"
+
+    @hookimpl
+    def engine_info(self):
+        return {"name": self.NAME, "kinds": ["hog", "pid"], "queue": "cpu", "description": "test engine",
+                "params_schema": {}}
+
+    @hookimpl
+    def plan(self, engine, request, dataset):
+        if engine != self.NAME:
+            return None
+        eps = request.params.get("epsilon")
+        if not isinstance(eps, (int, float)) or eps <= 0:
+            raise PlanError("epsilon must be > 0", {"epsilon": "must be > 0"})
+        return Plan(event={"kind": "laplace", "epsilon": eps}, columns=["age"], details={})
+
+    @hookimpl
+    def run(self, engine, request, dataset, data, plan, progress, workdir):
+        if engine != self.NAME:
+            return None
+        if request.kind == "hog":
+            HELD.append(np.ones(300 * 2**20 // 8))
+            raise MemoryError("Unable to allocate 8.00 TiB for an array")
+        return Release(result={"pid": os.getpid(), "held_mb": sum(a.nbytes for a in HELD) // 2**20})
+
+
+ENGINE = MemoryHog()
