@@ -57,8 +57,8 @@ class LocalTransport:
         for node, (kind, job, arrays) in sends.items():
             try:
                 out[node] = siteapp.handle(kind, job, arrays, self.node_configs[node])
-            except Exception as e:  # a site's crash is that site's problem
-                out[node] = f"{type(e).__name__}: {e}"
+            except Exception as e:  # a site's crash is that site's problem (its message stays here, as Flower's)
+                out[node] = f"site error: {type(e).__name__}"
         return out
 
 
@@ -137,8 +137,8 @@ class Coordinator:
             return None, "not identified", [], reply
         if reply.get("dataset") != self.d["dataset"]:
             return site, f"serves dataset {reply.get('dataset')!r}", [], reply
-        if reply.get("refused"):
-            return site, str(reply["refused"]), [], reply
+        if reply.get("refused"):  # (a site's own words, cut: a modified agent's 2 MB reason went into the result)
+            return site, str(reply["refused"])[:200], [], reply
         return site, None, arrays, reply
 
     def identify(self) -> None:

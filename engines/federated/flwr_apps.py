@@ -63,8 +63,8 @@ class GridTransport:
         out = {}
         for reply in self.grid.send_and_receive(msgs, timeout=timeout):
             node = reply.metadata.src_node_id
-            if reply.has_error():
-                out[node] = f"site error {reply.error.code}: {(reply.error.reason or '')[:300]}"
+            if reply.has_error():  # its reason is the ClientApp's exception, which can quote a row: not passed on
+                out[node] = f"site error {reply.error.code}"
                 continue
             try:
                 out[node] = _unpack(reply.content)

@@ -1,20 +1,21 @@
 """A site's table: read, checked against the declared schema, split, encoded (site side).
 
-``check_schema`` refuses a table that does not match what the service declared for the
-dataset: a missing column, a numeric column that is not numeric, a categorical column
-whose values fall outside the declared domain. The site then trains nothing and says why
-(the server reports the site as refused); it never encodes a column it was not told about.
-What it says leaves the site and reaches the analyst, so it names missing columns (the
-table's structure) and no more: whether a column holds a value outside its domain, or
-text where a number was declared, is a fact about the site's rows (a probe asked for a
-chosen column and read back "has 3 value(s) outside its declared domain", exact and free);
-the details go to the site's own log (``SchemaMismatch.detail``).
+``check_schema`` refuses a table that lacks a declared column: the site then trains
+nothing and says which (the table's structure; the server reports the site as refused);
+it never encodes a column it was not told about. Values that do not fit their
+declaration are encoded as the central engine encodes them (``engines.dpsgd.features``:
+text in a numeric column is null, a value outside a categorical domain all zeros, a row
+whose target is either unusable) and named in the site's own log only: what the site says
+leaves it and reaches the analyst, and a refusal for them was one exact bit about a
+chosen column's rows, free of any epsilon ("the rows do not match the declared types and
+domains"; before that, "has 3 value(s) outside its declared domain").
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 
 import numpy as np
@@ -22,6 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engines.dpsgd import features as enc
+
+log = logging.getLogger(__name__)
 
 
 class SchemaMismatch(ValueError):
@@ -47,7 +50,9 @@ def schema_fingerprint(columns: list[dict]) -> str:
     return hashlib.sha256(json.dumps(columns, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def check_schema(table: pa.Table, columns: list[dict]) -> None:
+def check_schema(table: pa.Table, columns: list[dict]) -> list[str]:
+    """Refuses a table without a declared column (``SchemaMismatch``); returns what does
+    not fit the declarations (for the site's log only)."""
     problems, missing = [], []
     for c in columns:
         name = c["column"]
@@ -64,15 +69,16 @@ def check_schema(table: pa.Table, columns: list[dict]) -> None:
             extra = values - set(domain)
             if extra:
                 problems.append(f"column {name!r} has {len(extra)} value(s) outside its declared domain")
-    if problems or missing:
-        public = missing + (["the rows do not match the declared types and domains"] if problems else [])
-        raise SchemaMismatch("; ".join(public), "; ".join(missing + problems))
+    if missing:
+        raise SchemaMismatch("; ".join(missing), "; ".join(missing + problems))
+    return problems
 
 
 def prepare(table: pa.Table, spec: dict, seed: bytes | None = None):
     """(x_train, y_train, x_test, y_test): usable rows, split at random (``test_fraction``)."""
     cols = spec["features"] + [spec["target"]]
-    check_schema(table, cols)
+    for problem in check_schema(table, cols):
+        log.warning("the site's table: %s (encoded as the central engine does: null or zeros)", problem)
     x = enc.encode_features(table, spec["features"]).astype(np.float64)
     y, ok = enc.encode_target(table, spec["task"], spec["target"])
     x, y = x[ok], np.asarray(y)[ok].astype(np.int64)

@@ -44,7 +44,6 @@ def handle(kind: str, job: dict, arrays: list[np.ndarray], node_config: dict) ->
     served = str(node_config.get("dataset", ""))
     secret = _secret(node_config)
     reply = {"site": site, "dataset": served, "kind": kind, "round": job["round"], "nonce": job["nonce"]}
-    out: list[np.ndarray] = []
 
     def sign(payload_arrays):
         reply["mac"] = auth.mac(secret, nonce=job["nonce"], round=job["round"], site=site, dataset=served, kind=kind,
@@ -53,28 +52,37 @@ def handle(kind: str, job: dict, arrays: list[np.ndarray], node_config: dict) ->
 
     if served != job["dataset"]:
         reply["refused"] = f"site {site!r} serves dataset {served!r}, not {job['dataset']!r}"
-        return sign(out)
-    spec = job["spec"]
+        return sign([])
     try:
-        table = site_data.read_table(str(node_config["table"]))
-        x_tr, y_tr, x_te, y_te = site_data.prepare(table, spec, auth.split_seed(secret, job["run_nonce"]))
+        return sign(_work(kind, job, arrays, node_config, secret, reply))
     except site_data.SchemaMismatch as e:  # the details stay here, in the site's log
         log.warning("site %s refuses job on dataset %s: %s", site, served, e.detail)
         reply["refused"] = f"schema: {e}"
-        return sign(out)
-    except (OSError, KeyError) as e:
-        log.warning("site %s cannot read its table: %s: %s", site, type(e).__name__, e)
-        reply["refused"] = "table: the site's table could not be read (see the site's log)"
-        return sign(out)
+    except Exception as e:  # noqa: BLE001 - its message can quote a row: it stays in the site's log
+        # (a CSV parser's error names the line it stopped at: "Expected 4 columns, got 5: 0.5,...")
+        log.warning("site %s could not run a %s job on dataset %s", site, kind, served, exc_info=True)
+        reply["refused"] = ("table: the site's table could not be read (see the site's log)" if isinstance(e, OSError)
+                            else "the site could not run the job (see the site's log)")
+    reply.pop("eval", None)
+    return sign([])
+
+
+def _work(kind: str, job: dict, arrays: list[np.ndarray], node_config: dict, secret: str,
+          reply: dict) -> list[np.ndarray]:
+    """The job's work on the site's rows: the update (train), nothing (hello, evaluate);
+    ``reply`` gets the held-out sums."""
+    spec = job["spec"]
+    table = site_data.read_table(str(node_config["table"]))
+    x_tr, y_tr, x_te, y_te = site_data.prepare(table, spec, auth.split_seed(secret, job["run_nonce"]))
     if kind == "hello":
-        return sign(out)
+        return []
     w = [np.asarray(a, dtype=np.float64) for a in arrays]
     reply["eval"] = {"correct": float(np.sum(model.predict(w, x_te) == y_te)) if len(x_te) else 0.0,
                      "count": float(len(x_te))}
     if str(node_config.get("misbehave", "")) == "inflate_eval":
         reply["eval"]["count"] = 1e15
     if kind == "evaluate":
-        return sign(out)
+        return []
     local = job.get("local_dp")
     if local:  # sample-level DP at the site: the update leaves the site already private
         new = model.dp_sgd(w, x_tr, y_tr, steps=local["steps"], q=local["q"], z=local["z"], clip=local["clip"],
@@ -92,7 +100,7 @@ def handle(kind: str, job: dict, arrays: list[np.ndarray], node_config: dict) ->
         update[0].flat[0] = np.nan
     elif spec["clip_norm"] is not None and not local:
         update, _ = dpfedavg.clip(update, spec["clip_norm"])
-    return sign(update)
+    return update
 
 
 def handle_masked(job: dict, arrays: list[np.ndarray], node_config: dict) -> tuple[list[np.ndarray], dict]:

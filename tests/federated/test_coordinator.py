@@ -1,6 +1,8 @@
 """The server's rounds over in-process sites (``LocalTransport``; the real processes are in
 test_processes.py): identification, refusals, rejected updates, the cap, a cancel."""
 
+import json
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -82,10 +84,11 @@ def test_unregistered_bad_key_other_dataset_and_schema_sites_are_refused(tmp_pat
 
 
 @pytest.mark.parametrize("undeclared", [1, 3])
-def test_a_site_refused_for_its_rows_says_no_more_than_that(tmp_path, tables, caplog, undeclared):
+def test_a_site_whose_rows_break_a_declaration_says_nothing_of_it(tmp_path, tables, caplog, undeclared):
     """A site's refusal reaches the analyst: it said "column 'color' has 3 value(s) outside
-    its declared domain", exact and free, for a column the analyst chose. It names missing
-    columns (structure) only; the rest goes to the site's log."""
+    its declared domain", then "the rows do not match the declared types and domains": an
+    exact bit about a column the analyst chose, free. The site now trains on, encoding the
+    undeclared value as the central engine does (all zeros); only its own log names it."""
     import pyarrow as pa
 
     t = pq.read_table(tables[1])
@@ -93,13 +96,27 @@ def test_a_site_refused_for_its_rows_says_no_more_than_that(tmp_path, tables, ca
     colors[:undeclared] = [f"mauve{i}" for i in range(undeclared)]
     bad = tmp_path / "bad-domain.parquet"
     pq.write_table(t.set_column(t.schema.get_field_index("color"), "color", pa.array(colors)), bad)
+    with caplog.at_level("WARNING", logger="engines.federated.site_data"):
+        c, r, _ = run(tmp_path, [node(tmp_path, "a", tables[0]), node(tmp_path, "b", bad)], sites=["a", "b"],
+                      target_epsilon="inf", rounds=1)
+    assert r["sites"]["refused"] == {} and r["sites"]["connected"] == ["a", "b"], r["sites"]
+    assert all(set(h["sites"]["accepted"]) == {"a", "b"} for h in r["history"])
+    assert f"has {undeclared} value(s) outside its declared domain" in caplog.text  # the site's own log
+    assert all("seconds" not in h for h in r["history"])  # a round's duration follows the sites' rows
+
+
+def test_a_site_that_fails_on_its_rows_says_only_that_it_failed(tmp_path, tables, caplog):
+    """A CSV line the parser cannot read: its error quotes the line ("Expected 4 columns, got
+    5: 0.5,0.1,red,yes,ssn=...") and reached the analyst's result and the audit trail."""
+    text = pq.read_table(tables[1]).to_pandas().to_csv(index=False)
+    bad = tmp_path / "bad-row.csv"
+    bad.write_text(text + "0.5,0.1,red,yes,ssn=123-45-6789,extra\n")
     with caplog.at_level("WARNING", logger="engines.federated.siteapp"):
         c, r, _ = run(tmp_path, [node(tmp_path, "a", tables[0]), node(tmp_path, "b", bad)], sites=["a", "b"],
                       target_epsilon="inf", rounds=1)
     said = r["sites"]["refused"]["2"]
-    assert said == "b: schema: the rows do not match the declared types and domains", said
-    assert f"has {undeclared} value(s) outside its declared domain" in caplog.text  # the site's own log
-    assert all("seconds" not in h for h in r["history"])  # a round's duration follows the sites' rows
+    assert said == "b: the site could not run the job (see the site's log)", said
+    assert "ssn=" not in json.dumps(r) and "ssn=" in caplog.text  # the site's own log has it
 
 
 def test_a_second_node_claiming_a_connected_site_is_refused(tmp_path, tables):
