@@ -100,9 +100,11 @@ def _is_int(v: Any) -> bool:
 
 class _Errors(dict):
     def number(self, params, key, default, *, lo=None, hi=None, lo_open=False, integer=False):
-        v = params.get(key, default)
-        if v is None:
-            return None
+        v = params.get(key)
+        if v is None:  # absent, or JSON null: the default (None: not given)
+            v = default
+            if v is None:
+                return None
         if integer and not _is_int(v):
             self[key] = f"must be an integer, got {v!r}"
             return default

@@ -13,7 +13,7 @@ from engines.aggregates import sql as sqlplan
 
 from ..core.errors import InvalidRequest, SqlInvalid, SqlUnsupported
 from ..ledger import estimates
-from .submission import plan_request
+from .submission import given, plan_request
 
 
 def from_sql(sql: str, options, dataset: str | None = None) -> sqlplan.SqlRequest:
@@ -54,6 +54,7 @@ def price(ds, user, *, sql: str | None = None, engine: str | None = None, kind: 
         asked = {"engine": engine, "kind": kind, "params": {} if params is None else params}
     if not isinstance(asked["params"], dict):
         raise InvalidRequest("params must be a JSON object", errors={"params": "must be an object"})
+    asked["params"] = given(asked["params"])
     plan = plan_request(ds, asked["engine"], asked["kind"], asked["params"])
     out = estimates.estimate(ds, user, plan.event)
     out["request"] = {k: asked[k] for k in ("engine", "kind", "params")}

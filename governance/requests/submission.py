@@ -82,6 +82,13 @@ def plan_request(ds: Dataset, engine: str, kind: str, params: dict):
         raise err from e
 
 
+def given(params):
+    """The parameters as given: a top-level JSON null is a parameter not given (its default),
+    for every engine alike. An engine's own check had let ``"max_grad_norm": null`` through
+    to the run, charged, then failed after the read, and ``"rounds": null`` raise a 500."""
+    return {k: v for k, v in params.items() if v is not None} if isinstance(params, dict) else params
+
+
 def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
            idempotency_key: str = "") -> tuple[Request, bool]:
     """Plan, gate and queue a request. Returns (request, replayed).
@@ -91,12 +98,12 @@ def submit(analyst, ds: Dataset, engine: str, kind: str, params: dict, *,
     (a retry of a POST whose answer was lost, while the first may still be queued or
     running). The same key with a different request is refused (422).
 
-    ``params`` are planned, fingerprinted and stored as every database gives them back
-    (``trail.storable``: a float of 1e16 or more is the int it equals): PostgreSQL's jsonb
+    ``params`` (``given``: nulls dropped) are planned, fingerprinted and stored as every
+    database gives them back (``trail.storable``: a float of 1e16 or more is the int it equals): PostgreSQL's jsonb
     read 1.5e300 back as the decimal 15 x 10^299, SQLite as the float, and the two audit
     trails recorded the same request with two different numbers."""
     if isinstance(params, dict):
-        params = trail.storable(params)
+        params = trail.storable(given(params))
     if idempotency_key and (earlier := _repeat_of(analyst, idempotency_key, ds, engine, kind, params)):
         return earlier, False
     if ds.status != Dataset.Status.ACTIVE:

@@ -132,3 +132,14 @@ def test_the_params_schema_lists_exactly_what_validate_takes():
     jsonschema.validate({"target": "label", "target_epsilon": "inf"}, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"target": "label", "secure_aggregation": "yes"}, schema)
+
+
+@pytest.mark.parametrize("name", ["rounds", "sites_per_round", "test_fraction", "eval_every", "delta", "clip_norm",
+                                  "local_epochs", "local_learning_rate", "local_batch_size", "server_learning_rate"])
+def test_a_null_number_is_its_default_in_the_engine_too(name):
+    """The service drops top-level nulls (``submission.given``); the engine's own check
+    does the same: ``rounds: null`` raised a TypeError (a 500) and ``clip_norm: null`` was
+    planned, charged, sent to the sites unclipped and failed at the server."""
+    base = {"target_epsilon": 2.0, "rounds": 3}
+    without = {k: v for k, v in base.items() if k != name}
+    assert plan(**{**base, name: None}) == plan(**without)
