@@ -74,23 +74,85 @@ _COMPARE = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equa
             ">=": np.greater_equal}
 
 
-def _compare(table: pa.Table, name: str, op: str, value: float) -> np.ndarray:
-    """``column op value`` compared as float64, chunk by chunk; null/NaN rows never match.
-    float64 and integer chunks are compared as numpy holds them (numpy compares an integer
-    array with a Python float in float64, as the cast would), anything else is cast first."""
+def _compare(table: pa.Table, name: str, op: str, value: int | float) -> np.ndarray:
+    """``column op value``, exact, chunk by chunk; null/NaN rows never match. An integer
+    column is compared as integers and a float column as floats, each against the literal's
+    exact value (``_int_operand``, ``_float_operand``): compared in float64, the integers
+    past 2**53 met a rounded literal (``acct == 2**53 + 1`` counted the rows holding 2**53
+    too, ``u > 2**63`` missed half the rows above it). Other types are cast to float64."""
+    return _chunkwise(table, name, lambda a, ints: _one_compare(a, op, value, ints))
+
+
+def _one_compare(a: np.ndarray, op: str, value, ints: bool) -> np.ndarray:
+    op2, operand = (_int_operand if ints else _float_operand)(op, value)
+    if op2 is None:  # no value of the column's kind equals it: == never, != always
+        return np.full(len(a), operand, dtype=bool)
+    return _COMPARE[op2](a, operand)
+
+
+def _member(table: pa.Table, name: str, values: list) -> np.ndarray:
+    """``column in values``, exact as ``_compare`` (nulls and NaN: never)."""
+    def hit(a, ints):
+        keep = [v for op, v in map((_int_operand if ints else _float_operand), ["=="] * len(values), values)
+                if op is not None]
+        if ints:  # (numpy compares out-of-range Python ints correctly, and no such value equals a row)
+            info = np.iinfo(a.dtype)
+            keep = [v for v in keep if info.min <= v <= info.max]
+            return np.isin(a, np.array(keep, dtype=a.dtype))
+        # + 0.0 turns -0.0 into 0.0: Arrow hashes them apart, comparisons do not
+        return _to_bool(pc.is_in(pa.array(a + 0.0), value_set=pa.array([v + 0.0 for v in keep], type=pa.float64())))
+    return _chunkwise(table, name, hit)
+
+
+def _chunkwise(table: pa.Table, name: str, fn) -> np.ndarray:
+    """``fn(values, ints)`` over the column's chunks: an integer chunk as its integers
+    (``ints`` True; its nulls masked out after), float64 as is, anything else cast to
+    float64; NaN rows are masked out after too."""
     col = _column(table, name)
     out = np.empty(table.num_rows, dtype=bool)
     off = 0
     for chunk in col.chunks:
-        if not (chunk.type == pa.float64() or pa.types.is_integer(chunk.type)):
+        ints = pa.types.is_integer(chunk.type)
+        valid = None
+        if ints and chunk.null_count:
+            valid = _to_bool(chunk.is_valid())
+            chunk = chunk.fill_null(0)
+        elif not ints and chunk.type != pa.float64():
             chunk = chunk.cast(pa.float64())
-        a = chunk.to_numpy(zero_copy_only=False)  # integers with nulls come as float64 with NaN
+        a = chunk.to_numpy(zero_copy_only=False)
         seg = out[off:off + len(a)]
-        _COMPARE[op](a, value, out=seg)
-        if op == "!=" and a.dtype.kind == "f":
+        seg[:] = fn(a, ints)
+        if valid is not None:
+            seg &= valid
+        elif not ints:
             seg &= ~np.isnan(a)
         off += len(a)
     return out
+
+
+def _int_operand(op: str, v) -> tuple[str | None, int | bool]:
+    """``(op', n)`` with ``x op v`` == ``x op' n`` for every integer x; ``(None, answer)``
+    when the answer is the same for every x (== or != against a fraction)."""
+    if isinstance(v, int) or float(v).is_integer():
+        return op, int(v)
+    if op in ("==", "!="):
+        return None, op == "!="
+    return ("<=", math.floor(v)) if op in ("<", "<=") else (">=", math.ceil(v))
+
+
+def _float_operand(op: str, v) -> tuple[str | None, float | bool]:
+    """As ``_int_operand`` for float64 x: an integer literal no float64 holds (past 2**53)
+    lies between two floats, ``lo < v < hi``: x < v is x <= lo, x > v is x >= hi."""
+    if not isinstance(v, int):
+        return op, float(v)
+    lo = float(v)
+    if int(lo) == v:
+        return op, lo
+    if op in ("==", "!="):
+        return None, op == "!="
+    if lo > v:
+        lo = math.nextafter(lo, -math.inf)
+    return ("<=", lo) if op in ("<", "<=") else (">=", math.nextafter(lo, math.inf))
 
 
 def _as_str(v) -> str:
@@ -189,13 +251,8 @@ def _atom(table: pa.Table, p: dict, cache: dict) -> np.ndarray:
         if op in _COMPARE:
             m = _compare(table, name, op, value)
         else:
-            v = cache.get(name)
-            if v is None:
-                v = cache[name] = numeric_values(table, name)
-            # + 0.0 turns -0.0 into 0.0: Arrow hashes them apart, comparisons do not
-            hit = _to_bool(pc.is_in(pa.array(v + 0.0), value_set=pa.array([x + 0.0 for x in value],
-                                                                         type=pa.float64())))
-            m = hit if op == "in" else ~hit & ~np.isnan(v)
+            hit = _member(table, name, value)
+            m = hit if op == "in" else ~hit & _known(table, [p])
     else:
         col = _column(table, name)
         values = value if op in ("in", "not_in") else [value]

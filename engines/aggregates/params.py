@@ -144,6 +144,13 @@ def where_list(where: Any, dataset: DatasetMeta, errors: dict, key: str = "where
     return out
 
 
+
+def _exact(v: int | float) -> int | float:
+    """A numeric literal as compared (``compute._compare``): an integer stays an integer,
+    exact past 2**53 (as a float, 2**53 + 1 was 2**53); a float stays a float."""
+    return v if isinstance(v, int) else float(v)
+
+
 def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict, key: str | None = None) -> dict | None:
     key = key or f"where[{i}]"
     if not isinstance(p, dict):
@@ -182,12 +189,12 @@ def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict, key: str | No
         if not all(ok(v) for v in value):
             errors[key] = f"every value must be a {what}"
             return None
-        value = [float(v) for v in value] if ctype == "numeric" else list(value)
+        value = [_exact(v) for v in value] if ctype == "numeric" else list(value)
     else:
         if not ok(value):
             errors[key] = f"value must be a {what}"
             return None
-        value = float(value) if ctype == "numeric" else value
+        value = _exact(value) if ctype == "numeric" else value
     if ctype == "categorical" and (dom := _domain(spec)) is not None:
         outside = [v for v in (value if op in ("in", "not_in") else [value]) if not in_domain(v, dom)]
         if outside:
