@@ -49,6 +49,11 @@ def infer_schema(table: pa.Table, unit_column: str = "") -> dict:
                          "integer": pa.types.is_integer(t)})
         elif pa.types.is_boolean(t):
             cols.append({"name": name, "type": "categorical", "domain": [False, True]})
+        elif (pa.types.is_time(t) or pa.types.is_duration(t)) and len(
+                uniq := pc.unique(table.column(name).drop_null())) <= MAX_DOMAIN:
+            # proposed as the text they are matched as (``_unmatched_text``): 01:00:00.000
+            cols.append({"name": name, "type": "categorical", "domain_from_data": True,
+                         "domain": [str(v) for v in uniq.take(pc.sort_indices(uniq)).cast(pa.string()).to_pylist()]})
         elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
             col = table.column(name)
             if pa.types.is_dictionary(t):
@@ -104,14 +109,39 @@ def _unmatchable(typ: pa.DataType, domain: list) -> str | None:
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
                 return f"the column holds {typ} values: {v!r} matches no row"
     if pa.types.is_temporal(typ) and (texts := [v for v in domain if isinstance(v, str)]):
+        if pa.types.is_time(typ) or pa.types.is_duration(typ):
+            return _unmatched_text(typ, texts)
+        seen: dict = {}
         for v in texts:
             try:
-                pa.array([v], type=pa.string()).cast(typ)
-            except pa.ArrowNotImplementedError:  # (times, durations: matched as text, as shown)
-                return None
+                value = pa.array([v], type=pa.string()).cast(typ)[0]
             except pa.ArrowInvalid:
                 return (f"the column holds {typ} values: {v[:100]!r} is not one"
                         + (" (give its zone, e.g. a trailing Z for UTC)" if getattr(typ, "tz", None) else ""))
+            if value in seen:  # one instant spelt twice: GROUP BY put its rows under one, WHERE found them under both
+                return f"{seen[value][:100]!r} and {v[:100]!r} are one {typ} value: declare it once"
+            seen[value] = v
+    return None
+
+
+def _unmatched_text(typ: pa.DataType, texts: list[str]) -> str | None:
+    """A time of day or a duration is matched as the text Arrow writes for it (Arrow casts
+    no text to these types): ``01:00:00.000`` for a time32[ms], ``3600`` for a duration.
+    A value written otherwise (``01:00:00``, ``1:00``) was accepted and matched no row, in
+    every engine; refused here with the spelling that matches."""
+    import datetime
+
+    for v in texts:
+        try:
+            if pa.types.is_time(typ):
+                shown = pa.scalar(datetime.time.fromisoformat(v.strip()), type=typ).cast(pa.string()).as_py()
+            else:
+                shown = str(int(v.strip()))
+        except (ValueError, pa.ArrowInvalid, OverflowError):
+            return f"the column holds {typ} values: {v[:100]!r} is not one"
+        if shown != v:
+            return (f"the column holds {typ} values, matched as written {shown!r}: write that for {v[:100]!r} "
+                    "(it matches no row as written)")
     return None
 
 

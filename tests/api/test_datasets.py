@@ -727,3 +727,44 @@ def test_a_delta_of_minus_zero_is_stored_as_zero(api, officer, make_dataset):
     r = api(officer).patch(f"{URL}{ds.name}/", {"budget_delta": "-0.0"}, format="json")
     assert r.status_code == 200, r.content
     assert str(r.json()["budget_delta"]) == "0.0"
+
+
+def test_a_time_of_day_is_declared_as_the_column_s_text_and_an_instant_once(api, officer):
+    """Arrow casts no text to a time of day or a duration: such a column is matched as the
+    text Arrow writes (``01:00:00.000`` for a time32[ms]). A probe declared ["00:00:00",
+    "01:00:00"]: accepted, and every engine matched no row (zero counts charged, a synthetic
+    column all empty). And one instant spelt twice was two categories: GROUP BY put its
+    rows under one, WHERE found them under both."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 60
+    table = pa.table({"tod": pa.array([(i % 3) * 3_600_000 for i in range(n)], pa.time32("ms")),
+                      "wait": pa.array([(i % 2) * 3600 for i in range(n)], pa.duration("s")),
+                      "ts": pa.array([0] * n, pa.timestamp("s")),
+                      "utc": pa.array([0] * n, pa.timestamp("s", tz="UTC"))})
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    data = buf.getvalue()
+    for column, domain, reason in (
+            ("tod", ["00:00:00", "01:00:00"], "matched as written '00:00:00.000'"),
+            ("tod", ["noon"], "'noon' is not one"),
+            ("wait", ["1:00:00"], "'1:00:00' is not one"),
+            ("wait", ["03600"], "matched as written '3600'"),
+            ("ts", ["1970-01-01 00:00:00", "1970-01-01T00:00:00"], "are one timestamp[ms] value"),  # (Parquet keeps seconds as ms)
+            ("utc", ["1970-01-01T00:00:00Z", "1970-01-01T01:00:00+01:00"], "are one timestamp[ms, tz=UTC] value")):
+        schema = {column: {"type": "categorical", "domain": domain}}
+        r = api(officer).post(URL, form(data, "t.parquet", schema=json.dumps(schema)), format="multipart")
+        assert r.status_code == 400 and reason in r.json()["errors"][column], (column, r.json())
+    schema = {"tod": {"type": "categorical", "domain": ["00:00:00.000", "01:00:00.000", "02:00:00.000"]},
+              "wait": {"type": "categorical", "domain": ["0", "3600"]},
+              "ts": {"type": "categorical", "domain": ["1970-01-01 00:00:00", "1970-01-02 00:00:00"]},
+              "utc": {"type": "categorical", "domain": ["1970-01-01T00:00:00Z"]}}
+    r = api(officer).post(URL, form(data, "t.parquet", name="times", schema=json.dumps(schema)), format="multipart")
+    assert r.status_code == 201, r.json()
+    r = api(officer).post(URL, form(data, "t.parquet", name="drafted"), format="multipart")  # the draft's own domain
+    assert r.status_code == 201, r.json()
+    assert columns(r.json())["tod"]["domain"] == ["00:00:00.000", "01:00:00.000", "02:00:00.000"], r.json()
+    assert columns(r.json())["wait"]["domain"] == ["0", "3600"], r.json()
