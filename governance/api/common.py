@@ -110,5 +110,10 @@ class FormatSuffix:
 
 
 def file_response(path, name: str) -> FileResponse:
+    """A released file as an attachment; text (a synthetic table's CSV, a report) says its
+    charset: the engines write UTF-8, and a client without it read a column named
+    ``naïve`` as Latin-1."""
     kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    if kind.startswith("text/"):
+        kind += "; charset=utf-8"
     return FileResponse(open(path, "rb"), as_attachment=True, filename=name, content_type=kind)
