@@ -416,3 +416,83 @@ def test_an_account_s_username_cannot_be_changed_in_the_admin(client, django_use
     client.post(f"/admin/auth/user/{analyst.pk}/change/", form)
     analyst.refresh_from_db()
     assert analyst.username == "ann" and verify([ds]).ok
+
+
+@pytest.fixture
+def root_client(client, django_user_model):
+    """An officer with Django's permissions on accounts (``manage.py createofficer``'s)."""
+    client.force_login(django_user_model.objects.create_superuser("root", "root@example.org", "pw"))
+    return client
+
+
+def test_an_account_with_active_grants_is_not_made_an_auditor(root_client, make_dataset, analyst, grant):
+    """Added to the auditors group in the user admin, an analyst kept her grants: she ran
+    requests and read every analyst's in the audit trail. The form refuses; an account
+    already in both (a change made outside the admin) uses no dataset."""
+    from django.contrib.auth.models import Group
+
+    from governance.core.roles import AUDITORS_GROUP
+
+    ds = make_dataset("clinic")
+    grant(analyst, ds)
+    auditors = Group.objects.get_or_create(name=AUDITORS_GROUP)[0]
+    form = {"first_name": "", "last_name": "", "email": "", "is_active": "on", "groups": [auditors.pk],
+            "date_joined_0": "2026-01-01", "date_joined_1": "00:00:00", "initial-date_joined_0": "2026-01-01",
+            "initial-date_joined_1": "00:00:00"}
+    r = root_client.post(f"/admin/auth/user/{analyst.pk}/change/", form)
+    assert r.status_code == 200 and "holds active grants" in r.content.decode()
+    assert not analyst.groups.exists()
+    Grant.objects.filter(analyst=analyst).update(revoked_at="2026-01-02T00:00:00Z")
+    r = root_client.post(f"/admin/auth/user/{analyst.pk}/change/", form)
+    assert r.status_code == 302 and analyst.groups.filter(pk=auditors.pk).exists()
+
+
+@pytest.mark.django_db
+def test_an_auditor_holding_a_grant_from_before_uses_no_dataset(api, make_dataset, analyst, grant):
+    from django.contrib.auth.models import Group
+
+    from governance.core.roles import AUDITORS_GROUP
+    from governance.requests.submission import access_refusal
+
+    ds = make_dataset("clinic", epsilon=5.0)
+    grant(analyst, ds)
+    client = api(analyst)
+    assert client.get("/api/datasets/clinic/").status_code == 200
+    analyst.groups.add(Group.objects.get_or_create(name=AUDITORS_GROUP)[0])  # (outside the admin's form)
+    client = api(analyst)
+    r = client.post("/api/requests/", {"dataset": "clinic", "engine": "aggregates", "kind": "count",
+                                       "params": {"epsilon": 0.1}}, format="json")
+    assert r.status_code == 400 and r.json()["errors"] == {"dataset": "not found"}, r.content
+    assert client.get("/api/datasets/clinic/").status_code == 404
+    assert access_refusal(analyst, ds).code == "grant.missing"  # a request queued before: refused at its run
+
+
+def test_an_account_an_audit_record_names_is_not_deleted(root_client, make_dataset, analyst, django_user_model):
+    """Deleted, its username could be given to a new account, and the trail would credit the
+    new one with what it records (a probe's deleted officer's budget change, read back as an
+    analyst's). Such an account is deactivated; one no record names can still be deleted."""
+    from governance.datasets import registry
+    from governance.models import AuditRecord
+
+    ds = make_dataset("clinic", epsilon=5.0)
+    named = django_user_model.objects.create_user("off2", is_staff=True)
+    other = django_user_model.objects.create_user("temp")
+    registry.update(ds, budget_epsilon=5.5, actor="off2")
+    assert AuditRecord.objects.filter(actor="off2", action="settings").exists()
+    assert root_client.get(f"/admin/auth/user/{named.pk}/delete/").status_code == 403
+    bulk = {"action": "delete_selected", "_selected_action": [named.pk, other.pk], "post": "yes"}
+    assert root_client.post("/admin/auth/user/", bulk).status_code == 403
+    assert django_user_model.objects.filter(pk__in=[named.pk, other.pk]).count() == 2
+    assert root_client.post("/admin/auth/user/", {**bulk, "_selected_action": [other.pk]}).status_code == 302
+    assert django_user_model.objects.filter(pk=named.pk).exists() and not django_user_model.objects.filter(
+        pk=other.pk).exists()
+
+
+def test_a_token_an_officer_issues_for_an_analyst_is_in_the_admin_s_log(officer_client, api, officer, analyst):
+    """With it the officer could act as her (docs/concepts.md): the step is on record."""
+    from django.contrib.admin.models import LogEntry
+
+    assert api(officer).post(f"/api/analysts/{analyst.pk}/token/").status_code == 200
+    assert officer_client.post("/admin/governance/token/", {"for": str(analyst.pk)}).status_code == 200
+    logged = LogEntry.objects.filter(object_id=str(analyst.pk), user=officer)
+    assert [e.change_message for e in logged] == ["Issued a new API token (the old one stopped working)."] * 2

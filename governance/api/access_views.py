@@ -104,7 +104,7 @@ class AnalystViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         if request.method == "DELETE":
             tokens.revoke(user)  # ...and the web sessions opened with it
             return Response(status=status.HTTP_204_NO_CONTENT)
-        return Response({"token": tokens.issue(user).key})
+        return Response({"token": tokens.issue(user, by=request.user).key})
 
 
 @extend_schema(responses={200: inline_serializer("Me", {

@@ -28,10 +28,18 @@ def revoke(user, *, end_sessions: bool = True) -> None:
         user.save(update_fields=["password"])
 
 
-def issue(user, *, end_sessions: bool = True) -> Token:
-    """A new token for ``user``; the old one (if any) stops working."""
+def issue(user, *, end_sessions: bool = True, by=None) -> Token:
+    """A new token for ``user``; the old one (if any) stops working. Issued ``by`` another
+    account (an officer), the step goes into Django's admin log (the account's history
+    page, "Recent actions"): with the token the officer could act as her."""
     revoke(user, end_sessions=end_sessions)
-    return Token.objects.create(user=user)
+    token = Token.objects.create(user=user)
+    if by is not None and by.pk != user.pk:
+        from django.contrib.admin.models import CHANGE, LogEntry
+
+        LogEntry.objects.log_actions(by.pk, [user], CHANGE, change_message="Issued a new API token (the old one "
+                                                                            "stopped working).", single_object=True)
+    return token
 
 
 def current(user):

@@ -34,6 +34,7 @@ from ..core.errors import (
     TooManyActive,
     UserError,
 )
+from ..core.roles import AUDITORS_GROUP
 from ..datasets.engine_meta import dataset_meta
 from ..ledger import actions as ledger, sql as ledger_sql, trail
 from ..models import Dataset, Request
@@ -149,7 +150,8 @@ def access_refusal(analyst, ds: Dataset) -> UserError | None:
 
     if Dataset.objects.filter(pk=ds.pk).values_list("status", flat=True).first() != Dataset.Status.ACTIVE:
         return DatasetNotActive(f"Dataset {ds.name} is not active.", dataset=ds.name)
-    if not analyst.is_staff and not Grant.objects.filter(dataset=ds, analyst=analyst, revoked_at__isnull=True).exists():
+    if not analyst.is_staff and not Grant.objects.filter(dataset=ds, analyst=analyst, revoked_at__isnull=True).exclude(
+            analyst__groups__name=AUDITORS_GROUP).exists():  # (an auditor holds no grant: one from before is void)
         return NoGrant(f"{analyst} has no grant on dataset {ds.name}.", dataset=ds.name)
     return None
 

@@ -20,7 +20,7 @@ from ..datasets import registry as datasets
 from ..ledger import grants
 from ..ledger.limits import Limit
 from ..models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
-from .admin_forms import DatasetChangeForm, DatasetRegisterForm, GrantForm
+from .admin_forms import AccountChangeForm, DatasetChangeForm, DatasetRegisterForm, GrantForm, named_in_the_trail
 from .progress import progress_text
 
 
@@ -270,6 +270,18 @@ class AccountAdmin(UserAdmin):
     record names its actor by username, and ``audit verify`` compares a release's record
     with its ledger entry's analyst; a rename made each dataset she used fail verification."""
 
+    form = AccountChangeForm
+
     def get_readonly_fields(self, request, obj=None):
         fields = tuple(super().get_readonly_fields(request, obj))
         return fields + ("username",) if obj is not None else fields
+
+    def has_delete_permission(self, request, obj=None):
+        """An account an audit record names is deactivated, never deleted: its username
+        could then be given to a new account, and the trail would credit that one with
+        what it records (a probe's deleted officer's budget change, read as an analyst's).
+        The bulk action refuses a selection holding one (Django asks this of each)."""
+        if obj is not None and named_in_the_trail(obj):
+            return False
+        return super().has_delete_permission(request, obj)
+

@@ -1,6 +1,7 @@
 """Admin forms: registering a table and editing a dataset go through ``governance.datasets.registry``."""
 
 from django import forms
+from django.contrib.auth.forms import UserChangeForm
 
 from accounting import POLICIES
 from accounting.events import MAX_EPSILON
@@ -10,7 +11,8 @@ from ..core.errors import InvalidDataset
 from ..datasets import budget, registry
 from ..datasets.data import table_schema
 from ..datasets.schema import validate_schema
-from ..models import Grant
+from ..core.roles import AUDITORS_GROUP
+from ..models import AuditRecord, Grant
 
 
 def _raise(e: InvalidDataset):
@@ -168,3 +170,24 @@ class GrantForm(forms.ModelForm):
             if revoked is not None:
                 self.instance = revoked
         return data
+
+
+class AccountChangeForm(UserChangeForm):
+    """An account's roles: an auditor holds no grant (docs/concepts.md), so an account
+    with active grants is not made an auditor. Added to the group, an analyst kept her
+    grants: she ran requests and read every analyst's in the audit trail."""
+
+    def clean(self):
+        data = super().clean()
+        groups = data.get("groups")
+        if (self.instance.pk and groups is not None and any(g.name == AUDITORS_GROUP for g in groups)
+                and Grant.objects.filter(analyst=self.instance, revoked_at__isnull=True).exists()):
+            raise forms.ValidationError("This account holds active grants, and an auditor holds none: revoke them "
+                                        "first.")
+        return data
+
+
+def named_in_the_trail(user) -> bool:
+    """Whether an audit record names this account (records name their actor by username:
+    deleted, the name could be given to a new account and the trail read as its doing)."""
+    return AuditRecord.objects.filter(actor=user.get_username()).exists()

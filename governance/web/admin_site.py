@@ -190,7 +190,7 @@ class GovernanceAdminSite(admin.AdminSite):
                 return HttpResponse("for must be me or a user's id", status=400, content_type="text/plain")
             target = request.user if who == "me" else get_object_or_404(User, pk=int(who), is_staff=False,
                                                                           is_active=True)
-            token = tokens.issue(target)
+            token = tokens.issue(target, by=request.user)
             issued = {"user": target, "key": token.key, "expires": tokens.expires(token)}
         mine = tokens.current(request.user)
         users = [{"u": u, "role": role_of(u), "token": tokens.current(u)}
