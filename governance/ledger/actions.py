@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from accounting import events as ev
@@ -389,17 +390,15 @@ class EntrySums:
     (the dataset's, or with a grant's limit that grant's; read once, O(history), and only
     when a state lies near the limit), plus new costs: ``sums.plus((cost, times), ...)``."""
 
-    def __init__(self, dataset_id: int, grant_id: int | None, limit: Limit):
-        self.dataset_id, self.grant_id, self.limit = dataset_id, grant_id, limit
+    def __init__(self, dataset_id: int, grant_id: int | None, limit: Limit, up_to: int | None = None):
+        self.dataset_id, self.grant_id, self.limit, self.up_to = dataset_id, grant_id, limit, up_to
         self._entries: dict[tuple, dict] = {}
 
     def entries(self, fields: list[int]) -> dict:
         key = tuple(fields)
         if key not in self._entries:
-            entries = LedgerEntry.objects.filter(dataset_id=self.dataset_id).exclude(
-                status=LedgerEntry.Status.RELEASED)
-            if self.limit.scope == "grant":
-                entries = entries.filter(grant_id=self.grant_id)
+            entries = _live_entries(self.dataset_id, self.grant_id if self.limit.scope == "grant" else None,
+                                    self.up_to)
             costs = (committed or cost for cost, committed in
                      entries.values_list("cost", "committed_cost").iterator(chunk_size=STATE_CHUNK))
             self._entries[key] = exact_sums(costs, fields)
@@ -412,14 +411,23 @@ class EntrySums:
         return sums
 
 
-def recompute_state(dataset_id: int, grant_id: int | None = None) -> Cost:
-    """The running state re-derived from the ledger (for verification; O(history)): the
-    dataset's, or with ``grant_id`` that grant's."""
-    entries = LedgerEntry.objects.filter(dataset_id=dataset_id)
+def _live_entries(dataset_id: int, grant_id: int | None = None, up_to: int | None = None):
+    """The entries a state sums (committed and reserved): the dataset's, or with
+    ``grant_id`` that grant's; with ``up_to``, the reservations admitted after entry
+    ``up_to`` left out (what stood ahead of it in the queue)."""
+    entries = LedgerEntry.objects.filter(dataset_id=dataset_id).exclude(status=LedgerEntry.Status.RELEASED)
     if grant_id is not None:
         entries = entries.filter(grant_id=grant_id)
+    if up_to is not None:
+        entries = entries.filter(Q(status=LedgerEntry.Status.COMMITTED) | Q(pk__lte=up_to))
+    return entries
+
+
+def recompute_state(dataset_id: int, grant_id: int | None = None, up_to: int | None = None) -> Cost:
+    """The running state re-derived from the ledger (for verification; O(history)): the
+    dataset's, or with ``grant_id`` that grant's (``up_to``: as ``_live_entries``)."""
     total = Cost.zero()
-    for cost, committed_cost in entries.exclude(
-            status=LedgerEntry.Status.RELEASED).values_list("cost", "committed_cost").iterator(chunk_size=STATE_CHUNK):
+    for cost, committed_cost in _live_entries(dataset_id, grant_id, up_to).values_list(
+            "cost", "committed_cost").iterator(chunk_size=STATE_CHUNK):
         total = total + Cost.from_json(committed_cost or cost)
     return total

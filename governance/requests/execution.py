@@ -258,9 +258,11 @@ def _settings_refusal(req: Request, plan: Plan) -> UserError | None:
     """What the request's admission relied on and the officer changed while it waited: the
     dataset's allow_non_private (a non-private part) or pld_certification (a run certified
     by PLD) turned off, or the analyst's cap lowered below what she has spent and reserved
-    (this request's reservation included). Submitted now it would be refused; queued, it
-    stops here, refunded (which may make room under the cap for the next one)."""
-    from ..ledger.actions import EntrySums, to_event
+    ahead of this request (its own reservation included; those queued after it are the ones
+    past the cap). Submitted now it would be refused; queued, it stops here, refunded (which
+    may make room under the cap for the next one). A probe's three queued requests under a
+    lowered cap: the first two were refused and the last one, the one past the cap, ran."""
+    from ..ledger.actions import EntrySums, recompute_state, to_event
     from ..ledger.limits import Limit
     from ..models import Grant
 
@@ -277,11 +279,15 @@ def _settings_refusal(req: Request, plan: Plan) -> UserError | None:
     if limit is None:
         return None
     state = Cost.from_json(grant.state)
-    if not limit.holds(state, EntrySums(req.dataset_id, grant.pk, limit).plus()):
-        return BudgetExceeded(f"the privacy officer lowered {req.analyst}'s cap on dataset {req.dataset.name} to "
-                              f"epsilon {limit.epsilon:.6g}, below what is spent and reserved under it "
-                              f"({limit.spent(state):.6g})", scope="grant", dataset=req.dataset.name)
-    return None
+    if limit.holds(state, EntrySums(req.dataset_id, grant.pk, limit).plus()):
+        return None
+    if req.ledger_entry_id is not None:  # over it as a whole: is this one past it, in the order admitted?
+        state = recompute_state(req.dataset_id, grant.pk, up_to=req.ledger_entry_id)
+        if limit.holds(state, EntrySums(req.dataset_id, grant.pk, limit, up_to=req.ledger_entry_id).plus()):
+            return None
+    return BudgetExceeded(f"the privacy officer lowered {req.analyst}'s cap on dataset {req.dataset.name} to "
+                          f"epsilon {limit.epsilon:.6g}, below what is spent and reserved under it ahead of this "
+                          f"request ({limit.spent(state):.6g})", scope="grant", dataset=req.dataset.name)
 
 
 def _run(req: Request, clock: RunClock) -> str:

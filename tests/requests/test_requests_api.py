@@ -374,28 +374,33 @@ def test_a_request_queued_before_the_officer_turns_its_setting_off_is_not_run(
     assert AuditRecord.objects.filter(outcome="cancelled").count() == 1
 
 
+@pytest.mark.parametrize("order", ["as queued", "last first"])
 def test_a_cap_lowered_below_what_is_reserved_stops_the_queued_requests_past_it(
-        api, analyst, officer, clinic, django_capture_on_commit_callbacks):
+        api, analyst, officer, clinic, django_capture_on_commit_callbacks, order):
     """A probe lowered an analyst's cap to 0.05 while her requests of 0.3 and 0.25 waited:
     both released, 1.47 spent under a cap of 0.05. Lowering a cap stays allowed (it stops
-    her next requests); at the claim, a queued request whose grant's cap no longer covers
-    what is spent and reserved is cancelled and refunded, which may make room for the next."""
+    her next requests); at the claim, a queued request is cancelled and refunded when what
+    is spent and reserved ahead of it (its own included) is past the cap: the ones queued
+    last. (Judged against every reservation, the first was refused and the one past the
+    cap ran: another probe's three requests.) Claimed out of order, the same ones run."""
     from governance.models import Grant
 
     client = api(analyst)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         first = post(client, {"epsilon": 0.3}).json()["id"]
-        second = post(client, {"epsilon": 0.25}).json()["id"]
+        second = post(client, {"epsilon": 0.15}).json()["id"]
+        third = post(client, {"epsilon": 0.25}).json()["id"]
     gid = Grant.objects.get(analyst=analyst, dataset=clinic).pk
-    assert api(officer).patch(f"/api/grants/{gid}/", {"cap_epsilon": 0.4}, format="json").status_code == 200
-    for callback in callbacks:
+    assert api(officer).patch(f"/api/grants/{gid}/", {"cap_epsilon": 0.5}, format="json").status_code == 200
+    for callback in (callbacks if order == "as queued" else callbacks[::-1]):
         callback()
-    req = Request.objects.get(pk=first)
+    assert Request.objects.get(pk=first).status == "succeeded"
+    assert Request.objects.get(pk=second).status == "succeeded"  # 0.3 + 0.15 ahead of it fit under 0.5
+    req = Request.objects.get(pk=third)
     assert (req.status, req.error["code"], req.data_read) == ("cancelled", "budget.exceeded", False)
     assert "cap" in req.error["detail"] and req.ledger_entry.status == "released"
-    assert Request.objects.get(pk=second).status == "succeeded"  # 0.25 alone fits under 0.4
     spent = api(analyst).get(f"/api/grants/{gid}/").json()["spent"]
-    assert spent["basic"]["epsilon"] == pytest.approx(0.25)
+    assert spent["basic"]["epsilon"] == pytest.approx(0.45)
 
 
 def test_a_task_delivered_twice_changes_nothing(api, analyst, clinic, django_capture_on_commit_callbacks):
