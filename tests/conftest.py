@@ -120,6 +120,16 @@ def is_postgres() -> bool:
     return settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 
 
+@pytest.fixture(autouse=True)
+def _no_database_restart(monkeypatch):
+    """The test database server's start is no outage to the in-process sweeps: their tests
+    judge heartbeats by the clocks they set (tests/requests/test_recovery_clocks.py tests
+    the restart's grace period with ``recovery.db_started`` of its own)."""
+    from governance.requests import recovery
+
+    monkeypatch.setattr(recovery, "db_started", lambda: None)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _celery_eager():
     """Tasks run in-process unless a test starts a real worker (tests/workers)."""

@@ -338,7 +338,7 @@ def _run(req: Request, clock: RunClock) -> str:
     recorder = federated_runs.Recorder(clock.report, data.superlink) if isinstance(data, Federation) else None
     try:
         release = plugins.run(req.engine, engine_request, meta, data, plan, recorder or clock.report, workdir)
-        if clock.cancelled or Request.objects.filter(pk=req.pk, cancel_requested=True).exists():
+        if clock.cancelled or _cancel_asked(req.pk):
             # asked after the engine's last report was handed over (a synthesis's reports and
             # release are its last two): the run is cancelled as promised, not released
             late = Cancelled("cancelled by the analyst")
@@ -387,6 +387,20 @@ def _run(req: Request, clock: RunClock) -> str:
                       "the charge stands."}, actual_event=release.actual_event, charge=True, clock=clock)
     return _finish(req, Request.Status.SUCCEEDED, result=result, actual_event=release.actual_event, charge=True,
                    officer_report=officer, clock=clock)
+
+
+def _cancel_asked(request_id) -> bool:
+    """Whether the analyst asked to cancel after the engine's last report. The database away
+    at that moment is no cancellation: the result is in hand and its outcome's write is
+    tried again until the database is back (``outcomes._again``); raised, the error was
+    taken for the engine's, a finished result dropped and charged in full (a probe's
+    PostgreSQL restart, 4 runs of 5). Released, a result whose cancel came just then is
+    the analyst's own, charged the same (a cancel after the read commits the work done)."""
+    try:
+        return Request.objects.filter(pk=request_id, cancel_requested=True).exists()
+    except outcomes.DATABASE_AWAY as e:
+        log.warning("request %s: its cancel flag could not be read (%s); taken as not cancelled", request_id, e)
+        return False
 
 
 def _failed_before_read(req: Request, e: Exception) -> str:

@@ -159,3 +159,28 @@ def test_a_task_that_finds_the_database_away_is_sent_again_not_dropped(api, anal
         run_request.pop_request()
     assert calls == [rid, rid]  # the retry's copy ran it
     assert Request.objects.get(pk=rid).status == "succeeded"
+
+
+def test_a_finished_run_whose_cancel_flag_cannot_be_read_is_released_not_failed(
+        api, analyst, clinic, monkeypatch, django_capture_on_commit_callbacks):
+    """A probe restarted PostgreSQL as runs finished: the late-cancel check's query raised,
+    the error was taken for the engine's, and 4 finished results were dropped and charged
+    in full as failures after the read."""
+    from django.db import OperationalError
+
+    from governance.requests import execution
+
+    real = execution.Request.objects.filter
+
+    def flaky(*args, **kwargs):
+        if kwargs.get("cancel_requested"):
+            raise OperationalError("the database system is shutting down")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(execution.Request.objects, "filter", flaky)
+    with django_capture_on_commit_callbacks(execute=True):
+        r = api(analyst).post("/api/requests/", {"dataset": clinic.name, "engine": "aggregates", "kind": "count",
+                                                 "params": {"epsilon": 0.2}}, format="json")
+    assert r.status_code == 202, r.content
+    req = Request.objects.get(pk=r.json()["id"])
+    assert req.status == "succeeded" and req.result is not None, (req.status, req.error)

@@ -21,6 +21,7 @@ from tests.requests.test_recovery import clinic, queued  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.django_db
 LOST_AFTER = 0.5
+DB_STARTED = recovery.db_started  # (tests/conftest.py replaces it for every test)
 
 
 @pytest.fixture(autouse=True)
@@ -108,3 +109,29 @@ def test_a_request_created_in_the_databases_future_is_sent_again(api, analyst, c
 
 def test_the_sweep_has_no_expiry_a_skewed_beat_could_judge():
     assert "expires" not in settings.CELERY_BEAT_SCHEDULE["sweep-lost-requests"]["options"]
+
+
+def test_after_a_database_restart_a_sweep_that_saw_no_outage_gives_the_grace_period_again(
+        api, analyst, clinic, monkeypatch, django_capture_on_commit_callbacks):
+    """A probe's PostgreSQL restart: a sweep in a process that had seen no error (it had not
+    run during the outage) marked a request lost 0.23 s after the return, its heartbeat
+    older than the grace period, while its worker held the outcome to write. The
+    database's start time tells of the outage."""
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    running(rid, db_now() - timedelta(seconds=10))  # its last beat before the outage
+    monkeypatch.setattr(recovery, "db_started", lambda: recovery.db_now() - timedelta(seconds=0.2))
+    assert sweep(lost_after=5)["lost"] == []  # back 0.2 s ago: watched afresh
+    monkeypatch.setattr(recovery, "db_started", lambda: recovery.db_now() - timedelta(days=1))
+    assert sweep(lost_after=LOST_AFTER)["lost"] == []  # (watched: unchanged for LOST_AFTER of this clock)
+    time.sleep(LOST_AFTER * 1.5)
+    assert sweep(lost_after=LOST_AFTER)["lost"] == [rid]
+
+
+def test_the_database_s_start_time_is_read_on_postgresql():
+    from django.db import connection
+
+    started = DB_STARTED()
+    if connection.vendor != "postgresql":
+        assert started is None
+    else:
+        assert started < db_now()
