@@ -241,6 +241,28 @@ def not_registered(ds: Dataset) -> None:
                                "Register it again under the same name.")
 
 
+def _check_grants_hold(ds: Dataset) -> None:
+    """A capped grant's limit takes the dataset's budget where its cap names none (delta,
+    most often) or is above it: a new budget must leave each such grant within its cap, as
+    it must the dataset (a probe's lowered delta put an analyst at 0.73 of a 0.5 cap, with
+    no word said)."""
+    from accounting.costs import Cost
+
+    from ..ledger.actions import EntrySums
+    from ..ledger.limits import Limit
+    from ..models import Grant
+
+    for grant in Grant.objects.filter(dataset=ds, revoked_at__isnull=True).select_related("analyst"):
+        limit = Limit.of_grant(grant, ds)
+        state = Cost.from_json(grant.state)
+        if limit is not None and not limit.holds(state, EntrySums(ds.pk, grant.pk, limit).plus()):
+            raise InvalidDataset(f"the new budget puts {grant.analyst}'s grant past its cap (its limit takes the "
+                                 f"dataset's budget where the cap names none): spent {limit.spent(state):.6g} against "
+                                 f"epsilon {limit.epsilon:.6g}; raise or revoke the cap first",
+                                 field="budget_delta" if grant.cap_delta is None else "budget_epsilon",
+                                 spent_epsilon=limit.spent(state))
+
+
 def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
     """Officer edits: schema, budget, policy, texts, allow_non_private, under the budget
     row's lock. A change of any of ``trail.AUDITED_SETTINGS`` is recorded in the dataset's audit
@@ -285,6 +307,8 @@ def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
             if (eps, delta) != old and not limit.holds(state, EntrySums(ds.pk, None, limit).plus()):
                 raise InvalidDataset("the new budget is below what the ledger has already spent", field="budget_epsilon",
                                      spent_epsilon=limit.spent(state))
+            if (eps, delta) != old:
+                _check_grants_hold(ds)
         if "approx_delta_share" in fields and fields["approx_delta_share"] != ds.approx_delta_share:
             share = fields["approx_delta_share"]
             if not (isinstance(share, (int, float)) and 0.0 <= share <= 0.9):

@@ -768,3 +768,19 @@ def test_a_time_of_day_is_declared_as_the_column_s_text_and_an_instant_once(api,
     assert r.status_code == 201, r.json()
     assert columns(r.json())["tod"]["domain"] == ["00:00:00.000", "01:00:00.000", "02:00:00.000"], r.json()
     assert columns(r.json())["wait"]["domain"] == ["0", "3600"], r.json()
+
+
+def test_a_new_delta_that_puts_a_capped_grant_past_its_cap_is_refused(api, officer, analyst, make_dataset, grant):
+    """A capped grant's limit takes the dataset's delta when its cap names none: a probe
+    lowered the delta to 1e-12 and an analyst stood at 0.73 of her 0.5 cap, no word said.
+    The new budget is refused as one below what the ledger spent is."""
+    from governance.ledger import actions as ledger
+
+    ds = make_dataset("clinic", epsilon=5.0, delta=1e-5)
+    grant(analyst, ds, cap_epsilon=0.5)
+    ledger.commit(ledger.admit(ds, analyst, {"kind": "gaussian", "noise_multiplier": 12.0}).pk)
+    client = api(officer)
+    r = client.patch(f"{URL}clinic/", {"budget_delta": 1e-12}, format="json")
+    assert r.status_code == 400 and "past its cap" in r.json()["detail"], r.json()
+    assert client.get(f"{URL}clinic/").json()["budget_delta"] == 1e-5
+    assert client.patch(f"{URL}clinic/", {"budget_delta": 1e-6}, format="json").status_code == 200
