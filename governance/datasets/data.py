@@ -55,21 +55,24 @@ def _load(path: str, sha256: str, fmt: str, columns: tuple[str, ...]) -> pa.Tabl
 def check_digest(path: str, sha256: str) -> None:
     """Raise ``StoredTableChanged`` unless the stored file is the one registered: rows
     appended, edited or truncated since (an operator, a restored backup) are never
-    answered on as if registered. Hashed once per process per file version (its size and
-    modification time): a stat per request after that."""
+    answered on as if registered. Hashed once per process per file version (its inode, size,
+    modification time and change time): a stat per request after that. The change time
+    moves with any write and no one can set it back (a probe's same-size edit with the
+    modification time put back was answered on by a running worker)."""
     st = os.stat(path)
-    _digest_matches(path, sha256, st.st_size, st.st_mtime_ns)
+    _digest_matches(path, sha256, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @functools.lru_cache(maxsize=64)
-def _digest_matches(path: str, sha256: str, size: int, mtime_ns: int) -> None:
+def _digest_matches(path: str, sha256: str, inode: int, size: int, mtime_ns: int, ctime_ns: int) -> None:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     if digest.hexdigest() != sha256:  # raised, so not cached: a file put back is read again
         raise StoredTableChanged(f"the stored table {path} is not the one registered: its SHA-256 is "
-                                 f"{digest.hexdigest()}, registered {sha256}; register the table again")
+                                 f"{digest.hexdigest()}, registered {sha256}: put the registered copy back (from a backup), or "
+                                 "register the changed table as a new dataset (its own name and budget)")
 
 
 def table_schema(ds: Dataset) -> pa.Schema:

@@ -5,6 +5,7 @@ got 5: 15,82,43865.82,south,SECRET...``) was the analyst's error detail and the 
 log's line, free of charge; a file edited so that it still parsed was answered on."""
 
 import logging
+import os
 
 import pytest
 
@@ -24,11 +25,16 @@ def damage(path, mode):
         cells = lines[5].split(",")
         cells[2] = SECRET
         lines[5] = ",".join(cells)
-    else:  # still parses: one income changed, same size
+    else:  # still parses: one income changed, same size (and with "mtime_back", its time put back)
         cells = lines[5].split(",")
-        cells[2] = cells[2][::-1] if cells[2][::-1] != cells[2] else cells[2] + "1"
+        cells[2] = "".join(sorted(cells[2], reverse=True)) if mode == "mtime_back" else (
+            cells[2][::-1] if cells[2][::-1] != cells[2] else cells[2] + "1")
         lines[5] = ",".join(cells)
+    st = path.stat()
     path.write_text("\n".join(lines) + "\n")
+    if mode == "mtime_back":  # the worker's cache of hashed versions was keyed on size and mtime
+        assert path.stat().st_size == st.st_size
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def ask(client, django_capture_on_commit_callbacks, epsilon):
@@ -39,7 +45,7 @@ def ask(client, django_capture_on_commit_callbacks, epsilon):
     return client.get(f"{URL}{r.json()['id']}/").json()
 
 
-@pytest.mark.parametrize("mode", ["extra_field", "bad_number", "same_size_edit"])
+@pytest.mark.parametrize("mode", ["extra_field", "bad_number", "same_size_edit", "mtime_back"])
 def test_a_changed_stored_table_is_refused_refunded_and_quoted_to_nobody_but_the_officer(
         api, analyst, officer, make_dataset, grant, django_capture_on_commit_callbacks, caplog, mode):
     ds = make_dataset("clinic", epsilon=5.0)
