@@ -167,6 +167,11 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
             if name not in types:
                 errors[name] = "unknown column: the table has no such column"
                 continue
+            if name == unit_column and (spec.get("type", "unit") != "unit" or set(spec) - {"name", "type"}):
+                # (it was answered 200 and left as it was)
+                errors[name] = ("the privacy-unit column is declared by unit_column: its type is 'unit' and it "
+                                "takes no other field")
+                continue
             updated = {**merged.get(name, {"name": name}), **spec}
             if spec.get("type") and spec["type"] != merged.get(name, {}).get("type"):
                 # A changed type starts from a clean spec of that type.

@@ -784,3 +784,13 @@ def test_a_new_delta_that_puts_a_capped_grant_past_its_cap_is_refused(api, offic
     assert r.status_code == 400 and "past its cap" in r.json()["detail"], r.json()
     assert client.get(f"{URL}clinic/").json()["budget_delta"] == 1e-5
     assert client.patch(f"{URL}clinic/", {"budget_delta": 1e-6}, format="json").status_code == 200
+
+
+def test_an_edit_of_the_unit_column_s_schema_is_refused_not_ignored(api, officer, make_dataset):
+    make_dataset("clinic", unit_column="patient_id")
+    client = api(officer)
+    for spec in ({"type": "numeric", "lower": 0, "upper": 10}, {"type": "unit", "sensitive": True}):
+        r = client.patch(f"{URL}clinic/", {"schema": {"patient_id": spec}}, format="json")
+        assert r.status_code == 400 and "privacy-unit column" in r.json()["errors"]["patient_id"], r.json()
+    r = client.patch(f"{URL}clinic/", {"schema": {"patient_id": {"type": "unit"}}}, format="json")
+    assert r.status_code == 200, r.json()
