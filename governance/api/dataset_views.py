@@ -98,6 +98,19 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         ds.refresh_from_db()
         return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data)
 
+    @extend_schema(request=None, responses=s.OfficerDatasetSerializer)
+    @action(detail=True, methods=["post"])
+    def deactivate(self, request, name=None):
+        """Take the dataset out of service: back to draft, where it takes no request and
+        analysts do not see it; a queued request is cancelled at its claim, refunded
+        (``dataset.inactive``); a running one finishes. Its ledger, grants and audit chain
+        stay; ``activate`` reopens it."""
+        ds = self.get_object()
+        ds_actions.not_registered(ds)
+        Dataset.objects.filter(pk=ds.pk, status=Dataset.Status.ACTIVE).update(status=Dataset.Status.DRAFT)
+        ds.refresh_from_db()
+        return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data)
+
     @extend_schema(request=None, responses={200: inline_serializer("SiteSecret", {
         "dataset": serializers.CharField(), "site": serializers.CharField(),
         "secret": serializers.CharField(help_text="the site agent's --key"),

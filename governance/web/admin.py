@@ -104,7 +104,7 @@ class DatasetAdmin(SaveRefusable, OfficerPermissions, admin.ModelAdmin):
     fields = ("overview", "name", "title", "description", "status", "schema", "budget_epsilon", "budget_delta_text",
               "policy", "approx_delta_share", "pld_certification", "allow_non_private", "release_quantum_ms", "unit_column", "n_rows", "n_units", "max_rows_per_unit", "budget_delta", "delta_auto",
               "file", "file_format", "sha256", "created_by", "created_at")
-    actions = ["activate"]
+    actions = ["activate", "deactivate"]
 
     def get_urls(self):
         return [path("register/", self.admin_site.admin_view(self.register_view),
@@ -137,6 +137,11 @@ class DatasetAdmin(SaveRefusable, OfficerPermissions, admin.ModelAdmin):
     def activate(self, request, queryset):
         n = queryset.filter(status=Dataset.Status.DRAFT).update(status=Dataset.Status.ACTIVE)  # not pending/failed
         messages.success(request, f"Activated {n} dataset(s).")
+
+    @admin.action(description="Take out of service (back to draft: no requests; queued ones refunded)")
+    def deactivate(self, request, queryset):
+        n = queryset.filter(status=Dataset.Status.ACTIVE).update(status=Dataset.Status.DRAFT)
+        messages.success(request, f"Took {n} dataset(s) out of service: activate them again to reopen.")
 
     @admin.display(description="overview")
     def overview(self, ds):

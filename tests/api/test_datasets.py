@@ -794,3 +794,26 @@ def test_an_edit_of_the_unit_column_s_schema_is_refused_not_ignored(api, officer
         assert r.status_code == 400 and "privacy-unit column" in r.json()["errors"]["patient_id"], r.json()
     r = client.patch(f"{URL}clinic/", {"schema": {"patient_id": {"type": "unit"}}}, format="json")
     assert r.status_code == 200, r.json()
+
+
+def test_a_dataset_taken_out_of_service_takes_no_request_and_its_queued_ones_are_refunded(
+        api, officer, analyst, make_dataset, grant, django_capture_on_commit_callbacks):
+    from governance.models import Request
+
+    ds = make_dataset("clinic", epsilon=5.0)
+    grant(analyst, ds)
+    client, officer_client = api(analyst), api(officer)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        r = client.post("/api/requests/", {"dataset": "clinic", "engine": "aggregates", "kind": "count",
+                                           "params": {"epsilon": 0.5}}, format="json")
+    assert r.status_code == 202
+    assert client.post(f"{URL}clinic/deactivate/").status_code in (403, 404)  # officers only
+    r2 = officer_client.post(f"{URL}clinic/deactivate/")
+    assert r2.status_code == 200 and r2.json()["status"] == "draft"
+    for callback in callbacks:
+        callback()
+    req = Request.objects.get(pk=r.json()["id"])
+    assert (req.status, req.error["code"], req.ledger_entry.status) == ("cancelled", "dataset.inactive", "released")
+    assert client.get(f"{URL}clinic/").status_code == 404
+    assert officer_client.post(f"{URL}clinic/activate/").json()["status"] == "active"
+    assert client.get(f"{URL}clinic/").status_code == 200
