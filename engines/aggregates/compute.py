@@ -76,61 +76,71 @@ _COMPARE = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equa
 
 def _compare(table: pa.Table, name: str, op: str, value: int | float) -> np.ndarray:
     """``column op value``, exact, chunk by chunk; null/NaN rows never match. An integer
-    column is compared as integers and a float column as floats, each against the literal's
-    exact value (``_int_operand``, ``_float_operand``): compared in float64, the integers
+    column is compared as integers, a float column as floats, each against the literal's
+    exact value (``_int_operand``, ``_float_operand``), and a decimal column as decimals
+    against the literal as written (``_decimal_operand``): compared in float64, the integers
     past 2**53 met a rounded literal (``acct == 2**53 + 1`` counted the rows holding 2**53
-    too, ``u > 2**63`` missed half the rows above it). Other types are cast to float64."""
-    return _chunkwise(table, name, lambda a, ints: _one_compare(a, op, value, ints))
+    too, ``u > 2**63`` missed half the rows above it), and so did a decimal(20, 0) column's.
+    Other types are cast to float64."""
+    return _chunkwise(table, name, lambda a, kind: _one_compare(a, op, value, kind))
 
 
-def _one_compare(a: np.ndarray, op: str, value, ints: bool) -> np.ndarray:
-    op2, operand = (_int_operand if ints else _float_operand)(op, value)
+_ARROW_COMPARE = {"==": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.less_equal, ">": pc.greater,
+                  ">=": pc.greater_equal}
+
+
+def _one_compare(a, op: str, value, kind: str) -> np.ndarray:
+    op2, operand = _OPERAND[kind](op, value, a.type if kind == "decimal" else None)
     if op2 is None:  # no value of the column's kind equals it: == never, != always
         return np.full(len(a), operand, dtype=bool)
+    if kind == "decimal":
+        return _to_bool(_ARROW_COMPARE[op2](a, pa.scalar(operand, type=a.type)))
     return _COMPARE[op2](a, operand)
 
 
 def _member(table: pa.Table, name: str, values: list) -> np.ndarray:
     """``column in values``, exact as ``_compare`` (nulls and NaN: never)."""
-    def hit(a, ints):
-        keep = [v for op, v in map((_int_operand if ints else _float_operand), ["=="] * len(values), values)
-                if op is not None]
-        if ints:  # (numpy compares out-of-range Python ints correctly, and no such value equals a row)
+    def hit(a, kind):
+        typ = a.type if kind == "decimal" else None
+        keep = [v for op, v in (_OPERAND[kind]("==", x, typ) for x in values) if op is not None]
+        if kind == "int":  # (numpy compares out-of-range Python ints correctly, and no such value equals a row)
             info = np.iinfo(a.dtype)
             keep = [v for v in keep if info.min <= v <= info.max]
             return np.isin(a, np.array(keep, dtype=a.dtype))
+        if kind == "decimal":
+            return _to_bool(pc.is_in(a, value_set=pa.array(keep, type=typ)))
         # + 0.0 turns -0.0 into 0.0: Arrow hashes them apart, comparisons do not
         return _to_bool(pc.is_in(pa.array(a + 0.0), value_set=pa.array([v + 0.0 for v in keep], type=pa.float64())))
     return _chunkwise(table, name, hit)
 
 
 def _chunkwise(table: pa.Table, name: str, fn) -> np.ndarray:
-    """``fn(values, ints)`` over the column's chunks: an integer chunk as its integers
-    (``ints`` True; its nulls masked out after), float64 as is, anything else cast to
-    float64; NaN rows are masked out after too."""
+    """``fn(values, kind)`` over the column's chunks: an integer chunk as its integers
+    (``"int"``; its nulls masked out after), a decimal chunk as itself (``"decimal"``: an
+    Arrow array), float64 as is and anything else cast to float64 (``"float"``; NaN rows
+    masked out after)."""
     col = _column(table, name)
     out = np.empty(table.num_rows, dtype=bool)
     off = 0
     for chunk in col.chunks:
-        ints = pa.types.is_integer(chunk.type)
-        valid = None
-        if ints and chunk.null_count:
-            valid = _to_bool(chunk.is_valid())
+        kind = "int" if pa.types.is_integer(chunk.type) else "decimal" if pa.types.is_decimal(chunk.type) else "float"
+        valid = _to_bool(chunk.is_valid()) if kind != "float" and chunk.null_count else None
+        if kind == "int" and valid is not None:
             chunk = chunk.fill_null(0)
-        elif not ints and chunk.type != pa.float64():
+        elif kind == "float" and chunk.type != pa.float64():
             chunk = chunk.cast(pa.float64())
-        a = chunk.to_numpy(zero_copy_only=False)
+        a = chunk if kind == "decimal" else chunk.to_numpy(zero_copy_only=False)
         seg = out[off:off + len(a)]
-        seg[:] = fn(a, ints)
+        seg[:] = fn(a, kind)
         if valid is not None:
             seg &= valid
-        elif not ints:
+        elif kind == "float":
             seg &= ~np.isnan(a)
         off += len(a)
     return out
 
 
-def _int_operand(op: str, v) -> tuple[str | None, int | bool]:
+def _int_operand(op: str, v, _typ=None) -> tuple[str | None, int | bool]:
     """``(op', n)`` with ``x op v`` == ``x op' n`` for every integer x; ``(None, answer)``
     when the answer is the same for every x (== or != against a fraction)."""
     if isinstance(v, int) or float(v).is_integer():
@@ -140,7 +150,7 @@ def _int_operand(op: str, v) -> tuple[str | None, int | bool]:
     return ("<=", math.floor(v)) if op in ("<", "<=") else (">=", math.ceil(v))
 
 
-def _float_operand(op: str, v) -> tuple[str | None, float | bool]:
+def _float_operand(op: str, v, _typ=None) -> tuple[str | None, float | bool]:
     """As ``_int_operand`` for float64 x: an integer literal no float64 holds (past 2**53)
     lies between two floats, ``lo < v < hi``: x < v is x <= lo, x > v is x >= hi."""
     if not isinstance(v, int):
@@ -153,6 +163,30 @@ def _float_operand(op: str, v) -> tuple[str | None, float | bool]:
     if lo > v:
         lo = math.nextafter(lo, -math.inf)
     return ("<=", lo) if op in ("<", "<=") else (">=", math.nextafter(lo, math.inf))
+
+
+def _decimal_operand(op: str, v, typ: pa.DataType) -> tuple[str | None, decimal.Decimal | bool]:
+    """As ``_int_operand`` for a decimal(p, s) x, against the literal as written (a float
+    as its shortest decimal, 1.1 and not 1.100000000000000088...): on the column's grid of
+    10**-s it is exact, or lies between two of its steps; past the column's range (|x| <
+    10**(p - s)) every answer is the same."""
+    d = decimal.Decimal(v) if isinstance(v, int) else decimal.Decimal(repr(float(v)))
+    top = decimal.Decimal(10) ** (typ.precision - typ.scale)
+    if d >= top or d <= -top:
+        below = d > 0  # every x is below the literal
+        return None, {"==": False, "!=": True, "<": below, "<=": below, ">": not below, ">=": not below}[op]
+    with decimal.localcontext() as ctx:
+        ctx.prec = 1000  # (the literal's digits: 1e-300 has 300 of them)
+        step = decimal.Decimal(1).scaleb(-typ.scale)
+        lo, hi = d.quantize(step, rounding=decimal.ROUND_FLOOR), d.quantize(step, rounding=decimal.ROUND_CEILING)
+    if lo == hi:
+        return op, lo
+    if op in ("==", "!="):
+        return None, op == "!="
+    return ("<=", lo) if op in ("<", "<=") else (">=", hi)
+
+
+_OPERAND = {"int": _int_operand, "float": _float_operand, "decimal": _decimal_operand}
 
 
 def _as_str(v) -> str:

@@ -7,6 +7,7 @@ reading a stored table ``data``, distributed (Parquet partition) datasets ``part
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 
@@ -241,21 +242,25 @@ def not_registered(ds: Dataset) -> None:
                                "Register it again under the same name.")
 
 
-def _check_grants_hold(ds: Dataset) -> None:
+def _check_grants_hold(ds: Dataset, before: Dataset) -> None:
     """A capped grant's limit takes the dataset's budget where its cap names none (delta,
-    most often) or is above it: a new budget must leave each such grant within its cap, as
-    it must the dataset (a probe's lowered delta put an analyst at 0.73 of a 0.5 cap, with
-    no word said)."""
+    most often) or is above it: a new budget must not put a grant past its cap, as it must
+    not the dataset (a probe's lowered delta put an analyst at 0.73 of a 0.5 cap, with no
+    word said). A grant already past it (its cap lowered below what she spent, which is
+    allowed) does not stop the change."""
     from accounting.costs import Cost
 
     from ..ledger.actions import EntrySums
     from ..ledger.limits import Limit
     from ..models import Grant
 
+    def holds(limit, grant, state):
+        return limit.holds(state, EntrySums(ds.pk, grant.pk, limit).plus())
+
     for grant in Grant.objects.filter(dataset=ds, revoked_at__isnull=True).select_related("analyst"):
-        limit = Limit.of_grant(grant, ds)
+        limit, old = Limit.of_grant(grant, ds), Limit.of_grant(grant, before)
         state = Cost.from_json(grant.state)
-        if limit is not None and not limit.holds(state, EntrySums(ds.pk, grant.pk, limit).plus()):
+        if limit is not None and not holds(limit, grant, state) and holds(old, grant, state):
             raise InvalidDataset(f"the new budget puts {grant.analyst}'s grant past its cap (its limit takes the "
                                  f"dataset's budget where the cap names none): spent {limit.spent(state):.6g} against "
                                  f"epsilon {limit.epsilon:.6g}; raise or revoke the cap first",
@@ -300,7 +305,7 @@ def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
             eps, delta, auto = parse_budget(fields.get("budget_epsilon", ds.budget_epsilon),
                                             fields.get("budget_delta", "auto" if ds.delta_auto else ds.budget_delta),
                                             ds.n_units)
-            old = (ds.budget_epsilon, ds.budget_delta)
+            old, before = (ds.budget_epsilon, ds.budget_delta), copy.copy(ds)
             ds.budget_epsilon, ds.budget_delta, ds.delta_auto = eps, delta, auto
             state = Cost.from_json(budget.state)
             limit = Limit.of_dataset(ds)
@@ -308,7 +313,7 @@ def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
                 raise InvalidDataset("the new budget is below what the ledger has already spent", field="budget_epsilon",
                                      spent_epsilon=limit.spent(state))
             if (eps, delta) != old:
-                _check_grants_hold(ds)
+                _check_grants_hold(ds, before)
         if "approx_delta_share" in fields and fields["approx_delta_share"] != ds.approx_delta_share:
             share = fields["approx_delta_share"]
             if not (isinstance(share, (int, float)) and 0.0 <= share <= 0.9):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import decimal
 import math
+import re
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -124,17 +125,34 @@ def _unmatchable(typ: pa.DataType, domain: list) -> str | None:
     return None
 
 
+_TIME = re.compile(r"([01][0-9]|2[0-3])(?::([0-5][0-9])(?::([0-5][0-9])(?:\.([0-9]{1,9}))?)?)?")
+_PER_SECOND = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
+
+
+def _time_count(text: str, unit: str) -> int:
+    """A time of day (``HH[:MM[:SS[.fraction]]]``, up to nanoseconds) as a count of ``unit``
+    since midnight; ValueError when it is not one or the unit cannot hold it (Python's
+    ``time`` stops at microseconds: a time64[ns] value's own text was refused)."""
+    m = _TIME.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(text)
+    h, mi, sec, frac = m.groups()
+    ns = ((int(h) * 60 + int(mi or 0)) * 60 + int(sec or 0)) * 10**9 + int((frac or "").ljust(9, "0"))
+    per = 10**9 // _PER_SECOND[unit]
+    if ns % per:
+        raise ValueError(text)
+    return ns // per
+
+
 def _unmatched_text(typ: pa.DataType, texts: list[str]) -> str | None:
     """A time of day or a duration is matched as the text Arrow writes for it (Arrow casts
     no text to these types): ``01:00:00.000`` for a time32[ms], ``3600`` for a duration.
     A value written otherwise (``01:00:00``, ``1:00``) was accepted and matched no row, in
     every engine; refused here with the spelling that matches."""
-    import datetime
-
     for v in texts:
         try:
             if pa.types.is_time(typ):
-                shown = pa.scalar(datetime.time.fromisoformat(v.strip()), type=typ).cast(pa.string()).as_py()
+                shown = pa.array([_time_count(v, typ.unit)], type=typ).cast(pa.string())[0].as_py()
             else:
                 shown = str(int(v.strip()))
         except (ValueError, pa.ArrowInvalid, OverflowError):

@@ -742,6 +742,7 @@ def test_a_time_of_day_is_declared_as_the_column_s_text_and_an_instant_once(api,
 
     n = 60
     table = pa.table({"tod": pa.array([(i % 3) * 3_600_000 for i in range(n)], pa.time32("ms")),
+                      "nano": pa.array([(i % 2) * (3_600 * 10**9 + 1) for i in range(n)], pa.time64("ns")),
                       "wait": pa.array([(i % 2) * 3600 for i in range(n)], pa.duration("s")),
                       "ts": pa.array([0] * n, pa.timestamp("s")),
                       "utc": pa.array([0] * n, pa.timestamp("s", tz="UTC"))})
@@ -751,6 +752,8 @@ def test_a_time_of_day_is_declared_as_the_column_s_text_and_an_instant_once(api,
     for column, domain, reason in (
             ("tod", ["00:00:00", "01:00:00"], "matched as written '00:00:00.000'"),
             ("tod", ["noon"], "'noon' is not one"),
+            ("tod", ["00:00:00.0005"], "'00:00:00.0005' is not one"),  # (a time32[ms] holds no half ms)
+            ("nano", ["01:00"], "matched as written '01:00:00.000000000': write that for '01:00'"),
             ("wait", ["1:00:00"], "'1:00:00' is not one"),
             ("wait", ["03600"], "matched as written '3600'"),
             ("ts", ["1970-01-01 00:00:00", "1970-01-01T00:00:00"], "are one timestamp[ms] value"),  # (Parquet keeps seconds as ms)
@@ -759,6 +762,7 @@ def test_a_time_of_day_is_declared_as_the_column_s_text_and_an_instant_once(api,
         r = api(officer).post(URL, form(data, "t.parquet", schema=json.dumps(schema)), format="multipart")
         assert r.status_code == 400 and reason in r.json()["errors"][column], (column, r.json())
     schema = {"tod": {"type": "categorical", "domain": ["00:00:00.000", "01:00:00.000", "02:00:00.000"]},
+              "nano": {"type": "categorical", "domain": ["00:00:00.000000000", "01:00:00.000000001"]},
               "wait": {"type": "categorical", "domain": ["0", "3600"]},
               "ts": {"type": "categorical", "domain": ["1970-01-01 00:00:00", "1970-01-02 00:00:00"]},
               "utc": {"type": "categorical", "domain": ["1970-01-01T00:00:00Z"]}}
@@ -768,6 +772,7 @@ def test_a_time_of_day_is_declared_as_the_column_s_text_and_an_instant_once(api,
     assert r.status_code == 201, r.json()
     assert columns(r.json())["tod"]["domain"] == ["00:00:00.000", "01:00:00.000", "02:00:00.000"], r.json()
     assert columns(r.json())["wait"]["domain"] == ["0", "3600"], r.json()
+    assert columns(r.json())["nano"]["domain"] == ["00:00:00.000000000", "01:00:00.000000001"], r.json()
 
 
 def test_a_new_delta_that_puts_a_capped_grant_past_its_cap_is_refused(api, officer, analyst, make_dataset, grant):
@@ -817,3 +822,18 @@ def test_a_dataset_taken_out_of_service_takes_no_request_and_its_queued_ones_are
     assert client.get(f"{URL}clinic/").status_code == 404
     assert officer_client.post(f"{URL}clinic/activate/").json()["status"] == "active"
     assert client.get(f"{URL}clinic/").status_code == 200
+
+
+def test_a_grant_already_past_its_lowered_cap_does_not_stop_a_budget_change(api, officer, analyst, make_dataset,
+                                                                            grant):
+    """A cap lowered below what she spent is allowed; after it the officer could not raise
+    the dataset's budget at all, told the new budget put her grant past its cap."""
+    from governance.ledger import actions as ledger
+
+    ds = make_dataset("clinic", epsilon=10.0, delta=1e-5)
+    g = grant(analyst, ds, cap_epsilon=2.0)
+    ledger.commit(ledger.admit(ds, analyst, {"kind": "laplace", "epsilon": 1.5}).pk)
+    client = api(officer)
+    assert client.patch(f"/api/grants/{g.pk}/", {"cap_epsilon": 1.0}, format="json").status_code == 200
+    r = client.patch(f"{URL}clinic/", {"budget_epsilon": 20.0}, format="json")
+    assert r.status_code == 200, r.json()

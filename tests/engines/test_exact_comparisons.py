@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
@@ -25,11 +26,14 @@ COLUMNS = {
     "u64": (pa.uint64(), [P63 - 1, P63, P63 + 1, P63 + 2, 2**64 - 1, 0, P53 + 1, None]),
     "f64": (pa.float64(), [float(P53), float(P53 + 2), 2.5, -0.0, 1e300, -1e300, float("nan"), None]),
     "i8": (pa.int8(), [-128, 127, 0, 3, None]),
+    "d20": (pa.decimal128(20, 0), [Decimal(P53), Decimal(P53 + 1), Decimal(-P53 - 1), Decimal(0), None]),
+    "d4": (pa.decimal128(4, 2), [Decimal("1.10"), Decimal("2.25"), Decimal("-3.00"), Decimal("0.00"),
+                                 Decimal("99.99"), Decimal("0.01"), None]),
 }
 NEAR = [P53 - 1, P53, P53 + 1, P53 + 2, P53 + 3, P63 - 1, P63, P63 + 1, 2**64 - 1, 2**64, -P53 - 1, -(2**63) - 1,
         0, 3, 127, 128, -129]
 LITERALS = st.one_of(st.sampled_from(NEAR), st.sampled_from(NEAR).map(float),
-                     st.sampled_from([2.5, -0.0, 0.5, 126.5, 1e300, float(P53) + 2.0]),
+                     st.sampled_from([2.5, -0.0, 0.5, 126.5, 1e300, float(P53) + 2.0, 1.1, 2.25, 0.005, 1e-300, 99.99]),
                      st.integers(-(2**65), 2**65), st.floats(allow_nan=False, allow_infinity=False))
 
 
@@ -44,12 +48,18 @@ def known(v) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v))
 
 
+def as_written(v, literal):
+    """A decimal column is compared with the literal as written (a float as its shortest
+    decimal: 1.1, not the binary 1.100000000000000088...), as its domain values are."""
+    return Decimal(repr(literal)) if isinstance(v, Decimal) and isinstance(literal, float) else literal
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(sorted(COLUMNS)), st.integers(0, 3), st.sampled_from(sorted(OPS)), LITERALS)
 def test_a_comparison_is_exact_as_python_s(name, seed, op, literal):
     t, values = table(name, seed)
     got = predicate_mask(t, [{"column": "x", "type": "numeric", "op": op, "value": literal}])
-    want = [known(v) and OPS[op](v, literal) for v in values]
+    want = [known(v) and OPS[op](v, as_written(v, literal)) for v in values]
     assert got.tolist() == want, (name, op, literal)
 
 
@@ -59,7 +69,7 @@ def test_a_comparison_is_exact_as_python_s(name, seed, op, literal):
 def test_membership_is_exact_as_python_s(name, seed, op, literals):
     t, values = table(name, seed)
     got = predicate_mask(t, [{"column": "x", "type": "numeric", "op": op, "value": literals}])
-    want = [known(v) and (any(v == x for x in literals) == (op == "in")) for v in values]
+    want = [known(v) and (any(v == as_written(v, x) for x in literals) == (op == "in")) for v in values]
     assert got.tolist() == want, (name, op, literals)
 
 
