@@ -139,7 +139,7 @@ def per_partition(table, fn, *args) -> list:
     ``PartitionedTable``). ``fn`` may be re-run (a retry, a lost worker): it must release
     nothing and write nothing, only return what it computed from its partition; and it must
     be importable on the workers."""
-    return [dask.delayed(_on_file, pure=False)(table, p, fn, args) for p in table.paths]
+    return [dask.delayed(_on_file, pure=False)(table.one(p), p, fn, args) for p in table.paths]
 
 
 def buckets_for(table) -> int:
@@ -253,7 +253,7 @@ def by_unit(table, unit: str, fn, *args, pre=None, pre_args: tuple = (), buckets
     written to disk (unless a worker is configured to spill memory: deploy/README.md)."""
     n = buckets or buckets_for(table)
     ranges = _id_ranges(table, unit, n) if n > 1 else None
-    splits = [dask.delayed(_split, pure=False, nout=n)(table, p, unit, n, pre, pre_args, ranges)
+    splits = [dask.delayed(_split, pure=False, nout=n)(table.one(p), p, unit, n, pre, pre_args, ranges)
               for p in table.paths]
     return [dask.delayed(_bucket, pure=False)([s[b] for s in splits], fn, args) for b in range(n)]
 
@@ -268,6 +268,14 @@ def tree_reduce(leaves: list, combine, fan_in: int = 8, finish=None):
     while len(level) > (fan_in if finish is not None else 1):
         level = [dask.delayed(combine, pure=True)(level[i:i + fan_in]) for i in range(0, len(level), fan_in)]
     return level[0] if finish is None else dask.delayed(finish, pure=True)(level)
+
+
+def _working(c) -> bool:
+    """Whether the cluster has a worker that runs tasks: one paused by Dask's memory monitor
+    runs none until its memory falls (a probe's two workers paused for good, and the run
+    waited on them, its reservation held, until the 3 h time limit)."""
+    workers = c.scheduler_info(n_workers=-1).get("workers") or {}
+    return any(w.get("status", "running") == "running" for w in workers.values())
 
 
 def compute(value, scheduler: str, retries: int, progress=None, phase: str = "aggregating on the cluster"):
@@ -294,12 +302,12 @@ def compute(value, scheduler: str, retries: int, progress=None, phase: str = "ag
         while not finished.wait(POLL_SECONDS):
             if time.monotonic() - looked >= WORKER_CHECK_SECONDS:
                 looked = time.monotonic()
-                if c.scheduler_info(n_workers=1).get("workers"):
+                if _working(c):
                     alone_since = None
                 elif looked - (alone_since := alone_since or looked) > NO_WORKER_SECONDS:
-                    raise ClusterUnavailable(f"the Dask cluster had no worker for "
-                                             f"{NO_WORKER_SECONDS:g} s while the run's graph was under way",
-                                             nothing_read=False)
+                    raise ClusterUnavailable(f"the Dask cluster had no running worker (none, or every one paused "
+                                             f"by its memory monitor) for {NO_WORKER_SECONDS:g} s while the run's "
+                                             "graph was under way", nothing_read=False)
             # No elapsed time in the report: how long the cluster takes depends on the
             # data, and what the analyst sees of a run changes only on the run clock's
             # ticks (README, "Release-path side channels"). The call lets a

@@ -118,6 +118,92 @@ def test_a_graph_whose_cluster_loses_every_worker_fails_charged_not_for_ever(mon
         slow = dask.delayed(time.sleep, pure=False)(120)
         threading.Timer(2.0, lambda: lc.scale(0)).start()
         started = time.monotonic()
-        with pytest.raises(cluster.ClusterUnavailable, match="had no worker") as e:
+        with pytest.raises(cluster.ClusterUnavailable, match="had no running worker") as e:
             cluster.compute(slow, lc.scheduler_address, retries=0)
         assert e.value.nothing_read is False and time.monotonic() - started < 30
+
+
+def test_a_graph_whose_workers_are_all_paused_fails_charged_not_for_ever(monkeypatch):
+    """A probe's 2,000 small files paused both workers (Dask's memory monitor) for good, and
+    the run waited on them with its reservation held until the 3 h time limit: a paused
+    worker runs no task, so it counts as none."""
+    import threading
+    import time
+
+    import dask
+    from distributed import Client, LocalCluster
+    from distributed.core import Status
+
+    from engines.distributed import cluster
+
+    def pause(dask_worker):
+        dask_worker.status = Status.paused
+
+    monkeypatch.setattr(cluster, "NO_WORKER_SECONDS", 1.0)
+    monkeypatch.setattr(cluster, "WORKER_CHECK_SECONDS", 0.2)
+    # (memory_limit=0: no memory monitor, which would resume a worker paused at 0% memory)
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None, host="127.0.0.1",
+                      memory_limit=0) as lc, Client(lc.scheduler_address) as c:
+        slow = [dask.delayed(time.sleep, pure=False)(0.5) for _ in range(240)]
+        threading.Timer(1.0, lambda: c.run(pause)).start()
+        started = time.monotonic()
+        with pytest.raises(cluster.ClusterUnavailable, match="every one paused") as e:
+            cluster.compute(dask.delayed(len)(slow), lc.scheduler_address, retries=0)
+        assert e.value.nothing_read is False and time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("graph", ["per_partition", "by_unit", "profile"])
+def test_a_graph_grows_with_the_files_not_their_square(graph, monkeypatch):
+    """Each task carried the whole table (every path and manifest line): 114 KB a task for
+    2,000 files, a graph growing with the square of the files, and a probe's 2,000 files of
+    5 rows paused both workers out of memory for good. A task now carries its own file."""
+    import pickle
+
+    import dask
+
+    from engines.distributed import cluster, profile
+    from engines.distributed.source import PartitionedTable
+
+    captured = []
+    monkeypatch.setattr(cluster, "compute", lambda value, *a, **k: captured.append(value) or {"files": {}})
+
+    def size(n):
+        paths = tuple(f"/data/part-{i:05d}.parquet" for i in range(n))
+        table = PartitionedTable(paths=paths, columns=("pid", "x"), num_rows=5 * n, unit_column="pid",
+                                 unit_ranges=tuple((5 * i, 5 * i + 4) for i in range(n)),
+                                 expected=tuple((5, 1000, "f" * 64, 1) for _ in range(n)))
+        if graph == "per_partition":
+            tasks = cluster.per_partition(table, len)
+        elif graph == "by_unit":
+            tasks = cluster.by_unit(table, "pid", len, buckets=4)
+        else:
+            captured.clear()
+            profile.profile(dataclasses_replace(table, unit_column=None), [], 10)
+            tasks = captured
+        # each task pickled alone, as the scheduler ships it to a worker (one pickle of the
+        # whole graph would hold the shared table once)
+        return sum(len(pickle.dumps(task)) for task in dict(dask.delayed(tasks).__dask_graph__()).values())
+
+    small, large = size(100), size(1000)
+    assert large < 15 * small, (small, large)  # linear: ~10x; with the whole table in each task ~100x
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+def test_a_partitioned_table_read_with_no_column_keeps_its_rows(tmp_path):
+    """An engine that runs on one worker and reads no column (a plugin's row count) got 0
+    rows: Arrow's concat_tables of tables without columns drops their rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from engines.distributed.source import PartitionedTable
+
+    for i, n in enumerate((3, 0, 4)):
+        pq.write_table(pa.table({"x": list(range(n))}, schema=pa.schema([("x", pa.int64())])), tmp_path / f"{i}.parquet")
+    paths = tuple(str(tmp_path / f"{i}.parquet") for i in range(3))
+    assert PartitionedTable(paths=paths, columns=(), num_rows=7).to_arrow().num_rows == 7
+    assert PartitionedTable(paths=paths, columns=("x",), num_rows=7).to_arrow().num_rows == 7
