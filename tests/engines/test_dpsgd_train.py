@@ -162,7 +162,13 @@ def test_an_early_stop_releases_a_final_evaluation_of_the_model_it_keeps(table, 
     assert r["stopped"] == "early_stopping" and len(r["history"]) < 10
     sg, ev, fin = release.actual_event["events"]
     assert ev["count"] == len(r["history"]) and fin == {"kind": "laplace", "epsilon": run0["final_eval_epsilon"]}
-    assert _width(r["test"]["accuracy_ci95"]) < _width(r["history"][-1]["val_accuracy_ci95"]) / 2
+    # the final evaluation's noise is several times smaller than an epoch's, and so is its
+    # interval, unless the epoch's was clipped at 0 or 1 (then narrower than its bound:
+    # [0.0, 0.225] around a noisy sum far below zero, once in about 100 runs)
+    assert run0["final_eval_epsilon"] >= 4 * run0["eval_epsilon_each"]
+    last = r["history"][-1]["val_accuracy_ci95"]
+    if 0.0 < last[0] and last[1] < 1.0:
+        assert _width(r["test"]["accuracy_ci95"]) < _width(last) / 2
     assert r["epsilon_spent"] == pytest.approx(ledger_epsilon(release.actual_event), rel=1e-9)
 
 
