@@ -448,7 +448,7 @@ def test_an_account_with_active_grants_is_not_made_an_auditor(root_client, make_
 
 
 @pytest.mark.django_db
-def test_an_auditor_holding_a_grant_from_before_uses_no_dataset(api, make_dataset, analyst, grant):
+def test_an_auditor_holding_a_grant_from_before_uses_no_dataset(api, make_dataset, analyst, analyst2, grant):
     from django.contrib.auth.models import Group
 
     from governance.core.roles import AUDITORS_GROUP
@@ -456,9 +456,11 @@ def test_an_auditor_holding_a_grant_from_before_uses_no_dataset(api, make_datase
 
     ds = make_dataset("clinic", epsilon=5.0)
     grant(analyst, ds)
+    grant(analyst2, ds)
     client = api(analyst)
     assert client.get("/api/datasets/clinic/").status_code == 200
     analyst.groups.add(Group.objects.get_or_create(name=AUDITORS_GROUP)[0])  # (outside the admin's form)
+    assert api(analyst2).get("/api/datasets/").json()["results"][0]["name"] == "clinic"  # others still see it
     client = api(analyst)
     r = client.post("/api/requests/", {"dataset": "clinic", "engine": "aggregates", "kind": "count",
                                        "params": {"epsilon": 0.1}}, format="json")

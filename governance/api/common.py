@@ -18,7 +18,7 @@ from django.db import connection
 from django.http import FileResponse
 
 from ..core.raw_rows import concrete, from_row
-from ..core.roles import AUDITORS_GROUP, is_officer
+from ..core.roles import AUDITORS_GROUP, is_auditor, is_officer
 from ..models import Dataset, Grant, LedgerEntry, Request
 
 User = get_user_model()
@@ -30,8 +30,9 @@ def visible_datasets(user):
     qs = Dataset.objects.select_related("budget")
     if is_officer(user):
         return qs
-    return qs.filter(status=Dataset.Status.ACTIVE, grants__analyst=user, grants__revoked_at__isnull=True).exclude(
-        grants__analyst__groups__name=AUDITORS_GROUP).distinct()
+    if is_auditor(user):
+        return qs.none()
+    return qs.filter(status=Dataset.Status.ACTIVE, grants__analyst=user, grants__revoked_at__isnull=True).distinct()
 
 
 def usable_dataset(user, name: str) -> Dataset | None:

@@ -20,7 +20,7 @@ ids, officer-only reports, ungranted datasets' details, the audit trail's hashes
 each ``/api/`` cell is repeated through its ``.json`` format-suffix route and as HEAD
 (where the view offers it). Each call runs in a savepoint that is rolled back, so a
 POST or DELETE that is allowed changes nothing for the next cell, and the world is built
-once per test: 104 routes (129 patterns), 211 route-methods, 275 objects, 1,359 cells,
+once per test: 105 routes (130 patterns), 212 route-methods, 279 objects, 1,363 cells,
 about 2,000 requests in some 15 s on SQLite.
 
 ``ACCESS_MATRIX_DUMP=FILE pytest tests/access`` writes the outcomes seen, in the
@@ -71,6 +71,8 @@ API_MATRIX = {
                                   "D": "200 403 403 403 401", "X": "404 403 403 403 401"},
     ("dataset-activate", "POST"): {"A": "200 403 403 403 401", "B": "200 403 403 403 401",
                                    "D": "200 403 403 403 401", "X": "404 403 403 403 401"},
+    ("dataset-deactivate", "POST"): {"A": "200 403 403 403 401", "B": "200 403 403 403 401",
+                                     "D": "200 403 403 403 401", "X": "404 403 403 403 401"},
     # an external release on a draft is refused by the gate (dataset.inactive)
     ("dataset-charges", "POST"): {"A": "201 403 403 403 401", "B": "201 403 403 403 401",
                                   "D": "409 403 403 403 401", "X": "404 403 403 403 401"},
@@ -269,6 +271,7 @@ API_PATHS = {
     "dataset-list": "/api/datasets/",
     "dataset-detail": lambda w, o: f"/api/datasets/{_ds(w, o)}/",
     "dataset-activate": lambda w, o: f"/api/datasets/{_ds(w, o)}/activate/",
+    "dataset-deactivate": lambda w, o: f"/api/datasets/{_ds(w, o)}/deactivate/",
     "dataset-charges": lambda w, o: f"/api/datasets/{_ds(w, o)}/charges/",
     "dataset-site-secret": lambda w, o: f"/api/datasets/{_ds(w, o)}/sites/h1/secret/",
     "dataset-estimate": lambda w, o: f"/api/datasets/{_ds(w, o)}/estimate/",
