@@ -254,10 +254,10 @@ def predicate_mask(table: pa.Table, where: list[dict]) -> np.ndarray:
     null (or NaN) is unknown, so it never matches, not even ``!=`` or ``not_in``, nor its
     NOT; but ``NOT (p AND q)`` holds where p is false whatever q is, and ``p OR q`` where
     either is true. Nested: ``{"or": [list, ...]}`` (any list holds), ``{"not": list}``."""
-    return _truth(table, where, {})[0]
+    return _truth(table, where)[0]
 
 
-def _truth(table: pa.Table, where: list[dict], cache: dict) -> tuple[np.ndarray, np.ndarray]:
+def _truth(table: pa.Table, where: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """(rows where ``where`` is true, rows where it is false); the rest are unknown."""
     true = np.ones(table.num_rows, dtype=bool)
     false = np.zeros(table.num_rows, dtype=bool)
@@ -265,38 +265,32 @@ def _truth(table: pa.Table, where: list[dict], cache: dict) -> tuple[np.ndarray,
         if "or" in p:
             t, f = np.zeros(table.num_rows, dtype=bool), np.ones(table.num_rows, dtype=bool)
             for branch in p["or"]:
-                bt, bf = _truth(table, branch, cache)
+                bt, bf = _truth(table, branch)
                 t |= bt
                 f &= bf
         elif "not" in p:
-            f, t = _truth(table, p["not"], cache)
+            f, t = _truth(table, p["not"])
         else:
-            t = _atom(table, p, cache)
+            t = _atom(table, p)
             f = ~t & _known(table, [p])
         true &= t
         false |= f
     return true, false
 
 
-def _atom(table: pa.Table, p: dict, cache: dict) -> np.ndarray:
+def _atom(table: pa.Table, p: dict) -> np.ndarray:
     """Rows where one predicate is true (a null or NaN: never)."""
     name, op, value = p["column"], p["op"], p["value"]
+    if p["type"] == "numeric" and op in _COMPARE:
+        return _compare(table, name, op, value)
+    values = value if op in ("in", "not_in") else [value]
     if p["type"] == "numeric":
-        if op in _COMPARE:
-            m = _compare(table, name, op, value)
-        else:
-            hit = _member(table, name, value)
-            m = hit if op == "in" else ~hit & _known(table, [p])
+        hit = _member(table, name, values)
     else:
-        col = _column(table, name)
-        values = value if op in ("in", "not_in") else [value]
-        col, value_set = _lookup(col, values)
+        col, value_set = _lookup(_column(table, name), values)
         hit = _to_bool(pc.is_in(col, value_set=value_set))
-        if op in ("==", "in"):
-            m = hit
-        else:  # (the stored column's nulls and NaN: ``_lookup`` may have cast it to strings)
-            m = ~hit & _known(table, [p])
-    return m
+    # (the stored column's nulls and NaN: ``_lookup`` may have cast it to strings)
+    return hit if op in ("==", "in") else ~hit & _known(table, [p])
 
 
 def _known(table: pa.Table, where: list[dict]) -> np.ndarray:

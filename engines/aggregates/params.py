@@ -144,7 +144,6 @@ def where_list(where: Any, dataset: DatasetMeta, errors: dict, key: str = "where
     return out
 
 
-
 def _exact(v: int | float) -> int | float:
     """A numeric literal as compared (``compute._compare``): an integer stays an integer,
     exact past 2**53 (as a float, 2**53 + 1 was 2**53); a float stays a float."""

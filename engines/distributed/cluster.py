@@ -139,7 +139,7 @@ def per_partition(table, fn, *args) -> list:
     ``PartitionedTable``). ``fn`` may be re-run (a retry, a lost worker): it must release
     nothing and write nothing, only return what it computed from its partition; and it must
     be importable on the workers."""
-    return [dask.delayed(_on_file, pure=False)(table.one(p), p, fn, args) for p in table.paths]
+    return [dask.delayed(_on_file, pure=False)(table.one(i), p, fn, args) for i, p in enumerate(table.paths)]
 
 
 def buckets_for(table) -> int:
@@ -253,8 +253,8 @@ def by_unit(table, unit: str, fn, *args, pre=None, pre_args: tuple = (), buckets
     written to disk (unless a worker is configured to spill memory: deploy/README.md)."""
     n = buckets or buckets_for(table)
     ranges = _id_ranges(table, unit, n) if n > 1 else None
-    splits = [dask.delayed(_split, pure=False, nout=n)(table.one(p), p, unit, n, pre, pre_args, ranges)
-              for p in table.paths]
+    splits = [dask.delayed(_split, pure=False, nout=n)(table.one(i), p, unit, n, pre, pre_args, ranges)
+              for i, p in enumerate(table.paths)]
     return [dask.delayed(_bucket, pure=False)([s[b] for s in splits], fn, args) for b in range(n)]
 
 

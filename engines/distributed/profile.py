@@ -70,8 +70,8 @@ def profile(table: PartitionedTable, text_columns: list[str], max_domain: int) -
     """``{"uniques": {column: sorted values or None}, "nulls": {column: nulls and NaN},
     "unit_nulls", "n_units", "max_rows_per_unit"}`` (the last two only with a unit column)."""
     unit = table.unit_column
-    leaves = [dask.delayed(_file_profile, pure=True)(table.one(p), p, text_columns, unit, max_domain)
-              for p in table.paths]
+    leaves = [dask.delayed(_file_profile, pure=True)(table.one(i), p, text_columns, unit, max_domain)
+              for i, p in enumerate(table.paths)]
     merged = cluster.tree_reduce(leaves, functools.partial(_merge, cap=max_domain))
     todo = {"files": merged}
     if unit:

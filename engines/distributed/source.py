@@ -328,12 +328,12 @@ class PartitionedTable:
         """``span`` of ``unit_ranges`` (``...``: not read)."""
         return ... if self.unit_ranges is ... else span(self.unit_ranges)
 
-    def one(self, path: str) -> PartitionedTable:
-        """This table's file ``path`` alone, with its own manifest line: what a task that
+    def one(self, i: int) -> PartitionedTable:
+        """This table's ``i``-th file alone, with its own manifest line: what a task that
         reads one file carries. Each task carried the whole table (every path and manifest
         line: 114 KB for 2,000 files), so a graph's size grew with the square of the files
         and a probe's 2,000 files of 5 rows paused both workers out of memory, for good."""
-        i = self.paths.index(path)
+        path = self.paths[i]
         per_file = self.unit_ranges if self.unit_ranges in (None, ...) else (self.unit_ranges[i],)
         return replace(self, paths=(path,), unit_ranges=per_file,
                        expected=None if self.expected is None else (self.expected[i],))

@@ -170,7 +170,7 @@ def _gate_state(ds: Dataset) -> list[str]:
 
 
 def _gate_problems(ds: Dataset) -> list[str]:
-    from ..ledger.actions import EntrySums, recompute_state
+    from ..ledger.actions import holds_on_ledger, recompute_state
     from ..ledger.limits import Limit
     from ..models import Grant, Request
 
@@ -185,7 +185,7 @@ def _gate_problems(ds: Dataset) -> list[str]:
             problems.append(f"grant {grant.pk}'s running state differs from its ledger entries' costs")
     limit = Limit.of_dataset(ds)
     spent = limit.spent(derived)
-    if not limit.holds(derived, EntrySums(ds.pk, None, limit).plus()):
+    if not holds_on_ledger(limit, derived, ds.pk):
         problems.append(f"the ledger spends epsilon {spent:.6g} under {limit.policy}, past the budget of "
                         f"{limit.epsilon:g}")
     stray = list(LedgerEntry.objects.filter(dataset=ds, status=LedgerEntry.Status.RESERVED).exclude(

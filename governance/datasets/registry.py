@@ -250,17 +250,15 @@ def _check_grants_hold(ds: Dataset, before: Dataset) -> None:
     allowed) does not stop the change."""
     from accounting.costs import Cost
 
-    from ..ledger.actions import EntrySums
+    from ..ledger.actions import holds_on_ledger
     from ..ledger.limits import Limit
     from ..models import Grant
-
-    def holds(limit, grant, state):
-        return limit.holds(state, EntrySums(ds.pk, grant.pk, limit).plus())
 
     for grant in Grant.objects.filter(dataset=ds, revoked_at__isnull=True).select_related("analyst"):
         limit, old = Limit.of_grant(grant, ds), Limit.of_grant(grant, before)
         state = Cost.from_json(grant.state)
-        if limit is not None and not holds(limit, grant, state) and holds(old, grant, state):
+        if limit is not None and not holds_on_ledger(limit, state, ds.pk, grant.pk) \
+                and holds_on_ledger(old, state, ds.pk, grant.pk):
             raise InvalidDataset(f"the new budget puts {grant.analyst}'s grant past its cap (its limit takes the "
                                  f"dataset's budget where the cap names none): spent {limit.spent(state):.6g} against "
                                  f"epsilon {limit.epsilon:.6g}; raise or revoke the cap first",
@@ -274,7 +272,7 @@ def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
     chain in the same transaction, naming ``actor`` (the officer's username)."""
     from accounting.costs import Cost
 
-    from ..ledger.actions import EntrySums
+    from ..ledger.actions import holds_on_ledger
     from ..ledger.limits import Limit
 
     with transaction.atomic():
@@ -305,14 +303,13 @@ def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
             eps, delta, auto = parse_budget(fields.get("budget_epsilon", ds.budget_epsilon),
                                             fields.get("budget_delta", "auto" if ds.delta_auto else ds.budget_delta),
                                             ds.n_units)
-            old, before = (ds.budget_epsilon, ds.budget_delta), copy.copy(ds)
+            before = copy.copy(ds)
             ds.budget_epsilon, ds.budget_delta, ds.delta_auto = eps, delta, auto
-            state = Cost.from_json(budget.state)
-            limit = Limit.of_dataset(ds)
-            if (eps, delta) != old and not limit.holds(state, EntrySums(ds.pk, None, limit).plus()):
-                raise InvalidDataset("the new budget is below what the ledger has already spent", field="budget_epsilon",
-                                     spent_epsilon=limit.spent(state))
-            if (eps, delta) != old:
+            if (eps, delta) != (before.budget_epsilon, before.budget_delta):
+                state, limit = Cost.from_json(budget.state), Limit.of_dataset(ds)
+                if not holds_on_ledger(limit, state, ds.pk):
+                    raise InvalidDataset("the new budget is below what the ledger has already spent",
+                                         field="budget_epsilon", spent_epsilon=limit.spent(state))
                 _check_grants_hold(ds, before)
         if "approx_delta_share" in fields and fields["approx_delta_share"] != ds.approx_delta_share:
             share = fields["approx_delta_share"]

@@ -411,6 +411,13 @@ class EntrySums:
         return sums
 
 
+def holds_on_ledger(limit: Limit, state: Cost, dataset_id: int, grant_id: int | None = None, *,
+                    up_to: int | None = None) -> bool:
+    """``limit.holds`` of a running state as it stands (no new cost added), the ledger's
+    exact sums deciding just past the limit (``up_to``: as ``_live_entries``)."""
+    return limit.holds(state, EntrySums(dataset_id, grant_id, limit, up_to).plus())
+
+
 def _live_entries(dataset_id: int, grant_id: int | None = None, up_to: int | None = None):
     """The entries a state sums (committed and reserved): the dataset's, or with
     ``grant_id`` that grant's; with ``up_to``, the reservations admitted after entry

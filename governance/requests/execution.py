@@ -262,7 +262,7 @@ def _settings_refusal(req: Request, plan: Plan) -> UserError | None:
     past the cap). Submitted now it would be refused; queued, it stops here, refunded (which
     may make room under the cap for the next one). A probe's three queued requests under a
     lowered cap: the first two were refused and the last one, the one past the cap, ran."""
-    from ..ledger.actions import EntrySums, recompute_state, to_event
+    from ..ledger.actions import holds_on_ledger, recompute_state, to_event
     from ..ledger.limits import Limit
     from ..models import Grant
 
@@ -279,11 +279,11 @@ def _settings_refusal(req: Request, plan: Plan) -> UserError | None:
     if limit is None:
         return None
     state = Cost.from_json(grant.state)
-    if limit.holds(state, EntrySums(req.dataset_id, grant.pk, limit).plus()):
+    if holds_on_ledger(limit, state, req.dataset_id, grant.pk):
         return None
     if req.ledger_entry_id is not None:  # over it as a whole: is this one past it, in the order admitted?
         state = recompute_state(req.dataset_id, grant.pk, up_to=req.ledger_entry_id)
-        if limit.holds(state, EntrySums(req.dataset_id, grant.pk, limit, up_to=req.ledger_entry_id).plus()):
+        if holds_on_ledger(limit, state, req.dataset_id, grant.pk, up_to=req.ledger_entry_id):
             return None
     return BudgetExceeded(f"the privacy officer lowered {req.analyst}'s cap on dataset {req.dataset.name} to "
                           f"epsilon {limit.epsilon:.6g}, below what is spent and reserved under it ahead of this "

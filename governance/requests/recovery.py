@@ -148,8 +148,8 @@ def _sweep(now, lost_after, requeue_after) -> dict:
         candidates = [(pk, _stale(cutoff)) for pk in
                       Request.objects.filter(_stale(cutoff), status=Request.Status.RUNNING).values_list("pk", flat=True)]
     else:
-        started = db_started()
-        if started is not None and now - started < timedelta(seconds=lost_after):
+        restarted = db_started()
+        if restarted is not None and now - restarted < timedelta(seconds=lost_after):
             # the database restarted within the grace period: no heartbeat could be written
             # while it was down, and a worker holding an outcome writes it within seconds of
             # its return; a sweep in a process that saw no error marked such a request lost
