@@ -8,27 +8,19 @@ import os
 import numpy as np
 
 from engines.hookspecs import hookimpl
-from engines.types import Plan, PlanError, Release
+from engines.types import Release
+from tests.requests.conftest import ProbeEngine
 
 HELD: list[np.ndarray] = []  # what a failed run left behind in its process
 
 
-class MemoryHog:
+class MemoryHog(ProbeEngine):  # (its plan: a Laplace event of the request's epsilon)
     NAME = "memory-hog"
 
     @hookimpl
     def engine_info(self):
         return {"name": self.NAME, "kinds": ["hog", "pid"], "queue": "cpu", "description": "test engine",
                 "params_schema": {}}
-
-    @hookimpl
-    def plan(self, engine, request, dataset):
-        if engine != self.NAME:
-            return None
-        eps = request.params.get("epsilon")
-        if not isinstance(eps, (int, float)) or eps <= 0:
-            raise PlanError("epsilon must be > 0", {"epsilon": "must be > 0"})
-        return Plan(event={"kind": "laplace", "epsilon": eps}, columns=["age"], details={})
 
     @hookimpl
     def run(self, engine, request, dataset, data, plan, progress, workdir):
