@@ -10,11 +10,15 @@ unit's remaining rows, then the aggregate. Predicates compare raw values; aggreg
 values clamped to the declared bounds.
 
 Sums are exact. Values (already clamped into [-B, B]) are truncated toward zero onto the
-grid of multiples of 2^-e, with e chosen so that n * B * 2^e <= 2^51: every partial sum
-is then an integer below 2^53, which float64 holds exactly, so the computed sum does not
-depend on summation order and a unit moves it by at most k * B -- exactly the stated
-sensitivity, with none of the floating-point summation slack of Casacuberta et al. (2022).
-The truncation changes each value by less than 2^-e (about B * n / 2^51).
+grid of multiples of 2^-e, with e chosen so that n * B * 2^e <= 2^51, n a bound on the
+values summed that the plan fixes before any row is read (execute.grid_rows: the
+registered rows and one more unit's k): every partial sum is then an integer below 2^53,
+which float64 holds exactly, so the computed sum does not depend on summation order, and
+as the grid is the same for a table and its neighbours, a unit moves it by at most k * B
+-- exactly the stated sensitivity, with none of the floating-point summation slack of
+Casacuberta et al. (2022). A run that finds more values than n refuses rather than sum
+them on another grid. The truncation changes each value by less than 2^-e (about
+B * n / 2^51).
 """
 
 from __future__ import annotations
@@ -414,12 +418,15 @@ def grid_sum(values: np.ndarray, bound: float, n_max: int, codes: np.ndarray | N
     units: an integer-valued float64 (or array), e = ``grid_exponent(n_max, bound)``.
     Partial grid sums over disjoint parts of a table (partitions) add up exactly: every
     partial and the total are integers below 2^53 when ``n_max`` bounds the whole table's
-    rows. ``exact_sum`` is ``ldexp(grid_sum, -e)``.
+    rows (more ``values`` than ``n_max`` raise: on a coarser grid, the sum of the other
+    values would move too). ``exact_sum`` is ``ldexp(grid_sum, -e)``.
 
     Scaling by 2^e is a multiplication by the float 2^e, which is exact and equal to
     ``ldexp(values, e)`` (both are the correctly rounded x * 2^e) whenever 2^e is a normal
     float; ldexp is kept for exponents outside that range. Truncation is in place."""
-    e = grid_exponent(max(n_max, len(values)), bound)
+    if len(values) > n_max:
+        raise ValueError(f"{len(values)} values to sum, more than the plan's bound of {n_max}")
+    e = grid_exponent(n_max, bound)
     own = overwrite and values.dtype == np.float64 and values.flags.writeable
     out = values if own else None
     if -1022 <= e <= 1023:
@@ -445,8 +452,7 @@ def exact_sum(values: np.ndarray, bound: float, n_max: int, codes: np.ndarray | 
     """Exact sum (or per-group sums) of ``values`` already clipped into [-bound, bound];
     ``n_max`` bounds the number of values (the table's row count). ``overwrite=True`` lets
     it use ``values`` as its scratch buffer (a caller that no longer needs them)."""
-    n = max(n_max, len(values))
-    return from_grid(grid_sum(values, bound, n, codes, groups, overwrite=overwrite), bound, n)
+    return from_grid(grid_sum(values, bound, n_max, codes, groups, overwrite=overwrite), bound, n_max)
 
 
 def quantile_histograms(values: np.ndarray, candidates: np.ndarray, codes: np.ndarray | None = None,

@@ -29,7 +29,7 @@ sorted or partitioned by unit), each file is bounded and aggregated alone, as a 
 bucket is, and the ids each file really holds decide whether that answer stands
 (``_within_files``). A try that does not hold is thrown away and the rows are dealt.
 
-Grid sums use the whole table's row count (``n_max``) in every partition, so every
+Grid sums use the plan's bound on the summed values (``local.grid_rows``) in every partition, so every
 partial sum and their total are integers on one grid: the distributed exact sum equals
 the local one bit for bit (tests/distributed).
 """
@@ -86,15 +86,15 @@ def partition_parts(table: PartitionedTable, d: dict, salt: int | None = None) -
     per unit bucket (``cluster.by_unit``; ``salt``: the bounding salt, drawn if None)."""
     unit = d.get("unit_column")
     if not unit:
-        return cluster.per_partition(table, _parts, d, table.num_rows, None)
+        return cluster.per_partition(table, _parts, d, local.grid_rows(d), None)
     counts = _unit_counts(table, d)
     if counts is not None:
         return [counts]
     salt = new_salt() if salt is None else salt
     if not d.get("where"):
-        return cluster.by_unit(table, unit, _parts, d, table.num_rows, salt)
+        return cluster.by_unit(table, unit, _parts, d, local.grid_rows(d), salt)
     bucket_plan, keep = _after_where(d, unit)
-    return cluster.by_unit(table, unit, _parts, bucket_plan, table.num_rows, salt, pre=_where,
+    return cluster.by_unit(table, unit, _parts, bucket_plan, local.grid_rows(d), salt, pre=_where,
                            pre_args=(d["where"], keep))
 
 
@@ -141,7 +141,7 @@ def _within_bound(table: PartitionedTable, d: dict):
     if span is None:
         return None
     lo, hi = span
-    leaves = cluster.per_partition(table, _file_within, {**d, "unit_column": None}, table.num_rows, unit, lo,
+    leaves = cluster.per_partition(table, _file_within, {**d, "unit_column": None}, local.grid_rows(d), unit, lo,
                                    hi - lo + 1, k)
     return cluster.tree_reduce(leaves, _AddWithin(k), finish=_CheckWithin(k))
 
@@ -184,7 +184,7 @@ def _within_files(table: PartitionedTable, d: dict, salt: int):
     ranges = table.ranges_of(unit)
     if ranges is None or not _apart([r for r in ranges if r]):
         return None
-    leaves = cluster.per_partition(table, _file_units, d, table.num_rows, salt, unit)
+    leaves = cluster.per_partition(table, _file_units, d, local.grid_rows(d), salt, unit)
     return cluster.tree_reduce(leaves, _add_files, finish=_check_files)
 
 
@@ -267,6 +267,6 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data: PartitionedTable
     d = local.check_version(plan)
     progress({"phase": "aggregating on the cluster", "fraction": 0.05})
     parts, total = _run(data, d, None, progress)
-    release = local.finish(d, parts, data.num_rows, np.random.default_rng(), progress)
+    release = local.finish(d, parts, local.grid_rows(d), np.random.default_rng(), progress)
     release.officer_report = {"cluster": job(data, total)}
     return release
