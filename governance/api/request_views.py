@@ -81,7 +81,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         answered is replayed from the stored release at no cost (200, ``replayed: true``).
         With ``?wait=seconds`` the answer waits up to that long for the result (same status
         code; the body shows the request as it is when the wait ends)."""
-        from ..requests.submission import submit
+        from ..requests.submission import resent, submit
 
         key = _idempotency_key(request)
         wait = _wait(request)
@@ -95,6 +95,14 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
             translated = from_sql(v["sql"], v["params"], v.get("dataset"))
             v.update(translated.as_json())
         ds = usable_dataset(request.user, v["dataset"])
+        if ds is None and key and (earlier := resent(request.user, key, v["dataset"], v["engine"], v["kind"],
+                                                     v["params"])):
+            # a retry of a POST whose answer was lost, the dataset closed to her since
+            now = self._visible(earlier.pk)
+            response = Response(s.request_json(now, request), status=status.HTTP_200_OK if now.replay_of_id is not None
+                                else status.HTTP_202_ACCEPTED)
+            response["Idempotent-Replayed"] = "true"
+            return response
         if ds is None:
             raise InvalidRequest(f"No dataset {v['dataset']!r} that you may use.{_case_hint(request.user, v['dataset'])}",
                                  errors={"dataset": "not found"})

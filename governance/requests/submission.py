@@ -239,7 +239,19 @@ def _answered(analyst, fp: str) -> Request | None:
     return None if row is None else Request.objects.get(pk=row[0])
 
 
-def _repeat_of(analyst, key: str, ds: Dataset, engine: str, kind: str, params) -> Request | None:
+def resent(analyst, key: str, dataset_name: str, engine: str, kind: str, params) -> Request | None:
+    """The analyst's earlier request sent with ``key``, for a POST naming a dataset she may
+    no longer use (deactivated, her grant revoked since): a retry of a POST whose answer
+    was lost is that same POST, and gets the request as it is now, as she sees it in her
+    list; nothing is planned, gated or charged. None if she never sent ``key``; the same
+    key with another request is refused (422) whether or not ``dataset_name`` exists."""
+    if isinstance(params, dict):
+        params = trail.storable(given(params))
+    ds = Dataset.objects.filter(name=dataset_name).only("pk").first()
+    return _repeat_of(analyst, key, ds, engine, kind, params)
+
+
+def _repeat_of(analyst, key: str, ds: Dataset | None, engine: str, kind: str, params) -> Request | None:
     """The analyst's earlier request sent with ``key``, if it is this same request. Looked
     up by one written-out statement (on every POST with a key; it seldom finds one)."""
     with connection.cursor() as cur:
@@ -251,7 +263,7 @@ def _repeat_of(analyst, key: str, ds: Dataset, engine: str, kind: str, params) -
     earlier = Request.objects.get(pk=row[0])
     # the same POST: the same dataset, engine, kind and parameters (whatever changed in the
     # dataset since, the earlier request is the answer to this one)
-    same = (earlier.dataset_id == ds.pk and earlier.engine == engine and earlier.kind == kind
+    same = (ds is not None and earlier.dataset_id == ds.pk and earlier.engine == engine and earlier.kind == kind
             and isinstance(params, dict) and earlier.params == params)
     if not same:
         raise IdempotencyKeyReused(

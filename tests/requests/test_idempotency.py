@@ -104,6 +104,43 @@ def test_keys_belong_to_one_analyst(api, analyst, analyst2, clinic, grant, djang
     assert mine.json()["id"] != theirs.json()["id"] and "Idempotent-Replayed" not in theirs
 
 
+@pytest.mark.parametrize("close", ["deactivate", "revoke"])
+def test_a_retry_after_the_dataset_closed_to_her_gets_the_earlier_request(api, analyst, clinic, close,
+                                                                         django_capture_on_commit_callbacks):
+    """A POST whose answer was lost, retried after the officer deactivated the dataset or
+    revoked her grant: the same POST, so the same request comes back (she sees it in her
+    list anyway), not a 400 "No dataset" that leaves her unable to tell it was charged."""
+    from django.utils import timezone
+
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=False):
+        first = post(client, {"epsilon": 0.25}, key="lost")
+    if close == "deactivate":
+        type(clinic).objects.filter(pk=clinic.pk).update(status="draft")  # what deactivate does
+    else:
+        clinic.grants.update(revoked_at=timezone.now())
+    again = post(client, {"epsilon": 0.25}, key="lost")
+    assert again.status_code == 202 and again["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"]
+    # only that POST: another one, or the key with another request, is refused as before
+    assert post(client, {"epsilon": 0.25}).status_code == 400
+    assert post(client, {"epsilon": 0.5}, key="lost").status_code == 422
+    assert post(client, {"epsilon": 0.25}, key="never-sent").status_code == 400
+    assert Request.objects.count() == 1 and spent(clinic) == pytest.approx(0.25)
+
+
+def test_a_key_reused_on_a_dataset_she_cannot_use_says_the_same_whether_or_not_it_exists(
+        api, analyst, clinic, make_dataset, django_capture_on_commit_callbacks):
+    make_dataset(name="hidden", epsilon=1.0)  # no grant
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=False):
+        post(client, {"epsilon": 0.25}, key="mine")
+    answers = [client.post(URL, {"dataset": name, "engine": "probe", "kind": "count", "params": {"epsilon": 0.25}},
+                           format="json", headers={"Idempotency-Key": "mine"}) for name in ("hidden", "no-such")]
+    assert [a.status_code for a in answers] == [422, 422]
+    assert answers[0].json()["detail"] == answers[1].json()["detail"]
+
+
 @pytest.mark.parametrize("key", ["", "x" * 201, "caf\u00e9", "tab\tin"])
 def test_a_malformed_key_is_a_400(api, analyst, clinic, key):
     r = post(api(analyst), {"epsilon": 0.25}, key=key)
