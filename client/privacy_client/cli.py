@@ -7,7 +7,9 @@
 
 ``--url`` / ``--token`` default to ``PRIVACY_URL`` / ``PRIVACY_TOKEN``. The answer is printed
 as a table (``--format csv`` or ``json`` for scripts). Exit status: 0 answered, 2 refused by
-the service (its code and detail on stderr), 3 the service unreachable or silent.
+the service (its code and detail on stderr), 3 the service unreachable, silent or failing
+(a 5xx). When a query's POST may have been admitted (its answer lost), stderr names its key:
+the same command with ``--idempotency-key KEY`` gets that request, never charged twice.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from .errors import ApiError, ServerUnreachable, WaitTimeout
+from .errors import ApiError, ServerError, ServerUnreachable, WaitTimeout
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="privacy-client", description="The privacy-budget service from a shell.")
     ap.add_argument("--url", default=None, help="the service (default: PRIVACY_URL, or http://localhost:8000)")
     ap.add_argument("--token", default=None, help="your API token (default: PRIVACY_TOKEN)")
-    ap.add_argument("--timeout", type=_positive_seconds, default=60.0, help="seconds per HTTP call")
+    ap.add_argument("--timeout", type=_positive_seconds, default=60.0,
+                    help="seconds to wait for the service to connect or to send more of an answer")
     sub = ap.add_subparsers(dest="command", required=True)
     q = sub.add_parser("sql", help="run (or price, or try on dummy rows) one SQL query")
     q.add_argument("query")
@@ -58,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--dummy", action="store_true", help="run it on dummy rows with DuckDB; spend nothing")
     q.add_argument("--dummy-rows", type=int, default=1000)
     q.add_argument("--wait", type=float, default=None, help="give up waiting after this many seconds")
+    q.add_argument("--idempotency-key", dest="idempotency_key", default=None,
+                   help="the key an earlier run printed when its POST may have been admitted: gets that request "
+                        "back, never charged twice (default: a new key)")
     q.add_argument("--format", choices=("table", "csv", "json"), default="table")
     d = sub.add_parser("datasets", help="the datasets you may use and the budget left")
     d.add_argument("--format", choices=("table", "csv", "json"), default="table")
@@ -79,16 +85,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.dummy:
             result = client.sql(args.query, dummy=True, dummy_rows=args.dummy_rows, **options)
         else:
-            result = client.sql(args.query, timeout=args.wait, **options)
+            result = client.sql(args.query, timeout=args.wait, idempotency_key=args.idempotency_key, **options)
         _print_frame(result.df, args.format, sys.stdout)
         if not args.dummy and args.format == "table":
             sys.stderr.write(f"request {result.id}: epsilon {result.epsilon}\n")
         return 0
-    except ServerUnreachable as e:
+    except (ServerUnreachable, ServerError) as e:
         sys.stderr.write(f"privacy-client: {e}\n")
+        _key_hint(e)
         return 3
     except ApiError as e:
         sys.stderr.write(f"privacy-client: {e}\n")
+        _key_hint(e)
         part = e.body.get("part") if isinstance(e.body, dict) else None
         errors = e.body.get("errors") if isinstance(e.body, dict) else None
         if part:
@@ -103,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # the query names no dataset, a file name refused, ...
         sys.stderr.write(f"privacy-client: {e}\n")
         return 2
+
+
+def _key_hint(e: ApiError) -> None:
+    if e.body.get("may_have_been_admitted") and e.body.get("idempotency_key"):
+        sys.stderr.write(f"  the query may have been admitted: run the same command with --idempotency-key "
+                         f"{e.body['idempotency_key']} to get it, never charged twice\n")
 
 
 def _positive_seconds(text: str) -> float:

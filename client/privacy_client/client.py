@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import pandas as pd
 import requests
+import urllib3
 
 from .errors import (ApiError, NotFound, RateLimited, RequestFailed, ServerError, ServerTimeout,
                      ServerUnreachable, WaitTimeout, error_for)
@@ -83,14 +84,8 @@ class Client:
             # newline), not the service or the network
             raise ValueError(f"{method} {url}: the request could not be sent ({_reason(e)}); nothing reached the "
                              "service") from e
-        except requests.Timeout as e:
-            raise ServerTimeout("connection.timeout", 0, f"{method} {url}: no answer within {timeout:g} s "
-                                                          f"({type(e).__name__})",
-                                {"url": url, "timeout": timeout}) from e
-        except requests.RequestException as e:  # refused, reset, an invalid URL or scheme
-            raise ServerUnreachable("connection.failed", 0, f"{method} {url}: cannot reach the service "
-                                                            f"({_reason(e)}); is it running, and is the URL right?",
-                                    {"url": url}) from e
+        except requests.RequestException as e:
+            raise _network_error(method, url, timeout, e) from e
 
     def _call(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
               headers: dict | None = None, timeout: float | None = None) -> Any:
@@ -189,25 +184,32 @@ class Client:
         # An Idempotency-Key makes a retry after a lost answer safe: the service returns
         # the first request and charges nothing twice. ``hold`` > 0: the answer waits up to
         # that long for the result (``?wait=``), so a quick request is done in one call.
+        # Retried: a connection lost, a timeout, a 5xx (a gateway's 502/504 too) and an
+        # answer cut short. Given up, the error says whether an attempt may have been
+        # admitted and carries the key that gets it back.
         key = key or str(uuid.uuid4())
         headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
         params = {"wait": f"{hold:g}"} if hold > 0 else None
+        landed = False  # whether an attempt may have reached the service and been admitted
         for attempt in range(self.retries + 1):
             try:
-                return Result(self._call("POST", "/api/requests/", json=body, headers=headers, params=params,
-                                         timeout=self.timeout + hold), self)
-            except ServerUnreachable as e:  # ServerTimeout too: the same key is never charged twice
-                if attempt == self.retries:
-                    # the POST may have been admitted (the answer lost): the key gets it back
-                    raise type(e)(e.code, e.status, f"{e.detail}; the request may have been admitted: submit it "
-                                  f"again with idempotency_key={key!r} to get it, never charged twice",
-                                  {**e.body, "idempotency_key": key}) from e
-                time.sleep(0.2 * 2 ** attempt)
+                answer = self._call("POST", "/api/requests/", json=body, headers=headers, params=params,
+                                    timeout=self.timeout + hold)
+                return Result(_request_json(answer), self)
+            except (ServerUnreachable, ServerError) as e:  # ServerTimeout too
+                landed = landed or _may_have_landed(e)
+                if attempt == self.retries or e.code == "storage.full":
+                    raise _with_key(e, key, landed) from e
+                time.sleep(_pause(e, attempt))
+            except ApiError as e:  # a refusal or a 429 of a retry: an earlier attempt may still have landed
+                if landed:
+                    raise _with_key(e, key, landed) from e
+                raise
         raise AssertionError("unreachable")
 
     def run(self, dataset: str, kind: str, *, engine: str = "aggregates", params: dict | None = None,
             timeout: float | None = None, progress: Any = None, dummy: bool = False, dummy_rows: int = 1000,
-            seed: int = 0, **kw: Any) -> Result:
+            seed: int = 0, idempotency_key: str | None = None, **kw: Any) -> Result:
         """Submit and wait for the result (a progress bar while it runs). Raises
         ``RequestFailed`` if the request ends without a result. ``dummy=True`` (an aggregate
         but a histogram; so ``count(..., dummy=True)`` and the like too): the request as SQL,
@@ -222,11 +224,13 @@ class Client:
             sql, _ = dummy_run.sql_of(dataset, engine, kind, asked)
             return dummy_run.run(self, sql, dataset, rows=dummy_rows, seed=seed, estimate=estimate)
         return self._run({"dataset": dataset, "engine": engine, "kind": kind, "params": _params(params, kw)},
-                         timeout, progress)
+                         timeout, progress, idempotency_key)
 
     def sql(self, sql: str, *, timeout: float | None = None, progress: Any = None, dummy: bool = False,
-            dummy_rows: int = 1000, seed: int = 0, **options: Any) -> Result:
+            dummy_rows: int = 1000, seed: int = 0, idempotency_key: str | None = None, **options: Any) -> Result:
         """Run a SQL query and wait for its result (``.df``: values with 95% intervals).
+        ``idempotency_key``: the key an earlier error named (its POST may have been
+        admitted): that request comes back, never charged twice (default: a new key).
 
         ``dummy=True``: run it locally with DuckDB on ``dummy_rows`` dummy rows (``preview``,
         generated from the public schema) instead: the same checks and the same DataFrame
@@ -235,15 +239,15 @@ class Client:
             from . import dummy as dummy_run
 
             return dummy_run.run(self, sql, _table_of(sql), rows=dummy_rows, seed=seed, **options)
-        return self._run({"sql": sql, "params": options}, timeout, progress)
+        return self._run({"sql": sql, "params": options}, timeout, progress, idempotency_key)
 
-    def _run(self, body: dict, timeout: float | None, progress: Any) -> Result:
+    def _run(self, body: dict, timeout: float | None, progress: Any, key: str | None = None) -> Result:
         """POST that waits for the result as a status read would (``Backoff.long_poll``), then
         ``wait`` for the rest: a quick request is answered in one call (a service without
         ``?wait=`` answers at once, and ``wait`` polls)."""
         start = time.monotonic()
         hold = self.backoff.long_poll if timeout is None else max(0.0, min(self.backoff.long_poll, timeout))
-        submitted = self._post_request(body, None, hold)
+        submitted = self._post_request(body, key, hold)
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
         try:
             return self.wait(submitted, timeout=left, progress=progress)
@@ -251,7 +255,7 @@ class Client:
             raise WaitTimeout(e.request_id, e.status, timeout) from None
 
     def request(self, request_id: str) -> Result:
-        return Result(self._call("GET", f"/api/requests/{_seg(request_id)}/"), self)
+        return Result(_request_json(self._call("GET", f"/api/requests/{_seg(request_id)}/")), self)
 
     def requests(self, **filters: Any) -> list[Result]:
         """Your requests (filters: status, dataset__name, engine, kind)."""
@@ -307,7 +311,7 @@ class Client:
         attempt = 0
         while True:
             try:
-                return self._call("GET", f"/api/requests/{_seg(rid)}/", params=params, timeout=timeout)
+                return _request_json(self._call("GET", f"/api/requests/{_seg(rid)}/", params=params, timeout=timeout))
             except (RateLimited, ServerError, ServerUnreachable) as e:
                 transient = not isinstance(e, ServerError) or e.status in (502, 503, 504)
                 after = getattr(e, "retry_after", None)
@@ -325,16 +329,24 @@ class Client:
         """Save a released file to ``path`` (default: ``name`` in the current directory);
         checks its SHA-256 when given."""
         target = Path(path) if path is not None else Path(plain_file_name(name))
-        r = self._send("GET", f"/api/requests/{_seg(request_id)}/files/{_seg(name)}/", stream=True)
+        path_ = f"/api/requests/{_seg(request_id)}/files/{_seg(name)}/"
+        r = self._send("GET", path_, stream=True)
         if r.status_code >= 400:
             raise _error(r)
         digest = hashlib.sha256()
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".part")
-        with open(partial, "wb") as out:
-            for chunk in r.iter_content(1 << 20):
-                digest.update(chunk)
-                out.write(chunk)
+        try:
+            with r, open(partial, "wb") as out:
+                for chunk in r.iter_content(1 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except requests.RequestException as e:  # the connection dropped or stalled mid-file
+            partial.unlink(missing_ok=True)
+            raise _network_error("GET", self.url + path_, self.timeout, e) from e
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         if sha256 and digest.hexdigest() != sha256:
             partial.unlink()
             raise ApiError("download.corrupt", 200, f"{name}: SHA-256 {digest.hexdigest()} is not the listed "
@@ -440,6 +452,68 @@ def _json(r: requests.Response) -> Any:
     except ValueError:
         raise ServerError("response.invalid", r.status_code, f"the answer is not the service's JSON: "
                                                             f"{r.text[:200]!r}", {}) from None
+
+
+def _request_json(body: Any) -> dict:
+    """A request as the service shows it; an answer without its ``id`` and ``status`` (a
+    proxy's ``{}``) is a ``ServerError`` ``response.invalid``, not a request ``None`` to
+    wait on."""
+    if not (isinstance(body, dict) and isinstance(body.get("id"), str) and isinstance(body.get("status"), str)):
+        raise ServerError("response.invalid", 200, f"the answer is not a request of the service: {str(body)[:200]!r}",
+                          {})
+    return body
+
+
+def _network_error(method: str, url: str, timeout: float, e: requests.RequestException) -> ServerUnreachable:
+    """A failure to reach the service, typed; ``sent`` is False when it came before any of
+    the request left (refused, a name not found, a connect timeout, TLS, a bad URL)."""
+    sent = not _before_sending(e)
+    if isinstance(e, requests.Timeout):
+        return ServerTimeout("connection.timeout", 0, f"{method} {url}: no answer within {timeout:g} s "
+                                                      f"({type(e).__name__})",
+                             {"url": url, "timeout": timeout, "sent": sent})
+    # refused, reset, dropped mid-answer, an invalid URL or scheme
+    return ServerUnreachable("connection.failed", 0, f"{method} {url}: cannot reach the service "
+                                                     f"({_reason(e)}); is it running, and is the URL right?",
+                             {"url": url, "sent": sent})
+
+
+def _before_sending(e: requests.RequestException) -> bool:
+    if isinstance(e, (requests.exceptions.ConnectTimeout, requests.exceptions.SSLError,
+                      requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+                      requests.exceptions.InvalidSchema)):
+        return True
+    reason = getattr(e.args[0], "reason", None) if e.args else None
+    return isinstance(reason, urllib3.exceptions.NewConnectionError)
+
+
+#: the service's own 5xx codes for an answer that kept nothing
+_NOTHING_KEPT = ("storage.full", "database.unavailable", "cluster.unavailable")
+
+
+def _may_have_landed(e: ApiError) -> bool:
+    """Whether the attempt that failed with ``e`` may have been admitted: a connection lost
+    after the request went out, a timeout, a gateway's 5xx or an answer cut short; not a
+    connection never made, nor the service's own "nothing was kept"."""
+    if isinstance(e, ServerUnreachable):
+        return bool(e.body.get("sent", True))
+    return e.code not in _NOTHING_KEPT
+
+
+def _pause(e: ApiError, attempt: int) -> float:
+    after = getattr(e, "retry_after", None) if isinstance(e, ServerError) else None
+    return min(after, 10.0) if after is not None else 0.2 * 2 ** attempt
+
+
+def _with_key(e: ApiError, key: str, landed: bool) -> ApiError:
+    """``e`` again, with the POST's key and what the analyst can do."""
+    if landed:
+        note = (f"an attempt may have been admitted: submit it again with idempotency_key={key!r} to get that "
+                "request, never charged twice")
+    else:
+        note = f"nothing was admitted (idempotency_key={key!r})"
+    return type(e)(e.code, e.status, f"{e.detail}; {note}", {**e.body, "idempotency_key": key,
+                                                             "may_have_been_admitted": landed})
 
 
 def _seg(value: Any) -> str:

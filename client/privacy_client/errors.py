@@ -146,7 +146,10 @@ class ServerError(ApiError):
     """5xx, or an answer that is not the service's JSON (``storage.full``, 507: the server's
     disk is full; ``database.unavailable``, 503: its database is busy or unreachable, with
     ``retry_after`` seconds; ``cluster.unavailable``, 503: the Dask cluster, registering a
-    distributed dataset; retry later). Nothing was kept."""
+    distributed dataset; retry later): those three kept nothing. After any other 5xx (a
+    gateway's 502 or 504 too) or an answer cut short, a POST may have been admitted:
+    ``submit`` retries it with its ``Idempotency-Key`` and, when the retries fail too, the
+    error's ``idempotency_key`` gets that request back (``may_have_been_admitted``)."""
 
     codes = ("error", "storage.full", "database.unavailable", "cluster.unavailable", "response.invalid")
 
@@ -181,17 +184,20 @@ class RequestFailed(ApiError):
 class ServerUnreachable(ApiError):
     """The service could not be reached: connection refused, DNS failure, a dropped
     connection, TLS failure (``connection.failed``; ``status`` 0; ``url``; the
-    ``requests`` exception is the ``__cause__``). Nothing was charged unless a POST had
-    reached the service: retry it with the same ``Idempotency-Key`` (``submit`` does; when
-    its retries fail too, the error's ``idempotency_key`` is that key). A wait that gave up
-    names its request (``request_id``): it was admitted and goes on."""
+    ``requests`` exception is the ``__cause__``; ``sent``: False when the connection was
+    never made). Nothing was charged unless a POST had reached the service: retry it with
+    the same ``Idempotency-Key`` (``submit`` does; when its retries fail too, the error's
+    ``idempotency_key`` is that key and ``may_have_been_admitted`` says whether any attempt
+    may have landed). A wait that gave up names its request (``request_id``): it was
+    admitted and goes on."""
 
     codes = ("connection.failed",)
 
 
 class ServerTimeout(ServerUnreachable, TimeoutError):
-    """The service did not answer within the client's ``timeout`` (``connection.timeout``;
-    ``timeout`` in seconds). A POST may have been admitted: ``submit`` retries it with the
+    """The service did not connect, or sent nothing more of its answer, within the client's
+    ``timeout`` (``connection.timeout``; ``timeout`` in seconds: per connection and per
+    read, as in ``requests``, not for a whole call; ``run(..., timeout=)`` bounds a wait). A POST may have been admitted: ``submit`` retries it with the
     same ``Idempotency-Key``, which is never charged twice."""
 
     codes = ("connection.timeout",)

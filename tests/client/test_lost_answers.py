@@ -1,0 +1,144 @@
+"""A POST whose answer is lost on the way back (a dropped connection, a reverse proxy's 504,
+an answer cut short) against the live service: the client retries it with its
+Idempotency-Key, and when it gives up it says the request may have been admitted and
+names the key that gets it back, never charged twice. A probe found the client raising
+"nothing was kept" with no key after a 504, so running the query again charged twice."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import requests
+import urllib3
+
+import privacy_client as pc
+from governance.models import LedgerEntry, Request
+
+from .conftest import make_client
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SQL = "SELECT COUNT(*) AS n FROM clinic"
+
+
+class Lossy(requests.Session):
+    """Sends every request to the service for real; then loses the answers of the POSTs
+    named in ``lose`` (0-based, in order): ``"drop"`` raises a dropped connection,
+    ``"504"`` returns a gateway's page, ``"cut"`` a 200 whose JSON stops halfway."""
+
+    def __init__(self, lose: dict[int, str]):
+        super().__init__()
+        self.lose, self.posts, self.keys = lose, 0, []
+
+    def request(self, method, url, **kw):
+        answer = super().request(method, url, **kw)
+        if method != "POST" or "/api/requests/" not in url:
+            return answer
+        self.keys.append(kw["headers"]["Idempotency-Key"])
+        fault, self.posts = self.lose.get(self.posts), self.posts + 1
+        if fault == "drop":
+            raise requests.ConnectionError(urllib3.exceptions.ProtocolError("Connection aborted.",
+                                                                            ConnectionResetError(104, "reset")))
+        if fault == "504":
+            return _answer(504, b"<html>504 Gateway Time-out</html>")
+        if fault == "cut":
+            return _answer(200, answer.content[: len(answer.content) // 2])
+        return answer
+
+
+def _answer(status: int, content: bytes) -> requests.Response:
+    r = requests.Response()
+    r.status_code, r._content, r.encoding = status, content, "utf-8"
+    return r
+
+
+def _client(server, session) -> pc.Client:
+    return make_client(server.url, server.tokens["ann"], session=session, retries=2)
+
+
+@pytest.mark.parametrize("faults", [{0: "504"}, {0: "drop", 1: "504"}, {0: "cut"}, {0: "drop", 1: "drop"}])
+def test_a_lost_answer_is_retried_with_its_key_and_charged_once(server, monkeypatch, faults):
+    monkeypatch.setattr(pc.client.time, "sleep", lambda s: None)
+    session = Lossy(faults)
+    result = _client(server, session).sql(SQL, epsilon=0.1)
+    assert result.status == "succeeded" and len(set(session.keys)) == 1 and session.posts == len(faults) + 1
+    assert Request.objects.count() == 1 and LedgerEntry.objects.count() == 1
+
+
+def test_when_every_retry_fails_the_error_names_the_key_that_gets_the_request_back(server, monkeypatch):
+    monkeypatch.setattr(pc.client.time, "sleep", lambda s: None)
+    session = Lossy({0: "drop", 1: "504", 2: "504"})
+    with pytest.raises(pc.ServerError) as e:
+        _client(server, session).sql(SQL, epsilon=0.1)
+    err = e.value
+    assert err.status == 504 and err.may_have_been_admitted and err.idempotency_key == session.keys[0]
+    assert "may have been admitted" in str(err) and err.idempotency_key in str(err)
+    assert Request.objects.count() == 1  # the first attempt was admitted
+    again = server.analyst.sql(SQL, epsilon=0.1, idempotency_key=err.idempotency_key)
+    assert str(again.id) == str(Request.objects.get().pk)
+    assert Request.objects.count() == 1 and LedgerEntry.objects.count() == 1
+
+
+def test_the_command_line_prints_the_key_and_takes_it_back(server, monkeypatch, capsys):
+    from privacy_client import cli
+
+    monkeypatch.setattr(pc.client.time, "sleep", lambda s: None)
+    plain = requests.Session
+    monkeypatch.setattr(requests, "Session", lambda: Lossy({0: "drop", 1: "504", 2: "504"}))
+    argv = ["--url", server.url, "--token", server.tokens["ann"], "sql", SQL, "--epsilon", "0.1", "--format", "csv"]
+    assert cli.main(argv) == 3
+    err = capsys.readouterr().err
+    key = err.split("--idempotency-key ")[1].split()[0]
+    assert "may have been admitted" in err and Request.objects.count() == 1
+    monkeypatch.setattr(requests, "Session", plain)
+    assert cli.main([*argv, "--idempotency-key", key]) == 0
+    assert Request.objects.count() == 1 and LedgerEntry.objects.count() == 1
+
+
+class Refusing:
+    headers: dict = {}
+
+    def request(self, method, url, **kw):
+        reason = urllib3.exceptions.NewConnectionError(None, "Failed to establish a new connection: refused")
+        raise requests.ConnectionError(urllib3.exceptions.MaxRetryError(None, url, reason))
+
+
+def test_a_service_never_reached_is_not_said_to_have_admitted_anything(monkeypatch):
+    monkeypatch.setattr(pc.client.time, "sleep", lambda s: None)
+    with pytest.raises(pc.ServerUnreachable) as e:
+        pc.Client("http://x", session=Refusing(), progress=False).sql(SQL, epsilon=0.1)
+    assert e.value.sent is False and e.value.may_have_been_admitted is False
+    assert "nothing was admitted" in str(e.value) and "may have been" not in str(e.value)
+
+
+class Answers:
+    def __init__(self, *answers):
+        self.answers, self.headers, self.calls = list(answers), {}, 0
+
+    def request(self, method, url, **kw):
+        self.calls += 1
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+def test_an_answer_that_is_not_a_request_is_an_error_not_a_wait_on_request_none():
+    """A proxy answering ``200 {}``: the client polled /api/requests/None/ without end."""
+    session = Answers(_answer(200, b"{}"))
+    with pytest.raises(pc.ServerError) as e:
+        pc.Client("http://x", session=session, progress=False, retries=0).sql(SQL, epsilon=0.1)
+    assert e.value.code == "response.invalid" and session.calls == 1
+    with pytest.raises(pc.ServerError, match="not a request"):
+        pc.Client("http://x", session=session, progress=False).request("r1")
+
+
+def test_a_download_cut_off_is_a_typed_error_and_leaves_no_part_file(tmp_path):
+    class Cut(requests.Response):
+        def iter_content(self, chunk_size=1, decode_unicode=False):
+            yield b"0123456789"
+            raise requests.exceptions.ChunkedEncodingError("Connection broken: IncompleteRead(10 bytes read)")
+
+    cut = Cut()
+    cut.status_code, cut.raw = 200, io.BytesIO()
+    with pytest.raises(pc.ServerUnreachable) as e:
+        pc.Client("http://x", session=Answers(cut), progress=False).download("r1", "model.pt", tmp_path / "out" / "model.pt")
+    assert e.value.code == "connection.failed" and "IncompleteRead" in str(e.value.__cause__)
+    assert list((tmp_path / "out").iterdir()) == []
