@@ -152,7 +152,9 @@ BASE_CELLS = 256
 TREE_MIN = 32
 MAX_GRID = 200_000
 CANDIDATE_DECIMALS = 6
-MAX_INDEX = 2.0 ** 62  # grid indices are int64: a grid reaching further from zero cannot be indexed
+# A grid value is i * step in float64, which holds every integer up to 2^53 and no further:
+# past it 2^53 + 1 came back as 2^53, below a declared lower bound of 2^53 + 1 (a probe).
+MAX_INDEX = 2**53
 
 
 def nullable(col: dict) -> bool:
@@ -180,8 +182,9 @@ def grid_decimals(col: dict) -> int | None:
 
 
 def _indexable_at(col: dict, d: int) -> bool:
-    """Whether the grid of 10^-d on the column's bounds lies within MAX_INDEX steps of zero."""
-    return max(abs(col["lower"]), abs(col["upper"])) * 10.0 ** d < MAX_INDEX
+    """Whether the grid of 10^-d on the column's bounds lies within MAX_INDEX steps of zero
+    (compared exactly: an int bound of 2^53 + 1 is not the float 2^53)."""
+    return max(abs(col["lower"]), abs(col["upper"])) * (10 ** d if d >= 0 else 10.0 ** d) <= MAX_INDEX
 
 
 def _grid_span(col: dict, step: float, d: int) -> tuple[int, int]:
@@ -199,8 +202,8 @@ def _grid_span(col: dict, step: float, d: int) -> tuple[int, int]:
 
 
 def indexable(col: dict) -> bool:
-    """Whether a declared integer / decimal grid can be indexed (int64): its bounds within
-    MAX_INDEX steps of zero."""
+    """Whether a declared integer / decimal grid can be held: its bounds within MAX_INDEX
+    steps of zero, so that float64 holds each of its values exactly."""
     d = grid_decimals(col)
     return d is None or _indexable_at(col, d)
 

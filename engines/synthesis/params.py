@@ -237,8 +237,9 @@ def _column(name: str, col: dict, bins: int) -> dict | str:
             return f"numeric column {name!r}: decimals must be an integer from 0 to {MAX_DECIMALS}"
         integer = col.get("integer", False) or decimals == 0
         if not encoding.indexable(col):
-            return (f"numeric column {name!r}: its {'integer' if integer else 'decimal'} grid on [{lo:g}, {hi:g}] "
-                    "reaches more than 2^62 steps from zero; declare narrower bounds"
+            return (f"numeric column {name!r}: its {'integer' if integer else 'decimal'} grid on [{lo!r}, {hi!r}] "
+                    "reaches more than 2^53 steps from zero, past which 64-bit floats do not hold every grid "
+                    "value; declare narrower bounds"
                     + ("" if integer else " or fewer decimals"))
         if not encoding.holds_a_grid_value(col):
             return (f"numeric column {name!r}: no {'integer' if integer else f'{decimals}-decimal value'} lies "

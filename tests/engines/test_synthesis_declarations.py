@@ -283,9 +283,12 @@ def test_a_bound_a_hair_off_the_grid_keeps_every_value_inside_it():
     # a span past the largest float: the run gave 0 and 1.7e308 only, and its report crashed
     ((-1e308, 1e308), {}, "span more than the largest number"),
     ((0, 1e200), {}, None),  # a continuous column: a coarser candidate grid, no overflow
-    ((-1e15, 1e15), {"decimals": 2}, None),
-    ((-1e300, 1e300), {"integer": True}, r"x.*more than 2\^62 steps from zero"),  # grid indices past int64
-    ((-1e15, 1e15), {"decimals": 4}, r"x.*more than 2\^62 steps from zero"),
+    ((-1e13, 1e13), {"decimals": 2}, None),
+    ((-1e300, 1e300), {"integer": True}, r"x.*more than 2\^53 steps from zero"),  # grid indices past int64
+    ((-1e15, 1e15), {"decimals": 2}, r"x.*more than 2\^53 steps from zero"),  # 1e15 + 0.01 is no float64
+    # float64 holds no odd integer past 2^53: 2^53 + 1 came back as 2^53, below the bound
+    ((2**53 + 1, 2**53 + 9), {"integer": True}, r"x.*\[9007199254740993, 9007199254741001\].*2\^53"),
+    ((2**53 - 9, 2**53), {"integer": True}, None),
 ])
 def test_bounds_far_from_zero_synthesize_or_are_refused_never_crash(bounds, spec, refused):
     rng = np.random.default_rng(0)
