@@ -199,10 +199,10 @@ def register(*, name: str, created_by, location: str, title: str = "", descripti
         raise
     if unit_column and prof["unit_nulls"]:
         raise InvalidDataset(f"privacy-unit column {unit_column!r} has {prof['unit_nulls']} empty values (null or NaN)")
-    draft = infer_schema(_draft_table(schema_found, prof["uniques"], MAX_DOMAIN), unit_column)
+    n_units = prof["n_units"] if unit_column else n_rows
+    draft = infer_schema(_draft_table(schema_found, prof["uniques"], MAX_DOMAIN), unit_column, n_units)
     final = validate_schema(schema, schema_found, unit_column, base=draft)
     check_nulls(final, prof["nulls"])
-    n_units = prof["n_units"] if unit_column else n_rows
     max_rows = prof["max_rows_per_unit"] if unit_column else 1
     eps, delta, delta_auto = budget.parse_budget(budget_epsilon, budget_delta, n_units)
     schema_json = source.schema_to_json(schema_found)

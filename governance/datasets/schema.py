@@ -38,8 +38,15 @@ def _is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
 
 
-def infer_schema(table: pa.Table, unit_column: str = "") -> dict:
-    """A draft schema: types from Arrow; categorical domains proposed from the data."""
+def infer_schema(table: pa.Table, unit_column: str = "", n_units: int | None = None) -> dict:
+    """A draft schema: types from Arrow; categorical domains proposed from the data. A text
+    column with nearly as many values as there are units (``identifying``: a name, an
+    e-mail address, an ID) is proposed as text: as a domain, its values would name the
+    units to every analyst and come back in synthetic rows as they are. ``n_units``: the
+    table's units (default: counted on ``table``)."""
+    if n_units is None:
+        n_units = (len(pc.unique(table.column(unit_column))) if unit_column in table.column_names
+                   else table.num_rows)
     cols = []
     for field in table.schema:
         name, t = field.name, field.type
@@ -61,7 +68,7 @@ def infer_schema(table: pa.Table, unit_column: str = "") -> dict:
                 col = col.cast(pa.string())
             uniq = pc.unique(col.drop_null())
             long = len(uniq) and pc.max(pc.utf8_length(uniq)).as_py() > MAX_DOMAIN_VALUE_CHARS
-            if len(uniq) <= MAX_DOMAIN and not long:
+            if len(uniq) <= MAX_DOMAIN and not long and not identifying(len(uniq), n_units):
                 try:
                     values = [str(v) for v in uniq.to_pylist()]
                 except UnicodeDecodeError:  # a Parquet string column that is not UTF-8
@@ -76,6 +83,16 @@ def infer_schema(table: pa.Table, unit_column: str = "") -> dict:
         else:
             cols.append({"name": name, "type": "text"})
     return {"columns": cols}
+
+
+IDENTIFYING_MIN_VALUES = 20
+IDENTIFYING_SHARE = 0.9
+
+
+def identifying(n_values: int, n_units: int) -> bool:
+    """Whether a column's values would identify its units: at least 20 of them, as many as
+    90% of the units or more."""
+    return n_values >= IDENTIFYING_MIN_VALUES and n_values >= IDENTIFYING_SHARE * n_units
 
 
 def is_finite_number(v) -> bool:

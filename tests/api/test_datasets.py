@@ -50,6 +50,28 @@ def test_it_registers_a_csv_upload_as_a_draft(api, officer, csv_bytes):
     assert len(stored_files()) == 1
 
 
+@pytest.mark.parametrize("unit_column", ["", "patient"])
+def test_a_column_that_names_its_units_is_proposed_as_text_not_as_a_domain(api, officer, analyst, grant,
+                                                                          unit_column):
+    """A probe activated a table of 500 people at registration: their 500 real SSNs became
+    the public domain every granted analyst reads, and 98.9% of the synthetic rows carried
+    a real person's SSN. A column with nearly a value per unit is now proposed as text;
+    one with a few values per unit stays categorical, also when each unit has many rows."""
+    rows = ["patient,ssn,email,city,visit"]
+    for i in range(300):
+        for visit in range(3 if unit_column else 1):
+            rows.append(f"{i},{100 + i:03d}-45-{i:04d},p{i}@example.org,city{i % 25},{visit}")
+    r = api(officer).post(URL, form("\n".join(rows).encode(), unit_column=unit_column, activate="true"),
+                          format="multipart")
+    assert r.status_code == 201, r.json()
+    cols = columns(r.json())
+    assert cols["ssn"] == {"name": "ssn", "type": "text"} and cols["email"]["type"] == "text"
+    assert cols["city"]["type"] == "categorical" and len(cols["city"]["domain"]) == 25
+    grant(analyst, Dataset.objects.get(name="clinic"))
+    seen = json.dumps(api(analyst).get(f"{URL}clinic/").json())
+    assert "-45-" not in seen and "@example.org" not in seen
+
+
 @pytest.mark.parametrize("missing", ["", "NA", "NULL", '""'])
 def test_a_missing_text_cell_in_a_csv_is_null_not_a_category(api, officer, missing):
     """What pandas' to_csv ("") and R's write.csv (NA) write for a missing value: a null in
