@@ -334,6 +334,19 @@ def test_a_tail_grown_heavy_shows_though_the_quantile_bins_cannot_see_it(data, f
     assert "Numeric columns: means and tails" in page
 
 
+def test_tails_are_measured_on_the_whole_tables_not_the_scoring_sample(data, one_thread):
+    """A probe: a synthetic table of 2,000 rows beside a 400-row holdout was scored on 400
+    of its rows, and its tail (a mean 2.5x the real one) showed as 1.5x, its top share level
+    with real rows."""
+    synthetic = data["fresh"].copy()
+    synthetic.loc[synthetic.sample(n=40, random_state=1).index, "x"] = 99.0  # 2% of the rows at the top
+    holdout = data["holdout"].iloc[:200]
+    t = report.quality_report(data["train"], synthetic, holdout, SCHEMA)["tails"]["x"]
+    assert t["mean"]["synthetic"] == pytest.approx(synthetic["x"].mean(), rel=1e-12)
+    assert t["mean"]["holdout"] == pytest.approx(holdout["x"].mean(), rel=1e-12)
+    assert t["above_train_p99"]["synthetic"] == pytest.approx((synthetic["x"] > t["train_p99"]).mean(), rel=1e-12)
+
+
 def test_real_rows_of_independent_columns_are_never_called_below_the_floor():
     """A probe's arrests table: real rows it never trained on read "Below the floor" in 2 of
     8 report seeds (one floor draw of 1,000 rows moved by as much as the floor-to-ceiling
