@@ -11,7 +11,7 @@ Five lines from a token to a DataFrame::
 See ``Client`` for every call and ``privacy_client.errors`` for the typed errors.
 """
 
-from .client import Client
+from .client import Client, PlaintextWarning
 from .errors import (
     ApiError,
     AuthenticationError,
@@ -38,7 +38,7 @@ from .waiting import Backoff
 __version__ = "0.1.0"
 __all__ = [
     "ApiError", "AuthenticationError", "Backoff", "BudgetExceeded", "Client", "Conflict", "Dataset", "Estimate",
-    "IdempotencyKeyReused", "InvalidRequest", "NotFound", "PermissionDenied", "RateLimited", "RequestFailed",
+    "IdempotencyKeyReused", "InvalidRequest", "NotFound", "PermissionDenied", "PlaintextWarning", "RateLimited", "RequestFailed",
     "RequestTooLarge", "Result", "ServerError", "ServerTimeout", "ServerUnreachable", "SqlError", "SqlUnsupported",
     "UnsupportedMediaType", "WaitTimeout",
 ]

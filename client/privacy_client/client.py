@@ -15,9 +15,10 @@ import os
 import re
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pandas as pd
 import requests
@@ -58,6 +59,9 @@ class Client:
         if not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
             raise ValueError(f"timeout must be a number of seconds above 0, got {timeout!r}")
         self.url = url.rstrip("/")
+        if token and _in_clear(self.url):
+            warnings.warn(f"{self.url} is plain http to another host: your token and results cross the network "
+                          "unencrypted; use https", PlaintextWarning, stacklevel=2)
         self.timeout = timeout
         self.progress = progress
         self.backoff = backoff or Backoff()
@@ -452,6 +456,15 @@ def _json(r: requests.Response) -> Any:
     except ValueError:
         raise ServerError("response.invalid", r.status_code, f"the answer is not the service's JSON: "
                                                             f"{r.text[:200]!r}", {}) from None
+
+
+class PlaintextWarning(UserWarning):
+    """The client sends its token over plain http to a host other than this machine."""
+
+
+def _in_clear(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme.lower() == "http" and (parts.hostname or "") not in ("localhost", "127.0.0.1", "::1")
 
 
 def _request_json(body: Any) -> dict:

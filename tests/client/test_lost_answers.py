@@ -142,3 +142,15 @@ def test_a_download_cut_off_is_a_typed_error_and_leaves_no_part_file(tmp_path):
         pc.Client("http://x", session=Answers(cut), progress=False).download("r1", "model.pt", tmp_path / "out" / "model.pt")
     assert e.value.code == "connection.failed" and "IncompleteRead" in str(e.value.__cause__)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_token_sent_in_clear_to_another_host_is_warned_about():
+    with pytest.warns(pc.PlaintextWarning, match="unencrypted"):
+        pc.Client("http://analytics.example.org", token="t")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for url in ("https://analytics.example.org", "http://localhost:8000", "http://127.0.0.1:8000"):
+            pc.Client(url, token="t")
+        pc.Client("http://analytics.example.org")  # no token: nothing to leak but public answers
