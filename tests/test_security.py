@@ -77,3 +77,29 @@ def test_request_creation_is_rate_limited_per_analyst(api, analyst, analyst2, ma
     assert ask(analyst2, 0).status_code != 429  # per analyst
     assert api(analyst).get("/api/requests/").status_code == 200  # reading is not limited
     cache.clear()
+
+
+def test_a_retry_with_the_key_of_an_admitted_post_is_not_rate_limited(api, analyst, make_dataset, grant, settings):
+    """A client whose answer was lost retries with its Idempotency-Key: refused with a 429
+    it could not learn whether the first was charged (a probe). It gets the request back."""
+    from django.core.cache import cache
+
+    from governance.models import Request
+
+    cache.clear()
+    settings.REQUEST_RATE_LIMIT = "2/min"
+    ds = make_dataset(epsilon=100.0)
+    grant(analyst, ds)
+    client = api(analyst)
+
+    def ask(i, key):
+        return client.post("/api/requests/", {"dataset": ds.name, "engine": "aggregates", "kind": "count",
+                                              "params": {"epsilon": 0.01 + i / 1000}}, format="json",
+                           headers={"Idempotency-Key": key})
+    first = ask(0, "k0")
+    assert ask(1, "k1").status_code != 429
+    assert ask(2, "k2").status_code == 429  # a new request past the limit
+    again = ask(0, "k0")
+    assert again.status_code in (200, 202) and again.json()["id"] == first.json()["id"]
+    assert Request.objects.count() == 2
+    cache.clear()

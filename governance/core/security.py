@@ -189,9 +189,22 @@ class RequestCreationThrottle(UserRateThrottle):
         if self.rate is None:
             return True
         try:
-            return super().allow_request(request, view)
+            if super().allow_request(request, view):
+                return True
+            # past the limit: a retry of a POST already admitted (its Idempotency-Key) is no
+            # new request, and refusing it left a client whose answer was lost unable to
+            # learn whether it was charged (a probe); it gets that request back, uncounted
+            return _sent_before(request)
         except Exception:  # noqa: BLE001 - the cache (Redis) is down or restarting
             # Fail open: the limit is against floods, not against overspending (the gate
             # holds the budget whatever the rate), and a 500 would refuse every request.
             log.warning("rate limit not applied: the cache is unavailable", exc_info=True)
             return True
+
+
+def _sent_before(request) -> bool:
+    """Whether the analyst has a request sent with this POST's Idempotency-Key."""
+    from ..models import Request
+
+    key = request.headers.get("Idempotency-Key")
+    return bool(key) and Request.objects.filter(analyst_id=request.user.pk, idempotency_key=key).exists()
