@@ -1020,7 +1020,22 @@ def standing(summary: dict) -> str:
                if level or (ways and min(ways) < NEAR_FLOOR) else
                "Above the floor, less than halfway to real data." if not ways or min(ways) < 0.5 else
                "At least halfway from the floor to real data.")
-    return f"{verdict} ({'; '.join(said)}.){_tstr_clause(summary)}"
+    return f"{verdict} ({'; '.join(said)}.){_discriminator_clause(summary, verdict)}{_tstr_clause(summary)}"
+
+
+def _discriminator_clause(summary: dict, verdict: str) -> str:
+    """The rows as a whole, where the accuracies see one and two columns at a time: a rule
+    that three columns keep together can be lost while every pair reads halfway (a probe:
+    a third of the rows broke it). Said when a headline above the floor meets a raw-value
+    discriminator less than halfway from the floor's AUC to the ceiling's."""
+    v, f, c = (summary.get(f"discriminator_auc{k}") for k in ("", "_floor", "_ceiling"))
+    if verdict.startswith(("Below", "At or near")) or None in (v, f, c) or f - c < 0.02:
+        return ""
+    way = (f - v) / (f - c)
+    if way >= 0.5:
+        return ""
+    return (f" Its rows as a whole are less than halfway there: a classifier tells them from real rows at AUC "
+            f"{v:.3f}, against {c:.3f} for real rows and {f:.3f} for independent columns.")
 
 
 def tstr_of_the_way(summary: dict) -> float | None:

@@ -334,6 +334,22 @@ def test_a_tail_grown_heavy_shows_though_the_quantile_bins_cannot_see_it(data, f
     assert "Numeric columns: means and tails" in page
 
 
+def test_the_headline_says_when_the_rows_as_a_whole_are_told_from_real_ones():
+    """A probe: c fixed by a, b and d together, which no pair shows; the headline read "at
+    least halfway" while a third of the synthetic rows broke the rule, and the report's own
+    raw-value discriminator stood at AUC 0.664 (real rows 0.506, independent columns 0.819)."""
+    halfway = {"overall_accuracy": 0.99, "overall_accuracy_floor": 0.95, "overall_accuracy_of_the_way": 1.04,
+               "bivariate_accuracy": 0.98, "bivariate_accuracy_floor": 0.90, "bivariate_accuracy_of_the_way": 1.03,
+               "discriminator_auc": 0.664, "discriminator_auc_ceiling": 0.506, "discriminator_auc_floor": 0.819}
+    said = report.standing(halfway)
+    assert said.startswith("At least halfway") and said.endswith(
+        "Its rows as a whole are less than halfway there: a classifier tells them from real rows at AUC 0.664, "
+        "against 0.506 for real rows and 0.819 for independent columns.")
+    assert "classifier" not in report.standing({**halfway, "discriminator_auc": 0.60})  # 70% of the way
+    below = {**halfway, "overall_accuracy": 0.90, "overall_accuracy_of_the_way": -1.0}
+    assert report.standing(below).startswith("Below the floor") and "classifier" not in report.standing(below)
+
+
 def test_tails_are_measured_on_the_whole_tables_not_the_scoring_sample(data, one_thread):
     """A probe: a synthetic table of 2,000 rows beside a 400-row holdout was scored on 400
     of its rows, and its tail (a mean 2.5x the real one) showed as 1.5x, its top share level
