@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except WaitTimeout as e:
         sys.stderr.write(f"privacy-client: {e}\n")
+        if e.idempotency_key:
+            sys.stderr.write(f"  it goes on: run the same command with --idempotency-key {e.idempotency_key} to "
+                             "read it, never charged twice\n")
         return 3
     except ValueError as e:  # the query names no dataset, a file name refused, ...
         sys.stderr.write(f"privacy-client: {e}\n")

@@ -251,12 +251,16 @@ class Client:
         ``?wait=`` answers at once, and ``wait`` polls)."""
         start = time.monotonic()
         hold = self.backoff.long_poll if timeout is None else max(0.0, min(self.backoff.long_poll, timeout))
+        key = key or str(uuid.uuid4())
         submitted = self._post_request(body, key, hold)
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
         try:
             return self.wait(submitted, timeout=left, progress=progress)
         except WaitTimeout as e:  # the whole call's seconds, not the wait's share of them
-            raise WaitTimeout(e.request_id, e.status, timeout) from None
+            raise WaitTimeout(e.request_id, e.status, timeout, idempotency_key=key) from None
+        except (ServerUnreachable, ServerError, RateLimited) as e:  # a wait given up: the request goes on
+            raise type(e)(e.code, e.status, f"{e.detail}, or the same call with idempotency_key={key!r}",
+                          {**e.body, "idempotency_key": key, "may_have_been_admitted": True}) from e
 
     def request(self, request_id: str) -> Result:
         return Result(_request_json(self._call("GET", f"/api/requests/{_seg(request_id)}/")), self)
@@ -479,7 +483,7 @@ def _request_json(body: Any) -> dict:
 
 def _network_error(method: str, url: str, timeout: float, e: requests.RequestException) -> ServerUnreachable:
     """A failure to reach the service, typed; ``sent`` is False when it came before any of
-    the request left (refused, a name not found, a connect timeout, TLS, a bad URL)."""
+    the request left (refused, a name not found, a connect timeout, a bad URL)."""
     sent = not _before_sending(e)
     if isinstance(e, requests.Timeout):
         return ServerTimeout("connection.timeout", 0, f"{method} {url}: no answer within {timeout:g} s "
@@ -492,9 +496,9 @@ def _network_error(method: str, url: str, timeout: float, e: requests.RequestExc
 
 
 def _before_sending(e: requests.RequestException) -> bool:
-    if isinstance(e, (requests.exceptions.ConnectTimeout, requests.exceptions.SSLError,
-                      requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
-                      requests.exceptions.InvalidSchema)):
+    # (not every SSLError: one raised reading the answer comes after the request went out)
+    if isinstance(e, (requests.exceptions.ConnectTimeout, requests.exceptions.InvalidURL,
+                      requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema)):
         return True
     reason = getattr(e.args[0], "reason", None) if e.args else None
     return isinstance(reason, urllib3.exceptions.NewConnectionError)

@@ -204,12 +204,15 @@ class ServerTimeout(ServerUnreachable, TimeoutError):
 
 
 class WaitTimeout(TimeoutError):
-    """``run(..., timeout=s)`` gave up waiting; the request goes on (``request_id``)."""
+    """``run(..., timeout=s)`` gave up waiting; the request goes on (``request_id``; from
+    ``run`` and ``sql``, ``idempotency_key``: the same call with it gets the request back,
+    never charged twice)."""
 
-    def __init__(self, request_id: str, status: str, seconds: float):
+    def __init__(self, request_id: str, status: str, seconds: float, idempotency_key: str | None = None):
         super().__init__(f"request {request_id} is still {status} after {seconds:g} s")
         self.request_id = request_id
         self.status = status
+        self.idempotency_key = idempotency_key
 
 
 ERRORS: dict[str, type[ApiError]] = {code: cls for cls in (

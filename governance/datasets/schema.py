@@ -38,15 +38,19 @@ def _is_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
 
 
-def infer_schema(table: pa.Table, unit_column: str = "", n_units: int | None = None) -> dict:
-    """A draft schema: types from Arrow; categorical domains proposed from the data. A text
-    column with nearly as many values as there are units (``identifying``: a name, an
-    e-mail address, an ID) is proposed as text: as a domain, its values would name the
-    units to every analyst and come back in synthetic rows as they are. ``n_units``: the
-    table's units (default: counted on ``table``)."""
-    if n_units is None:
-        n_units = (len(pc.unique(table.column(unit_column))) if unit_column in table.column_names
-                   else table.num_rows)
+def infer_schema(table: pa.Table, unit_column: str = "", carriers: dict[str, int] | None = None) -> dict:
+    """A draft schema: types from Arrow; categorical domains proposed from the data. A text,
+    time or duration column whose values are held by few units each (``identifying``: a
+    name, an e-mail address, an ID, an ID repeated on a person's rows) is proposed as text:
+    as a domain, its values would name the units to every analyst and come back in
+    synthetic rows as they are. ``carriers``: per column, the units holding a value
+    (default: counted on ``table``, which must then be the whole table)."""
+
+    def held(name: str) -> int:
+        if carriers is not None:
+            return carriers.get(name, 0)
+        return _carriers(table, name, unit_column)
+
     cols = []
     for field in table.schema:
         name, t = field.name, field.type
@@ -58,7 +62,8 @@ def infer_schema(table: pa.Table, unit_column: str = "", n_units: int | None = N
         elif pa.types.is_boolean(t):
             cols.append({"name": name, "type": "categorical", "domain": [False, True]})
         elif (pa.types.is_time(t) or pa.types.is_duration(t)) and len(
-                uniq := pc.unique(table.column(name).drop_null())) <= MAX_DOMAIN:
+                uniq := pc.unique(table.column(name).drop_null())) <= MAX_DOMAIN and not identifying(
+                len(uniq), held, name):
             # proposed as the text they are matched as (``_unmatched_text``): 01:00:00.000
             cols.append({"name": name, "type": "categorical", "domain_from_data": True,
                          "domain": [str(v) for v in uniq.take(pc.sort_indices(uniq)).cast(pa.string()).to_pylist()]})
@@ -68,7 +73,7 @@ def infer_schema(table: pa.Table, unit_column: str = "", n_units: int | None = N
                 col = col.cast(pa.string())
             uniq = pc.unique(col.drop_null())
             long = len(uniq) and pc.max(pc.utf8_length(uniq)).as_py() > MAX_DOMAIN_VALUE_CHARS
-            if len(uniq) <= MAX_DOMAIN and not long and not identifying(len(uniq), n_units):
+            if len(uniq) <= MAX_DOMAIN and not long and not identifying(len(uniq), held, name):
                 try:
                     values = [str(v) for v in uniq.to_pylist()]
                 except UnicodeDecodeError:  # a Parquet string column that is not UTF-8
@@ -86,13 +91,22 @@ def infer_schema(table: pa.Table, unit_column: str = "", n_units: int | None = N
 
 
 IDENTIFYING_MIN_VALUES = 20
-IDENTIFYING_SHARE = 0.9
+IDENTIFYING_UNITS_PER_VALUE = 5
 
 
-def identifying(n_values: int, n_units: int) -> bool:
-    """Whether a column's values would identify its units: at least 20 of them, as many as
-    90% of the units or more."""
-    return n_values >= IDENTIFYING_MIN_VALUES and n_values >= IDENTIFYING_SHARE * n_units
+def identifying(n_values: int, held, name: str) -> bool:
+    """Whether a column's values would name its units: 20 values or more, held by fewer
+    than 5 units each on average (``held(name)``: the units holding a value; counted only
+    for such columns). An SSN per person is 1; a city is hundreds."""
+    return n_values >= IDENTIFYING_MIN_VALUES and held(name) < IDENTIFYING_UNITS_PER_VALUE * n_values
+
+
+def _carriers(table: pa.Table, name: str, unit_column: str) -> int:
+    """The units of ``table`` holding a value in column ``name`` (its rows without a unit column)."""
+    valid = pc.is_valid(table.column(name))
+    if unit_column and unit_column in table.column_names:
+        return pc.count_distinct(pc.filter(table.column(unit_column), valid)).as_py()
+    return int(pc.sum(valid).as_py() or 0)
 
 
 def is_finite_number(v) -> bool:

@@ -50,26 +50,42 @@ def test_it_registers_a_csv_upload_as_a_draft(api, officer, csv_bytes):
     assert len(stored_files()) == 1
 
 
-@pytest.mark.parametrize("unit_column", ["", "patient"])
+@pytest.mark.parametrize("unit_column, visits", [("", 1), ("", 3), ("patient", 3)])
 def test_a_column_that_names_its_units_is_proposed_as_text_not_as_a_domain(api, officer, analyst, grant,
-                                                                          unit_column):
+                                                                          unit_column, visits):
     """A probe activated a table of 500 people at registration: their 500 real SSNs became
     the public domain every granted analyst reads, and 98.9% of the synthetic rows carried
-    a real person's SSN. A column with nearly a value per unit is now proposed as text;
-    one with a few values per unit stays categorical, also when each unit has many rows."""
-    rows = ["patient,ssn,email,city,visit"]
+    a real person's SSN. A column whose values are held by few units each is now proposed
+    as text: also an SSN repeated on each of a person's visits with no unit column, and a
+    passport number only two people in three have; a city stays categorical."""
+    rows = ["patient,ssn,email,passport,city,visit"]
     for i in range(300):
-        for visit in range(3 if unit_column else 1):
-            rows.append(f"{i},{100 + i:03d}-45-{i:04d},p{i}@example.org,city{i % 25},{visit}")
+        for visit in range(visits):
+            passport = f"P{i:06d}" if i % 3 else ""
+            rows.append(f"{i},{100 + i:03d}-45-{i:04d},p{i}@example.org,{passport},city{i % 25},{visit}")
     r = api(officer).post(URL, form("\n".join(rows).encode(), unit_column=unit_column, activate="true"),
                           format="multipart")
     assert r.status_code == 201, r.json()
     cols = columns(r.json())
     assert cols["ssn"] == {"name": "ssn", "type": "text"} and cols["email"]["type"] == "text"
+    assert cols["passport"]["type"] == "text"
     assert cols["city"]["type"] == "categorical" and len(cols["city"]["domain"]) == 25
     grant(analyst, Dataset.objects.get(name="clinic"))
     seen = json.dumps(api(analyst).get(f"{URL}clinic/").json())
-    assert "-45-" not in seen and "@example.org" not in seen
+    assert "-45-" not in seen and "@example.org" not in seen and "P0000" not in seen
+
+
+def test_a_time_column_that_names_its_units_is_proposed_as_text(api, officer):
+    import datetime
+
+    import pandas as pd
+
+    frame = pd.DataFrame({"born_at": [datetime.time(i // 60, i % 60, 7) for i in range(300)],
+                          "shift": [datetime.time(6 + 8 * (i % 3)) for i in range(300)], "x": range(300)})
+    r = api(officer).post(URL, form(parquet_bytes(frame), filename="t.parquet"), format="multipart")
+    assert r.status_code == 201, r.json()
+    cols = columns(r.json())
+    assert cols["born_at"]["type"] == "text" and cols["shift"]["type"] == "categorical"
 
 
 @pytest.mark.parametrize("missing", ["", "NA", "NULL", '""'])

@@ -154,3 +154,49 @@ def test_a_token_sent_in_clear_to_another_host_is_warned_about():
         for url in ("https://analytics.example.org", "http://localhost:8000", "http://127.0.0.1:8000"):
             pc.Client(url, token="t")
         pc.Client("http://analytics.example.org")  # no token: nothing to leak but public answers
+
+
+def test_a_tls_failure_while_reading_the_answer_may_have_been_admitted(monkeypatch):
+    """requests raises SSLError for a bad record in the answer too, after the POST went out
+    (a TLS-terminating proxy dying mid-answer): it must not read "nothing was admitted"."""
+    monkeypatch.setattr(pc.client.time, "sleep", lambda s: None)
+
+    class BadRecord:
+        headers: dict = {}
+
+        def request(self, method, url, **kw):
+            raise requests.exceptions.SSLError("[SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC] bad record mac")
+
+    with pytest.raises(pc.ServerUnreachable) as e:
+        pc.Client("https://x", session=BadRecord(), progress=False).sql(SQL, epsilon=0.1)
+    assert e.value.may_have_been_admitted is True and "may have been admitted" in str(e.value)
+
+
+class Queued:
+    """A service that admits the POST (202 queued) and then shows the request running."""
+
+    def __init__(self):
+        self.headers, self.keys = {}, []
+
+    def request(self, method, url, **kw):
+        if method == "POST":
+            self.keys.append(kw["headers"]["Idempotency-Key"])
+        body = {"id": "11111111-1111-1111-1111-111111111111", "status": "queued" if method == "POST" else "running",
+                "engine": "aggregates", "kind": "count", "progress": {}}
+        return _answer(202 if method == "POST" else 200, __import__("json").dumps(body).encode())
+
+
+def test_a_wait_given_up_names_the_key_that_reads_the_request_again(monkeypatch, capsys):
+    """The CLI gave up a wait (--wait) without the key: running the command again made a
+    new request, charged again while the first still ran (a probe)."""
+    from privacy_client import cli
+
+    session = Queued()
+    monkeypatch.setattr(requests, "Session", lambda: session)
+    with pytest.raises(pc.WaitTimeout) as e:
+        pc.Client("http://localhost:1", session=session, progress=False, backoff=pc.Backoff(long_poll=0)).sql(
+            SQL, epsilon=0.1, timeout=0.2)
+    assert e.value.idempotency_key == session.keys[-1]
+    assert cli.main(["--url", "http://localhost:1", "sql", SQL, "--epsilon", "0.1", "--wait", "0.2"]) == 3
+    err = capsys.readouterr().err
+    assert "still running" in err and f"--idempotency-key {session.keys[-1]}" in err
