@@ -57,6 +57,7 @@ class Query:
     candidates: int | None = None
     distinct_units: bool = False  # count_distinct of the unit column (query.py)
     integer: bool = False  # the value column is declared integer (a quantile's interval ends are whole)
+    decimals: int | None = None  # its declared decimals (the ends are rounded out to them)
 
 
 
@@ -318,6 +319,8 @@ def validate(kind: str, params: Any, dataset: DatasetMeta) -> Query:
                                         + (" without bounds" if spec.get("type") == "numeric" else ""))
                 q.column = params["column"]
                 q.integer = spec.get("integer") is True
+                d = spec.get("decimals")
+                q.decimals = d if isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 15 else None
             else:
                 q.column = params["column"]
                 _histogram(q, spec, params, errors)

@@ -207,7 +207,8 @@ def _plan_quantile(q: Query, details: dict) -> dict:
         "q": q.q, "alpha_num": num, "alpha_den": den,
         "grid": {"lower": lo, "upper": hi, "count": q.candidates},
         "scale": scale, "score_sensitivity": score_sens, "epsilon": cost,
-        "interval": {"scale": e_scale, "epsilon": e_cost, "shift": shift, "integer": q.integer},
+        "interval": {"scale": e_scale, "epsilon": e_cost, "shift": shift, "integer": q.integer,
+                     "decimals": q.decimals},
     }
     details["cost"] = {"epsilon": total}
     return {"kind": "epsilon_delta", "epsilon": total, "delta": 0.0}

@@ -456,7 +456,10 @@ def assemble(d: dict, results: list[dict]) -> dict:
            "max_rows_per_unit": d["max_rows_per_unit"]}
     out.update(d["cost"])
     if d["having"] or d["limit"] is not None:
-        out["post_processing"] = "HAVING / LIMIT applied to the noisy values; rows left out were released too"
+        out["post_processing"] = ("HAVING / LIMIT applied to the noisy values; rows left out were released too. "
+                                  "Each interval is 95% on its own: rows kept for their noisy values (the top "
+                                  "ones, those past a threshold) were kept partly for their noise, and their "
+                                  "intervals hold the exact value less often")
     return out
 
 

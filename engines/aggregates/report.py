@@ -1,10 +1,13 @@
 """From noisy values to the result JSON, with 95% intervals (post-processing only).
 
-Intervals describe the added noise, not sampling error:
+Intervals describe the added noise, not sampling error: they hold, with probability 95%
+each, the exact answer on the rows as the query takes them (values clamped to the declared
+bounds, at most k rows per unit), not the unclamped value nor a population's.
 
 - count / sum / histogram: value +- h, where P(|noise| >= h) <= 5% for the declared
   noise (Laplace: b ln 20; Gaussian: 1.96 sigma; discrete versions from OpenDP's
-  accuracy helpers).
+  accuracy helpers); a count's interval starts at 0 at the lowest (at its value, if that
+  was drawn below 0).
 - mean / variance: the estimator is a ratio of noisy values, so the interval is a
   parametric bootstrap: the declared noise distributions are drawn again around the
   released noisy components and the estimator recomputed; the 2.5% and 97.5% points are
@@ -25,7 +28,14 @@ Intervals describe the added noise, not sampling error:
   side of the answer, that end is the grid's bound), which is
   why each end is moved one grid step further out (and the interval holds the answer); on a
   column declared integer the ends are rounded out to whole numbers first (many rows tie at
-  each value, and a pick between two values stands for both).
+  each value, and a pick between two values stands for both), on one declared with
+  decimals to them. Ties otherwise break the bound: where many rows share a value (a
+  column mostly 0, values on a coarser step than the grid's) the score jumps past +-t
+  between two neighbouring candidates, no candidate's score is near the shifted target,
+  and an end can land on the wrong side of the jump, anywhere on the flat run of
+  candidates below it (a probe: 50-57% coverage on such columns of a weather table). The
+  interval then holds the quantile in rank (the ends' ranks within about t rows of q n),
+  not in value; declaring the column's integer or decimal grid rounds the ends out to it.
   The shift is a constant, so the shifted score has the sensitivity of the score, and both
   ends cost what OpenDP's map of the chain says, like the answer. Only released picks and
   public numbers make the interval: it reads no data. ``rank_error95`` says how good
@@ -91,11 +101,19 @@ def additive(details: dict, noisy, nz: Noise) -> dict:
         out["group_by"] = details["group_by"]
     else:
         out["value"] = conv(noisy)
-        out["ci95"] = _interval(noisy - h, noisy + h)
+        out["ci95"] = _interval(_floor(details, noisy, h), noisy + h)
         return out
     vals = [conv(v) for v in noisy]
-    out["groups"] = _grouped(details, keys, vals, [_interval(v - h, v + h) for v in vals])
+    out["groups"] = _grouped(details, keys, vals, [_interval(_floor(details, v, h), v + h) for v in vals])
     return out
+
+
+def _floor(details: dict, value, h):
+    """An interval's low end: a count's starts at 0 (no count is below it: post-processing),
+    or at its value if that was drawn below 0: the value is left as drawn, unbiased, and
+    stays inside its interval."""
+    lo = value - h
+    return max(lo, min(value, 0)) if details["kind"] in ("count", "histogram") else lo
 
 
 def ratio(details: dict, noisy: dict, nzs: dict[str, Noise], rng: np.random.Generator) -> dict:
@@ -166,10 +184,14 @@ def quantile_interval(details: dict, pick: float, ends) -> list[float] | None:
         lo = g["lower"]
     if t > (1 - qd["q"]) * n or hi < pick:
         hi = g["upper"]
-    if qd.get("interval", {}).get("integer"):
+    iv = qd.get("interval", {})
+    if iv.get("integer"):
         # a declared-integer column's quantile is a whole number: a pick between two of them
         # (on a tie's plateau) stands for the whole numbers around it
         lo, hi = math.floor(lo), math.ceil(hi)
+    elif iv.get("decimals") is not None:  # likewise on its declared decimals
+        unit = 10 ** iv["decimals"]
+        lo, hi = math.floor(lo * unit) / unit, math.ceil(hi * unit) / unit
     return _interval(max(g["lower"], min(lo - step, pick)), min(g["upper"], max(hi + step, pick)))
 
 

@@ -405,6 +405,44 @@ def test_a_quantiles_interval_holds_the_true_quantile_about_95_percent_of_the_ti
     assert np.median(widths) < 10_000  # and informative: a tenth of the declared range at most
 
 
+def test_a_counts_interval_does_not_reach_below_zero_and_holds_its_value():
+    """A probe at epsilon 0.05: an empty group's count released as -12 with [-72, 48], and
+    333 of 400 count intervals started below 0. No count is below 0 (post-processing); the
+    value is left as drawn (unbiased) and stays inside its interval."""
+    frame = pd.DataFrame({"c": ["a"] * 30})
+    ds = DatasetMeta("t", {"c": {"type": "categorical", "domain": ["a", "b"]}}, None, 30, 30, 1e-6)
+    seen_negative = False
+    for _ in range(40):
+        for g in run("count", {"group_by": "c", "epsilon": 0.05}, frame, ds)["groups"]:
+            lo, hi = g["ci95"]
+            assert lo <= g["value"] <= hi and lo >= min(0, g["value"])
+            seen_negative |= g["value"] < 0
+    assert seen_negative  # the values themselves are not clipped
+
+
+def test_a_quantiles_interval_on_tied_values_holds_when_the_columns_decimals_are_declared():
+    """A probe's weather table: precipitation mostly 0, wind on steps of 1.15 mph: between
+    two values every candidate has the same score, the ends landed anywhere on that flat
+    run below the quantile, and the interval held it in 50-57% of runs. Declared with its
+    decimals, the ends are rounded out to them, as a declared-integer column's are."""
+    rng = np.random.default_rng(11)
+    x = np.where(rng.random(5000) < 0.45, 1.2, rng.integers(0, 50, 5000) / 10)  # 45% tied at 1.2
+    table = pa.table({"x": x})
+    q = float(np.mean(x < 1.2)) + 0.2  # inside the tie block: the quantile is 1.2
+    truth = float(np.quantile(x, q, method="lower"))
+    assert truth == 1.2
+
+    def coverage(spec):
+        ds = DatasetMeta("t", {"x": {"type": "numeric", "lower": 0, "upper": 5, **spec}}, None, 5000, 5000, 1e-6)
+        req = EngineRequest("quantile", {"column": "x", "q": q, "epsilon": 1.0})
+        plan = plugins.plan("aggregates", req, ds)
+        cis = [plugins.run("aggregates", req, ds, table, plan, lambda u: None).result["ci95"] for _ in range(60)]
+        return sum(lo <= truth <= hi for lo, hi in cis)
+
+    assert coverage({"decimals": 1}) >= 52
+    assert coverage({"integer": False}) <= 57  # undeclared: the limitation report.py states
+
+
 def test_intervals_at_a_small_epsilon_are_the_whole_range_never_a_point():
     """A probe at epsilon 0.01 on 300 rows: a variance's interval was [0, 0] in 9 of 40 runs
     and missed the value in 11, a median's collapsed to its pick or missed in 10. There the
