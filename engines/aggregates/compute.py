@@ -480,13 +480,19 @@ def signed_scores_from_histograms(hists: np.ndarray, alpha_num: int, alpha_den: 
     """``(den - num) * #(x < c) - num * #(x > c)`` per candidate (OpenDP's score before its
     absolute value): negative below the q-quantile, positive above; a unit moves it by at
     most the score sensitivity, as it moves the score (|a + t| is 1-Lipschitz in a for a constant t)."""
-    hist_lo, hist_ro = hists[0], hists[1]
-    m = hist_lo.shape[1] - 1
-    n = hist_lo.sum(axis=1)
-    lt = np.cumsum(hist_ro[:, :m], axis=1)  # #(x < c_i)
-    le = np.cumsum(hist_lo[:, :m], axis=1)  # #(x <= c_i)
+    lt, le, n = rank_counts(hists)
     gt = n[:, None] - le
     return (alpha_den - alpha_num) * lt - alpha_num * gt
+
+
+def rank_counts(hists: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """From ``quantile_histograms``: per group and candidate c, #(x < c) and #(x <= c), and
+    per group the number of values."""
+    hist_lo, hist_ro = hists[0], hists[1]
+    m = hist_lo.shape[1] - 1
+    lt = np.cumsum(hist_ro[:, :m], axis=1)  # #(x < c_i)
+    le = np.cumsum(hist_lo[:, :m], axis=1)  # #(x <= c_i)
+    return lt, le, hist_lo.sum(axis=1)
 
 
 def quantile_scores(values: np.ndarray, candidates: np.ndarray, alpha_num: int, alpha_den: int,

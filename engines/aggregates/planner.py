@@ -28,8 +28,9 @@ Costs come from OpenDP's privacy maps of the exact measurements the run builds
 - gaussian: ``{"kind": "gaussian", "noise_multiplier": 1 / sqrt(2 * rho)}`` with
   rho = map(d_in) (zCDP; noise std = multiplier x L2 sensitivity)
 - quantile: ``{"kind": "epsilon_delta", "epsilon": map(k), "delta": 0}``, the sum of three
-  such chains: the answer (half of the budget) and the two ends of its interval (a quarter
-  each; report.py)
+  such chains, the answer (half of the budget) and the two ends of its interval (3/16
+  each), and of the two ends' checks, OpenDP discrete Laplace measurements (1/16 each;
+  report.py)
 - mean / variance: ``{"kind": "composed", "events": [...]}`` of their components.
 """
 
@@ -52,7 +53,8 @@ MAX_INTEGER_SCALE = 1e12  # count noise beyond this says nothing and nears the i
 # So no noise scale beyond this, and no sum that could exceed it (rows x sensitivity).
 MAX_MAGNITUDE = 1e150
 #: a quantile's budget: the answer's share, and each end of its 95% interval's (report.py)
-POINT_SHARE, END_SHARE = 0.5, 0.25
+#: and each end's check (report.py: an end not confirmed on its side is the grid's bound)
+POINT_SHARE, END_SHARE, CHECK_SHARE = 0.5, 0.1875, 0.0625
 
 
 def _times(k: int, x: float) -> float:
@@ -195,20 +197,25 @@ def _plan_quantile(q: Query, details: dict) -> dict:
         raise PlanError("the candidate grid is not strictly increasing: the bounds are too close for "
                         f"{q.candidates} candidates", {"candidates": "too many for the column's range"})
     epsilon = q.budget[1]
-    # half of the budget for the answer, a quarter for each end of its interval (report.py)
+    # half of the budget for the answer, 3/16 for each end of its interval and 1/16 for each
+    # end's check (report.py)
     scale, score_sens, cost = noise.quantile_chain_cost(grid.tolist(), q.q, q.k, epsilon * POINT_SHARE)
     e_scale, _, e_cost = noise.quantile_chain_cost(grid.tolist(), q.q, q.k, epsilon * END_SHARE)
     if not max(scale, e_scale) <= MAX_MAGNITUDE:  # the pick would be uniform, and its rank error overflow
         raise ValueError(f"the noise scale would be {max(scale, e_scale):.3g}: the pick would be pure noise")
     num, den = noise.quantile_alpha(q.q)
     shift = math.ceil(e_scale * math.log(2 * 20 * q.candidates))  # each end errs by more w.p. <= 2.5%
-    total = cost + 2 * e_cost
+    # each end's side of the quantile, confirmed by a noisy count of the rows past it (report.py)
+    check, c_cost = noise.calibrate("laplace", int(q.k) * max(num, den - num), epsilon * CHECK_SHARE,
+                                    integer=True, vector=True)
+    total = cost + 2 * e_cost + 2 * c_cost
     details["quantile"] = {
         "q": q.q, "alpha_num": num, "alpha_den": den,
         "grid": {"lower": lo, "upper": hi, "count": q.candidates},
         "scale": scale, "score_sensitivity": score_sens, "epsilon": cost,
         "interval": {"scale": e_scale, "epsilon": e_cost, "shift": shift, "integer": q.integer,
-                     "decimals": q.decimals},
+                     "decimals": q.decimals,
+                     "check": {**check.to_dict(), "epsilon": c_cost, "margin": check.halfwidth()}},
     }
     details["cost"] = {"epsilon": total}
     return {"kind": "epsilon_delta", "epsilon": total, "delta": 0.0}

@@ -15,7 +15,8 @@ bounds, at most k rows per unit), not the unclamped value nor a population's.
   0) that end is the clip's bound, and where the count could be under one row both ends
   are. Only released values are used, so numpy's generator is fine here.
 - quantile: the interval is released with the answer, at half of the quantile's budget
-  (the answer gets the other half; planner.py): two more picks by the same OpenDP
+  (the answer gets the other half; planner.py): two more picks (3/16 of the budget each),
+  each then confirmed on its side by a noisy count (1/16 each; below), by the same OpenDP
   report-noisy-max on the same candidate grid, on the score shifted by t score units:
   ``|s(c) + t|`` for the low end and ``|s(c) - t|`` for the high end, where
   ``s(c) = (1-q) #(x < c) - q #(x > c)`` (OpenDP's score before its absolute value; in units
@@ -29,13 +30,18 @@ bounds, at most k rows per unit), not the unclamped value nor a population's.
   why each end is moved one grid step further out (and the interval holds the answer); on a
   column declared integer the ends are rounded out to whole numbers first (many rows tie at
   each value, and a pick between two values stands for both), on one declared with
-  decimals to them. Ties otherwise break the bound: where many rows share a value (a
-  column mostly 0, values on a coarser step than the grid's) the score jumps past +-t
-  between two neighbouring candidates, no candidate's score is near the shifted target,
-  and an end can land on the wrong side of the jump, anywhere on the flat run of
-  candidates below it (a probe: 50-57% coverage on such columns of a weather table). The
-  interval then holds the quantile in rank (the ends' ranks within about t rows of q n),
-  not in value; declaring the column's integer or decimal grid rounds the ends out to it.
+  decimals to them. Ties break the picks' bound: where many rows share a value (a column
+  mostly 0, values on a coarser step than the grid's) the score jumps past +-t between
+  two neighbouring candidates, no candidate's score is near the shifted target, and an
+  end can land on the wrong side of the jump, anywhere on the flat run of candidates
+  below it (a probe: 50-57% coverage on such columns of a weather table). So each end,
+  as it would be shown, is confirmed on its side (execute._ends_held): den #(x <= c) -
+  num n for the high end (c the last candidate at or below it; at least 0 iff it is at or
+  above the quantile), num n - den #(x < c) for the low end, each with OpenDP's discrete
+  Laplace noise (sensitivity k max(num, den - num)) and compared with its one-sided 97.5%
+  margin: a wrong end passes with probability at most 2.5%, whatever the picks did, and
+  an end not confirmed is the grid's bound. On tied values the interval is then honest
+  and wide; declaring the column's integer or decimal grid makes it narrow.
   The shift is a constant, so the shifted score has the sensitivity of the score, and both
   ends cost what OpenDP's map of the chain says, like the answer. Only released picks and
   public numbers make the interval: it reads no data. ``rank_error95`` says how good
@@ -171,7 +177,6 @@ def quantile_interval(details: dict, pick: float, ends) -> list[float] | None:
     qd = details["quantile"]
     g = qd["grid"]
     step = (g["upper"] - g["lower"]) / max(g["count"] - 1, 1)
-    lo, hi = ends
     # Each end's bound holds where some candidate's score reaches -t (+t): the lowest
     # candidate's score is -q n, the highest's (1 - q) n. Past that (a small epsilon on few
     # rows: t of thousands of ranks on 300 rows) the shifted score's best is itself off by
@@ -180,10 +185,8 @@ def quantile_interval(details: dict, pick: float, ends) -> list[float] | None:
     # picked on the wrong side of the answer says nothing of that side either: its bound.
     t = qd["interval"]["shift"] / qd["alpha_den"]
     n = details.get("n_rows", 0)
-    if t > qd["q"] * n or lo > pick:
-        lo = g["lower"]
-    if t > (1 - qd["q"]) * n or hi < pick:
-        hi = g["upper"]
+    lo, hi, *held = ends  # (lo, hi, lo confirmed, hi confirmed) since the checks (execute._ends_held)
+    held = held or [True, True]
     iv = qd.get("interval", {})
     if iv.get("integer"):
         # a declared-integer column's quantile is a whole number: a pick between two of them
@@ -192,6 +195,10 @@ def quantile_interval(details: dict, pick: float, ends) -> list[float] | None:
     elif iv.get("decimals") is not None:  # likewise on its declared decimals
         unit = 10 ** iv["decimals"]
         lo, hi = math.floor(lo * unit) / unit, math.ceil(hi * unit) / unit
+    if t > qd["q"] * n or lo > pick or not held[0]:
+        lo = g["lower"]
+    if t > (1 - qd["q"]) * n or hi < pick or not held[1]:
+        hi = g["upper"]
     return _interval(max(g["lower"], min(lo - step, pick)), min(g["upper"], max(hi + step, pick)))
 
 

@@ -424,7 +424,8 @@ def test_a_quantiles_interval_on_tied_values_holds_when_the_columns_decimals_are
     """A probe's weather table: precipitation mostly 0, wind on steps of 1.15 mph: between
     two values every candidate has the same score, the ends landed anywhere on that flat
     run below the quantile, and the interval held it in 50-57% of runs. Declared with its
-    decimals, the ends are rounded out to them, as a declared-integer column's are."""
+    decimals, the ends are rounded out to them, as a declared-integer column's are (and
+    the interval is narrow); undeclared, an end not confirmed on its side is the bound."""
     rng = np.random.default_rng(11)
     x = np.where(rng.random(5000) < 0.45, 1.2, rng.integers(0, 50, 5000) / 10)  # 45% tied at 1.2
     table = pa.table({"x": x})
@@ -440,7 +441,8 @@ def test_a_quantiles_interval_on_tied_values_holds_when_the_columns_decimals_are
         return sum(lo <= truth <= hi for lo, hi in cis)
 
     assert coverage({"decimals": 1}) >= 52
-    assert coverage({"integer": False}) <= 57  # undeclared: the limitation report.py states
+    # undeclared, each end is confirmed on its side by a noisy count, else is the bound
+    assert coverage({"integer": False}) >= 52
 
 
 def test_intervals_at_a_small_epsilon_are_the_whole_range_never_a_point():
@@ -458,5 +460,8 @@ def test_intervals_at_a_small_epsilon_are_the_whole_range_never_a_point():
         assert run("quantile", {"column": "x", "q": 0.5, "epsilon": 0.01}, x, ds)["ci95"] == [0.0, 10.0]
         lo, hi = run("mean", {"column": "x", "epsilon": 0.01}, x, ds)["ci95"]
         assert lo < hi
-    lo, hi = run("quantile", {"column": "x", "q": 0.5, "epsilon": 2.0}, x, ds)["ci95"]
-    assert 0 < lo <= np.median(x["x"]) <= hi < 10  # where the ends can be told, an interval
+    # where the ends can be told, an interval (an end its noisy check does not confirm is
+    # the bound: about 2% of them here)
+    cis = [run("quantile", {"column": "x", "q": 0.5, "epsilon": 2.0}, x, ds)["ci95"] for _ in range(5)]
+    assert all(lo <= np.median(x["x"]) <= hi for lo, hi in cis)
+    assert sum(0 < lo and hi < 10 for lo, hi in cis) >= 3
