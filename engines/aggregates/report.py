@@ -14,9 +14,9 @@ bounds, at most k rows per unit), not the unclamped value nor a population's.
   reported; where more than 2.5% of the simulations are clipped (at a bound, a variance at
   0) that end is the clip's bound, and where the count could be under one row both ends
   are. Only released values are used, so numpy's generator is fine here.
-- quantile: the interval is released with the answer, at half of the quantile's budget
-  (the answer gets the other half; planner.py): two more picks (3/16 of the budget each),
-  each then confirmed on its side by a noisy count (1/16 each; below), by the same OpenDP
+- quantile: the interval is released with the answer, at 9/16 of the quantile's budget
+  (the answer gets the rest; planner.py): two more picks (7/32 of the budget each), each
+  then confirmed on its side by a noisy count (1/16 each; below), by the same OpenDP
   report-noisy-max on the same candidate grid, on the score shifted by t score units:
   ``|s(c) + t|`` for the low end and ``|s(c) - t|`` for the high end, where
   ``s(c) = (1-q) #(x < c) - q #(x > c)`` (OpenDP's score before its absolute value; in units

@@ -220,10 +220,10 @@ def test_quantile_is_an_exponential_mechanism_epsilon_delta_event():
     qd = p.details["quantile"]
     assert qd["grid"] == {"lower": 18.0, "upper": 90.0, "count": 1024}
     assert (qd["alpha_num"], qd["alpha_den"]) == (1, 2)
-    # report-noisy-max on scores of sensitivity 1 (q = 1/2): epsilon = 2 * 1 / scale; half of the
-    # budget for the answer, 3/16 for each end of its interval and 1/16 for each end's check,
-    # a discrete Laplace of sensitivity k max(num, den - num) = 1: epsilon = 1 / scale
-    assert qd["scale"] == pytest.approx(2 / 0.4) and qd["interval"]["scale"] == pytest.approx(2 / 0.15)
+    # report-noisy-max on scores of sensitivity 1 (q = 1/2): epsilon = 2 * 1 / scale; 7/16 of
+    # the budget for the answer, 7/32 for each end of its interval and 1/16 for each end's
+    # check, a discrete Laplace of sensitivity k max(num, den - num) = 1: epsilon = 1 / scale
+    assert qd["scale"] == pytest.approx(2 / 0.35) and qd["interval"]["scale"] == pytest.approx(2 / 0.175)
     check = qd["interval"]["check"]
     assert (check["mechanism"], check["integer"], check["sensitivity"]) == ("laplace", True, 1)
     assert check["scale"] == pytest.approx(1 / 0.05) and check["epsilon"] == pytest.approx(0.05)
