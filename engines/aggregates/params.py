@@ -328,6 +328,9 @@ def validate(kind: str, params: Any, dataset: DatasetMeta) -> Query:
         qv = params.get("q", 0.5)
         if not is_number(qv) or not 0 < float(qv) < 1:
             errors["q"] = f"must be a number strictly between 0 and 1, got {qv!r}"
+        elif not 1e-4 <= float(qv) <= 1 - 1e-4:
+            # OpenDP scores q as a fraction of 10,000 (truncated): 5e-05 became 0, the minimum
+            errors["q"] = f"must be from 0.0001 to 0.9999 (OpenDP scores q in 10,000ths), got {qv!r}"
         else:
             q.q = float(qv)
         m = params.get("candidates", DEFAULT_CANDIDATES)

@@ -193,13 +193,19 @@ def quantile_interval(details: dict, pick: float, ends) -> list[float] | None:
         # (on a tie's plateau) stands for the whole numbers around it
         lo, hi = math.floor(lo), math.ceil(hi)
     elif iv.get("decimals") is not None:  # likewise on its declared decimals
-        unit = 10 ** iv["decimals"]
-        lo, hi = math.floor(lo * unit) / unit, math.ceil(hi * unit) / unit
+        lo, hi = _rounded_out(lo, iv["decimals"], math.floor), _rounded_out(hi, iv["decimals"], math.ceil)
     if t > qd["q"] * n or lo > pick or not held[0]:
         lo = g["lower"]
     if t > (1 - qd["q"]) * n or hi < pick or not held[1]:
         hi = g["upper"]
     return _interval(max(g["lower"], min(lo - step, pick)), min(g["upper"], max(hi + step, pick)))
+
+
+def _rounded_out(x: float, decimals: int, to) -> float:
+    """``x`` rounded ``to`` (floor, ceil) its ``decimals``; as it is where a float holds no
+    finer step (past 2^53 units: 1e300 x 10^9 overflowed, a charged failure)."""
+    scaled = x * 10 ** decimals
+    return to(scaled) / 10 ** decimals if abs(scaled) < 2**53 else x
 
 
 def quantile(details: dict, picks: list[float], ends: list | None = None) -> dict:
@@ -209,6 +215,7 @@ def quantile(details: dict, picks: list[float], ends: list | None = None) -> dic
     out = _base(details)
     out.update({
         "q": qd["q"],
+        "q_used": qd["alpha_num"] / qd["alpha_den"],  # OpenDP's: q in 10,000ths, truncated
         "noise_scale": qd["scale"],
         "candidates": qd["grid"],
         "rank_error95": qd["scale"] * math.log(20 * m) / qd["alpha_den"],

@@ -117,6 +117,8 @@ def test_other_engines_get_none_from_every_hook():
     ("quantile", {"column": "age", "q": 0, "epsilon": 1}, "q"),
     ("quantile", {"column": "age", "q": 1, "epsilon": 1}, "q"),
     ("quantile", {"column": "age", "q": 1.5, "epsilon": 1}, "q"),
+    ("quantile", {"column": "age", "q": 5e-5, "epsilon": 1}, "q"),  # OpenDP's 10,000ths: it was the minimum
+    ("quantile", {"column": "age", "q": 0.99995, "epsilon": 1}, "q"),
     ("quantile", {"column": "age", "q": "half", "epsilon": 1}, "q"),
     ("quantile", {"column": "age", "candidates": 1, "epsilon": 1}, "candidates"),
     ("quantile", {"column": "age", "candidates": 100_001, "epsilon": 1}, "candidates"),
