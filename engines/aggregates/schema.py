@@ -61,7 +61,7 @@ _EXTRA = {
     },
     "quantile": {
         "column": _COLUMN,
-        "q": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1, "default": 0.5},
+        "q": {"type": "number", "minimum": 0.0001, "maximum": 0.9999, "default": 0.5},
         "candidates": {"type": "integer", "minimum": 2, "maximum": MAX_CANDIDATES, "default": DEFAULT_CANDIDATES,
                        "description": "size of the evenly spaced grid in [lower, upper]"},
     },
@@ -93,7 +93,7 @@ _QUERY = {
         "select": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["name"], "properties": {
             "name": {"type": "string"}, "group": {"type": "integer", "minimum": 0},
             "agg": {"enum": ["count", "count_distinct", "sum", "mean", "variance", "quantile"]},
-            "column": {"type": "string"}, "q": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}}}},
+            "column": {"type": "string"}, "q": {"type": "number", "minimum": 0.0001, "maximum": 0.9999}}}},
         "group_by": {"type": "array", "maxItems": 4, "items": {"type": "object", "required": ["column"], "properties": {
             "column": {"type": "string"}, "name": {"type": "string"},
             "width": _POSITIVE, "multiplier": {"type": "number"},
