@@ -127,10 +127,10 @@ def describe_table(stored, fmt: str, unit_column: str, schema) -> dict:
         raise InvalidDataset("The table has no columns or no rows.")
     if unit_column and unit_column not in table.schema.names:
         raise InvalidDataset(f"privacy-unit column {unit_column!r} is not in the table", field="unit_column")
-    n_rows, n_units, max_rows = count_units(table, unit_column)
     draft = infer_schema(table, unit_column)
     final = validate_schema(schema, table.schema, unit_column, base=draft)
     check_nulls(final, null_counts(table, table.schema.names))
+    n_rows, n_units, max_rows = count_units(table, unit_column)
     return {"schema": final, "n_rows": n_rows, "n_units": n_units, "max_rows_per_unit": max_rows}
 
 
