@@ -107,19 +107,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except WaitTimeout as e:
         sys.stderr.write(f"privacy-client: {e}\n")
-        if e.idempotency_key:
-            sys.stderr.write(f"  it goes on: run the same command with --idempotency-key {e.idempotency_key} to "
-                             "read it, never charged twice\n")
+        _key_hint(e)
         return 3
     except ValueError as e:  # the query names no dataset, a file name refused, ...
         sys.stderr.write(f"privacy-client: {e}\n")
         return 2
 
 
-def _key_hint(e: ApiError) -> None:
-    if e.body.get("may_have_been_admitted") and e.body.get("idempotency_key"):
-        sys.stderr.write(f"  the query may have been admitted: run the same command with --idempotency-key "
-                         f"{e.body['idempotency_key']} to get it, never charged twice\n")
+def _key_hint(e: ApiError | WaitTimeout) -> None:
+    """The key that gets the query's request back, when it was or may have been admitted (a
+    wait given up: it goes on)."""
+    key = getattr(e, "idempotency_key", None)
+    if key and (isinstance(e, WaitTimeout) or e.body.get("may_have_been_admitted")):
+        sys.stderr.write(f"  run the same command with --idempotency-key {key} to get that request, never "
+                         "charged twice\n")
 
 
 def _positive_seconds(text: str) -> float:

@@ -188,12 +188,11 @@ def quantile_interval(details: dict, pick: float, ends) -> list[float] | None:
     lo, hi, *held = ends  # (lo, hi, lo confirmed, hi confirmed) since the checks (execute._ends_held)
     held = held or [True, True]
     iv = qd.get("interval", {})
-    if iv.get("integer"):
+    decimals = 0 if iv.get("integer") else iv.get("decimals")
+    if decimals is not None:
         # a declared-integer column's quantile is a whole number: a pick between two of them
-        # (on a tie's plateau) stands for the whole numbers around it
-        lo, hi = math.floor(lo), math.ceil(hi)
-    elif iv.get("decimals") is not None:  # likewise on its declared decimals
-        lo, hi = _rounded_out(lo, iv["decimals"], math.floor), _rounded_out(hi, iv["decimals"], math.ceil)
+        # (on a tie's plateau) stands for the whole numbers around it; likewise on decimals
+        lo, hi = _rounded_out(lo, decimals, math.floor), _rounded_out(hi, decimals, math.ceil)
     if t > qd["q"] * n or lo > pick or not held[0]:
         lo = g["lower"]
     if t > (1 - qd["q"]) * n or hi < pick or not held[1]:

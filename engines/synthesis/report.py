@@ -1015,21 +1015,22 @@ def standing(summary: dict) -> str:
             said.append(f"{m} accuracy {v:.3f} against a floor of {f:.3f}, the ceiling not clearly above it")
     if not said:
         return "No headline: the floor was not measured."
+    near = level or bool(ways and min(ways) < NEAR_FLOOR)
     verdict = ("Below the floor: worse than drawing each column on its own." if below else
-               "At or near the floor: no better than drawing each column on its own."
-               if level or (ways and min(ways) < NEAR_FLOOR) else
+               "At or near the floor: no better than drawing each column on its own." if near else
                "Above the floor, less than halfway to real data." if not ways or min(ways) < 0.5 else
                "At least halfway from the floor to real data.")
-    return f"{verdict} ({'; '.join(said)}.){_discriminator_clause(summary, verdict)}{_tstr_clause(summary)}"
+    rows = "" if below or near else _discriminator_clause(summary)
+    return f"{verdict} ({'; '.join(said)}.){rows}{_tstr_clause(summary)}"
 
 
-def _discriminator_clause(summary: dict, verdict: str) -> str:
+def _discriminator_clause(summary: dict) -> str:
     """The rows as a whole, where the accuracies see one and two columns at a time: a rule
     that three columns keep together can be lost while every pair reads halfway (a probe:
-    a third of the rows broke it). Said when a headline above the floor meets a raw-value
-    discriminator less than halfway from the floor's AUC to the ceiling's."""
+    a third of the rows broke it). Said (above the floor) when the raw-value discriminator
+    is less than halfway from the floor's AUC to the ceiling's."""
     v, f, c = (summary.get(f"discriminator_auc{k}") for k in ("", "_floor", "_ceiling"))
-    if verdict.startswith(("Below", "At or near")) or None in (v, f, c) or f - c < 0.02:
+    if None in (v, f, c) or f - c < 0.02:
         return ""
     way = (f - v) / (f - c)
     if way >= 0.5:
