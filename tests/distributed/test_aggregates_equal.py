@@ -81,7 +81,7 @@ def test_it_computes_the_local_engines_exact_aggregate(dask_cluster, partitioned
     table, manifest, _ = partitioned
     plan = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), _meta(table))
     d = plan.details
-    n = table.num_rows
+    n = local.grid_rows(d)
     want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
     got = local.exact_values(d, dist.exact_parts(_source(manifest, dask_cluster, table), d, salt=SALT), n)
     _equal(want, got)
@@ -105,7 +105,7 @@ def test_it_runs_without_a_cluster_on_threads(partitioned):
     plan = plugins.plan("aggregates", EngineRequest("sum", {"epsilon": 1.0, "column": "income",
                                                             "max_rows_per_unit": K_ALL}), _meta(table))
     d = plan.details
-    n = table.num_rows
+    n = local.grid_rows(d)
     want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
     _equal(want, local.exact_values(d, dist.exact_parts(_source(manifest, "", table), d, salt=SALT), n))
 
@@ -191,11 +191,11 @@ def test_every_way_of_dealing_units_keeps_the_local_engines_rows(dask_cluster, p
     manifest = write_partitions(table, tmp_path / ids, 5)
     source = _source(manifest, dask_cluster, table)
     assert (cluster._id_ranges(source, "pid", 5) is not None) == (ids == "compact")
-    n = table.num_rows
     for kind, params in [("count", {"max_rows_per_unit": 1}),
                          ("sum", {"column": "income", "group_by": "flag", "max_rows_per_unit": 2}),
                          ("quantile", {"column": "income", "q": 0.25, "max_rows_per_unit": 1})]:
         d = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), _meta(table)).details
+        n = local.grid_rows(d)
         want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
         _equal(want, local.exact_values(d, dist.exact_parts(source, d, salt=SALT), n))
 

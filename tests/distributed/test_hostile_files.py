@@ -64,8 +64,9 @@ def _exact_equal(table, manifest, scheduler, kind, params) -> None:
     assert ranges is None  # statistics that cannot be true are not used
     data = PartitionedTable(paths=parts, columns=tuple(table.column_names), num_rows=n, unit_column="pid",
                             scheduler=scheduler, unit_ranges=ranges)
-    want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
-    got = local.exact_values(d, dist.exact_parts(data, d, salt=SALT), n)
+    g = local.grid_rows(d)
+    want = local.exact_values(d, local.exact_parts(d, table, g, np.random.default_rng(0), salt=SALT), g)
+    got = local.exact_values(d, dist.exact_parts(data, d, salt=SALT), g)
     assert set(want) == set(got)
     for name in want:
         np.testing.assert_array_equal(np.asarray(want[name]), np.asarray(got[name]), err_msg=name)

@@ -46,7 +46,7 @@ def no_dealing(monkeypatch):
 
 
 def _want(table, d):
-    n = table.num_rows
+    n = local.grid_rows(d)  # the plan's grid, as the distributed engine sums on it
     return local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0)), n)
 
 
@@ -55,7 +55,7 @@ def test_it_counts_the_local_engines_units_without_dealing_rows(dask_cluster, pa
     table, manifest, _ = partitioned
     d = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), _meta(table)).details
     source = _source(manifest, dask_cluster, table)
-    got = local.exact_values(d, dist.exact_parts(source, d), table.num_rows)
+    got = local.exact_values(d, dist.exact_parts(source, d), local.grid_rows(d))
     _equal(_want(table, d), got)
 
 
@@ -74,7 +74,7 @@ def test_ids_outside_the_footers_range_and_null_ids_are_counted(dask_cluster, pa
     for k in (1, 2, K_ALL):
         d = plugins.plan("aggregates", EngineRequest("count", {"epsilon": 1.0, "max_rows_per_unit": k,
                                                                "where": WHERE}), _meta(base)).details
-        _equal(_want(table, d), local.exact_values(d, dist.exact_parts(narrow, d), table.num_rows))
+        _equal(_want(table, d), local.exact_values(d, dist.exact_parts(narrow, d), local.grid_rows(d)))
 
 
 def test_other_plans_and_wide_ids_are_dealt_as_before(partitioned):
@@ -163,7 +163,7 @@ def test_a_bound_no_unit_exceeds_is_computed_row_level(dask_cluster, partitioned
     d = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), _meta(table)).details
     assert _most_rows(table) <= K_ALL
     source = dataclasses.replace(_source(manifest, dask_cluster, table), max_rows_per_unit=_most_rows(table))
-    _equal(_want(table, d), local.exact_values(d, dist.exact_parts(source, d), table.num_rows))
+    _equal(_want(table, d), local.exact_values(d, dist.exact_parts(source, d), local.grid_rows(d)))
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -179,7 +179,7 @@ def test_a_hint_the_rows_contradict_falls_back_to_bounding(dask_cluster, partiti
                                                          "max_rows_per_unit": k}), _meta(table)).details
     source = dataclasses.replace(_source(manifest, dask_cluster, table), max_rows_per_unit=1)
     assert dist._within_bound(source, d) is not None and _most_rows(table) > k
-    n = table.num_rows
+    n = local.grid_rows(d)
     want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
     _equal(want, local.exact_values(d, dist.exact_parts(source, d, salt=SALT), n))
     assert dealt == [1]
@@ -249,7 +249,7 @@ def test_counts_and_the_row_level_try_equal_the_local_engine_on_any_table(tmp_pa
                    "where": WHERE})]))
     d = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, "max_rows_per_unit": k, **params}),
                      meta).details
-    n = rows
+    n = local.grid_rows(d)  # rows + k: a table of 16 rows summed on 16's grid gave twice the sum
     want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
     _equal(want, local.exact_values(d, dist.exact_parts(source, d, salt=SALT), n))
 

@@ -33,7 +33,7 @@ def no_deal(monkeypatch):
 
 def _check(table, manifest, scheduler, kind, params):
     d = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), _meta(table)).details
-    n = table.num_rows
+    n = local.grid_rows(d)
     want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
     _equal(want, local.exact_values(d, dist.exact_parts(_source(manifest, scheduler, table), d, salt=SALT), n))
 
