@@ -200,8 +200,9 @@ def register(*, name: str, created_by, location: str, title: str = "", descripti
     if unit_column and prof["unit_nulls"]:
         raise InvalidDataset(f"privacy-unit column {unit_column!r} has {prof['unit_nulls']} empty values (null or NaN)")
     n_units = prof["n_units"] if unit_column else n_rows
-    # the units holding a value: with a unit column, every unit (not counted per column there)
-    carriers = {name: n_units if unit_column else n_rows - prof["nulls"].get(name, 0) for name in schema_found.names}
+    # the units holding a value in each text column (the rows with one, without a unit column)
+    carriers = prof["carriers"] if unit_column else {
+        name: n_rows - prof["nulls"].get(name, 0) for name in schema_found.names}
     draft = infer_schema(_draft_table(schema_found, prof["uniques"], MAX_DOMAIN), unit_column, carriers)
     final = validate_schema(schema, schema_found, unit_column, base=draft)
     check_nulls(final, prof["nulls"])

@@ -3,6 +3,8 @@ Parquet partitions (units counted across partitions), planned exactly as the sam
 registered locally, answered on the cluster; a missing partition or one with another
 schema fails the request before the read and refunds it; a second delivery charges nothing."""
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -409,3 +411,37 @@ def test_a_cluster_out_of_reach_or_without_a_worker_is_a_refund_and_no_registrat
                               format="json")
         assert r.status_code == 503 and r.json()["code"] == "cluster.unavailable", r.content
         assert r["Retry-After"] == "30" and not Dataset.objects.filter(name="again").exists()
+
+
+def test_a_sparse_column_that_names_its_units_is_proposed_as_text_as_locally(api, officer, on_cluster, import_dir):
+    """The units holding a value are counted per column on the cluster, as the local
+    registration counts them: a case number only 40 of 2,000 patients have (one each) is
+    text in both; counted as every unit of the table (2,000 >= 5 x 40), its 40 real values
+    became a public domain on the partitioned table. A ward every patient has stays
+    categorical."""
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    pid = np.repeat(np.arange(2_000), 3)
+    frame = pd.DataFrame({"pid": pid, "ward": [f"w{p % 30}" for p in pid],
+                          "case_no": [f"C{p:05d}" if p % 50 == 0 else None for p in pid],
+                          "x": rng.integers(0, 10, len(pid))})
+    frame = frame.sample(frac=1, random_state=1).reset_index(drop=True)
+    directory = import_dir / "sparse"
+    directory.mkdir()
+    for i in range(4):
+        part = frame.iloc[i * 1_500:(i + 1) * 1_500]
+        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), directory / f"part-{i}.parquet")
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), import_dir / "sparse.parquet")
+    client = api(officer)
+    kinds = {}
+    for execution, path in (("distributed", directory), ("local", import_dir / "sparse.parquet")):
+        r = client.post("/api/datasets/", {"name": f"sparse-{execution}", "path": str(path),
+                                           "execution": execution, "unit_column": "pid",
+                                           "schema": {"x": {"lower": 0, "upper": 9}}, "budget_epsilon": 1.0},
+                        format="json")
+        assert r.status_code == 201, r.json()
+        kinds[execution] = {c["name"]: c["type"] for c in r.json()["columns"]}
+        assert "C00050" not in json.dumps(r.json())
+    assert kinds["distributed"]["case_no"] == kinds["local"]["case_no"] == "text"
+    assert kinds["distributed"]["ward"] == kinds["local"]["ward"] == "categorical"
