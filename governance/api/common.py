@@ -9,7 +9,7 @@
 """
 
 import functools
-import mimetypes
+import os
 import uuid
 
 from django.contrib.auth import get_user_model
@@ -117,11 +117,17 @@ class FormatSuffix:
         return getattr(self, "_format_suffix", None)
 
 
+# The types of the files the engines write, by suffix; anything else is bytes. Not the
+# host's mime.types: one maps .pt (a model) to application/vnd.snesdev-page-table.
+FILE_TYPES = {".csv": "text/csv", ".json": "application/json", ".html": "text/html", ".png": "image/png",
+              ".parquet": "application/vnd.apache.parquet", ".pt": "application/octet-stream"}
+
+
 def file_response(path, name: str) -> FileResponse:
     """A released file as an attachment; text (a synthetic table's CSV, a report) says its
     charset: the engines write UTF-8, and a client without it read a column named
     ``naïve`` as Latin-1."""
-    kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
-    if kind.startswith("text/"):
+    kind = FILE_TYPES.get(os.path.splitext(name)[1].lower(), "application/octet-stream")
+    if kind.startswith("text/") or kind == "application/json":
         kind += "; charset=utf-8"
     return FileResponse(open(path, "rb"), as_attachment=True, filename=name, content_type=kind)

@@ -71,6 +71,7 @@ def test_it_trains_a_model_with_dp_metrics_epsilon_per_epoch_and_an_audit(
     assert set(files) == {"model.pt", "preprocessing.json"}
     r = client.get(f"{URL}{body['id']}/files/model.pt/")
     assert r.status_code == 200 and r["Content-Disposition"].startswith("attachment")
+    assert r["Content-Type"] == "application/octet-stream"  # not the host's mime.types (.pt: a SNES page table)
     blob = b"".join(r.streaming_content)
     assert len(blob) == files["model.pt"]["bytes"]
     saved = torch.load(io.BytesIO(blob), weights_only=True)
