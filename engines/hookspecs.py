@@ -22,5 +22,5 @@ def run(engine, request, dataset, data, plan, progress, workdir):
 
 
 @hookspec
-def prepare(engine):
-    """Optional. If ``engine`` names this plugin, import what ``run`` will need (torch, a solver, ...). Called before the request's data is read: a failure to load them (out of memory, a missing library) does not depend on the data and is refunded like any failure before the read; otherwise do nothing."""
+def prepare(engine, plan):
+    """Optional. If ``engine`` names this plugin, import what ``run`` will need (torch, a solver, ...) and check that ``plan`` (None when there is none) is one this version of the engine runs (a request planned by another version of the service, queued across an upgrade); raise EngineError if not. Called before the request's data is read: such a failure (out of memory, a missing library, a plan of another version) does not depend on the data and is refunded like any failure before the read; otherwise do nothing."""

@@ -74,11 +74,12 @@ def plan(engine: str, request: EngineRequest, dataset: DatasetMeta) -> Plan:
     return result
 
 
-def prepare(engine: str) -> None:
-    """Load what the engine's ``run`` needs, before its data is read (the optional
-    ``prepare`` hook); ``UnknownEngine`` if it is gone since planning."""
+def prepare(engine: str, plan: Plan | None = None) -> None:
+    """Load what the engine's ``run`` needs and check that it runs ``plan``'s version, before
+    its data is read (the optional ``prepare`` hook); ``UnknownEngine`` if it is gone since
+    planning."""
     info(engine)
-    pm.hook.prepare(engine=engine)
+    pm.hook.prepare(engine=engine, plan=plan)
 
 
 def run(engine: str, request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, progress,

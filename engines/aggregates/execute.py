@@ -27,7 +27,8 @@ def check_version(plan: Plan) -> dict:
     floats (``as_planned``)."""
     d = plan.details
     if d.get("version") != DETAILS_VERSION:
-        raise EngineError("plan details from an unknown version of the aggregates engine")
+        raise EngineError("the request was planned by another version of the aggregates engine "
+                          "(the service was upgraded since): submit it again")
     return as_planned(d)
 
 

@@ -140,7 +140,8 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, prog
 def check_version(plan: Plan) -> dict:
     d = plan.details
     if d.get("version") != DETAILS_VERSION:
-        raise EngineError("plan details from an unknown version of the dpsgd engine")
+        raise EngineError("the request was planned by another version of the dpsgd engine "
+                          "(the service was upgraded since): submit it again")
     return d
 
 

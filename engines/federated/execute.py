@@ -118,10 +118,16 @@ def _round_progress(d: dict, ev: dict) -> dict:
             "rounds": rounds, "epsilon_spent": ev.get("epsilon"), "sites": ev.get("sites"), "eval": ev.get("eval")}
 
 
-def execute(request: EngineRequest, dataset, fed: Federation, plan: Plan, progress, workdir=None) -> Release:
+def check_version(plan: Plan) -> dict:
     d = plan.details
     if d.get("version") != planner.DETAILS_VERSION:
-        raise EngineError("plan details from an unknown version of the federated engine")
+        raise EngineError("the request was planned by another version of the federated engine "
+                          "(the service was upgraded since): submit it again")
+    return d
+
+
+def execute(request: EngineRequest, dataset, fed: Federation, plan: Plan, progress, workdir=None) -> Release:
+    d = check_version(plan)
     if not isinstance(fed, Federation):
         raise EngineError("a federated dataset runs on its sites: run() needs a Federation, not a table")
     sweep_orphans()

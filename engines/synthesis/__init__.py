@@ -47,9 +47,12 @@ def plan(engine, request, dataset):
 
 
 @hookimpl
-def prepare(engine):
+def prepare(engine, plan):
     if engine == NAME:
-        from . import execute  # noqa: F401 - loaded before the read (the run's modules and their libraries)
+        from .execute import check_version  # loaded before the read (the run's modules and their libraries)
+
+        if plan is not None:
+            check_version(plan)  # a plan of another version fails here, before the read: refunded
 
 
 @hookimpl

@@ -68,7 +68,8 @@ def _schema(spec: Spec) -> dict:
 def check_version(plan) -> dict:
     d = plan.details
     if d.get("version") != DETAILS_VERSION:
-        raise EngineError("plan details from an unknown version of the synthesis engine")
+        raise EngineError("the request was planned by another version of the synthesis engine "
+                          "(the service was upgraded since): submit it again")
     return d
 
 

@@ -301,8 +301,9 @@ def _run(req: Request, clock: RunClock) -> str:
         if refusal is None:
             meta = dataset_meta(ds)
             # the engine may have been removed since planning; what it imports (torch, ...) is
-            # loaded now: a worker that cannot load it fails before the read, refunded
-            plugins.prepare(req.engine)
+            # loaded now, and the plan's version checked (one queued across an upgrade of the
+            # service): a worker that cannot load or run it fails before the read, refunded
+            plugins.prepare(req.engine, plan)
             workdir = scratch_dir()  # before the read: a full or unwritable results disk is a refund
     except Exception as e:
         # The rows never reached the engine: nothing was released, refund.

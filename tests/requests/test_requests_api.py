@@ -108,6 +108,25 @@ def test_an_engine_that_cannot_load_fails_before_the_read_refunded(api, analyst,
     assert "cannot allocate memory" in req.error["detail"] and req.ledger_entry.status == "released"
 
 
+def test_a_plan_of_another_version_fails_before_the_read_refunded(api, analyst, clinic,
+                                                                 django_capture_on_commit_callbacks):
+    """A request planned by one version of the service and run by a worker of another (queued
+    across an upgrade): refused before the read and refunded, not failed after it and charged."""
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        r = post(client, {"epsilon": 0.5}, kind="count", engine="aggregates")
+    assert r.status_code == 202, r.json()
+    req = Request.objects.get(pk=r.json()["id"])
+    req.plan = {**req.plan, "details": {**req.plan["details"], "version": 0}}
+    req.save(update_fields=["plan"])
+    for callback in callbacks:
+        callback()
+    req.refresh_from_db()
+    assert (req.status, req.error["code"], req.data_read) == ("failed", "request.failed_before_read", False)
+    assert "another version of the aggregates engine" in req.error["detail"]
+    assert req.ledger_entry.status == "released"
+
+
 def test_every_built_in_engine_loads_its_run_before_the_read():
     import subprocess
     import sys
