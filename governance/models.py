@@ -237,7 +237,7 @@ class Request(models.Model):
     progress = models.JSONField(default=dict)
     result = models.JSONField(null=True, blank=True)
     result_salt = models.CharField(
-        max_length=32, blank=True, help_text="Random hex text hashed in front of the result for the audit record's "
+        max_length=32, blank=True, default="", db_default="", help_text="Random hex text hashed in front of the result for the audit record's "
         "result_sha256: the analyst can show the record is of what she got; no one reading the trail can test "
         "guesses of the numbers.")
     officer_report = models.JSONField(
