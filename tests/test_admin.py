@@ -498,3 +498,20 @@ def test_a_token_an_officer_issues_for_an_analyst_is_in_the_admin_s_log(officer_
     assert officer_client.post("/admin/governance/token/", {"for": str(analyst.pk)}).status_code == 200
     logged = LogEntry.objects.filter(object_id=str(analyst.pk), user=officer)
     assert [e.change_message for e in logged] == ["Issued a new API token (the old one stopped working)."] * 2
+
+
+@pytest.mark.parametrize("selected", ["abc", "1.5", "", "99999999999999999999"])
+@pytest.mark.parametrize("url, action", [("/admin/governance/grant/", "revoke"),
+                                         ("/admin/governance/dataset/", "deactivate"),
+                                         ("/admin/auth/user/", "delete_selected")])
+def test_a_bulk_action_on_what_is_not_an_id_is_a_400(root_client, make_dataset, analyst, grant, url, action,
+                                                     selected):
+    """An edited POST (a probe: Django's filter on the selection raised, a 500 with the
+    traceback page under DEBUG); nothing changes."""
+    ds = make_dataset()
+    g = grant(analyst, ds)
+    r = root_client.post(url, {"action": action, "_selected_action": [selected], "index": "0", "post": "yes"})
+    assert r.status_code == 400 and b"not an id" in r.content
+    g.refresh_from_db()
+    ds.refresh_from_db()
+    assert g.active and ds.status == "active"

@@ -24,7 +24,29 @@ from .admin_forms import AccountChangeForm, DatasetChangeForm, DatasetRegisterFo
 from .progress import progress_text
 
 
-class OfficerPermissions:
+class SelectedIds:
+    """A bulk action's selection must be ids of the list's model: an edited POST with
+    ``abc``, ``1.5``, an empty one or an id past 64 bits was a 500 (Django filters the
+    queryset by them as they are); it is a 400 saying so, nothing changed."""
+
+    def response_action(self, request, queryset):
+        from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+        from django.core.exceptions import ValidationError
+        from django.http import HttpResponseBadRequest
+
+        pk = self.model._meta.pk
+        try:
+            for value in request.POST.getlist(ACTION_CHECKBOX_NAME):
+                x = pk.to_python(value)
+                if x is None or (isinstance(x, int) and not -(2**63) <= x < 2**63):
+                    raise ValidationError("out of range")
+        except ValidationError:
+            return HttpResponseBadRequest("A selected item is not an id of this list; nothing was changed.",
+                                          content_type="text/plain")
+        return super().response_action(request, queryset)
+
+
+class OfficerPermissions(SelectedIds):
     """Privacy officers are staff: they may see and edit governance objects without
     per-model permissions; nothing is ever deleted from here (the ledger needs it)."""
 
@@ -270,7 +292,7 @@ if admin.site.is_registered(User):
 
 
 @admin.register(User)
-class AccountAdmin(UserAdmin):
+class AccountAdmin(SelectedIds, UserAdmin):
     """Django's user admin, with the username fixed once the account exists: every audit
     record names its actor by username, and ``audit verify`` compares a release's record
     with its ledger entry's analyst; a rename made each dataset she used fail verification."""
