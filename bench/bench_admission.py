@@ -116,6 +116,7 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
     from governance.datasets import registry as datasets
     from governance.ledger import actions as ledger
     from governance.models import Grant, LedgerEntry
+    from governance.ledger import grants
 
     perf = time.perf_counter_ns
     log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.quiet else (lambda *a: None)
@@ -143,7 +144,7 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
     def make(name, epsilon):
         ds = datasets.register(name=name, created_by=officer, path=str(csv), budget_epsilon=epsilon,
                                budget_delta="auto", policy="rdp", schema=schema, activate=True)
-        Grant.objects.create(analyst=analyst, dataset=ds, created_by=officer)
+        grants.give(analyst, ds, officer)
         return ds
 
     ds_ledger = make("ledger", 1000.0)  # the measured ledger: N admissions of epsilon 1e-7

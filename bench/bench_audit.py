@@ -161,7 +161,8 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
     from governance.ledger import trail, actions as ledger
     from governance.datasets import registry as datasets
     from governance.core.errors import BudgetExceeded
-    from governance.models import AuditRecord, Budget, Grant, LedgerEntry
+    from governance.models import AuditRecord, Budget, LedgerEntry
+    from governance.ledger import grants
 
     perf = time.perf_counter
     log = (lambda *a: print(f"[{backend}]", *a, file=sys.stderr, flush=True)) if not args.quiet else (lambda *a: None)
@@ -183,7 +184,7 @@ def _run(backend: str, args, tmp: Path, where: str) -> dict:
                                budget_delta="auto", policy="rdp", schema=schema, activate=True,
                                title=f"Benchmark dataset {name}")
         for a in analysts:
-            Grant.objects.create(analyst=a, dataset=ds, created_by=officer)
+            grants.give(a, ds, officer)
         return ds
 
     # ---- build the history through the service's write path

@@ -57,6 +57,7 @@ import sys
 from governance.datasets import registry as datasets
 from django.contrib.auth import get_user_model
 from governance.models import Grant
+from governance.ledger import grants
 from rest_framework.authtoken.models import Token
 User = get_user_model()
 officer = User.objects.create_user("officer", is_staff=True)
@@ -65,7 +66,7 @@ ds = datasets.register(name="clinic", created_by=officer, path=sys.argv[1], budg
                        schema={"age": {"lower": 18, "upper": 90}, "income": {"lower": 0, "upper": 200000},
                                "site": {"type": "categorical", "domain": ["north", "south", "east"]}},
                        activate=True)
-Grant.objects.create(analyst=ann, dataset=ds, created_by=officer)
+grants.give(ann, ds, officer)
 print(Token.objects.create(user=ann).key)
 """
 

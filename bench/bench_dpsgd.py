@@ -597,7 +597,7 @@ def setup_django(tmp: Path, redis_url: str):
 
     from governance.datasets import registry as datasets
     from governance.management.commands.demo import GSS_SCHEMA
-    from governance.models import Grant
+    from governance.ledger import grants
 
     call_command("migrate", verbosity=0, interactive=False)
     path = tmp / "import" / "gss_wages.parquet"
@@ -608,7 +608,7 @@ def setup_django(tmp: Path, redis_url: str):
     token = Token.objects.create(user=analyst).key
     ds = datasets.register(name="gss-wages", created_by=officer, path=str(path), schema=GSS_SCHEMA,
                            budget_epsilon=1000.0, budget_delta="auto", policy="rdp", activate=True)
-    Grant.objects.create(analyst=analyst, dataset=ds, created_by=officer)
+    grants.give(analyst, ds, officer)
     from django.db import connections
 
     connections.close_all()

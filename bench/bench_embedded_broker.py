@@ -160,7 +160,7 @@ def setup(args, tmp: Path) -> dict:
     from rest_framework.authtoken.models import Token
 
     from governance.datasets import registry as datasets
-    from governance.models import Grant
+    from governance.ledger import grants
 
     assert settings.CELERY_BROKER_URL.startswith("filesystem://"), settings.CELERY_BROKER_URL
     import workers  # noqa: F401 - as every process of the service: the app, and its transport for filesystem://
@@ -178,7 +178,7 @@ def setup(args, tmp: Path) -> dict:
     for i in range(args.clients):
         u = User.objects.create_user(f"analyst{i:02d}")
         tokens.append(Token.objects.create(user=u).key)
-        Grant.objects.create(analyst=u, dataset=ds, created_by=officer)
+        grants.give(u, ds, officer)
     from django.db import connections
 
     connections.close_all()

@@ -513,7 +513,8 @@ def make_principals(args, tmp: Path) -> dict:
     from governance.requests import submission
     from accounting import ACCOUNTANTS
     from accounting.costs import price
-    from governance.models import Dataset, Grant
+    from governance.models import Dataset
+    from governance.ledger import grants
 
     User = get_user_model()
     officer = User.objects.create_user("olivia", is_staff=True)
@@ -537,12 +538,12 @@ def make_principals(args, tmp: Path) -> dict:
         u = User.objects.create_user(f"analyst{i:02d}")
         tokens.append(Token.objects.create(user=u).key)
         capped = i < args.capped
-        g = Grant.objects.create(analyst=u, dataset=ds, created_by=officer, cap_epsilon=cap if capped else None)
+        g = grants.give(u, ds, officer, cap_epsilon=cap if capped else None)
         analysts.append(u)
         caps[g.pk] = cap if capped else None
     gate_ds = datasets.register(name="gate", created_by=officer, path=str(csv), budget_epsilon=1e6,
                                 budget_delta=BUDGET_DELTA, policy="rdp", schema=schema, activate=True)
-    Grant.objects.create(analyst=analysts[-1], dataset=gate_ds, created_by=officer)
+    grants.give(analysts[-1], gate_ds, officer)
     from django.db import connections
 
     connections.close_all()

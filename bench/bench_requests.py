@@ -275,7 +275,7 @@ def setup_django(tmp: Path, redis_url: str):
     from rest_framework.authtoken.models import Token
 
     from governance.datasets import registry as datasets
-    from governance.models import Grant
+    from governance.ledger import grants
 
     call_command("migrate", verbosity=0, interactive=False)
     import pyarrow as pa
@@ -293,7 +293,7 @@ def setup_django(tmp: Path, redis_url: str):
               "experience": {"lower": -5, "upper": 70}}
     ds = datasets.register(name=DATASET, created_by=officer, path=str(path), budget_epsilon=1e6, budget_delta="auto",
                            policy="rdp", schema=schema, activate=True)
-    Grant.objects.create(analyst=analyst, dataset=ds, created_by=officer)
+    grants.give(analyst, ds, officer)
     from django.db import connections
 
     connections.close_all()

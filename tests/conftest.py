@@ -108,11 +108,12 @@ def make_dataset(officer, import_dir):
 
 @pytest.fixture
 def grant(officer):
-    from governance.models import Grant
+    """Give a grant as an officer does (``grants.give``: with its audit record, which
+    ``audit verify`` requires on a dataset registered since grants are recorded)."""
+    from governance.ledger import grants
 
     def make(analyst, dataset, cap_epsilon=None, cap_delta=None):
-        return Grant.objects.create(analyst=analyst, dataset=dataset, created_by=officer,
-                                    cap_epsilon=cap_epsilon, cap_delta=cap_delta)
+        return grants.give(analyst, dataset, officer, cap_epsilon=cap_epsilon, cap_delta=cap_delta)
     return make
 
 

@@ -515,3 +515,28 @@ def test_a_bulk_action_on_what_is_not_an_id_is_a_400(root_client, make_dataset, 
     g.refresh_from_db()
     ds.refresh_from_db()
     assert g.active and ds.status == "active"
+
+
+def test_an_officer_who_charged_without_a_grant_stays_staff(root_client, make_dataset, django_user_model):
+    """Un-ticking the staff status of an officer who recorded an external charge made every
+    later ``audit verify`` fail (a grant-less charge is an officer's); the form refuses, and
+    deactivating the account keeps the chain verifiable."""
+    from governance.audit.verification import verify
+
+    ds = make_dataset(epsilon=5.0)
+    olga = django_user_model.objects.create_user("olga", is_staff=True)
+    ledger.commit(ledger.admit(ds, olga, {"kind": "laplace", "epsilon": 0.5}, reference="paper"))
+    assert verify().ok
+    url = f"/admin/auth/user/{olga.pk}/change/"
+    page = root_client.get(url)
+    assert page.status_code == 200
+    form = {"username": "olga", "is_active": "on", "date_joined_0": "2026-01-01", "date_joined_1": "00:00:00",
+            "initial-date_joined_0": "2026-01-01", "initial-date_joined_1": "00:00:00"}
+    r = root_client.post(url, form)  # is_staff left out: un-ticked
+    assert r.status_code == 200 and b"Deactivate it instead" in r.content
+    olga.refresh_from_db()
+    assert olga.is_staff and verify().ok
+    r = root_client.post(url, {**form, "is_staff": "on", "is_active": ""})  # deactivated instead
+    assert r.status_code == 302
+    olga.refresh_from_db()
+    assert olga.is_staff and not olga.is_active and verify().ok

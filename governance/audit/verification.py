@@ -83,6 +83,7 @@ def verify_dataset(ds: Dataset, out: Verification, *, stop_at_first: bool = True
     statuses = dict(LedgerEntry.objects.filter(dataset=ds).values_list("pk", "status"))
     seen: set[int] = set()
     officer: dict = {}  # the settings and grants as the last settings / grant records left them
+    registered = False  # the chain opens with the registration's record: every grant since has records
     state = Cost.zero()
     prev = GENESIS
     expected_seq = 1
@@ -107,6 +108,8 @@ def verify_dataset(ds: Dataset, out: Verification, *, stop_at_first: bool = True
             elif bad(rec, "its hash does not match its content (the record was edited)"):
                 break
         prev = rec.hash
+        if n == 1:
+            registered = rec.action == AuditRecord.Action.SETTINGS and rec.outcome == "registered"
         problem = _agrees(rec, entries, seen, rec.totals.get("at_delta")) or _follows(rec, officer)
         if problem is None and rec.action == AuditRecord.Action.COMMIT:
             entry = entries[rec.ledger_entry_id]
@@ -137,7 +140,7 @@ def verify_dataset(ds: Dataset, out: Verification, *, stop_at_first: bool = True
     if not _close(Cost.from_json(budget.committed).to_json(), state.to_json()):
         bad(None, "the budget row's committed totals differ from the chain's")
         return
-    for problem in _officer_state_now(ds, officer):
+    for problem in _officer_state_now(ds, officer, registered):
         if bad(None, problem):
             return
     for problem in _gate_state(ds):
@@ -224,15 +227,24 @@ def _follows(rec: AuditRecord, officer: dict) -> str | None:
     return None
 
 
-def _officer_state_now(ds: Dataset, officer: dict) -> list[str]:
+def _officer_state_now(ds: Dataset, officer: dict, registered: bool) -> list[str]:
     """The dataset's settings and grants as the last records left them (those with a record),
-    read in ``verify``'s snapshot, with the records."""
+    read in ``verify``'s snapshot, with the records. On a dataset whose chain opens with its
+    registration (registered since grants are recorded) every grant has a record: one
+    without was given in the database (a probe's INSERT gave an analyst a dataset, and her
+    releases verified)."""
     from ..models import Grant
 
     if not officer:  # no settings or grant record: nothing to compare
         return []
     problems = []
     grants = {g.pk: g for g in Grant.objects.filter(dataset=ds)}
+    if registered:
+        unrecorded = sorted(pk for pk in grants if ("grant", pk) not in officer)
+        if unrecorded:
+            problems.append(f"grant{'s' if len(unrecorded) > 1 else ''} {', '.join(map(str, unrecorded[:10]))} "
+                            "ha{} no grant record: given without one (in the database)".format(
+                                "ve" if len(unrecorded) > 1 else "s"))
     for key, value in officer.items():
         if isinstance(key, str) and hasattr(ds, key) and not _close(storable(getattr(ds, key)), value):
             problems.append(f"the dataset's {key} is {getattr(ds, key)!r}, its last settings record set "

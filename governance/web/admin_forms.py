@@ -12,7 +12,7 @@ from ..datasets import budget, registry
 from ..datasets.data import table_schema
 from ..datasets.schema import validate_schema
 from ..core.roles import AUDITORS_GROUP
-from ..models import AuditRecord, Grant
+from ..models import AuditRecord, Grant, LedgerEntry
 
 
 def _raise(e: InvalidDataset):
@@ -175,10 +175,18 @@ class GrantForm(forms.ModelForm):
 class AccountChangeForm(UserChangeForm):
     """An account's roles: an auditor holds no grant (docs/concepts.md), so an account
     with active grants is not made an auditor. Added to the group, an analyst kept her
-    grants: she ran requests and read every analyst's in the audit trail."""
+    grants: she ran requests and read every analyst's in the audit trail. An account
+    charged without a grant (an officer's external charges) stays an officer: ``audit
+    verify`` accepts such a charge only from an officer, and a probe's un-ticked staff
+    status made every later verification fail; it is deactivated instead."""
 
     def clean(self):
         data = super().clean()
+        if (self.instance.pk and self.instance.is_staff and data.get("is_staff") is False
+                and LedgerEntry.objects.filter(analyst=self.instance, grant__isnull=True).exists()):
+            raise forms.ValidationError("This account was charged without a grant (external charges it recorded, "
+                                        "or requests it ran as an officer): it stays staff, and the audit "
+                                        "trail's verification needs it so. Deactivate it instead.")
         groups = data.get("groups")
         if (self.instance.pk and groups is not None and any(g.name == AUDITORS_GROUP for g in groups)
                 and Grant.objects.filter(analyst=self.instance, revoked_at__isnull=True).exists()):

@@ -105,11 +105,14 @@ def test_a_bad_budget_is_refused_at_once(api, officer, csv_bytes, off_thread):
     assert not Dataset.objects.exists() and stored_files() == []
 
 
-def test_analysts_do_not_see_a_pending_dataset(api, officer, analyst, csv_bytes, off_thread, grant,
+def test_analysts_do_not_see_a_pending_dataset(api, officer, analyst, csv_bytes, off_thread,
                                                django_capture_on_commit_callbacks):
+    from governance.models import Grant
+
     with django_capture_on_commit_callbacks(execute=False):
         api(officer).post(URL, form(csv_bytes, activate="true"), format="multipart")
-    grant(analyst, Dataset.objects.get(name="clinic"))
+    # no grant is given on a pending dataset (grants.give refuses): one written in the database
+    Grant.objects.create(analyst=analyst, dataset=Dataset.objects.get(name="clinic"), created_by=officer)
     assert api(analyst).get(URL).json()["results"] == []
     r = api(analyst).post("/api/requests/", {"dataset": "clinic", "engine": "aggregates", "kind": "count",
                                              "params": {"epsilon": 0.1}}, format="json")

@@ -50,7 +50,7 @@ def history(make_dataset, grant, analyst, analyst2):
     grant(analyst2, ds)
     counts = build_history(ds, [analyst, analyst2])
     assert counts["refuse"] > 0 and counts["release"] > 0 and counts["commit"] > 5, counts
-    return ds, {"settings": 1, **counts}  # settings: the registration's record
+    return ds, {"settings": 1, "grant": 2, **counts}  # settings: the registration's record; the two grants
 
 
 @pytest.fixture

@@ -229,3 +229,16 @@ def test_a_budget_or_a_cap_changed_in_the_database_without_a_record_is_found(api
     result = verify()
     assert not result.ok and "changes budget_epsilon from 7.0, the record before left it at 2.0" in \
         result.first_broken.problem
+
+
+def test_a_grant_given_in_the_database_without_a_record_is_found(api, officer, analyst, make_dataset):
+    """A probe's INSERT into the grants table gave an analyst a dataset: her releases were
+    answered and the chain verified. On a dataset registered since grants are recorded,
+    every grant has its record."""
+    from governance.models import Grant
+
+    ds = make_dataset(epsilon=1.0)
+    assert verify().ok
+    g = Grant.objects.create(analyst=analyst, dataset=ds, created_by=officer)
+    result = verify()
+    assert not result.ok and f"grant {g.pk} has no grant record" in result.first_broken.problem

@@ -76,7 +76,8 @@ def test_every_extreme_value_in_one_chain_verifies_and_exports(dataset, analyst)
         _verify_ok()
     export = json.loads(audit_export.to_json(audit_export.build([dataset])))
     records = export["datasets"][0]["records"]
-    assert [r["action"] for r in records] == ["settings"] + ["refuse"] * len(VALUES)  # settings: the registration
+    # settings: the registration; grant: the analyst's
+    assert [r["action"] for r in records] == ["settings", "grant"] + ["refuse"] * len(VALUES)
     assert export["verification"]["ok"]
     for rec in records:  # a third party recomputes each hash from the exported body
         body = {k: v for k, v in rec.items() if k != "hash"}
@@ -114,14 +115,14 @@ def test_a_chain_written_under_the_old_rule_verifies_under_it(dataset, analyst):
         _old_rule_record(dataset, analyst, {"epsilon": 1e16, "zero": -0.0, "big": [-1.5e16, 0.0, 1e308]})
     out = _verify_ok()
     if connection.vendor == "postgresql":  # jsonb changed it: verified under the old reading
-        assert out.legacy == [(dataset.name, 2)]  # (1: the registration's record)
+        assert out.legacy == [(dataset.name, 3)]  # (1: the registration's record, 2: the grant's)
     else:  # SQLite keeps the JSON text as written: the record verifies as it is
         assert out.legacy == []
     # new records after it are written under the new rule and verify as they are
     trail.record_refusal(dataset, analyst, {"kind": "laplace", "epsilon": 1e16}, GATE_REFUSALS[0]("x"), _ctx(1e16))
     out = _verify_ok()
     assert len(out.legacy) == (1 if connection.vendor == "postgresql" else 0)
-    rec = AuditRecord.objects.get(dataset=dataset, seq=2)  # 1: the registration
+    rec = AuditRecord.objects.get(dataset=dataset, seq=3)  # 1: the registration, 2: the grant
     body = trail.hashed_body(rec, dataset.name)
     assert trail.digest(body) == rec.hash and body["params"]["epsilon"] == 1e16
 
@@ -138,7 +139,7 @@ def test_a_new_record_cannot_be_passed_off_under_the_old_reading(dataset, analys
     """A new record holds 10000000000000000 as an int; an edit that the old reading would
     float back to the same number (10000000000000001) is still found."""
     trail.record_refusal(dataset, analyst, {"kind": "laplace", "epsilon": 1e16}, GATE_REFUSALS[0]("x"), _ctx(1e16))
-    rec = AuditRecord.objects.get(dataset=dataset, seq=2)  # 1: the registration
+    rec = AuditRecord.objects.get(dataset=dataset, seq=3)  # 1: the registration, 2: the grant
     assert rec.params["epsilon"] == 10**16 and isinstance(rec.params["epsilon"], int)
     AuditRecord.objects.filter(pk=rec.pk).update(params={**rec.params, "epsilon": 10**16 + 1})
     out = verification.verify()
