@@ -19,6 +19,18 @@ def test_security_headers(client, url):
     assert r["X-Frame-Options"] == "DENY" and "camera=()" in r["Permissions-Policy"]
 
 
+def test_answers_to_a_signed_in_caller_are_not_stored_by_caches(api, client, analyst, auditor, officer):
+    """A shared browser's or a proxy's cache kept an analyst's results and tokens (a probe:
+    /analyst/, /auditor/ and every API answer carried no Cache-Control)."""
+    assert api(analyst).get("/api/me/")["Cache-Control"] == "private, no-store"
+    assert api(analyst).get("/api/requests/")["Cache-Control"] == "private, no-store"
+    client.force_login(auditor)
+    assert client.get("/auditor/")["Cache-Control"] == "private, no-store"
+    client.force_login(officer)
+    assert "no-store" in client.get("/admin/")["Cache-Control"]  # the admin's own (never_cache)
+    assert "Cache-Control" not in api().get("/healthz")  # nobody signed in: nothing private
+
+
 def test_the_officer_ui_forms_carry_csrf_protection(client, officer):
     from django.test import Client
 

@@ -27,13 +27,19 @@ PERMISSIONS_POLICY = "camera=(), microphone=(), geolocation=(), payment=(), usb=
 class SecurityHeaders:
     """Content-Security-Policy and Permissions-Policy on every response, the API docs
     included (Django's SecurityMiddleware and XFrameOptionsMiddleware add nosniff, Referrer-Policy,
-    HSTS when configured, and X-Frame-Options)."""
+    HSTS when configured, and X-Frame-Options); ``Cache-Control: private, no-store`` on every
+    answer to a signed-in caller (a token or a session) that sets none: a result, a token or
+    an audit trail kept by a shared browser's or a proxy's cache is another person's to read."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
         response = self.get_response(request)
+        if "Cache-Control" not in response.headers and (
+                "HTTP_AUTHORIZATION" in request.META or getattr(getattr(request, "user", None), "is_authenticated",
+                                                                 False)):
+            response.headers["Cache-Control"] = "private, no-store"
         response.headers.setdefault("Content-Security-Policy", CSP)
         response.headers.setdefault("Permissions-Policy", PERMISSIONS_POLICY)
         response.headers.setdefault("Cross-Origin-Opener-Policy", "same-origin")
