@@ -521,8 +521,13 @@ def scratch_dir() -> Path:
         _empty(path)
     else:
         remove_dead_scratch(base)
-        path.mkdir(parents=True)
+        # the service's own: its files (a model, a synthetic table, the officer's reports on the
+        # private rows) are not for the host's other accounts; the results directory it is
+        # renamed to keeps the mode
+        path.mkdir(parents=True, mode=0o700)
     check_writable(path)
+    if path.stat().st_mode & 0o077:  # made before the mode was set
+        path.chmod(0o700)
     return path
 
 

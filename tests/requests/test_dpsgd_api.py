@@ -72,6 +72,9 @@ def test_it_trains_a_model_with_dp_metrics_epsilon_per_epoch_and_an_audit(
     r = client.get(f"{URL}{body['id']}/files/model.pt/")
     assert r.status_code == 200 and r["Content-Disposition"].startswith("attachment")
     assert r["Content-Type"] == "application/octet-stream"  # not the host's mime.types (.pt: a SNES page table)
+    from governance.requests.result_files import results_dir
+
+    assert results_dir(body["id"]).stat().st_mode & 0o077 == 0  # the service's own, not the host's other accounts'
     blob = b"".join(r.streaming_content)
     assert len(blob) == files["model.pt"]["bytes"]
     saved = torch.load(io.BytesIO(blob), weights_only=True)

@@ -86,3 +86,19 @@ def test_a_killed_run_s_scratch_files_are_removed_when_a_process_starts_its_firs
     t.start()
     t.join()
     assert not left.exists() and mine.exists() and elsewhere.exists() and got["path"].is_dir()
+
+
+def test_a_runs_files_are_the_services_own(settings):
+    """A probe: the officer's reports on the private rows and the released files were
+    readable by any account on the host (0644 files in 0755 directories under umask 022).
+    A run's directory, which becomes the request's results directory, is 0700, also one
+    made before."""
+    import stat
+
+    from governance.requests import execution
+
+    path = execution.scratch_dir()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    path.chmod(0o755)
+    again = execution.scratch_dir()
+    assert again == path and stat.S_IMODE(again.stat().st_mode) == 0o700
