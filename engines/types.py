@@ -54,6 +54,16 @@ class Plan:
     columns: list[str]
     details: dict = field(default_factory=dict)
 
+    def details_of(self, engine: str, version: int) -> dict:
+        """``details``, if they are of this ``version`` of ``engine``'s plans; else
+        EngineError (a request planned by another version of the service: each engine
+        checks it in its ``prepare`` hook, before the read, and again in ``run``)."""
+        v = self.details.get("version") if isinstance(self.details, dict) else None
+        if type(v) is not int or v != version:
+            raise EngineError(f"the request was planned by another version of the {engine} engine "
+                              "(the service was upgraded since): submit it again")
+        return self.details
+
 
 @dataclass
 class Release:

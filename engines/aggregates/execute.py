@@ -25,10 +25,7 @@ def _check_cost(planned: float, actual: float) -> None:
 def check_version(plan: Plan) -> dict:
     """The plan's details, of this engine's version, with their bounds, edges and grids as
     floats (``as_planned``)."""
-    d = plan.details
-    if d.get("version") != DETAILS_VERSION:
-        raise EngineError("the request was planned by another version of the aggregates engine "
-                          "(the service was upgraded since): submit it again")
+    d = plan.details_of("aggregates", DETAILS_VERSION)
     return as_planned(d)
 
 

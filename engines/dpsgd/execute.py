@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from engines.types import Cancelled, DatasetMeta, EngineError, EngineRequest, Plan, Release
+from engines.types import Cancelled, DatasetMeta, EngineRequest, Plan, Release
 
 from . import audit, features
 from .params import Spec
@@ -138,10 +138,7 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, prog
 
 
 def check_version(plan: Plan) -> dict:
-    d = plan.details
-    if d.get("version") != DETAILS_VERSION:
-        raise EngineError("the request was planned by another version of the dpsgd engine "
-                          "(the service was upgraded since): submit it again")
+    d = plan.details_of("dpsgd", DETAILS_VERSION)
     return d
 
 

@@ -119,10 +119,7 @@ def _round_progress(d: dict, ev: dict) -> dict:
 
 
 def check_version(plan: Plan) -> dict:
-    d = plan.details
-    if d.get("version") != planner.DETAILS_VERSION:
-        raise EngineError("the request was planned by another version of the federated engine "
-                          "(the service was upgraded since): submit it again")
+    d = plan.details_of("federated", planner.DETAILS_VERSION)
     return d
 
 

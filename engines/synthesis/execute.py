@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from engines.types import EngineError, Release
+from engines.types import Release
 
 from . import encoding
 from .params import UNIT_ROWS, Spec, model_columns, unit_rows_bucket, unit_rows_weights
@@ -66,10 +66,7 @@ def _schema(spec: Spec) -> dict:
 
 
 def check_version(plan) -> dict:
-    d = plan.details
-    if d.get("version") != DETAILS_VERSION:
-        raise EngineError("the request was planned by another version of the synthesis engine "
-                          "(the service was upgraded since): submit it again")
+    d = plan.details_of("synthesis", DETAILS_VERSION)
     return d
 
 

@@ -82,8 +82,9 @@ def test_prepare_refuses_a_plan_of_another_version_of_the_engine(engine):
 
     with pytest.raises(EngineError, match="another version"):
         plugins.prepare(engine, Plan(event={}, columns=[], details={"version": 10**6}))
-    with pytest.raises(EngineError, match="another version"):
-        plugins.prepare(engine, Plan(event={}, columns=[], details={}))
+    for details in ({}, {"version": None}, {"version": True}, {"version": 1.0}, {"version": "1"}, []):
+        with pytest.raises(EngineError, match="another version"):
+            plugins.prepare(engine, Plan(event={}, columns=[], details=details))
 
 
 THIRD_PARTY = '''
