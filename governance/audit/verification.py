@@ -21,7 +21,7 @@ from accounting.costs import Cost
 from ..core.batched import batched
 from ..core.snapshot import snapshot
 from ..ledger.limits import charge_summary
-from ..ledger.trail import GENESIS, body, digest, hashed_body, legacy_body, storable, totals_of
+from ..ledger.trail import GENESIS, audited_settings, body, digest, hashed_body, legacy_body, storable, totals_of
 from ..models import AuditRecord, Budget, Dataset, LedgerEntry
 
 @dataclass
@@ -245,9 +245,10 @@ def _officer_state_now(ds: Dataset, officer: dict, registered: bool) -> list[str
             problems.append(f"grant{'s' if len(unrecorded) > 1 else ''} {', '.join(map(str, unrecorded[:10]))} "
                             "ha{} no grant record: given without one (in the database)".format(
                                 "ve" if len(unrecorded) > 1 else "s"))
+    now = audited_settings(ds)
     for key, value in officer.items():
-        if isinstance(key, str) and hasattr(ds, key) and not _close(storable(getattr(ds, key)), value):
-            problems.append(f"the dataset's {key} is {getattr(ds, key)!r}, its last settings record set "
+        if isinstance(key, str) and key in now and not _close(storable(now[key]), value):
+            problems.append(f"the dataset's {key} is {now[key]!r}, its last settings record set "
                             f"{value!r} (changed without a record)")
     for key, (cap_epsilon, cap_delta, active) in ((k, v) for k, v in officer.items() if isinstance(k, tuple)):
         g = grants.get(key[1])

@@ -268,8 +268,9 @@ def _check_grants_hold(ds: Dataset, before: Dataset) -> None:
 
 def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
     """Officer edits: schema, budget, policy, texts, allow_non_private, under the budget
-    row's lock. A change of any of ``trail.AUDITED_SETTINGS`` is recorded in the dataset's audit
-    chain in the same transaction, naming ``actor`` (the officer's username)."""
+    row's lock. A change of any of ``trail.audited_settings`` (the schema's by its digest) is
+    recorded in the dataset's audit chain in the same transaction, naming ``actor`` (the
+    officer's username)."""
     from accounting.costs import Cost
 
     from ..ledger.actions import holds_on_ledger
@@ -279,7 +280,7 @@ def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
         budget = Budget.objects.select_for_update().get(pk=ds.pk)
         ds = Dataset.objects.get(pk=ds.pk)
         not_registered(ds)
-        was = {k: getattr(ds, k) for k in trail.AUDITED_SETTINGS}
+        was = trail.audited_settings(ds)
         has_entries = ds.ledger.exists()
         if schema is not None:
             before = {c["name"] for c in ds.schema.get("columns", []) if c.get("nullable") is False}
@@ -330,7 +331,8 @@ def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
             if key in fields:
                 setattr(ds, key, fields[key])
         ds.save()
-        changed = {k: (v, getattr(ds, k)) for k, v in was.items() if getattr(ds, k) != v}
+        now = trail.audited_settings(ds)
+        changed = {k: (v, now[k]) for k, v in was.items() if now[k] != v}
         if changed:
             trail.record_settings(budget, ds, actor, changed)
         return ds

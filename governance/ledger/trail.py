@@ -343,6 +343,15 @@ AUDITED_SETTINGS = ("budget_epsilon", "budget_delta", "delta_auto", "policy", "a
                     "allow_non_private", "release_quantum_ms", "pld_certification")
 
 
+def audited_settings(dataset: Dataset) -> dict:
+    """The dataset's ``AUDITED_SETTINGS`` and ``schema_sha256``, the digest of its declared
+    schema (the bounds and domains set what a release's noise is calibrated to, so a
+    change of them is an officer's change of a privacy setting too)."""
+    values = {k: getattr(dataset, k) for k in AUDITED_SETTINGS}
+    values["schema_sha256"] = digest(storable(dataset.schema))
+    return values
+
+
 def record_settings(budget: Budget, dataset: Dataset, actor: str, changed: dict) -> None:
     """An officer's change of the dataset's budget or of a privacy setting
     (``governance.datasets.registry.update``): who, and each setting's old and new value in
@@ -360,7 +369,7 @@ def record_registration(dataset: Dataset) -> None:
     a dataset's settings with its records from its first day. Written in the registration's
     transaction, when its budget is final (a table read by a worker: when the read is done)."""
     budget = Budget.objects.select_for_update().get(pk=dataset.pk)
-    values = {k: getattr(dataset, k) for k in AUDITED_SETTINGS}
+    values = audited_settings(dataset)
     detail = "registered with " + "; ".join(f"{k} {v!r}" for k, v in values.items())
     ctx = Context(outcome="registered", params={k: [None, v] for k, v in values.items()}, detail=detail)
     append(budget, dataset.name, dataset.budget_delta, action=AuditRecord.Action.SETTINGS,

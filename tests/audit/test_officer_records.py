@@ -242,3 +242,24 @@ def test_a_grant_given_in_the_database_without_a_record_is_found(api, officer, a
     g = Grant.objects.create(analyst=analyst, dataset=ds, created_by=officer)
     result = verify()
     assert not result.ok and f"grant {g.pk} has no grant record" in result.first_broken.problem
+
+
+def test_a_schema_change_is_a_settings_record_and_one_made_in_the_database_is_found(api, officer, make_dataset):
+    """The declared bounds and domains set what a release's noise is calibrated to: an
+    officer's PATCH of a bound wrote no record (a probe), and a bound edited in the
+    database went unnoticed. The schema is recorded by its digest."""
+    ds = make_dataset(epsilon=1.0)
+    (reg,) = AuditRecord.objects.filter(dataset=ds)
+    assert reg.params["schema_sha256"][0] is None and len(reg.params["schema_sha256"][1]) == 64
+    r = api(officer).patch("/api/datasets/clinic/", {"schema": {"income": {"lower": 0, "upper": 1}}}, format="json")
+    assert r.status_code == 200, r.json()
+    (rec,) = _settings()
+    assert set(rec.params) == {"schema_sha256"} and rec.params["schema_sha256"][0] == reg.params["schema_sha256"][1]
+    assert rec.actor == officer.username and verify().ok
+    schema = Dataset.objects.get(pk=ds.pk).schema
+    for c in schema["columns"]:
+        if c["name"] == "income":
+            c["upper"] = 10**9
+    Dataset.objects.filter(pk=ds.pk).update(schema=schema)
+    result = verify()
+    assert not result.ok and "schema_sha256" in result.first_broken.problem
