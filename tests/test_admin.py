@@ -500,10 +500,19 @@ def test_a_token_an_officer_issues_for_an_analyst_is_in_the_admin_s_log(officer_
     assert [e.change_message for e in logged] == ["Issued a new API token (the old one stopped working)."] * 2
 
 
+def test_every_list_in_the_admin_checks_a_bulk_actions_selection():
+    from django.contrib import admin
+
+    from governance.web.admin import SelectedIds
+
+    assert all(isinstance(model_admin, SelectedIds) for model_admin in admin.site._registry.values())
+
+
 @pytest.mark.parametrize("selected", ["abc", "1.5", "", "99999999999999999999"])
 @pytest.mark.parametrize("url, action", [("/admin/governance/grant/", "revoke"),
                                          ("/admin/governance/dataset/", "deactivate"),
-                                         ("/admin/auth/user/", "delete_selected")])
+                                         ("/admin/auth/user/", "delete_selected"),
+                                         ("/admin/auth/group/", "delete_selected")])
 def test_a_bulk_action_on_what_is_not_an_id_is_a_400(root_client, make_dataset, analyst, grant, url, action,
                                                      selected):
     """An edited POST (a probe: Django's filter on the selection raised, a 500 with the

@@ -217,13 +217,16 @@ def _follows(rec: AuditRecord, officer: dict) -> str | None:
             return "its caps are not [old, new]"
         key = ("grant", params.get("grant"))
         last = officer.get(key)
+        if last is not None and params.get("analyst") != last[3]:
+            return (f"it names grant {params.get('grant')}'s analyst {params.get('analyst')!r}, the record before "
+                    f"{last[3]!r}")
         if last is not None and rec.outcome == "granted" and last[2]:
             return f"it gives grant {params.get('grant')} again, the record before left it active"
         if rec.outcome != "granted" and last is not None and not (
                 last[2] and _close(list(last[:2]), [c[0] for c in caps])):
             return (f"it finds grant {params.get('grant')} with caps {[c[0] for c in caps]}, the record before "
                     f"left it at {list(last[:2])}{'' if last[2] else ' and revoked'}")
-        officer[key] = (caps[0][1], caps[1][1], rec.outcome != "revoked")
+        officer[key] = (caps[0][1], caps[1][1], rec.outcome != "revoked", params.get("analyst"))
     return None
 
 
@@ -238,7 +241,7 @@ def _officer_state_now(ds: Dataset, officer: dict, registered: bool) -> list[str
     if not officer:  # no settings or grant record: nothing to compare
         return []
     problems = []
-    grants = {g.pk: g for g in Grant.objects.filter(dataset=ds)}
+    grants = {g.pk: g for g in Grant.objects.filter(dataset=ds).select_related("analyst")}
     if registered:
         unrecorded = sorted(pk for pk in grants if ("grant", pk) not in officer)
         if unrecorded:
@@ -250,11 +253,11 @@ def _officer_state_now(ds: Dataset, officer: dict, registered: bool) -> list[str
         if isinstance(key, str) and key in now and not _close(storable(now[key]), value):
             problems.append(f"the dataset's {key} is {now[key]!r}, its last settings record set "
                             f"{value!r} (changed without a record)")
-    for key, (cap_epsilon, cap_delta, active) in ((k, v) for k, v in officer.items() if isinstance(k, tuple)):
+    for key, (cap_epsilon, cap_delta, active, analyst) in ((k, v) for k, v in officer.items() if isinstance(k, tuple)):
         g = grants.get(key[1])
         if g is None or not _close([storable(g.cap_epsilon), storable(g.cap_delta)], [cap_epsilon, cap_delta]) \
-                or g.active != active:
-            problems.append(f"grant {key[1]} differs from what its last grant record left (caps "
+                or g.active != active or g.analyst.get_username()[:150] != analyst:
+            problems.append(f"grant {key[1]} differs from what its last grant record left ({analyst}'s, caps "
                             f"{[cap_epsilon, cap_delta]}, {'active' if active else 'revoked'}): changed without "
                             "a record")
     return problems

@@ -182,8 +182,11 @@ def register(*, name: str, created_by, location: str, title: str = "", descripti
         raise InvalidDataset("The table has no columns or no rows.")
     if unit_column and unit_column not in schema_found.names:
         raise InvalidDataset(f"privacy-unit column {unit_column!r} is not in the table", field="unit_column")
+    # the columns whose distinct values are proposed as a domain, as the local registration
+    # proposes them: text, and a time of day or a duration as the text it is matched as
     text = [f.name for f in schema_found if f.name != unit_column and (
-        pa.types.is_string(f.type) or pa.types.is_large_string(f.type) or pa.types.is_dictionary(f.type))]
+        pa.types.is_string(f.type) or pa.types.is_large_string(f.type) or pa.types.is_dictionary(f.type)
+        or pa.types.is_time(f.type) or pa.types.is_duration(f.type))]
     table = _table(base, manifest, [f.name for f in schema_found], n_rows, unit_column or None)
     try:
         prof = profile(table, text, MAX_DOMAIN)

@@ -15,7 +15,7 @@ import re
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engines.columns import null_count
+from engines.columns import null_count, unit_ids
 from engines.validation import span_error
 from engines.synthesis.encoding import grid_decimals, holds_a_grid_value
 
@@ -104,8 +104,8 @@ def identifying(n_values: int, held, name: str) -> bool:
 def _carriers(table: pa.Table, name: str, unit_column: str) -> int:
     """The units of ``table`` holding a value in column ``name`` (its rows without a unit column)."""
     valid = pc.is_valid(table.column(name))
-    if unit_column and unit_column in table.column_names:
-        return pc.count_distinct(pc.filter(table.column(unit_column), valid)).as_py()
+    if unit_column and unit_column in table.column_names:  # ids as they compare (a dictionary's values, -0.0 as 0.0)
+        return pc.count_distinct(pc.filter(unit_ids(table.column(unit_column)), valid)).as_py()
     return int(pc.sum(valid).as_py() or 0)
 
 

@@ -7,7 +7,8 @@ texts and shows the schema and budget.
 
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
-from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
 from django.db.models.constants import LOOKUP_SEP
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
@@ -312,3 +313,12 @@ class AccountAdmin(SelectedIds, UserAdmin):
             return False
         return super().has_delete_permission(request, obj)
 
+
+
+if admin.site.is_registered(Group):
+    admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class RoleAdmin(SelectedIds, GroupAdmin):
+    """Django's group admin (the auditors' group), its bulk actions' selection checked."""

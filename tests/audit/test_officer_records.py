@@ -263,3 +263,19 @@ def test_a_schema_change_is_a_settings_record_and_one_made_in_the_database_is_fo
     Dataset.objects.filter(pk=ds.pk).update(schema=schema)
     result = verify()
     assert not result.ok and "schema_sha256" in result.first_broken.problem
+
+
+def test_a_grant_moved_to_another_analyst_in_the_database_is_found(officer, analyst, analyst2, make_dataset,
+                                                                   grant):
+    """A probe's UPDATE gave ann's recorded grant to bob, who spent under it: the grant
+    records name the analyst, and the grant must still be hers."""
+    from governance.models import Grant
+
+    ds = make_dataset(epsilon=1.0)
+    g = grant(analyst, ds)
+    assert verify().ok
+    Grant.objects.filter(pk=g.pk).update(analyst=analyst2)
+    ledger.commit(ledger.admit(ds, analyst2, {"kind": "laplace", "epsilon": 0.5}))
+    result = verify()
+    assert not result.ok and f"grant {g.pk} differs" in result.first_broken.problem
+    assert analyst.username in result.first_broken.problem

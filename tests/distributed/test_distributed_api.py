@@ -445,3 +445,35 @@ def test_a_sparse_column_that_names_its_units_is_proposed_as_text_as_locally(api
         assert "C00050" not in json.dumps(r.json())
     assert kinds["distributed"]["case_no"] == kinds["local"]["case_no"] == "text"
     assert kinds["distributed"]["ward"] == kinds["local"]["ward"] == "categorical"
+
+
+def test_a_time_column_gets_the_draft_the_local_registration_gives(api, officer, on_cluster, import_dir):
+    """A time of day registered from partitions was proposed as a categorical column with
+    no domain, and the registration refused it (a probe); the local one proposes its values
+    as the text they are matched as. Same draft both ways, and one that names its units
+    (a time per person) is text both ways."""
+    import datetime
+
+    import pandas as pd
+
+    n = 1_200
+    frame = pd.DataFrame({"pid": np.arange(n) // 2, "shift": [datetime.time(6 + 8 * (i % 3)) for i in range(n)],
+                          "born_at": [datetime.time((i // 2) // 60 % 24, (i // 2) % 60, 7) for i in range(n)],
+                          "x": np.arange(n) % 10})
+    directory = import_dir / "times"
+    directory.mkdir()
+    for i in range(3):
+        part = frame.iloc[i * 400:(i + 1) * 400]
+        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), directory / f"part-{i}.parquet")
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), import_dir / "times.parquet")
+    drafts = {}
+    for execution, path in (("distributed", directory), ("local", import_dir / "times.parquet")):
+        r = api(officer).post("/api/datasets/", {"name": f"times-{execution}", "path": str(path),
+                                                 "execution": execution, "unit_column": "pid",
+                                                 "schema": {"x": {"lower": 0, "upper": 9}}, "budget_epsilon": 1.0},
+                              format="json")
+        assert r.status_code == 201, r.json()
+        drafts[execution] = {c["name"]: c for c in r.json()["columns"]}
+    assert drafts["distributed"]["shift"] == drafts["local"]["shift"]
+    assert drafts["local"]["shift"]["type"] == "categorical" and len(drafts["local"]["shift"]["domain"]) == 3
+    assert drafts["distributed"]["born_at"]["type"] == drafts["local"]["born_at"]["type"] == "text"
