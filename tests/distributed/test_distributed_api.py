@@ -413,6 +413,26 @@ def test_a_cluster_out_of_reach_or_without_a_worker_is_a_refund_and_no_registrat
         assert r["Retry-After"] == "30" and not Dataset.objects.filter(name="again").exists()
 
 
+def _drafts_both_ways(client, import_dir, name, frame, files) -> dict:
+    """The draft columns of ``frame`` registered from ``files`` partitions and from one
+    local file (unit column pid), by execution."""
+    directory = import_dir / name
+    directory.mkdir()
+    size = -(-len(frame) // files)
+    for i in range(files):
+        part = frame.iloc[i * size:(i + 1) * size]
+        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), directory / f"part-{i}.parquet")
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), import_dir / f"{name}.parquet")
+    drafts = {}
+    for execution, path in (("distributed", directory), ("local", import_dir / f"{name}.parquet")):
+        r = client.post("/api/datasets/", {"name": f"{name}-{execution}", "path": str(path), "execution": execution,
+                                           "unit_column": "pid", "schema": {"x": {"lower": 0, "upper": 9}},
+                                           "budget_epsilon": 1.0}, format="json")
+        assert r.status_code == 201, r.json()
+        drafts[execution] = {c["name"]: c for c in r.json()["columns"]}
+    return drafts
+
+
 def test_a_sparse_column_that_names_its_units_is_proposed_as_text_as_locally(api, officer, on_cluster, import_dir):
     """The units holding a value are counted per column on the cluster, as the local
     registration counts them: a case number only 40 of 2,000 patients have (one each) is
@@ -427,22 +447,9 @@ def test_a_sparse_column_that_names_its_units_is_proposed_as_text_as_locally(api
                           "case_no": [f"C{p:05d}" if p % 50 == 0 else None for p in pid],
                           "x": rng.integers(0, 10, len(pid))})
     frame = frame.sample(frac=1, random_state=1).reset_index(drop=True)
-    directory = import_dir / "sparse"
-    directory.mkdir()
-    for i in range(4):
-        part = frame.iloc[i * 1_500:(i + 1) * 1_500]
-        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), directory / f"part-{i}.parquet")
-    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), import_dir / "sparse.parquet")
-    client = api(officer)
-    kinds = {}
-    for execution, path in (("distributed", directory), ("local", import_dir / "sparse.parquet")):
-        r = client.post("/api/datasets/", {"name": f"sparse-{execution}", "path": str(path),
-                                           "execution": execution, "unit_column": "pid",
-                                           "schema": {"x": {"lower": 0, "upper": 9}}, "budget_epsilon": 1.0},
-                        format="json")
-        assert r.status_code == 201, r.json()
-        kinds[execution] = {c["name"]: c["type"] for c in r.json()["columns"]}
-        assert "C00050" not in json.dumps(r.json())
+    drafts = _drafts_both_ways(api(officer), import_dir, "sparse", frame, 4)
+    assert "C00050" not in json.dumps(drafts)
+    kinds = {execution: {name: c["type"] for name, c in cols.items()} for execution, cols in drafts.items()}
     assert kinds["distributed"]["case_no"] == kinds["local"]["case_no"] == "text"
     assert kinds["distributed"]["ward"] == kinds["local"]["ward"] == "categorical"
 
@@ -460,20 +467,7 @@ def test_a_time_column_gets_the_draft_the_local_registration_gives(api, officer,
     frame = pd.DataFrame({"pid": np.arange(n) // 2, "shift": [datetime.time(6 + 8 * (i % 3)) for i in range(n)],
                           "born_at": [datetime.time((i // 2) // 60 % 24, (i // 2) % 60, 7) for i in range(n)],
                           "x": np.arange(n) % 10})
-    directory = import_dir / "times"
-    directory.mkdir()
-    for i in range(3):
-        part = frame.iloc[i * 400:(i + 1) * 400]
-        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), directory / f"part-{i}.parquet")
-    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), import_dir / "times.parquet")
-    drafts = {}
-    for execution, path in (("distributed", directory), ("local", import_dir / "times.parquet")):
-        r = api(officer).post("/api/datasets/", {"name": f"times-{execution}", "path": str(path),
-                                                 "execution": execution, "unit_column": "pid",
-                                                 "schema": {"x": {"lower": 0, "upper": 9}}, "budget_epsilon": 1.0},
-                              format="json")
-        assert r.status_code == 201, r.json()
-        drafts[execution] = {c["name"]: c for c in r.json()["columns"]}
+    drafts = _drafts_both_ways(api(officer), import_dir, "times", frame, 3)
     assert drafts["distributed"]["shift"] == drafts["local"]["shift"]
     assert drafts["local"]["shift"]["type"] == "categorical" and len(drafts["local"]["shift"]["domain"]) == 3
     assert drafts["distributed"]["born_at"]["type"] == drafts["local"]["born_at"]["type"] == "text"
