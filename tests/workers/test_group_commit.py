@@ -110,8 +110,9 @@ def test_a_refund_and_a_charge_of_one_dataset_in_one_group(api, analyst, two_dat
                               outcomes.Outcome(charged, "succeeded", result={"value": 1})])
     assert LedgerEntry.objects.get(pk=refunded.ledger_entry_id).status == "released"
     assert LedgerEntry.objects.get(pk=charged.ledger_entry_id).status == "committed"
-    assert [r.action for r in AuditRecord.objects.filter(dataset=a).order_by("seq")] == ["settings", "release",
-                                                                                         "commit"]
+    # the registration's and the grant's records, then the group's two
+    assert [r.action for r in AuditRecord.objects.filter(dataset=a).order_by("seq")] == ["settings", "grant",
+                                                                                         "release", "commit"]
     assert verification.verify().ok
 
 
