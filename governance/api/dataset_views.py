@@ -102,12 +102,12 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
     @action(detail=True, methods=["post"])
     def deactivate(self, request, name=None):
         """Take the dataset out of service: back to draft, where it takes no request and
-        analysts do not see it; a queued request is cancelled at its claim, refunded
-        (``dataset.inactive``); a running one finishes. Its ledger, grants and audit chain
-        stay; ``activate`` reopens it."""
+        analysts do not see it; its queued requests are cancelled and refunded at once
+        (``dataset.inactive``: ``activate`` does not bring them back); a running one
+        finishes. Its ledger, grants and audit chain stay; ``activate`` reopens it."""
         ds = self.get_object()
         ds_actions.not_registered(ds)
-        Dataset.objects.filter(pk=ds.pk, status=Dataset.Status.ACTIVE).update(status=Dataset.Status.DRAFT)
+        ds_actions.take_out_of_service(ds)
         ds.refresh_from_db()
         return Response(s.OfficerDatasetSerializer(ds, context={"request": request}).data)
 

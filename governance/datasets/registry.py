@@ -242,6 +242,20 @@ def not_registered(ds: Dataset) -> None:
                                "Register it again under the same name.")
 
 
+def take_out_of_service(ds: Dataset) -> bool:
+    """An active dataset back to draft (no new request; analysts no longer see it), its
+    requests still queued cancelled and refunded in the same transaction (activated again,
+    it does not run them); a running one finishes. False if it was not active."""
+    from ..ledger.queued import cancel_queued
+
+    with transaction.atomic():
+        Budget.objects.select_for_update().get(pk=ds.pk)  # the gate's lock: no admission in between
+        if not Dataset.objects.filter(pk=ds.pk, status=Dataset.Status.ACTIVE).update(status=Dataset.Status.DRAFT):
+            return False
+        cancel_queued(ds.pk, "dataset.inactive", f"dataset {ds.name} was taken out of service")
+        return True
+
+
 def _check_grants_hold(ds: Dataset, before: Dataset) -> None:
     """A capped grant's limit takes the dataset's budget where its cap names none (delta,
     most often) or is above it: a new budget must not put a grant past its cap, as it must

@@ -88,7 +88,11 @@ def change_cap(grant: Grant, actor, **caps) -> Grant:
 
 
 def revoke(grant: Grant, actor) -> bool:
-    """Revoke ``grant`` (kept, with its history, for the ledger); False if it was revoked."""
+    """Revoke ``grant`` (kept, with its history, for the ledger); False if it was revoked.
+    The analyst's requests still queued on the dataset are cancelled and refunded with it
+    (``queued.cancel_queued``): given back later, the grant does not run them."""
+    from .queued import cancel_queued
+
     with transaction.atomic():
         budget = Budget.objects.select_for_update().get(pk=grant.dataset_id)
         grant = Grant.objects.select_for_update().select_related("analyst", "dataset").get(pk=grant.pk)
@@ -97,4 +101,6 @@ def revoke(grant: Grant, actor) -> bool:
         grant.revoked_at = timezone.now()
         grant.save(update_fields=["revoked_at"])
         _record(budget, grant, actor.get_username(), "revoked", _caps(grant))
+        cancel_queued(grant.dataset_id, "grant.missing", f"{grant.analyst}'s grant on dataset {grant.dataset.name} "
+                      "was revoked", analyst_id=grant.analyst_id)
         return True

@@ -163,7 +163,7 @@ class DatasetAdmin(SaveRefusable, OfficerPermissions, admin.ModelAdmin):
 
     @admin.action(description="Take out of service (back to draft: no requests; queued ones refunded)")
     def deactivate(self, request, queryset):
-        n = queryset.filter(status=Dataset.Status.ACTIVE).update(status=Dataset.Status.DRAFT)
+        n = sum(datasets.take_out_of_service(ds) for ds in queryset.filter(status=Dataset.Status.ACTIVE))
         messages.success(request, f"Took {n} dataset(s) out of service: activate them again to reopen.")
 
     @admin.display(description="overview")

@@ -3,6 +3,7 @@ cancelled, failed before and after the read, replayed, and hidden from other ana
 
 import pytest
 
+from governance.audit import verification
 from governance.models import LedgerEntry, Request
 
 pytestmark = pytest.mark.django_db
@@ -366,6 +367,43 @@ def test_a_request_queued_before_a_revocation_is_not_run_and_is_refunded(api, an
     assert "refunded" in req.error["detail"]
     assert LedgerEntry.objects.get().status == "released"
     assert AuditRecord.objects.filter(outcome="cancelled").count() == 1
+
+@pytest.mark.parametrize("withdrawn", ["grant", "dataset"])
+def test_a_request_queued_before_a_revocation_stays_cancelled_when_it_is_undone(
+        api, analyst, officer, clinic, withdrawn, django_capture_on_commit_callbacks):
+    """A probe revoked a grant (or took the dataset out of service) and gave it back before
+    a worker reached the requests queued before: 211 of them ran and were released. They
+    are cancelled and refunded in the revocation's transaction; what is admitted after the
+    grant is given back runs."""
+    from governance.models import AuditRecord, Grant
+
+    client, officer_client = api(analyst), api(officer)
+    with django_capture_on_commit_callbacks(execute=False) as before:
+        rid = post(client, {"epsilon": 0.5}).json()["id"]
+    if withdrawn == "grant":
+        gid = Grant.objects.get(analyst=analyst, dataset=clinic).pk
+        assert officer_client.delete(f"/api/grants/{gid}/").status_code == 204
+    else:
+        assert officer_client.post(f"/api/datasets/{clinic.name}/deactivate/").status_code == 200
+    req = Request.objects.get(pk=rid)  # at once, not at the worker's claim
+    code = {"grant": "grant.missing", "dataset": "dataset.inactive"}[withdrawn]
+    assert (req.status, req.error["code"], req.ledger_entry.status) == ("cancelled", code, "released")
+    if withdrawn == "grant":
+        r = officer_client.post("/api/grants/", {"analyst": analyst.username, "dataset": clinic.name}, format="json")
+        assert r.status_code == 201, r.json()
+    else:
+        assert officer_client.post(f"/api/datasets/{clinic.name}/activate/").status_code == 200
+    for callback in before:  # the worker reaches it after the grant or the dataset is back
+        callback()
+    req.refresh_from_db()
+    assert (req.status, req.result, req.data_read, req.ledger_entry.status) == ("cancelled", None, False, "released")
+    assert AuditRecord.objects.filter(request_id=rid).values_list("action", "outcome", "reason").get() == (
+        "release", "cancelled", code)
+    with django_capture_on_commit_callbacks(execute=True):
+        after = post(client, {"epsilon": 0.25}).json()["id"]
+    assert Request.objects.get(pk=after).status == "succeeded"
+    assert verification.verify().ok
+
 
 @pytest.mark.parametrize("setting,params,code", [
     ("allow_non_private", {"non_private": True}, "budget.non_private"),

@@ -1,0 +1,36 @@
+"""Requests still queued when their analyst's grant is revoked or their dataset is taken out
+of service: cancelled and refunded in that change's transaction, so that a grant given
+back (or the dataset activated again) before a worker reaches them does not bring them
+back to life (a probe: 211 requests admitted before a revocation ran and were released
+after the grant was given again). A request a worker already claimed runs on: it is no
+longer queued (docs/concepts.md)."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from ..models import Request
+from . import actions, trail
+
+__all__ = ["cancel_queued"]
+
+
+def cancel_queued(dataset_id: int, code: str, why: str, analyst_id: int | None = None) -> int:
+    """Cancel the requests queued on the dataset (of ``analyst_id`` only, if given) and
+    refund their reservations, each with its ``release`` audit record (``code`` its
+    reason). The caller holds the transaction; returns how many were cancelled."""
+    detail = f"Not run: {why} (since the request was admitted); nothing was read, the reservation is refunded."
+    queued = Request.objects.filter(dataset_id=dataset_id, status=Request.Status.QUEUED)
+    if analyst_id is not None:
+        queued = queued.filter(analyst_id=analyst_id)
+    n = 0
+    for req in queued.order_by("created_at"):
+        # one at a time, each only if still queued: a worker claiming it meanwhile wins it
+        if Request.objects.filter(pk=req.pk, status=Request.Status.QUEUED).update(
+                status=Request.Status.CANCELLED, finished_at=timezone.now(), progress={"phase": "cancelled"},
+                error={"code": code, "detail": detail}):
+            if req.ledger_entry_id:
+                actions.release(req.ledger_entry_id, audit_ctx=trail.Context.of_request(
+                    req, outcome="cancelled", reason=code, detail=detail))
+            n += 1
+    return n
