@@ -8,7 +8,8 @@ dies (``kill -9``, an unrecoverable error) simply stops writing.
 
 Where the records live follows the broker, since that is what web and workers share:
 with ``REDIS_URL``, one Redis hash (``governance:workers``); with the embedded broker, one
-JSON file per worker in ``<GOVERNANCE_VAR_DIR>/workers/``. Reading is one ``HGETALL`` or one
+JSON file per worker in ``<GOVERNANCE_VAR_DIR>/workers/``; a record per worker process
+(node and pid), the dead ones of a node on this host removed when it starts again. Reading is one ``HGETALL`` or one
 small directory listing: cheap enough for the officer's dashboard on every view.
 
 Read by ``manage.py workers`` and the officer's dashboard (a warning when no worker is
@@ -46,28 +47,60 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.@" else "_" for c in name)[:200]
 
 
+def _key(node: str, pid) -> str:
+    """A record per worker process: two ``manage.py worker`` on one host (one per queue) are
+    both ``celery@<host>``, and one record keyed by the node flipped between them (a probe:
+    ``workers --strict`` said no live worker served the cpu queue while one did)."""
+    return f"{node}#{pid}"
+
+
 def write(record: dict):
-    """Store one worker's record (``record["node"]`` names it)."""
+    """Store one worker's record (``record["node"]`` and ``record["pid"]`` name it)."""
     data = json.dumps(record)
+    key = _key(record["node"], record.get("pid"))
     if settings.REDIS_URL:
-        _redis().hset(REDIS_KEY, record["node"], data)
+        _redis().hset(REDIS_KEY, key, data)
         return
     folder = _folder()
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{_safe(record['node'])}.json"
+    path = folder / f"{_safe(key)}.json"
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(data)
     os.replace(tmp, path)  # a reader never sees half a record
 
 
-def remove(node: str):
+def remove(node: str, pid):
+    _remove_key(_key(node, pid))
+
+
+def _remove_key(key: str):
     if settings.REDIS_URL:
-        _redis().hdel(REDIS_KEY, node)
+        _redis().hdel(REDIS_KEY, key)
         return
     try:
-        (_folder() / f"{_safe(node)}.json").unlink()
+        (_folder() / f"{_safe(key)}.json").unlink()
     except FileNotFoundError:
         pass
+
+
+def _gone(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, TypeError, ValueError, OverflowError):
+        return False
+    return False
+
+
+def forget_dead_here(node: str):
+    """Remove this node's records of processes of this host that are gone (an earlier run
+    of this worker, killed): a record per process would otherwise pile up as DEAD."""
+    host = socket.gethostname()
+    for rec in records():
+        if rec.get("node") == node and rec.get("host") == host and rec.get("pid") != os.getpid() \
+                and _gone(rec.get("pid")):
+            _remove_key(rec["key"])
 
 
 def records() -> list[dict]:
@@ -76,19 +109,20 @@ def records() -> list[dict]:
     now = time.time()
     raw = []
     if settings.REDIS_URL:
-        raw = list(_redis().hgetall(REDIS_KEY).values())
+        raw = [(k.decode(), v) for k, v in _redis().hgetall(REDIS_KEY).items()]
     else:
         try:
-            raw = [p.read_bytes() for p in _folder().glob("*.json")]
+            raw = [(p.stem, p.read_bytes()) for p in _folder().glob("*.json")]
         except FileNotFoundError:
             raw = []
     out = []
-    for item in raw:
+    for key, item in raw:
         try:
             rec = json.loads(item)
             age = now - float(rec["at"])
         except (ValueError, KeyError, TypeError):
             continue
+        rec["key"] = key  # where it is stored (a record from before one per process: the node alone)
         rec["age"] = max(0.0, age)
         rec["alive"] = age < settings.WORKER_ALIVE_SECONDS
         out.append(rec)
@@ -125,6 +159,10 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="governance-heartbeat", daemon=True)
 
     def start(self):
+        try:
+            forget_dead_here(self.node)
+        except Exception:  # noqa: BLE001 - only tidiness
+            log.warning("dead workers' heartbeats could not be removed", exc_info=True)
         self.beat()
         self._thread.start()
         return self
@@ -148,6 +186,6 @@ class Heartbeat:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         try:
-            remove(self.node)
+            remove(self.node, self.record["pid"])
         except Exception:  # noqa: BLE001
             log.warning("worker heartbeat could not be removed", exc_info=True)
