@@ -315,10 +315,10 @@ def _run(req: Request, clock: RunClock) -> str:
     try:
         if ds.execution == Dataset.Execution.DISTRIBUTED:  # footers only: a check hung on a file reads no row
             data = load_columns(ds, list(plan.columns))
-            _mark_data_read(req.pk)
+            read = _mark_data_read(req.pk)
         else:
-            _mark_data_read(req.pk)
-            data = load_columns(ds, list(plan.columns))
+            read = _mark_data_read(req.pk)
+            data = load_columns(ds, list(plan.columns)) if read else None
     except Exception as e:
         # No row reached the engine: refund. A local table's read failed as rows were read
         # (a stored file damaged or changed since registration): its message can quote a row
@@ -333,6 +333,10 @@ def _run(req: Request, clock: RunClock) -> str:
                 "or no longer as registered (the privacy officer's page of this request says why); the reservation "
                 "is refunded.")}, charge=False, officer_report={"failure": str(e)})
         return _failed_before_read(req, e)
+    if not read:
+        return _finish(req, Request.Status.CANCELLED, error={
+            "code": "request.cancelled", "detail": "Cancelled before the data was read; the reservation is refunded."},
+            charge=False)
 
     _cluster_jobs()  # forget any job an earlier run of this thread left noted
     # a federated run: its progress per round and the sites its audit record names
@@ -469,22 +473,26 @@ def _keep_files(req: Request, release, workdir: Path, recorder) -> tuple[dict, d
 READING = {"phase": "reading data", "fraction": 0.0}
 
 
-def _mark_data_read(request_id) -> None:
+def _mark_data_read(request_id) -> bool:
     """``data_read`` set (and the phase shown) before the first row is read: the charging
-    rule's mark. One written-out statement (the ORM's update cost three times its database
-    work here)."""
+    rule's mark; False (nothing set) if the analyst asked to cancel before it: nothing is
+    read then, and the reservation is refunded (a probe's cancel while the worker loaded
+    torch was read and charged in full). One written-out statement (the ORM's update cost
+    three times its database work here)."""
     field = Request._meta.get_field
     with connection.cursor() as cur:
         cur.execute(_data_read_sql(), [field("data_read").get_db_prep_save(True, connection),
                                        field("progress").get_db_prep_save(READING, connection),
-                                       field("id").get_db_prep_value(request_id, connection)])
+                                       field("id").get_db_prep_value(request_id, connection),
+                                       field("cancel_requested").get_db_prep_save(False, connection)])
+        return cur.rowcount == 1
 
 
 @functools.cache
 def _data_read_sql() -> str:
     field = Request._meta.get_field
     return (f"UPDATE {Request._meta.db_table} SET {field('data_read').column} = %s, {field('progress').column} = %s "
-            f"WHERE id = %s")
+            f"WHERE id = %s AND {field('cancel_requested').column} = %s")
 
 
 def _jobs(recorder) -> dict | None:

@@ -57,17 +57,40 @@ def test_it_cancels_a_queued_request_and_refunds(api, analyst, clinic, django_ca
     assert client.post(f"{URL}{rid}/cancel/").status_code == 409
 
 
-def test_a_cancellation_while_running_stops_the_run_and_keeps_the_charge(api, analyst, clinic,
+def test_a_cancellation_while_running_stops_the_run_and_keeps_the_charge(api, analyst, clinic, monkeypatch,
                                                                         django_capture_on_commit_callbacks):
+    from engines import plugins
+
+    real = plugins.run
+
+    def asked_during_the_run(engine, *args, **kwargs):  # the rows are read: the engine has them
+        Request.objects.filter(engine=engine).update(cancel_requested=True)
+        return real(engine, *args, **kwargs)
+
+    monkeypatch.setattr(plugins, "run", asked_during_the_run)
     client = api(analyst)
-    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+    with django_capture_on_commit_callbacks(execute=True):
         rid = post(client, {"epsilon": 0.1}, kind="stepwise").json()["id"]
-    Request.objects.filter(pk=rid).update(cancel_requested=True)  # as if asked during the run
-    for callback in callbacks:
-        callback()
     req = Request.objects.get(pk=rid)
     assert req.status == "cancelled" and req.data_read
     assert LedgerEntry.objects.get().status == "committed"
+
+
+def test_a_cancellation_before_the_read_is_refunded(api, analyst, clinic, django_capture_on_commit_callbacks):
+    """Asked after a worker claimed the request but before it read a row (a probe's cancel
+    while the worker loaded torch: the worker went on to read the rows and charged the whole
+    reservation, no step taken): nothing is read, the reservation is refunded."""
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        rid = post(client, {"epsilon": 0.1}, kind="stepwise").json()["id"]
+    Request.objects.filter(pk=rid).update(status="running", cancel_requested=True)  # claimed, then asked
+    Request.objects.filter(pk=rid).update(status="queued")  # (the task claims it again as it would have)
+    for callback in callbacks:
+        callback()
+    req = Request.objects.get(pk=rid)
+    assert (req.status, req.error["code"], req.data_read, req.result) == ("cancelled", "request.cancelled", False,
+                                                                          None)
+    assert "refunded" in req.error["detail"] and LedgerEntry.objects.get().status == "released"
 
 
 def test_it_refunds_a_failure_before_the_data_is_read(api, analyst, clinic, settings,
