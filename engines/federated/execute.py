@@ -30,6 +30,11 @@ APP_DIR = Path(__file__).resolve().parent / "flwrapp"
 JOB_PREFIX = "federated-job-"
 SUBMIT_TIMEOUT = 120.0
 CANCEL_WAIT = 300.0
+# After the workers' soft time limit the hard one comes (300 s later by default) and kills
+# the process: the run is stopped on the SuperLink after a short wait for the round under
+# way (the stop itself takes up to 60 s). Waiting CANCEL_WAIT there, a probe's run was
+# killed by the hard limit, ended worker_lost and charged in full.
+LIMIT_WAIT = 15.0
 QUIET_MARGIN = 60.0  # seconds past the longest a run may be silent (sites awaited, three round timeouts)
 REPORT_AGAIN = 2.0  # seconds: the last progress is reported again, so a cancel is heard between rounds
 UNKNOWN_CHECKS = 3  # after a quiet spell, this many status checks the SuperLink does not answer end the run
@@ -147,7 +152,7 @@ def execute(request: EngineRequest, dataset, fed: Federation, plan: Plan, progre
             raise
         except BaseException as e:  # the worker's time limit, a signal: stop the ServerApp too, charge its rounds
             if not (jobdir / "result.json").exists():  # (else the sites would train on after the request ended)
-                e.actual_event = _cancel(d, jobdir, run_id, state["rounds"], state["evals"])
+                e.actual_event = _cancel(d, jobdir, run_id, state["rounds"], state["evals"], wait=LIMIT_WAIT)
             raise
     finally:
         shutil.rmtree(jobdir, ignore_errors=True)
@@ -210,12 +215,21 @@ def _follow(d: dict, jobdir: Path, run_id: str, fed: Federation, progress, workd
     return _release(d, result, workdir, run_id)
 
 
-def _cancel(d: dict, jobdir: Path, run_id: str, rounds: int, evals: int) -> dict:
-    """Ask the ServerApp to stop; the event of what it really did (a round may be under way)."""
+def _cancel(d: dict, jobdir: Path, run_id: str, rounds: int, evals: int, wait: float | None = None) -> dict:
+    """Ask the ServerApp to stop; the event of what it really did (a round may be under way).
+    The time limit (or a signal) during the wait for the round stops the run at once: the
+    analyst's cancel stays a cancel (a probe's, asked 27 s before the soft limit, ended as a
+    time-limit failure after a second wait, charged a round run after it)."""
     (jobdir / "cancel").touch()
-    deadline = time.monotonic() + CANCEL_WAIT
-    while time.monotonic() < deadline and not (jobdir / "result.json").exists():
-        time.sleep(0.2)
+    deadline = time.monotonic() + (CANCEL_WAIT if wait is None else wait)
+    try:
+        while time.monotonic() < deadline and not (jobdir / "result.json").exists():
+            time.sleep(0.2)
+    except Exception:  # noqa: BLE001 - the soft time limit: the run is stopped now, below
+        pass
+    except BaseException:  # a signal (the process is going): stop the run, then go
+        _stop(jobdir, run_id)
+        raise
     if (jobdir / "result.json").exists():
         r = json.loads((jobdir / "result.json").read_text())
         return planner.rounds_event(d, r["rounds"], r["evals"])

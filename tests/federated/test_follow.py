@@ -91,6 +91,40 @@ def test_a_cancel_not_answered_in_time_stops_the_run_on_the_superlink(tmp_path, 
     assert stopped == ["7"]
 
 
+def test_the_soft_time_limit_during_a_cancel_s_wait_stops_the_run_and_keeps_it_a_cancel(tmp_path, details, fast,
+                                                                                          monkeypatch):
+    """A probe's cancel, asked 27 s before the soft limit, waited for the round; the limit
+    raised in that wait, went down the time-limit path and waited CANCEL_WAIT again: the
+    request ended a time-limit failure, charged a round run after the cancel. The run is
+    stopped at once and the cancel raised as asked."""
+    class SoftTimeLimit(Exception):  # Celery's SoftTimeLimitExceeded is an Exception
+        pass
+
+    monkeypatch.setattr(execute, "CANCEL_WAIT", 60.0)
+    monkeypatch.setattr(execute, "run_status", lambda jobdir, run_id: "running")
+    stopped = []
+    monkeypatch.setattr(execute, "_stop", lambda jobdir, run_id: stopped.append(run_id))
+    real_sleep = time.sleep
+    asked = []
+
+    def progress(update):
+        asked.append(update)
+        raise Cancelled("cancelled")
+
+    def sleep(seconds):
+        if (tmp_path / "cancel").exists():
+            raise SoftTimeLimit()  # the limit, while the cancel waits for the round
+        real_sleep(seconds)
+
+    monkeypatch.setattr(execute.time, "sleep", sleep)
+    _round(tmp_path, 1)
+    t0 = time.monotonic()
+    with pytest.raises(Cancelled) as c:
+        execute._follow(details, tmp_path, "7", FED, progress, None)
+    assert time.monotonic() - t0 < 5 and stopped == ["7"]
+    assert c.value.actual_event == {"rounds": 2, "evals": 0}
+
+
 def test_a_job_a_killed_worker_left_is_stopped_and_removed(tmp_path, monkeypatch):
     """A worker killed mid-run left its job directory (the sites' secrets, the model) and
     its Flower run going; the next run's start stops and removes it, and only it."""
@@ -137,8 +171,8 @@ def test_the_worker_s_time_limit_stops_the_serverapp_and_charges_its_rounds(tmp_
         seen["jobdir"] = jobdir
         raise SoftTimeLimitExceeded()
 
-    def cancel(d, jobdir, run_id, rounds, evals):
-        seen["cancel"] = (jobdir / "cancel").exists() or True
+    def cancel(d, jobdir, run_id, rounds, evals, wait=None):
+        seen["cancel"], seen["wait"] = True, wait
         return {"rounds": rounds + 1, "evals": evals}
 
     monkeypatch.setattr(execute, "_follow", follow)
@@ -148,3 +182,6 @@ def test_the_worker_s_time_limit_stops_the_serverapp_and_charges_its_rounds(tmp_
         execute.execute(EngineRequest("train", {}), None, fed, Plan(event={}, columns=[], details=details),
                         lambda u: None)
     assert seen["cancel"] and e.value.actual_event == {"rounds": 3, "evals": 0}
+    # the hard limit comes 300 s after the soft one by default: a wait of CANCEL_WAIT (300 s)
+    # before the stop let it kill the worker (worker_lost, charged in full; a probe)
+    assert seen["wait"] == execute.LIMIT_WAIT and execute.LIMIT_WAIT + 60 < 300 / 2
