@@ -214,3 +214,13 @@ def test_csrf_trusted_origins_without_a_scheme_are_djangos_own_check_error():
         assert "4_0.E001" in {p.id for p in run_checks()}
     with override_settings(CSRF_TRUSTED_ORIGINS=["https://governance.example.org"]):
         assert "4_0.E001" not in {p.id for p in run_checks()}
+
+
+@pytest.mark.parametrize("soft, warned", [(20, True), (3599, True), (3600, False), (10_800, False)])
+def test_a_soft_time_limit_under_aims_rounds_allowance_is_a_warning(soft, warned):
+    """AIM ends its rounds after 1,800 s (then one last round, the fit, the files): under a
+    soft limit of 20 s a probe's every AIM run failed after the read, charged, with nothing
+    released, and no check said so."""
+    with override_settings(CELERY_TASK_SOFT_TIME_LIMIT=soft, CELERY_TASK_TIME_LIMIT=soft + 300):
+        found = {p.id for p in checks.check_settings(None)}
+    assert found == ({"governance.W003"} if warned else set())

@@ -153,6 +153,16 @@ def check_settings(app_configs, **kwargs):
         error(f"CELERY_TASK_SOFT_TIME_LIMIT={soft!r} and CELERY_TASK_TIME_LIMIT={hard!r}: both must be positive "
               "and the soft limit below the hard one (the soft limit lets a task record its failure).",
               "governance.E018")
+    else:
+        from engines.synthesis.planner import AIM_ROUNDS_SECONDS
+
+        if soft < 2 * AIM_ROUNDS_SECONDS:  # the rounds, then their last round, the fit and the files
+            problems.append(Warning(
+                f"CELERY_TASK_SOFT_TIME_LIMIT={soft} s is under twice AIM's rounds allowance ({AIM_ROUNDS_SECONDS} s, "
+                "after which it ends its rounds and fits): an AIM synthesis of a wide table can reach the limit "
+                "after the read, charged with nothing released.",
+                hint=f"Give the workers at least {2 * AIM_ROUNDS_SECONDS} s, or have analysts ask for MST.",
+                id="governance.W003"))
     visibility = (getattr(s, "CELERY_BROKER_TRANSPORT_OPTIONS", None) or {}).get("visibility_timeout")
     if visibility is not None and isinstance(hard, int) and (not isinstance(visibility, int) or visibility <= hard):
         error(f"CELERY_VISIBILITY_TIMEOUT={visibility!r} must exceed CELERY_TASK_TIME_LIMIT={hard!r}: Redis "
