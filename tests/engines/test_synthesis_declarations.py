@@ -83,9 +83,12 @@ def test_every_declaration_holds_exactly(loans):
 
 def test_values_stay_on_the_real_grid_not_invented(loans):
     df, syn, _, _ = loans
+    # 80% of the real amounts are whole thousands (heavy grid values); uniform: 0.1%. The run
+    # is noisy (secure randomness, not seeded): 13 runs gave 0.36-0.56, so 0.4 failed a CI run
     thousands = (syn["amount"] % 1000 == 0).mean()
-    assert thousands > 0.4  # 80% of the real amounts are whole thousands (heavy grid values); uniform: 0.1%
-    assert syn["rate"].isin(df["rate"].unique()).mean() > 0.9  # 8 real rates; the grid has 3,001 values
+    assert thousands > 0.25
+    # 8 real rates; the grid has 3,001 values (uniform: 0.3%); 12 runs gave 0.92-0.96
+    assert syn["rate"].isin(df["rate"].unique()).mean() > 0.85
 
 
 def test_it_beats_the_independent_floor(loans):
