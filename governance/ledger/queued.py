@@ -12,7 +12,21 @@ from django.utils import timezone
 from ..models import Request
 from . import actions, trail
 
-__all__ = ["cancel_queued"]
+__all__ = ["cancel_if_queued", "cancel_queued"]
+
+
+def cancel_if_queued(req: Request, code: str, detail: str) -> bool:
+    """``req`` cancelled and its reservation refunded, with its ``release`` audit record
+    (``code`` its reason), if it is still queued: a worker claiming it meanwhile wins it.
+    The caller holds the transaction."""
+    if not Request.objects.filter(pk=req.pk, status=Request.Status.QUEUED).update(
+            status=Request.Status.CANCELLED, finished_at=timezone.now(), progress={"phase": "cancelled"},
+            error={"code": code, "detail": detail}):
+        return False
+    if req.ledger_entry_id:
+        actions.release(req.ledger_entry_id, audit_ctx=trail.Context.of_request(
+            req, outcome="cancelled", reason=code, detail=detail))
+    return True
 
 
 def cancel_queued(dataset_id: int, code: str, why: str, analyst_id: int | None = None) -> int:
@@ -23,14 +37,4 @@ def cancel_queued(dataset_id: int, code: str, why: str, analyst_id: int | None =
     queued = Request.objects.filter(dataset_id=dataset_id, status=Request.Status.QUEUED)
     if analyst_id is not None:
         queued = queued.filter(analyst_id=analyst_id)
-    n = 0
-    for req in queued.order_by("created_at"):
-        # one at a time, each only if still queued: a worker claiming it meanwhile wins it
-        if Request.objects.filter(pk=req.pk, status=Request.Status.QUEUED).update(
-                status=Request.Status.CANCELLED, finished_at=timezone.now(), progress={"phase": "cancelled"},
-                error={"code": code, "detail": detail}):
-            if req.ledger_entry_id:
-                actions.release(req.ledger_entry_id, audit_ctx=trail.Context.of_request(
-                    req, outcome="cancelled", reason=code, detail=detail))
-            n += 1
-    return n
+    return sum(cancel_if_queued(req, code, detail) for req in queued.order_by("created_at"))

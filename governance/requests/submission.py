@@ -37,6 +37,7 @@ from ..core.errors import (
 from ..core.roles import AUDITORS_GROUP
 from ..datasets.engine_meta import dataset_meta
 from ..ledger import actions as ledger, sql as ledger_sql, trail
+from ..ledger.queued import cancel_if_queued
 from ..models import Dataset, Request
 
 
@@ -298,13 +299,7 @@ def cancel(req: Request) -> Request:
     """Queued: cancelled and refunded. Running: cancellation requested (the charge stands,
     the data is being read). Finished: a conflict."""
     with transaction.atomic():
-        n = Request.objects.filter(pk=req.pk, status=Request.Status.QUEUED).update(
-            status=Request.Status.CANCELLED, finished_at=timezone.now(),
-            progress={"phase": "cancelled"}, error={"code": "request.cancelled", "detail": "Cancelled before it ran."})
-        if n:
-            if req.ledger_entry_id:
-                ledger.release(req.ledger_entry_id, audit_ctx=trail.Context.of_request(
-                    req, outcome="cancelled", reason="request.cancelled", detail="Cancelled before it ran."))
+        if cancel_if_queued(req, "request.cancelled", "Cancelled before it ran."):
             return Request.objects.get(pk=req.pk)
         if Request.objects.filter(pk=req.pk, status=Request.Status.RUNNING).update(cancel_requested=True):
             return Request.objects.get(pk=req.pk)
