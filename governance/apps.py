@@ -24,7 +24,28 @@ class GovernanceConfig(AppConfig):
         from django.conf import settings
 
         settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
+        _create_private_sqlite(settings.DATABASES["default"])
         settings.STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise serves from here (collectstatic)
         if settings.CELERY_BROKER_URL.startswith("filesystem://"):
             for key in ("data_folder_in", "processed_folder", "control_folder"):
                 os.makedirs(settings.CELERY_BROKER_TRANSPORT_OPTIONS[key], exist_ok=True)
+
+
+def _create_private_sqlite(db: dict) -> None:
+    """Create the embedded default's SQLite file readable by its owner only (0600).
+
+    SQLite would create it under the process's umask (0644 under 022): the ledger, the grants
+    and the audit trail readable by every account on the host. Its -wal and -shm files take
+    the database file's mode. A file that exists is left as it is (an operator's choice).
+    """
+    if db.get("ENGINE") != "django.db.backends.sqlite3":
+        return
+    name = str(db.get("NAME", ""))
+    if not name or name == ":memory:" or name.startswith("file:"):
+        return
+    try:
+        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError:  # a folder that does not exist or cannot be written: Django reports it on connecting
+        pass

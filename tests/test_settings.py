@@ -1,5 +1,6 @@
 """Configuration from the environment, and the system checks that refuse unsafe mixes."""
 
+import ast
 import json
 import os
 import subprocess
@@ -95,3 +96,29 @@ def test_a_pool_process_holding_too_much_after_a_task_is_replaced():
     from workers import app
 
     assert app.conf.worker_max_memory_per_child == settings.WORKER_MAX_MEMORY_MB * 1024 == 4096 * 1024
+
+
+def test_the_embedded_database_is_created_readable_by_its_owner_only(tmp_path):
+    """The ledger, the grants and the audit trail: 0600 with its WAL files, not the
+    umask's 0644. A database file that exists keeps its mode."""
+    env = {**os.environ, "GOVERNANCE_VAR_DIR": str(tmp_path / "var")}
+    env.pop("DATABASE_URL", None)
+    code = ("import os, django; os.umask(0o022); django.setup(); from django.db import connection; "
+            "connection.cursor().execute('create table t (x int)'); connection.cursor().execute('insert into t values (1)'); "
+            "print(sorted((p, oct(os.stat(os.path.join(os.environ['GOVERNANCE_VAR_DIR'], p)).st_mode & 0o777)) "
+            "for p in os.listdir(os.environ['GOVERNANCE_VAR_DIR']) if p.startswith('governance.sqlite3')))")
+    r = subprocess.run([sys.executable, "-c", code], env={**env, "DJANGO_SETTINGS_MODULE": "governance.settings"},
+                       capture_output=True, text=True, cwd=str(Path(__file__).parents[1]))
+    assert r.returncode == 0, r.stderr
+    modes = dict(ast.literal_eval(r.stdout))
+    assert modes["governance.sqlite3"] == "0o600" and modes.get("governance.sqlite3-wal", "0o600") == "0o600", modes
+    assert "governance.sqlite3-wal" in modes, modes  # the connection was open: its WAL was there to check
+
+    other = tmp_path / "other.sqlite3"
+    other.touch(mode=0o640)
+    env["DATABASE_URL"] = f"sqlite:///{other}"
+    r = subprocess.run([sys.executable, "-c", "import django; django.setup()"],
+                       env={**env, "DJANGO_SETTINGS_MODULE": "governance.settings"},
+                       capture_output=True, text=True, cwd=str(Path(__file__).parents[1]))
+    assert r.returncode == 0, r.stderr
+    assert oct(other.stat().st_mode & 0o777) == "0o640"

@@ -34,7 +34,6 @@ def local_train(w: list[np.ndarray], x: np.ndarray, y: np.ndarray, *, epochs: in
                 rng: np.random.Generator) -> list[np.ndarray]:
     """Mini-batch SGD on the cross-entropy from ``w``; returns the new weights."""
     W, b = w[0].copy(), w[1].copy()
-    k = W.shape[1]
     n = len(x)
     for _ in range(epochs):
         order = rng.permutation(n)

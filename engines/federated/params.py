@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 from engines.dpsgd.params import _Errors, _target_spec, features_of
 from engines.types import DatasetMeta, PlanError
-from engines.validation import is_number, unknown_keys, unknown_message
+from engines.validation import unknown_keys, unknown_message
 
 KINDS = ("train",)
 MODES = ("central", "local")

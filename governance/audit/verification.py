@@ -21,7 +21,7 @@ from accounting.costs import Cost
 from ..core.batched import batched
 from ..core.snapshot import snapshot
 from ..ledger.limits import charge_summary
-from ..ledger.trail import GENESIS, audited_settings, body, digest, hashed_body, legacy_body, storable, totals_of
+from ..ledger.trail import GENESIS, audited_settings, body, digest, legacy_body, storable, totals_of
 from ..models import AuditRecord, Budget, Dataset, LedgerEntry
 
 @dataclass

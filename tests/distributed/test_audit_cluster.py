@@ -1,4 +1,4 @@
-"""The audit record of a distributed run names its cluster job (governance/trail.py
+"""The audit record of a distributed run names its cluster job (governance/ledger/trail.py
 ``cluster``): the scheduler without credentials and the Dask keys. The key is optional in
 the hashed body, so a chain written before it existed (and every local run's record)
 hashes and verifies as before, also with the independent tool; a changed job id is caught."""

@@ -7,11 +7,10 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from ...audit import export as audit_export, verification
-from ...ledger import trail
 
 HELP = """
 Check and export the audit trail (one hash-chained record per release, refund, refusal
-and replay; see governance/trail.py).
+and replay; see governance/ledger/trail.py).
 
   audit verify [--dataset D ...] [--all]
       Re-hash every record, check each links to the one before, and check the chain
