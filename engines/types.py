@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -111,3 +112,16 @@ class Cancelled(EngineError):
 
     code = "request.cancelled"
     actual_event: dict | None = None
+
+
+@contextmanager
+def before_any_noise():
+    """The part of a run before it draws any noise: a cancellation heard there spent
+    nothing, so it carries the no-op event and the host commits nothing of the reservation
+    (it was committed in full: a probe cancelled while a DP-SGD run prepared its data).
+    Which phase a run had reached is no secret: its progress shows it at each tick."""
+    try:
+        yield
+    except Cancelled as c:
+        c.actual_event = {"kind": "no_op"}
+        raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from engines.types import DatasetMeta, EngineError, EngineRequest, Plan, Release
+from engines.types import DatasetMeta, EngineError, EngineRequest, Plan, Release, before_any_noise
 
 from . import compute, noise, report, units
 from .planner import DETAILS_VERSION, candidate_grid
@@ -53,7 +53,9 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data: pa.Table, plan: 
     d = check_version(plan)
     rng = np.random.default_rng()
     n = grid_rows(d)
-    return finish(d, exact_parts(d, data, n, rng, progress), n, rng, progress)
+    with before_any_noise():
+        parts = exact_parts(d, data, n, rng, progress)
+    return finish(d, parts, n, rng, progress)
 
 
 def grid_rows(d: dict) -> int:

@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 
 from engines.aggregates import execute as local
-from engines.types import DatasetMeta, EngineRequest, Plan, Release
+from engines.types import DatasetMeta, EngineRequest, Plan, Release, before_any_noise
 
 from . import cluster, unit_counts
 from .source import PartitionedTable
@@ -265,8 +265,9 @@ def job(table: PartitionedTable, total) -> dict:
 
 def execute(request: EngineRequest, dataset: DatasetMeta, data: PartitionedTable, plan: Plan, progress) -> Release:
     d = local.check_version(plan)
-    progress({"phase": "aggregating on the cluster", "fraction": 0.05})
-    parts, total = _run(data, d, None, progress)
+    with before_any_noise():
+        progress({"phase": "aggregating on the cluster", "fraction": 0.05})
+        parts, total = _run(data, d, None, progress)
     release = local.finish(d, parts, local.grid_rows(d), np.random.default_rng(), progress)
     release.officer_report = {"cluster": job(data, total)}
     return release

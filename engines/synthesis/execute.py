@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from engines.types import Release
+from engines.types import Release, before_any_noise
 
 from . import encoding
 from .params import UNIT_ROWS, Spec, model_columns, unit_rows_bucket, unit_rows_weights
@@ -74,8 +74,9 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
     d = check_version(plan)
     spec = Spec.from_dict(d["spec"])
     rng = secure_rng()
-    progress({"phase": "preparing data", "fraction": 0.0})
-    train, holdout, train_units, compared = split(data.to_pandas(), spec, rng)
+    with before_any_noise():
+        progress({"phase": "preparing data", "fraction": 0.0})
+        train, holdout, train_units, compared = split(data.to_pandas(), spec, rng)
     info: dict = {}
     if spec.method in ("mst", "aim"):
         from . import aim, mst

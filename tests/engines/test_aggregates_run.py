@@ -315,11 +315,20 @@ def test_progress_is_reported_in_phases_and_cancellation_propagates(frame, table
     assert len(seen) >= 4 and fractions == sorted(fractions) and fractions[-1] == 1.0
     assert all(isinstance(p["phase"], str) for p in seen)
 
-    def cancel(p):
-        if p["fraction"] >= 0.5:
-            raise Cancelled("stop")
-    with pytest.raises(Cancelled):
-        run("count", {"epsilon": 1.0}, table, ds, cancel)
+    def cancel_at(phase):
+        def cancel(p):
+            if p["phase"] == phase:
+                raise Cancelled("stop")
+        return cancel
+
+    # heard before any noise was drawn: nothing spent (the host commits the no-op event)
+    with pytest.raises(Cancelled) as exc:
+        run("count", {"epsilon": 1.0}, table, ds, cancel_at("filtering"))
+    assert exc.value.actual_event == {"kind": "no_op"}
+    # heard after the noise: the whole reservation stands (no event named)
+    with pytest.raises(Cancelled) as exc:
+        run("count", {"epsilon": 1.0}, table, ds, cancel_at("done"))
+    assert exc.value.actual_event is None
 
 
 def test_a_run_refuses_noise_weaker_than_the_plan_paid_for(frame, table):

@@ -192,6 +192,16 @@ def test_cancellation_carries_the_event_of_the_steps_done(table, tmp_path, seede
     assert not (tmp_path / "model.pt").exists()
 
 
+def test_a_cancellation_while_the_data_is_prepared_charges_nothing(table, tmp_path, seeded):
+    def progress(info):
+        if info["phase"] == "preparing data":
+            raise Cancelled("stop")
+
+    with pytest.raises(Cancelled) as exc:
+        run(FIXED, rows_meta(), table, tmp_path, progress)
+    assert exc.value.actual_event == {"kind": "no_op"}
+
+
 def test_a_cancellation_after_an_early_stop_charges_only_the_steps_taken(table, tmp_path, seeded):
     ds = rows_meta()
     d = plan_of(FIXED, ds).details

@@ -188,6 +188,16 @@ def test_a_cancellation_before_the_first_step_charges_nothing(plan, table, tmp_p
     assert exc.value.actual_event == {"kind": "no_op"}
 
 
+def test_a_cancellation_while_the_data_is_prepared_charges_nothing(plan, table, tmp_path, seeded):
+    def progress(info):
+        if info["phase"] == "preparing data":
+            raise Cancelled("stop")
+
+    with pytest.raises(Cancelled) as exc:
+        run(plan, table, tmp_path, progress)
+    assert exc.value.actual_event == {"kind": "no_op"}
+
+
 def test_a_dataset_with_a_unit_column_trains_on_units(table, tmp_path):
     ds = meta(unit=True)
     params = {**GENEROUS, "batch_size": 25}  # q = 25 / 500 units: the same calibration as ``plan``
