@@ -115,11 +115,15 @@ class Cancelled(EngineError):
 
 
 @contextmanager
-def before_any_noise():
-    """The part of a run before it draws any noise: a cancellation heard there spent
-    nothing, so it carries the no-op event and the host commits nothing of the reservation
-    (it was committed in full: a probe cancelled while a DP-SGD run prepared its data).
-    Which phase a run had reached is no secret: its progress shows it at each tick."""
+def before_the_first_step():
+    """A stepwise run (DP-SGD, the DP-VAE) before its first step: a cancellation heard here
+    carries the no-op event, as one heard at the first step's report does, and the host
+    commits nothing of the reservation (it committed the whole plan: a probe cancelled a
+    DP-SGD run while it prepared its data). Only stepwise engines use it: each step they
+    take is charged and shown in their progress, so the moment a cancel is heard tells
+    little more than their progress does. A one-shot mechanism (an aggregate, MST, AIM)
+    keeps the whole plan when cancelled after the read: free cancels there would let an
+    analyst time its data-dependent computation again and again at no cost."""
     try:
         yield
     except Cancelled as c:

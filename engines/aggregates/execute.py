@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from engines.types import DatasetMeta, EngineError, EngineRequest, Plan, Release, before_any_noise
+from engines.types import DatasetMeta, EngineError, EngineRequest, Plan, Release
 
 from . import compute, noise, report, units
 from .planner import DETAILS_VERSION, candidate_grid
@@ -53,9 +53,7 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data: pa.Table, plan: 
     d = check_version(plan)
     rng = np.random.default_rng()
     n = grid_rows(d)
-    with before_any_noise():
-        parts = exact_parts(d, data, n, rng, progress)
-    return finish(d, parts, n, rng, progress)
+    return finish(d, exact_parts(d, data, n, rng, progress), n, rng, progress)
 
 
 def grid_rows(d: dict) -> int:

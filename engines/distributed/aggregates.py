@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 
 from engines.aggregates import execute as local
-from engines.types import DatasetMeta, EngineRequest, Plan, Release, before_any_noise
+from engines.types import DatasetMeta, EngineRequest, Plan, Release
 
 from . import cluster, unit_counts
 from .source import PartitionedTable
@@ -265,9 +265,8 @@ def job(table: PartitionedTable, total) -> dict:
 
 def execute(request: EngineRequest, dataset: DatasetMeta, data: PartitionedTable, plan: Plan, progress) -> Release:
     d = local.check_version(plan)
-    with before_any_noise():
-        progress({"phase": "aggregating on the cluster", "fraction": 0.05})
-        parts, total = _run(data, d, None, progress)
+    progress({"phase": "aggregating on the cluster", "fraction": 0.05})
+    parts, total = _run(data, d, None, progress)
     release = local.finish(d, parts, local.grid_rows(d), np.random.default_rng(), progress)
     release.officer_report = {"cluster": job(data, total)}
     return release

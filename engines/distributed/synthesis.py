@@ -27,7 +27,6 @@ import pyarrow as pa
 from engines.synthesis import encoding, mst
 from engines.synthesis import execute as local
 from engines.synthesis.params import Spec
-from engines.types import before_any_noise
 
 from . import cluster
 from .source import PartitionedTable
@@ -92,10 +91,9 @@ def exact_counts(table: PartitionedTable, spec: Spec, progress=None, cap: int = 
 def execute(request, dataset, data: PartitionedTable, plan, progress, workdir):
     d = local.check_version(plan)
     spec = Spec.from_dict(d["spec"])
-    with before_any_noise():
-        progress({"phase": "counting marginals on the cluster", "fraction": 0.0})
-        total = graph(data, spec)
-        got = cluster.compute(total, data.scheduler, data.retries, progress, phase="counting marginals on the cluster")
+    progress({"phase": "counting marginals on the cluster", "fraction": 0.0})
+    total = graph(data, spec)
+    got = cluster.compute(total, data.scheduler, data.retries, progress, phase="counting marginals on the cluster")
     fine = mst.measure_fine_counts(got["fine"], d["mst"])
     scale = d["mst"]["fine"]["scale"] if fine else None
     heavy = {c["column"]: encoding.heavy_leaf_mass(c, fine[c["column"]], scale)

@@ -51,7 +51,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pyarrow as pa
 
-from engines.types import Cancelled, DatasetMeta, EngineError, EngineRequest, Plan, Release, before_any_noise
+from engines.types import Cancelled, DatasetMeta, EngineError, EngineRequest, Plan, Release, before_the_first_step
 
 from . import cluster
 from .source import PartitionedTable
@@ -251,7 +251,7 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data: PartitionedTable
     stop, report = Event(f"{job}-stop", client=c), Variable(f"{job}-progress", client=c)
     starting = {"phase": f"starting {size} ranks on the cluster", "fraction": 0.0}
     report.set(starting)  # before the ranks: the driver's polls always find a value
-    with before_any_noise():
+    with before_the_first_step():
         progress(starting)
     futures = [c.submit(_rank_main, data, r, size, job, d, key=f"{job}-rank{r}", workers=[w],
                         allow_other_workers=False, pure=False, retries=0) for r, w in enumerate(workers)]

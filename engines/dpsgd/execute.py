@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from engines.types import Cancelled, DatasetMeta, EngineRequest, Plan, Release, before_any_noise
+from engines.types import Cancelled, DatasetMeta, EngineRequest, Plan, Release, before_the_first_step
 
 from . import audit, features
 from .params import Spec
@@ -131,7 +131,7 @@ def execute(request: EngineRequest, dataset: DatasetMeta, data, plan: Plan, prog
     spec = Spec.from_dict(d["spec"])
     dev = device()
     gen = secure_generator(dev)  # sampling and noise, on the training device
-    with before_any_noise():
+    with before_the_first_step():
         progress({"phase": "preparing data", "fraction": 0.0})
         prep = prepare(data, spec, secure_generator(torch.device("cpu")), dev)  # split, bounding, canaries
     trainers, outcomes = train_runs(spec, d, prep, gen, progress)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from engines.types import Release, before_any_noise
+from engines.types import Release, before_the_first_step
 
 from . import encoding
 from .params import UNIT_ROWS, Spec, model_columns, unit_rows_bucket, unit_rows_weights
@@ -74,7 +75,7 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
     d = check_version(plan)
     spec = Spec.from_dict(d["spec"])
     rng = secure_rng()
-    with before_any_noise():
+    with before_the_first_step() if spec.method == "vae" else nullcontext():
         progress({"phase": "preparing data", "fraction": 0.0})
         train, holdout, train_units, compared = split(data.to_pandas(), spec, rng)
     info: dict = {}

@@ -564,6 +564,23 @@ def test_a_cancel_sent_during_the_reports_is_seen_before_the_release():
     assert phases[-2:] == ["quality and privacy reports", "releasing"]
 
 
+
+@pytest.mark.parametrize("method", ["mst", "aim"])
+def test_a_cancel_while_preparing_keeps_the_whole_plan_of_a_one_shot_method(method):
+    """MST and AIM are one-shot: a cancel after the read keeps the whole plan (no event
+    named), where DP-SGD and the DP-VAE commit the steps taken, nothing before the first."""
+    from engines.types import Cancelled
+
+    def progress(p):
+        if p["phase"] == "preparing data":
+            raise Cancelled("cancelled by the analyst")
+
+    df = _loans(600)
+    meta = DatasetMeta(name="t", columns=SCHEMA, unit_column=None, n_rows=len(df), n_units=len(df), delta=1e-6)
+    with pytest.raises(Cancelled) as exc:
+        synthesize(df, meta, {"method": method, "epsilon": 1.0, "rows": 100}, progress)
+    assert exc.value.actual_event is None
+
 WIDE = {f"k{i}": {"type": "categorical", "domain": list(range(10_000))} for i in range(4)}
 WIDE["num"] = {"type": "numeric", "lower": 0, "upper": 1}
 

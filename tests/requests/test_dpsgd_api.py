@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engines.dpsgd.model_spec import build
+from governance.audit import verification
 from governance.models import LedgerEntry, Request
 from tests.real_data import GSS_SCHEMA, GSS_TRAIN, gss_wages
 
@@ -190,3 +191,27 @@ def test_the_engine_is_listed_on_the_gpu_queue(api, analyst):
     engines = {e["name"]: e for e in api(analyst).get("/api/engines/").json()["results"]}
     assert engines["dpsgd"]["queue"] == "gpu" and set(engines["dpsgd"]["kinds"]) == {"train", "sweep"}
     assert "target_epsilon" in engines["dpsgd"]["params_schema"]["train"]["properties"]
+
+
+def test_a_cancel_heard_before_the_first_step_commits_nothing(api, analyst, gss, monkeypatch,
+                                                              django_capture_on_commit_callbacks):
+    """Cancelled after the read, while the run prepared its data (a probe: charged its
+    whole plan, no step taken): committed at the no-op event, zero, as at the first step."""
+    from engines import plugins
+
+    real = plugins.run
+
+    def asked_during_the_run(engine, *args, **kwargs):  # the rows are read: the engine has them
+        Request.objects.filter(engine=engine).update(cancel_requested=True)
+        return real(engine, *args, **kwargs)
+
+    monkeypatch.setattr(plugins, "run", asked_during_the_run)
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=True):
+        r = train(client, {**GSS_TRAIN, "target_epsilon": 2.0, "epochs": 2, "batch_size": 512})
+    body = client.get(f"{URL}{r.json()['id']}/").json()
+    assert body["status"] == "cancelled" and body["result"] is None and Request.objects.get().data_read
+    entry = LedgerEntry.objects.get()
+    assert entry.status == "committed" and entry.committed_event == {"kind": "no_op"}
+    assert body["charge"]["basic"]["epsilon"] == 0
+    assert verification.verify().ok

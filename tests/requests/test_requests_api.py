@@ -76,32 +76,6 @@ def test_a_cancellation_while_running_stops_the_run_and_keeps_the_charge(api, an
     assert LedgerEntry.objects.get().status == "committed"
 
 
-def test_a_cancellation_heard_before_any_noise_commits_nothing(api, analyst, clinic, monkeypatch,
-                                                                django_capture_on_commit_callbacks):
-    """Cancelled after the read but while the engine still computed its exact answer (a
-    probe: a DP-SGD run cancelled while it prepared its data was charged its whole plan):
-    nothing was drawn or released, so the entry is committed at the no-op event, zero."""
-    from engines import plugins
-
-    real = plugins.run
-
-    def asked_during_the_run(engine, *args, **kwargs):
-        Request.objects.filter(engine=engine).update(cancel_requested=True)
-        return real(engine, *args, **kwargs)
-
-    monkeypatch.setattr(plugins, "run", asked_during_the_run)
-    client = api(analyst)
-    with django_capture_on_commit_callbacks(execute=True):
-        rid = client.post(URL, {"dataset": "clinic", "engine": "aggregates", "kind": "count",
-                                "params": {"epsilon": 0.5}}, format="json").json()["id"]
-    body = client.get(f"{URL}{rid}/").json()
-    assert body["status"] == "cancelled" and body["result"] is None
-    entry = LedgerEntry.objects.get()
-    assert entry.status == "committed" and entry.committed_event == {"kind": "no_op"}
-    assert body["charge"]["ledger_status"] == "committed" and body["charge"]["basic"]["epsilon"] == 0
-    assert verification.verify().ok
-
-
 def test_a_cancellation_before_the_read_is_refunded(api, analyst, clinic, django_capture_on_commit_callbacks):
     """Asked after a worker claimed the request but before it read a row (a probe's cancel
     while the worker loaded torch: the worker went on to read the rows and charged the whole
