@@ -61,7 +61,7 @@ def test_estimate_tool(officer_client, survey):
     assert "not JSON" in html
 
 
-@pytest.mark.parametrize("fmt,ctype", [("json", "application/json"), ("csv", "text/csv"),
+@pytest.mark.parametrize("fmt,ctype", [("json", "application/json"), ("csv", "text/csv; charset=utf-8"),
                                        ("pdf", "application/pdf")])
 def test_export_buttons(officer_client, survey, fmt, ctype):
     r = officer_client.get("/admin/governance/audit/export/", {"dataset": survey.name, "format": fmt})

@@ -11,6 +11,7 @@ officer, the custodian of the data, reads them and decides whether the table may
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from contextlib import nullcontext
@@ -20,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from engines.spreadsheet import formula_safe
 from engines.types import Release, before_the_first_step
 
 from . import encoding
@@ -103,6 +105,19 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
     return finish(d, spec, synthetic, info, compared, holdout, progress, workdir)
 
 
+def for_people(written: pd.DataFrame) -> pd.DataFrame:
+    """The synthetic table as its CSV holds it: a text cell (and a column name) a
+    spreadsheet would run as a formula starts with ``'`` (a declared category is often a
+    real value of the table, ``=HYPERLINK(...)`` included). The CSV quotes every text cell,
+    so a CR inside one stays inside it (pandas quoted a lone CR nowhere: a probe's 500 rows
+    read back as 631). The Parquet file keeps every value as it is."""
+    out = written.rename(columns=lambda c: formula_safe(str(c)))
+    for name in out.columns:
+        if not pd.api.types.is_numeric_dtype(out[name]):
+            out[name] = out[name].map(lambda v: formula_safe(v) if isinstance(v, str) else v)
+    return out
+
+
 def finish(d: dict, spec: Spec, synthetic: pd.DataFrame, info: dict, train: pd.DataFrame, holdout: pd.DataFrame,
            progress, workdir, reports_note: str | None = None) -> Release:
     """Write the synthetic table, the officer's reports (``train`` / ``holdout``: the rows
@@ -110,7 +125,7 @@ def finish(d: dict, spec: Spec, synthetic: pd.DataFrame, info: dict, train: pd.D
     workdir = Path(workdir)
     progress({"phase": "writing the table", "fraction": 0.9})
     written = encoding.as_written(synthetic, spec.columns)
-    written.to_csv(workdir / "synthetic.csv", index=False)
+    for_people(written).to_csv(workdir / "synthetic.csv", index=False, quoting=csv.QUOTE_NONNUMERIC)
     written.to_parquet(workdir / "synthetic.parquet", index=False)
 
     officer = None

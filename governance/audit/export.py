@@ -28,12 +28,12 @@ import csv
 import io
 import json
 import math
-import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
 from accounting import ACCOUNTANTS
 from accounting.costs import Cost
+from engines.spreadsheet import formula_safe
 
 from ..core.batched import batched
 from ..core.security import bidi_shown
@@ -210,19 +210,7 @@ def _cell(value) -> str:
         return ""
     if isinstance(value, (dict, list)):
         value = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    text = bidi_shown(str(value))
-    if text[:1] in ("=", "+", "-", "@", "\t", "\r") and not _is_number(text):
-        return "'" + text
-    return text
-
-
-_PLAIN_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
-
-
-def _is_number(text: str) -> bool:
-    """A plain decimal number, which a spreadsheet reads as a number (float() would also
-    accept "-inf", "+nan" and "-1_0", which a spreadsheet runs as formulas)."""
-    return _PLAIN_NUMBER.fullmatch(text) is not None
+    return formula_safe(bidi_shown(str(value)))
 
 
 def to_csv(export: dict) -> bytes:
@@ -230,8 +218,12 @@ def to_csv(export: dict) -> bytes:
 
 
 def _csv_text(rows) -> bytes:
+    """RFC 4180's CRLF line ends: Python's writer quotes a cell holding a character of the
+    line terminator, so a lone CR in a reference is quoted too (with "\n" alone it went out
+    bare, and a spreadsheet or csv.reader split the record in two: a probe's officer shaped
+    the auditor's rows with one)."""
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerows(rows)
+    csv.writer(buf, lineterminator="\r\n").writerows(rows)
     return buf.getvalue().encode()
 
 
@@ -279,7 +271,7 @@ def _exported(rec: AuditRecord, dataset_name: str) -> dict:
     return trail.hashed_body(rec, dataset_name) | {"hash": rec.hash}
 
 
-FORMATS = {"json": ("application/json", to_json), "csv": ("text/csv", to_csv)}
+FORMATS = {"json": ("application/json", to_json), "csv": ("text/csv; charset=utf-8", to_csv)}
 EXPORT_FORMATS = ("json", "csv", "pdf")  # FORMATS and the PDF report
 
 

@@ -117,6 +117,22 @@ def test_csv_export_neutralises_formulas(history, tamperer, api, officer):
     assert details and {row["detail"] for row in rows} >= details  # a refusal's reason in words, as in the JSON
 
 
+def test_a_carriage_return_in_a_cell_keeps_its_record_one_row(history, api, officer):
+    """A lone CR went out unquoted: csv.reader and spreadsheets read one record as two, its
+    charge moved into other columns (a probe's officer reference "quarterly report\\rshared").
+    Served as UTF-8, which it is (a look-alike actor came back as mojibake)."""
+    ds = history[0]
+    charged = api(officer).post(f"/api/datasets/{ds.name}/charges/", {
+        "event": {"kind": "laplace", "epsilon": 0.001}, "reference": "quarterly report\rshared \u0430"}, format="json")
+    assert charged.status_code == 201, charged.content
+    r = api(officer).get("/api/audit/export/", {"dataset": ds.name, "format": "csv"})
+    assert r["Content-Type"] == "text/csv; charset=utf-8"
+    rows = list(csv.reader(io.StringIO(r.getvalue().decode(), newline="")))
+    assert len(rows) == 1 + AuditRecord.objects.filter(dataset=ds).count()
+    assert {len(row) for row in rows} == {len(rows[0])}
+    assert "quarterly report\rshared \u0430" in {row[rows[0].index("reference")] for row in rows}
+
+
 def test_pdf_export(history, api, auditor):
     r = api(auditor).get("/api/audit/export/", {"dataset": history[0].name, "format": "pdf"})
     assert r.status_code == 200 and r["Content-Type"] == "application/pdf" and r.content[:5] == b"%PDF-"

@@ -616,3 +616,32 @@ def test_mst_on_more_columns_than_it_can_pair_is_refused():
     meta = DatasetMeta(name="manycols", columns=cols, unit_column=None, n_rows=5_000, n_units=5_000, delta=1e-6)
     with pytest.raises(PlanError, match=f"at most {MAX_MODEL_COLUMNS} columns"):
         plugins.plan("synthesis", EngineRequest("synthesize", {"method": "mst", "epsilon": 1.5, "rows": 100}), meta)
+
+
+def test_the_csv_reads_back_row_for_row_with_formulas_neutralised(tmp_path):
+    """A declared category with a lone CR split rows (pandas quoted only newlines: a probe's
+    500 released rows read back as 631) and formula-like labels went out as formulas. The
+    CSV quotes its text cells and starts formula-like ones with ``'``; the Parquet file
+    keeps every value."""
+    import csv
+
+    import pyarrow as pa
+
+    labels = ["north\rsouth", '=HYPERLINK("http://evil.example/","open")', "+1+cmd", "-2", "plain"]
+    rng = np.random.default_rng(3)
+    df = pd.DataFrame({"region": rng.choice(labels, 500), "y": rng.integers(-5, 6, 500)})
+    schema = {"region": {"type": "categorical", "domain": labels, "nullable": False},
+              "y": {"type": "numeric", "lower": -5, "upper": 5, "integer": True, "nullable": False}}
+    meta = DatasetMeta(name="t", columns=schema, unit_column=None, n_rows=500, n_units=500, delta=1e-6)
+    request = EngineRequest("synthesize", {"method": "mst", "epsilon": 4.0, "rows": 300, "holdout_fraction": 0})
+    plan = plugins.plan("synthesis", request, meta)
+    plugins.run("synthesis", request, meta, pa.Table.from_pandas(df), plan, lambda p: None, workdir=tmp_path)
+    exact = pd.read_parquet(tmp_path / "synthetic.parquet")
+    with open(tmp_path / "synthetic.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["region", "y"] and len(rows) == 1 + len(exact) == 301
+    safe = {"north\rsouth": "north\rsouth", labels[1]: "'" + labels[1], "+1+cmd": "'+1+cmd", "-2": "-2",
+            "plain": "plain"}
+    assert [r[0] for r in rows[1:]] == [safe[v] for v in exact["region"]]
+    assert [int(r[1]) for r in rows[1:]] == exact["y"].tolist()
+    assert len(pd.read_csv(tmp_path / "synthetic.csv")) == len(exact)
