@@ -425,6 +425,21 @@ def root_client(client, django_user_model):
     return client
 
 
+@pytest.mark.parametrize("username, created", [("\u0430lice", False), ("ALICE", False), ("al ice", False),
+                                                ("bob.smith+1", True)])
+def test_a_new_account_in_the_admin_follows_the_api_s_username_rule(root_client, django_user_model, username,
+                                                                    created):
+    """Django's add form took "аlice" (a Cyrillic а), whose releases an auditor read as
+    alice's: the admin now holds new accounts to the API's rule (ASCII, unique ignoring
+    case)."""
+    django_user_model.objects.create_user("alice")
+    r = root_client.post("/admin/auth/user/add/", {"username": username, "usable_password": "false",
+                                                   "password1": "", "password2": ""})
+    assert django_user_model.objects.filter(username=username).exists() is created, r.content.decode()[-2000:]
+    if not created:
+        assert r.status_code == 200 and "errorlist" in r.content.decode()
+
+
 def test_an_account_with_active_grants_is_not_made_an_auditor(root_client, make_dataset, analyst, grant):
     """Added to the auditors group in the user admin, an analyst kept her grants: she ran
     requests and read every analyst's in the audit trail. The form refuses; an account

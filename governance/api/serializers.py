@@ -8,6 +8,7 @@ from accounting import POLICIES
 from accounting.events import MAX_EPSILON
 from accounting.costs import Cost
 
+from ..core.roles import USERNAME_PATTERN, USERNAME_RULE, USERNAME_TAKEN, username_taken
 from ..datasets.budget import is_plain_number
 from ..datasets.federated import site_rows
 from ..ledger.limits import Limit, budget_report, charge_summary
@@ -272,17 +273,14 @@ class AnalystSerializer(serializers.ModelSerializer):
 
 
 class AnalystCreateSerializer(StrictInput, serializers.Serializer):
-    # ASCII only, unique ignoring case: "аnn" (a Cyrillic а) or "Ann" beside "ann" would be
-    # another person who reads as the same one in the audit trail
-    username = serializers.RegexField(r"\A[A-Za-z0-9_.@+-]{1,150}\Z", error_messages={
-        "invalid": "1-150 ASCII letters, digits and _ . @ + - (no look-alike letters of other scripts)"})
+    username = serializers.RegexField(USERNAME_PATTERN, error_messages={"invalid": USERNAME_RULE})  # core.roles
     email = serializers.EmailField(required=False, allow_blank=True)
     role = serializers.ChoiceField(["analyst", "auditor"], default="analyst",
                                    help_text="auditor: reads the audit trail and exports only")
 
     def validate_username(self, value):
-        if User.objects.filter(username__iexact=value).exists():
-            raise serializers.ValidationError("A user with this username (ignoring case) already exists.")
+        if username_taken(value):
+            raise serializers.ValidationError(USERNAME_TAKEN)
         return value
 
 

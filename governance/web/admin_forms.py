@@ -1,7 +1,9 @@
 """Admin forms: registering a table and editing a dataset go through ``governance.datasets.registry``."""
 
+import re
+
 from django import forms
-from django.contrib.auth.forms import UserChangeForm
+from django.contrib.auth.forms import AdminUserCreationForm, UserChangeForm
 
 from accounting import POLICIES
 from accounting.events import MAX_EPSILON
@@ -11,7 +13,7 @@ from ..core.errors import InvalidDataset
 from ..datasets import budget, registry
 from ..datasets.data import table_schema
 from ..datasets.schema import validate_schema
-from ..core.roles import AUDITORS_GROUP
+from ..core.roles import AUDITORS_GROUP, USERNAME_PATTERN, USERNAME_RULE, USERNAME_TAKEN, username_taken
 from ..models import AuditRecord, Grant, LedgerEntry
 
 
@@ -170,6 +172,19 @@ class GrantForm(forms.ModelForm):
             if revoked is not None:
                 self.instance = revoked
         return data
+
+
+class AccountCreationForm(AdminUserCreationForm):
+    """The admin's new account, under the API's username rule (``core.roles``): Django's
+    own form took "аlice" (a Cyrillic а), whose releases an auditor read as alice's."""
+
+    def clean_username(self):
+        username = super().clean_username()
+        if not re.fullmatch(USERNAME_PATTERN, username or ""):
+            raise forms.ValidationError(USERNAME_RULE)
+        if username_taken(username):
+            raise forms.ValidationError(USERNAME_TAKEN)
+        return username
 
 
 class AccountChangeForm(UserChangeForm):
