@@ -15,6 +15,7 @@ the same command with ``--idempotency-key KEY`` gets that request, never charged
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 from typing import Any
@@ -33,13 +34,28 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# Control characters a terminal acts on (C0 but tab and line feed, DEL, C1): a dataset's title
+# or a declared category holding ESC sequences cleared the analyst's screen or set her
+# window title when printed as a table (OSC 52 would write her clipboard).
+_SHOWN = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0b, 0x20), *range(0x7f, 0xa0)]}
+
+
+def _shown(value):
+    return value.translate(_SHOWN) if isinstance(value, str) else value
+
+
 def _print_frame(df, fmt: str, out) -> None:
-    if fmt == "csv":
-        df.to_csv(out)
-    elif fmt == "json":
-        out.write(df.reset_index().to_json(orient="records") + "\n")
+    if fmt == "csv":  # every text cell quoted: a CR or line feed inside one stays in its row
+        df.to_csv(out, quoting=csv.QUOTE_NONNUMERIC)
+    elif fmt == "json":  # json escapes C0; DEL and C1 as well here
+        out.write(df.reset_index().to_json(orient="records").translate(
+            {c: f"\\u{c:04x}" for c in range(0x7f, 0xa0)}) + "\n")
     else:
-        out.write(df.to_string() + "\n")
+        shown = df.rename(index=_shown, columns=_shown)
+        for name in shown.columns:
+            if shown[name].dtype == object:
+                shown[name] = shown[name].map(_shown)
+        out.write(shown.to_string() + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

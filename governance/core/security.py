@@ -4,6 +4,7 @@ per-analyst rate limit on request creation."""
 from __future__ import annotations
 
 import logging
+import re
 
 from django.conf import settings
 from django.utils import timezone
@@ -58,6 +59,25 @@ def bidi_shown(text: str) -> str:
     """``text`` with each directional formatting character written as its escape
     (``\\u202e``): visible, and in a JSON string the same value."""
     return text.translate(_BIDI_SHOWN)
+
+
+# Control characters a terminal acts on: C0 but tab and line feed (ESC starts the sequences
+# that clear the screen, set the window title or write the clipboard), DEL, and C1 (U+009B
+# is a CSI to terminals that read UTF-8 C1). An officer's reference or an analyst's alias
+# holding them reached the officer's terminal raw through ``manage.py audit export``.
+_CONTROLS_SHOWN = {c: f"\\u{c:04x}" for c in [*range(0x00, 0x09), *range(0x0b, 0x20), *range(0x7f, 0xa0)]}
+_C1 = re.compile("[\x7f-\x9f]")
+
+
+def controls_shown(text: str) -> str:
+    """``text`` with its control characters (``_CONTROLS_SHOWN``) written as escapes."""
+    return text.translate(_CONTROLS_SHOWN)
+
+
+def json_c1_escaped(text: str) -> str:
+    """JSON text with DEL and the C1 controls escaped (``\\u009b``), as json escapes C0
+    itself: the same values, nothing a terminal acts on."""
+    return _C1.sub(lambda m: f"\\u{ord(m.group()):04x}", text) if _C1.search(text) else text
 
 
 class NeutralBidi:

@@ -3,6 +3,7 @@ budget left under the gating accountant."""
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from privacy_client import Dataset, Estimate, Result
@@ -155,3 +156,23 @@ def test_dummy_sql_spells_between_symmetric_for_duckdb():
     for sql in ("SELECT COUNT(*) FROM t WHERE wage BETWEEN SYMMETRIC 900 AND 100",
                 "SELECT COUNT(*) FROM t WHERE wage between symmetric 100 and 900"):
         assert con.execute(duckdb_sql(sql)).fetchall() == [(81,)]
+
+
+def test_the_shell_prints_no_control_character_a_terminal_acts_on():
+    """A dataset title or a declared category with ESC sequences (clear the screen, set the
+    window title) was printed raw as a table; the CSV left a lone CR unquoted. The table
+    shows them as escapes; the CSV quotes its text cells and keeps the values."""
+    import csv
+    import io
+
+    from privacy_client.cli import _print_frame
+
+    df = pd.DataFrame({"title": ["\x1b]0;pwned\x07\x1b[2J", "\u009b31m", "\r=2+2"], "n": [1, 2, 3]}).set_index("title")
+    for fmt in ("table", "json"):
+        out = io.StringIO()
+        _print_frame(df, fmt, out)
+        assert not [c for c in out.getvalue() if (ord(c) < 0x20 and c != "\n") or 0x7f <= ord(c) < 0xa0], fmt
+    out = io.StringIO()
+    _print_frame(df, "csv", out)
+    rows = list(csv.reader(io.StringIO(out.getvalue(), newline="")))
+    assert [r[0] for r in rows] == ["title", *df.index]
