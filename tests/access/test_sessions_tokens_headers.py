@@ -313,3 +313,15 @@ def test_the_admin_grant_form_refuses_auditors_and_officers(world, who):
                                                                "dataset": world.datasets["B"].pk})
     assert not Grant.objects.filter(analyst=world.users[who]).exists()
     assert results(world.api("auditor"), "/api/datasets/") == []
+
+
+def test_a_file_path_without_its_trailing_slash_is_the_same_download(world):
+    """The router's format suffixes read ``files/answer.csv`` as the file ``answer`` in the
+    format ``csv``: a 404, where the docs promise a path without its slash is the same route."""
+    fa = world.requests["fa"].pk
+    for who, path in (("ann", f"/api/requests/{fa}/files/answer.csv"),
+                      ("officer", f"/api/requests/{fa}/officer-files/report.html")):
+        with_slash, without = world.api(who).get(path + "/"), world.api(who).get(path)
+        assert with_slash.status_code == without.status_code == 200, (path, without.status_code)
+        assert b"".join(without.streaming_content if without.streaming else [without.content]) == b"".join(
+            with_slash.streaming_content if with_slash.streaming else [with_slash.content])

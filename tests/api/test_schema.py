@@ -130,3 +130,11 @@ def test_it_answers_unknown_api_urls_with_json(api, officer, settings):
     settings.DEBUG = False
     r = api(officer).get("/api/no-such-thing/")
     assert r.status_code == 404 and r.json()["code"] == "not_found"
+
+
+def test_a_dataset_s_ledger_documents_only_the_parameters_it_reads(api, officer):
+    """It listed the dataset list's filters (policy, ordering), which it never read: a
+    client that filtered by them got every entry back."""
+    doc = api(officer).get("/api/schema/", {"format": "json"}).json()
+    params = {p["name"] for p in doc["paths"]["/api/datasets/{name}/ledger/"]["get"]["parameters"] if p["in"] == "query"}
+    assert "status" in params and not params & {"policy", "ordering", "search"}, params
