@@ -300,3 +300,23 @@ def test_the_gate_state_is_rederived_once_without_a_lock(history, monkeypatch):
     Budget.objects.filter(pk=ds.pk).update(state=Cost.zero().to_json())  # the gate's state edited
     calls.clear()
     assert "running state" in verification._gate_state(ds)[0] and len(calls) == 1
+
+
+def test_verify_warns_of_released_files_the_database_does_not_know(history, settings, analyst):
+    """A database restored from an older backup verifies (a consistent earlier state); the
+    released files of the requests it lost are still in RESULTS_DIR, and now named."""
+    import uuid
+
+    from governance.models import Request
+
+    ds, _ = history
+    known = Request.objects.create(dataset=ds, analyst=analyst, engine="aggregates", kind="count", params={}, plan={})
+    for rid in (known.pk, "not-a-request", ".scratch"):
+        (settings.RESULTS_DIR / str(rid)).mkdir(parents=True)
+    code, out, err = run_verify()
+    assert code == 0 and "warning" not in err, err
+    lost = uuid.uuid4()
+    (settings.RESULTS_DIR / str(lost)).mkdir()
+    code, out, err = run_verify()
+    assert code == 0 and "ok:" in out  # the chains are whole: a warning, not a finding
+    assert "1 request(s) this database does not know" in err and str(lost) in err

@@ -17,7 +17,8 @@ and replay; see governance/ledger/trail.py).
       agrees with the ledger (each final ledger entry has its record with the same event
       and charge; running totals re-compose from the ledger). Prints each chain's head
       hash (file it elsewhere to anchor the chain) and exits 1 naming the first broken
-      record, or 0.
+      record, or 0. Warns (exit status unchanged) when RESULTS_DIR holds released files of
+      requests the database does not know: a restore from a backup older than them.
 
   audit export --dataset D [--dataset E ...] --format {json,csv,pdf} [--output FILE [--force]]
       The dataset's records, budget, totals, accounting rules and verification result.
@@ -61,6 +62,11 @@ class Command(BaseCommand):
         result = verification.verify(datasets, stop_at_first=not show_all)
         for name, head in result.heads.items():
             self.stdout.write(f"{name}: {head['seq']} records, head {head['hash']}")
+        if unknown := unknown_results():
+            self.stderr.write(self.style.WARNING(
+                f"warning: RESULTS_DIR holds the released files of {len(unknown)} request(s) this database does not "
+                f"know (e.g. {unknown[0]}): was it restored from a backup older than them? Their releases are not in "
+                "the ledger; re-record them (deploy/README.md, Restore)."))
         if result.ok:
             self.stdout.write(self.style.SUCCESS(
                 f"ok: {result.records} records in {result.datasets} chain(s) verify and agree with the ledger"))
@@ -109,3 +115,32 @@ def _datasets(names):
         return audit_export.datasets_named(names)
     except LookupError as e:
         raise CommandError(str(e)) from e
+
+
+def unknown_results() -> list[str]:
+    """The request ids of RESULTS_DIR's directories that no request of this database has, in
+    name order: files released after the backup a restored database was made from (the
+    chains verify then: only a head filed after the backup, or these, show the loss).
+    Nothing on a host that does not hold RESULTS_DIR."""
+    from django.conf import settings
+
+    from ...models import Request
+
+    root = Path(settings.RESULTS_DIR)
+    try:
+        ids = sorted(p.name for p in root.iterdir() if p.is_dir() and _is_uuid(p.name))
+    except OSError:
+        return []
+    known: set[str] = set()
+    for i in range(0, len(ids), 500):
+        known.update(str(pk) for pk in Request.objects.filter(pk__in=ids[i:i + 500]).values_list("pk", flat=True))
+    return [i for i in ids if i not in known]
+
+
+def _is_uuid(name: str) -> bool:
+    import uuid
+
+    try:
+        return str(uuid.UUID(name)) == name
+    except ValueError:
+        return False
