@@ -44,7 +44,10 @@ class RequestTask(Task):
         return publish_or_mark(lambda: super(RequestTask, self).apply_async(args, kwargs, **options), request_id)
 
 
-@shared_task(name="workers.run_request", base=RequestTask, acks_late=True, ignore_result=True, bind=True)
+# max_retries=None here: retry()'s own max_retries=None means "the task's default", 3, and
+# a probe's database away for more than about 7 s dropped the message with a traceback
+@shared_task(name="workers.run_request", base=RequestTask, acks_late=True, ignore_result=True, bind=True,
+             max_retries=None)
 def run_request(self, request_id: str) -> str:
     """Run an admitted request through its engine and commit (or refund) its charge.
 
@@ -64,7 +67,7 @@ def run_request(self, request_id: str) -> str:
         if self.request.is_eager:
             raise
         log.warning("request %s: the database is unavailable (%s); its task is sent again", request_id, exc)
-        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30), max_retries=None) from exc
+        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
     _replace_after_out_of_memory(request_id)
     return status
 

@@ -15,7 +15,6 @@ the same command with ``--idempotency-key KEY`` gets that request, never charged
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from typing import Any
@@ -45,8 +44,8 @@ def _shown(value):
 
 
 def _print_frame(df, fmt: str, out) -> None:
-    if fmt == "csv":  # every text cell quoted: a CR or line feed inside one stays in its row
-        df.to_csv(out, quoting=csv.QUOTE_NONNUMERIC)
+    if fmt == "csv":  # RFC 4180's CRLF: a cell holding a CR or line feed is quoted, stays in its row
+        df.to_csv(out, lineterminator="\r\n")
     elif fmt == "json":  # json escapes C0; DEL and C1 as well here
         out.write(df.reset_index().to_json(orient="records").translate(
             {c: f"\\u{c:04x}" for c in range(0x7f, 0xa0)}) + "\n")

@@ -202,7 +202,7 @@ class Client:
                 return Result(_request_json(answer), self)
             except (ServerUnreachable, ServerError) as e:  # ServerTimeout too
                 landed = landed or _may_have_landed(e)
-                if attempt == self.retries or e.code == "storage.full":
+                if attempt == self.retries or e.code in ("storage.full", "storage.unwritable"):
                     raise _with_key(e, key, landed) from e
                 time.sleep(_pause(e, attempt))
             except ApiError as e:  # a refusal or a 429 of a retry: an earlier attempt may still have landed
@@ -505,7 +505,7 @@ def _before_sending(e: requests.RequestException) -> bool:
 
 
 #: the service's own 5xx codes for an answer that kept nothing
-_NOTHING_KEPT = ("storage.full", "database.unavailable", "cluster.unavailable")
+_NOTHING_KEPT = ("storage.full", "storage.unwritable", "database.unavailable", "cluster.unavailable")
 
 
 def _may_have_landed(e: ApiError) -> bool:

@@ -144,14 +144,16 @@ class RateLimited(ApiError):
 
 class ServerError(ApiError):
     """5xx, or an answer that is not the service's JSON (``storage.full``, 507: the server's
-    disk is full; ``database.unavailable``, 503: its database is busy or unreachable, with
-    ``retry_after`` seconds; ``cluster.unavailable``, 503: the Dask cluster, registering a
-    distributed dataset; retry later): those three kept nothing. After any other 5xx (a
+    disk is full; ``storage.unwritable``, 503: its storage is read-only; ``database.unavailable``,
+    503: its database is busy or unreachable, with ``retry_after`` seconds;
+    ``cluster.unavailable``, 503: the Dask cluster, registering a distributed dataset; retry
+    later): those four kept nothing. After any other 5xx (a
     gateway's 502 or 504 too) or an answer cut short, a POST may have been admitted:
     ``submit`` retries it with its ``Idempotency-Key`` and, when the retries fail too, the
     error's ``idempotency_key`` gets that request back (``may_have_been_admitted``)."""
 
-    codes = ("error", "storage.full", "database.unavailable", "cluster.unavailable", "response.invalid")
+    codes = ("error", "storage.full", "storage.unwritable", "database.unavailable", "cluster.unavailable",
+             "response.invalid")
 
     @property
     def retry_after(self) -> float | None:

@@ -12,7 +12,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 from rest_framework.views import set_rollback
 
-from ..core.errors import STORAGE_FULL_DETAIL, GovernanceError, storage_full
+from ..core.errors import (STORAGE_FULL_DETAIL, STORAGE_UNWRITABLE_DETAIL, GovernanceError, storage_full,
+                           storage_unwritable)
 from .parsers import RequestTooLarge
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,11 @@ def _handle(exc, context):
         log.error("no space left: %s", exc)
         return Response({"code": "storage.full", "detail": STORAGE_FULL_DETAIL.format(why)},
                         status=status.HTTP_507_INSUFFICIENT_STORAGE)
+    if (why := storage_unwritable(exc)) is not None:
+        set_rollback()
+        log.error("storage not writable: %s", exc)
+        return Response({"code": "storage.unwritable", "detail": STORAGE_UNWRITABLE_DETAIL.format(why)},
+                        status=status.HTTP_503_SERVICE_UNAVAILABLE)
     if isinstance(exc, OperationalError):
         # the database locked past its timeout (SQLite), restarting or unreachable: the
         # request's transaction rolled back, nothing was kept; a retry in a moment may pass

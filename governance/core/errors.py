@@ -160,5 +160,22 @@ def storage_full(exc: BaseException) -> str | None:
     return None
 
 
+def storage_unwritable(exc: BaseException) -> str | None:
+    """Why, if ``exc`` means the server cannot write its own storage (a read-only or
+    forbidden directory, SQLite's read-only database); else None. A probe's read-only
+    DATA_DIR gave registrations a 500 with Django's debug page."""
+    import errno
+
+    from django.db import OperationalError
+
+    if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return exc.strerror or "Read-only file system"
+    if isinstance(exc, OperationalError) and "readonly database" in str(exc):
+        return "the database is read-only"
+    return None
+
+
 STORAGE_FULL_DETAIL = ("The server has no space left to store this ({}); nothing was kept. Retry once an operator "
                        "has freed space.")
+STORAGE_UNWRITABLE_DETAIL = ("The server cannot write its storage ({}); nothing was kept. Retry once an operator has "
+                             "made it writable.")

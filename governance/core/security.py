@@ -127,8 +127,9 @@ class BadQuery:
 
 class StorageFull:
     """A full disk (a table's copy, the database) on a web page (the officer's forms, the
-    admin) is a 507 saying so, not Django's 500 page (with its traceback under DEBUG); the
-    API's own handler says the same in JSON (``storage.full``)."""
+    admin) is a 507 saying so, a read-only one a 503, not Django's 500 page (with its
+    traceback under DEBUG); the API's own handler says the same in JSON (``storage.full``,
+    ``storage.unwritable``)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -140,13 +141,17 @@ class StorageFull:
         from django.http import HttpResponse
         from django.utils.html import escape
 
-        from .errors import STORAGE_FULL_DETAIL, storage_full
+        from .errors import STORAGE_FULL_DETAIL, STORAGE_UNWRITABLE_DETAIL, storage_full, storage_unwritable
 
-        if (why := storage_full(exception)) is None:
-            return None
-        logging.getLogger(__name__).error("no space left: %s", exception)
-        return HttpResponse(f"<!doctype html><title>No space left</title><h1>No space left on the server</h1>"
-                            f"<p>{escape(STORAGE_FULL_DETAIL.format(why))}</p>", status=507)
+        if (why := storage_full(exception)) is not None:
+            logging.getLogger(__name__).error("no space left: %s", exception)
+            return HttpResponse(f"<!doctype html><title>No space left</title><h1>No space left on the server</h1>"
+                                f"<p>{escape(STORAGE_FULL_DETAIL.format(why))}</p>", status=507)
+        if (why := storage_unwritable(exception)) is not None:
+            logging.getLogger(__name__).error("storage not writable: %s", exception)
+            return HttpResponse(f"<!doctype html><title>Storage not writable</title><h1>The server cannot write its "
+                                f"storage</h1><p>{escape(STORAGE_UNWRITABLE_DETAIL.format(why))}</p>", status=503)
+        return None
 
 
 class ExpiringTokenAuthentication(TokenAuthentication):

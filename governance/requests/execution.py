@@ -376,8 +376,8 @@ def _run(req: Request, clock: RunClock) -> str:
                                "reading the data; the work done is charged."}
         else:
             error = {"code": "request.failed_after_read", "detail": (
-                "The results storage is full: the engine could not write its files after reading the data; "
-                "the charge stands." if _storage_full(e) else
+                "The results storage is full or read-only: the engine could not write its files after reading "
+                "the data; the charge stands." if _storage_full(e) else
                 "The engine failed after reading the data; the charge stands (a failure can depend on the data).")}
         return _finish(req, Request.Status.FAILED, error=error, actual_event=spent, charge=True, clock=clock,
                        officer_report=_jobs(recorder))
@@ -444,10 +444,10 @@ def _note_out_of_memory(e: BaseException) -> None:
 
 
 def _storage_full(e: BaseException) -> bool:
-    """The engine's failure was a full (or over-quota) disk: a fact about the server, said to
+    """The engine's failure was a full (over-quota, read-only) disk: a fact about the server, said to
     the analyst, not a message that could quote the data. Seen in the error, or in the disk
     itself (torch.save says RuntimeError)."""
-    return (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or disk_full()
+    return (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)) or disk_full()
 
 
 def _keep_files(req: Request, release, workdir: Path, recorder) -> tuple[dict, dict | None]:

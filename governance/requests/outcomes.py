@@ -144,11 +144,27 @@ def _again(outcome: Outcome, error: Exception) -> None:
         log.error("the outcome of request %s could not be written for %.0f s (%s); the recovery sweep will finish "
                   "it", outcome.req.pk, waited, error)
         return
+    _beat(outcome)
     delay = RETRY_DELAYS[min(outcome.tries, len(RETRY_DELAYS) - 1)]
     outcome.tries += 1
     log.warning("writing the outcome of request %s found the database away (%s); trying again in %g s",
                 outcome.req.pk, error, delay)
     RELEASER.at(now + delay, outcome, group=write_group)
+
+
+def _beat(outcome: Outcome) -> None:
+    """The request's heartbeat, while its outcome waits to be written: the task has
+    returned and its clock thread with it, and the sweep took the silence for a dead
+    worker. A probe's nearly full database disk took the sweep's small commit but not the
+    outcome's: the live run was finished as ``worker_lost``, charged in full, its table
+    dropped. A beat that cannot be written either changes nothing (the sweep then cannot
+    write its own)."""
+    from .recovery import db_time
+
+    try:
+        Request.objects.filter(pk=outcome.req.pk, status=Request.Status.RUNNING).update(heartbeat_at=db_time())
+    except DATABASE_AWAY:
+        pass
 
 
 _ROW = ("status", "result", "result_salt", "error", "finished_at", "officer_report", "progress")

@@ -54,12 +54,13 @@ def check_writable(path: Path) -> None:
 
 
 def disk_full() -> bool:
-    """Whether the results disk has less than RESULTS_MIN_FREE_MB free now (a run that failed
+    """Whether the results disk has less than RESULTS_MIN_FREE_MB free now, or is read-only (a run that failed
     writing its files may say so to the analyst: a fact about the server, not the data)."""
     try:
-        return _under_minimum(os.statvfs(settings.RESULTS_DIR))
+        st = os.statvfs(settings.RESULTS_DIR)
     except OSError:
         return False
+    return _under_minimum(st) or bool(st.f_flag & os.ST_RDONLY)
 
 
 def _free(st: os.statvfs_result) -> int:

@@ -302,6 +302,8 @@ MAPPING_CASES = [
     (409, {"code": "dataset.pld_not_allowed", "detail": "x"}, pc.Conflict, "dataset.pld_not_allowed"),
     # a full disk: tests/hostile/test_uploads.py makes the service answer it
     (507, {"code": "storage.full", "detail": "x"}, pc.ServerError, "storage.full"),
+    # a read-only data directory: tests/hostile/test_uploads.py makes the service answer it
+    (503, {"code": "storage.unwritable", "detail": "x"}, pc.ServerError, "storage.unwritable"),
     # a locked or unreachable database: tests/hostile/test_edges.py makes the service answer it
     (503, {"code": "database.unavailable", "detail": "x", "retry_after": 5}, pc.ServerError, "database.unavailable"),
 ]

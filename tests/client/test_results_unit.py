@@ -161,7 +161,7 @@ def test_dummy_sql_spells_between_symmetric_for_duckdb():
 def test_the_shell_prints_no_control_character_a_terminal_acts_on():
     """A dataset title or a declared category with ESC sequences (clear the screen, set the
     window title) was printed raw as a table; the CSV left a lone CR unquoted. The table
-    shows them as escapes; the CSV quotes its text cells and keeps the values."""
+    shows them as escapes; the CSV quotes such cells and keeps the values."""
     import csv
     import io
 

@@ -368,3 +368,22 @@ def test_a_full_data_directory_is_a_507_that_keeps_nothing(client, import_dir, m
     r = client.post(URL, {"name": "full", "path": str(path), "budget_epsilon": 1}, format="json")
     assert r.status_code == 507 and r.json()["code"] == "storage.full", r.content[:300]
     assert "No space left on device" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("err", ["EROFS", "EACCES"])
+def test_a_data_directory_that_cannot_be_written_is_a_503_that_keeps_nothing(client, import_dir, monkeypatch,
+                                                                           nothing_stored, err):
+    """A probe's read-only DATA_DIR: the copy's mkstemp raised EROFS, a 500 with Django's
+    debug page (DEBUG is on by default)."""
+    import errno
+
+    path = import_dir / "t.csv"
+    path.write_bytes(CSV)
+
+    def unwritable(*a, **kw):
+        raise OSError(getattr(errno, err), os.strerror(getattr(errno, err)))
+
+    monkeypatch.setattr(dataset_files.tempfile, "mkstemp", unwritable)
+    r = client.post(URL, {"name": "ro", "path": str(path), "budget_epsilon": 1}, format="json")
+    assert r.status_code == 503 and r.json()["code"] == "storage.unwritable", r.content[:300]
+    assert os.strerror(getattr(errno, err)) in r.json()["detail"]

@@ -184,3 +184,56 @@ def test_a_finished_run_whose_cancel_flag_cannot_be_read_is_released_not_failed(
     assert r.status_code == 202, r.content
     req = Request.objects.get(pk=r.json()["id"])
     assert req.status == "succeeded" and req.result is not None, (req.status, req.error)
+
+
+def test_an_outcome_waiting_for_the_database_keeps_its_request_alive(api, analyst, clinic, monkeypatch,
+                                                                     django_capture_on_commit_callbacks):
+    """A probe's nearly full database disk refused the outcome's commit but took the
+    sweep's smaller one: the run's result was in hand and retried, yet nothing beat, so the
+    sweep finished it as ``worker_lost``, charged in full, its files dropped. Each retry
+    now beats; the sweep leaves the request to it."""
+    from django.db import OperationalError
+
+    from governance.requests import outcomes
+    from governance.requests.releaser import RELEASER
+
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    as_if_a_worker_died(rid, data_read=True)  # running, silent for 600 s: the sweep would take it
+    scheduled = []
+    monkeypatch.setattr(RELEASER, "at", lambda when, outcome, group=None: scheduled.append(outcome))
+    outcome = outcomes.Outcome(Request.objects.get(pk=rid), Request.Status.SUCCEEDED, result={"value": 1})
+    outcomes._again(outcome, OperationalError("database or disk is full"))
+    assert scheduled == [outcome]
+    beat = Request.objects.get(pk=rid).heartbeat_at
+    assert timezone.now() - beat < timedelta(seconds=5)
+    sweep()
+    req = Request.objects.get(pk=rid)
+    assert req.status == "running" and LedgerEntry.objects.get().status == "reserved"
+    assert outcomes.write(outcome) == "succeeded"  # the retry, once there is room
+
+
+def test_a_task_is_sent_again_for_as_long_as_the_database_is_away(monkeypatch):
+    """retry(max_retries=None) meant Celery's default of 3: past about 7 s of a database
+    away the message was dropped with a traceback (a probe's full disk). The 50th try is
+    sent again like the first."""
+    from celery.exceptions import Retry
+    from django.db import OperationalError
+
+    from governance.requests import execution
+    from workers.tasks import run_request
+
+    def away(request_id, worker=""):
+        raise OperationalError("database or disk is full")
+
+    monkeypatch.setattr(execution, "execute", away)
+    sent = []
+    monkeypatch.setattr(run_request, "apply_async", lambda *a, **k: sent.append(k.get("countdown")))
+    for retries in (3, 50):
+        run_request.push_request(id="t1", args=["r"], kwargs={}, retries=retries, is_eager=False,
+                                 called_directly=False, delivery_info={}, hostname="cpu@test")
+        try:
+            with pytest.raises(Retry):
+                run_request.run("r")
+        finally:
+            run_request.pop_request()
+    assert sent == [8, 30]

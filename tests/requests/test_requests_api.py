@@ -198,6 +198,17 @@ def test_a_full_results_disk_fails_the_request_at_once_with_the_rule_s_charge(ap
     req = Request.objects.get(pk=rid)
     assert (req.status, req.error["code"]) == ("failed", "request.failed_after_read") and req.result is None
     assert "storage is full" in req.error["detail"] and req.ledger_entry.status == "committed"
+    # a results disk remounted read-only under the run (a probe): said so too, not "the engine failed"
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    with monkeypatch.context() as m:
+        m.setattr(execution.plugins, "run", read_only)
+        with django_capture_on_commit_callbacks(execute=True):
+            rid = post(api(analyst), {"epsilon": 0.1}).json()["id"]
+    req = Request.objects.get(pk=rid)
+    assert "storage is full or read-only" in req.error["detail"] and req.ledger_entry.status == "committed"
 
 
 def test_it_keeps_the_charge_of_a_failure_after_the_read_and_hides_its_message(
