@@ -246,16 +246,26 @@ ORPHAN_AFTER_SECONDS = 6 * 3600  # far past the slowest registration between its
 def drop_orphan_files(older_than: float = ORPHAN_AFTER_SECONDS) -> list[str]:
     """Copies in DATA_DIR/datasets that no dataset names, older than ``older_than`` seconds:
     a registration killed between the copy and its row (SIGKILL skips its clean-up) left a
-    copy of the rows nothing would ever remove. Run by the recovery sweep; returns them."""
-    import time
+    copy of the rows nothing would ever remove. Run by the recovery sweep; returns them.
 
+    Age is judged on the clock that stamps the copies, not this process's: "now" is the
+    modification time of a file written here just now (a sweeping worker whose clock ran 7
+    hours ahead took copies being written for orphans and unlinked them, a probe's 500s)."""
     from ..models import Dataset
 
     root = settings.DATA_DIR / "datasets"
     if not root.is_dir():
         return []
     known = set(Dataset.objects.exclude(file="").values_list("file", flat=True))
-    cutoff = time.time() - older_than
+    try:
+        fd, marker = tempfile.mkstemp(dir=root, prefix=".now-")
+    except OSError:  # nothing can be written here: nothing is judged
+        return []
+    try:
+        os.close(fd)
+        cutoff = os.stat(marker).st_mtime - older_than
+    finally:
+        os.unlink(marker)
     removed = []
     for path in sorted(root.iterdir()):
         rel = f"datasets/{path.name}"

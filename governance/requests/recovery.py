@@ -149,11 +149,13 @@ def _sweep(now, lost_after, requeue_after) -> dict:
                       Request.objects.filter(_stale(cutoff), status=Request.Status.RUNNING).values_list("pk", flat=True)]
     else:
         restarted = db_started()
-        if restarted is not None and now - restarted < timedelta(seconds=lost_after):
+        if restarted is not None and timedelta(0) <= now - restarted < timedelta(seconds=lost_after):
             # the database restarted within the grace period: no heartbeat could be written
             # while it was down, and a worker holding an outcome writes it within seconds of
             # its return; a sweep in a process that saw no error marked such a request lost
-            # 0.23 s after a restart (a probe's), and its held outcome was dropped
+            # 0.23 s after a restart (a probe's), and its held outcome was dropped. A start
+            # time in the database's future (its clock stepped back past it) is no restart:
+            # it turned every sweep off until the clock caught up (a probe's)
             WATCH.afresh = True
         running = {pk: (beat, started) for pk, beat, started in Request.objects.filter(
             status=Request.Status.RUNNING).values_list("pk", "heartbeat_at", "started_at")}

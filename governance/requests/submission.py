@@ -230,12 +230,16 @@ def _check_active(analyst) -> None:
 
 
 def _answered(analyst, fp: str) -> Request | None:
-    """The analyst's first succeeded request with fingerprint ``fp`` (to replay), or None.
+    """The analyst's first succeeded request with fingerprint ``fp`` (to replay), or None:
+    the release itself, never one of its replays (a replay is succeeded with the same
+    fingerprint: one stamped earlier by a web process whose clock was behind became the
+    "first", and every later replay pointed at it and found no files, a probe's 404s).
     Its id by one statement written out (the ORM's query building was ~1 ms of every POST,
     which almost never finds one); the row only when there is one."""
     with connection.cursor() as cur:
         cur.execute(f"SELECT id FROM {Request._meta.db_table} WHERE analyst_id = %s AND fingerprint = %s"
-                    " AND status = %s ORDER BY created_at LIMIT 1", [analyst.pk, fp, Request.Status.SUCCEEDED])
+                    " AND status = %s AND replay_of_id IS NULL ORDER BY created_at LIMIT 1",
+                    [analyst.pk, fp, Request.Status.SUCCEEDED])
         row = cur.fetchone()
     return None if row is None else Request.objects.get(pk=row[0])
 

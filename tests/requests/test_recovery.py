@@ -127,6 +127,24 @@ def test_the_sweep_removes_a_copy_no_dataset_names_once_it_is_old(make_dataset, 
     assert not orphan.exists() and fresh.exists() and (settings.DATA_DIR / ds.file).exists()
 
 
+def test_a_sweeper_whose_clock_runs_ahead_keeps_copies_being_written(make_dataset, settings, monkeypatch):
+    """A worker whose clock ran 7 hours ahead judged copies being written (and fresh ones
+    whose row was not yet written) old, and unlinked them: the registrations failed with a
+    500 (a probe). Their age is judged on the clock that stamps the files."""
+    import time
+
+    from governance.datasets import files
+
+    root = settings.DATA_DIR / "datasets"
+    root.mkdir(parents=True, exist_ok=True)
+    part = root / "tmpabc123.part"
+    part.write_text("a,b\n1,2\n")
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 7 * 3600)
+    assert files.drop_orphan_files() == [] and part.exists()
+    assert not [p for p in root.iterdir() if p.name.startswith(".now-")]  # its marker is gone
+
+
 def test_a_task_that_finds_the_database_away_is_sent_again_not_dropped(api, analyst, clinic, monkeypatch,
                                                                         django_capture_on_commit_callbacks):
     """The claim raising OperationalError (PostgreSQL restarting) used to fail the task, which

@@ -127,6 +127,21 @@ def test_after_a_database_restart_a_sweep_that_saw_no_outage_gives_the_grace_per
     assert sweep(lost_after=LOST_AFTER)["lost"] == [rid]
 
 
+def test_a_database_start_time_in_its_future_is_no_restart(api, analyst, clinic, monkeypatch,
+                                                           django_capture_on_commit_callbacks):
+    """The database's clock stepped back past its own start time: the difference was
+    negative, so "restarted within the grace period", and every sweep watched afresh and
+    swept nothing until the clock caught up (a probe's killed worker, its request running
+    for good)."""
+    from governance.requests.recovery import WATCH
+
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    running(rid, db_now() - timedelta(seconds=600))  # a dead worker's last beat
+    monkeypatch.setattr(WATCH, "seen", {})
+    monkeypatch.setattr(recovery, "db_started", lambda: recovery.db_now() + timedelta(minutes=30))
+    assert sweep(lost_after=5)["lost"] == [rid]
+
+
 def test_the_database_s_start_time_is_read_on_postgresql():
     from django.db import connection
 

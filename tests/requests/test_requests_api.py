@@ -246,6 +246,23 @@ def test_it_replays_an_identical_request_for_free_with_the_same_answer(api, anal
     assert LedgerEntry.objects.count() == 1
 
 
+def test_a_replay_stamped_before_its_release_is_never_replayed_itself(api, analyst, clinic,
+                                                                     django_capture_on_commit_callbacks):
+    """A web process whose clock was behind stamped a replay before the release it replays;
+    ordered by time it became the "first answer", later replays pointed at it and their
+    files were a 404 for good (a probe). A replay always names the release."""
+    from datetime import timedelta
+
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=True):
+        first = post(client, {"epsilon": 0.5}).json()
+    skewed = post(client, {"epsilon": 0.5}).json()
+    Request.objects.filter(pk=skewed["id"]).update(created_at=Request.objects.get(pk=first["id"]).created_at
+                                                   - timedelta(minutes=10))
+    later = post(client, {"epsilon": 0.5}).json()
+    assert skewed["replay_of"] == later["replay_of"] == first["id"]
+
+
 def test_after_the_officer_corrects_the_schema_the_same_request_is_a_new_question(
         api, analyst, officer, clinic, django_capture_on_commit_callbacks):
     """A probe: after a bound or a domain was corrected, the identical request came back as
