@@ -2,7 +2,8 @@
 
 A worker (``workers.tasks``: Celery's ``worker_ready`` signal) starts a thread that writes a
 small record every ``WORKER_HEARTBEAT_SECONDS`` (default 10): its node name, pid, queues
-and the time. A worker is **alive** while its last record is younger than
+and the time (``stamp``: Redis's clock, or on one machine its monotonic clock; never the
+worker's wall clock alone). A worker is **alive** while its last record is younger than
 ``WORKER_ALIVE_SECONDS`` (default 3 beats). A clean stop removes the record; a worker that
 dies (``kill -9``, an unrecoverable error) simply stops writing.
 
@@ -37,6 +38,32 @@ def _redis():
     import redis
 
     return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=2)
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+BOOT_ID = _boot_id()  # this machine's boot: its monotonic clock is one for every process on it
+
+
+def _redis_now(r) -> float:
+    seconds, micros = r.time()
+    return seconds + micros / 1e6
+
+
+def stamp() -> dict:
+    """A beat's time, on a clock its readers share, not the writer's wall clock (a probe: a
+    worker 10 minutes behind read as DEAD while it served, a dead one 2 hours ahead as
+    alive, as did a dead one after its host's clock was stepped back). With Redis, Redis's
+    own clock (``TIME``), which readers ask too; with the embedded broker (one machine),
+    the machine's monotonic clock beside its boot id, and the wall time for anyone else."""
+    if settings.REDIS_URL:
+        return {"at": _redis_now(_redis())}
+    return {"at": time.time(), "mono": time.monotonic(), "boot": BOOT_ID}
 
 
 def _folder() -> Path:
@@ -106,10 +133,12 @@ def forget_dead_here(node: str):
 def records() -> list[dict]:
     """Every stored record, alive or not, with ``age`` (seconds) and ``alive`` added;
     newest first. An unreachable store raises."""
-    now = time.time()
+    now, mono = time.time(), time.monotonic()
     raw = []
     if settings.REDIS_URL:
-        raw = [(k.decode(), v) for k, v in _redis().hgetall(REDIS_KEY).items()]
+        pipe = _redis().pipeline(transaction=False)
+        items, (seconds, micros) = pipe.hgetall(REDIS_KEY).time().execute()
+        raw, now = [(k.decode(), v) for k, v in items.items()], seconds + micros / 1e6
     else:
         try:
             raw = [(p.stem, p.read_bytes()) for p in _folder().glob("*.json")]
@@ -119,7 +148,8 @@ def records() -> list[dict]:
     for key, item in raw:
         try:
             rec = json.loads(item)
-            age = now - float(rec["at"])
+            same_boot = BOOT_ID is not None and rec.get("boot") == BOOT_ID and "mono" in rec
+            age = mono - float(rec["mono"]) if same_boot else now - float(rec["at"])
         except (ValueError, KeyError, TypeError):
             continue
         rec["key"] = key  # where it is stored (a record from before one per process: the node alone)
@@ -169,7 +199,7 @@ class Heartbeat:
 
     def beat(self):
         try:
-            write({**self.record, "at": time.time()})
+            write({**self.record, **stamp()})
         except Exception:  # noqa: BLE001 - a missed beat is retried; the worker keeps working
             log.warning("worker heartbeat could not be written", exc_info=True)
 

@@ -62,3 +62,41 @@ def test_two_workers_of_one_node_on_one_host_are_two_records(settings, tmp_path)
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_worker_s_age_does_not_depend_on_its_wall_clock_or_the_reader_s(settings, tmp_path, monkeypatch):
+    """A probe: a worker 10 minutes behind read as DEAD while it served; one 2 hours ahead,
+    killed, read as alive for 2 hours; so did one killed after its host's clock was stepped
+    back. On one machine the age is its monotonic clock's (the boot id says it is one)."""
+    settings.VAR_DIR = tmp_path
+    settings.REDIS_URL = ""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 600)  # the worker's clock, 10 min behind
+    hb = liveness.Heartbeat("celery@behind", ["cpu"], interval=60).start()
+    monkeypatch.setattr(time, "time", real)
+    assert [r["node"] for r in liveness.alive()] == ["celery@behind"]
+    hb._stop.set()  # as if killed: no more beats, the record stays
+    monkeypatch.setattr(time, "time", lambda: real() - 300)  # the reader's clock stepped back
+    later = time.monotonic() + settings.WORKER_ALIVE_SECONDS + 1
+    monkeypatch.setattr(time, "monotonic", lambda: later)
+    assert liveness.alive() == [] and liveness.records()[0]["node"] == "celery@behind"
+
+
+def test_with_redis_a_worker_s_age_is_on_redis_s_clock(settings, monkeypatch, redis_server):
+    settings.REDIS_URL = redis_server
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 7200)  # the worker's clock 2 h ahead
+    hb = liveness.Heartbeat("celery@ahead", ["gpu"], interval=60).start()
+    try:
+        monkeypatch.setattr(time, "time", real)
+        assert [r["node"] for r in liveness.alive()] == ["celery@ahead"]
+        record = next(r for r in liveness.records() if r["node"] == "celery@ahead")
+        assert record["age"] < 5  # not two hours in the future, not -7,200 s
+        monkeypatch.setattr(time, "time", lambda: real() - 600)  # a reader 10 min behind
+        assert [r["node"] for r in liveness.alive()] == ["celery@ahead"]
+        hb._stop.set()  # as if killed: its last record stays
+        settings.WORKER_ALIVE_SECONDS = 1
+        time.sleep(1.5)
+        assert "celery@ahead" not in [r["node"] for r in liveness.alive()]  # dead, not alive for 2 hours
+    finally:
+        hb.stop()
