@@ -100,7 +100,10 @@ class Watch:
     say (a worker whose clock was stepped back writes times that look old; a sweeper stepped
     forward sees every time as old), and one unchanged for ``lost_after`` seconds of this
     clock is lost even when it reads as recent (a worker that ran ahead, then died). A
-    request this process has not watched yet is judged by the database's clock. After a
+    request this process has not watched yet is judged by the database's clock, unless its
+    worker is alive (``liveness``, on a clock of its own): then it is only watched, and
+    swept once it stood still for ``lost_after`` here (a probe stepped the database's clock
+    10 minutes forward, and a fresh sweeper finished a live run as lost). After a
     sweep that failed (the database away) every request is watched afresh: an outcome
     held in a worker's memory meanwhile is written within seconds of the database's
     return (``outcomes._again``) and must not lose that race to the sweep."""
@@ -109,7 +112,8 @@ class Watch:
         self.seen: dict = {}  # request id -> (heartbeat, monotonic time it was first seen)
         self.afresh = False
 
-    def lost(self, running, cutoff, lost_after: float) -> list:
+    def lost(self, running, cutoff, lost_after: float, vouched=frozenset()) -> list:
+        """``running``: (request id, heartbeat); ``vouched``: the ids whose worker is alive."""
         now, seen, out = time.monotonic(), {}, []
         for pk, heartbeat in running:
             before = self.seen.get(pk)
@@ -119,7 +123,8 @@ class Watch:
                     out.append(pk)
                 continue
             seen[pk] = (heartbeat, now)
-            if before is None and not self.afresh and heartbeat is not None and heartbeat < cutoff:
+            if before is None and not self.afresh and heartbeat is not None and heartbeat < cutoff \
+                    and pk not in vouched:
                 out.append(pk)  # not watched before: the database's clock decides
         self.seen, self.afresh = seen, False
         return out
@@ -157,10 +162,12 @@ def _sweep(now, lost_after, requeue_after) -> dict:
             # time in the database's future (its clock stepped back past it) is no restart:
             # it turned every sweep off until the clock caught up (a probe's)
             WATCH.afresh = True
-        running = {pk: (beat, started) for pk, beat, started in Request.objects.filter(
-            status=Request.Status.RUNNING).values_list("pk", "heartbeat_at", "started_at")}
-        candidates = [(pk, _unchanged(*running[pk])) for pk in WATCH.lost(
-            [(pk, beat or started) for pk, (beat, started) in running.items()], cutoff, lost_after)]
+        running = {pk: (beat, started, worker) for pk, beat, started, worker in Request.objects.filter(
+            status=Request.Status.RUNNING).values_list("pk", "heartbeat_at", "started_at", "worker")}
+        alive = _live_nodes()
+        vouched = {pk for pk, (_, _, worker) in running.items() if worker and worker in alive}
+        candidates = [(pk, _unchanged(*running[pk][:2])) for pk in WATCH.lost(
+            [(pk, beat or started) for pk, (beat, started, _) in running.items()], cutoff, lost_after, vouched)]
     lost = []
     for pk, still in candidates:
         if _finish_lost(pk, still, now):
@@ -223,6 +230,17 @@ def _pending(queues: set[str]) -> set[str] | None:
     except Exception:  # noqa: BLE001 - Redis down or restarting: the next sweep looks again
         log.warning("recovery sweep: the broker's queues could not be read; nothing re-sent this time", exc_info=True)
         return None
+
+
+def _live_nodes() -> set[str]:
+    """The Celery node names with a live liveness record (none when they cannot be read:
+    the database's clock then decides, as before)."""
+    from ..core import liveness
+
+    try:
+        return {r["node"] for r in liveness.alive()}
+    except Exception:  # noqa: BLE001 - Redis away: judged by the database's clock
+        return set()
 
 
 def _unchanged(heartbeat, started):

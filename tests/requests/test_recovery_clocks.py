@@ -150,3 +150,30 @@ def test_the_database_s_start_time_is_read_on_postgresql():
         assert started is None
     else:
         assert started < db_now()
+
+
+def test_a_request_of_a_live_worker_seen_first_is_watched_not_swept(api, analyst, clinic, settings, tmp_path,
+                                                                    django_capture_on_commit_callbacks):
+    """A probe stepped the database's clock 10 minutes forward: a sweeper that had not
+    watched the request yet (a fresh pool process, `manage.py recover`) read its heartbeat
+    as 10 minutes old and finished the live run as lost, charged in full, its result
+    dropped. Its worker's liveness record (on a clock of its own) says it is alive: it is
+    watched, and swept only once its heartbeat stood still for the grace period here."""
+    from governance.core import liveness
+
+    settings.VAR_DIR, settings.REDIS_URL = tmp_path, ""
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    running(rid, db_now() - timedelta(minutes=10))
+    Request.objects.filter(pk=rid).update(worker="celery@live")
+    hb = liveness.Heartbeat("celery@live", ["cpu"], interval=60).start()
+    try:
+        assert sweep(lost_after=LOST_AFTER)["lost"] == []
+        time.sleep(LOST_AFTER * 1.5)
+        assert sweep(lost_after=LOST_AFTER)["lost"] == [rid]  # it stood still: lost after all
+    finally:
+        hb.stop()
+    # a worker with no live record: the database's clock decides at first sight, as before
+    rid2 = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    running(rid2, db_now() - timedelta(minutes=10))
+    Request.objects.filter(pk=rid2).update(worker="celery@gone")
+    assert sweep(lost_after=LOST_AFTER)["lost"] == [rid2]
