@@ -66,3 +66,17 @@ def probe_engine():
     plugins.pm.register(engine, name="probe-engine")
     yield engine
     plugins.pm.unregister(engine)
+
+
+@pytest.fixture
+def cancel_as_the_engine_starts(monkeypatch):
+    """Every run is asked to cancel as its engine starts: the rows read, handed to it."""
+    from governance.models import Request
+
+    real = plugins.run
+
+    def asked_during_the_run(engine, *args, **kwargs):
+        Request.objects.filter(engine=engine).update(cancel_requested=True)
+        return real(engine, *args, **kwargs)
+
+    monkeypatch.setattr(plugins, "run", asked_during_the_run)

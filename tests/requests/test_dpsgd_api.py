@@ -193,19 +193,10 @@ def test_the_engine_is_listed_on_the_gpu_queue(api, analyst):
     assert "target_epsilon" in engines["dpsgd"]["params_schema"]["train"]["properties"]
 
 
-def test_a_cancel_heard_before_the_first_step_commits_nothing(api, analyst, gss, monkeypatch,
+def test_a_cancel_heard_before_the_first_step_commits_nothing(api, analyst, gss, cancel_as_the_engine_starts,
                                                               django_capture_on_commit_callbacks):
     """Cancelled after the read, while the run prepared its data (a probe: charged its
     whole plan, no step taken): committed at the no-op event, zero, as at the first step."""
-    from engines import plugins
-
-    real = plugins.run
-
-    def asked_during_the_run(engine, *args, **kwargs):  # the rows are read: the engine has them
-        Request.objects.filter(engine=engine).update(cancel_requested=True)
-        return real(engine, *args, **kwargs)
-
-    monkeypatch.setattr(plugins, "run", asked_during_the_run)
     client = api(analyst)
     with django_capture_on_commit_callbacks(execute=True):
         r = train(client, {**GSS_TRAIN, "target_epsilon": 2.0, "epochs": 2, "batch_size": 512})

@@ -57,17 +57,9 @@ def test_it_cancels_a_queued_request_and_refunds(api, analyst, clinic, django_ca
     assert client.post(f"{URL}{rid}/cancel/").status_code == 409
 
 
-def test_a_cancellation_while_running_stops_the_run_and_keeps_the_charge(api, analyst, clinic, monkeypatch,
+def test_a_cancellation_while_running_stops_the_run_and_keeps_the_charge(api, analyst, clinic,
+                                                                        cancel_as_the_engine_starts,
                                                                         django_capture_on_commit_callbacks):
-    from engines import plugins
-
-    real = plugins.run
-
-    def asked_during_the_run(engine, *args, **kwargs):  # the rows are read: the engine has them
-        Request.objects.filter(engine=engine).update(cancel_requested=True)
-        return real(engine, *args, **kwargs)
-
-    monkeypatch.setattr(plugins, "run", asked_during_the_run)
     client = api(analyst)
     with django_capture_on_commit_callbacks(execute=True):
         rid = post(client, {"epsilon": 0.1}, kind="stepwise").json()["id"]
