@@ -23,6 +23,9 @@ class GovernanceConfig(AppConfig):
 
         from django.conf import settings
 
+        from .core.roles import hold_usernames_to_the_rule
+
+        hold_usernames_to_the_rule()
         settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
         _create_private_sqlite(settings.DATABASES["default"])
         settings.STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise serves from here (collectstatic)

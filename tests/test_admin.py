@@ -564,3 +564,21 @@ def test_an_officer_who_charged_without_a_grant_stays_staff(root_client, make_da
     assert r.status_code == 302
     olga.refresh_from_db()
     assert olga.is_staff and not olga.is_active and verify().ok
+
+
+@pytest.mark.parametrize("username", ["\u0430lice", "ALICE"])
+def test_createsuperuser_follows_the_username_rule(django_user_model, username):
+    """``manage.py createsuperuser`` (how the docs make an officer) took a Cyrillic "аlice"
+    and an "ALICE" beside "alice" (a probe): the rule is the username field's own now."""
+    import io
+
+    from django.core.management import CommandError, call_command
+
+    django_user_model.objects.create_user("alice")
+    with pytest.raises(CommandError, match="ASCII|ignoring case"):
+        call_command("createsuperuser", "--noinput", "--username", username, "--email", "a@example.org",
+                     stdout=io.StringIO(), stderr=io.StringIO())
+    assert not django_user_model.objects.filter(username=username).exists()
+    call_command("createsuperuser", "--noinput", "--username", "bob", "--email", "b@example.org",
+                 stdout=io.StringIO())
+    assert django_user_model.objects.filter(username="bob", is_superuser=True).exists()

@@ -57,13 +57,17 @@ def run_request(self, request_id: str) -> str:
     such requests in one 25 s PostgreSQL outage). Now the task is sent again after 1, 2, 4
     ... up to 30 s until the database answers; a copy that finds the request claimed changes
     nothing (the claim is a compare-and-set)."""
-    from django.db import InterfaceError, OperationalError
+    from django.db import InterfaceError, InternalError, OperationalError
 
     from governance.requests.execution import execute
 
+    from governance.core.errors import storage_unwritable
+
     try:
         status = execute(request_id, worker=self.request.hostname or "")
-    except (OperationalError, InterfaceError) as exc:
+    except (OperationalError, InterfaceError, InternalError) as exc:
+        if isinstance(exc, InternalError) and storage_unwritable(exc) is None:
+            raise  # a read-only PostgreSQL (a standby after a failover) is sent again; nothing else is
         if self.request.is_eager:
             raise
         log.warning("request %s: the database is unavailable (%s); its task is sent again", request_id, exc)

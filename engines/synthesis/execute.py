@@ -108,10 +108,17 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
 def for_people(written: pd.DataFrame) -> pd.DataFrame:
     """The synthetic table as its CSV holds it: a text cell (and a column name) a
     spreadsheet would run as a formula starts with ``'`` (a declared category is often a
-    real value of the table, ``=HYPERLINK(...)`` included). The CSV quotes every text cell,
+    real value of the table, ``=HYPERLINK(...)`` included; a name that would then read as
+    another column's gets one ``'`` more). The CSV quotes every text cell,
     so a CR inside one stays inside it (pandas quoted a lone CR nowhere: a probe's 500 rows
     read back as 631). The Parquet file keeps every value as it is."""
-    out = written.rename(columns=lambda c: formula_safe(str(c)))
+    names: list[str] = []
+    for c in map(str, written.columns):
+        safe = formula_safe(c)
+        while safe != c and (safe in names or safe in written.columns):
+            safe = "'" + safe  # "=eq" beside a column named "'=eq": two headers read alike (a probe)
+        names.append(safe)
+    out = written.set_axis(names, axis=1)
     for name in out.columns:
         if not pd.api.types.is_numeric_dtype(out[name]):
             out[name] = out[name].map(lambda v: formula_safe(v) if isinstance(v, str) else v)

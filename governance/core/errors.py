@@ -162,15 +162,19 @@ def storage_full(exc: BaseException) -> str | None:
 
 def storage_unwritable(exc: BaseException) -> str | None:
     """Why, if ``exc`` means the server cannot write its own storage (a read-only or
-    forbidden directory, SQLite's read-only database); else None. A probe's read-only
-    DATA_DIR gave registrations a 500 with Django's debug page."""
+    forbidden directory, SQLite's or PostgreSQL's read-only database); else None. A probe's
+    read-only DATA_DIR gave registrations a 500 with Django's debug page."""
     import errno
 
-    from django.db import OperationalError
+    from django.db import DatabaseError, OperationalError
 
     if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return exc.strerror or "Read-only file system"
     if isinstance(exc, OperationalError) and "readonly database" in str(exc):
+        return "the database is read-only"
+    if isinstance(exc, DatabaseError) and getattr(exc.__cause__, "sqlstate", None) == "25006":
+        # PostgreSQL's read_only_sql_transaction (a hot standby after a failover,
+        # default_transaction_read_only): Django's InternalError, a 500 page (a probe's)
         return "the database is read-only"
     return None
 

@@ -18,6 +18,28 @@ def username_taken(username: str) -> bool:
     return get_user_model().objects.filter(username__iexact=username).exists()
 
 
+def _not_taken(username: str) -> None:
+    from django.core.exceptions import ValidationError
+
+    if username_taken(username):
+        raise ValidationError(USERNAME_TAKEN, code="username_taken")
+
+
+def hold_usernames_to_the_rule() -> None:
+    """The rule on the user model's username field itself (at start-up), so every way to
+    make an account validates it: the admin's add form, ``createsuperuser`` (a probe made a
+    Cyrillic "аlice" and an "ALICE" beside "alice" with it). The username is never edited
+    after (read-only in the admin, absent from the API), so a new name is all it checks."""
+    from django.contrib.auth import get_user_model
+    from django.core.validators import RegexValidator
+
+    field = get_user_model()._meta.get_field("username")
+    if not any(getattr(v, "regex", None) is not None and v.regex.pattern == USERNAME_PATTERN
+               for v in field.validators):
+        field.validators.extend([RegexValidator(USERNAME_PATTERN, USERNAME_RULE, code="invalid_username"),
+                                 _not_taken])
+
+
 def is_officer(user) -> bool:
     """Privacy officers are staff users."""
     return bool(user and user.is_authenticated and user.is_staff)

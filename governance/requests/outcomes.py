@@ -27,7 +27,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from ..ledger import actions as ledger, group as ledger_group, trail
@@ -108,9 +108,13 @@ def _signal_on_commit(o: Outcome, entry) -> None:
 def write_or_retry(outcome: Outcome) -> str:
     """``write``, and if the database is away, written again later (``_again``); the
     request's status as far as this process knows."""
+    from ..core.errors import storage_unwritable
+
     try:
         return write(outcome)
-    except DATABASE_AWAY as e:
+    except DatabaseError as e:
+        if not (isinstance(e, DATABASE_AWAY) or storage_unwritable(e)):  # (a PostgreSQL standby: read-only)
+            raise
         _again(outcome, e)
         return Request.Status.RUNNING
 

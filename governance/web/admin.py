@@ -21,7 +21,7 @@ from ..datasets import registry as datasets
 from ..ledger import grants
 from ..ledger.limits import Limit
 from ..models import AuditRecord, Budget, Dataset, Grant, LedgerEntry, Request
-from .admin_forms import AccountChangeForm, AccountCreationForm, DatasetChangeForm, DatasetRegisterForm, GrantForm, named_in_the_trail
+from .admin_forms import AccountChangeForm, DatasetChangeForm, DatasetRegisterForm, GrantForm, named_in_the_trail
 from .progress import progress_text
 
 
@@ -298,8 +298,7 @@ class AccountAdmin(SelectedIds, UserAdmin):
     record names its actor by username, and ``audit verify`` compares a release's record
     with its ledger entry's analyst; a rename made each dataset she used fail verification."""
 
-    form = AccountChangeForm
-    add_form = AccountCreationForm
+    form = AccountChangeForm  # (new accounts: the username rule is the model field's, core.roles)
 
     def get_readonly_fields(self, request, obj=None):
         fields = tuple(super().get_readonly_fields(request, obj))

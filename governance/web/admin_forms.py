@@ -3,7 +3,7 @@
 import re
 
 from django import forms
-from django.contrib.auth.forms import AdminUserCreationForm, UserChangeForm
+from django.contrib.auth.forms import UserChangeForm
 
 from accounting import POLICIES
 from accounting.events import MAX_EPSILON
@@ -13,7 +13,7 @@ from ..core.errors import InvalidDataset
 from ..datasets import budget, registry
 from ..datasets.data import table_schema
 from ..datasets.schema import validate_schema
-from ..core.roles import AUDITORS_GROUP, USERNAME_PATTERN, USERNAME_RULE, USERNAME_TAKEN, username_taken
+from ..core.roles import AUDITORS_GROUP
 from ..models import AuditRecord, Grant, LedgerEntry
 
 
@@ -172,19 +172,6 @@ class GrantForm(forms.ModelForm):
             if revoked is not None:
                 self.instance = revoked
         return data
-
-
-class AccountCreationForm(AdminUserCreationForm):
-    """The admin's new account, under the API's username rule (``core.roles``): Django's
-    own form took "аlice" (a Cyrillic а), whose releases an auditor read as alice's."""
-
-    def clean_username(self):
-        username = super().clean_username()
-        if not re.fullmatch(USERNAME_PATTERN, username or ""):
-            raise forms.ValidationError(USERNAME_RULE)
-        if username_taken(username):
-            raise forms.ValidationError(USERNAME_TAKEN)
-        return username
 
 
 class AccountChangeForm(UserChangeForm):

@@ -645,3 +645,12 @@ def test_the_csv_reads_back_row_for_row_with_formulas_neutralised(tmp_path):
     assert [r[0] for r in rows[1:]] == [safe[v] for v in exact["region"]]
     assert [int(r[1]) for r in rows[1:]] == exact["y"].tolist()
     assert len(pd.read_csv(tmp_path / "synthetic.csv")) == len(exact)
+
+
+def test_a_column_name_made_safe_never_reads_as_another_s():
+    from engines.synthesis.execute import for_people
+
+    df = pd.DataFrame({"=eq": [1], "'=eq": [2], "-neg": ["x"], "ok": ["=1"]})
+    out = for_people(df)
+    assert len(set(out.columns)) == 4 and "'=eq" in out.columns and out["'=eq"].tolist() == [2]
+    assert out.columns.tolist() == ["''=eq", "'=eq", "'-neg", "ok"] and out["ok"].tolist() == ["'=1"]

@@ -255,3 +255,42 @@ def test_a_task_is_sent_again_for_as_long_as_the_database_is_away(monkeypatch):
         finally:
             run_request.pop_request()
     assert sent == [8, 30]
+
+
+def _read_only_error():
+    """What Django raises on a read-only PostgreSQL (SQLSTATE 25006), on any database."""
+    from django.db import InternalError
+
+    class ReadOnlySqlTransaction(Exception):
+        sqlstate = "25006"
+
+    e = InternalError("cannot execute UPDATE in a read-only transaction")
+    e.__cause__ = ReadOnlySqlTransaction()
+    return e
+
+
+def test_a_read_only_postgresql_is_a_503_and_a_task_sent_again(api, officer, monkeypatch):
+    """A standby after a failover (or default_transaction_read_only): writes raised
+    InternalError, a 500 page, and a worker's claim would have dropped its task (a probe)."""
+    from celery.exceptions import Retry
+    from django.contrib.auth import get_user_model
+
+    from governance.requests import execution
+    from workers.tasks import run_request
+
+    def read_only(*args, **kwargs):
+        raise _read_only_error()
+
+    with monkeypatch.context() as m:
+        m.setattr(get_user_model().objects, "create_user", read_only)
+        r = api(officer).post("/api/analysts/", {"username": "zed"}, format="json")
+    assert r.status_code == 503 and r.json()["code"] == "storage.unwritable", r.content[:300]
+    monkeypatch.setattr(execution, "execute", read_only)
+    monkeypatch.setattr(run_request, "apply_async", lambda *a, **k: None)
+    run_request.push_request(id="t1", args=["r"], kwargs={}, retries=0, is_eager=False, called_directly=False,
+                             delivery_info={}, hostname="cpu@test")
+    try:
+        with pytest.raises(Retry):
+            run_request.run("r")
+    finally:
+        run_request.pop_request()
