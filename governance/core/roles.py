@@ -6,7 +6,8 @@ AUDITORS_GROUP = "auditors"
 
 # Usernames: ASCII only, unique ignoring case. "аnn" (a Cyrillic а) or "Ann" beside "ann"
 # would be another person who reads as the same one in the audit trail, which names every
-# actor by username. The API's analyst form and the admin's account form both hold to it.
+# actor by username. The user model's field (hold_usernames_to_the_rule) and the API's
+# analyst form hold to it.
 USERNAME_PATTERN = r"\A[A-Za-z0-9_.@+-]{1,150}\Z"
 USERNAME_RULE = "1-150 ASCII letters, digits and _ . @ + - (no look-alike letters of other scripts)"
 USERNAME_TAKEN = "A user with this username (ignoring case) already exists."

@@ -1,7 +1,5 @@
 """Admin forms: registering a table and editing a dataset go through ``governance.datasets.registry``."""
 
-import re
-
 from django import forms
 from django.contrib.auth.forms import UserChangeForm
 
