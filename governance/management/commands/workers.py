@@ -111,9 +111,11 @@ class Command(BaseCommand):
                 silent.append((pk, worker, age))
         for pk, worker, age in silent[:ids]:
             state = {True: "alive", False: "DEAD"}.get(nodes.get(worker), "no heartbeat record")
+            how = ("the beat's sweep, once the heartbeat stood still that long while it watched (its worker is "
+                   "alive)" if state == "alive" else "`manage.py recover`")
             out(f"request {pk} on {worker or 'an unnamed worker'} ({state}): SILENT, last request heartbeat "
                 f"{_ago(age)} ago; the recovery sweep finishes it after {settings.REQUEST_LOST_AFTER_SECONDS} s "
-                f"(`manage.py recover`)")
+                f"({how})")
         if len(silent) > ids:
             out(f"... and {len(silent) - ids} more silent")
         return len(silent)
