@@ -37,6 +37,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 # or a declared category holding ESC sequences cleared the analyst's screen or set her
 # window title when printed as a table (OSC 52 would write her clipboard).
 _SHOWN = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0b, 0x20), *range(0x7f, 0xa0)]}
+_JSON_ESCAPED = {c: f"\\u{c:04x}" for c in range(0x7f, 0xa0)}  # json escapes C0 itself
 
 
 def _shown(value):
@@ -47,8 +48,7 @@ def _print_frame(df, fmt: str, out) -> None:
     if fmt == "csv":  # RFC 4180's CRLF: a cell holding a CR or line feed is quoted, stays in its row
         df.to_csv(out, lineterminator="\r\n")
     elif fmt == "json":  # json escapes C0; DEL and C1 as well here
-        out.write(df.reset_index().to_json(orient="records").translate(
-            {c: f"\\u{c:04x}" for c in range(0x7f, 0xa0)}) + "\n")
+        out.write(df.reset_index().to_json(orient="records").translate(_JSON_ESCAPED) + "\n")
     else:
         shown = df.rename(index=_shown, columns=_shown)
         for name in shown.columns:

@@ -112,9 +112,11 @@ class Watch:
         self.seen: dict = {}  # request id -> (heartbeat, monotonic time it was first seen)
         self.afresh = False
 
-    def lost(self, running, cutoff, lost_after: float, vouched=frozenset()) -> list:
-        """``running``: (request id, heartbeat); ``vouched``: the ids whose worker is alive."""
-        now, seen, out = time.monotonic(), {}, []
+    def lost(self, running, cutoff, lost_after: float, vouched=frozenset) -> list:
+        """``running``: (request id, heartbeat); ``vouched()``: the ids whose worker is alive,
+        asked only if a request not watched before looks stale (it reads the liveness
+        records: one Redis call or a directory listing, not needed on most sweeps)."""
+        now, seen, out, alive = time.monotonic(), {}, [], None
         for pk, heartbeat in running:
             before = self.seen.get(pk)
             if before is not None and before[0] == heartbeat and not self.afresh:
@@ -123,9 +125,10 @@ class Watch:
                     out.append(pk)
                 continue
             seen[pk] = (heartbeat, now)
-            if before is None and not self.afresh and heartbeat is not None and heartbeat < cutoff \
-                    and pk not in vouched:
-                out.append(pk)  # not watched before: the database's clock decides
+            if before is None and not self.afresh and heartbeat is not None and heartbeat < cutoff:
+                alive = vouched() if alive is None else alive
+                if pk not in alive:
+                    out.append(pk)  # not watched before: the database's clock decides
         self.seen, self.afresh = seen, False
         return out
 
@@ -164,8 +167,11 @@ def _sweep(now, lost_after, requeue_after) -> dict:
             WATCH.afresh = True
         running = {pk: (beat, started, worker) for pk, beat, started, worker in Request.objects.filter(
             status=Request.Status.RUNNING).values_list("pk", "heartbeat_at", "started_at", "worker")}
-        alive = _live_nodes()
-        vouched = {pk for pk, (_, _, worker) in running.items() if worker and worker in alive}
+
+        def vouched():
+            alive = _live_nodes()
+            return {pk for pk, (_, _, worker) in running.items() if worker and worker in alive}
+
         candidates = [(pk, _unchanged(*running[pk][:2])) for pk in WATCH.lost(
             [(pk, beat or started) for pk, (beat, started, _) in running.items()], cutoff, lost_after, vouched)]
     lost = []

@@ -177,3 +177,20 @@ def test_a_request_of_a_live_worker_seen_first_is_watched_not_swept(api, analyst
     running(rid2, db_now() - timedelta(minutes=10))
     Request.objects.filter(pk=rid2).update(worker="celery@gone")
     assert sweep(lost_after=LOST_AFTER)["lost"] == [rid2]
+
+
+def test_the_liveness_records_are_read_only_when_a_request_seen_first_looks_stale(
+        api, analyst, clinic, monkeypatch, django_capture_on_commit_callbacks):
+    """Every sweep read them (one Redis call, or a listing of the embedded broker's folder),
+    though they decide only for a request not watched before whose heartbeat is old."""
+    reads = []
+    monkeypatch.setattr(recovery, "_live_nodes", lambda: reads.append(1) or set())
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    running(rid, db_now())
+    assert sweep(lost_after=LOST_AFTER)["lost"] == [] and reads == []  # recent: watched, none read
+    assert sweep()["lost"] == [] and reads == []  # watched: this process's clock decides
+    rid2 = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    running(rid2, db_now() - timedelta(minutes=10))
+    rid3 = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    running(rid3, db_now() - timedelta(minutes=10))
+    assert sorted(sweep(lost_after=LOST_AFTER)["lost"]) == sorted([rid2, rid3]) and reads == [1]  # once a sweep
