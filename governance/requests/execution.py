@@ -353,7 +353,7 @@ def _run(req: Request, clock: RunClock) -> str:
         _empty(workdir)
         return _finish(req, Request.Status.CANCELLED, error={
             "code": "request.cancelled",
-            "detail": "Cancelled while running; the data was read, the charge for the work done stands."},
+            "detail": outcomes.CANCELLED_RUNNING},
             actual_event=c.actual_event, charge=True, clock=clock, officer_report=_jobs(recorder))
     except Exception as e:
         if isinstance(e, EngineError) and getattr(e, "nothing_read", False):

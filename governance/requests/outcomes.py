@@ -175,26 +175,65 @@ _ROW = ("status", "result", "result_salt", "error", "finished_at", "officer_repo
 
 
 def _finish_rows(outcomes: list[Outcome]) -> set:
-    """Every request row's compare-and-set; the ids that moved. PostgreSQL: one
-    ``UPDATE ... FROM (VALUES ...)`` for the group; SQLite: one by one."""
-    if connection.vendor != "postgresql":
-        return {o.req.pk for o in outcomes if _finish_row(o)}
+    """Every request row's compare-and-set; the ids that moved. A result whose cancel was
+    asked while it waited for its release (the releaser's tick, up to the dataset's release
+    clock: the cancel answered 200 "running") is not released: it is written cancelled,
+    charged as it was (``_cancelled_late``). Any other row no longer running was finished
+    elsewhere (the recovery sweep): its outcome is dropped."""
+    moved = _compare_and_set(outcomes)
+    missed = [o for o in outcomes if o.req.pk not in moved]
+    asked = [o.req.pk for o in missed if o.status == Request.Status.SUCCEEDED]
+    cancelled = set(Request.objects.filter(pk__in=asked, status=Request.Status.RUNNING, cancel_requested=True)
+                    .values_list("pk", flat=True)) if asked else set()
+    for o in missed:
+        if o.req.pk in cancelled:
+            _cancelled_late(o)
+            if _compare_and_set([o]):
+                moved.add(o.req.pk)
+                continue
+        _dropped(o)
+    return moved
+
+
+def _compare_and_set(outcomes: list[Outcome]) -> set:
+    """``running -> final`` for each row (a success only while no cancel was asked); the ids
+    that moved. PostgreSQL: one ``UPDATE ... FROM (VALUES ...)`` for the group; SQLite: one
+    by one."""
     now = timezone.now()
-    field = Request._meta.get_field
-    params, rows = [], {}
+    rows = {o.req.pk: _row(o, now) for o in outcomes}
+    if connection.vendor != "postgresql":
+        moved = set()
+        for o in outcomes:
+            not_cancelled = {"cancel_requested": False} if o.status == Request.Status.SUCCEEDED else {}
+            if Request.objects.filter(pk=o.req.pk, status=Request.Status.RUNNING, **not_cancelled).update(
+                    **rows[o.req.pk]):
+                moved.add(o.req.pk)
+    else:
+        field = Request._meta.get_field
+        params = []
+        for o in outcomes:
+            params.append(field("id").get_db_prep_value(o.req.pk, connection))
+            params += [field(k).get_db_prep_save(v, connection) for k, v in rows[o.req.pk].items()]
+        with connection.cursor() as cur:
+            cur.execute(_finish_rows_sql(len(outcomes)), params + [Request.Status.RUNNING, Request.Status.SUCCEEDED])
+            moved = {row[0] for row in cur.fetchall()}
     for o in outcomes:
-        rows[o.req.pk] = values = _row(o, now)
-        params.append(field("id").get_db_prep_value(o.req.pk, connection))
-        params += [field(k).get_db_prep_save(v, connection) for k, v in values.items()]
-    with connection.cursor() as cur:
-        cur.execute(_finish_rows_sql(len(outcomes)), params + [Request.Status.RUNNING])
-        moved = {row[0] for row in cur.fetchall()}
-    for o in outcomes:
-        if o.req.pk not in moved:
-            _dropped(o)
-        else:
+        if o.req.pk in moved:
             _written(o, rows[o.req.pk])
     return moved
+
+
+CANCELLED_RUNNING = "Cancelled while running; the data was read, the charge for the work done stands."
+
+
+def _cancelled_late(o: Outcome) -> None:
+    """``o``, a result not to be released: cancelled, its charge (and actual event) as it
+    was, its files removed."""
+    log.info("request %s: cancel asked while its result waited for release; not released", o.req.pk)
+    if (o.result or {}).get("files") or (o.officer_report or {}).get("files"):
+        drop_unreleased(o.req.pk)
+    o.status, o.result = Request.Status.CANCELLED, None
+    o.error = {"code": "request.cancelled", "detail": CANCELLED_RUNNING}
 
 
 def _dropped(o: Outcome) -> None:
@@ -224,20 +263,10 @@ def _finish_rows_sql(k: int) -> str:
     cols = [field("id")] + [field(name) for name in _ROW]
     row = "(" + ", ".join(f"%s::{f.cast_db_type(connection)}" for f in cols) + ")"
     sets = ", ".join(f"{field(name).column} = v.{field(name).column}" for name in _ROW)
+    status, cancel = field("status").column, field("cancel_requested").column
     return (f"UPDATE {Request._meta.db_table} r SET {sets} FROM (VALUES {', '.join([row] * k)}) "
-            f"v({', '.join(f.column for f in cols)}) WHERE r.id = v.id AND r.status = %s RETURNING r.id")
-
-
-def _finish_row(o: Outcome) -> bool:
-    """The request row's compare-and-set ``running -> o.status``; False (and logged) when
-    it is no longer running (the recovery sweep finished it)."""
-    values = _row(o, timezone.now())
-    moved = Request.objects.filter(pk=o.req.pk, status=Request.Status.RUNNING).update(**values)
-    if not moved:
-        _dropped(o)
-    else:
-        _written(o, values)
-    return bool(moved)
+            f"v({', '.join(f.column for f in cols)}) WHERE r.id = v.id AND r.{status} = %s "
+            f"AND NOT (v.{status} = %s AND r.{cancel}) RETURNING r.id")
 
 
 def _settle(o: Outcome):

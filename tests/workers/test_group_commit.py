@@ -255,3 +255,60 @@ def test_an_outcome_whose_write_finds_the_database_away_is_written_when_it_is_ba
     assert req.status == "succeeded" and req.result == {"value": 1}
     assert LedgerEntry.objects.get(pk=req.ledger_entry_id).status == "committed"
     assert AuditRecord.objects.filter(action="commit", request_id=req.pk).count() == 1 and verification.verify().ok
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_a_result_whose_cancel_was_asked_while_it_waited_for_its_tick_is_not_released(
+        api, analyst, two_datasets, django_capture_on_commit_callbacks, grouped):
+    """A probe cancelled running counts after their last report, while the outcome waited
+    for the dataset's release clock: the cancel answered 200 "running", and the count was
+    released all the same (6 of 6 runs). It is written cancelled, charged as it was (a
+    one-shot mechanism keeps its whole plan), its files gone, never shown."""
+    from django.conf import settings as dj
+
+    client = api(analyst)
+    a, b = two_datasets
+    asked, other = claimed(client, django_capture_on_commit_callbacks, a, 0.3), \
+        claimed(client, django_capture_on_commit_callbacks, b, 0.2)
+    files = dj.RESULTS_DIR / str(asked.pk)
+    files.mkdir(parents=True)
+    (files / "model.pt").write_bytes(b"weights")
+    assert client.post(f"/api/requests/{asked.pk}/cancel/").json()["status"] == "running"
+    mine = outcomes.Outcome(asked, "succeeded", result={"value": 7, "files": ["model.pt"]})
+    with django_capture_on_commit_callbacks(execute=False):
+        if grouped:
+            outcomes.write_group([mine, outcomes.Outcome(other, "succeeded", result={"value": 1})])
+        else:
+            assert outcomes.write(mine) == "cancelled"
+    row = Request.objects.get(pk=asked.pk)
+    assert (row.status, row.result, row.error["code"]) == ("cancelled", None, "request.cancelled")
+    assert LedgerEntry.objects.get(pk=asked.ledger_entry_id).status == "committed"
+    rec = AuditRecord.objects.get(action="commit", request_id=asked.pk)
+    assert rec.outcome == "cancelled" and not files.exists()
+    if grouped:
+        assert Request.objects.get(pk=other.pk).status == "succeeded"
+    body = client.get(f"/api/requests/{asked.pk}/").json()
+    assert body["status"] == "cancelled" and body.get("result") is None
+    assert client.post(f"/api/requests/{asked.pk}/cancel/").status_code == 409
+    assert verification.verify().ok
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_worker_does_not_release_a_count_cancelled_while_it_waits_for_the_release_clock(
+        real_worker, api, analyst, make_dataset, grant):
+    from .conftest import wait_for
+
+    from governance.datasets.registry import update
+
+    ds = update(make_dataset(epsilon=50.0), release_quantum_ms=4000, actor="officer")
+    grant(analyst, ds)
+    client = api(analyst)
+    rid = client.post("/api/requests/", {"dataset": ds.name, "engine": "aggregates", "kind": "count",
+                                         "params": {"epsilon": 1.0}}, format="json").json()["id"]
+    wait_for(lambda: Request.objects.filter(pk=rid, status="running", data_read=True).exists(), timeout=60)
+    r = client.post(f"/api/requests/{rid}/cancel/")
+    assert r.status_code == 200 and r.json()["status"] == "running"
+    wait_for(lambda: Request.objects.filter(pk=rid).exclude(status="running").exists(), timeout=60)
+    row = Request.objects.get(pk=rid)
+    assert (row.status, row.result) == ("cancelled", None)
+    assert LedgerEntry.objects.get(pk=row.ledger_entry_id).status == "committed" and verification.verify().ok
