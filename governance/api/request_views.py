@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from ..core.dispatch import app
 from ..core.errors import InvalidRequest
 from ..core.roles import is_officer
+from ..core.security import still_signed_in
 from ..datasets.registry import NAME_RE
 from ..models import Request
 from ..requests.waiting import MAX_WAIT_SECONDS, apply_final_state, parse_wait, wait_final
@@ -160,8 +161,14 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         if in_hand is not None:
             # the request just admitted holds its entry: the worker's pushed final state completes it
             from_state = (lambda data: apply_final_state(req, data)) if Request.ledger_entry.is_cached(req) else None
-            return wait_final(req.pk, seconds, lambda: _final_row(req.pk, *in_hand), from_state)
-        return wait_final(req.pk, seconds, lambda: visible_request(self.request.user, req.pk, final_only=True))
+            final = wait_final(req.pk, seconds, lambda: _final_row(req.pk, *in_hand), from_state)
+        else:
+            final = wait_final(req.pk, seconds, lambda: visible_request(self.request.user, req.pk, final_only=True))
+        if not still_signed_in(self.request):
+            raise exceptions.AuthenticationFailed(
+                "Signed out while this call waited (the token was revoked or reissued, or the account deactivated): "
+                "nothing is shown.")
+        return final
 
     @extend_schema(request=None, responses=s.RequestSerializer)
     @action(detail=True, methods=["post"])

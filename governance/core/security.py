@@ -179,6 +179,26 @@ class ExpiringTokenAuthentication(TokenAuthentication):
         return user, token
 
 
+def still_signed_in(request) -> bool:
+    """Whether the caller of the DRF ``request`` would still be let in now: its token
+    (``request.auth``) still issued, unexpired and its user active, or its session still
+    valid (the user active, the session's password hash current: revoking or reissuing a
+    token ends her sessions). A ``?wait=`` of up to 30 s re-checks it before answering: a
+    token revoked while its call waited still received the result (a probe's)."""
+    from rest_framework.authtoken.models import Token
+
+    if isinstance(request.auth, Token):
+        try:
+            ExpiringTokenAuthentication().authenticate_credentials(request.auth.key)
+        except exceptions.AuthenticationFailed:
+            return False
+        return True
+    from django.contrib.auth import get_user
+
+    user = get_user(request._request)  # not the request's cached user: read again
+    return bool(user.is_authenticated and user.pk == request.user.pk)
+
+
 def _token_and_user(key: str):
     """(user, token) for the token ``key``, or (None, None): DRF's
     ``Token.objects.select_related("user").get(key=key)`` as one written-out statement (the

@@ -151,3 +151,44 @@ def test_a_final_state_too_large_to_push_is_read_from_the_row():
     assert waiting.final_state(req) is None
     req.result = {"x": 1}
     assert waiting.apply_final_state(Request(ledger_entry_id=None), waiting.final_state(req)).result == {"x": 1}
+
+
+@pytest.mark.parametrize("how", ["token revoked", "token reissued", "deactivated", "session ended"])
+@pytest.mark.django_db(transaction=True)
+def test_a_wait_whose_caller_was_signed_out_meanwhile_shows_nothing(api, analyst, clinic, settings, monkeypatch,
+                                                                  how):
+    """A probe revoked the token (or deactivated the account) while a ``?wait=30`` call
+    waited: the same token got 401 elsewhere at once, and the waiting call still answered
+    with the released count 9 s later."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.test import APIClient
+
+    from governance.core import tokens
+    from governance.requests import submission
+
+    settings.REDIS_URL = ""
+    monkeypatch.setattr(submission, "enqueue", lambda pk, queue: None)  # no worker: finished below
+    if how == "session ended":
+        client = APIClient()
+        client.force_login(analyst)
+    else:
+        client = api(analyst)
+    rid = client.post(URL, {**COUNT, "dataset": clinic.name}, format="json").json()["id"]
+
+    def sign_out_then_finish():
+        time.sleep(0.2)
+        user = get_user_model().objects.get(pk=analyst.pk)
+        if how == "token revoked" or how == "session ended":
+            tokens.revoke(user)
+        elif how == "token reissued":
+            tokens.issue(user)
+        else:
+            get_user_model().objects.filter(pk=user.pk).update(is_active=False)
+        Request.objects.filter(pk=rid).update(status="succeeded", result={"count": 1}, finished_at=timezone.now())
+        connection.close()
+
+    t = threading.Thread(target=sign_out_then_finish)
+    t.start()
+    r = client.get(f"{URL}{rid}/?wait=20")
+    t.join()
+    assert r.status_code == 401 and r.json()["code"] == "auth.failed" and "result" not in r.json(), r.content
