@@ -197,6 +197,38 @@ def test_a_page_saved_after_another_officer_s_edit_keeps_that_edit(client, djang
     assert (g.cap_epsilon, g.cap_delta) == (0.5, 1e-7)
 
 
+def test_a_schema_saved_from_an_older_page_keeps_another_officer_s_schema_edit(client, django_user_model, officer,
+                                                                             make_dataset):
+    """A probe's two officers: the first removed a value from a column's domain, the second
+    (page opened before) raised another column's bound: the second's save sent the whole
+    schema text and put the removed value back, both pages said "changed successfully"."""
+    import json
+
+    from django.test import Client
+
+    ds = make_dataset(schema={"age": {"lower": 18, "upper": 90}, "income": {"lower": 0, "upper": 200_000},
+                              "site": {"type": "categorical", "domain": ["east", "north", "south"]}})
+    other = django_user_model.objects.create_user("olga", password="x", is_staff=True, is_superuser=True)
+    first, second = Client(), Client()
+    first.force_login(officer)
+    second.force_login(other)
+    url = f"/admin/governance/dataset/{ds.pk}/change/"
+    shown_first, shown_second = _form_as_shown(first.get(url).content), _form_as_shown(second.get(url).content)
+
+    def edited(shown, column, **change):
+        schema = json.loads(shown["schema"])
+        for c in schema["columns"]:
+            if c["name"] == column:
+                c.update(change)
+        return {**shown, "schema": json.dumps(schema)}
+
+    assert first.post(url, edited(shown_first, "site", domain=["east", "north"])).status_code == 302
+    assert second.post(url, edited(shown_second, "age", upper=80)).status_code == 302
+    ds.refresh_from_db()
+    cols = {c["name"]: c for c in ds.schema["columns"]}
+    assert cols["site"]["domain"] == ["east", "north"] and cols["age"]["upper"] == 80
+
+
 def test_a_revoked_grant_is_given_again_from_add_grant(officer_client, make_dataset, analyst, grant):
     """A probe found "Grant with this Analyst and Dataset already exists" for a revoked one
     (the form's unique check came before grants.give could give it again)."""
@@ -582,3 +614,16 @@ def test_createsuperuser_follows_the_username_rule(django_user_model, username):
     call_command("createsuperuser", "--noinput", "--username", "bob", "--email", "b@example.org",
                  stdout=io.StringIO())
     assert django_user_model.objects.filter(username="bob", is_superuser=True).exists()
+
+
+def test_schema_edits_sends_the_changed_fields_and_a_retyped_column_whole():
+    from governance.web.admin_forms import schema_edits
+
+    shown = {"columns": [{"name": "a", "type": "numeric", "lower": 0, "upper": 9},
+                         {"name": "b", "type": "categorical", "domain": ["x", "y"]}]}
+    sent = {"columns": [{"name": "a", "type": "numeric", "lower": 0, "upper": 5},
+                        {"name": "b", "type": "numeric", "lower": 0, "upper": 1}]}
+    assert schema_edits(shown, sent) == {"columns": [{"name": "a", "upper": 5},
+                                                     {"name": "b", "type": "numeric", "lower": 0, "upper": 1}]}
+    assert schema_edits(shown, shown) == {"columns": []}
+    assert schema_edits(None, sent) == sent and schema_edits(shown, "not a schema") == "not a schema"

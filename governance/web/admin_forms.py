@@ -1,6 +1,7 @@
 """Admin forms: registering a table and editing a dataset go through ``governance.datasets.registry``."""
 
 from django import forms
+from django.core.exceptions import ValidationError
 from django.contrib.auth.forms import UserChangeForm
 
 from accounting import POLICIES
@@ -101,6 +102,45 @@ def _track_edits(form: forms.BaseForm) -> None:
         field.show_hidden_initial = not form.is_bound or f"initial-{form.add_prefix(name)}" in form.data
 
 
+def _shown(bound) -> object:
+    """The value the page showed for ``bound`` (its hidden initial input; without one, the
+    row as it is now), as ``changed_data`` compares it."""
+    field = bound.field
+    if not field.show_hidden_initial:
+        return bound.initial
+    try:
+        return field.to_python(bound.form._widget_data_value(field.hidden_widget(), bound.html_initial_name))
+    except ValidationError:
+        return None
+
+
+def _columns(schema) -> dict:
+    cols = schema.get("columns") if isinstance(schema, dict) else schema
+    return {c["name"]: c for c in cols if isinstance(c, dict) and isinstance(c.get("name"), str)} \
+        if isinstance(cols, list) else {}
+
+
+def schema_edits(shown, sent):
+    """Of ``sent`` (the schema text an officer saved), the column fields that differ from
+    ``shown`` (what her page showed): ``registry.update`` merges them per field, so a save
+    from a page opened before another officer's schema edit keeps that edit. The whole text
+    went before, and a second officer's change of one bound put back a domain value the
+    first had just removed (a probe's). A column whose type changed is sent whole (a new
+    type starts from a clean spec); ``sent`` as it is when ``shown`` is unknown or not a
+    list of columns."""
+    before, after = _columns(shown), _columns(sent)
+    if not before or not after:
+        return sent
+    out = []
+    for name, col in after.items():
+        was = before.get(name)
+        if was is None or col.get("type") != was.get("type"):
+            out.append(col)
+        elif changed := {k: v for k, v in col.items() if k != "name" and was.get(k, object()) != v}:
+            out.append({"name": name, **changed})
+    return {"columns": out}
+
+
 class DatasetChangeForm(forms.ModelForm):
     """Schema and budget edits are validated by ``registry.update`` when saved, with only
     the fields the officer changed on the page (``edited``)."""
@@ -124,9 +164,13 @@ class DatasetChangeForm(forms.ModelForm):
         _track_edits(self)
 
     def edited(self) -> dict:
-        """``registry.update``'s keywords for the fields this officer changed on the page."""
+        """``registry.update``'s keywords for the fields this officer changed on the page; of
+        the schema, the column fields she changed only (``schema_edits``)."""
         names = {"budget_delta_text": "budget_delta"}
-        return {names.get(f, f): self.cleaned_data[f] for f in self.changed_data if f in self.cleaned_data}
+        out = {names.get(f, f): self.cleaned_data[f] for f in self.changed_data if f in self.cleaned_data}
+        if "schema" in out:
+            out["schema"] = schema_edits(_shown(self["schema"]), out["schema"])
+        return out
 
     def clean(self):
         data = super().clean()
