@@ -321,6 +321,28 @@ def test_it_activates_a_draft(api, officer, csv_bytes):
     assert Dataset.objects.get(name="clinic").status == "active"
 
 
+def test_an_activation_committed_while_a_schema_patch_runs_is_kept(api, officer, csv_bytes, monkeypatch):
+    """A probe's two officers, one activating while the other PATCHed the schema: both
+    answered 200 and the dataset ended as draft (the PATCH saved the whole row it had read,
+    status included; 1 run in 12-18). The activation lands here between the PATCH's read
+    and its save."""
+    from governance.datasets import registry
+
+    client = api(officer)
+    assert client.post(URL, form(csv_bytes), format="multipart").status_code == 201
+    real = registry.validate_schema
+
+    def activated_meanwhile(*args, **kwargs):
+        assert api(officer).post(f"{URL}clinic/activate/").json()["status"] == "active"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "validate_schema", activated_meanwhile)
+    r = client.patch(f"{URL}clinic/", {"schema": {"age": {"lower": 20, "upper": 90}}}, format="json")
+    assert r.status_code == 200, r.content
+    ds = Dataset.objects.get(name="clinic")
+    assert ds.status == "active" and {c["name"]: c for c in ds.schema["columns"]}["age"]["lower"] == 20
+
+
 @pytest.mark.parametrize("policy", ["basic", "advanced", "rdp"])
 def test_it_reports_the_budget_under_all_three_accountants(api, officer, csv_bytes, policy):
     client = api(officer)
