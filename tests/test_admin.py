@@ -516,6 +516,34 @@ def test_an_auditor_holding_a_grant_from_before_uses_no_dataset(api, make_datase
     assert access_refusal(analyst, ds).code == "grant.missing"  # a request queued before: refused at its run
 
 
+def test_an_analyst_made_an_auditor_sees_none_of_her_requests_results_ledger_or_grants(
+        api, make_dataset, analyst, grant, django_capture_on_commit_callbacks):
+    """A probe revoked an analyst's grant and made her an auditor: she still read her
+    request and its result, the list of her requests and her ledger entries, where the docs
+    say an auditor sees "no results, no requests"."""
+    from django.contrib.auth.models import Group
+
+    from governance.core.roles import AUDITORS_GROUP
+    from governance.ledger import grants
+
+    ds = make_dataset("clinic", epsilon=5.0)
+    g = grant(analyst, ds)
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client.post("/api/requests/", {"dataset": "clinic", "engine": "aggregates", "kind": "count",
+                                           "params": {"epsilon": 0.1}}, format="json")
+    rid = r.json()["id"]
+    assert client.get(f"/api/requests/{rid}/").json()["result"] is not None
+    assert grants.revoke(g, analyst)
+    analyst.groups.add(Group.objects.get_or_create(name=AUDITORS_GROUP)[0])
+    client = api(analyst)
+    assert client.get(f"/api/requests/{rid}/").status_code == 404
+    assert client.get(f"/api/requests/{rid}/?wait=1").status_code == 404
+    for url in ("/api/requests/", "/api/ledger/", "/api/grants/"):
+        assert client.get(url).json()["results"] == [], url
+    assert client.get("/api/audit/").status_code == 200  # what an auditor reads
+
+
 def test_an_account_an_audit_record_names_is_not_deleted(root_client, make_dataset, analyst, django_user_model):
     """Deleted, its username could be given to a new account, and the trail would credit the
     new one with what it records (a probe's deleted officer's budget change, read back as an

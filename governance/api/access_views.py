@@ -15,8 +15,7 @@ from rest_framework.response import Response
 
 from ..core import roles, tokens
 from ..core.errors import InvalidRequest
-from ..core.roles import role_of
-from ..core.roles import is_officer
+from ..core.roles import is_auditor, is_officer, role_of
 from ..ledger import grants
 from ..models import Grant
 from . import serializers as s
@@ -40,7 +39,7 @@ class GrantViewSet(FormatSuffix, viewsets.ModelViewSet):
         qs = Grant.objects.select_related("analyst", "dataset").order_by("id")
         if is_officer(self.request.user):
             return qs
-        return qs.filter(analyst=self.request.user)
+        return qs.none() if is_auditor(self.request.user) else qs.filter(analyst=self.request.user)  # an auditor: none, her own from before too
 
     def perform_create(self, serializer):
         """A new grant, or the analyst's revoked one active again: a ``grant`` record in the

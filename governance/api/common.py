@@ -35,6 +35,15 @@ def visible_datasets(user):
     return qs.filter(status=Dataset.Status.ACTIVE, grants__analyst=user, grants__revoked_at__isnull=True).distinct()
 
 
+def _not_auditor() -> str:
+    ug, gr = User.groups.through._meta.db_table, Group._meta.db_table
+    return (f"NOT EXISTS (SELECT 1 FROM {ug} JOIN {gr} ON {gr}.id = {ug}.group_id"
+            f" WHERE {ug}.user_id = %s AND {gr}.name = %s)")
+
+
+_NOT_AUDITOR = _not_auditor()  # params: the user's id, AUDITORS_GROUP
+
+
 def usable_dataset(user, name: str) -> Dataset | None:
     """The dataset named ``name`` if it is in ``visible_datasets(user)``, else None: one
     statement, written out (the request POST's lookup; the ORM's join, DISTINCT and
@@ -45,11 +54,8 @@ def usable_dataset(user, name: str) -> Dataset | None:
     sql = f'SELECT {", ".join(f.column for f in fields)} FROM {d.db_table} WHERE name = %s'
     params = [name]
     if not is_officer(user):
-        ug, gr = User.groups.through._meta.db_table, Group._meta.db_table
         sql += (f" AND status = %s AND EXISTS (SELECT 1 FROM {g.db_table} WHERE dataset_id = {d.db_table}.id"
-                " AND analyst_id = %s AND revoked_at IS NULL)"
-                f" AND NOT EXISTS (SELECT 1 FROM {ug} JOIN {gr} ON {gr}.id = {ug}.group_id"
-                f" WHERE {ug}.user_id = %s AND {gr}.name = %s)")  # an auditor uses no dataset
+                f" AND analyst_id = %s AND revoked_at IS NULL) AND {_NOT_AUDITOR}")  # an auditor uses no dataset
         params += [Dataset.Status.ACTIVE, user.pk, user.pk, AUDITORS_GROUP]
     with connection.cursor() as cur:  # a cursor and raw_rows, not Dataset.objects.raw (~0.3 ms less)
         cur.execute(sql, params)
@@ -70,8 +76,9 @@ def visible_request(user, pk, *, final_only: bool = False) -> Request | None:
     parts = _request_parts()
     sql, params = _visible_request_sql(), [pk]
     if not is_officer(user):
-        sql += " AND r.analyst_id = %s"
-        params.append(user.pk)
+        # her own; none to an auditor (an analyst made one keeps no view of her requests)
+        sql += f" AND r.analyst_id = %s AND {_NOT_AUDITOR}"
+        params += [user.pk, user.pk, AUDITORS_GROUP]
     if final_only:
         sql += f" AND r.status IN ({', '.join(['%s'] * len(Request.FINAL))})"
         params += list(Request.FINAL)

@@ -8,7 +8,7 @@ from rest_framework.response import Response
 
 from accounting import ACCOUNTANTS
 
-from ..core.roles import is_officer
+from ..core.roles import is_auditor, is_officer
 from ..ledger import actions as ledger
 from ..ledger.estimates import bounded_work
 from ..models import LedgerEntry
@@ -28,7 +28,7 @@ class LedgerViewSet(viewsets.ReadOnlyModelViewSet):
         qs = LedgerEntry.objects.select_related("dataset", "analyst").order_by("id")
         if is_officer(self.request.user):
             return qs
-        return qs.filter(analyst=self.request.user)
+        return qs.none() if is_auditor(self.request.user) else qs.filter(analyst=self.request.user)  # an auditor: none, her own from before too
 
 
 @extend_schema(request=s.ComposeInputSerializer, responses={200: inline_serializer("Composition", {

@@ -19,7 +19,7 @@ from rest_framework.response import Response
 
 from ..core.dispatch import app
 from ..core.errors import InvalidRequest
-from ..core.roles import is_officer
+from ..core.roles import is_auditor, is_officer
 from ..core.security import still_signed_in
 from ..datasets.registry import NAME_RE
 from ..models import Request
@@ -65,7 +65,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         qs = Request.objects.select_related("dataset", "analyst", "ledger_entry").order_by("-created_at")
         if is_officer(self.request.user):
             return qs.defer("result")  # never shown to an officer (and can be megabytes)
-        return qs.filter(analyst=self.request.user)
+        return qs.none() if is_auditor(self.request.user) else qs.filter(analyst=self.request.user)  # an auditor: none, her own from before too
 
     @extend_schema(request=s.RequestCreateSerializer,
                    parameters=[OpenApiParameter(
