@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "governance.shell_commands",  # before authtoken: its drf_create_token is replaced
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",

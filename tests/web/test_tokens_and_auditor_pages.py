@@ -185,3 +185,25 @@ def test_the_estimate_tool_takes_sql_and_a_request(officer_client, survey):
 def test_the_estimate_tool_shows_what_is_wrong(officer_client, survey, what, text, options, says):
     html = estimate(officer_client, survey, what=what, event=text, options=options)
     assert 'id="estimate-error"' in html and says.lower() in html.lower() and 'id="estimate-result"' not in html
+
+
+def test_drf_create_token_from_a_shell_issues_once_and_its_reset_ends_the_old_sessions(client, analyst):
+    """A probe: DRF's own command printed the analyst's live token again (tokens are shown
+    once), and with -r left the web session opened with the old token signed in, where it
+    issued itself a new token and locked the officer's out."""
+    import io
+
+    from django.core.management import CommandError, call_command
+    from rest_framework.test import APIClient
+
+    old, home = sign_in(client, analyst)
+    assert client.get(home).status_code == 200
+    with pytest.raises(CommandError, match="already has a token"):
+        call_command("drf_create_token", analyst.username, stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("drf_create_token", analyst.username, "-r", stdout=out)
+    new = out.getvalue().split()[2]
+    assert new != old and api_status(APIClient(), old) == 401 and api_status(APIClient(), new) == 200
+    assert client.get(home).status_code == 302  # the old token's session ended: to the sign-in page
+    with pytest.raises(CommandError, match="does not exist"):
+        call_command("drf_create_token", "nobody", stdout=io.StringIO())
