@@ -327,7 +327,7 @@ def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
             if (eps, delta) != (before.budget_epsilon, before.budget_delta):
                 state, limit = Cost.from_json(budget.state), Limit.of_dataset(ds)
                 if not holds_on_ledger(limit, state, ds.pk):
-                    raise InvalidDataset("the new budget is below what the ledger has already spent",
+                    raise InvalidDataset("the new budget is below what the ledger has already spent and reserved",
                                          field="budget_epsilon", spent_epsilon=limit.spent(state))
                 _check_grants_hold(ds, before)
         if "approx_delta_share" in fields and fields["approx_delta_share"] != ds.approx_delta_share:
