@@ -81,7 +81,13 @@ _IN_POOL_PROCESS = []  # set in a prefork pool's process (worker_process_init)
 
 @worker_process_init.connect
 def _pool_process(**_kwargs):
-    _IN_POOL_PROCESS.append(True)
+    """A prefork pool's child, not the worker itself: Celery's solo pool sends this signal
+    too, in the worker's main process, which then exited on a run out of memory and left
+    every queued request with no worker (a probe's, ``--pool solo``)."""
+    from billiard.process import current_process
+
+    if current_process().name != "MainProcess":
+        _IN_POOL_PROCESS.append(True)
 
 
 def _replace_after_out_of_memory(request_id: str) -> None:

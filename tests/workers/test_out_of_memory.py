@@ -57,6 +57,24 @@ def test_a_pool_process_that_ran_out_of_memory_is_replaced(real_worker, memory_h
     assert "ran out of memory: this pool process" in log
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker(pool="solo", PYTHONPATH=ENTRY_POINTS)
+def test_a_solo_worker_that_ran_out_of_memory_keeps_serving(real_worker, memory_hog, api, analyst, make_dataset,
+                                                           grant, tmp_path):
+    """Celery's solo pool sends ``worker_process_init`` in the worker itself: it took itself
+    for a pool process and exited (``Unrecoverable error``), the queued requests of every
+    analyst left with no worker (a probe's, the demo's pool)."""
+    ds = make_dataset(epsilon=5.0)
+    grant(analyst, ds)
+    client = api(analyst)
+    failed = _run(client, ds, "hog")
+    assert failed["status"] == "failed" and failed["error"]["code"] == "request.failed_after_read", failed
+    after = _run(client, ds, "pid", epsilon=0.2)
+    assert after["status"] == "succeeded", after
+    assert real_worker.process.poll() is None
+    assert "restart it, or run a prefork pool" in (tmp_path / "worker.log").read_text()
+
+
 @pytest.mark.parametrize("error, noted", [
     (MemoryError(), True),
     (RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
