@@ -387,3 +387,16 @@ def test_a_data_directory_that_cannot_be_written_is_a_503_that_keeps_nothing(cli
     r = client.post(URL, {"name": "ro", "path": str(path), "budget_epsilon": 1}, format="json")
     assert r.status_code == 503 and r.json()["code"] == "storage.unwritable", r.content[:300]
     assert os.strerror(getattr(errno, err)) in r.json()["detail"]
+
+
+def test_a_csv_too_wide_is_refused_by_its_header_before_arrow_parses_it(tmp_path, monkeypatch):
+    """Arrow takes about 10 KB per column: a probe's 3.5 MB CSV of 300,000 columns aborted
+    the web process (std::bad_alloc) before the width was checked on the parsed table."""
+    from governance.core.errors import InvalidDataset
+    from governance.datasets import files
+
+    path = tmp_path / "wide.csv"
+    path.write_text(",".join(f"c{i}" for i in range(3_000)) + "\n" + ",".join("1" * 3_000) + "\n")
+    monkeypatch.setattr(files.pacsv, "read_csv", lambda *a, **k: pytest.fail("parsed before its width was checked"))
+    with pytest.raises(InvalidDataset, match="3000 columns; at most 2000"):
+        files.read_table(path, "csv")
