@@ -138,7 +138,13 @@ def finish(d: dict, spec: Spec, synthetic: pd.DataFrame, info: dict, train: pd.D
     officer = None
     if len(holdout):
         progress({"phase": "quality and privacy reports", "fraction": 0.93})
-        officer = reports(train, synthetic, holdout, spec, workdir / "officer")
+        try:
+            officer = reports(train, synthetic, holdout, spec, workdir / "officer")
+        except MemoryError:
+            # the officer's reports are read from the rows after the table is made: their
+            # want of memory is no reason to withhold a table the analyst is charged for
+            officer = {"not_computed": "the worker ran out of memory computing the quality and privacy reports; "
+                                       "the table was released without them"}
         if reports_note:
             officer["rows_compared"] = reports_note
         # a cancel sent while the reports ran is seen here, before anything is released (a
@@ -154,8 +160,9 @@ def finish(d: dict, spec: Spec, synthetic: pd.DataFrame, info: dict, train: pd.D
         "numeric_bins": {c["column"]: c["bins"] for c in spec.columns if c["type"] == "numeric"}, **info,
         # the dataset's columns not synthesized (no "columns" asked), and why: public schema facts
         **({"columns_left_out": spec.left_out} if spec.left_out else {}),
-        "reports": ("computed and shown to the privacy officer only: they compare the table with the private rows"
-                    if officer else "none (holdout_fraction 0)"),
+        "reports": ("none (holdout_fraction 0)" if officer is None else "not computed for this run"
+                    if "not_computed" in officer else
+                    "computed and shown to the privacy officer only: they compare the table with the private rows"),
     }
     return Release(result=result, officer_report=officer)
 

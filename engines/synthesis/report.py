@@ -63,6 +63,9 @@ HISTOGRAM_BINS = 30
 TSTR_REPEATS = 5  # the plain run and 4 bootstraps of training and test rows: the interval
 MAX_NATIVE_CATEGORIES = 250  # larger domains go to the gradient boosting as ordinal codes
 DENSE_WIDTH = 256  # distance encodings wider than this stay sparse
+# the brute-force search's distance blocks (scikit-learn's default, 1 GB, ran a probe's worker
+# out of memory in the officer's report after a table within every limit was made)
+NEAREST_WORKING_MB = 64
 
 ASSOCIATION = ("bias-corrected Cramér's V (Bergsma 2013) between the discretised codes (10 equal-width bins "
                "over the declared range for numeric columns, the declared domain for categorical ones, "
@@ -249,9 +252,12 @@ def _nearest(reference, query) -> tuple[np.ndarray, np.ndarray]:
     from scipy import sparse
     from sklearn.neighbors import NearestNeighbors
 
+    from sklearn import config_context
+
     is_sparse = sparse.issparse(reference)
     nn = NearestNeighbors(n_neighbors=1, algorithm="brute" if is_sparse else "auto").fit(reference)
-    _, idx = nn.kneighbors(query)
+    with config_context(working_memory=NEAREST_WORKING_MB):
+        _, idx = nn.kneighbors(query)
     idx = idx[:, 0]
     diff = query - reference[idx]
     if is_sparse:

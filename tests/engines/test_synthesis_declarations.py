@@ -565,6 +565,38 @@ def test_a_cancel_sent_during_the_reports_is_seen_before_the_release():
 
 
 
+def test_reports_that_run_out_of_memory_do_not_withhold_the_table(monkeypatch):
+    """A probe's MST table within every limit was made, then the officer's privacy report
+    (a nearest-neighbour search over 1 GB distance blocks) ran out of memory: the run failed
+    after the read, charged, and the table was dropped. The reports are the officer's, read
+    after the table is made: it is released, the report says why it is missing."""
+    from engines.synthesis import execute
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(execute, "reports", no_memory)
+    df = _loans(600)
+    meta = DatasetMeta(name="t", columns=SCHEMA, unit_column=None, n_rows=len(df), n_units=len(df), delta=1e-6)
+    table, _, release = synthesize(df, meta, {"method": "mst", "epsilon": 1.0, "rows": 100,
+                                              "holdout_fraction": 0.25})
+    assert len(table) == release.result["rows"] == 100 and release.result["reports"] == "not computed for this run"
+    assert "ran out of memory" in release.officer_report["not_computed"]
+
+
+def test_the_nearest_neighbour_search_works_in_small_blocks(monkeypatch):
+    from sklearn import get_config
+    from sklearn.neighbors import NearestNeighbors
+
+    from engines.synthesis import report
+
+    seen, real = [], NearestNeighbors.kneighbors
+    monkeypatch.setattr(NearestNeighbors, "kneighbors",
+                        lambda self, *a, **k: seen.append(get_config()["working_memory"]) or real(self, *a, **k))
+    d, idx = report._nearest(np.eye(3), np.eye(3)[[2, 0]])
+    assert seen == [report.NEAREST_WORKING_MB] and list(idx) == [2, 0] and list(d) == [0.0, 0.0]
+
+
 @pytest.mark.parametrize("method", ["mst", "aim"])
 def test_a_cancel_while_preparing_keeps_the_whole_plan_of_a_one_shot_method(method):
     """MST and AIM are one-shot: a cancel after the read keeps the whole plan (no event
