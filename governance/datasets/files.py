@@ -152,6 +152,10 @@ def read_table(path: Path | str, fmt: str, columns: list[str] | None = None, *,
     return table
 
 
+class DecodedTooLarge(InvalidDataset):
+    """A Parquet file that decodes past the bound it was read with."""
+
+
 def _check_csv_width(path) -> None:
     """Refuse a CSV of more than MAX_COLUMNS columns by its header, before Arrow parses it:
     Arrow takes about 10 KB per column, so a 3.5 MB file of 300,000 columns aborted the web
@@ -180,7 +184,7 @@ def _read_parquet_bounded(path, max_bytes: int) -> pa.Table:
     check_columns(schema)  # nested columns (a list of long strings could be a bomb too) before any row
 
     def refuse(size: str):
-        return InvalidDataset(
+        return DecodedTooLarge(
             f"The Parquet file ({os.path.getsize(path)} bytes on disk) decodes to {size} bytes, over the limit of "
             f"{max_bytes} ({MAX_DECODED_RATIO} x MAX_UPLOAD_BYTES): a table too large, or a compression bomb.")
 

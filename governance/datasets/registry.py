@@ -24,7 +24,8 @@ from ..ledger import trail
 from ..models import Budget, Dataset
 from .budget import parse_budget
 from .data import StoredTableChanged, check_digest, table_schema
-from .files import MAX_DECODED_RATIO, check_columns, dataset_path, read_table, resolve_server_path, store_file
+from .files import (MAX_DECODED_RATIO, DecodedTooLarge, check_columns, dataset_path, read_table,
+                    resolve_server_path, store_file)
 from .schema import check_nulls, infer_schema, null_counts, validate_schema
 
 log = logging.getLogger(__name__)
@@ -97,12 +98,23 @@ def register(*, name: str, created_by, upload=None, path: str | None = None, fil
     rel, fmt, sha = store_file(source, name, file_format)
     stored = settings.DATA_DIR / rel
     try:
-        if stored.stat().st_size > settings.REGISTER_INLINE_BYTES:
+        described = None
+        if stored.stat().st_size <= settings.REGISTER_INLINE_BYTES:
+            # read here only while it decodes within MAX_DECODED_RATIO x REGISTER_INLINE_BYTES
+            # too: a probe's 2.2 MB Parquet decoding to 4 GB (under the 4 x MAX_UPLOAD_BYTES
+            # bound) left this web process holding 1.5 GB, and the next wide upload aborted it
+            limit = _decoded_limit()
+            inline = min(limit, MAX_DECODED_RATIO * settings.REGISTER_INLINE_BYTES)
+            try:
+                described = describe_table(stored, fmt, unit_column, schema, max_bytes=inline)
+            except DecodedTooLarge:
+                if inline >= limit:
+                    raise
+        if described is None:
             return _register_later(name=name, created_by=created_by, rel=rel, fmt=fmt, sha=sha, title=title,
                                    description=description, unit_column=unit_column, schema=schema,
                                    budget_epsilon=budget_epsilon, budget_delta=budget_delta, policy=policy,
                                    activate=activate)
-        described = describe_table(stored, fmt, unit_column, schema)
         eps, delta, delta_auto = parse_budget(budget_epsilon, budget_delta, described["n_units"])
         with transaction.atomic():
             ds = Dataset.objects.create(
@@ -118,10 +130,16 @@ def register(*, name: str, created_by, upload=None, path: str | None = None, fil
         raise
 
 
-def describe_table(stored, fmt: str, unit_column: str, schema) -> dict:
+def _decoded_limit() -> int:
+    return MAX_DECODED_RATIO * settings.MAX_UPLOAD_BYTES
+
+
+def describe_table(stored, fmt: str, unit_column: str, schema, max_bytes: int | None = None) -> dict:
     """Read a stored table and describe it: its checked schema, rows, units and the most
-    rows of one unit (``Dataset`` fields). The work that grows with the table."""
-    table = read_table(stored, fmt, max_bytes=MAX_DECODED_RATIO * settings.MAX_UPLOAD_BYTES)
+    rows of one unit (``Dataset`` fields). The work that grows with the table. A Parquet
+    file is refused (``DecodedTooLarge``) once it decodes past ``max_bytes`` (default
+    ``MAX_DECODED_RATIO`` x ``MAX_UPLOAD_BYTES``)."""
+    table = read_table(stored, fmt, max_bytes=max_bytes or _decoded_limit())
     check_columns(table.schema)
     if table.num_columns == 0 or table.num_rows == 0:
         raise InvalidDataset("The table has no columns or no rows.")

@@ -160,3 +160,31 @@ def test_the_officer_pages_show_a_pending_and_a_failed_dataset(api, officer, csv
             r = client.get(url)
             assert r.status_code == 200, (url, r.status_code)
             assert ds.status in r.content.decode() or url.endswith("/admin/"), url
+
+
+def test_a_small_file_that_decodes_large_is_read_by_a_worker_not_on_the_request_thread(
+        api, officer, settings, django_capture_on_commit_callbacks):
+    """A probe's 2.2 MB Parquet decoded to 4 GB on the web thread (within 4 x MAX_UPLOAD_BYTES,
+    the file under REGISTER_INLINE_BYTES): the process kept 1.5 GB, and the next wide upload
+    aborted it. Past 4 x REGISTER_INLINE_BYTES decoded, the request thread stops reading and
+    hands the file to a worker."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"patient_id": np.arange(1_000_000) // 4, "z": np.zeros(1_000_000)}), buf,
+                   compression="zstd")  # about 1 MB on disk, 16 MB decoded
+    data = buf.getvalue()
+    settings.REGISTER_INLINE_BYTES = len(data) + 1  # small enough to be read here by its size on disk
+    settings.MAX_UPLOAD_BYTES = 10**9
+    assert 4 * settings.REGISTER_INLINE_BYTES < 16_000_000
+    with django_capture_on_commit_callbacks(execute=False) as sent:
+        r = api(officer).post(URL, {"name": "wide", "budget_epsilon": "1.0", "file": upload(data, "t.parquet"),
+                                    "unit_column": "patient_id"}, format="multipart")
+    assert r.status_code == 202 and r.json()["status"] == "pending", r.content[:300]
+    sent[0]()  # the worker reads it within 4 x MAX_UPLOAD_BYTES
+    got = api(officer).get(f"{URL}wide/").json()
+    assert got["status"] == "draft" and got["n_rows"] == 1_000_000 and got["n_units"] == 250_000
