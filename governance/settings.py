@@ -143,7 +143,9 @@ X_FRAME_OPTIONS = "DENY"
 API_TOKEN_TTL_DAYS = envint("API_TOKEN_TTL_DAYS", 90)
 REQUEST_RATE_LIMIT = envstr("REQUEST_RATE_LIMIT", "600/min")
 # Requests one analyst may have queued or running at once (0: no limit): past it a new
-# request is a 429 until one ends, so one analyst cannot queue hours of every worker's time.
+# request is a 429 until one ends. It bounds one analyst's backlog, not another's wait: the
+# queue is first in, first out, so a request waits behind every one queued before it (a
+# probe's count waited 218 s behind 100 grouped quantiles; operations.md says how to size it).
 MAX_ACTIVE_REQUESTS = envint("MAX_ACTIVE_REQUESTS", 100)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
