@@ -28,7 +28,8 @@ collective on the ranks are in lockstep and a collective waits at most
 ``COLLECTIVE_SECONDS`` (45 s) for a rank. The driver watches the ranks' tasks and their
 workers (a task pinned to a worker that died would wait for it for ever); when a rank is
 lost, or a survivor's collective fails (at once if the peer's connection closed, else
-at the timeout), the run fails with ``RankLost``, within a minute, and is charged the
+at the timeout), the run fails with ``RankLost``, within a minute (a rank frozen, not
+dead, within about 100 s: ``COLLECTIVE_SECONDS``, then ``LOST_GRACE_SECONDS``), and is charged the
 steps and evaluations the survivors report taken, the one under way counted as taken
 (rank 0 may have drawn its noise); the whole plan if no rank could say, as for a rank
 lost while it read its rows, before the group formed: it may have died of those rows (an
@@ -223,6 +224,12 @@ def _gather(futures: list, workers: list[str], c, progress, stop, report) -> lis
                 time.sleep(cluster.POLL_SECONDS)
             out = [f.result() for f in futures if f.done() and f.status == "finished"]
             spent = next((o["cancelled"] for o in out if o.get("cancelled")), None)
+            if spent is None:
+                # no rank heard the cancel at a step: a rank stopped answering (frozen, a
+                # paused host), and the others' collectives failed first; what those report
+                # taken is the charge, as for a lost rank (the whole plan was charged: a
+                # probe's 31 steps taken of 6,000 planned)
+                spent = _spent(out)
             err = Cancelled("the request was cancelled")
             err.actual_event = spent
             raise err from None

@@ -142,3 +142,46 @@ def test_through_the_api_a_lost_rank_fails_the_request_charged_the_steps_taken(
     assert 0 < trained["steps"] < planned["steps"]
     heal_hosts(2)
     assert row_copies(dirs) == {}
+
+
+def test_a_cancel_while_a_rank_is_frozen_is_charged_the_steps_the_others_report(monkeypatch):
+    """A probe froze rank 1 (SIGSTOP) and cancelled: rank 0's collective timed out and it
+    returned the steps it took as a failure, no rank returned "cancelled", and the run was
+    charged the whole plan (6,000 steps for 31 taken). The failed ranks' steps are the charge."""
+    from engines.distributed import training
+    from engines.types import Cancelled
+
+    class Future:
+        def __init__(self, result=None):
+            self._result, self.status = result, "finished" if result is not None else "pending"
+
+        def done(self):
+            return self._result is not None
+
+        def result(self):
+            return self._result
+
+    class Flag:
+        def set(self):
+            pass
+
+    class Report:
+        def get(self, timeout):
+            return {"phase": "training"}
+
+    taken = {"kind": "subsampled_gaussian", "steps": 31}
+    survivor, frozen = Future(), Future()
+    monkeypatch.setattr(training, "CANCEL_GRACE_SECONDS", 0.2)
+
+    class Client:  # the scheduler still lists the frozen rank's worker
+        def scheduler_info(self, n_workers):
+            return {"workers": {"w0": {}, "w1": {}}}
+
+    def progress(info):
+        # rank 1 froze; the cancel is heard, then rank 0's collective times out
+        survivor._result, survivor.status = {"rank": 0, "failed": "RuntimeError", "spent": taken}, "finished"
+        raise Cancelled("cancelled by the analyst")
+
+    with pytest.raises(Cancelled) as e:
+        training._gather([survivor, frozen], ["w0", "w1"], Client(), progress, Flag(), Report())
+    assert e.value.actual_event == taken
