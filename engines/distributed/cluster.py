@@ -42,6 +42,7 @@ CONNECT_SECONDS = 30  # a scheduler that does not answer within this is out of r
 WAIT_FOR_WORKER_SECONDS = 30.0  # a graph is sent once the cluster has a worker, waited for this long
 NO_WORKER_SECONDS = 60.0  # a graph under way on a cluster left without a worker this long fails
 WORKER_CHECK_SECONDS = 5.0  # how often a graph under way asks the scheduler for its workers
+SCHEDULER_ANSWER_SECONDS = 5.0  # a question to the scheduler unanswered this long: TimeoutError
 
 
 class ClusterUnavailable(EngineError):
@@ -70,7 +71,7 @@ def _ready_client(scheduler: str):
     nothing_sent = not getattr(_sent, "jobs", None)
     try:
         c = client(scheduler)
-        if not c.scheduler_info(n_workers=1).get("workers"):
+        if not scheduler_info(c, n_workers=1).get("workers"):
             c.wait_for_workers(1, timeout=WAIT_FOR_WORKER_SECONDS)
     except Exception as e:  # noqa: BLE001 - unreachable, refused, timed out: the cluster's state
         raise ClusterUnavailable(
@@ -270,11 +271,24 @@ def tree_reduce(leaves: list, combine, fan_in: int = 8, finish=None):
     return level[0] if finish is None else dask.delayed(finish, pure=True)(level)
 
 
+def scheduler_info(c, n_workers: int = -1) -> dict:
+    """``c.scheduler_info(n_workers)``, a ``TimeoutError`` once the scheduler has not answered
+    for ``SCHEDULER_ANSWER_SECONDS``: distributed's own call waits for ever on a scheduler
+    whose connection stays open while it does not answer (a frozen process, a paused host).
+    A probe's run then heard no cancel and no lost cluster for as long as the scheduler was
+    frozen, and a registration's POST held its web thread as long."""
+    return dict(c.sync(c.scheduler.identity, n_workers=n_workers, callback_timeout=SCHEDULER_ANSWER_SECONDS))
+
+
 def _working(c) -> bool:
     """Whether the cluster has a worker that runs tasks: one paused by Dask's memory monitor
     runs none until its memory falls (a probe's two workers paused for good, and the run
-    waited on them, its reservation held, until the 3 h time limit)."""
-    workers = c.scheduler_info(n_workers=-1).get("workers") or {}
+    waited on them, its reservation held, until the 3 h time limit). A scheduler that does
+    not answer has none either."""
+    try:
+        workers = scheduler_info(c).get("workers") or {}
+    except (TimeoutError, OSError):
+        return False
     return any(w.get("status", "running") == "running" for w in workers.values())
 
 
@@ -306,7 +320,8 @@ def compute(value, scheduler: str, retries: int, progress=None, phase: str = "ag
                     alone_since = None
                 elif looked - (alone_since := alone_since or looked) > NO_WORKER_SECONDS:
                     raise ClusterUnavailable(f"the Dask cluster had no running worker (none, or every one paused "
-                                             f"by its memory monitor) for {NO_WORKER_SECONDS:g} s while the run's "
+                                             f"by its memory monitor, or a scheduler that did not answer) for "
+                                             f"{NO_WORKER_SECONDS:g} s while the run's "
                                              "graph was under way", nothing_read=False)
             # No elapsed time in the report: how long the cluster takes depends on the
             # data, and what the analyst sees of a run changes only on the run clock's

@@ -166,7 +166,7 @@ def ranks_for(requested: int, scheduler: str) -> list[str]:
     """The Dask workers the ranks run on: ``requested`` of them at most, in a stable order."""
     if requested <= 1 or not scheduler:
         return []
-    workers = sorted(cluster.client(scheduler).scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(cluster.scheduler_info(cluster.client(scheduler))["workers"])
     return workers[:requested] if len(workers) > 1 else []
 
 
@@ -176,7 +176,10 @@ def _lost(futures: list, workers: list[str], c) -> str | None:
     for f in futures:
         if f.status in ("error", "cancelled", "lost"):
             return f"rank {futures.index(f)}'s task {f.status}"
-    alive = set(c.scheduler_info(n_workers=-1)["workers"])
+    try:
+        alive = set(cluster.scheduler_info(c)["workers"])
+    except TimeoutError:  # a scheduler slow to answer: no news (the collectives' timeout still holds)
+        return None
     gone = [r for r, w in enumerate(workers) if w not in alive]
     return f"rank {gone[0]}'s worker left the cluster" if gone else None
 
@@ -208,7 +211,10 @@ def _gather(futures: list, workers: list[str], c, progress, stop, report) -> lis
             stop.set()  # a rank still waiting for the group to form stops waiting
             deadline = time.monotonic() + LOST_GRACE_SECONDS
             while time.monotonic() < deadline:
-                alive = set(c.scheduler_info(n_workers=-1)["workers"])
+                try:
+                    alive = set(cluster.scheduler_info(c)["workers"])
+                except TimeoutError:
+                    alive = set(workers)  # no answer: wait on, within the grace period
                 if all(f.done() or w not in alive for f, w in zip(futures, workers)):
                     break
                 time.sleep(cluster.POLL_SECONDS)

@@ -172,10 +172,8 @@ def test_a_cancel_while_a_rank_is_frozen_is_charged_the_steps_the_others_report(
     taken = {"kind": "subsampled_gaussian", "steps": 31}
     survivor, frozen = Future(), Future()
     monkeypatch.setattr(training, "CANCEL_GRACE_SECONDS", 0.2)
-
-    class Client:  # the scheduler still lists the frozen rank's worker
-        def scheduler_info(self, n_workers):
-            return {"workers": {"w0": {}, "w1": {}}}
+    # the scheduler still lists the frozen rank's worker
+    monkeypatch.setattr(training.cluster, "scheduler_info", lambda c, n_workers=-1: {"workers": {"w0": {}, "w1": {}}})
 
     def progress(info):
         # rank 1 froze; the cancel is heard, then rank 0's collective times out
@@ -183,5 +181,5 @@ def test_a_cancel_while_a_rank_is_frozen_is_charged_the_steps_the_others_report(
         raise Cancelled("cancelled by the analyst")
 
     with pytest.raises(Cancelled) as e:
-        training._gather([survivor, frozen], ["w0", "w1"], Client(), progress, Flag(), Report())
+        training._gather([survivor, frozen], ["w0", "w1"], None, progress, Flag(), Report())
     assert e.value.actual_event == taken
