@@ -141,6 +141,11 @@ def read_table(path: Path | str, fmt: str, columns: list[str] | None = None, *,
             table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES),
                                    convert_options=opts)
         table.schema.names  # noqa: B018 - Arrow decodes names lazily: a binary file fails here
+    except MemoryError as e:  # Arrow's too ("realloc of size 1048576 failed"): said as what it is
+        if max_bytes is None:
+            raise  # a run's read: the request's own out-of-memory handling replaces the process
+        raise InvalidDataset(f"The {fmt.upper()} table could not be read within this process's memory: it decodes "
+                             "to more than the memory available (a table too large, or a compression bomb).") from e
     except (pa.ArrowException, OSError, ValueError, UnicodeDecodeError) as e:
         raise InvalidDataset(f"The file is not a readable {fmt.upper()} table: {_without_cells(str(e))[:300]}") from e
     if fmt == "csv":

@@ -400,3 +400,25 @@ def test_a_csv_too_wide_is_refused_by_its_header_before_arrow_parses_it(tmp_path
     monkeypatch.setattr(files.pacsv, "read_csv", lambda *a, **k: pytest.fail("parsed before its width was checked"))
     with pytest.raises(InvalidDataset, match="3000 columns; at most 2000"):
         files.read_table(path, "csv")
+
+
+def test_a_table_that_runs_the_reader_out_of_memory_is_said_to_be_so(tmp_path, monkeypatch):
+    """A probe's bomb failed as "not a readable PARQUET table: realloc of size 1048576
+    failed": the file was readable, the process's memory was not enough."""
+    import pyarrow.parquet as pq
+
+    from governance.core.errors import InvalidDataset
+    from governance.datasets import files
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"a": [1, 2]}), path)
+
+    def no_memory(*a, **k):
+        raise pa.ArrowMemoryError("realloc of size 1048576 failed")
+
+    monkeypatch.setattr(files.pq, "ParquetFile", no_memory)
+    with pytest.raises(InvalidDataset, match="could not be read within this process's memory"):
+        files.read_table(path, "parquet", max_bytes=10**6)  # a registration's read
+    monkeypatch.setattr(files.pq, "read_table", no_memory)
+    with pytest.raises(MemoryError):  # a run's: left to the request's handling (its process replaced)
+        files.read_table(path, "parquet")
