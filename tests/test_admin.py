@@ -165,23 +165,30 @@ def _form_as_shown(page: bytes) -> dict:
     return f.data
 
 
+def _two_officers_open(url, officer, django_user_model):
+    """``officer`` and a second one ("olga") each open ``url``: ((client, form as shown) x 2)."""
+    from django.test import Client
+
+    other = django_user_model.objects.create_user("olga", password="x", is_staff=True, is_superuser=True)
+    out = []
+    for user in (officer, other):
+        c = Client()
+        c.force_login(user)
+        out.append((c, _form_as_shown(c.get(url).content)))
+    return out
+
+
 def test_a_page_saved_after_another_officer_s_edit_keeps_that_edit(client, django_user_model, officer, make_dataset,
                                                                    analyst, grant):
     """A probe's two officers: the second saved a page opened before the first lowered the
     budget and turned allow_non_private off (only the title edited): budget and setting came
     back as they were, recorded as the second officer's deliberate change. Each page sends
     what it showed, and only the fields its officer changed are saved."""
-    from django.test import Client
-
     ds = make_dataset()
     Dataset.objects.filter(pk=ds.pk).update(allow_non_private=True)
     g = grant(analyst, ds, cap_epsilon=0.8)
-    other = django_user_model.objects.create_user("olga", password="x", is_staff=True, is_superuser=True)
-    first, second = Client(), Client()
-    first.force_login(officer)
-    second.force_login(other)
     url = f"/admin/governance/dataset/{ds.pk}/change/"
-    shown_first, shown_second = _form_as_shown(first.get(url).content), _form_as_shown(second.get(url).content)
+    (first, shown_first), (second, shown_second) = _two_officers_open(url, officer, django_user_model)
     assert shown_first["allow_non_private"] == "on" and "initial-budget_epsilon" in shown_first
     first_edit = {**shown_first, "budget_epsilon": "0.6"}
     first_edit.pop("allow_non_private")
@@ -204,16 +211,10 @@ def test_a_schema_saved_from_an_older_page_keeps_another_officer_s_schema_edit(c
     schema text and put the removed value back, both pages said "changed successfully"."""
     import json
 
-    from django.test import Client
-
     ds = make_dataset(schema={"age": {"lower": 18, "upper": 90}, "income": {"lower": 0, "upper": 200_000},
                               "site": {"type": "categorical", "domain": ["east", "north", "south"]}})
-    other = django_user_model.objects.create_user("olga", password="x", is_staff=True, is_superuser=True)
-    first, second = Client(), Client()
-    first.force_login(officer)
-    second.force_login(other)
     url = f"/admin/governance/dataset/{ds.pk}/change/"
-    shown_first, shown_second = _form_as_shown(first.get(url).content), _form_as_shown(second.get(url).content)
+    (first, shown_first), (second, shown_second) = _two_officers_open(url, officer, django_user_model)
 
     def edited(shown, column, **change):
         schema = json.loads(shown["schema"])
