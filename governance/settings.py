@@ -147,6 +147,10 @@ REQUEST_RATE_LIMIT = envstr("REQUEST_RATE_LIMIT", "600/min")
 # queue is first in, first out, so a request waits behind every one queued before it (a
 # probe's count waited 218 s behind 100 grouped quantiles; operations.md says how to size it).
 MAX_ACTIVE_REQUESTS = envint("MAX_ACTIVE_REQUESTS", 100)
+# ?wait= calls one analyst may hold at once in one web process (0: no limit); past it a
+# call answers at once with the request as it is. Each wait holds a web thread: a probe's
+# four waits of one analyst held all four threads, and another's GET /api/me/ took 28 s.
+WAITS_PER_ANALYST = envint("WAITS_PER_ANALYST", 2)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Where registered tables are stored, and the server directories a privacy officer may

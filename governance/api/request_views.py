@@ -23,7 +23,7 @@ from ..core.roles import is_auditor, is_officer
 from ..core.security import still_signed_in
 from ..datasets.registry import NAME_RE
 from ..models import Request
-from ..requests.waiting import MAX_WAIT_SECONDS, apply_final_state, parse_wait, wait_final
+from ..requests.waiting import MAX_WAIT_SECONDS, apply_final_state, parse_wait, wait_final, wait_slot
 from . import serializers as s
 from .common import FormatSuffix, file_response, usable_dataset, visible_datasets, visible_request
 
@@ -158,12 +158,17 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         analyst's repeat or replay on that dataset): only the row and its entry are read."""
         if not seconds or req.status in Request.FINAL:
             return None
-        if in_hand is not None:
-            # the request just admitted holds its entry: the worker's pushed final state completes it
-            from_state = (lambda data: apply_final_state(req, data)) if Request.ledger_entry.is_cached(req) else None
-            final = wait_final(req.pk, seconds, lambda: _final_row(req.pk, *in_hand), from_state)
-        else:
-            final = wait_final(req.pk, seconds, lambda: visible_request(self.request.user, req.pk, final_only=True))
+        with wait_slot(self.request.user.pk) as granted:
+            if not granted:  # her other waits hold their threads: this one answers at once
+                return None
+            if in_hand is not None:
+                # the request just admitted holds its entry: the worker's pushed final state completes it
+                from_state = (lambda data: apply_final_state(req, data)) if Request.ledger_entry.is_cached(req) \
+                    else None
+                final = wait_final(req.pk, seconds, lambda: _final_row(req.pk, *in_hand), from_state)
+            else:
+                final = wait_final(req.pk, seconds,
+                                   lambda: visible_request(self.request.user, req.pk, final_only=True))
         if not still_signed_in(self.request):
             raise exceptions.AuthenticationFailed(
                 "Signed out while this call waited (the token was revoked or reissued, or the account deactivated): "

@@ -69,6 +69,7 @@ POSITIVE = {  # setting: (smallest value, what it is)
     "MAX_REQUEST_PARAMS_BYTES": (1, "bytes of a request's parameters"),
     "RESULTS_MIN_FREE_MB": (0, "MB free on the results disk for a run to start"),
     "OUTCOME_RETRY_SECONDS": (0, "seconds a run's outcome is written again while the database is away"),
+    "WAITS_PER_ANALYST": (0, "?wait= calls one analyst may hold in one web process at once (0: no limit)"),
 }
 POSITIVE_IDS = {"API_TOKEN_TTL_DAYS": "governance.E008",
                 "DASK_TASK_RETRIES": "governance.E015", "CELERY_DB_REUSE_MAX": "governance.E017",
@@ -77,7 +78,7 @@ POSITIVE_IDS = {"API_TOKEN_TTL_DAYS": "governance.E008",
                 "FEDERATED_WAIT_SITES_SECONDS": "governance.E034", "FEDERATED_ROUND_TIMEOUT_SECONDS": "governance.E034",
                 "WORKER_MAX_MEMORY_MB": "governance.E035", "MAX_ACTIVE_REQUESTS": "governance.E036",
                 "MAX_REQUEST_PARAMS_BYTES": "governance.E036", "RESULTS_MIN_FREE_MB": "governance.E036",
-                "OUTCOME_RETRY_SECONDS": "governance.E036"}
+                "OUTCOME_RETRY_SECONDS": "governance.E036", "WAITS_PER_ANALYST": "governance.E036"}
 
 
 def rate_problem(rate) -> str | None:

@@ -21,8 +21,10 @@ long-poll reveals nothing a poll would not: it only saves the round trips.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
 import time
 
 import orjson
@@ -127,6 +129,29 @@ def signal_done_many(finished) -> None:
     except Exception:  # noqa: BLE001 - a waiter falls back to reading the row
         log.warning("could not signal %d finished request(s), the first %s", len(finished), finished[0][0],
                     exc_info=True)
+
+
+_waiting: dict = {}  # user id -> ?wait= calls this process holds for her now
+_waiting_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def wait_slot(user_id):
+    """Whether this call may wait (True at most ``WAITS_PER_ANALYST`` at once per user in
+    this process): each wait holds a web thread, and one analyst's waits held them all."""
+    limit = settings.WAITS_PER_ANALYST
+    with _waiting_lock:
+        granted = not limit or _waiting.get(user_id, 0) < limit
+        if granted:
+            _waiting[user_id] = _waiting.get(user_id, 0) + 1
+    try:
+        yield granted
+    finally:
+        if granted:
+            with _waiting_lock:
+                _waiting[user_id] -= 1
+                if not _waiting[user_id]:
+                    del _waiting[user_id]
 
 
 def wait_final(request_id, seconds: float, fetch_final, from_state=None):

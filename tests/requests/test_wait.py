@@ -192,3 +192,30 @@ def test_a_wait_whose_caller_was_signed_out_meanwhile_shows_nothing(api, analyst
     r = client.get(f"{URL}{rid}/?wait=20")
     t.join()
     assert r.status_code == 401 and r.json()["code"] == "auth.failed" and "result" not in r.json(), r.content
+
+
+@pytest.mark.django_db
+def test_an_analyst_holding_her_waits_is_answered_at_once_and_others_still_wait(
+        api, analyst, analyst2, clinic, grant, settings, django_capture_on_commit_callbacks, monkeypatch):
+    """A probe's four ?wait=30 calls of one analyst held all four web threads, and another
+    analyst's GET /api/me/ took 28 s: past WAITS_PER_ANALYST a call answers at once."""
+    settings.REDIS_URL = ""
+    grant(analyst2, clinic)
+    with django_capture_on_commit_callbacks(execute=False):  # never sent: stays queued
+        rid = api(analyst).post(URL, {**COUNT, "dataset": clinic.name}, format="json").json()["id"]
+        rid2 = api(analyst2).post(URL, {**COUNT, "dataset": clinic.name}, format="json").json()["id"]
+    monkeypatch.setitem(waiting._waiting, analyst.pk, settings.WAITS_PER_ANALYST)  # her waits elsewhere
+    t0 = time.monotonic()
+    assert api(analyst).get(f"{URL}{rid}/?wait=5").json()["status"] == "queued"
+    assert time.monotonic() - t0 < 2
+    t0 = time.monotonic()
+    assert api(analyst2).get(f"{URL}{rid2}/?wait=0.3").json()["status"] == "queued"
+    assert time.monotonic() - t0 >= 0.3 and waiting._waiting == {analyst.pk: settings.WAITS_PER_ANALYST}
+
+
+def test_wait_slots_are_counted_per_user_and_given_back():
+    from django.conf import settings
+
+    with waiting.wait_slot(1) as a, waiting.wait_slot(1) as b, waiting.wait_slot(1) as c, waiting.wait_slot(2) as d:
+        assert (a, b, c, d) == (True, True, settings.WAITS_PER_ANALYST > 2, True)
+    assert waiting._waiting == {}
