@@ -23,8 +23,8 @@ def test_a_failed_twin_registration_leaves_the_winners_file(officer, import_dir,
     real = registry.describe_table
     b_done = threading.Event()
 
-    def slow_describe(stored, fmt, unit_column, schema):
-        out = real(stored, fmt, unit_column, schema)
+    def slow_describe(stored, fmt, unit_column, schema, **kwargs):
+        out = real(stored, fmt, unit_column, schema, **kwargs)
         if threading.current_thread().name == "A":
             b_done.wait(20)  # A's table read and described; its row not yet written
         return out
