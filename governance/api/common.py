@@ -35,6 +35,13 @@ def visible_datasets(user):
     return qs.filter(status=Dataset.Status.ACTIVE, grants__analyst=user, grants__revoked_at__isnull=True).distinct()
 
 
+def own_rows(qs, user):
+    """An analyst's own rows of ``qs`` (requests, ledger entries, grants); none for an
+    auditor, her own from before she became one included (the docs: auditors see no
+    results, requests, ledger entries or grants)."""
+    return qs.none() if is_auditor(user) else qs.filter(analyst=user)
+
+
 def _not_auditor() -> str:
     ug, gr = User.groups.through._meta.db_table, Group._meta.db_table
     return (f"NOT EXISTS (SELECT 1 FROM {ug} JOIN {gr} ON {gr}.id = {ug}.group_id"
