@@ -134,7 +134,8 @@ def read_table(path: Path | str, fmt: str, columns: list[str] | None = None, *,
         else:
             # A missing cell is null in text columns too ("", NA, NULL, NaN, N/A...: Arrow's
             # list, what pandas' to_csv and R's write.csv write), as it is in numeric ones
-            _check_csv_width(path)
+            if max_bytes is not None:  # a registration's read (a stored table's width was checked then)
+                _check_csv_width(path)
             opts = pacsv.ConvertOptions(include_columns=columns or [], strings_can_be_null=True)
             # blocks of 64 MB (Arrow's default, 1 MB, refused a cell over about 2 MB as "straddling
             # object straddles two block boundaries")
