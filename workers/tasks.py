@@ -72,7 +72,7 @@ def run_request(self, request_id: str) -> str:
             raise
         log.warning("request %s: the database is unavailable (%s); its task is sent again", request_id, exc)
         raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
-    _replace_after_out_of_memory(request_id)
+    _replace_after_out_of_memory(f"request {request_id}")
     return status
 
 
@@ -90,24 +90,24 @@ def _pool_process(**_kwargs):
         _IN_POOL_PROCESS.append(True)
 
 
-def _replace_after_out_of_memory(request_id: str) -> None:
-    """A run that ran out of memory left its process holding it
-    (``governance.requests.execution._note_out_of_memory``): in a prefork pool the process
-    exits once the request's outcome is written (``worker_process_shutdown`` drains the
+def _replace_after_out_of_memory(work: str) -> None:
+    """Work that ran out of memory (a request's run, a registration's read) left its process
+    holding it (``governance.core.processes.note_out_of_memory``): in a prefork pool the
+    process exits once the outcome is written (``worker_process_shutdown`` drains the
     releaser) and the pool starts a fresh one. Celery logs the exit as a lost worker; the
-    request is already final, and a second delivery of its task changes nothing. A solo or
+    work is already final, and a second delivery of its task changes nothing. A solo or
     threads pool is the worker itself: it keeps running, with an error in the log."""
-    from governance.requests.execution import OUT_OF_MEMORY
+    from governance.core.processes import OUT_OF_MEMORY
 
     if not OUT_OF_MEMORY.is_set():
         return
     if not _IN_POOL_PROCESS:
-        log.error("request %s ran out of memory; this worker (a solo or threads pool) keeps what it allocated: "
-                  "restart it, or run a prefork pool, which replaces the process", request_id)
+        log.error("%s ran out of memory; this worker (a solo or threads pool) keeps what it allocated: "
+                  "restart it, or run a prefork pool, which replaces the process", work)
         OUT_OF_MEMORY.clear()
         return
-    log.warning("request %s ran out of memory: this pool process (pid %s) exits and the pool starts a fresh one",
-                request_id, os.getpid())
+    log.warning("%s ran out of memory: this pool process (pid %s) exits and the pool starts a fresh one",
+                work, os.getpid())
     raise SystemExit(0)
 
 
@@ -116,7 +116,9 @@ def register_dataset(dataset_id: int) -> str:
     """Read a pending dataset's table off the request thread (governance.datasets.registry)."""
     from governance.datasets.registry import finish_registration
 
-    return finish_registration(dataset_id)
+    status = finish_registration(dataset_id)
+    _replace_after_out_of_memory(f"the registration of dataset {dataset_id}")
+    return status
 
 
 @shared_task(name="workers.sweep", ignore_result=True)

@@ -1,8 +1,10 @@
-"""Whether a process of this host is gone (its folders and files are then nobody's)."""
+"""Whether a process of this host is gone (its folders and files are then nobody's), and
+whether this one ran out of memory (and should be replaced)."""
 
 from __future__ import annotations
 
 import os
+import threading
 
 
 def gone(pid: int) -> bool:
@@ -17,3 +19,22 @@ def gone(pid: int) -> bool:
     except OSError:
         return False
     return False
+
+
+OUT_OF_MEMORY = threading.Event()  # set by work that ran out of memory: this process should be replaced
+
+
+def note_out_of_memory(e: BaseException) -> None:
+    """Work (a request's run, a registration's read) that failed for want of memory leaves
+    its process holding what it allocated (glibc keeps freed arenas; a probe's worker
+    process held 1.8 GB after one), so the next work on it could fail too. Marks the
+    process for replacement (``workers.tasks`` does it in a prefork pool). Seen through the
+    error's causes."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        # numpy, pyarrow and Python say MemoryError; torch's CPU allocator a RuntimeError
+        if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e)):
+            OUT_OF_MEMORY.set()
+            return
+        e = e.__cause__ or e.__context__

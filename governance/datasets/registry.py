@@ -19,6 +19,7 @@ from django.db import transaction
 from accounting import POLICIES
 from engines.columns import null_count, unit_ids
 
+from ..core import processes
 from ..core.errors import DatasetNotActive, InvalidDataset
 from ..ledger import trail
 from ..models import Budget, Dataset
@@ -209,6 +210,7 @@ def finish_registration(dataset_id: int) -> str:
         eps, delta, delta_auto = parse_budget(ds.budget_epsilon, asked.get("budget_delta", "auto"),
                                               described["n_units"])
     except InvalidDataset as e:
+        processes.note_out_of_memory(e)  # a read past this process's memory: a worker's pool replaces it
         errors = e.extra.get("errors") or {}
         detail = e.detail + "".join(f" {k}: {v}" for k, v in errors.items())
         if Dataset.objects.filter(pk=ds.pk, status=Dataset.Status.PENDING).update(

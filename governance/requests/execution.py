@@ -327,7 +327,7 @@ def _run(req: Request, clock: RunClock) -> str:
         # or federation's setup failed before any row (its message names no data).
         if ds.execution == Dataset.Execution.LOCAL or getattr(e, "code", None) == "dataset.partition_invalid":
             _log_failure(req.pk, e, "could not read its table")
-            _note_out_of_memory(e)
+            processes.note_out_of_memory(e)
             return _finish(req, Request.Status.FAILED, error={"code": "request.failed_before_read", "detail": (
                 "Failed before the data was read: the dataset's table (or a partition of it) is missing, unreadable "
                 "or no longer as registered (the privacy officer's page of this request says why); the reservation "
@@ -363,7 +363,7 @@ def _run(req: Request, clock: RunClock) -> str:
                 "code": "request.failed_before_read", "detail": f"No data was read: {e}"},
                 charge=False, clock=clock, officer_report=_jobs(recorder))
         _log_failure(req.pk, e)
-        _note_out_of_memory(e)
+        processes.note_out_of_memory(e)
         _empty(workdir)
         # The engine may name the work done before the failure (a data-parallel run that lost a
         # rank, a training stopped by the time limit: the steps taken); that is charged, as
@@ -412,7 +412,7 @@ def _failed_before_read(req: Request, e: Exception) -> str:
     """Refunded: the rows never reached the engine, and the failure's message names no data
     (an engine that cannot load, a full results disk, a cluster out of reach)."""
     log.exception("request %s failed before reading data", req.pk)
-    _note_out_of_memory(e)
+    processes.note_out_of_memory(e)
     return _finish(req, Request.Status.FAILED, error={"code": "request.failed_before_read",
                                                       "detail": f"Failed before the data was read: {no_paths(e)}"},
                    charge=False)
@@ -423,24 +423,6 @@ def _time_limited(e: BaseException) -> bool:
     from celery.exceptions import SoftTimeLimitExceeded
 
     return isinstance(e, SoftTimeLimitExceeded)
-
-
-OUT_OF_MEMORY = threading.Event()  # set by a run that ran out of memory: this process should be replaced
-
-
-def _note_out_of_memory(e: BaseException) -> None:
-    """A run that failed for want of memory leaves its process holding what it allocated
-    (glibc keeps freed arenas; a probe's worker process held 1.8 GB after one), so the next
-    request on it could fail after its read and be charged. Marks the process for
-    replacement (``workers.tasks`` does it in a prefork pool)."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        # numpy, pyarrow and Python say MemoryError; torch's CPU allocator a RuntimeError
-        if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e)):
-            OUT_OF_MEMORY.set()
-            return
-        e = e.__cause__ or e.__context__
 
 
 def _storage_full(e: BaseException) -> bool:

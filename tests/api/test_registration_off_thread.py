@@ -188,3 +188,33 @@ def test_a_small_file_that_decodes_large_is_read_by_a_worker_not_on_the_request_
     sent[0]()  # the worker reads it within 4 x MAX_UPLOAD_BYTES
     got = api(officer).get(f"{URL}wide/").json()
     assert got["status"] == "draft" and got["n_rows"] == 1_000_000 and got["n_units"] == 250_000
+
+
+def test_a_registration_that_ran_out_of_memory_replaces_its_pool_process(
+        api, officer, csv_bytes, off_thread, monkeypatch, django_capture_on_commit_callbacks):
+    """A probe's registration read ran out of memory in a worker: the dataset failed with
+    the reason, and the pool process kept what it had allocated (a run's out of memory
+    replaces its process; a registration's did not). Now both do."""
+    from pyarrow import csv as pacsv
+
+    from governance.core import processes
+    from workers import tasks
+
+    def too_large(*args, **kwargs):
+        raise MemoryError("realloc of size 1048576 failed")
+
+    with django_capture_on_commit_callbacks(execute=False):
+        r = api(officer).post(URL, form(csv_bytes), format="multipart")
+    assert r.status_code == 202
+    ds = Dataset.objects.get()
+    monkeypatch.setattr(pacsv, "read_csv", too_large)
+    monkeypatch.setattr(tasks, "_IN_POOL_PROCESS", [True])  # as in a prefork pool's child
+    processes.OUT_OF_MEMORY.clear()
+    try:
+        with pytest.raises(SystemExit):
+            tasks.register_dataset.run(ds.pk)
+    finally:
+        processes.OUT_OF_MEMORY.clear()
+    ds.refresh_from_db()
+    assert ds.status == "failed" and "within this process's memory" in ds.registration["error"]
+    assert stored_files() == []

@@ -7,7 +7,7 @@ one). The engine is installed into the real worker by its entry point
 import pytest
 
 from engines import plugins
-from governance.requests import execution
+from governance.core import processes
 
 from .conftest import wait_for
 from .memory_hog import ENGINE
@@ -85,9 +85,9 @@ def test_a_solo_worker_that_ran_out_of_memory_keeps_serving(real_worker, memory_
 def test_an_out_of_memory_failure_is_seen_through_its_causes(error, noted):
     wrapped = RuntimeError("the engine failed")
     wrapped.__cause__ = error
-    execution.OUT_OF_MEMORY.clear()
+    processes.OUT_OF_MEMORY.clear()
     try:
-        execution._note_out_of_memory(wrapped)
-        assert execution.OUT_OF_MEMORY.is_set() == noted
+        processes.note_out_of_memory(wrapped)
+        assert processes.OUT_OF_MEMORY.is_set() == noted
     finally:
-        execution.OUT_OF_MEMORY.clear()
+        processes.OUT_OF_MEMORY.clear()
