@@ -43,6 +43,29 @@ class RequestTask(Task):
         request_id = (args or [None])[0] or (kwargs or {}).get("request_id")
         return publish_or_mark(lambda: super(RequestTask, self).apply_async(args, kwargs, **options), request_id)
 
+    def on_failure(self, exc, task_id, args, kwargs, einfo):
+        """The hard time limit killed the pool process running a request (Celery calls this in
+        the worker's main process): the request is finished now as ``request.time_limit``,
+        not by the sweep minutes later as a lost worker."""
+        from billiard.exceptions import TimeLimitExceeded
+
+        if not isinstance(exc, TimeLimitExceeded):
+            return
+        request_id = (args or [None])[0] or (kwargs or {}).get("request_id")
+        from django.conf import settings
+
+        from governance.requests.recovery import finish_killed_by_time_limit
+
+        from django.db import connections
+
+        try:
+            if finish_killed_by_time_limit(request_id, settings.CELERY_TASK_TIME_LIMIT):
+                log.error("request %s: killed by the hard time limit; finished as request.time_limit", request_id)
+        except Exception:  # noqa: BLE001 - the database away: the sweep finishes it as lost
+            log.exception("request %s: killed by the hard time limit and not finished here", request_id)
+        finally:
+            connections.close_all()  # this is the pool's parent: no connection of it may pass to a forked child
+
 
 # max_retries=None here: retry()'s own max_retries=None means "the task's default", 3, and
 # a probe's database away for more than about 7 s dropped the message with a traceback

@@ -254,18 +254,30 @@ def _unchanged(heartbeat, started):
     return Q(heartbeat_at=heartbeat) if heartbeat is not None else Q(heartbeat_at__isnull=True, started_at=started)
 
 
-def _finish_lost(pk, still: Q, now) -> bool:
+def finish_killed_by_time_limit(pk, limit: int) -> bool:
+    """A run the workers' hard time limit killed (its pool process, stuck in one long call
+    the soft limit could not interrupt: an aggregate inside one OpenDP call). Celery's
+    worker calls this at once (``workers.tasks.RequestTask.on_failure``): it was finished
+    by the sweep as ``request.worker_lost`` only after the heartbeat's grace period, and
+    said nothing of the limit. Charged as a lost run (the steps taken are not known)."""
+    error = {"code": "request.time_limit",
+             "detail": f"Stopped by the workers' hard time limit ({limit} s, CELERY_TASK_TIME_LIMIT), its process "
+                       "ended; charged in full if the data had been read, else refunded."}
+    return _finish_lost(pk, Q(), db_now(), error)
+
+
+def _finish_lost(pk, still: Q, now, error=LOST) -> bool:
     with transaction.atomic():
         # the request row first, then the ledger: the order governance.requests.execution uses
         done = Request.objects.filter(still, pk=pk, status=Request.Status.RUNNING).update(
-            status=Request.Status.FAILED, error=LOST, finished_at=now)
+            status=Request.Status.FAILED, error=error, finished_at=now)
         if not done:
             return False
         req = Request.objects.get(pk=pk)
         Request.objects.filter(pk=pk).update(progress={**(req.progress or {}), "phase": "failed"})
         if req.ledger_entry_id:
-            ctx = trail.Context.of_request(req, outcome=Request.Status.FAILED, reason=LOST["code"],
-                                           detail=LOST["detail"])
+            ctx = trail.Context.of_request(req, outcome=Request.Status.FAILED, reason=error["code"],
+                                           detail=error["detail"])
             if req.data_read:
                 ledger.commit(req.ledger_entry_id, audit_ctx=ctx)
             else:

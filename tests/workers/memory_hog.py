@@ -1,9 +1,13 @@
 """A test engine (never a release engine) that a real worker loads by its entry point
 (``tests/workers/entry_points`` on the worker's PYTHONPATH): ``hog`` allocates 300 MB,
 keeps it, and fails with MemoryError after reading the data, as a run that asked for more
-than the host has; ``pid`` answers which process ran it and how much it holds."""
+than the host has; ``pid`` answers which process ran it and how much it holds; ``stuck``
+blocks the soft time limit's signal and sleeps, as a run inside one long native call the
+soft limit cannot interrupt (an aggregate inside one OpenDP call)."""
 
 import os
+import signal
+import time
 
 import numpy as np
 
@@ -19,13 +23,16 @@ class MemoryHog(ProbeEngine):  # (its plan: a Laplace event of the request's eps
 
     @hookimpl
     def engine_info(self):
-        return {"name": self.NAME, "kinds": ["hog", "pid"], "queue": "cpu", "description": "test engine",
+        return {"name": self.NAME, "kinds": ["hog", "pid", "stuck"], "queue": "cpu", "description": "test engine",
                 "params_schema": {}}
 
     @hookimpl
     def run(self, engine, request, dataset, data, plan, progress, workdir):
         if engine != self.NAME:
             return None
+        if request.kind == "stuck":
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])  # billiard's soft time limit
+            time.sleep(3600)
         if request.kind == "hog":
             HELD.append(np.ones(300 * 2**20 // 8))
             raise MemoryError("Unable to allocate 8.00 TiB for an array")

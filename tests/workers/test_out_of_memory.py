@@ -91,3 +91,27 @@ def test_an_out_of_memory_failure_is_seen_through_its_causes(error, noted):
         assert processes.OUT_OF_MEMORY.is_set() == noted
     finally:
         processes.OUT_OF_MEMORY.clear()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker(pool="prefork", PYTHONPATH=ENTRY_POINTS, CELERY_TASK_SOFT_TIME_LIMIT="2",
+                    CELERY_TASK_TIME_LIMIT="6")
+def test_a_run_the_soft_limit_cannot_stop_ends_at_the_hard_limit_as_time_limit(real_worker, memory_hog, api,
+                                                                               analyst, make_dataset, grant):
+    """A run inside one long native call does not hear the soft time limit (a probe's SQL
+    aggregate inside one OpenDP call): the hard limit killed its process, and the request
+    stayed ``running`` until the sweep's grace period had passed, then ``worker_lost``. Now
+    the worker finishes it at once as ``request.time_limit``, charged as a lost run, and
+    serves the next one."""
+    from governance.models import LedgerEntry
+
+    ds = make_dataset(epsilon=5.0)
+    grant(analyst, ds)
+    client = api(analyst)
+    stuck = _run(client, ds, "stuck")
+    assert stuck["status"] == "failed" and stuck["error"]["code"] == "request.time_limit", stuck
+    assert "hard time limit (6 s" in stuck["error"]["detail"]
+    assert LedgerEntry.objects.get(request__id=stuck["id"]).status == "committed"  # after the read
+    after = _run(client, ds, "pid", epsilon=0.2)
+    assert after["status"] == "succeeded", after
+    assert real_worker.process.poll() is None
