@@ -24,7 +24,7 @@ import pandas as pd
 import requests
 import urllib3
 
-from .errors import (ApiError, NotFound, RateLimited, RequestFailed, ServerError, ServerTimeout,
+from .errors import (ApiError, NotFound, RateLimited, RequestFailed, ServerError, ServerTimeout, SqlError,
                      ServerUnreachable, WaitTimeout, error_for)
 from .results import Dataset, Estimate, Result, datasets_frame, plain_file_name
 from .waiting import Backoff, progress_sink
@@ -242,7 +242,12 @@ class Client:
         if dummy:
             from . import dummy as dummy_run
 
-            return dummy_run.run(self, sql, _table_of(sql), rows=dummy_rows, seed=seed, **options)
+            try:
+                dataset = _table_of(sql)
+            except ValueError:  # (the service names what it cannot read; here no dataset is known to ask it)
+                raise SqlError("sql.invalid", 400, "no FROM dataset found in the query: a query is one SELECT "
+                               "... FROM dataset (quoted with \"...\" if need be)", {"part": "FROM"}) from None
+            return dummy_run.run(self, sql, dataset, rows=dummy_rows, seed=seed, **options)
         return self._run({"sql": sql, "params": options}, timeout, progress, idempotency_key)
 
     def _run(self, body: dict, timeout: float | None, progress: Any, key: str | None = None) -> Result:

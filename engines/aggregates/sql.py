@@ -153,6 +153,7 @@ def _translate(tree: exp.Select, options: dict) -> SqlRequest:
     aggs = [it for it in items if "agg" in it]
     simple = (len(aggs) == 1 and not aggs[0]["named"] and aggs[0]["agg"] in _SIMPLE_AGGS
               and len(keys) <= 1 and all(set(k) == {"column"} for k in keys)
+              and not any(it["named"] for it in items if "group" in it)  # (the simple shape has no key alias)
               and all("column" in p for p in where) and not having and not order_by and limit is None)
     if simple:
         a = aggs[0]
@@ -365,11 +366,16 @@ def ambiguous_alias(request: SqlRequest, columns) -> str | None:
 
 def _norm(node: exp.Expression) -> str:
     """The expression's text to match it by, case-folded but for its string literals
-    ('LOW' is not 'low': a label of the release), which are kept as their hex."""
+    ('LOW' is not 'low': a label of the release) and its names (columns named "Grp" and
+    "grp" are two columns, as everywhere else here: a probe's GROUP BY "Grp", "grp" came
+    back as two keys of "Grp"), which are kept as their hex."""
     node = node.copy()
     for lit in node.find_all(exp.Literal):
         if lit.is_string:
             lit.set("this", lit.this.encode("utf-8", "surrogatepass").hex())
+    for name in node.find_all(exp.Identifier):
+        name.set("this", "n" + name.this.encode("utf-8", "surrogatepass").hex())
+        name.set("quoted", False)
     return node.sql(normalize=True, pretty=False).lower()
 
 
@@ -446,6 +452,10 @@ def _select_items(tree: exp.Select, keys: list[dict], key_sql: list[str]) -> lis
             items.append({"name": name, "group": g, "named": bool(alias), "sql": text})
             continue
         if isinstance(node, exp.Column):
+            folded = [k["column"] for k in keys if set(k) == {"column"} and k["column"].lower() == node.name.lower()]
+            if folded:
+                raise _unsupported(f"column {node.sql()[:100]} in SELECT",
+                                   f"names are case-sensitive: the GROUP BY key is {folded[0]!r}")
             raise _unsupported(f"column {node.sql()[:100]} in SELECT",
                                "select aggregates, and GROUP BY keys beside them")
         agg, extra, default = _one_aggregate(node)
@@ -463,17 +473,21 @@ def _select_items(tree: exp.Select, keys: list[dict], key_sql: list[str]) -> lis
 
 
 def _find(node: exp.Expression, items: list[dict], where: str) -> str:
-    """The select item ``node`` refers to (its alias, or the same expression)."""
+    """The select item ``node`` refers to: its alias, or the same expression. ORDER BY binds
+    a name to an alias first, HAVING to the expression first, as SQL does (``SELECT region
+    AS smsa, smsa AS region ... HAVING smsa = 'south'`` filters on the column smsa: a probe's
+    was answered on the alias, the region labels)."""
     if isinstance(node, exp.Paren):
         return _find(node.this, items, where)
-    if isinstance(node, exp.Column) and not node.args.get("table"):
-        for it in items:
-            if it["name"] == node.name:
-                return it["name"]
     text = _norm(node)
-    for it in items:
-        if it["sql"] == text:
-            return it["name"]
+    by_alias = isinstance(node, exp.Column) and not node.args.get("table")
+    passes = ("sql", "name") if where == "HAVING" else ("name", "sql")
+    for key in passes:
+        if key == "name" and not by_alias:
+            continue
+        for it in items:
+            if it[key] == (node.name if key == "name" else text):
+                return it["name"]
     raise _unsupported(f"{node.sql()[:100]} in {where}",
                        f"{where} refers to the SELECT list's columns (by alias or the same expression); "
                        "select it with an alias first")

@@ -158,3 +158,13 @@ def test_a_dataset_that_is_not_there_is_named_in_the_error(server):
     assert "'nope'" in str(e.value) and "datasets()" in str(e.value) and e.value.code == "not_found"
     with pytest.raises(pc.NotFound):
         server.analyst.dataset("nope")
+
+
+@pytest.mark.parametrize("sql", ["SELECT AVG(`wage`) FROM `cps`", "INSERT INTO cps VALUES (1)"])
+def test_dummy_without_a_dataset_it_can_find_is_a_sql_error_naming_from(sql):
+    """A probe's got ``ValueError: ... pass dataset=``, an argument ``sql()`` does not have."""
+    import privacy_client as pc
+
+    with pytest.raises(pc.SqlError) as e:
+        make_client("http://127.0.0.1:9", "t").sql(sql, dummy=True)
+    assert e.value.part == "FROM" and "FROM dataset" in e.value.detail

@@ -300,3 +300,36 @@ def test_a_case_label_differing_only_in_case_is_another_expression():
 def test_a_parenthesised_column_or_literal_is_compared_as_itself():
     r = sqlplan.translate('SELECT COUNT(*) FROM t WHERE ("Temp") > (90) AND (5) <= x', {"epsilon": 1.0})
     assert r.params["where"] == [{"column": "Temp", "op": ">", "value": 90}, {"column": "x", "op": ">=", "value": 5}]
+
+
+def _params(sql):
+    return sqlplan.translate(sql, {"epsilon": 1.0}).params
+
+
+def test_names_differing_only_in_case_are_two_columns_in_every_clause():
+    """Columns "Grp" and "grp" (and "Score", "score") are two columns, as a dataset may have
+    them: a probe's GROUP BY "Grp", "grp" came back as two keys of "Grp", a HAVING and an
+    ORDER BY on AVG("score") read AVG("Score")."""
+    p = _params('SELECT "grp", COUNT(*) AS n FROM t GROUP BY "Grp", "grp"')
+    assert p["group_by"] == [{"column": "Grp"}, {"column": "grp"}] and p["select"][0] == {"name": "grp", "group": 1}
+    with pytest.raises(sqlplan.SqlUnsupported, match="in SELECT"):  # "grp" is not grouped
+        _params('SELECT "grp", COUNT(*) AS n FROM t GROUP BY "Grp"')
+    for clause, key in (("HAVING AVG(\"score\") < 10", "having"), ('ORDER BY AVG("score") DESC', "order_by")):
+        p = _params(f'SELECT "Grp", AVG("Score") AS big, AVG("score") AS small FROM t GROUP BY "Grp" {clause}')
+        assert p[key][0]["column"] == "small", p
+    with pytest.raises(sqlplan.SqlUnsupported, match="names are case-sensitive: the GROUP BY key is 'REGION'"):
+        _params("select region, COUNT(*) as n from t group by REGION")
+
+
+def test_having_binds_a_name_to_the_grouped_column_before_an_alias():
+    """SQL binds a HAVING name to the input column, ORDER BY's to the output alias: a probe's
+    swapped aliases filtered on the alias (the region labels) where smsa was meant."""
+    sql = "SELECT region AS smsa, smsa AS region, COUNT(*) AS n FROM t GROUP BY region, smsa "
+    assert _params(sql + "HAVING smsa = 'yes'")["having"] == [{"column": "region", "op": "==", "value": "yes"}]
+    assert _params(sql + "ORDER BY smsa")["order_by"] == [{"column": "smsa", "desc": False}]
+    assert _params("SELECT region, COUNT(*) AS n FROM t GROUP BY region HAVING n > 5")["having"][0]["column"] == "n"
+
+
+def test_an_alias_of_the_one_key_of_a_simple_query_is_kept():
+    p = _params("SELECT region AS area, AVG(wage) FROM t GROUP BY region")
+    assert p["select"][0] == {"name": "area", "group": 0} and p["group_by"] == [{"column": "region"}]
