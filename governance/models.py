@@ -247,6 +247,9 @@ class Request(models.Model):
     data_read = models.BooleanField(default=False, help_text="The worker has started reading the data.")
     cancel_requested = models.BooleanField(default=False)
     worker = models.CharField(max_length=200, blank=True)
+    run_task = models.CharField(max_length=64, blank=True, default="", db_default="",
+                                help_text="The Celery task whose turn runs it (a worker's hard time limit finds "
+                                "the run it ended by this).")
     heartbeat_at = models.DateTimeField(null=True, blank=True, help_text="Last sign of life of the worker running it "
                                         "(governance.recovery sweeps requests whose worker went silent).")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -255,7 +258,9 @@ class Request(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["analyst", "fingerprint", "status"])]
+        # (analyst, started_at): an analyst's last start, which decides whose turn it is (requests.turns)
+        indexes = [models.Index(fields=["analyst", "fingerprint", "status"]),
+                   models.Index(fields=["analyst", "started_at"], name="request_analyst_started")]
         constraints = [models.UniqueConstraint(fields=["analyst", "idempotency_key"],
                                                condition=~models.Q(idempotency_key=""),
                                                name="request_idempotency_key_per_analyst")]

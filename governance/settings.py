@@ -143,9 +143,10 @@ X_FRAME_OPTIONS = "DENY"
 API_TOKEN_TTL_DAYS = envint("API_TOKEN_TTL_DAYS", 90)
 REQUEST_RATE_LIMIT = envstr("REQUEST_RATE_LIMIT", "600/min")
 # Requests one analyst may have queued or running at once (0: no limit): past it a new
-# request is a 429 until one ends. It bounds one analyst's backlog, not another's wait: the
-# queue is first in, first out, so a request waits behind every one queued before it (a
-# probe's count waited 218 s behind 100 grouped quantiles; operations.md says how to size it).
+# request is a 429 until one ends. It bounds one analyst's backlog; analysts take turns on
+# each queue (governance.requests.turns), so another's request does not wait behind it (a
+# probe's count waited 218 s behind 100 grouped quantiles when the queue was first in,
+# first out).
 MAX_ACTIVE_REQUESTS = envint("MAX_ACTIVE_REQUESTS", 100)
 # ?wait= calls one analyst may hold at once in one web process (0: no limit); past it a
 # call answers at once with the request as it is. Each wait holds a web thread: a probe's

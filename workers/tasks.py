@@ -45,24 +45,24 @@ class RequestTask(Task):
 
     def on_failure(self, exc, task_id, args, kwargs, einfo):
         """The hard time limit killed the pool process running a request (Celery calls this in
-        the worker's main process): the request is finished now as ``request.time_limit``,
-        not by the sweep minutes later as a lost worker."""
+        the worker's main process): the request this task's turn ran (not always its
+        message's own) is finished now as ``request.time_limit``, not by the sweep minutes
+        later as a lost worker."""
         from billiard.exceptions import TimeLimitExceeded
 
         if not isinstance(exc, TimeLimitExceeded):
             return
-        request_id = (args or [None])[0] or (kwargs or {}).get("request_id")
         from django.conf import settings
+        from django.db import connections
 
         from governance.requests.recovery import finish_killed_by_time_limit
 
-        from django.db import connections
-
         try:
-            if finish_killed_by_time_limit(request_id, settings.CELERY_TASK_TIME_LIMIT):
-                log.error("request %s: killed by the hard time limit; finished as request.time_limit", request_id)
+            done = finish_killed_by_time_limit(task_id, settings.CELERY_TASK_TIME_LIMIT)
+            if done:
+                log.error("request %s: killed by the hard time limit; finished as request.time_limit", done)
         except Exception:  # noqa: BLE001 - the database away: the sweep finishes it as lost
-            log.exception("request %s: killed by the hard time limit and not finished here", request_id)
+            log.exception("task %s: killed by the hard time limit, its request not finished here", task_id)
         finally:
             connections.close_all()  # this is the pool's parent: no connection of it may pass to a forked child
 
@@ -87,7 +87,10 @@ def run_request(self, request_id: str) -> str:
     from governance.core.errors import storage_unwritable
 
     try:
-        status = execute(request_id, worker=self.request.hostname or "")
+        # a worker's message is a turn of its queue (governance.requests.turns); an eager
+        # task (tests) runs its own request, as its caller expects
+        status = execute(request_id, worker=self.request.hostname or "", task=self.request.id or "",
+                         take_turns=not self.request.is_eager)
     except (OperationalError, InterfaceError, InternalError) as exc:
         if isinstance(exc, InternalError) and storage_unwritable(exc) is None:
             raise  # a read-only PostgreSQL (a standby after a failover) is sent again; nothing else is

@@ -1,5 +1,6 @@
 """A request's life, from the POST to its release: ``submission`` (plan, admit, reserve,
-send), ``execution`` (a worker claims and runs it), ``outcomes`` (commit or refund, in
+send), ``turns`` (whose queued request a worker's message runs: analysts take turns),
+``execution`` (a worker claims and runs it), ``outcomes`` (commit or refund, in
 groups), ``releaser`` (results released on the clock's tick), ``waiting`` (an analyst
 waiting for the final state) and ``recovery`` (the sweep that re-sends or refunds what a
 dead worker or broker left).

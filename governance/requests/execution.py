@@ -43,7 +43,7 @@ from ..core.raw_rows import concrete, from_row
 from ..datasets.data import load_columns
 from ..datasets.engine_meta import dataset_meta
 from ..models import Dataset, Request
-from . import federated_runs, outcomes
+from . import federated_runs, outcomes, turns
 from .recovery import db_time
 from .releaser import RELEASER
 from .result_files import check_writable, disk_full, results_dir
@@ -56,27 +56,56 @@ PROGRESS_INTERVAL = 0.5  # seconds between progress writes when there are no tic
 _LAST_TICK = threading.local()  # the tick (monotonic) of this thread's last run's outcome
 
 
-def execute(request_id: str, worker: str = "") -> str:
-    """Run one request to a final state; returns its final (or current) status. The claim
-    waits for the tick of this thread's last run, whose outcome the releaser writes then:
-    a claim at the moment the last run's engine finished showed its exact duration (the
-    next request's ``started_at``, its status, a cancel's answer), a data-dependent time
-    the ticks exist to hide, to whoever's request came next."""
+def execute(request_id: str, worker: str = "", task: str = "", take_turns: bool = False) -> str:
+    """Run one request to a final state; returns its final (or current) status. With
+    ``take_turns`` (a worker's message), the request run is the fairest of the message's
+    queue (``claim_turn``), not necessarily ``request_id``. The claim waits for the tick of
+    this thread's last run, whose outcome the releaser writes then: a claim at the moment
+    the last run's engine finished showed its exact duration (the next request's
+    ``started_at``, its status, a cancel's answer), a data-dependent time the ticks exist to
+    hide, to whoever's request came next."""
     wait = getattr(_LAST_TICK, "due", 0.0) - time.monotonic()
     if wait > 0:
         time.sleep(wait)
-    req = claim(request_id, worker)
+    req = claim_turn(request_id, worker, task) if take_turns else claim(request_id, worker, task)
     if req is None:
         return Request.objects.filter(pk=request_id).values_list("status", flat=True).first() or "missing"
+    if str(req.pk) != str(request_id):
+        log.info("request %s runs in the turn of request %s's message", req.pk, request_id)
     with RunClock(req.pk, quantum_ms(req.dataset)) as clock:
         return _run(req, clock)
 
 
-def claim(request_id, worker: str = "") -> Request | None:
+TURN_ATTEMPTS = 20  # claims lost to other workers before a turn falls back to its own request
+
+
+def claim_turn(request_id, worker: str = "", task: str = "") -> Request | None:
+    """The turn of ``request_id``'s message (``governance.requests.turns``): the fairest
+    queued request of its queue, claimed; one another worker claimed first moves the turn
+    to the next fairest; ``request_id`` itself when its engine is unknown here or no other
+    could be claimed. None when nothing of the queue is left queued."""
+    try:
+        engine = Request.objects.filter(pk=request_id).values_list("engine", flat=True).first()
+    except (ValueError, ValidationError):  # not a request id at all
+        return None
+    engines = turns.queue_engines(engine) if engine else None
+    for _ in range(TURN_ATTEMPTS if engines else 0):
+        pk = turns.fairest(engines)
+        if pk is None:
+            break
+        req = claim(pk, worker, task)
+        if req is not None:
+            return req
+    return claim(request_id, worker, task)
+
+
+def claim(request_id, worker: str = "", task: str = "") -> Request | None:
     """``queued -> running`` by compare-and-set, returning the claimed row and its dataset's
     in the same statement (``WITH r AS (UPDATE ... RETURNING ...) SELECT ... JOIN``); None
-    when another delivery has it."""
-    values = {"status": Request.Status.RUNNING, "worker": worker[:200], "progress": {"phase": "starting", "fraction": 0.0}}
+    when another delivery has it. ``task``: the Celery task whose turn runs it (the worker's
+    hard time limit finds the run by it)."""
+    values = {"status": Request.Status.RUNNING, "worker": worker[:200], "run_task": task[:64],
+              "progress": {"phase": "starting", "fraction": 0.0}}
     if connection.vendor != "postgresql":  # SQLite: this host's clock is the database's (recovery.db_time)
         now = timezone.now()
         values.update(started_at=now, heartbeat_at=now)

@@ -20,7 +20,10 @@ sweep (``sweep()``: the periodic task ``workers.sweep`` run by Celery beat, or
    (``progress.requeued_at``), so a backlog that is only slow is not flooded with copies.
    A second delivery is harmless: the claim is a compare-and-set. Only requests of which
    the broker holds no message are sent (``_pending``; a broker that cannot be read sends
-   nothing that sweep):
+   nothing that sweep), and of those only as many as their queue lacks turns: any message
+   of a queue runs the fairest request queued on it (``governance.requests.turns``), so a
+   request whose own message ran another's is covered by that other's message
+   (``_turns_short``):
 
    - Redis (``workers.broker.redis_pending_request_ids``): none in the queue's lists or in
      the unacknowledged hash, where a message taken by a dead worker waits until Redis
@@ -203,9 +206,14 @@ def _sweep(now, lost_after, requeue_after) -> dict:
             queue = "cpu"
         candidates.append((pk, queue, progress))
     waiting = _pending({q for pk, q, p in candidates if "unsent_at" not in p})
+    short = _turns_short(waiting) if waiting is not None and candidates else {}
     for pk, queue, progress in candidates:
-        if "unsent_at" not in progress and (waiting is None or str(pk) in waiting):
-            continue  # its message is in the broker, waiting its turn (or the broker cannot say): no copy
+        if "unsent_at" not in progress:
+            if waiting is None or str(pk) in waiting:
+                continue  # its message is in the broker, waiting its turn (or the broker cannot say): no copy
+            if short.get(queue, 1) <= 0:
+                continue  # the broker holds a turn for every queued request of its queue (turns.py)
+        short[queue] = short.get(queue, 1) - 1
         stamped = {k: v for k, v in progress.items() if k != "unsent_at"}
         if not Request.objects.filter(pk=pk, status=Request.Status.QUEUED).update(
                 progress={**stamped, "requeued_at": now.timestamp()}):
@@ -215,6 +223,33 @@ def _sweep(now, lost_after, requeue_after) -> dict:
     if lost or requeued:
         log.warning("recovery sweep: %d lost, %d requeued", len(lost), len(requeued))
     return {"lost": lost, "requeued": requeued}
+
+
+def _turns_short(waiting: set[str]) -> dict[str, int]:
+    """Per queue, how many more queued requests there are than turns the broker holds
+    (``governance.requests.turns``: any message of a queue runs the fairest request queued
+    on it, so a request whose own message ran another's is covered by that one's message).
+    Each message is counted by its request's engine's queue; on Redis the messages of the
+    runs under way (taken, not yet acknowledged) are no turns to come. Over-counted (a
+    message sent twice counts once; a dead worker's taken message counts as none), the
+    sweep sends a turn too many, which finds the queue empty: harmless."""
+    from collections import Counter
+
+    from engines import plugins
+
+    def queue(engine):
+        try:
+            return plugins.info(engine)["queue"]
+        except Exception:  # noqa: BLE001 - an engine removed since: the cpu queue fails it cleanly
+            return "cpu"
+
+    turns = Counter(queue(e) for e in Request.objects.filter(pk__in=list(waiting)).values_list("engine", flat=True))
+    queued = Counter(queue(e) for e in Request.objects.filter(status=Request.Status.QUEUED).values_list("engine",
+                                                                                                        flat=True))
+    if not getattr(settings, "EMBEDDED_BROKER", False):
+        turns.subtract(queue(e) for e in Request.objects.filter(status=Request.Status.RUNNING).values_list(
+            "engine", flat=True))
+    return {q: queued[q] - max(turns[q], 0) for q in queued}
 
 
 def _pending(queues: set[str]) -> set[str] | None:
@@ -254,16 +289,20 @@ def _unchanged(heartbeat, started):
     return Q(heartbeat_at=heartbeat) if heartbeat is not None else Q(heartbeat_at__isnull=True, started_at=started)
 
 
-def finish_killed_by_time_limit(pk, limit: int) -> bool:
-    """A run the workers' hard time limit killed (its pool process, stuck in one long call
-    the soft limit could not interrupt: an aggregate inside one OpenDP call). Celery's
-    worker calls this at once (``workers.tasks.RequestTask.on_failure``): it was finished
-    by the sweep as ``request.worker_lost`` only after the heartbeat's grace period, and
-    said nothing of the limit. Charged as a lost run (the steps taken are not known)."""
+def finish_killed_by_time_limit(task_id: str, limit: int) -> str | None:
+    """The request whose run the workers' hard time limit killed (its pool process, stuck in
+    one long call the soft limit could not interrupt: an aggregate inside one OpenDP call),
+    found by the task whose turn ran it (``run_task``); its id, or None. Celery's worker
+    calls this at once (``workers.tasks.RequestTask.on_failure``): it was finished by the
+    sweep as ``request.worker_lost`` only after the heartbeat's grace period, and said
+    nothing of the limit. Charged as a lost run (the steps taken are not known)."""
+    if not task_id:
+        return None
+    pk = Request.objects.filter(run_task=task_id, status=Request.Status.RUNNING).values_list("pk", flat=True).first()
     error = {"code": "request.time_limit",
              "detail": f"Stopped by the workers' hard time limit ({limit} s, CELERY_TASK_TIME_LIMIT), its process "
                        "ended; charged in full if the data had been read, else refunded."}
-    return _finish_lost(pk, Q(), db_now(), error)
+    return str(pk) if pk is not None and _finish_lost(pk, Q(run_task=task_id), db_now(), error) else None
 
 
 def _finish_lost(pk, still: Q, now, error=LOST) -> bool:

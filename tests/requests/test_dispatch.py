@@ -32,9 +32,11 @@ def test_the_tasks_send_without_recovery_or_submission():
     names = _imports(ROOT / "workers" / "tasks.py")
     assert "governance.core.dispatch.publish_or_mark" in names
     assert not any(n.startswith("governance.requests.submission") for n in names), names
-    # the sweep task runs the sweep; nothing imports it to send
+    # the sweep task runs the sweep, and the hard time limit's handler finishes a killed run;
+    # nothing imports it to send
     assert {n for n in names if n.startswith("governance.requests.recovery")} == {
-        "governance.requests.recovery", "governance.requests.recovery.sweep"}
+        "governance.requests.recovery", "governance.requests.recovery.sweep",
+        "governance.requests.recovery.finish_killed_by_time_limit"}
 
 
 def test_submitting_and_sweeping_load_without_the_tasks_module():

@@ -159,7 +159,7 @@ def test_a_task_that_finds_the_database_away_is_sent_again_not_dropped(api, anal
     calls = []
     real = execution.execute
 
-    def flaky(request_id, worker=""):
+    def flaky(request_id, worker="", **_turn):
         calls.append(request_id)
         if len(calls) == 1:
             raise OperationalError("connection failed: the database system is starting up")
@@ -240,7 +240,7 @@ def test_a_task_is_sent_again_for_as_long_as_the_database_is_away(monkeypatch):
     from governance.requests import execution
     from workers.tasks import run_request
 
-    def away(request_id, worker=""):
+    def away(request_id, worker="", **_turn):
         raise OperationalError("database or disk is full")
 
     monkeypatch.setattr(execution, "execute", away)
@@ -294,3 +294,25 @@ def test_a_read_only_postgresql_is_a_503_and_a_task_sent_again(api, officer, mon
             run_request.run("r")
     finally:
         run_request.pop_request()
+
+
+def test_a_queued_request_covered_by_another_s_turn_is_not_sent_again(api, analyst, clinic, monkeypatch,
+                                                                      django_capture_on_commit_callbacks):
+    """Any message of a queue runs the fairest request queued on it (governance.requests.turns):
+    a request whose own message ran another's is covered by that other's message, still in the
+    broker. Only as many requests as the queue lacks turns are sent again, not every one whose
+    own id the broker does not hold (a backlog would be sent again every period)."""
+    from governance.requests import recovery, submission
+
+    sent = []
+    monkeypatch.setattr(submission, "enqueue", lambda pk, queue: sent.append(str(pk)))
+    ran = queued(api(analyst), 0.1, capture=django_capture_on_commit_callbacks)
+    Request.objects.filter(pk=ran).update(status="succeeded")  # run in another's turn; its message waits
+    a, b, c = (queued(api(analyst), 0.2 + i / 100, capture=django_capture_on_commit_callbacks) for i in range(3))
+    Request.objects.filter(pk__in=[a, b, c]).update(created_at=timezone.now() - timedelta(hours=1))
+    monkeypatch.setattr(recovery, "_pending", lambda queues: {ran, b})  # two turns for three queued
+    assert len(sweep(requeue_after=900)["requeued"]) == 1 and len(sent) == 1 and sent[0] in (a, c)
+    sent.clear()
+    Request.objects.filter(pk__in=[a, b, c]).update(progress={})  # a new period
+    monkeypatch.setattr(recovery, "_pending", lambda queues: {ran, b, a})  # three turns for three
+    assert sweep(requeue_after=900)["requeued"] == [] and sent == []

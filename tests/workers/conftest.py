@@ -104,3 +104,19 @@ def wait_for(predicate, timeout=90.0, interval=0.1):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s")
+
+
+#: a folder for a real worker's PYTHONPATH that installs the memory-hog test engine by its entry point
+ENTRY_POINTS = str((Path(__file__).parent / "entry_points").resolve())
+
+
+@pytest.fixture
+def memory_hog():
+    """The memory-hog test engine (tests/workers/memory_hog.py) in this process too: the web side plans it."""
+    from engines import plugins
+
+    from .memory_hog import ENGINE
+
+    plugins.pm.register(ENGINE, name="memory-hog-test")
+    yield ENGINE
+    plugins.pm.unregister(ENGINE)

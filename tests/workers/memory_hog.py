@@ -3,7 +3,8 @@
 keeps it, and fails with MemoryError after reading the data, as a run that asked for more
 than the host has; ``pid`` answers which process ran it and how much it holds; ``stuck``
 blocks the soft time limit's signal and sleeps, as a run inside one long native call the
-soft limit cannot interrupt (an aggregate inside one OpenDP call)."""
+soft limit cannot interrupt (an aggregate inside one OpenDP call); ``nap`` takes half a
+second and answers as ``pid`` does."""
 
 import os
 import signal
@@ -23,13 +24,15 @@ class MemoryHog(ProbeEngine):  # (its plan: a Laplace event of the request's eps
 
     @hookimpl
     def engine_info(self):
-        return {"name": self.NAME, "kinds": ["hog", "pid", "stuck"], "queue": "cpu", "description": "test engine",
+        return {"name": self.NAME, "kinds": ["hog", "pid", "stuck", "nap"], "queue": "cpu", "description": "test engine",
                 "params_schema": {}}
 
     @hookimpl
     def run(self, engine, request, dataset, data, plan, progress, workdir):
         if engine != self.NAME:
             return None
+        if request.kind == "nap":  # a run that takes a while
+            time.sleep(0.5)
         if request.kind == "stuck":
             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])  # billiard's soft time limit
             time.sleep(3600)

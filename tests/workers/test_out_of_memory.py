@@ -6,20 +6,9 @@ one). The engine is installed into the real worker by its entry point
 
 import pytest
 
-from engines import plugins
 from governance.core import processes
 
-from .conftest import wait_for
-from .memory_hog import ENGINE
-
-ENTRY_POINTS = str((__import__("pathlib").Path(__file__).parent / "entry_points").resolve())
-
-
-@pytest.fixture
-def memory_hog():
-    plugins.pm.register(ENGINE, name="memory-hog-test")  # the web side plans it
-    yield ENGINE
-    plugins.pm.unregister(ENGINE)
+from .conftest import ENTRY_POINTS, wait_for
 
 
 def _run(client, ds, kind, epsilon=0.1):
