@@ -98,7 +98,7 @@ def run_request(self, request_id: str) -> str:
             raise
         log.warning("request %s: the database is unavailable (%s); its task is sent again", request_id, exc)
         raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
-    _replace_after_out_of_memory(f"request {request_id}")
+    _replace_after_out_of_memory(f"the run in the turn of request {request_id}")
     return status
 
 
