@@ -157,6 +157,8 @@ def _where(preds: list) -> str:
             out.append("(" + " OR ".join("(" + _where(b) + ")" for b in p["or"]) + ")")
         elif "not" in p:
             out.append("NOT (" + _where(p["not"]) + ")")
+        elif p["op"] in ("is_null", "is_not_null"):
+            out.append(f"{_ident(p['column'])} IS {'NOT ' if p['op'] == 'is_not_null' else ''}NULL")
         elif p["op"] in ("in", "not_in"):
             out.append(f"{_ident(p['column'])} {_OPS[p['op']]} ({', '.join(_lit(v) for v in p['value'])})")
         else:

@@ -256,7 +256,7 @@ def _to_bool(arr) -> np.ndarray:
 def predicate_mask(table: pa.Table, where: list[dict]) -> np.ndarray:
     """Rows matching every predicate (AND), in SQL's three-valued logic: a predicate on a
     null (or NaN) is unknown, so it never matches, not even ``!=`` or ``not_in``, nor its
-    NOT; but ``NOT (p AND q)`` holds where p is false whatever q is, and ``p OR q`` where
+    NOT (``is_null`` / ``is_not_null``, SQL's IS [NOT] NULL, are true or false); but ``NOT (p AND q)`` holds where p is false whatever q is, and ``p OR q`` where
     either is true. Nested: ``{"or": [list, ...]}`` (any list holds), ``{"not": list}``."""
     return _truth(table, where)[0]
 
@@ -274,6 +274,9 @@ def _truth(table: pa.Table, where: list[dict]) -> tuple[np.ndarray, np.ndarray]:
                 f &= bf
         elif "not" in p:
             f, t = _truth(table, p["not"])
+        elif p["op"] in ("is_null", "is_not_null"):  # true or false, never unknown
+            t = ~_known(table, [p]) if p["op"] == "is_null" else _known(table, [p])
+            f = ~t
         else:
             t = _atom(table, p)
             f = ~t & _known(table, [p])

@@ -16,8 +16,9 @@ from engines.validation import MAX_EPSILON, MAX_UNKNOWN_REPORTED, is_number, unk
 KINDS = ("count", "sum", "mean", "variance", "histogram", "quantile")
 VALUE_KINDS = ("sum", "mean", "variance", "quantile")  # need a bounded numeric column
 MECHANISMS = ("laplace", "gaussian")
-OPS = ("==", "!=", "<", "<=", ">", ">=", "in", "not_in")
-EQUALITY_OPS = ("==", "!=", "in", "not_in")
+NULL_OPS = ("is_null", "is_not_null")  # SQL's IS [NOT] NULL: true or false, never unknown
+OPS = ("==", "!=", "<", "<=", ">", ">=", "in", "not_in", *NULL_OPS)
+EQUALITY_OPS = ("==", "!=", "in", "not_in", *NULL_OPS)
 MAX_PREDICATES = 50
 MAX_IN_VALUES = 1000
 MAX_K = 1000
@@ -160,8 +161,9 @@ def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict, key: str | No
     if extra:
         errors[key] = f"unknown key(s): {', '.join(sorted(map(str, extra)))}"
         return None
-    if not {"column", "op", "value"} <= set(p):
-        errors[key] = 'needs "column", "op" and "value"'
+    null_test = p.get("op") in NULL_OPS
+    if not ({"column", "op"} if null_test else {"column", "op", "value"}) <= set(p):
+        errors[key] = 'needs "column" and "op"' if null_test else 'needs "column", "op" and "value"'
         return None
     spec, err = _column_spec(dataset, p["column"])
     if err:
@@ -177,8 +179,14 @@ def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict, key: str | No
         errors[key] = f"op must be one of {', '.join(OPS)}, got {op!r}"
         return None
     if ctype == "categorical" and op not in EQUALITY_OPS:
-        errors[key] = f"op {op!r} needs a numeric column; categorical columns take ==, !=, in, not_in"
+        errors[key] = (f"op {op!r} needs a numeric column; categorical columns take ==, !=, in, not_in, is_null, "
+                       "is_not_null")
         return None
+    if null_test:  # (a NaN is null, as in every other predicate)
+        if p.get("value") is not None:
+            errors[key] = f"op {op!r} takes no value"
+            return None
+        return {"column": p["column"], "op": op, "value": None, "type": ctype}
     ok = is_number if ctype == "numeric" else _scalar_ok
     what = "finite number" if ctype == "numeric" else "string (valid Unicode), number or boolean"
     value = p["value"]

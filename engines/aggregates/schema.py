@@ -6,7 +6,8 @@ The schemas describe the shape; params.py checks everything against the dataset
 
 from __future__ import annotations
 
-from .params import DEFAULT_CANDIDATES, KIND_KEYS, MAX_BINS, MAX_CANDIDATES, MAX_IN_VALUES, MAX_K, MAX_PREDICATES, OPS
+from .params import (DEFAULT_CANDIDATES, KIND_KEYS, MAX_BINS, MAX_CANDIDATES, MAX_IN_VALUES, MAX_K, MAX_PREDICATES,
+                     NULL_OPS, OPS)
 
 _POSITIVE = {"type": "number", "exclusiveMinimum": 0}
 _SCALAR = {"type": ["string", "number", "boolean"]}
@@ -15,7 +16,7 @@ _COMMON = {
     "where": {
         "type": "array", "maxItems": MAX_PREDICATES,
         "description": "predicates ANDed; only on declared numeric or categorical columns (a categorical "
-                       "literal must be in the declared domain); a null never matches; an item may also be "
+                       "literal must be in the declared domain); a null never matches but is_null; an item may also be "
                        '{"or": [list, list, ...]} (any list holds) or {"not": list} (the list does not hold), nested',
         "items": {"anyOf": [
             {"type": "object", "additionalProperties": False, "required": ["or"],
@@ -26,11 +27,15 @@ _COMMON = {
             "type": "object", "additionalProperties": False, "required": ["column", "op", "value"],
             "properties": {
                 "column": {"type": "string"},
-                "op": {"enum": list(OPS)},
+                "op": {"enum": [op for op in OPS if op not in NULL_OPS]},
                 "value": {"oneOf": [_SCALAR, {"type": "array", "items": _SCALAR, "minItems": 1,
                                               "maxItems": MAX_IN_VALUES}]},
             },
-            }]},
+            },
+            {"type": "object", "additionalProperties": False, "required": ["column", "op"],
+             "description": "SQL's IS [NOT] NULL (a NaN is null): true or false, never unknown",
+             "properties": {"column": {"type": "string"}, "op": {"enum": list(NULL_OPS)}, "value": {"type": "null"}}},
+            ]},
     },
     "group_by": {"type": "string", "description": "a categorical column with a declared domain: one output "
                                                   "per domain value, in domain order"},

@@ -630,7 +630,7 @@ def _literal(node: exp.Expression, where: str):
         except ValueError:
             raise _unsupported(f"number {text[:60]}", "not a number") from None
     if isinstance(node, exp.Null):
-        raise _unsupported("NULL", "predicates compare with values; NULL tests are not answered")
+        raise _unsupported("NULL", "compare with a value; test nulls with col IS [NOT] NULL")
     raise _unsupported(f"{node.sql()[:100]} in {where}", "compare columns with literal values only")
 
 
@@ -652,6 +652,8 @@ def _predicates(node: exp.Expression) -> list[dict]:
         inner = node.this.this if isinstance(node.this, exp.Paren) else node.this
         if isinstance(inner, exp.In):
             return [_in(inner, negate=True)]
+        if isinstance(inner, exp.Is) and isinstance(inner.expression, exp.Null):  # col IS NOT NULL
+            return [{"column": _column(inner.this, "IS NOT NULL"), "op": "is_not_null"}]
         return [{"not": _predicates(inner)}]
     if isinstance(node, exp.In):
         return [_in(node, negate=False)]
@@ -673,8 +675,9 @@ def _predicates(node: exp.Expression) -> list[dict]:
                 return [{"column": _column(right, "WHERE"), "op": _FLIPPED[op], "value": _literal(left, "WHERE")}]
             raise _unsupported(f"predicate {node.sql()[:100]}", "compare one column with one literal")
     if isinstance(node, exp.Is):
-        raise _unsupported("IS [NOT] NULL", "NULL tests are not answered; a comparison never matches a null "
-                                            "(WHERE col >= lower keeps a numeric column's non-null rows)")
+        if not isinstance(node.expression, exp.Null):
+            raise _unsupported(f"IS {node.expression.sql()[:60]}", "IS tests NULL only: col IS [NOT] NULL")
+        return [{"column": _column(node.this, "IS NULL"), "op": "is_null"}]
     if isinstance(node, (exp.Like, exp.ILike)):
         raise _unsupported("LIKE", "compare with = or IN over the declared domain")
     raise _unsupported(f"predicate {node.sql()[:100]}",

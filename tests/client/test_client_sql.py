@@ -168,3 +168,11 @@ def test_dummy_without_a_dataset_it_can_find_is_a_sql_error_naming_from(sql):
     with pytest.raises(pc.SqlError) as e:
         make_client("http://127.0.0.1:9", "t").sql(sql, dummy=True)
     assert e.value.part == "FROM" and "FROM dataset" in e.value.detail
+
+
+def test_the_dummy_client_renders_a_null_test_as_sql():
+    from privacy_client import dummy
+
+    sql, _ = dummy.sql_of("t", "aggregates", "count", {"where": [{"column": "x", "op": "is_null"},
+                                                                  {"column": "y", "op": "is_not_null"}]})
+    assert sql.endswith('WHERE "x" IS NULL AND "y" IS NOT NULL'), sql

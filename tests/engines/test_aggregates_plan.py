@@ -50,6 +50,8 @@ def test_engine_info_lists_kinds_queue_and_a_schema_per_kind():
 
 @pytest.mark.parametrize("kind, params", [
     ("count", {"epsilon": 0.5, "where": [{"column": "site", "op": "in", "value": ["north"]}]}),
+    ("count", {"epsilon": 0.5, "where": [{"column": "site", "op": "is_null"},
+                                         {"not": [{"column": "age", "op": "is_not_null", "value": None}]}]}),
     ("sum", {"column": "income", "rho": 0.1, "mechanism": "gaussian", "group_by": "site"}),
     ("histogram", {"column": "age", "bins": [18, 40, 90], "accuracy": {"halfwidth": 10}}),
     ("quantile", {"column": "age", "q": 0.9, "candidates": 200, "epsilon": 1}),
@@ -146,6 +148,9 @@ def test_other_engines_get_none_from_every_hook():
     ("sum", {"column": "age", "epsilon": 1, "q": 0.5}, "q"),
     ("count", {"epsilon": 1, "where": [{"column": "site", "op": "==", "value": "atlantis"}]}, "where[0]"),
     ("count", {"epsilon": 1, "where": [{"column": "site", "op": "not_in", "value": ["north", "x"]}]}, "where[0]"),
+    ("count", {"epsilon": 1, "where": [{"column": "age", "op": "is_null", "value": 3}]}, "where[0]"),  # no value
+    ("count", {"epsilon": 1, "where": [{"column": "notes", "op": "is_null"}]}, "where[0]"),  # a text column
+    ("count", {"epsilon": 1, "where": [{"column": "age", "op": "<"}]}, "where[0]"),  # a value is needed
 ])
 def test_bad_input_is_a_plan_error_naming_the_parameter(kind, params, key):
     assert key in errors_of(kind, params)

@@ -333,3 +333,16 @@ def test_having_binds_a_name_to_the_grouped_column_before_an_alias():
 def test_an_alias_of_the_one_key_of_a_simple_query_is_kept():
     p = _params("SELECT region AS area, AVG(wage) FROM t GROUP BY region")
     assert p["select"][0] == {"name": "area", "group": 0} and p["group_by"] == [{"column": "region"}]
+
+
+def test_is_null_and_is_not_null_are_predicates():
+    """SQL's IS [NOT] NULL (was refused): true or false, never unknown; IS TRUE and the like
+    stay refused."""
+    assert _params("SELECT COUNT(*) FROM t WHERE x IS NULL")["where"] == [{"column": "x", "op": "is_null"}]
+    assert _params("SELECT COUNT(*) FROM t WHERE NOT (x IS NULL) AND y IS NOT NULL")["where"] == [
+        {"column": "x", "op": "is_not_null"}, {"column": "y", "op": "is_not_null"}]
+    assert _params("SELECT COUNT(*) FROM t WHERE NOT (x IS NULL OR y > 1)")["where"] == [
+        {"not": [{"or": [[{"column": "x", "op": "is_null"}], [{"column": "y", "op": ">", "value": 1}]]}]}]
+    with pytest.raises(sqlplan.SqlUnsupported, match="IS TRUE"):
+        _params("SELECT COUNT(*) FROM t WHERE x IS TRUE")
+

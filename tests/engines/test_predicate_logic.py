@@ -1,7 +1,8 @@
 """The aggregates engine's WHERE in SQL's three-valued logic, against sqlite3 on the same
 rows: random nested AND / OR / NOT over numeric and text columns with nulls. A null made
 every predicate under a NOT unknown, so ``NOT (age > 3 AND site = 'north')`` dropped the
-rows where age is 1 and site is null (SQL keeps them: FALSE AND UNKNOWN is FALSE)."""
+rows where age is 1 and site is null (SQL keeps them: FALSE AND UNKNOWN is FALSE). IS [NOT]
+NULL among them."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ atoms = st.one_of(
     st.builds(lambda op, vs: ({"column": "age", "type": "numeric", "op": op, "value": vs},
                               f"age {'IN' if op == 'in' else 'NOT IN'} ({', '.join(map(str, vs))})"),
               st.sampled_from(["in", "not_in"]), st.lists(st.sampled_from([1.0, 3.0, 5.0]), min_size=1, max_size=2)),
+    # IS [NOT] NULL: true or false, never unknown (a NaN is null, as sqlite stores it)
+    st.builds(lambda col, op: ({"column": col, "type": "numeric" if col == "age" else "categorical", "op": op,
+                                "value": None}, f"{col} IS {'NOT ' if op == 'is_not_null' else ''}NULL"),
+              st.sampled_from(["age", "site"]), st.sampled_from(["is_null", "is_not_null"])),
 )
 
 
