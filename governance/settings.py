@@ -6,6 +6,7 @@ and ALLOWED_HOSTS; the system checks in ``governance.core.checks`` refuse unsafe
 """
 
 import os
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -77,10 +78,14 @@ TEMPLATES = [
 
 DATABASE_URL = envsecret("DATABASE_URL", f"sqlite:///{VAR_DIR / 'governance.sqlite3'}")
 # Persistent connections: a new PostgreSQL connection per HTTP request or task cost ~35 ms
-# of CPU per DP request in bench/bench_requests.py; health checks drop broken ones.
+# of CPU per DP request in bench/bench_requests.py; health checks drop broken ones. Not under
+# `manage.py runserver`, which starts a thread per client connection: each thread's
+# connection stayed open after it ended, until the collector ran (a probe's runserver held
+# 480 file descriptors and 850 MB after 2,000 calls on new connections; flat at 0).
+_RUNSERVER = len(sys.argv) > 1 and sys.argv[1] == "runserver"
 try:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", 60),
-                                                  conn_health_checks=True)}
+    DATABASES = {"default": dj_database_url.parse(
+        DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", 0 if _RUNSERVER else 60), conn_health_checks=True)}
 except ValueError as _e:  # an unknown scheme, a port that is not a number (no password in the message)
     raise ImproperlyConfigured(f"DATABASE_URL is not a database URL (postgres://user@host:5432/db or "
                                f"sqlite:///path): {type(_e).__name__}, scheme {DATABASE_URL.partition(':')[0]!r}") from None
@@ -333,8 +338,12 @@ RELEASE_QUANTUM_MS = envint("RELEASE_QUANTUM_MS", 1000)
 # every request queued before it (a probe's lost request stayed "running", its reservation
 # held, 8 minutes past its deadline behind 500 queued ones).
 SWEEP_QUEUE = "sweep"
+# Expired web sessions are deleted once an hour (Django keeps a row per sign-in until
+# `clearsessions` runs: a probe's table grew by one row per sign-in, for good).
 CELERY_BEAT_SCHEDULE = {"sweep-lost-requests": {"task": "workers.sweep", "schedule": 60.0,
-                                                "options": {"queue": SWEEP_QUEUE}}}
+                                                "options": {"queue": SWEEP_QUEUE}},
+                        "clear-expired-sessions": {"task": "workers.clear_sessions", "schedule": 3600.0,
+                                                   "options": {"queue": SWEEP_QUEUE}}}
 # Results live in the database (Request rows), not in a Celery result backend.
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "cpu"

@@ -147,6 +147,16 @@ def register_dataset(dataset_id: int) -> str:
     return status
 
 
+@shared_task(name="workers.clear_sessions", ignore_result=True)
+def clear_sessions() -> None:
+    """Delete expired web sessions (Django's ``clearsessions``), run hourly by Celery beat:
+    Django keeps a row per sign-in until then."""
+    from django.contrib.sessions.models import Session
+    from django.utils import timezone
+
+    Session.objects.filter(expire_date__lt=timezone.now()).delete()
+
+
 @shared_task(name="workers.sweep", ignore_result=True)
 def sweep() -> dict:
     """The recovery sweep (governance.requests.recovery), run every minute by Celery beat."""
