@@ -243,7 +243,9 @@ def _turns_short(waiting: set[str]) -> dict[str, int]:
         except Exception:  # noqa: BLE001 - an engine removed since: the cpu queue fails it cleanly
             return "cpu"
 
-    turns = Counter(queue(e) for e in Request.objects.filter(pk__in=list(waiting)).values_list("engine", flat=True))
+    ids, turns = list(waiting), Counter()
+    for i in range(0, len(ids), 5000):  # (SQLite binds at most 32,766 values in one statement)
+        turns.update(queue(e) for e in Request.objects.filter(pk__in=ids[i:i + 5000]).values_list("engine", flat=True))
     queued = Counter(queue(e) for e in Request.objects.filter(status=Request.Status.QUEUED).values_list("engine",
                                                                                                         flat=True))
     if not getattr(settings, "EMBEDDED_BROKER", False):

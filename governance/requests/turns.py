@@ -2,16 +2,17 @@
 
 A request's message is a turn of its queue (``cpu`` or ``gpu``), not an order to run that
 one request. The worker that takes a message runs the queued request of that queue whose
-analyst has the fewest requests running on it, the analyst who has waited longest first
+analyst has the fewest requests running on it, the analyst served least recently first
 among equals, and her oldest request (``fairest``); the message's own request waits for a
 later turn. Every message is one turn and every queued request was sent one, so each turn
 runs a request or finds the queue empty: no request is left without a turn, and one
 analyst's backlog (up to ``MAX_ACTIVE_REQUESTS``) no longer holds every other analyst's
 request behind it (a probe's count waited 218 s behind 100 grouped quantiles, first in,
 first out). A turn whose request ended meanwhile (cancelled, a second delivery) runs the
-next one the same way. The sweep's re-sends (``recovery`` rule 2) are turns too: a request
-still queued after ``REQUEST_REQUEUE_AFTER_SECONDS`` with no message of its own id in the
-broker gets one, so a turn more than requests queued changes nothing but an empty look.
+next one the same way. The sweep's re-sends (``recovery`` rule 2) are turns too: a queue
+whose broker holds fewer messages than requests queued on it gets the difference, sent as
+requests queued past ``REQUEST_REQUEUE_AFTER_SECONDS`` with no message of their own; a
+turn more than requests queued changes nothing but an empty look.
 """
 
 from __future__ import annotations
