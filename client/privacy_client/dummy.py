@@ -65,6 +65,13 @@ def run(client: "Client", sql: str, dataset: str, rows: int = DEFAULT_ROWS, seed
         estimate = client.estimate_sql(sql, dataset=dataset, **priced(options))
     request = estimate.request or {}
     frame = client.preview(dataset, rows=rows, seed=seed)
+    folded: dict = {}
+    for name in frame.columns:
+        folded.setdefault(str(name).lower(), []).append(str(name))
+    clash = next((names for names in folded.values() if len(names) > 1), None)
+    if clash:  # DuckDB folds quoted names too: "grp" would read "Grp" (a probe's dummy answers did)
+        raise ValueError(f"dummy=True cannot run on {dataset!r}: its columns {', '.join(map(repr, clash))} differ "
+                         "only in case, which DuckDB does not tell apart; the service does (run it without dummy)")
     con = duckdb.connect()
     try:
         con.register(dataset, frame)

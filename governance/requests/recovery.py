@@ -230,9 +230,10 @@ def _turns_short(waiting: set[str]) -> dict[str, int]:
     (``governance.requests.turns``: any message of a queue runs the fairest request queued
     on it, so a request whose own message ran another's is covered by that one's message).
     Each message is counted by its request's engine's queue; on Redis the messages of the
-    runs under way (taken, not yet acknowledged) are no turns to come. Over-counted (a
-    message sent twice counts once; a dead worker's taken message counts as none), the
-    sweep sends a turn too many, which finds the queue empty: harmless."""
+    runs under way (taken, not yet acknowledged) are no turns to come. Where this errs it
+    errs toward sending (a message sent twice counts once; on the embedded broker a
+    worker's prefetched messages are not seen): a turn too many finds the queue empty,
+    harmless; a turn too few could strand a request."""
     from collections import Counter
 
     from engines import plugins

@@ -176,3 +176,21 @@ def test_the_dummy_client_renders_a_null_test_as_sql():
     sql, _ = dummy.sql_of("t", "aggregates", "count", {"where": [{"column": "x", "op": "is_null"},
                                                                   {"column": "y", "op": "is_not_null"}]})
     assert sql.endswith('WHERE "x" IS NULL AND "y" IS NOT NULL'), sql
+
+
+def test_dummy_refuses_columns_differing_only_in_case():
+    """DuckDB folds even quoted names: on columns "Grp" and "grp" a probe's dummy answers read
+    one for the other, with no error. Dummy mode now says it cannot run there."""
+    import pandas as pd
+
+    from privacy_client import dummy
+
+    class Stub:
+        def preview(self, dataset, rows, seed):
+            return pd.DataFrame({"Grp": ["a", "b"], "grp": ["p", "q"]})
+
+    class Priced:
+        request, raw = {"kind": "count", "params": {}}, {}
+
+    with pytest.raises(ValueError, match="differ only in case"):
+        dummy.run(Stub(), 'SELECT COUNT(*) FROM cs WHERE "grp" = \'p\'', "cs", estimate=Priced())
