@@ -41,6 +41,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from accounting.events import MAX_NOISE_MULTIPLIER
 from engines.types import DatasetMeta, EngineRequest, Plan, PlanError
 
 from . import noise
@@ -167,6 +168,12 @@ def _plan_noise(q: Query, details: dict, vector: bool) -> dict:
             nz, cost = noise.calibrate(q.mechanism, sens, amount / len(comps), integer=integer, vector=vector)
         if not (math.isfinite(cost) and cost > 0):
             raise ValueError(f"OpenDP maps this noise to a cost of {cost}")
+        if q.mechanism != "laplace" and 1.0 / math.sqrt(2.0 * cost) > MAX_NOISE_MULTIPLIER:
+            # (a fuzzer's sum over bounds of 1e-160 at a halfwidth of 0.5: a noise 3e161 times
+            # its sensitivity, an event the ledger refuses; a 400, not a 500)
+            raise ValueError(f"the noise would be {1.0 / math.sqrt(2.0 * cost):.3g} times the sensitivity, more "
+                             f"than the {MAX_NOISE_MULTIPLIER:.0e} an event may state: ask for a smaller halfwidth "
+                             "or a larger budget")
         if integer and nz.scale > MAX_INTEGER_SCALE:
             raise ValueError(f"the noise scale would be {nz.scale:.3g}: counts would be pure noise "
                              "(and overflow 64-bit integers)")

@@ -290,3 +290,13 @@ def test_accepted_params_plan_and_run_on_hostile_rows(kind_params):
     data = table().select(sorted(set(plan.columns) | {UNIT}))
     release = agg_execute.execute(request, DATASET, data, plan, lambda update: None)
     json.dumps(release.result, allow_nan=False)
+
+
+def test_an_accuracy_needing_a_noise_past_what_an_event_may_state_is_a_plan_error():
+    """The fuzzer's case (CI, stop 56): a Gaussian sum over bounds [0, 5e-324] at a halfwidth
+    of 0.5 planned a noise 3e161 times its sensitivity, an event the ledger refuses (a 500
+    where a 400 is due)."""
+    request = EngineRequest(kind="sum", params={"mechanism": "gaussian", "accuracy": {"halfwidth": 0.5},
+                                                "column": "tiny"})
+    with pytest.raises(PlanError, match="times the sensitivity"):
+        make_plan(request, DATASET)
