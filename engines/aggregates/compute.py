@@ -256,8 +256,9 @@ def _to_bool(arr) -> np.ndarray:
 def predicate_mask(table: pa.Table, where: list[dict]) -> np.ndarray:
     """Rows matching every predicate (AND), in SQL's three-valued logic: a predicate on a
     null (or NaN) is unknown, so it never matches, not even ``!=`` or ``not_in``, nor its
-    NOT (``is_null`` / ``is_not_null``, SQL's IS [NOT] NULL, are true or false); but ``NOT (p AND q)`` holds where p is false whatever q is, and ``p OR q`` where
-    either is true. Nested: ``{"or": [list, ...]}`` (any list holds), ``{"not": list}``."""
+    NOT (``is_null`` / ``is_not_null``, SQL's IS [NOT] NULL, are true or false); but
+    ``NOT (p AND q)`` holds where p is false whatever q is, and ``p OR q`` where either is
+    true. Nested: ``{"or": [list, ...]}`` (any list holds), ``{"not": list}``."""
     return _truth(table, where)[0]
 
 

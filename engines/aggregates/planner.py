@@ -168,10 +168,11 @@ def _plan_noise(q: Query, details: dict, vector: bool) -> dict:
             nz, cost = noise.calibrate(q.mechanism, sens, amount / len(comps), integer=integer, vector=vector)
         if not (math.isfinite(cost) and cost > 0):
             raise ValueError(f"OpenDP maps this noise to a cost of {cost}")
-        if q.mechanism != "laplace" and 1.0 / math.sqrt(2.0 * cost) > MAX_NOISE_MULTIPLIER:
+        event = _event(q.mechanism, cost)
+        if event.get("noise_multiplier", 0.0) > MAX_NOISE_MULTIPLIER:
             # (a fuzzer's sum over bounds of 1e-160 at a halfwidth of 0.5: a noise 3e161 times
             # its sensitivity, an event the ledger refuses; a 400, not a 500)
-            raise ValueError(f"the noise would be {1.0 / math.sqrt(2.0 * cost):.3g} times the sensitivity, more "
+            raise ValueError(f"the noise would be {event['noise_multiplier']:.3g} times the sensitivity, more "
                              f"than the {MAX_NOISE_MULTIPLIER:.0e} an event may state: ask for a smaller halfwidth "
                              "or a larger budget")
         if integer and nz.scale > MAX_INTEGER_SCALE:
@@ -180,7 +181,7 @@ def _plan_noise(q: Query, details: dict, vector: bool) -> dict:
         if not nz.scale <= MAX_MAGNITUDE:
             raise ValueError(f"the noise scale would be {nz.scale:.3g}: the answer would be pure noise "
                              "(and overflow 64-bit floats)")
-        plans[name] = {**nz.to_dict(), "cost": cost, "event": _event(q.mechanism, cost)}
+        plans[name] = {**nz.to_dict(), "cost": cost, "event": event}
     total = sum(p["cost"] for p in plans.values())
     if not math.isfinite(total):
         raise ValueError(f"the components' costs add up to {total}")

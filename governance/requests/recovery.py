@@ -183,7 +183,6 @@ def _sweep(now, lost_after, requeue_after) -> dict:
             lost.append(str(pk))
     requeued = []
     from .submission import enqueue
-    from engines import plugins
 
     # Once per period per request: a backlog that is merely slow is not flooded with copies.
     # A request whose message never reached the broker (rule 3) is sent at once.
@@ -200,11 +199,7 @@ def _sweep(now, lost_after, requeue_after) -> dict:
         if "unsent_at" not in progress and last is not None and \
                 last > (now - timedelta(seconds=requeue_after)).timestamp():
             continue
-        try:
-            queue = plugins.info(engine)["queue"]
-        except Exception:  # noqa: BLE001 - an engine removed since: the cpu queue will fail it cleanly
-            queue = "cpu"
-        candidates.append((pk, queue, progress))
+        candidates.append((pk, _queue_of(engine), progress))
     waiting = _pending({q for pk, q, p in candidates if "unsent_at" not in p})
     short = _turns_short(waiting) if waiting is not None and candidates else {}
     for pk, queue, progress in candidates:
@@ -225,6 +220,17 @@ def _sweep(now, lost_after, requeue_after) -> dict:
     return {"lost": lost, "requeued": requeued}
 
 
+def _queue_of(engine: str) -> str:
+    """The queue ``engine``'s requests are sent to; ``cpu`` for an engine removed since (the
+    cpu queue fails it cleanly)."""
+    from engines import plugins
+
+    try:
+        return plugins.info(engine)["queue"]
+    except Exception:  # noqa: BLE001 - an engine removed since
+        return "cpu"
+
+
 def _turns_short(waiting: set[str]) -> dict[str, int]:
     """Per queue, how many more queued requests there are than turns the broker holds
     (``governance.requests.turns``: any message of a queue runs the fairest request queued
@@ -235,23 +241,15 @@ def _turns_short(waiting: set[str]) -> dict[str, int]:
     worker's prefetched messages are not seen): a turn too many finds the queue empty,
     harmless; a turn too few could strand a request."""
     from collections import Counter
-
-    from engines import plugins
-
-    def queue(engine):
-        try:
-            return plugins.info(engine)["queue"]
-        except Exception:  # noqa: BLE001 - an engine removed since: the cpu queue fails it cleanly
-            return "cpu"
+    def per_queue(requests) -> Counter:
+        return Counter(_queue_of(e) for e in requests.values_list("engine", flat=True))
 
     ids, turns = list(waiting), Counter()
     for i in range(0, len(ids), 5000):  # (SQLite binds at most 32,766 values in one statement)
-        turns.update(queue(e) for e in Request.objects.filter(pk__in=ids[i:i + 5000]).values_list("engine", flat=True))
-    queued = Counter(queue(e) for e in Request.objects.filter(status=Request.Status.QUEUED).values_list("engine",
-                                                                                                        flat=True))
+        turns.update(per_queue(Request.objects.filter(pk__in=ids[i:i + 5000])))
+    queued = per_queue(Request.objects.filter(status=Request.Status.QUEUED))
     if not getattr(settings, "EMBEDDED_BROKER", False):
-        turns.subtract(queue(e) for e in Request.objects.filter(status=Request.Status.RUNNING).values_list(
-            "engine", flat=True))
+        turns.subtract(per_queue(Request.objects.filter(status=Request.Status.RUNNING)))
     return {q: queued[q] - max(turns[q], 0) for q in queued}
 
 
