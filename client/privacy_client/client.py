@@ -369,10 +369,11 @@ class Client:
 
     # ------------------------------------------------------------------ a pandas-like layer
 
-    def count(self, dataset: str, *, by: str | None = None, where: Iterable[Predicate] | None = None,
-              **kw: Any) -> Result:
-        """``COUNT(*)`` [``WHERE``] [``GROUP BY by``]; waits and returns the result."""
-        return self.run(dataset, "count", params=_shape(None, by, where), **kw)
+    def count(self, dataset: str, column: str | None = None, *, by: str | None = None,
+              where: Iterable[Predicate] | None = None, **kw: Any) -> Result:
+        """``COUNT(*)``, or ``COUNT(column)`` (the rows where it is not null), [``WHERE``]
+        [``GROUP BY by``]; waits and returns the result."""
+        return self.run(dataset, "count", params=_shape(column, by, where), **kw)
 
     def sum(self, dataset: str, column: str, *, by: str | None = None,
             where: Iterable[Predicate] | None = None, **kw: Any) -> Result:

@@ -178,7 +178,10 @@ def sql_of(dataset: str, engine: str, kind: str, params: dict) -> tuple[str, dic
     if engine != "aggregates" or kind not in _AGG:
         raise ValueError(f"dummy=True runs aggregates as SQL: count, sum, mean, variance, quantile; not "
                          f"{engine}.{kind} (try a histogram as a GROUP BY query with sql(..., dummy=True))")
-    agg = _AGG[kind].format(c=_ident(params.get("column", "")), q=_lit(params.get("q", 0.5)))
+    if kind == "count" and params.get("column") is not None:  # COUNT(column): its non-null values
+        agg = f"COUNT({_ident(params['column'])})"
+    else:
+        agg = _AGG[kind].format(c=_ident(params.get("column", "")), q=_lit(params.get("q", 0.5)))
     by = params.get("group_by")
     sql = "SELECT " + (f"{_ident(by)}, " if by else "") + agg + f" FROM {_ident(dataset)}"
     if params.get("where"):

@@ -30,7 +30,7 @@ MAX_HALFWIDTH = 1e15  # an accuracy target wider than any declared bound allows 
 
 COMMON_KEYS = {"where", "group_by", "mechanism", "epsilon", "rho", "accuracy", "max_rows_per_unit"}
 KIND_KEYS = {
-    "count": set(),
+    "count": {"column"},  # optional: COUNT(column), the rows where it is not null
     "sum": {"column"},
     "mean": {"column"},
     "variance": {"column"},
@@ -58,6 +58,7 @@ class Query:
     candidates: int | None = None
     distinct_units: bool = False  # count_distinct of the unit column (query.py)
     integer: bool = False  # the value column is declared integer (a quantile's interval ends are whole)
+    non_null: list[dict] = field(default_factory=list)  # COUNT(column): ``column IS NOT NULL``, ANDed to where
     decimals: int | None = None  # its declared decimals (the ends are rounded out to them)
 
 
@@ -332,6 +333,16 @@ def validate(kind: str, params: Any, dataset: DatasetMeta) -> Query:
             else:
                 q.column = params["column"]
                 _histogram(q, spec, params, errors)
+    elif kind == "count" and "column" in params:  # COUNT(column): the rows where it is not null
+        spec, err = _column_spec(dataset, params["column"])
+        if err:
+            errors["column"] = err
+        elif spec.get("type") not in ("numeric", "categorical"):
+            errors["column"] = (f"a count of the non-null values of a column needs a declared numeric or categorical "
+                                f"column; {params['column']!r} is {spec.get('type')!r}")
+        else:
+            q.column = params["column"]
+            q.non_null = [_predicate(0, {"column": q.column, "op": "is_not_null"}, dataset, errors, "column")]
     if kind == "quantile":
         qv = params.get("q", 0.5)
         if not is_number(qv) or not 0 < float(qv) < 1:

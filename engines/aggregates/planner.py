@@ -141,7 +141,7 @@ def plan_validated(q: Query, dataset: DatasetMeta) -> tuple[dict, dict]:
         "n_rows": int(dataset.n_rows),
         "column": q.column,
         "bounds": list(q.bounds) if q.bounds else None,
-        "where": q.where,
+        "where": q.where + q.non_null,
         "group_by": q.group_by,
         "domain": q.domain,
         "histogram": q.hist,

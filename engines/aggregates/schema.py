@@ -54,7 +54,8 @@ _COMMON = {
 _COLUMN = {"type": "string", "description": "a numeric column with declared lower and upper bounds"}
 
 _EXTRA = {
-    "count": {},
+    "count": {"column": {"type": "string", "description": "optional: count the rows where this declared "
+                                                        "numeric or categorical column is not null (COUNT(column))"}},
     "sum": {"column": _COLUMN},
     "mean": {"column": _COLUMN},
     "variance": {"column": _COLUMN},
@@ -78,7 +79,7 @@ def params_schema() -> dict:
     for kind, extra in _EXTRA.items():
         assert set(extra) == KIND_KEYS[kind]
         props = {**_COMMON, **extra}
-        required = ["column"] if "column" in extra else []
+        required = ["column"] if "column" in extra and kind != "count" else []
         if kind == "quantile":
             props = {k: v for k, v in props.items() if k not in ("rho", "accuracy", "mechanism")}
             props["mechanism"] = {"enum": ["exponential"], "default": "exponential"}

@@ -462,8 +462,8 @@ def _select_items(tree: exp.Select, keys: list[dict], key_sql: list[str]) -> lis
         items.append({"name": alias or default, "agg": agg, **extra, "named": bool(alias), "sql": text})
     if not any("agg" in it for it in items):
         raise _unsupported("SELECT without an aggregate",
-                           "select COUNT(*), COUNT(DISTINCT unit), SUM, AVG, VARIANCE, MIN, MAX, MEDIAN, QUANTILE "
-                           "or PERCENTILE_CONT")
+                           "select COUNT(*), COUNT(column), COUNT(DISTINCT unit), SUM, AVG, VARIANCE, MIN, MAX, "
+                           "MEDIAN, QUANTILE or PERCENTILE_CONT")
     seen = set()
     for it in items:
         if it["name"] in seen:
@@ -554,7 +554,7 @@ def _limit(tree: exp.Select) -> int | None:
 def _one_aggregate(node: exp.Expression) -> tuple[str, dict, str]:
     """(agg, its parameters, the column name it gets without an alias)."""
     if isinstance(node, exp.Count):
-        _only(node, {"this", "big_int"}, "COUNT", "COUNT(*) or COUNT(DISTINCT unit_column)")
+        _only(node, {"this", "big_int"}, "COUNT", "COUNT(*), COUNT(column) or COUNT(DISTINCT unit_column)")
         inner = node.this
         if isinstance(inner, exp.Star) or (isinstance(inner, exp.Literal) and not inner.is_string):
             return "count", {}, "count"  # COUNT(*), COUNT(1): rows
@@ -564,8 +564,8 @@ def _one_aggregate(node: exp.Expression) -> tuple[str, dict, str]:
                 raise _unsupported("COUNT(DISTINCT a, b)", "COUNT(DISTINCT unit_column) counts privacy units")
             col = _column(inner.expressions[0], "COUNT(DISTINCT)")
             return "count_distinct", {"column": col}, f"count_distinct_{col}"
-        raise _unsupported("COUNT(column)", "counts of non-null values are not answered; use COUNT(*) "
-                                            "(with WHERE column >= lower to skip nulls of a numeric column)")
+        col = _column(inner, "COUNT")  # COUNT(column): the rows where it is not null
+        return "count", {"column": col}, f"count_{col}"
     for cls, kind in _SIMPLE.items():
         if type(node) is cls:
             col = _column(node.this, node.key.upper())
@@ -601,8 +601,8 @@ def _one_aggregate(node: exp.Expression) -> tuple[str, dict, str]:
     if isinstance(node, exp.Stddev) or isinstance(node, (exp.StddevPop, exp.StddevSamp)):
         raise _unsupported(f"{node.sql_name()}", "use VARIANCE(column) (its square root is post-processing)")
     name = node.sql_name() if isinstance(node, exp.Func) else node.sql()
-    raise _unsupported(f"{name[:60]}", "not an aggregate this engine answers: COUNT(*), COUNT(DISTINCT unit), SUM, "
-                                       "AVG, VARIANCE, MIN, MAX, MEDIAN, QUANTILE, PERCENTILE_CONT "
+    raise _unsupported(f"{name[:60]}", "not an aggregate this engine answers: COUNT(*), COUNT(column), "
+                                       "COUNT(DISTINCT unit), SUM, AVG, VARIANCE, MIN, MAX, MEDIAN, QUANTILE, PERCENTILE_CONT "
                                        "(arithmetic on aggregates is not answered: compute it from the result)")
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from governance.models import LedgerEntry, Request
 
-from .conftest import make_client
+from .conftest import SCHEMA, make_client
 
 QUERY = ("SELECT site, COUNT(*) AS n, AVG(income) AS mean_income, MEDIAN(age) AS median_age FROM clinic "
          "WHERE age < 60 OR site = 'north' GROUP BY site ORDER BY site")
@@ -176,6 +176,31 @@ def test_the_dummy_client_renders_a_null_test_as_sql():
     sql, _ = dummy.sql_of("t", "aggregates", "count", {"where": [{"column": "x", "op": "is_null"},
                                                                   {"column": "y", "op": "is_not_null"}]})
     assert sql.endswith('WHERE "x" IS NULL AND "y" IS NOT NULL'), sql
+    sql, _ = dummy.sql_of("t", "aggregates", "count", {"column": "x", "group_by": "g"})
+    assert sql == 'SELECT "g", COUNT("x") FROM "t" GROUP BY "g"', sql
+
+
+@pytest.mark.django_db(transaction=True)
+def test_count_of_a_column_counts_its_non_null_values(server, make_dataset, grant, analyst):
+    """``client.count(dataset, column)`` and ``COUNT(column)`` in SQL are one request: the
+    rows where the column is not null (they were a 400)."""
+    from tests.conftest import small_frame
+
+    frame = small_frame()
+    frame.loc[frame.index % 4 == 0, "income"] = None  # 50 of the 200 incomes missing
+    grant(analyst, make_dataset("wards", epsilon=1e6, frame=frame, schema=SCHEMA))
+    call = server.analyst.count("wards", "income", epsilon=1e5)
+    assert call.raw["params"]["column"] == "income" and call.raw["status"] == "succeeded"
+    assert call.result["value"] == 150  # discrete noise of scale 1e-5: exact
+    same = server.analyst.sql("SELECT COUNT(income) FROM wards", epsilon=1e5)
+    assert same.raw["replayed"] and same.result["value"] == 150  # the same request: a free replay
+    both = server.analyst.sql("SELECT site, COUNT(*) AS n, COUNT(income) AS paid FROM wards GROUP BY site",
+                              epsilon=1e5)
+    want = frame.groupby("site")["income"].agg(["size", "count"])
+    got = both.df.set_index("site")
+    for site in ("north", "south", "east"):
+        assert (got.loc[site, "n"], got.loc[site, "paid"]) == tuple(want.loc[site]), site
+    assert (got.loc["west", "n"], got.loc["west", "paid"]) == (0, 0)  # declared, no rows
 
 
 def test_dummy_refuses_columns_differing_only_in_case():

@@ -56,6 +56,14 @@ QUERIES = [
                "where": [{"or": [[{"column": "age", "op": "<", "value": 40}],
                                  [{"not": [{"column": "site", "op": "==", "value": "north"}]}]]}],
                "max_rows_per_unit": 2}),
+    # COUNT(column): its own rows (not null) beside the others' (the query's where is shared)
+    ("count", {"column": "income", "max_rows_per_unit": 1}),
+    ("count", {"column": "income", "group_by": "site", "max_rows_per_unit": 2}),
+    ("query", {"select": [{"name": "paid", "agg": "count", "column": "income"}, {"name": "n", "agg": "count"},
+                          {"name": "a", "agg": "mean", "column": "age"}],
+               "where": [{"column": "age", "op": ">=", "value": 30}], "max_rows_per_unit": 2}),
+    ("query", {"select": [{"name": "paid", "agg": "count", "column": "income"}, {"name": "n", "agg": "count"}],
+               "max_rows_per_unit": 1}),  # counts only: counted per unit id, each on its own rows
 ]
 
 

@@ -89,6 +89,12 @@ CASES = [
     Case("grouped-median", "gss", "SELECT educcat, MEDIAN(prestg10) FROM gss WHERE educcat IS NOT NULL "
                                   "GROUP BY educcat"),
     Case("count-null", "gss", "SELECT COUNT(*) FROM gss WHERE realrinc IS NULL"),
+    Case("count-column", "gss", "SELECT COUNT(realrinc) FROM gss"),
+    Case("count-columns-grouped", "gss", "SELECT gender, COUNT(*) AS n, COUNT(realrinc) AS paid, "
+                                         "COUNT(educcat) AS schooled FROM gss WHERE age >= 25 GROUP BY gender",
+         truth="SELECT gender, COUNT(*) AS n, COUNT(realrinc) AS paid, COUNT(educcat) AS schooled FROM gss "
+               "WHERE age >= 25 AND gender IS NOT NULL GROUP BY gender"),
+    Case("count-column-first", "gss", "SELECT COUNT(realrinc) AS paid, SUM(childs) AS kids FROM gss"),
     Case("avg-not-null-or", "gss", "SELECT AVG(childs) FROM gss WHERE NOT (realrinc IS NULL OR childs > 3)"),
     Case("grouped-median-ok", "gss", "SELECT educcat, MEDIAN(prestg10) FROM gss GROUP BY educcat",
          truth="SELECT educcat, MEDIAN(prestg10) FROM gss WHERE educcat IS NOT NULL GROUP BY educcat"),
@@ -168,7 +174,8 @@ CASES = [
     Case("group-numeric", "cps", "SELECT wage, COUNT(*) AS n FROM cps GROUP BY wage", expect=("plan", "group_by[0]")),
     Case("join", "cps", "SELECT COUNT(*) FROM cps JOIN gss ON cps.wage = gss.realrinc", expect=("sql", "JOIN")),
     Case("like", "gss", "SELECT COUNT(*) FROM gss WHERE occrecode LIKE 'Prof%'", expect=("sql", "LIKE")),
-    Case("count-column", "cps", "SELECT COUNT(wage) FROM cps", expect=("sql", "COUNT(column)")),
+    Case("count-unit-column", "cps", "SELECT COUNT(rownames) FROM cps", expect=("plan", "column")),
+    Case("count-expression", "cps", "SELECT COUNT(wage + 1) FROM cps", expect=("sql", "expression wage + 1 in COUNT")),
     Case("count-two", "cps", "SELECT COUNT(1, 2) FROM cps", expect=("sql", "2")),
     Case("quantile-accuracy", "cps", "SELECT APPROX_QUANTILE(wage, 0.5, 100) FROM cps", expect=("sql", "100")),
     Case("quantile-level-huge", "cps", "SELECT QUANTILE(wage, 1" + "0" * 400 + ") FROM cps",

@@ -144,7 +144,9 @@ def test_other_engines_get_none_from_every_hook():
     ("count", {"epsilon": 1, "max_rows_per_unit": 2.5}, "max_rows_per_unit"),
     ("count", {"epsilon": 1, "max_rows_per_unit": True}, "max_rows_per_unit"),
     ("count", {"epsilon": 1, "colour": "blue"}, "colour"),  # unknown key
-    ("count", {"epsilon": 1, "column": "age"}, "column"),  # count takes no column
+    ("count", {"epsilon": 1, "column": "notes"}, "column"),  # COUNT(column): a declared numeric/categorical
+    ("count", {"epsilon": 1, "column": "pid"}, "column"),  # not the unit column
+    ("count", {"epsilon": 1, "column": "nope"}, "column"),
     ("sum", {"column": "age", "epsilon": 1, "q": 0.5}, "q"),
     ("count", {"epsilon": 1, "where": [{"column": "site", "op": "==", "value": "atlantis"}]}, "where[0]"),
     ("count", {"epsilon": 1, "where": [{"column": "site", "op": "not_in", "value": ["north", "x"]}]}, "where[0]"),

@@ -249,6 +249,12 @@ def test_nulls_are_excluded_from_values_but_rows_still_count(frame, table):
     r = run("mean", {"column": "income", "epsilon": HUGE}, table, ds)
     assert r["value"] == pytest.approx(frame["income"].dropna().clip(0, 100_000).mean(), rel=1e-6)
     assert r["noisy_count"] == frame["income"].notna().sum()
+    # COUNT(column): the rows where it is not null, grouped too, and not the where's rows only
+    assert 0 < frame["income"].notna().sum() < N
+    assert run("count", {"column": "income", "epsilon": HUGE}, table, ds)["value"] == frame["income"].notna().sum()
+    grouped = run("count", {"column": "income", "group_by": "site", "epsilon": HUGE}, table, ds)["groups"]
+    assert {g["key"]: g["value"] for g in grouped} == {
+        key: int(frame.loc[frame["site"] == key, "income"].notna().sum()) for key in [g["key"] for g in grouped]}
 
 
 # --------------------------------------------------------------------------- contribution bounding
