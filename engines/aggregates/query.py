@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import struct
 from typing import Any
 
@@ -325,24 +326,44 @@ def _kinds(items: list, keys: list) -> dict:
             for it in items if "agg" in it or it["group"] < len(keys)}
 
 
+def _having_list(having: Any, names: set, kinds: dict, errors: dict, key: str, depth: int) -> list:
+    """A validated HAVING list: comparisons ANDed, an item may also be ``{"or": [list, ...]}``
+    or ``{"not": list}``, nested (as a where list; on released values)."""
+    if not isinstance(having, list) or len(having) > P.MAX_PREDICATES:
+        errors[key] = (f"must be a list of at most {P.MAX_PREDICATES} {{column, op, value}} "
+                       '(or {"or": [list, ...]}, {"not": list})')
+        return []
+    if depth > P.MAX_WHERE_DEPTH:
+        errors[key] = f"nested more than {P.MAX_WHERE_DEPTH} levels deep"
+        return []
+    out = []
+    for i, h in enumerate(having):
+        item = f"{key}[{i}]"
+        if isinstance(h, dict) and set(h) == {"or"}:
+            if not isinstance(h["or"], list) or not 2 <= len(h["or"]) <= P.MAX_PREDICATES:
+                errors[item] = f'"or" must be a list of 2 to {P.MAX_PREDICATES} lists'
+                continue
+            out.append({"or": [_having_list(b, names, kinds, errors, f"{item}.or[{j}]", depth + 1)
+                               for j, b in enumerate(h["or"])]})
+        elif isinstance(h, dict) and set(h) == {"not"}:
+            out.append({"not": _having_list(h["not"], names, kinds, errors, f"{item}.not", depth + 1)})
+        elif (not isinstance(h, dict) or set(h) != {"column", "op", "value"} or not isinstance(h["column"], str)
+              or h["column"] not in names or h["op"] not in HAVING_OPS or not P._scalar_ok(h["value"])):
+            errors[item] = (f"must be {{column, op, value}} on a selected column ({', '.join(sorted(names))}), "
+                            f"op one of {', '.join(HAVING_OPS)}, value a literal")
+        elif h["column"] in kinds and _kind(h["value"]) not in kinds[h["column"]]:
+            # a value no row can equal or be ordered with: the answer would be empty (or
+            # every row), charged for nothing; SQL refuses such a comparison too
+            errors[item] = (f"{h['column']} holds {' or '.join(sorted(kinds[h['column']]))}, "
+                            f"not {_kind(h['value'])} like {h['value']!r}")
+        else:
+            out.append(dict(h))
+    return out
+
+
 def _post(params: dict, names: set, kinds: dict, errors: dict) -> dict:
     out: dict = {"having": [], "order_by": [], "limit": None}
-    having = params.get("having", [])
-    if not isinstance(having, list):
-        errors["having"] = "must be a list of {column, op, value}"
-    else:
-        for i, h in enumerate(having):
-            if (not isinstance(h, dict) or set(h) != {"column", "op", "value"} or h["column"] not in names
-                    or h["op"] not in HAVING_OPS or not P._scalar_ok(h["value"])):
-                errors[f"having[{i}]"] = (f"must be {{column, op, value}} on a selected column ({', '.join(sorted(names))}), "
-                                          f"op one of {', '.join(HAVING_OPS)}, value a literal")
-            elif h["column"] in kinds and _kind(h["value"]) not in kinds[h["column"]]:
-                # a value no row can equal or be ordered with: the answer would be empty (or
-                # every row), charged for nothing; SQL refuses such a comparison too
-                errors[f"having[{i}]"] = (f"{h['column']} holds {' or '.join(sorted(kinds[h['column']]))}, "
-                                          f"not {_kind(h['value'])} like {h['value']!r}")
-            else:
-                out["having"].append(dict(h))
+    out["having"] = _having_list(params.get("having", []), names, kinds, errors, "having", 0)
     order = params.get("order_by", [])
     if not isinstance(order, list):
         errors["order_by"] = "must be a list of {column, desc}"
@@ -439,8 +460,7 @@ def assemble(d: dict, results: list[dict]) -> dict:
         rows.append(row)
         cis.append(ci)
     pos = {c: i for i, c in enumerate(columns)}
-    keep = [i for i, row in enumerate(rows) if all(_holds(row[pos[h["column"]]], h["op"], h["value"])
-                                                   for h in d["having"])]
+    keep = [i for i, row in enumerate(rows) if _having_truth(row, pos, d["having"])[0]]
     for o in reversed(d["order_by"]):
         j = pos[o["column"]]
         keep.sort(key=lambda i: _sort_key(rows[i][j]), reverse=o["desc"])
@@ -463,14 +483,36 @@ def assemble(d: dict, results: list[dict]) -> dict:
     return out
 
 
-def _holds(v, op: str, value) -> bool:
+def _having_truth(row: list, pos: dict, having: list) -> tuple[bool, bool]:
+    """(the HAVING list holds on ``row``, it is false there), in SQL's three-valued logic: a
+    comparison with a value the release left out (None) is neither, nor is its NOT."""
+    true, false = True, False
+    for h in having:
+        if "or" in h:
+            branches = [_having_truth(row, pos, b) for b in h["or"]]
+            t, f = any(b[0] for b in branches), all(b[1] for b in branches)
+        elif "not" in h:
+            f, t = _having_truth(row, pos, h["not"])
+        else:
+            t = _holds(row[pos[h["column"]]], h["op"], h["value"])
+            f = t is False
+            t = t is True
+        true, false = true and t, false or f
+    return true, false
+
+
+def _holds(v, op: str, value) -> bool | None:
+    """``v op value``; None (unknown) where ``v`` is None or cannot be compared with it."""
     if v is None:
-        return False
+        return None
     try:
-        return {"==": v == value, "!=": v != value, "<": v < value, "<=": v <= value, ">": v > value,
-                ">=": v >= value}[op]
+        return bool(_HAVING_COMPARE[op](v, value))
     except TypeError:
-        return False
+        return None
+
+
+_HAVING_COMPARE = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+                   ">=": operator.ge}
 
 
 def _sort_key(v):

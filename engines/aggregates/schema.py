@@ -110,7 +110,9 @@ _QUERY = {
                            "thresholds (CASE WHEN col < t ...; column, name, thresholds, closed, labels). A key "
                            "its form does not take is a 400"},
         "where": _COMMON["where"],
-        "having": {"type": "array", "items": {"type": "object"}, "description": "on released values"},
+        "having": {"type": "array", "items": {"type": "object"},
+                   "description": "on released values: {column, op, value} on a selected column, ANDed; an item "
+                                  "may also be {\"or\": [list, ...]} or {\"not\": list}, nested"},
         "order_by": {"type": "array", "items": {"type": "object", "properties": {
             "column": {"type": "string"}, "desc": {"type": "boolean"}}}},
         "limit": {"type": "integer", "minimum": 0},

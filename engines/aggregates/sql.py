@@ -497,30 +497,33 @@ def _having(tree: exp.Select, items: list[dict]) -> list[dict]:
     node = tree.args.get("having")
     if node is None:
         return []
-    out = []
 
-    def walk(n):
+    def walk(n) -> list[dict]:
         if isinstance(n, exp.Paren):
             return walk(n.this)
         if isinstance(n, exp.And):
-            walk(n.this)
-            walk(n.expression)
-            return
+            return walk(n.this) + walk(n.expression)
+        if isinstance(n, exp.Or):  # a OR b OR c: one list of branches
+            branches = []
+            for side in (n.this, n.expression):
+                inner = _unparen(side)
+                branches += walk(inner)[0]["or"] if isinstance(inner, exp.Or) else [walk(side)]
+            return [{"or": branches}]
+        if isinstance(n, exp.Not):
+            return [{"not": walk(n.this)}]
         for cls, op in _COMPARISONS.items():
             if type(n) is cls:
                 left, right = n.this, n.expression
                 if isinstance(right, (exp.Literal, exp.Neg, exp.Boolean)):
-                    out.append({"column": _find(left, items, "HAVING"), "op": op, "value": _literal(right, "HAVING")})
-                elif isinstance(left, (exp.Literal, exp.Neg, exp.Boolean)):
-                    out.append({"column": _find(right, items, "HAVING"), "op": _FLIPPED[op],
-                                "value": _literal(left, "HAVING")})
-                else:
-                    raise _unsupported(f"HAVING {n.sql()[:80]}", "compare a selected column with a literal")
-                return
-        raise _unsupported(f"HAVING {n.sql()[:80]}", "HAVING takes comparisons with literals joined by AND")
+                    return [{"column": _find(left, items, "HAVING"), "op": op, "value": _literal(right, "HAVING")}]
+                if isinstance(left, (exp.Literal, exp.Neg, exp.Boolean)):
+                    return [{"column": _find(right, items, "HAVING"), "op": _FLIPPED[op],
+                             "value": _literal(left, "HAVING")}]
+                raise _unsupported(f"HAVING {n.sql()[:80]}", "compare a selected column with a literal")
+        raise _unsupported(f"HAVING {n.sql()[:80]}",
+                           "HAVING takes comparisons of selected columns with literals, AND, OR and NOT")
 
-    walk(node.this)
-    return out
+    return walk(node.this)
 
 
 def _order_by(tree: exp.Select, items: list[dict]) -> list[dict]:
