@@ -100,7 +100,8 @@ def translate(sql: str, options: dict | None = None) -> SqlRequest:
     the simplest shape (one unnamed aggregate, at most one plain GROUP BY column, ANDed
     predicates) as the kind it equals (count, sum, ...), anything more as a ``query``."""
     if not isinstance(sql, str) or not sql.strip():
-        raise SqlSyntaxError("sql must be a non-empty string", part="sql")
+        got = "" if isinstance(sql, str) else f", got {'a number' if isinstance(sql, (int, float)) else type(sql).__name__}"
+        raise SqlSyntaxError(f"sql must be a non-empty string (one SELECT){got}", part="sql")
     if len(sql) > MAX_SQL_CHARS:
         raise SqlSyntaxError(f"sql is longer than {MAX_SQL_CHARS} characters", part="sql")
     options = {} if options is None else options
@@ -548,7 +549,10 @@ def _limit(tree: exp.Select) -> int | None:
     node = tree.args.get("limit")
     if node is None:
         return None
-    value = _literal(node.expression, "LIMIT") if node.expression is not None else None
+    try:
+        value = _literal(node.expression, "LIMIT") if node.expression is not None else None
+    except SqlUnsupported:  # LIMIT NULL, LIMIT a column: the part is LIMIT's
+        value = None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise _unsupported("LIMIT", "LIMIT takes a non-negative integer literal")
     return value
@@ -657,6 +661,8 @@ def _predicates(node: exp.Expression) -> list[dict]:
             return [_in(inner, negate=True)]
         if isinstance(inner, exp.Is) and isinstance(inner.expression, exp.Null):  # col IS NOT NULL
             return [{"column": _column(inner.this, "IS NOT NULL"), "op": "is_not_null"}]
+        if isinstance(inner, exp.Is):  # IS NOT TRUE / FALSE: named as written
+            raise _unsupported(f"IS NOT {inner.expression.sql()[:60]}", "IS tests NULL only: col IS [NOT] NULL")
         return [{"not": _predicates(inner)}]
     if isinstance(node, exp.In):
         return [_in(node, negate=False)]

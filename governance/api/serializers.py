@@ -33,6 +33,17 @@ class FiniteFloatField(serializers.FloatField):
         return value
 
 
+class TextField(serializers.CharField):
+    """A string, never a number or boolean turned into one (DRF's CharField takes ``5`` as
+    ``"5"``: ``{"sql": 5}`` was refused as "not a SELECT statement: 5")."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, (bool, int, float)):
+            what = "true or false" if isinstance(data, bool) else "a number"
+            raise serializers.ValidationError(f"Must be a string, not {what}.")
+        return super().to_internal_value(data)
+
+
 class SafeJSONField(serializers.JSONField):
     """A JSON field whose value is safe to store, hash and render. A JSON body was checked
     by the parser (parsers.py); JSON text sent as a form field (multipart, urlencoded) is
@@ -292,14 +303,14 @@ class RequestCreateSerializer(StrictInput, serializers.Serializer):
     params = SafeJSONField(default=dict, help_text="the kind's parameters (see the engine's params_schema); "
                                                    "with sql only the privacy options (epsilon, rho, accuracy, "
                                                    "mechanism, max_rows_per_unit, candidates)")
-    sql = serializers.CharField(required=False, max_length=10_000, trim_whitespace=False,
-                                help_text="instead of engine and kind: one SELECT FROM a dataset (at most 10,000 "
-                                          "characters) with up to 20 aggregates (COUNT(*), COUNT(DISTINCT unit), SUM, "
-                                          "AVG, VARIANCE, MEDIAN, QUANTILE, PERCENTILE_CONT, MIN and MAX as DP "
-                                          "percentiles), WHERE with AND / OR / NOT, BETWEEN and IN, GROUP BY up to "
-                                          "four keys (columns with a declared domain, FLOOR or CASE bins), HAVING, "
-                                          "ORDER BY and LIMIT on the released values; planned into the aggregates "
-                                          "request it equals (sql.unsupported names any other part)")
+    sql = TextField(required=False, max_length=10_000, trim_whitespace=False,
+                    help_text="instead of engine and kind: one SELECT FROM a dataset (at most 10,000 characters) "
+                              "with up to 20 aggregates (COUNT(*), COUNT(column), COUNT(DISTINCT unit), SUM, AVG, "
+                              "VARIANCE, MEDIAN, QUANTILE, PERCENTILE_CONT, MIN and MAX as DP percentiles), WHERE "
+                              "with AND / OR / NOT, BETWEEN, IN and IS [NOT] NULL, GROUP BY up to four keys "
+                              "(columns with a declared domain, FLOOR or CASE bins), HAVING, ORDER BY and LIMIT on "
+                              "the released values; planned into the aggregates "
+                              "request it equals (sql.unsupported names any other part)")
 
     def validate(self, attrs):
         if "sql" in attrs:
@@ -319,8 +330,8 @@ class EstimateInputSerializer(StrictInput, serializers.Serializer):
     engine = serializers.CharField(required=False, max_length=100, help_text="a request: engine name")
     kind = serializers.CharField(required=False, max_length=100, help_text="a request: the engine's kind")
     params = SafeJSONField(required=False, help_text="a request: its parameters (with sql: privacy options)")
-    sql = serializers.CharField(required=False, max_length=10_000, trim_whitespace=False,
-                                help_text="a request as SQL (as POST /api/requests/ takes it)")
+    sql = TextField(required=False, max_length=10_000, trim_whitespace=False,
+                    help_text="a request as SQL (as POST /api/requests/ takes it)")
 
     def validate(self, attrs):
         given = [k for k in ("event", "events", "kind", "sql") if k in attrs]

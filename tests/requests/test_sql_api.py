@@ -97,6 +97,8 @@ def test_it_charges_a_first_sql_request_exactly_what_its_estimate_said(api, anal
     ("SELECT STDDEV(age) FROM clinic", "STDDEV"),
     ("SELECT COUNT(*) AS n FROM clinic GROUP BY site ORDER BY age", "age in ORDER BY"),
     ("SELECT COUNT(*) FROM clinic LIMIT 10 OFFSET 5", "OFFSET"),
+    ("SELECT COUNT(*) FROM clinic LIMIT NULL", "LIMIT"),
+    ("SELECT COUNT(*) FROM clinic WHERE age IN (1, 2) IS NOT FALSE", "IS NOT FALSE"),
     ("SELECT COUNT(*) FROM (SELECT * FROM clinic) AS t", "subquery"),
     ("SELECT SUM(age * 2) FROM clinic", "expression age * 2 in SUM"),
     ("SELECT COUNT(*) FROM clinic WHERE income IS TRUE", "IS TRUE"),
@@ -137,6 +139,7 @@ def test_it_refuses_unsupported_sql_naming_the_part_and_charges_nothing(api, ana
     ({"sql": "SELECT COUNT(*) FROM clinic GROUP BY age", "params": {"epsilon": 0.1}}, "request.invalid",
      "group_by"),
     ({"dataset": "clinic", "params": {"epsilon": 0.1}}, "request.invalid", "engine"),
+    ({"sql": 5, "params": {"epsilon": 0.1}}, "request.invalid", "sql"),  # not "not a SELECT statement: 5"
     # a literal outside the declared domain, before any data is read
     ({"sql": "SELECT COUNT(*) FROM clinic WHERE site = 'atlantis'", "params": {"epsilon": 0.1}}, "request.invalid",
      "where[0]"),
