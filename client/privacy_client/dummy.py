@@ -16,6 +16,7 @@ percentile, as the engine answers them; QUANTILE(col, q) is ``QUANTILE_CONT``.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -101,11 +102,16 @@ def _declared_groups(client: "Client", dataset: str, result: dict) -> list[dict]
     declared domain keeps DuckDB's groups."""
     column = next((c for c in client.dataset(dataset).columns if c.get("name") == result.get("group_by")), {})
     domain = column.get("domain")
+    lo, hi = column.get("lower"), column.get("upper")
+    if not isinstance(domain, list) and column.get("integer") is True and all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) for b in (lo, hi)):
+        domain = list(range(math.ceil(lo), math.floor(hi) + 1))  # an integer key: every integer in the bounds
     if not isinstance(domain, list):
         return result["groups"]
-    found = {g["key"]: g for g in result["groups"]}
+    found = {int(g["key"]) if isinstance(g["key"], float) and g["key"].is_integer() else g["key"]: g
+             for g in result["groups"]}  # (DuckDB's 18.0 of a float column is the label 18)
     empty = 0 if result.get("kind") in ("count", "sum") else None
-    return [found.get(v, {"key": v, "value": empty, "ci95": None}) for v in domain]
+    return [{**found[v], "key": v} if v in found else {"key": v, "value": empty, "ci95": None} for v in domain]
 
 
 def _plain(v: Any) -> Any:

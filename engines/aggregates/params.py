@@ -7,6 +7,7 @@ Nothing here reads data.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +101,16 @@ def _column_spec(dataset: DatasetMeta, name: Any) -> tuple[dict | None, str | No
     return spec, None
 
 
+def _described(spec: dict) -> str:
+    """A column's declaration in a few words (for a refusal)."""
+    what = repr(spec.get("type"))
+    if spec.get("type") == "numeric":
+        what += " declared integer" if spec.get("integer") is True else " without integer: true"
+        if _bounds(spec) is None:
+            what += ", without bounds"
+    return what
+
+
 def _bounds(spec: dict) -> tuple[float, float] | None:
     lo, hi = spec.get("lower"), spec.get("upper")
     if spec.get("type") != "numeric" or not is_number(lo) or not is_number(hi) or not float(lo) < float(hi):
@@ -113,6 +124,26 @@ def _domain(spec: dict) -> list | None:
         return None
     return list(dom)
 
+
+MAX_INTEGER_GROUPS = 10_000
+
+
+def group_labels(spec: dict) -> list | None:
+    """The public groups of a column: its declared domain, or, for a numeric column declared
+    ``integer`` with bounds, every integer within them (at most ``MAX_INTEGER_GROUPS``; a
+    row whose value is not one of them, outside the bounds or a fraction, is in no group,
+    as a categorical value outside its domain). None if the schema declares neither."""
+    dom = _domain(spec)
+    if dom is not None or spec.get("integer") is not True or (bounds := _bounds(spec)) is None:
+        return dom
+    first, last = math.ceil(bounds[0]), math.floor(bounds[1])
+    if not -2**53 <= first <= last <= 2**53 or last - first + 1 > MAX_INTEGER_GROUPS:
+        return None
+    return list(range(first, last + 1))
+
+
+GROUP_HINT = ("a categorical column with a declared domain, or a numeric column declared integer with bounds "
+              f"(at most {MAX_INTEGER_GROUPS:,} values)")
 
 MAX_WHERE_DEPTH = 8
 
@@ -374,9 +405,8 @@ def validate(kind: str, params: Any, dataset: DatasetMeta) -> Query:
             spec, err = _column_spec(dataset, gb)
             if err:
                 errors["group_by"] = err
-            elif (dom := _domain(spec)) is None:
-                errors["group_by"] = (f"group_by needs a categorical column with a declared domain; "
-                                      f"{gb!r} is {spec.get('type')!r}")
+            elif (dom := group_labels(spec)) is None:
+                errors["group_by"] = f"group_by needs {GROUP_HINT}; {gb!r} is {_described(spec)}"
             else:
                 q.group_by, q.domain = gb, dom
                 if kind == "quantile" and q.candidates and len(dom) * (q.candidates + 1) > MAX_SCORE_CELLS:

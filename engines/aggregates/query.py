@@ -136,11 +136,10 @@ def _group_key(i: int, g: Any, dataset: DatasetMeta, errors: dict) -> dict | Non
     col = g["column"]
     name = g.get("name", col)
     if "width" not in g and "thresholds" not in g:
-        dom = P._domain(spec)
+        dom = P.group_labels(spec)
         if dom is None:
-            _err(errors, key, f"group by needs a categorical column with a declared domain, or bins of a bounded "
-                              f"numeric column (FLOOR({col} / w) * w, CASE WHEN {col} < a THEN ...); "
-                              f"{col!r} is {spec.get('type')!r}")
+            _err(errors, key, f"group by needs {P.GROUP_HINT}, or bins of a bounded numeric column "
+                              f"(FLOOR({col} / w) * w, CASE WHEN {col} < a THEN ...); {col!r} is {P._described(spec)}")
             return None
         return {"name": name, "column": col, "type": "categorical", "labels": dom}
     bounds = P._bounds(spec)

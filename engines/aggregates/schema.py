@@ -37,8 +37,9 @@ _COMMON = {
              "properties": {"column": {"type": "string"}, "op": {"enum": list(NULL_OPS)}, "value": {"type": "null"}}},
             ]},
     },
-    "group_by": {"type": "string", "description": "a categorical column with a declared domain: one output "
-                                                  "per domain value, in domain order"},
+    "group_by": {"type": "string", "description": "a categorical column with a declared domain (one output "
+                                                  "per domain value, in domain order), or a numeric column "
+                                                  "declared integer with bounds (one per integer within them)"},
     "mechanism": {"enum": ["laplace", "gaussian"], "default": "laplace",
                   "description": "laplace: pure epsilon-DP; gaussian: zCDP (rho)"},
     "epsilon": {**_POSITIVE, "description": "pure-DP budget (laplace); give exactly one of epsilon, rho, accuracy"},
@@ -105,7 +106,8 @@ _QUERY = {
             "width": _POSITIVE, "multiplier": {"type": "number"},
             "thresholds": {"type": "array", "items": {"type": "number"}, "minItems": 1},
             "closed": {"enum": ["left", "right"]}, "labels": {"type": "array", "items": _SCALAR}}},
-            "description": "categorical columns (declared domain; column, name) or bins of bounded numeric "
+            "description": "categorical columns (declared domain; column, name), integer columns with bounds "
+                           "(column, name: every integer in the bounds), or bins of bounded numeric "
                            "columns: width (FLOOR(col / width) * multiplier; column, name, width, multiplier) or "
                            "thresholds (CASE WHEN col < t ...; column, name, thresholds, closed, labels). A key "
                            "its form does not take is a 400"},

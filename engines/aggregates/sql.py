@@ -20,7 +20,8 @@ What is understood (everything else is a ``SqlUnsupported`` naming the part):
   ``MAX`` (the DP quantiles ``MIN_Q`` / ``MAX_Q``);
 - ``WHERE``: ``col op literal`` (=, <>, !=, <, <=, >, >=, either side), ``col [NOT] IN
   (literals)``, ``col BETWEEN a AND b``, joined by AND, OR and NOT;
-- ``GROUP BY``: up to 4 keys, each a column with a declared domain, ``FLOOR(col / w) [* m]``
+- ``GROUP BY``: up to 4 keys, each a column with a declared domain (or an integer column
+  with bounds: every integer in them), ``FLOOR(col / w) [* m]``
   or ``CASE WHEN col < a THEN 'x' ... ELSE 'z' END`` (bins over the declared bounds), by
   the expression, its alias or its position;
 - ``HAVING`` (comparisons of selected columns with literals, ANDed), ``ORDER BY`` (nulls
@@ -100,7 +101,8 @@ def translate(sql: str, options: dict | None = None) -> SqlRequest:
     the simplest shape (one unnamed aggregate, at most one plain GROUP BY column, ANDed
     predicates) as the kind it equals (count, sum, ...), anything more as a ``query``."""
     if not isinstance(sql, str) or not sql.strip():
-        got = "" if isinstance(sql, str) else f", got {'a number' if isinstance(sql, (int, float)) else type(sql).__name__}"
+        what = "a number" if isinstance(sql, (int, float)) else type(sql).__name__
+        got = "" if isinstance(sql, str) else f", got {what}"
         raise SqlSyntaxError(f"sql must be a non-empty string (one SELECT){got}", part="sql")
     if len(sql) > MAX_SQL_CHARS:
         raise SqlSyntaxError(f"sql is longer than {MAX_SQL_CHARS} characters", part="sql")
@@ -316,8 +318,8 @@ def _column(node: exp.Expression, where: str) -> str:
 #: the smallest value tie at the best score, and the pick would drift to the declared bound)
 MIN_Q, MAX_Q = 0.01, 0.99
 _SIMPLE_AGGS = ("count", "sum", "mean", "variance", "quantile")
-_BINS_HINT = ("group by a column with a declared domain, FLOOR(col / w) * w, or "
-              "CASE WHEN col < a THEN 'x' WHEN col < b THEN 'y' ELSE 'z' END")
+_BINS_HINT = ("group by a column with a declared domain, an integer column with bounds, FLOOR(col / w) * w, "
+              "or CASE WHEN col < a THEN 'x' WHEN col < b THEN 'y' ELSE 'z' END")
 
 
 def _group_keys(tree: exp.Select) -> tuple[list[dict], list[str], tuple[str, ...]]:
@@ -609,7 +611,8 @@ def _one_aggregate(node: exp.Expression) -> tuple[str, dict, str]:
         raise _unsupported(f"{node.sql_name()}", "use VARIANCE(column) (its square root is post-processing)")
     name = node.sql_name() if isinstance(node, exp.Func) else node.sql()
     raise _unsupported(f"{name[:60]}", "not an aggregate this engine answers: COUNT(*), COUNT(column), "
-                                       "COUNT(DISTINCT unit), SUM, AVG, VARIANCE, MIN, MAX, MEDIAN, QUANTILE, PERCENTILE_CONT "
+                                       "COUNT(DISTINCT unit), SUM, AVG, VARIANCE, MIN, MAX, MEDIAN, QUANTILE, "
+                                       "PERCENTILE_CONT "
                                        "(arithmetic on aggregates is not answered: compute it from the result)")
 
 

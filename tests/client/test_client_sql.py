@@ -135,6 +135,8 @@ def test_the_pandas_like_calls_take_dummy_too(server):
     assert list(dummy.df.index) == list(real.df.index)  # every declared group, in the domain's order
     few = server.analyst.count("clinic", by="site", dummy=True, dummy_rows=2)  # some groups have no dummy row
     assert list(few.df.index) == ["north", "south", "east", "west"] and few.df["value"].sum() == 2
+    ages = server.analyst.count("clinic", by="age", dummy=True, dummy_rows=5)  # an integer key: 18 to 90
+    assert list(ages.df.index) == list(range(18, 91)) and ages.df["value"].sum() == 5
     assert server.analyst.count("clinic", dummy=True, dummy_rows=77).df["value"].iloc[0] == 77
     # an OR filter: priced as the count it is, so the frame is a count's (it was a query's)
     either = [{"or": [[("age", "<", 30)], [("site", "==", "east")]]}]

@@ -3,6 +3,7 @@ equals the local engine's on the same rows, for every kind, with where / group_b
 and per-unit contribution bounds (a unit's rows spread over partitions); the plan is the
 local engine's; the release goes through the same noise."""
 
+import dataclasses
 import decimal
 
 import numpy as np
@@ -93,6 +94,27 @@ def test_it_computes_the_local_engines_exact_aggregate(dask_cluster, partitioned
     want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
     got = local.exact_values(d, dist.exact_parts(_source(manifest, dask_cluster, table), d, salt=SALT), n)
     _equal(want, got)
+
+
+@pytest.mark.parametrize("kind,params", [
+    ("count", {"group_by": "age", "max_rows_per_unit": 1}),
+    ("query", {"select": [{"name": "n", "agg": "count"}, {"name": "m", "agg": "mean", "column": "income"}],
+               "group_by": [{"column": "site"}, {"column": "age"}], "max_rows_per_unit": 2}),
+])
+def test_an_integer_key_groups_the_same_on_the_cluster(dask_cluster, partitioned, kind, params):
+    """GROUP BY an integer column (every integer in its bounds a group; ages outside them in none)."""
+    table, manifest, _ = partitioned
+    columns = {**UNIT_COLUMNS, "age": {**UNIT_COLUMNS["age"], "integer": True}}
+    meta = dataclasses.replace(_meta(table), columns=columns)
+    d = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), meta).details
+    n = local.grid_rows(d)
+    want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
+    got = local.exact_values(d, dist.exact_parts(_source(manifest, dask_cluster, table), d, salt=SALT), n)
+    _equal(want, got)
+    if kind == "count":  # k = 1: each unit counted once, in the group of its kept row, if its age is in [18, 90]
+        ages = table.column("age").to_numpy()
+        assert want["count"].shape == (73,) and 0 < want["count"].sum() < len(np.unique(table.column("pid")))
+        assert want["count"].sum() <= int(((ages >= 18) & (ages <= 90)).sum())
 
 
 def test_it_bounds_a_units_rows_across_partitions(dask_cluster, partitioned):

@@ -99,6 +99,14 @@ CASES = [
     Case("grouped-median-ok", "gss", "SELECT educcat, MEDIAN(prestg10) FROM gss GROUP BY educcat",
          truth="SELECT educcat, MEDIAN(prestg10) FROM gss WHERE educcat IS NOT NULL GROUP BY educcat"),
     Case("grouped-sum", "cps", "SELECT ethnicity, SUM(wage) FROM cps GROUP BY ethnicity"),
+    # an integer column with declared bounds groups by every integer in them (public labels)
+    Case("group-integer", "cps", "SELECT education, COUNT(*) AS n, AVG(wage) AS w FROM cps GROUP BY education"),
+    Case("group-integer-simple", "gss", "SELECT childs, COUNT(*) FROM gss GROUP BY childs",
+         truth="SELECT childs, COUNT(*) FROM gss WHERE childs IS NOT NULL GROUP BY childs"),
+    Case("group-integer-and-key", "gss", "SELECT year, gender, MEDIAN(realrinc) AS m FROM gss "
+                                         "WHERE year >= 2010 GROUP BY year, gender",
+         truth="SELECT year, gender, MEDIAN(realrinc) FROM gss WHERE year >= 2010 AND gender IS NOT NULL "
+               "GROUP BY year, gender"),
     # ---- WHERE: AND, IN, NOT IN, BETWEEN, OR, NOT
     Case("where-and", "cps", "SELECT COUNT(*) FROM cps WHERE education >= 16 AND region = 'west'"),
     Case("where-in", "cps", "SELECT AVG(wage) FROM cps WHERE region IN ('south', 'west')"),

@@ -126,7 +126,8 @@ def test_other_engines_get_none_from_every_hook():
     ("quantile", {"column": "age", "candidates": 100_001, "epsilon": 1}, "candidates"),
     ("quantile", {"column": "age", "epsilon": 1, "mechanism": "laplace"}, "mechanism"),
     ("quantile", {"column": "age", "rho": 1, "mechanism": "gaussian"}, "mechanism"),
-    ("count", {"epsilon": 1, "group_by": "age"}, "group_by"),  # no declared domain
+    ("count", {"epsilon": 1, "group_by": "income"}, "group_by"),  # no declared domain, not integer
+    ("count", {"epsilon": 1, "group_by": "score"}, "group_by"),  # no bounds
     ("count", {"epsilon": 1, "group_by": "notes"}, "group_by"),
     ("count", {"epsilon": 1, "group_by": "ghost"}, "group_by"),
     ("histogram", {"column": "age", "bins": [18, 60, 40], "epsilon": 1}, "bins"),  # unsorted

@@ -204,6 +204,16 @@ def test_group_by_matches_pandas_in_domain_order_and_never_reveals_other_keys(fr
             assert got[key] == pytest.approx(expected, abs=1e-3), (kind, key)
 
 
+@pytest.mark.parametrize("values", [[18, 18, 19, 17, 91, 5, 18], [18.0, 18.0, 19.0, 17.0, 91.0, 20.5, None]])
+def test_an_integer_column_groups_by_every_integer_in_its_bounds(values):
+    """Its labels are the integers of the declared bounds (public); a value outside them, a
+    fraction or a null is in no group, as a category outside its domain."""
+    cols = {"x": {"type": "numeric", "lower": 18, "upper": 20, "integer": True}}
+    ds = DatasetMeta(name="t", columns=cols, unit_column=None, n_rows=len(values), n_units=len(values), delta=1e-6)
+    r = run("count", {"group_by": "x", "epsilon": HUGE}, pd.DataFrame({"x": values}), ds)
+    assert [(g["key"], g["value"]) for g in r["groups"]] == [(18, 2 + (values[-1] == 18)), (19, 1), (20, 0)]
+
+
 def test_a_domain_value_absent_from_the_data_still_gets_its_entry(frame, table):
     ds = meta(frame, unit=False)
     cols = dict(ds.columns, site={"type": "categorical", "domain": ["east", "atlantis", "north"]})

@@ -136,7 +136,7 @@ def test_it_refuses_unsupported_sql_naming_the_part_and_charges_nothing(api, ana
     # the engine's own validation, reached through SQL: undeclared column, no budget
     ({"sql": "SELECT SUM(weight) FROM clinic", "params": {"epsilon": 0.1}}, "request.invalid", "column"),
     ({"sql": "SELECT COUNT(*) FROM clinic", "params": {}}, "request.invalid", "epsilon"),
-    ({"sql": "SELECT COUNT(*) FROM clinic GROUP BY age", "params": {"epsilon": 0.1}}, "request.invalid",
+    ({"sql": "SELECT COUNT(*) FROM clinic GROUP BY income", "params": {"epsilon": 0.1}}, "request.invalid",
      "group_by"),
     ({"dataset": "clinic", "params": {"epsilon": 0.1}}, "request.invalid", "engine"),
     ({"sql": 5, "params": {"epsilon": 0.1}}, "request.invalid", "sql"),  # not "not a SELECT statement: 5"
@@ -145,7 +145,7 @@ def test_it_refuses_unsupported_sql_naming_the_part_and_charges_nothing(api, ana
      "where[0]"),
     ({"sql": "SELECT COUNT(DISTINCT age) AS k FROM clinic", "params": {"epsilon": 0.1}}, "request.invalid",
      "select[0]"),
-    ({"sql": "SELECT site, age, COUNT(*) AS n FROM clinic GROUP BY site, age", "params": {"epsilon": 0.1}},
+    ({"sql": "SELECT site, income, COUNT(*) AS n FROM clinic GROUP BY site, income", "params": {"epsilon": 0.1}},
      "request.invalid", "group_by[1]"),
 ])
 def test_it_refuses_bad_sql_requests_with_a_stable_code(api, analyst, clinic, body, code, field):
