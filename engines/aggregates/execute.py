@@ -112,6 +112,11 @@ def exact_parts(d: dict, data: pa.Table, n_max: int, rng: np.random.Generator, p
         groups = len(d["domain"])
     if codes is not None:
         mask &= codes >= 0
+    distinct = d.get("distinct_of")  # COUNT(DISTINCT column): each row's index among its public values
+    if distinct is not None:
+        dcodes = compute.category_codes(data, d["column"], distinct)
+        mask &= dcodes >= 0
+        values = dcodes.astype(np.float64)  # (a kept row's content: which rows a unit keeps)
     if d["unit_column"]:
         ucodes, n_units = units.unit_codes(data, d["unit_column"])
         if d.get("distinct_units"):
@@ -123,7 +128,7 @@ def exact_parts(d: dict, data: pa.Table, n_max: int, rng: np.random.Generator, p
         if salt is None:
             salt = int(rng.integers(0, 2**63))
         k = int(d["max_rows_per_unit"])
-        if kind == "count" and codes is None:
+        if kind == "count" and codes is None and distinct is None:
             # each kept row adds one: the count of the rows the rule keeps, without choosing them
             return {"count": units.bounded_count(mask, ucodes, n_units, k)}
         mask, _ = units.bound_by_content(mask, ucodes, n_units, k, salt, data.column(d["unit_column"]), codes, values)
@@ -143,6 +148,11 @@ def exact_parts(d: dict, data: pa.Table, n_max: int, rng: np.random.Generator, p
         grid = candidate_grid(qd["grid"]["lower"], qd["grid"]["upper"], qd["grid"]["count"])
         return {"quantile": compute.quantile_histograms(selected(values), grid, sel_codes, max(groups, 1))}
     parts = {}
+    if distinct is not None:  # rows per (group, value): additive over pieces; the values seen in exact_values
+        m = len(distinct)
+        at = dcodes[mask] if sel_codes is None else sel_codes * m + dcodes[mask]
+        seen = np.bincount(at, minlength=max(groups, 1) * m)
+        return {"distinct": seen.reshape(groups, m) if sel_codes is not None else seen}
     if kind in ("count", "histogram", "mean", "variance"):
         parts["count"] = (n if every and codes is None
                           else compute.exact_count(mask, codes, groups, selected_codes=sel_codes))
@@ -185,7 +195,12 @@ def combine(parts: list[dict]) -> dict:
 def exact_values(d: dict, parts: dict, n_max: int) -> dict:
     """The exact aggregates (what noise is added to) from the combined parts."""
     bounds = _bounds(d)
-    return {name: compute.from_grid(v, bounds[name], n_max) if name in bounds else v for name, v in parts.items()}
+    out = {name: compute.from_grid(v, bounds[name], n_max) if name in bounds else v
+           for name, v in parts.items() if name != "distinct"}
+    if "distinct" in parts:  # COUNT(DISTINCT column): the values with a row, per group
+        seen = np.count_nonzero(np.asarray(parts["distinct"]) > 0, axis=-1)
+        out["count"] = int(seen) if seen.ndim == 0 else seen.astype(np.int64)
+    return out
 
 
 def finish(d: dict, parts: dict, n_max: int, rng: np.random.Generator, progress) -> Release:

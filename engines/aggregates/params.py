@@ -58,6 +58,7 @@ class Query:
     q: float | None = None
     candidates: int | None = None
     distinct_units: bool = False  # count_distinct of the unit column (query.py)
+    distinct_of: list | None = None  # count_distinct of ``column``: its public values (``group_labels``)
     integer: bool = False  # the value column is declared integer (a quantile's interval ends are whole)
     non_null: list[dict] = field(default_factory=list)  # COUNT(column): ``column IS NOT NULL``, ANDed to where
     decimals: int | None = None  # its declared decimals (the ends are rounded out to them)

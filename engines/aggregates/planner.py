@@ -142,6 +142,7 @@ def plan_validated(q: Query, dataset: DatasetMeta) -> tuple[dict, dict]:
         "column": q.column,
         "bounds": list(q.bounds) if q.bounds else None,
         "where": q.where + q.non_null,
+        "distinct_of": q.distinct_of,
         "group_by": q.group_by,
         "domain": q.domain,
         "histogram": q.hist,

@@ -7,7 +7,8 @@ Params (JSON)::
                 {"name": "n", "agg": "count"},
                 {"name": "mean_income", "agg": "mean", "column": "income"},
                 {"name": "p90", "agg": "quantile", "column": "income", "q": 0.9},
-                {"name": "people", "agg": "count_distinct", "column": "<the unit column>"}],
+                {"name": "people", "agg": "count_distinct", "column": "<the unit column>"},
+                {"name": "jobs", "agg": "count_distinct", "column": "occupation"}],  # public values
      "group_by": [{"column": "region"},                               # categorical: declared domain
                   {"column": "age", "width": 10, "multiplier": 10},  # FLOOR(age / 10) * 10
                   {"column": "age", "thresholds": [30, 60], "closed": "left",
@@ -24,7 +25,9 @@ is planned, bounded and noised exactly as its own kind (planner.py), on the grou
 cartesian product of the group keys' public labels (declared domains, and bins from the
 declared bounds: never from the data). ``count_distinct`` of the privacy-unit column counts
 each unit once per group, keeping at most ``max_rows_per_unit`` groups per unit (sensitivity
-``max_rows_per_unit``, as a count). HAVING, ORDER BY and LIMIT act on the released (noisy)
+``max_rows_per_unit``, as a count); of another column with public values (a declared domain,
+or an integer column's bounds: ``params.group_labels``) it counts the values held by some
+kept row, per group (a unit's k kept rows add at most k: the same sensitivity). HAVING, ORDER BY and LIMIT act on the released (noisy)
 values only: post-processing, free.
 """
 
@@ -278,17 +281,21 @@ def validate(params: Any, dataset: DatasetMeta) -> tuple[list, list, list, dict]
                 sub.setdefault("candidates", params["candidates"])
             sub.pop("mechanism", None)
         sub.update(share)
+        distinct_of = None
         if agg == "count_distinct":
             col = sub.pop("column", None)
-            if not dataset.unit_column:
-                errors[key] = ("COUNT(DISTINCT ...) counts privacy units, and this dataset has none: every row is "
-                               "a unit, so COUNT(*) is the distinct count")
-                continue
-            if col != dataset.unit_column:
-                errors[key] = (f"COUNT(DISTINCT {col}) is not answered: only the privacy-unit column "
-                               f"{dataset.unit_column!r} (its contributions are bounded per unit); "
-                               f"COUNT(DISTINCT {dataset.unit_column}) counts units")
-                continue
+            if not (dataset.unit_column and col == dataset.unit_column):
+                # the distinct values of a column with public values: a unit's k kept rows
+                # add at most k of them (in all groups together), so the count's sensitivity
+                spec, err = P._column_spec(dataset, col)
+                distinct_of = P.group_labels(spec) if spec else None
+                if distinct_of is None:
+                    units = (f", or the privacy-unit column {dataset.unit_column!r} (COUNT(DISTINCT "
+                             f"{dataset.unit_column}) counts units)") if dataset.unit_column else ""
+                    errors[key] = (f"COUNT(DISTINCT column) counts the distinct values of {P.GROUP_HINT} (values "
+                                   f"outside it are not counted){units}; {col!r}: "
+                                   + (err or f"is {P._described(spec)}"))
+                    continue
         sub_errors: dict[str, str] = {}
         try:
             q = P.validate(AGGS[agg], sub, dataset)
@@ -299,7 +306,9 @@ def validate(params: Any, dataset: DatasetMeta) -> tuple[list, list, list, dict]
                                                                     "max_rows_per_unit") else f"{key}.{k}", v)
         if sub_errors:
             continue
-        q.distinct_units = agg == "count_distinct"
+        q.distinct_units = agg == "count_distinct" and distinct_of is None
+        if distinct_of is not None:
+            q.column, q.distinct_of = col, distinct_of
         items.append({"name": name, "agg": len(aggs)})
         aggs.append((name, agg, q))
     if "candidates" in params and not any(isinstance(it, dict) and isinstance(it.get("agg"), str)

@@ -13,7 +13,8 @@ What is understood (everything else is a ``SqlUnsupported`` naming the part):
 
 - one table: ``FROM name`` (quote names with a hyphen: ``FROM "gss-wages"``);
 - aggregates in the select list, beside the GROUP BY keys, each with an optional alias
-  (it names the column): ``COUNT(*)`` (or ``COUNT(1)``), ``COUNT(DISTINCT unit_column)``,
+  (it names the column): ``COUNT(*)`` (or ``COUNT(1)``), ``COUNT(column)``,
+  ``COUNT(DISTINCT unit_column)``, ``COUNT(DISTINCT column)`` (public values),
   ``SUM(col)``, ``AVG(col)``, ``VARIANCE(col)`` / ``VAR_POP(col)`` / ``VAR_SAMP(col)`` (the
   engine's variance, the population form), ``MEDIAN(col)``, ``QUANTILE(col, q)``,
   ``APPROX_QUANTILE(col, q)``, ``PERCENTILE_CONT(q) WITHIN GROUP (ORDER BY col)``, ``MIN`` /
@@ -568,9 +569,9 @@ def _one_aggregate(node: exp.Expression) -> tuple[str, dict, str]:
         if isinstance(inner, exp.Star) or (isinstance(inner, exp.Literal) and not inner.is_string):
             return "count", {}, "count"  # COUNT(*), COUNT(1): rows
         if isinstance(inner, exp.Distinct):
-            _only(inner, {"expressions"}, "COUNT(DISTINCT)", "COUNT(DISTINCT unit_column) counts privacy units")
+            _only(inner, {"expressions"}, "COUNT(DISTINCT)", "COUNT(DISTINCT column) of one column")
             if len(inner.expressions) != 1:
-                raise _unsupported("COUNT(DISTINCT a, b)", "COUNT(DISTINCT unit_column) counts privacy units")
+                raise _unsupported("COUNT(DISTINCT a, b)", "COUNT(DISTINCT column) counts one column's values")
             col = _column(inner.expressions[0], "COUNT(DISTINCT)")
             return "count_distinct", {"column": col}, f"count_distinct_{col}"
         col = _column(inner, "COUNT")  # COUNT(column): the rows where it is not null

@@ -152,7 +152,8 @@ def _total(c: _Counts, cap: int) -> int:
 def applies(d: dict) -> bool:
     """Whether ``d`` is a count this module computes: one count, not grouped, per unit (k
     rows each, or one per unit for COUNT(DISTINCT unit))."""
-    return bool(d.get("unit_column")) and d["kind"] == "count" and not d.get("group_by") and not d.get("group_keys")
+    return (bool(d.get("unit_column")) and d["kind"] == "count" and not d.get("group_by") and not d.get("group_keys")
+            and d.get("distinct_of") is None)
 
 
 def id_span(table, unit: str) -> tuple[int, int] | None:

@@ -305,7 +305,7 @@ class RequestCreateSerializer(StrictInput, serializers.Serializer):
                                                    "mechanism, max_rows_per_unit, candidates)")
     sql = TextField(required=False, max_length=10_000, trim_whitespace=False,
                     help_text="instead of engine and kind: one SELECT FROM a dataset (at most 10,000 characters) "
-                              "with up to 20 aggregates (COUNT(*), COUNT(column), COUNT(DISTINCT unit), SUM, AVG, "
+                              "with up to 20 aggregates (COUNT(*), COUNT(column), COUNT(DISTINCT column), SUM, AVG, "
                               "VARIANCE, MEDIAN, QUANTILE, PERCENTILE_CONT, MIN and MAX as DP percentiles), WHERE "
                               "with AND / OR / NOT, BETWEEN, IN and IS [NOT] NULL, GROUP BY up to four keys "
                               "(columns with a declared domain, FLOOR or CASE bins), HAVING, ORDER BY and LIMIT on "

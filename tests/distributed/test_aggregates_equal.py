@@ -100,6 +100,12 @@ def test_it_computes_the_local_engines_exact_aggregate(dask_cluster, partitioned
     ("count", {"group_by": "age", "max_rows_per_unit": 1}),
     ("query", {"select": [{"name": "n", "agg": "count"}, {"name": "m", "agg": "mean", "column": "income"}],
                "group_by": [{"column": "site"}, {"column": "age"}], "max_rows_per_unit": 2}),
+    # COUNT(DISTINCT age), COUNT(DISTINCT site): the values seen, summed over the buckets per value
+    ("query", {"select": [{"name": "ages", "agg": "count_distinct", "column": "age"},
+                          {"name": "sites", "agg": "count_distinct", "column": "site"}], "max_rows_per_unit": 1}),
+    ("query", {"select": [{"name": "s", "group": 0}, {"name": "ages", "agg": "count_distinct", "column": "age"}],
+               "group_by": [{"column": "site"}], "where": [{"column": "income", "op": "<", "value": 20_000}],
+               "max_rows_per_unit": 2}),
 ])
 def test_an_integer_key_groups_the_same_on_the_cluster(dask_cluster, partitioned, kind, params):
     """GROUP BY an integer column (every integer in its bounds a group; ages outside them in none)."""
@@ -108,8 +114,10 @@ def test_an_integer_key_groups_the_same_on_the_cluster(dask_cluster, partitioned
     meta = dataclasses.replace(_meta(table), columns=columns)
     d = plugins.plan("aggregates", EngineRequest(kind, {"epsilon": 1.0, **params}), meta).details
     n = local.grid_rows(d)
-    want = local.exact_values(d, local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT), n)
-    got = local.exact_values(d, dist.exact_parts(_source(manifest, dask_cluster, table), d, salt=SALT), n)
+    want_parts = local.exact_parts(d, table, n, np.random.default_rng(0), salt=SALT)
+    got_parts = dist.exact_parts(_source(manifest, dask_cluster, table), d, salt=SALT)
+    _equal(want_parts, got_parts)  # (a distinct count's: its rows per value, not only the values seen)
+    want, got = local.exact_values(d, want_parts, n), local.exact_values(d, got_parts, n)
     _equal(want, got)
     if kind == "count":  # k = 1: each unit counted once, in the group of its kept row, if its age is in [18, 90]
         ages = table.column("age").to_numpy()

@@ -171,13 +171,17 @@ CASES = [
     Case("where-not-and-nulls", "gss", "SELECT COUNT(*) FROM gss WHERE NOT (childs > 2 AND realrinc > 20000)"),
     # ---- COUNT(DISTINCT unit)
     Case("distinct-units", "cps", "SELECT COUNT(DISTINCT rownames) AS people FROM cps"),
+    # the distinct values of a column with public values (a domain, or an integer column's bounds)
+    Case("distinct-values", "gss", "SELECT COUNT(DISTINCT occrecode) AS jobs, COUNT(DISTINCT year) AS years FROM gss"),
+    Case("distinct-values-grouped", "cps", "SELECT region, COUNT(DISTINCT education) AS levels FROM cps "
+                                           "WHERE experience < 10 GROUP BY region"),
     Case("distinct-units-grouped", "cps", "SELECT region, COUNT(DISTINCT rownames) AS people FROM cps "
                                           "GROUP BY region"),
     # ---- named 400s: outside the declared domain, unsupported parts
     Case("atlantis", "cps", "SELECT COUNT(*) FROM cps WHERE region = 'atlantis'", expect=("plan", "where[0]")),
     Case("atlantis-in-or", "gss", "SELECT COUNT(*) AS n FROM gss WHERE gender = 'Male' OR educcat = 'PhD'",
          expect=("plan", "where[0].or[1][0]")),
-    Case("distinct-other", "cps", "SELECT COUNT(DISTINCT region) AS k FROM cps", expect=("plan", "select[0]")),
+    Case("distinct-wage", "cps", "SELECT COUNT(DISTINCT wage) AS k FROM cps", expect=("plan", "select[0]")),
     Case("distinct-no-unit", "gss", "SELECT COUNT(DISTINCT rownames) AS k FROM gss", expect=("plan", "select[0]")),
     Case("group-numeric", "cps", "SELECT wage, COUNT(*) AS n FROM cps GROUP BY wage", expect=("plan", "group_by[0]")),
     Case("join", "cps", "SELECT COUNT(*) FROM cps JOIN gss ON cps.wage = gss.realrinc", expect=("sql", "JOIN")),

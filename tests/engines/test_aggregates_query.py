@@ -2,6 +2,8 @@
 one plan and one composed event; composite and binned groups; HAVING / ORDER BY / LIMIT on
 released values; COUNT(DISTINCT unit)."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -32,14 +34,14 @@ def frame():
                          "notes": ["x"] * N})
 
 
-def plan_sql(sql, **options):
+def plan_sql(sql, ds=DS, **options):
     req = sqlplan.translate(sql, {"epsilon": HUGE, **options})
-    return EngineRequest(req.kind, req.params), plugins.plan("aggregates", EngineRequest(req.kind, req.params), DS)
+    return EngineRequest(req.kind, req.params), plugins.plan("aggregates", EngineRequest(req.kind, req.params), ds)
 
 
-def run_sql(sql, frame, **options):
-    req, plan = plan_sql(sql, **options)
-    return plugins.run("aggregates", req, DS, pa.Table.from_pandas(frame), plan, lambda u: None).result
+def run_sql(sql, frame, ds=DS, **options):
+    req, plan = plan_sql(sql, ds, **options)
+    return plugins.run("aggregates", req, ds, pa.Table.from_pandas(frame), plan, lambda u: None).result
 
 
 def test_several_aggregates_are_one_plan_with_one_composed_event_costing_the_budget():
@@ -132,6 +134,23 @@ def test_having_takes_or_and_not_in_three_valued_logic(frame):
     assert _having_truth([2], {"m": 0}, either)[0] and not _having_truth([0], {"m": 0}, either)[0]
 
 
+def test_count_distinct_of_a_column_with_public_values_counts_the_values_seen(frame):
+    """COUNT(DISTINCT age): the integers of [18, 90] that some kept row holds, per group; a
+    unit's k kept rows add at most k values, so that is the count's sensitivity."""
+    ds = dataclasses.replace(DS, columns={**COLUMNS, "age": {**COLUMNS["age"], "integer": True}})
+    r = run_sql("SELECT site, COUNT(DISTINCT age) AS d, COUNT(DISTINCT site) AS s FROM t WHERE age < 40 "
+                "GROUP BY site", frame, ds, max_rows_per_unit=100)
+    young = frame[frame.age < 40]
+    assert {row[0]: row[1] for row in r["rows"]} == young.groupby("site").age.nunique().to_dict()
+    assert all(row[2] == 1 for row in r["rows"])
+    _, plan = plan_sql("SELECT COUNT(DISTINCT age) AS d FROM t", ds, epsilon=1.0, max_rows_per_unit=3)
+    assert plan.details["aggregates"][0]["components"]["count"]["sensitivity"] == 3
+    # k = 1 on a table where one unit holds every value: it adds one, not 73
+    one = pd.DataFrame({"pid": [7] * 73, "age": range(18, 91), "income": 1.0, "site": "north", "notes": "x"})
+    assert run_sql("SELECT COUNT(DISTINCT age) AS d FROM t", one, ds, max_rows_per_unit=1)["rows"] == [[1]]
+    assert run_sql("SELECT COUNT(DISTINCT age) AS d FROM t", one, ds, max_rows_per_unit=5)["rows"] == [[5]]
+
+
 def test_count_distinct_of_the_unit_column_counts_units_per_group(frame):
     r = run_sql("SELECT site, COUNT(DISTINCT pid) AS people FROM t GROUP BY site", frame, max_rows_per_unit=3)
     ref = frame.groupby("site").pid.nunique()
@@ -141,7 +160,8 @@ def test_count_distinct_of_the_unit_column_counts_units_per_group(frame):
 
 
 @pytest.mark.parametrize("sql,key,words", [
-    ("SELECT COUNT(DISTINCT site) AS k FROM t", "select[0]", "privacy-unit column 'pid'"),
+    ("SELECT COUNT(DISTINCT income) AS k FROM t", "select[0]", "privacy-unit column 'pid'"),
+    ("SELECT COUNT(DISTINCT notes) AS k FROM t", "select[0]", "declared domain"),
     ("SELECT notes, COUNT(*) AS n FROM t GROUP BY notes", "group_by[0]", "declared domain"),
     ("SELECT FLOOR(notes / 2) AS b, COUNT(*) AS n FROM t GROUP BY b", "group_by[0]", "declared bounds"),
     ("SELECT COUNT(*) AS n FROM t WHERE site = 'atlantis' OR age < 3", "where[0].or[0][0]", "declared domain"),
