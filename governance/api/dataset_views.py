@@ -2,6 +2,7 @@
 a federated dataset's site secrets (officers).
 """
 
+import re
 
 from django.conf import settings
 from drf_spectacular.utils import (
@@ -231,10 +232,8 @@ def _int_param(request, name: str, default: int, lo: int, hi: int) -> int:
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = None
+    # ASCII digits only: int() also reads "1_0" (10) and other scripts' digits
+    value = int(raw) if re.fullmatch(r"\s*[+-]?[0-9]{1,18}\s*", raw, re.ASCII) else None
     if value is None or not lo <= value <= hi:
         raise InvalidRequest(f"{name} must be an integer from {lo} to {hi}, got {raw[:50]!r}",
                              errors={name: f"an integer from {lo} to {hi}"})

@@ -179,7 +179,8 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         """Cancel: a queued request is cancelled and refunded; a running one is asked to stop
-        (its data was read, the charge stands); a finished one gives 409."""
+        (refunded if it stops before any row was read; after that the charge stands, and a
+        training run is charged for the steps it took); a finished one gives 409."""
         from ..requests.submission import cancel
 
         req = self.get_object()
@@ -211,16 +212,20 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
         parameters=[OpenApiParameter("name", str, OpenApiParameter.PATH,
                                      description="a name from officer_report.files")],
         responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description="the file"),
-                   404: OpenApiResponse(description="no such file, or not a privacy officer")})
+                   403: OpenApiResponse(description="not a privacy officer"),
+                   404: OpenApiResponse(description="no such request or file")})
     @action(detail=True, methods=["get"], url_path=r"officer-files/(?P<name>[^/]+)")
     def officer_files(self, request, pk=None, name=None):
         """Download a file of the officer's report (e.g. a synthetic table's quality and
         privacy report as HTML): privacy officers only; they are computed on the private rows."""
         from ..requests.result_files import results_dir
 
+        if not is_officer(request.user):  # before the lookup: a 403 whether or not the request exists
+            raise exceptions.PermissionDenied("Privacy officers only: the officer's report is computed on the "
+                                              "private rows.")
         req = self.get_object()
         listed = {f["name"] for f in ((req.officer_report or {}).get("files") or [])}
-        if not is_officer(request.user) or name not in listed:
+        if name not in listed:
             raise exceptions.NotFound("No such file for this request.")
         path = results_dir(req.replay_of_id or req.pk) / "officer" / name
         if not path.is_file():

@@ -16,6 +16,7 @@ from ..ledger.refined_reports import active_event, dataset_report, entry_charge
 from ..models import Dataset, Grant, LedgerEntry, Request
 
 User = get_user_model()
+FROM_DATA_FLAGS = ("domain_from_data", "integer_from_data")  # the officer's review notes, not the analyst's
 
 
 class FiniteFloatField(serializers.FloatField):
@@ -122,8 +123,8 @@ class DatasetSerializer(serializers.ModelSerializer):
         cols = ds.schema.get("columns", [])
         if officer:
             return cols
-        # Analysts see the declared schema, not which domains were read from the data.
-        return [{k: v for k, v in c.items() if k != "domain_from_data"} for c in cols]
+        # Analysts see the declared schema, not which parts of it were read from the data.
+        return [{k: v for k, v in c.items() if k not in FROM_DATA_FLAGS} for c in cols]
 
     def get_budget(self, ds) -> dict:
         state = Cost.from_json(ds.budget.state)

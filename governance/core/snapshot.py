@@ -49,8 +49,11 @@ def snapshot():
             try:
                 yield
             finally:
-                with connection.cursor() as cur:
-                    cur.execute("COMMIT")
+                # (a generator reading inside it may be closed late, its connection closed and
+                # the transaction gone: `audit export | head` did, and COMMIT raised)
+                if connection.connection is not None and connection.connection.in_transaction:
+                    with connection.cursor() as cur:
+                        cur.execute("COMMIT")
         else:
             yield
     finally:

@@ -347,8 +347,17 @@ def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
             if (eps, delta) != (before.budget_epsilon, before.budget_delta):
                 state, limit = Cost.from_json(budget.state), Limit.of_dataset(ds)
                 if not holds_on_ledger(limit, state, ds.pk):
-                    raise InvalidDataset("the new budget is below what the ledger has already spent and reserved",
-                                         field="budget_epsilon", spent_epsilon=limit.spent(state))
+                    # which change it is: the old delta with the new epsilon holds, so the delta
+                    old_delta = copy.copy(ds)
+                    old_delta.budget_delta, old_delta.delta_auto = before.budget_delta, before.delta_auto
+                    by_delta = delta != before.budget_delta and holds_on_ledger(Limit.of_dataset(old_delta), state,
+                                                                                ds.pk)
+                    raise InvalidDataset(
+                        "the new budget is below what the ledger has already spent and reserved" + (
+                            f": under delta {delta:.6g} the releases already charged cost epsilon "
+                            f"{limit.spent(state):.6g} (the delta they used cannot be given back)" if by_delta
+                            else ""),
+                        field="budget_delta" if by_delta else "budget_epsilon", spent_epsilon=limit.spent(state))
                 _check_grants_hold(ds, before)
         if "approx_delta_share" in fields and fields["approx_delta_share"] != ds.approx_delta_share:
             share = fields["approx_delta_share"]

@@ -39,7 +39,9 @@ def _is_numeric(t: pa.DataType) -> bool:
 
 
 def infer_schema(table: pa.Table, unit_column: str = "", carriers: dict[str, int] | None = None) -> dict:
-    """A draft schema: types from Arrow; categorical domains proposed from the data. A text,
+    """A draft schema: types from Arrow; categorical domains proposed from the data
+    (``domain_from_data``), and whether a numeric column holds integers from its type in
+    the file (``integer_from_data``; until the officer declares ``integer``). A text,
     time or duration column whose values are held by few units each (``identifying``: a
     name, an e-mail address, an ID, an ID repeated on a person's rows) is proposed as text:
     as a domain, its values would name the units to every analyst and come back in
@@ -57,8 +59,10 @@ def infer_schema(table: pa.Table, unit_column: str = "", carriers: dict[str, int
         if name == unit_column:
             cols.append({"name": name, "type": "unit"})
         elif _is_numeric(t):
+            # the file's column type says whether it holds integers: in a CSV that is read from
+            # the values (one 12.5, or one null, and it is not), so it is flagged as from the data
             cols.append({"name": name, "type": "numeric", "lower": None, "upper": None,
-                         "integer": pa.types.is_integer(t)})
+                         "integer": pa.types.is_integer(t), "integer_from_data": True})
         elif pa.types.is_boolean(t):
             cols.append({"name": name, "type": "categorical", "domain": [False, True]})
         elif (pa.types.is_time(t) or pa.types.is_duration(t)) and len(
@@ -227,6 +231,8 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
                 updated = {"name": name, **spec}
             if "domain" in spec:
                 updated.pop("domain_from_data", None)
+            if "integer" in spec:
+                updated.pop("integer_from_data", None)
             merged[name] = updated
     out = []
     for name in names:
@@ -300,8 +306,8 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
             what = "integer" if d == 0 else f"value with {d} decimals"
             errors[name] = (f"no {what} lies in [{c['lower']}, {c['upper']}]: widen the bounds or declare more "
                             "decimals")
-        allowed_keys = {"name", "type", "lower", "upper", "integer", "domain", "domain_from_data", "description",
-                        "sensitive", "nullable", "decimals"}
+        allowed_keys = {"name", "type", "lower", "upper", "integer", "domain", "domain_from_data", "integer_from_data",
+                        "description", "sensitive", "nullable", "decimals"}
         extra = set(c) - allowed_keys
         if extra and name not in errors:
             errors[name] = f"unknown key(s): {', '.join(sorted(extra))}"

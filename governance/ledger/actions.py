@@ -86,10 +86,12 @@ def _price(event: ev.Event, limits: list[tuple[Limit, Cost]]) -> Price | None:
             return None  # the caller refuses
 
 
-def _plan(event, ds: Dataset, budget: Budget, grant: Grant | None):
-    """(stamped event, its cost, [(limit, state before)]) for an event on a locked budget."""
+def _plan(event, ds: Dataset, budget: Budget, grant: Grant | None, refuse_non_private: bool = True):
+    """(stamped event, its cost, [(limit, state before)]) for an event on a locked budget
+    (``refuse_non_private=False``: priced even where the gate would refuse it as
+    non-private, for an estimate that says so)."""
     event = to_event(event)
-    if ev.has_non_private(event) and not ds.allow_non_private:
+    if refuse_non_private and ev.has_non_private(event) and not ds.allow_non_private:
         raise NonPrivateRefused(
             f"Refused: this request includes a non-private release (no DP guarantee) and dataset {ds.name} does "
             "not allow them; a privacy officer can allow non-private baselines (allow_non_private).",

@@ -57,10 +57,11 @@ def _estimate(dataset: Dataset, user, parsed) -> dict:
     for event in parsed:
         try:
             stamped, cost, limits = ledger._plan(event, dataset, budget, grant)
-        except NonPrivateRefused:  # the gate would refuse it whatever the budget
-            refused, stamped = True, event
+        except NonPrivateRefused:  # the gate would refuse it whatever the budget: its whole cost (inf) shown
+            refused = True
+            stamped, _, limits = ledger._plan(event, dataset, budget, grant, refuse_non_private=False)
             with ledger.event_errors():
-                cost = cost_of(event)
+                cost = cost_of(stamped)
         total = total + cost
         items.append({"event": stamped.to_dict(), "charge": charge_summary(cost, dataset.budget_delta)})
     sums = {limit.scope: ledger.EntrySums(dataset.pk, grant and grant.pk, limit) for limit, _state in limits or ()}

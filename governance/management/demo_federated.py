@@ -51,7 +51,8 @@ class FederatedDemo:
             name = f"wave-{i + 1}"
             part.to_parquet(self.work / f"{name}.parquet", index=False)
             sites.append({"site": name, "n_rows": len(part), "years": (int(part.year.min()), int(part.year.max()))})
-        columns = [{k: v for k, v in c.items() if k != "domain_from_data"} for c in gss["columns"]]
+        columns = [{k: v for k, v in c.items() if k not in ("domain_from_data", "integer_from_data")}
+                   for c in gss["columns"]]
         r = call(off, "post", "/api/datasets/", {
             "name": "gss-sites", "title": "GSS wages, held by 5 sites (one per era)", "execution": "federated",
             "schema": columns, "sites": [{"site": s["site"], "n_rows": s["n_rows"]} for s in sites],

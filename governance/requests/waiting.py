@@ -53,10 +53,10 @@ def parse_wait(raw) -> float:
     """``?wait=`` as seconds in [0, MAX_WAIT_SECONDS]; raises ``InvalidRequest`` (400) otherwise."""
     from ..core.errors import InvalidRequest
 
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        value = float("nan")
+    from ..datasets.budget import is_plain_number
+
+    # ASCII digits only: float() also reads "1_0" (10) and other scripts' digits
+    value = float(raw) if isinstance(raw, str) and is_plain_number(raw) else float("nan")
     if not 0 <= value <= MAX_WAIT_SECONDS:  # NaN fails too
         raise InvalidRequest(f"wait must be a number of seconds from 0 to {MAX_WAIT_SECONDS:g}.",
                              errors={"wait": f"a number from 0 to {MAX_WAIT_SECONDS:g}"})

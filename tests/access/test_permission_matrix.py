@@ -129,10 +129,10 @@ API_MATRIX = {
     ("request-files", "GET"): {"fa:answer.csv": "404 200 404 404 401", "fb:answer.csv": "404 404 200 404 401",
                                "fa:report.html": "404 404 404 404 401", "X:answer.csv": "404 404 404 404 401"},
     # the officer's report on the private rows: officers only
-    ("request-officer-files", "GET"): {"fa:report.html": "200 404 404 404 401",
-                                       "fb:report.html": "200 404 404 404 401",
-                                       "fa:answer.csv": "404 404 404 404 401",
-                                       "X:report.html": "404 404 404 404 401"},
+    ("request-officer-files", "GET"): {"fa:report.html": "200 403 403 403 401",
+                                       "fb:report.html": "200 403 403 403 401",
+                                       "fa:answer.csv": "404 403 403 403 401",
+                                       "X:report.html": "404 403 403 403 401"},
 
     ("audit-list", "GET"): {"-": "200 403 403 200 401"},
     ("audit-detail", "GET"): {"rec": "200 403 403 200 401", "X": "404 403 403 404 401"},

@@ -39,7 +39,8 @@ def test_it_registers_a_csv_upload_as_a_draft(api, officer, csv_bytes):
     assert body["budget_delta"] == pytest.approx(min(1 / len(frame) ** 1.2, 1e-3))
     cols = columns(body)
     assert [c["name"] for c in body["columns"]] == ["patient_id", "age", "income", "site"]
-    assert cols["age"] == {"name": "age", "type": "numeric", "lower": None, "upper": None, "integer": True}
+    assert cols["age"] == {"name": "age", "type": "numeric", "lower": None, "upper": None, "integer": True,
+                           "integer_from_data": True}  # (the officer's review note: read from the CSV's values)
     assert cols["income"]["type"] == "numeric" and cols["income"]["integer"] is False
     assert cols["income"]["lower"] is None and cols["income"]["upper"] is None
     assert cols["site"]["type"] == "categorical"
@@ -202,12 +203,13 @@ def test_it_sets_bounds_and_domains_by_patch(api, officer, csv_bytes):
     client = api(officer)
     assert client.post(URL, form(csv_bytes), format="multipart").status_code == 201
     r = client.patch(f"{URL}clinic/", {"schema": {"columns": [
-        {"name": "age", "lower": 18, "upper": 90},
+        {"name": "age", "lower": 18, "upper": 90, "integer": True},
         {"name": "income", "lower": 0, "upper": 200_000},
         {"name": "site", "domain": ["north", "south", "east", "west"]},
     ]}}, format="json")
     assert r.status_code == 200, r.json()
     cols = columns(r.json())
+    assert "integer_from_data" not in cols["age"] and cols["income"]["integer_from_data"]  # declared / not yet
     assert (cols["age"]["lower"], cols["age"]["upper"]) == (18, 90)
     assert (cols["income"]["lower"], cols["income"]["upper"]) == (0, 200_000)
     assert cols["site"]["domain"] == ["north", "south", "east", "west"]
@@ -865,6 +867,21 @@ def test_a_new_delta_that_puts_a_capped_grant_past_its_cap_is_refused(api, offic
     assert r.status_code == 400 and "past its cap" in r.json()["detail"], r.json()
     assert client.get(f"{URL}clinic/").json()["budget_delta"] == 1e-5
     assert client.patch(f"{URL}clinic/", {"budget_delta": 1e-6}, format="json").status_code == 200
+
+
+def test_a_delta_lowered_below_what_was_spent_is_refused_naming_the_delta(api, officer, analyst, make_dataset,
+                                                                        grant):
+    """A probe's PATCH of budget_delta alone was refused naming budget_epsilon."""
+    from governance.ledger import actions as ledger
+
+    ds = make_dataset("clinic", epsilon=5.0, delta=1e-4, policy="basic")
+    grant(analyst, ds)
+    ledger.commit(ledger.admit(ds, analyst, {"kind": "epsilon_delta", "epsilon": 0.5, "delta": 5e-5}).pk)
+    r = api(officer).patch(f"{URL}clinic/", {"budget_delta": 1e-5}, format="json")
+    assert r.status_code == 400 and r.json()["field"] == "budget_delta", r.json()
+    assert "under delta 1e-05" in r.json()["detail"], r.json()
+    r = api(officer).patch(f"{URL}clinic/", {"budget_epsilon": 0.1}, format="json")
+    assert r.status_code == 400 and r.json()["field"] == "budget_epsilon", r.json()
 
 
 def test_an_edit_of_the_unit_column_s_schema_is_refused_not_ignored(api, officer, make_dataset):

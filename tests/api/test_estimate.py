@@ -101,6 +101,11 @@ def test_it_says_no_for_a_non_private_release(api, officer, clinic):
     r = api(officer).post(url(), {"event": {"kind": "non_private"}}, format="json")
     assert r.status_code == 200, r.json()
     assert r.json()["would_admit"] is False and r.json()["total"]["basic"]["epsilon"] == "inf"
+    # beside a Gaussian-type event (which needs the dataset's delta to be priced): a no, not a 400
+    mixed = {"kind": "composed", "events": [{"kind": "gaussian", "noise_multiplier": 3}, {"kind": "non_private"}]}
+    r = api(officer).post(url(), {"event": mixed}, format="json")
+    assert r.status_code == 200, r.json()
+    assert r.json()["would_admit"] is False and r.json()["total"]["basic"]["epsilon"] == "inf"
 
 
 def test_it_says_no_on_a_draft(api, officer, make_dataset):

@@ -66,7 +66,7 @@ def test_only_those_who_see_the_dataset_get_it(api, analyst, analyst2, officer, 
     assert api(officer).get("/api/datasets/draft-one/preview/").status_code == 200
 
 
-@pytest.mark.parametrize("query,field", [("rows=0", "rows"), ("rows=10001", "rows"), ("rows=ten", "rows"),
+@pytest.mark.parametrize("query,field", [("rows=0", "rows"), ("rows=10001", "rows"), ("rows=ten", "rows"), ("rows=1_0", "rows"), ("rows=%D9%A5", "rows"),
                                          ("seed=-1", "seed"), ("seed=" + "9" * 5000, "seed")])
 def test_bad_parameters_are_400(api, analyst, twins, query, field):
     r = api(analyst).get(f"/api/datasets/twin-a/preview/?{query}")

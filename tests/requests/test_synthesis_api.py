@@ -78,7 +78,7 @@ def test_mst_makes_a_table_charged_exactly_as_planned(api, analyst, officer, gss
     assert {f["name"] for f in report["files"]} >= {"report.html", "quality.json", "privacy.json"}
     html = api(officer).get(f"{URL}{body['id']}/officer-files/report.html/")
     assert html.status_code == 200 and b"<img" in b"".join(html.streaming_content)
-    assert client.get(f"{URL}{body['id']}/officer-files/report.html/").status_code == 404
+    assert client.get(f"{URL}{body['id']}/officer-files/report.html/").status_code == 403
 
 
 def test_nothing_is_learnt_from_the_data_without_charge(api, analyst, make_dataset, grant,

@@ -25,7 +25,7 @@ def clinic(make_dataset, analyst, grant):
     return ds
 
 
-@pytest.mark.parametrize("value", ["abc", "-1", "30.5", "nan", "inf", "", "1e9"])
+@pytest.mark.parametrize("value", ["abc", "-1", "30.5", "nan", "inf", "", "1e9", "1_0", "\u0665"])
 @pytest.mark.django_db
 def test_it_refuses_a_bad_wait_on_post_before_charging(api, analyst, clinic, value):
     r = api(analyst).post(f"{URL}?wait={value}", {**COUNT, "dataset": clinic.name}, format="json")
