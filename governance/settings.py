@@ -30,8 +30,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # before rest_framework and authtoken: their generateschema and drf_create_token are replaced
+    "governance.shell_commands",
     "rest_framework",
-    "governance.shell_commands",  # before authtoken: its drf_create_token is replaced
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",

@@ -138,3 +138,16 @@ def test_a_dataset_s_ledger_documents_only_the_parameters_it_reads(api, officer)
     doc = api(officer).get("/api/schema/", {"format": "json"}).json()
     params = {p["name"] for p in doc["paths"]["/api/datasets/{name}/ledger/"]["get"]["parameters"] if p["in"] == "query"}
     assert "status" in params and not params & {"policy", "ordering", "search"}, params
+
+
+def test_manage_py_generateschema_writes_the_services_schema(tmp_path):
+    """DRF's own ``generateschema`` ended in a TypeError on the service's views: it is
+    drf-spectacular's schema, as ``manage.py spectacular`` writes it."""
+    import json
+
+    from django.core.management import call_command
+
+    out = tmp_path / "schema.json"
+    call_command("generateschema", "--format", "openapi-json", "--file", str(out))
+    schema = json.loads(out.read_text())
+    assert schema["openapi"].startswith("3.") and "/api/requests/" in schema["paths"]
