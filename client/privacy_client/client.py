@@ -163,7 +163,7 @@ class Client:
     def estimate_sql(self, sql: str, *, dataset: str | None = None, **options: Any) -> Estimate:
         """What a SQL query would cost (``options``: epsilon, rho, accuracy, mechanism,
         max_rows_per_unit, candidates). Free."""
-        dataset = dataset or _table_of(sql)
+        dataset = dataset or _dataset_of(sql)  # (the service reads the SQL's own errors first)
         body = {"sql": sql, "params": options}
         return Estimate.from_json(self._call("POST", f"/api/datasets/{_seg(dataset)}/estimate/", json=body))
 
@@ -242,12 +242,7 @@ class Client:
         if dummy:
             from . import dummy as dummy_run
 
-            try:
-                dataset = _table_of(sql)
-            except ValueError:  # (the service names what it cannot read; here no dataset is known to ask it)
-                raise SqlError("sql.invalid", 400, "no FROM dataset found in the query: a query is one SELECT "
-                               "... FROM dataset (quoted with \"...\" if need be)", {"part": "FROM"}) from None
-            return dummy_run.run(self, sql, dataset, rows=dummy_rows, seed=seed, **options)
+            return dummy_run.run(self, sql, _dataset_of(sql), rows=dummy_rows, seed=seed, **options)
         return self._run({"sql": sql, "params": options}, timeout, progress, idempotency_key)
 
     def _run(self, body: dict, timeout: float | None, progress: Any, key: str | None = None) -> Result:
@@ -438,6 +433,15 @@ def _predicate(p: Predicate) -> dict:
         return dict(p)
     column, op, value = p
     return {"column": column, "op": op, "value": list(value) if isinstance(value, (tuple, set)) else value}
+
+
+def _dataset_of(sql: str) -> str:
+    """``_table_of``, or a ``SqlError`` naming FROM where the query has none."""
+    try:
+        return _table_of(sql)
+    except ValueError:  # (the service names what it cannot read; here no dataset is known to ask it)
+        raise SqlError("sql.invalid", 400, "no FROM dataset found in the query: a query is one SELECT "
+                       "... FROM dataset (quoted with \"...\" if need be)", {"part": "FROM"}) from None
 
 
 def _table_of(sql: str) -> str:

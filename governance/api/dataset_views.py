@@ -23,7 +23,7 @@ from ..datasets.preview import DEFAULT_PREVIEW_ROWS, MAX_PREVIEW_ROWS
 from ..datasets.recommendations import RANGES, recommend
 from ..ledger import actions as ledger, estimates, trail
 from ..models import Dataset, LedgerEntry
-from ..requests.sql import price
+from ..requests.sql import from_sql, price
 from . import serializers as s
 from .common import FormatSuffix, visible_datasets
 from .parsers import FormParser, JSONParser, MultiPartParser
@@ -141,10 +141,12 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         admit it now, and how many such requests still fit. Charges nothing. Given a request
         (``engine``, ``kind``, ``params``) or ``sql`` instead, the engine plans it first (no
         data read) and its event is priced: the event POST /api/requests/ would reserve."""
-        ds = self.get_object()
         data = s.EstimateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
+        if "sql" in v:  # the SQL's own errors first: its FROM may not name this dataset (a CTE's name)
+            from_sql(v["sql"], v.get("params") or {})
+        ds = self.get_object()
         if "sql" in v or "kind" in v:
             return Response(price(ds, request.user, sql=v.get("sql"), engine=v.get("engine"), kind=v.get("kind"),
                                   params=v.get("params")))

@@ -170,6 +170,23 @@ def test_dummy_without_a_dataset_it_can_find_is_a_sql_error_naming_from(sql):
     with pytest.raises(pc.SqlError) as e:
         make_client("http://127.0.0.1:9", "t").sql(sql, dummy=True)
     assert e.value.part == "FROM" and "FROM dataset" in e.value.detail
+    with pytest.raises(pc.SqlError) as e:  # an estimate too (it was a ValueError asking for dataset=)
+        make_client("http://127.0.0.1:9", "t").estimate_sql(sql)
+    assert e.value.part == "FROM"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_estimate_of_sql_with_a_cte_names_with_not_a_missing_dataset(server):
+    """The client took the CTE's name for the dataset: ``estimate_sql`` (and ``--estimate``)
+    answered ``NotFound``; the service reads the SQL's own errors before the dataset."""
+    import privacy_client as pc
+
+    sql = "WITH t AS (SELECT * FROM clinic) SELECT COUNT(*) FROM t"
+    for call in (lambda: server.analyst.estimate_sql(sql, epsilon=0.1),
+                 lambda: server.analyst.sql(sql, epsilon=0.1, dummy=True)):
+        with pytest.raises(pc.SqlUnsupported) as e:
+            call()
+        assert e.value.part == "WITH"
 
 
 def test_the_dummy_client_renders_a_null_test_as_sql():
