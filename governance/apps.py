@@ -29,6 +29,10 @@ class GovernanceConfig(AppConfig):
         settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
         _create_private_sqlite(settings.DATABASES["default"])
         settings.STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise serves from here (collectstatic)
+        try:  # upload spools (settings.FILE_UPLOAD_TEMP_DIR): the owner's only, as the copies
+            os.makedirs(settings.FILE_UPLOAD_TEMP_DIR, mode=0o700, exist_ok=True)
+        except OSError:  # a read-only DATA_DIR (a worker's mount): nothing is uploaded there
+            pass
         if settings.CELERY_BROKER_URL.startswith("filesystem://"):
             for key in ("data_folder_in", "processed_folder", "control_folder"):
                 os.makedirs(settings.CELERY_BROKER_TRANSPORT_OPTIONS[key], exist_ok=True)

@@ -196,6 +196,9 @@ FEDERATED_WAIT_SITES_SECONDS = envint("FEDERATED_WAIT_SITES_SECONDS", 60)
 FEDERATED_ROUND_TIMEOUT_SECONDS = envint("FEDERATED_ROUND_TIMEOUT_SECONDS", 120)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024**2
+# A larger upload is spooled to a file while it is read: beside the registered copies (0700),
+# where the recovery sweep removes one a killed web process left (TMPDIR kept its rows for good)
+FILE_UPLOAD_TEMP_DIR = str(DATA_DIR / "uploads")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

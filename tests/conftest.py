@@ -16,6 +16,8 @@ from rest_framework.test import APIClient
 @pytest.fixture(autouse=True)
 def _data_dirs(tmp_path, settings):
     settings.DATA_DIR = tmp_path / "data"
+    settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path / "data" / "uploads")
+    (tmp_path / "data" / "uploads").mkdir(parents=True)
     settings.DATASET_IMPORT_DIRS = [tmp_path / "import"]
     settings.RESULTS_DIR = tmp_path / "results"
     settings.RELEASE_QUANTUM_MS = 0  # no waiting for ticks in-process (tests/workers/test_release_timing.py has them)

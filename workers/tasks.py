@@ -164,11 +164,13 @@ def sweep() -> dict:
 
     from governance.datasets.files import drop_orphan_files
     from governance.datasets.registry import resend_stale_registrations
+    from governance.requests.execution import remove_stale_scratch
     from governance.requests.recovery import sweep as run_sweep
 
     out = run_sweep()
     out["registrations"] = resend_stale_registrations(settings.REQUEST_LOST_AFTER_SECONDS)
     out["orphan_files"] = drop_orphan_files()
+    out["stale_scratch"] = remove_stale_scratch()
     return out
 
 

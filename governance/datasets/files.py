@@ -271,21 +271,23 @@ ORPHAN_AFTER_SECONDS = 6 * 3600  # far past the slowest registration between its
 
 
 def drop_orphan_files(older_than: float = ORPHAN_AFTER_SECONDS) -> list[str]:
-    """Copies in DATA_DIR/datasets that no dataset names, older than ``older_than`` seconds:
-    a registration killed between the copy and its row (SIGKILL skips its clean-up) left a
-    copy of the rows nothing would ever remove. Run by the recovery sweep; returns them.
+    """Copies in DATA_DIR/datasets that no dataset names, and upload spools in
+    DATA_DIR/uploads (``FILE_UPLOAD_TEMP_DIR``), older than ``older_than`` seconds: a
+    registration killed between the copy and its row, or a web process killed while it read
+    an upload (SIGKILL skips their clean-up), left a copy of the rows nothing would ever
+    remove. Run by the recovery sweep; returns them (relative to DATA_DIR).
 
     Age is judged on the clock that stamps the copies, not this process's: "now" is the
     modification time of a file written here just now (a sweeping worker whose clock ran 7
     hours ahead took copies being written for orphans and unlinked them, a probe's 500s)."""
     from ..models import Dataset
 
-    root = settings.DATA_DIR / "datasets"
-    if not root.is_dir():
+    roots = [p for p in (settings.DATA_DIR / "datasets", Path(settings.FILE_UPLOAD_TEMP_DIR)) if p.is_dir()]
+    if not roots:
         return []
     known = set(Dataset.objects.exclude(file="").values_list("file", flat=True))
     try:
-        fd, marker = tempfile.mkstemp(dir=root, prefix=".now-")
+        fd, marker = tempfile.mkstemp(dir=roots[0], prefix=".now-")
     except OSError:  # nothing can be written here: nothing is judged
         return []
     try:
@@ -294,15 +296,19 @@ def drop_orphan_files(older_than: float = ORPHAN_AFTER_SECONDS) -> list[str]:
     finally:
         os.unlink(marker)
     removed = []
-    for path in sorted(root.iterdir()):
-        rel = f"datasets/{path.name}"
-        try:
-            if rel in known or not path.is_file() or path.stat().st_mtime > cutoff:
+    for root in roots:
+        for path in sorted(root.iterdir()):
+            try:
+                rel = path.relative_to(settings.DATA_DIR).as_posix()
+            except ValueError:  # an upload directory outside DATA_DIR
+                rel = str(path)
+            try:
+                if rel in known or not path.is_file() or path.stat().st_mtime > cutoff:
+                    continue
+                path.unlink()
+            except OSError:
                 continue
-            path.unlink()
-        except OSError:
-            continue
-        removed.append(rel)
+            removed.append(rel)
     return removed
 
 

@@ -21,6 +21,7 @@ import re
 import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -566,6 +567,41 @@ def remove_dead_scratch(base: Path) -> None:
             continue
         if processes.gone(int(parts[1])):
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def remove_stale_scratch(older_than: float | None = None) -> list[str]:
+    """Remove the scratch directories of any host whose newest file is older than
+    ``older_than`` seconds (default: the hard time limit and REQUEST_LOST_AFTER_SECONDS
+    more), judged on the clock that stamps the files: no run lasts that long, so what a run
+    left there (a synthetic table charged but never released, the officer's reports) is a
+    killed process's, whose host may never come back (a Kubernetes pod is replaced under
+    another name) to remove it (``remove_dead_scratch`` only judges its own host's). An
+    empty directory, which holds nothing, is left to its process. Run by the recovery
+    sweep; returns their names."""
+    if older_than is None:
+        older_than = settings.CELERY_TASK_TIME_LIMIT + settings.REQUEST_LOST_AFTER_SECONDS
+    base = Path(settings.RESULTS_DIR) / ".scratch"
+    try:
+        entries = [e for e in base.iterdir() if e.is_dir() and not e.is_symlink()]
+        fd, marker = tempfile.mkstemp(dir=base, prefix=".now-")
+    except OSError:  # no scratch directory, or nothing can be written there: nothing is judged
+        return []
+    try:
+        os.close(fd)
+        cutoff = os.stat(marker).st_mtime - older_than
+    finally:
+        os.unlink(marker)
+    removed = []
+    for entry in entries:
+        try:
+            stamps = [p.lstat().st_mtime for p in entry.rglob("*")]
+            if not stamps or max(stamps + [entry.lstat().st_mtime]) > cutoff:
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry.name)
+    return removed
 
 
 def _empty(path: Path) -> None:

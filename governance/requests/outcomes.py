@@ -232,6 +232,8 @@ def _cancelled_late(o: Outcome) -> None:
     log.info("request %s: cancel asked while its result waited for release; not released", o.req.pk)
     if (o.result or {}).get("files") or (o.officer_report or {}).get("files"):
         drop_unreleased(o.req.pk)
+    if (o.officer_report or {}).get("files"):  # removed with the rest: not listed as if they were there
+        o.officer_report = {**o.officer_report, "files": []}
     o.status, o.result = Request.Status.CANCELLED, None
     o.error = {"code": "request.cancelled", "detail": CANCELLED_RUNNING}
 

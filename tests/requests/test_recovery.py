@@ -4,6 +4,8 @@ once, with its audit record; a queued request never picked up is sent again."""
 
 from datetime import timedelta
 
+from pathlib import Path
+
 import pytest
 from django.core.management import call_command
 from django.utils import timezone
@@ -125,6 +127,80 @@ def test_the_sweep_removes_a_copy_no_dataset_names_once_it_is_old(make_dataset, 
     os.utime(settings.DATA_DIR / ds.file, (old, old))
     assert sweep_task()["orphan_files"] == ["datasets/gone-0123456789ab.csv"]
     assert not orphan.exists() and fresh.exists() and (settings.DATA_DIR / ds.file).exists()
+
+
+def test_the_sweep_removes_an_upload_spool_a_killed_web_process_left(make_dataset, settings):
+    """An upload over FILE_UPLOAD_MAX_MEMORY_SIZE is spooled to a file while it is read; a
+    web process killed meanwhile left it, the rows in it, in TMPDIR for good (a probe).
+    Spools are kept beside the copies, and an old one is removed as an orphan copy is."""
+    import os
+    import time
+
+    from workers.tasks import sweep as sweep_task
+
+    make_dataset("kept")
+    spools = Path(settings.FILE_UPLOAD_TEMP_DIR)
+    assert spools.parent == settings.DATA_DIR
+    left, reading = spools / "tmp2brkx_4m.upload.csv", spools / "tmpq81zz3pa.upload.csv"
+    for f in (left, reading):
+        f.write_text("pid,wage\nPID100000,354.94\n")
+    old = time.time() - 7 * 3600
+    os.utime(left, (old, old))
+    assert sweep_task()["orphan_files"] == ["uploads/tmp2brkx_4m.upload.csv"]
+    assert not left.exists() and reading.exists()
+
+
+def test_large_uploads_are_spooled_under_data_dir_readable_by_the_owner_only(api, officer, settings, monkeypatch):
+    """Django spools an upload past FILE_UPLOAD_MAX_MEMORY_SIZE to FILE_UPLOAD_TEMP_DIR: the
+    service's, under DATA_DIR, not TMPDIR."""
+    import io
+    import os
+
+    from django.core.files import temp  # (what Django's TemporaryUploadedFile calls)
+
+    from governance import settings as configured
+
+    assert Path(configured.FILE_UPLOAD_TEMP_DIR) == configured.DATA_DIR / "uploads"
+    seen = []
+    real = temp.NamedTemporaryFile
+
+    def spy(*args, **kwargs):
+        f = real(*args, **kwargs)
+        seen.append((kwargs.get("dir"), os.stat(f.name).st_mode & 0o777))
+        return f
+
+    monkeypatch.setattr(temp, "NamedTemporaryFile", spy)
+    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 1024
+    body = "age,income\n" + "".join(f"{20 + i % 50},{1000 + i}\n" for i in range(500))
+    upload = io.BytesIO(body.encode())
+    upload.name = "big.csv"
+    r = api(officer).post("/api/datasets/", {"name": "big", "budget_epsilon": 1, "file": upload}, format="multipart")
+    assert r.status_code == 201, r.json()
+    assert seen and all(d == settings.FILE_UPLOAD_TEMP_DIR and mode == 0o600 for d, mode in seen), seen
+    assert not list(Path(settings.FILE_UPLOAD_TEMP_DIR).iterdir())  # the spool of a finished upload is gone
+
+
+def test_the_sweep_removes_a_scratch_directory_a_host_that_is_gone_left(settings):
+    """A run killed on a host that never comes back (a replaced Kubernetes pod) left its
+    scratch (a synthetic table charged but never released) for good: only a process of the
+    same host name removed it (a probe). Past the hard time limit no run is still writing
+    there; an empty one (a live process's, idle) and a recent one are kept."""
+    import os
+    import time
+
+    from workers.tasks import sweep as sweep_task
+
+    base = settings.RESULTS_DIR / ".scratch"
+    dead, busy, idle = base / "podA-13077-140115299130240", base / "podB-88-1401", base / "podC-7-1"
+    for d in (dead, busy, idle):
+        d.mkdir(parents=True)
+    for d in (dead, busy):
+        (d / "synthetic.csv").write_text("wage,region\n354.94,south\n")
+    old = time.time() - settings.CELERY_TASK_TIME_LIMIT - settings.REQUEST_LOST_AFTER_SECONDS - 60
+    for p in (dead / "synthetic.csv", dead, idle):
+        os.utime(p, (old, old))
+    assert sweep_task()["stale_scratch"] == ["podA-13077-140115299130240"]
+    assert not dead.exists() and (busy / "synthetic.csv").exists() and idle.exists()
 
 
 def test_a_sweeper_whose_clock_runs_ahead_keeps_copies_being_written(make_dataset, settings, monkeypatch):

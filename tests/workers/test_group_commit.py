@@ -274,7 +274,8 @@ def test_a_result_whose_cancel_was_asked_while_it_waited_for_its_tick_is_not_rel
     files.mkdir(parents=True)
     (files / "model.pt").write_bytes(b"weights")
     assert client.post(f"/api/requests/{asked.pk}/cancel/").json()["status"] == "running"
-    mine = outcomes.Outcome(asked, "succeeded", result={"value": 7, "files": ["model.pt"]})
+    mine = outcomes.Outcome(asked, "succeeded", result={"value": 7, "files": ["model.pt"]},
+                            officer_report={"quality": {"x": 1}, "files": [{"name": "report.html"}]})
     with django_capture_on_commit_callbacks(execute=False):
         if grouped:
             outcomes.write_group([mine, outcomes.Outcome(other, "succeeded", result={"value": 1})])
@@ -285,6 +286,7 @@ def test_a_result_whose_cancel_was_asked_while_it_waited_for_its_tick_is_not_rel
     assert LedgerEntry.objects.get(pk=asked.ledger_entry_id).status == "committed"
     rec = AuditRecord.objects.get(action="commit", request_id=asked.pk)
     assert rec.outcome == "cancelled" and not files.exists()
+    assert row.officer_report == {"quality": {"x": 1}, "files": []}  # (the removed report not listed)
     if grouped:
         assert Request.objects.get(pk=other.pk).status == "succeeded"
     body = client.get(f"/api/requests/{asked.pk}/").json()
