@@ -234,8 +234,8 @@ class Result:
         return [self.download(name, directory / plain_file_name(name)) for name in self.files]
 
     def table(self, directory: str | Path = ".") -> pd.DataFrame:
-        """A synthetic table's rows: ``synthetic.parquet``, exact; or, with no Parquet reader
-        installed, the CSV, whose text cells and column names a spreadsheet would run as a
+        """A synthetic table's rows: ``synthetic.parquet``, exact (downloaded into
+        ``directory``, replacing a file of that name); or, with no Parquet reader installed, the CSV, whose text cells and column names a spreadsheet would run as a
         formula (``=``, ``+``, ``-``, ``@``; not plain numbers) start with ``'``."""
         for name, reader in (("synthetic.parquet", pd.read_parquet), ("synthetic.csv", pd.read_csv)):
             if name in self.files:
