@@ -242,6 +242,9 @@ SPECTACULAR_SETTINGS = {
     # no badge fetched from validator.swagger.io (another origin: the CSP refuses it)
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     "COMPONENT_SPLIT_REQUEST": True,
+    # every operation's error answers, {"code", "detail", ...} (governance/api/openapi.py)
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "governance.api.openapi.add_error_responses"],
     # Three models have a `status`: name each enum after its model.
     "ENUM_NAME_OVERRIDES": {
         "LedgerStatusEnum": "governance.models.LedgerEntry.Status",

@@ -235,8 +235,9 @@ class Result:
 
     def table(self, directory: str | Path = ".") -> pd.DataFrame:
         """A synthetic table's rows: ``synthetic.parquet``, exact (downloaded into
-        ``directory``, replacing a file of that name); or, with no Parquet reader installed, the CSV, whose text cells and column names a spreadsheet would run as a
-        formula (``=``, ``+``, ``-``, ``@``; not plain numbers) start with ``'``."""
+        ``directory``, replacing a file of that name); or, with no Parquet reader installed,
+        the CSV, whose text cells and column names a spreadsheet would run as a formula
+        (``=``, ``+``, ``-``, ``@``; not plain numbers) start with ``'``."""
         for name, reader in (("synthetic.parquet", pd.read_parquet), ("synthetic.csv", pd.read_csv)):
             if name in self.files:
                 if reader is pd.read_parquet and not _has_parquet() and "synthetic.csv" in self.files:

@@ -27,8 +27,8 @@ declared bounds: never from the data). ``count_distinct`` of the privacy-unit co
 each unit once per group, keeping at most ``max_rows_per_unit`` groups per unit (sensitivity
 ``max_rows_per_unit``, as a count); of another column with public values (a declared domain,
 or an integer column's bounds: ``params.group_labels``) it counts the values held by some
-kept row, per group (a unit's k kept rows add at most k: the same sensitivity). HAVING, ORDER BY and LIMIT act on the released (noisy)
-values only: post-processing, free.
+kept row, per group (a unit's k kept rows add at most k: the same sensitivity). HAVING,
+ORDER BY and LIMIT act on the released (noisy) values only: post-processing, free.
 """
 
 from __future__ import annotations

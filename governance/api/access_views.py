@@ -93,8 +93,9 @@ class AnalystViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         return Response({"id": user.pk, "username": user.username, "role": data.validated_data["role"],
                          "token": token.key}, status=201)
 
-    @extend_schema(request=None, responses={200: inline_serializer("NewToken", {"token": serializers.CharField()}),
-                                            204: None})
+    @extend_schema(methods=["POST"], request=None,
+                   responses={200: inline_serializer("NewToken", {"token": serializers.CharField()})})
+    @extend_schema(methods=["DELETE"], request=None, responses={204: None})
     @action(detail=True, methods=["post", "delete"])
     def token(self, request, pk=None):
         """POST: issue a new API token for the analyst (the old one stops working; tokens

@@ -102,7 +102,8 @@ class AuditViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMixi
                        "ok": serializers.BooleanField(), "datasets": serializers.IntegerField(),
                        "records": serializers.IntegerField(), "heads": serializers.DictField(),
                        "first_broken": serializers.DictField(allow_null=True),
-                       "problems": serializers.ListField()})})
+                       "problems": serializers.ListField(child=serializers.CharField()),
+                       "legacy_records": serializers.ListField(child=serializers.DictField())})})
     @action(detail=False, methods=["get"])
     def verify(self, request):
         """Re-hash the chains and check them against the ledger (``manage.py audit verify``)."""

@@ -54,6 +54,8 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         return super().filter_queryset(queryset)
 
     def get_serializer_class(self):
+        if getattr(self, "swagger_fake_view", False):  # the schema is the same whoever asks for it
+            return s.DatasetSerializer  # (an officer's answers: OfficerDataset, api/openapi.py)
         return s.OfficerDatasetSerializer if is_officer(self.request.user) else s.DatasetSerializer
 
     @extend_schema(request=s.DatasetCreateSerializer, responses={201: s.OfficerDatasetSerializer,
@@ -198,9 +200,12 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
 
     @extend_schema(parameters=[OpenApiParameter("sensitivity", enum=list(RANGES), default="medium")],
                    responses={200: inline_serializer("Recommendation", {
-                       "sensitivity": serializers.CharField(), "epsilon_range": serializers.ListField(),
+                       "sensitivity": serializers.CharField(), "meaning": serializers.CharField(),
+                       "epsilon_range": serializers.ListField(child=serializers.FloatField()),
+                       "privacy_units": serializers.IntegerField(),
                        "delta_recommended": serializers.FloatField(), "delta_max": serializers.FloatField(),
-                       "warnings": serializers.ListField()})})
+                       "warnings": serializers.ListField(child=serializers.CharField()),
+                       "sources": serializers.ListField(child=serializers.CharField())})})
     @action(detail=True, methods=["get"], permission_classes=[IsAuthenticated])
     def recommendation(self, request, name=None):
         """Published guidance as numbers for this dataset: epsilon range, delta for its size."""

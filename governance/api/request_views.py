@@ -25,7 +25,7 @@ from ..datasets.registry import NAME_RE
 from ..models import Request
 from ..requests.waiting import MAX_WAIT_SECONDS, apply_final_state, parse_wait, wait_final, wait_slot
 from . import serializers as s
-from .common import FormatSuffix, file_response, own_rows, usable_dataset, visible_datasets, visible_request
+from .common import FILE_TYPES, FormatSuffix, file_response, own_rows, usable_dataset, visible_datasets, visible_request
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,11 @@ WAIT_PARAM = OpenApiParameter(
                 "instead of polling: the answer comes as soon as the worker has written the outcome (on a tick "
                 "of the dataset's release clock), or when the time is up, showing the request as it then is. "
                 "Other values give 400 request.invalid.")
+
+
+# a released file's answer, in the type of its suffix (common.FILE_TYPES)
+FILE_ANSWERS = {(200, kind): OpenApiResponse(OpenApiTypes.BINARY, description="the file, as an attachment")
+                for kind in dict.fromkeys(FILE_TYPES.values())}
 
 
 class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -191,8 +196,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
 
     @extend_schema(
         parameters=[OpenApiParameter("name", str, OpenApiParameter.PATH, description="a name from result.files")],
-        responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description="the file"),
-                   404: OpenApiResponse(description="no such file, or not your request")})
+        responses={**FILE_ANSWERS, 404: OpenApiResponse(description="no such file, or not your request")})
     @action(detail=True, methods=["get"], url_path=r"files/(?P<name>[^/]+)")
     def files(self, request, pk=None, name=None):
         """Download a file the request released (a trained model, a plot, a table): listed
@@ -211,8 +215,7 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
     @extend_schema(
         parameters=[OpenApiParameter("name", str, OpenApiParameter.PATH,
                                      description="a name from officer_report.files")],
-        responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY, description="the file"),
-                   403: OpenApiResponse(description="not a privacy officer"),
+        responses={**FILE_ANSWERS, 403: OpenApiResponse(description="not a privacy officer"),
                    404: OpenApiResponse(description="no such request or file")})
     @action(detail=True, methods=["get"], url_path=r"officer-files/(?P<name>[^/]+)")
     def officer_files(self, request, pk=None, name=None):

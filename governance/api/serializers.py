@@ -45,6 +45,13 @@ class TextField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+@extend_schema_field({"oneOf": [{"type": "number", "minimum": 0, "exclusiveMinimum": True},
+                             {"type": "string", "enum": ["auto"]}]})
+class DeltaField(serializers.CharField):
+    """A budget's delta: a number (JSON, or its text in a form) or "auto"; read by
+    ``datasets.budget.parse_budget`` (the schema says a number or "auto", not any string)."""
+
+
 class SafeJSONField(serializers.JSONField):
     """A JSON field whose value is safe to store, hash and render. A JSON body was checked
     by the parser (parsers.py); JSON text sent as a form field (multipart, urlencoded) is
@@ -164,7 +171,7 @@ class DatasetCreateSerializer(StrictInput, serializers.Serializer):
     unit_column = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
     schema = SafeJSONField(required=False, help_text="Column specs overriding the inferred schema")
     budget_epsilon = FiniteFloatField(min_value=1e-9, max_value=MAX_EPSILON)
-    budget_delta = serializers.CharField(required=False, default="auto", help_text='a number below 1/n and 0.1, or "auto"')
+    budget_delta = DeltaField(required=False, default="auto", help_text='a number below 1/n and 0.1, or "auto"')
     policy = serializers.ChoiceField(choices=POLICIES, default="rdp")
     activate = serializers.BooleanField(default=False, help_text="Activate at once (skip the draft review)")
 
@@ -189,7 +196,7 @@ class DatasetUpdateSerializer(StrictInput, serializers.Serializer):
     description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
     schema = SafeJSONField(required=False)
     budget_epsilon = FiniteFloatField(required=False, min_value=1e-9, max_value=MAX_EPSILON)
-    budget_delta = serializers.CharField(required=False)
+    budget_delta = DeltaField(required=False, help_text='a number below 1/n and 0.1, or "auto"')
     policy = serializers.ChoiceField(choices=POLICIES, required=False)
     allow_non_private = serializers.BooleanField(
         required=False, help_text="admit non-private releases (sweep baselines at epsilon = inf); they are recorded "

@@ -60,6 +60,43 @@ def test_it_documents_the_request_bodies(api, officer):
     assert "/api/requests/" in doc["paths"] and "/api/engines/" in doc["paths"]
 
 
+def test_it_documents_what_the_endpoints_really_answer(api, officer, analyst, make_dataset, grant):
+    """A probe compared real answers with the schema: no operation listed an error answer,
+    the officer's dataset fields, a recommendation's and a verification's fields were
+    missing, files were all octet-stream, budget_delta a string, and a token's POST and
+    DELETE each claimed 200 and 204."""
+    doc = api(officer).get("/api/schema/", {"format": "json"}).json()
+    paths, schemas = doc["paths"], doc["components"]["schemas"]
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    assert {"code", "detail"} <= set(schemas["Error"]["required"])
+    submit = paths["/api/requests/"]["post"]["responses"]
+    assert {"400", "401", "403", "409", "413", "415", "422", "429", "503"} <= set(submit)
+    assert all(submit[c]["content"] == error for c in ("400", "409", "429"))
+    for path, operations in paths.items():
+        for method, op in operations.items():
+            assert {"401", "503"} <= set(op["responses"]), (method, path)
+            assert "{" not in path or "404" in op["responses"], (method, path)
+    assert set(paths["/api/analysts/{id}/token/"]["post"]["responses"]) & {"200", "204"} == {"200"}
+    assert set(paths["/api/analysts/{id}/token/"]["delete"]["responses"]) & {"200", "204"} == {"204"}
+    files = paths["/api/requests/{id}/files/{name}/"]["get"]["responses"]["200"]["content"]
+    assert {"text/csv", "application/json", "application/vnd.apache.parquet"} <= set(files)
+    delta = schemas["DatasetCreateRequest"]["properties"]["budget_delta"]["oneOf"]
+    assert {"type": "string", "enum": ["auto"]} in delta and delta[0]["type"] == "number"
+    # every field a real answer holds is in the schema it names
+    ds = make_dataset("clinic", epsilon=1.0)
+    grant(analyst, ds)
+    officer_view = api(officer).get("/api/datasets/clinic/").json()
+    analyst_view = api(analyst).get("/api/datasets/clinic/").json()
+    assert set(officer_view) <= set(schemas["OfficerDataset"]["properties"])
+    assert set(analyst_view) <= set(schemas["Dataset"]["properties"])
+    either = paths["/api/datasets/{name}/"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert {r["$ref"].rsplit("/", 1)[1] for r in either["anyOf"]} == {"OfficerDataset", "Dataset"}
+    advice = api(analyst).get("/api/datasets/clinic/recommendation/").json()
+    assert set(advice) == set(schemas["Recommendation"]["properties"])
+    verified = api(officer).get("/api/audit/verify/").json()
+    assert set(verified) == set(schemas["AuditVerification"]["properties"])
+
+
 def test_it_serves_the_schema_to_anonymous_users(api):
     # drf-spectacular's default SERVE_PERMISSIONS: the document describes, it reveals no data
     r = api().get("/api/schema/", {"format": "json"})
