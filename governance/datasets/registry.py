@@ -27,7 +27,7 @@ from .budget import parse_budget
 from .data import StoredTableChanged, check_digest, table_schema
 from .files import (MAX_DECODED_RATIO, DecodedTooLarge, check_columns, dataset_path, read_table,
                     resolve_server_path, store_file)
-from .schema import check_nulls, infer_schema, null_counts, validate_schema
+from .schema import check_integers, check_nulls, infer_schema, null_counts, validate_schema
 
 log = logging.getLogger(__name__)
 REGISTER_DATASET = "workers.register_dataset"
@@ -149,6 +149,7 @@ def describe_table(stored, fmt: str, unit_column: str, schema, max_bytes: int | 
     draft = infer_schema(table, unit_column)
     final = validate_schema(schema, table.schema, unit_column, base=draft)
     check_nulls(final, null_counts(table, table.schema.names))
+    check_integers(final, table)
     n_rows, n_units, max_rows = count_units(table, unit_column)
     return {"schema": final, "n_rows": n_rows, "n_units": n_units, "max_rows_per_unit": max_rows}
 
@@ -322,11 +323,14 @@ def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
         has_entries = ds.ledger.exists()
         if schema is not None:
             before = {c["name"] for c in ds.schema.get("columns", []) if c.get("nullable") is False}
+            was_integer = {c["name"] for c in ds.schema.get("columns", []) if c.get("integer") is True}
             ds.schema = validate_schema(schema, table_schema(ds), ds.unit_column, base=ds.schema)
             newly = {c["name"] for c in ds.schema["columns"] if c.get("nullable") is False} - before
-            if newly and ds.execution == Dataset.Execution.LOCAL:
-                table = read_table(dataset_path(ds), ds.file_format, columns=sorted(newly))
+            integer = {c["name"] for c in ds.schema["columns"] if c.get("integer") is True} - was_integer
+            if (newly or integer) and ds.execution == Dataset.Execution.LOCAL:
+                table = read_table(dataset_path(ds), ds.file_format, columns=sorted(newly | integer))
                 check_nulls(ds.schema, null_counts(table, newly))
+                check_integers(ds.schema, table, integer)
             elif newly and ds.execution == Dataset.Execution.DISTRIBUTED:
                 raise InvalidDataset("nullable: false on partitions is declared at registration, where the cluster "
                                      "checks it against the rows", errors={n: "declare it at registration"

@@ -322,6 +322,30 @@ def null_counts(table: pa.Table, names) -> dict[str, int]:
     return {name: null_count(table.column(name)) for name in names}
 
 
+def check_integers(schema: dict, table: pa.Table, names=None) -> None:
+    """Refuse a schema that declares ``integer: true`` on a column of ``table`` holding a
+    value with a fraction (of ``names`` only, when given): the engines trust it (an integer
+    key's groups, a quantile's whole-number interval, synthesis on the integer grid), and a
+    column of 12.5s grouped as integers was silently in no group."""
+    errors = {}
+    for c in schema.get("columns", []):
+        name = c["name"]
+        if c.get("integer") is not True or name not in table.column_names or (names is not None and name not in names):
+            continue
+        col = table.column(name)
+        if pa.types.is_integer(col.type) or not (pa.types.is_floating(col.type) or pa.types.is_decimal(col.type)):
+            continue
+        values = pc.drop_null(col)
+        if pa.types.is_floating(col.type):
+            values = pc.filter(values, pc.invert(pc.is_nan(values)))
+        fractions = pc.sum(pc.not_equal(pc.floor(values), values)).as_py() or 0
+        if fractions:
+            errors[name] = (f"declared integer: true, but {fractions:,} value{'s' if fractions > 1 else ''} in the "
+                            "table have a fraction")
+    if errors:
+        raise InvalidDataset("The schema has problems.", errors=errors)
+
+
 def check_nulls(schema: dict, nulls: dict[str, int]) -> None:
     """Refuse a schema that declares ``nullable: false`` on a column with nulls (``nulls``:
     per column, ``null_counts``; a column not in it is not checked): the engines trust

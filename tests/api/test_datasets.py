@@ -690,6 +690,29 @@ def test_a_nullable_false_declaration_the_table_contradicts_is_refused(api, offi
     assert "nullable" in json.dumps(r.json())
 
 
+def test_an_integer_declaration_the_table_contradicts_is_refused(api, officer):
+    """A probe declared integer: true on a column holding 12.5: accepted, and an integer key
+    then left those rows out of every group. Checked against the rows, as nullable is."""
+    frame = small_frame().astype({"age": float})
+    frame.loc[3, "age"] = 40.5
+    frame.loc[4, "age"] = None  # a null is no fraction
+    r = api(officer).post(URL, form(frame.to_csv(index=False).encode(),
+                                    schema=json.dumps({"age": {"lower": 0, "upper": 120, "integer": True}})),
+                          format="multipart")
+    assert_error(r, 400)
+    assert "1 value in the table have a fraction" in r.json()["errors"]["age"], r.json()
+    frame.loc[3, "age"] = 40.0  # whole numbers stored as floats (a CSV column with a null): fine
+    client = api(officer)
+    r = client.post(URL, form(frame.to_csv(index=False).encode(), schema=json.dumps({"income": {"integer": True}})),
+                    format="multipart")
+    assert_error(r, 400)  # incomes have cents
+    assert "income" in r.json()["errors"]
+    r = client.post(URL, form(frame.to_csv(index=False).encode()), format="multipart")
+    assert r.status_code == 201 and columns(r.json())["age"]["integer"] is False, r.json()
+    assert client.patch(f"{URL}clinic/", {"schema": {"age": {"integer": True}}}, format="json").status_code == 200
+    assert_error(client.patch(f"{URL}clinic/", {"schema": {"income": {"integer": True}}}, format="json"), 400)
+
+
 def test_a_patch_to_nullable_false_is_checked_against_the_table(api, officer):
     frame = small_frame().astype({"age": object})
     frame.loc[3, "age"] = ""
