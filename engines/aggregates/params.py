@@ -171,6 +171,9 @@ def where_list(where: Any, dataset: DatasetMeta, errors: dict, key: str = "where
             out.append({"or": [where_list(b, dataset, errors, f"{item_key}.or[{j}]", depth + 1)
                                for j, b in enumerate(p["or"])]})
         elif isinstance(p, dict) and set(p) == {"not"}:
+            if isinstance(p["not"], list) and not p["not"]:  # NOT of nothing: no row, charged for nothing
+                errors[item_key] = '"not" must be a non-empty list (the NOT of an empty list holds on no row)'
+                continue
             out.append({"not": where_list(p["not"], dataset, errors, f"{item_key}.not", depth + 1)})
         else:
             one = _predicate(i, p, dataset, errors, item_key)

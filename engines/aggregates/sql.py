@@ -25,7 +25,7 @@ What is understood (everything else is a ``SqlUnsupported`` naming the part):
   with bounds: every integer in them), ``FLOOR(col / w) [* m]``
   or ``CASE WHEN col < a THEN 'x' ... ELSE 'z' END`` (bins over the declared bounds), by
   the expression, its alias or its position;
-- ``HAVING`` (comparisons of selected columns with literals, ANDed), ``ORDER BY`` (nulls
+- ``HAVING`` (comparisons of selected columns with literals, AND, OR, NOT), ``ORDER BY`` (nulls
   as the largest value; ``NULLS FIRST`` / ``LAST`` refused) and ``LIMIT``: post-processing
   of the released values (query.py).
 
@@ -466,7 +466,7 @@ def _select_items(tree: exp.Select, keys: list[dict], key_sql: list[str]) -> lis
         items.append({"name": alias or default, "agg": agg, **extra, "named": bool(alias), "sql": text})
     if not any("agg" in it for it in items):
         raise _unsupported("SELECT without an aggregate",
-                           "select COUNT(*), COUNT(column), COUNT(DISTINCT unit), SUM, AVG, VARIANCE, MIN, MAX, "
+                           "select COUNT(*), COUNT(column), COUNT(DISTINCT column), SUM, AVG, VARIANCE, MIN, MAX, "
                            "MEDIAN, QUANTILE or PERCENTILE_CONT")
     seen = set()
     for it in items:
@@ -612,7 +612,7 @@ def _one_aggregate(node: exp.Expression) -> tuple[str, dict, str]:
         raise _unsupported(f"{node.sql_name()}", "use VARIANCE(column) (its square root is post-processing)")
     name = node.sql_name() if isinstance(node, exp.Func) else node.sql()
     raise _unsupported(f"{name[:60]}", "not an aggregate this engine answers: COUNT(*), COUNT(column), "
-                                       "COUNT(DISTINCT unit), SUM, AVG, VARIANCE, MIN, MAX, MEDIAN, QUANTILE, "
+                                       "COUNT(DISTINCT column), SUM, AVG, VARIANCE, MIN, MAX, MEDIAN, QUANTILE, "
                                        "PERCENTILE_CONT "
                                        "(arithmetic on aggregates is not answered: compute it from the result)")
 

@@ -2,10 +2,11 @@
 
 Every error the API gives is ``{"code", "detail", ...}`` (``errors.py``); the views declare
 their successful answers, and this hook adds to every operation the error answers it can
-give, with that body: 401 and 403 to all (every route needs a signed-in account, and many a
-role), 404 where the path names an object, 400 / 413 / 415 / 409 to those that write, 422
-and 429 to ``POST /api/requests/`` (an idempotency key reused with other parameters; the
-rate limit), 503 to all (the database or the results disk unavailable, with Retry-After).
+give, with that body: 400, 401, 403 and 406 to all (bad input, body or query parameters;
+every route needs a signed-in account, and many a role; an Accept it cannot answer), 404
+where the path names an object or a list has pages, 413 / 415 / 409 to those that write,
+422 and 429 to ``POST /api/requests/`` (an idempotency key reused with other parameters;
+the rate limit), 503 to all (the database or the results disk unavailable, Retry-After).
 An answer a view declares itself keeps its own description.
 """
 
@@ -24,19 +25,21 @@ ERROR_SCHEMA = {
                    "(scope, budget, spent_epsilon, remaining_epsilon), SQL errors `part`.",
 }
 
-_ALL = {"401": "not signed in, or the token is no longer valid (auth.required, auth.failed)",
+_ALL = {"400": "bad input (a body's field, a query parameter such as ?wait=, ?rows=, a filter): the reason, "
+               "per field under errors (request.invalid, and the engine's, event's and SQL's own codes)",
+        "401": "not signed in, or the token is no longer valid (auth.required, auth.failed)",
         "403": "signed in, but this route or object is not for your role (permission.denied)",
+        "406": "an Accept header the route cannot answer (request.not_acceptable)",
         "503": "the database or the results disk is unavailable for now (database.unavailable, "
                "storage.full); the Retry-After header says when to try again"}
-_WRITES = {"400": "bad input: the reason, per field under errors (request.invalid, and the engine's, "
-                  "event's and SQL's own codes)",
-           "409": "a conflict with the state now: the gate's refusal (budget.exceeded, grant.missing), a "
+_WRITES = {"409": "a conflict with the state now: the gate's refusal (budget.exceeded, grant.missing), a "
                   "finished request's cancel, a revoked grant, a dataset not active",
            "413": "the body is larger than the service takes (request.too_large)",
            "415": "a media type the route does not take (request.unsupported_media_type)"}
 _OBJECT = {"404": "no such object, or not one you may see (not_found)"}
+_PAGE = {"404": "a page past the last (?page=), not_found \"Invalid page.\""}
 _SUBMIT = {"422": "an Idempotency-Key used before with other parameters (idempotency.key_reused)",
-           "429": "past REQUEST_RATE_LIMIT, or too many waits at once (rate.limited); Retry-After says when"}
+           "429": "past REQUEST_RATE_LIMIT (rate.limited); Retry-After says when"}
 
 
 def _either_dataset_view(result) -> None:
@@ -68,6 +71,8 @@ def add_error_responses(result, generator, request, public):
                 codes.update(_WRITES if method != "delete" else {"409": _WRITES["409"]})
             if "{" in path:
                 codes.update(_OBJECT)
+            elif method == "get" and any(p.get("name") == "page" for p in operation.get("parameters", [])):
+                codes.update(_PAGE)
             if method == "post" and path == "/api/requests/":
                 codes.update(_SUBMIT)
             responses = operation.setdefault("responses", {})

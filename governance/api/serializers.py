@@ -45,8 +45,8 @@ class TextField(serializers.CharField):
         return super().to_internal_value(data)
 
 
-@extend_schema_field({"oneOf": [{"type": "number", "minimum": 0, "exclusiveMinimum": True},
-                             {"type": "string", "enum": ["auto"]}]})
+@extend_schema_field({"oneOf": [{"type": "number", "minimum": 0},
+                             {"type": "string", "description": 'a number as text (a form field), or "auto"'}]})
 class DeltaField(serializers.CharField):
     """A budget's delta: a number (JSON, or its text in a form) or "auto"; read by
     ``datasets.budget.parse_budget`` (the schema says a number or "auto", not any string)."""

@@ -576,8 +576,10 @@ def remove_stale_scratch(older_than: float | None = None) -> list[str]:
     left there (a synthetic table charged but never released, the officer's reports) is a
     killed process's, whose host may never come back (a Kubernetes pod is replaced under
     another name) to remove it (``remove_dead_scratch`` only judges its own host's). An
-    empty directory, which holds nothing, is left to its process. Run by the recovery
-    sweep; returns their names."""
+    empty directory, which holds nothing, is left to its process, and so is one of a live
+    process of this host (a solo or threads pool enforces no time limit); a host whose
+    workers run longer than this host's CELERY_TASK_TIME_LIMIT should not share its results
+    volume with it. Run by the recovery sweep; returns their names."""
     if older_than is None:
         older_than = settings.CELERY_TASK_TIME_LIMIT + settings.REQUEST_LOST_AFTER_SECONDS
     base = Path(settings.RESULTS_DIR) / ".scratch"
@@ -591,8 +593,12 @@ def remove_stale_scratch(older_than: float | None = None) -> list[str]:
         cutoff = os.stat(marker).st_mtime - older_than
     finally:
         os.unlink(marker)
+    host = socket.gethostname()
     removed = []
     for entry in entries:
+        parts = entry.name.rsplit("-", 2)  # host-pid-thread
+        if len(parts) == 3 and parts[0] == host and parts[1].isdigit() and not processes.gone(int(parts[1])):
+            continue  # a live process of this host (a solo pool has no time limit): its own to empty
         try:
             stamps = [p.lstat().st_mtime for p in entry.rglob("*")]
             if not stamps or max(stamps + [entry.lstat().st_mtime]) > cutoff:

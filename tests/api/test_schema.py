@@ -81,7 +81,9 @@ def test_it_documents_what_the_endpoints_really_answer(api, officer, analyst, ma
     files = paths["/api/requests/{id}/files/{name}/"]["get"]["responses"]["200"]["content"]
     assert {"text/csv", "application/json", "application/vnd.apache.parquet"} <= set(files)
     delta = schemas["DatasetCreateRequest"]["properties"]["budget_delta"]["oneOf"]
-    assert {"type": "string", "enum": ["auto"]} in delta and delta[0]["type"] == "number"
+    assert [d["type"] for d in delta] == ["number", "string"] and delta[0]["minimum"] == 0
+    assert "404" in paths["/api/requests/"]["get"]["responses"]  # ?page=0: "Invalid page."
+    assert "400" in paths["/api/datasets/{name}/preview/"]["get"]["responses"]  # ?rows=0
     # every field a real answer holds is in the schema it names
     ds = make_dataset("clinic", epsilon=1.0)
     grant(analyst, ds)

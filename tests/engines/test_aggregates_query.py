@@ -237,3 +237,33 @@ def test_grouped_quantiles_are_bounded_over_the_whole_query_not_each():
     with pytest.raises(PlanError) as e:
         plugins.plan("aggregates", EngineRequest("query", query(3)), ds)
     assert "summed over the query's quantiles" in e.value.errors["q2.candidates"], e.value.errors
+
+
+def test_a_having_that_holds_on_no_row_is_refused():
+    params = {"select": [{"name": "site", "group": 0}, {"name": "n", "agg": "count"}],
+              "group_by": [{"column": "site"}], "having": [{"not": []}], "epsilon": 1.0}
+    with pytest.raises(PlanError) as e:
+        plugins.plan("aggregates", EngineRequest("query", params), DS)
+    assert "non-empty" in e.value.errors["having[0]"]
+
+
+def test_distinct_counts_are_bounded_with_the_quantiles():
+    """20 COUNT(DISTINCT x) GROUP BY y of 10,000 x 10,000 cells were planned, and a run took
+    about 800 MB per aggregate (a probe): their rows-per-value tables count against the
+    same cells as the quantiles' scores."""
+    from engines.aggregates.params import MAX_SCORE_CELLS
+
+    wide = {"type": "numeric", "lower": 1, "upper": 10_000, "integer": True}
+    ds = DatasetMeta("t", {**COLUMNS, "x": wide, "y": wide}, "pid", N, N // 4, 1e-6)
+
+    def query(n):
+        return {"select": [{"name": f"d{i}", "agg": "count_distinct", "column": "x"} for i in range(n)],
+                "group_by": [{"column": "y"}], "epsilon": 1.0}
+
+    per = 10_000 * 10_000
+    assert per > MAX_SCORE_CELLS
+    with pytest.raises(PlanError) as e:
+        plugins.plan("aggregates", EngineRequest("query", query(1)), ds)
+    assert "10000 groups x 10000 values of 'x' is too many" in e.value.errors["d0"], e.value.errors
+    fits = {"select": [{"name": "d", "agg": "count_distinct", "column": "x"}], "epsilon": 1.0}
+    plugins.plan("aggregates", EngineRequest("query", fits), ds)  # ungrouped: 10,000 cells

@@ -199,8 +199,18 @@ def test_the_sweep_removes_a_scratch_directory_a_host_that_is_gone_left(settings
     old = time.time() - settings.CELERY_TASK_TIME_LIMIT - settings.REQUEST_LOST_AFTER_SECONDS - 60
     for p in (dead / "synthetic.csv", dead, idle):
         os.utime(p, (old, old))
+    # a live process of this host (a solo pool, no time limit) keeps its own, however old
+    import socket
+    import threading
+
+    mine = base / f"{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
+    mine.mkdir()
+    (mine / "synthetic.csv").write_text("wage\n1\n")
+    for p in (mine / "synthetic.csv", mine):
+        os.utime(p, (old, old))
     assert sweep_task()["stale_scratch"] == ["podA-13077-140115299130240"]
     assert not dead.exists() and (busy / "synthetic.csv").exists() and idle.exists()
+    assert (mine / "synthetic.csv").exists()
 
 
 def test_a_sweeper_whose_clock_runs_ahead_keeps_copies_being_written(make_dataset, settings, monkeypatch):
