@@ -1,9 +1,11 @@
-"""Whether a process of this host is gone (its folders and files are then nobody's), and
-whether this one ran out of memory (and should be replaced)."""
+"""Whether a process of this host is gone (its folders and files are then nobody's), the
+time on the clock that stamps a directory's files (to judge what a killed process left by
+its age), and whether this process ran out of memory (and should be replaced)."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 
 
@@ -19,6 +21,22 @@ def gone(pid: int) -> bool:
     except OSError:
         return False
     return False
+
+
+def files_now(directory) -> float | None:
+    """"Now" as the modification time of a file written in ``directory`` just now: the
+    clock that stamps the files there (a shared volume's server, or this host), not this
+    process's (a sweeping worker whose clock ran 7 hours ahead took copies being written for
+    orphans and unlinked them, a probe's 500s). None if nothing can be written there."""
+    try:
+        fd, marker = tempfile.mkstemp(dir=directory, prefix=".now-")
+    except OSError:
+        return None
+    try:
+        os.close(fd)
+        return os.stat(marker).st_mtime
+    finally:
+        os.unlink(marker)
 
 
 OUT_OF_MEMORY = threading.Event()  # set by work that ran out of memory: this process should be replaced

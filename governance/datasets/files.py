@@ -22,6 +22,7 @@ from django.conf import settings
 
 
 from ..core.errors import InvalidDataset, UploadTooLarge
+from ..core.processes import files_now
 from ..models import Dataset
 
 MAX_COLUMNS = 2_000
@@ -277,24 +278,17 @@ def drop_orphan_files(older_than: float = ORPHAN_AFTER_SECONDS) -> list[str]:
     an upload (SIGKILL skips their clean-up), left a copy of the rows nothing would ever
     remove. Run by the recovery sweep; returns them (relative to DATA_DIR).
 
-    Age is judged on the clock that stamps the copies, not this process's: "now" is the
-    modification time of a file written here just now (a sweeping worker whose clock ran 7
-    hours ahead took copies being written for orphans and unlinked them, a probe's 500s)."""
+    Age is judged on the clock that stamps the copies, not this process's (``files_now``)."""
     from ..models import Dataset
 
     roots = [p for p in (settings.DATA_DIR / "datasets", Path(settings.FILE_UPLOAD_TEMP_DIR)) if p.is_dir()]
     if not roots:
         return []
     known = set(Dataset.objects.exclude(file="").values_list("file", flat=True))
-    try:
-        fd, marker = tempfile.mkstemp(dir=roots[0], prefix=".now-")
-    except OSError:  # nothing can be written here: nothing is judged
+    now = files_now(roots[0])
+    if now is None:  # nothing can be written here: nothing is judged
         return []
-    try:
-        os.close(fd)
-        cutoff = os.stat(marker).st_mtime - older_than
-    finally:
-        os.unlink(marker)
+    cutoff = now - older_than
     removed = []
     for root in roots:
         for path in sorted(root.iterdir()):

@@ -21,7 +21,6 @@ import re
 import shutil
 import socket
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -585,14 +584,12 @@ def remove_stale_scratch(older_than: float | None = None) -> list[str]:
     base = Path(settings.RESULTS_DIR) / ".scratch"
     try:
         entries = [e for e in base.iterdir() if e.is_dir() and not e.is_symlink()]
-        fd, marker = tempfile.mkstemp(dir=base, prefix=".now-")
-    except OSError:  # no scratch directory, or nothing can be written there: nothing is judged
+    except OSError:  # no scratch directory yet
         return []
-    try:
-        os.close(fd)
-        cutoff = os.stat(marker).st_mtime - older_than
-    finally:
-        os.unlink(marker)
+    now = processes.files_now(base)
+    if now is None:  # nothing can be written there: nothing is judged
+        return []
+    cutoff = now - older_than
     host = socket.gethostname()
     removed = []
     for entry in entries:
