@@ -152,31 +152,38 @@ MAX_WHERE_DEPTH = 8
 def where_list(where: Any, dataset: DatasetMeta, errors: dict, key: str = "where", depth: int = 0) -> list[dict]:
     """A validated where list: predicates ANDed; an item may also be ``{"or": [list, list, ...]}``
     (any of the lists holds) or ``{"not": list}`` (the list does not hold), nested."""
-    if not isinstance(where, list):
+    return nested_list(where, lambda i, p, item_key: _predicate(i, p, dataset, errors, item_key), errors, key, depth)
+
+
+def nested_list(items: Any, leaf, errors: dict, key: str, depth: int = 0, what: str = "predicate") -> list[dict]:
+    """A list of ``leaf(i, item, key)`` (the validated item, or None with its error in
+    ``errors``) ANDed, where an item may also be ``{"or": [list, ...]}`` or ``{"not": list}``,
+    nested: WHERE's predicates on rows, HAVING's comparisons on released values (``what``)."""
+    if not isinstance(items, list):
         errors[key] = 'must be a list of {"column", "op", "value"} (or {"or": [...]}, {"not": [...]})'
         return []
-    if len(where) > MAX_PREDICATES:
-        errors[key] = f"at most {MAX_PREDICATES} predicates"
+    if len(items) > MAX_PREDICATES:
+        errors[key] = f"at most {MAX_PREDICATES} {what}s"
         return []
     if depth > MAX_WHERE_DEPTH:
         errors[key] = f"nested more than {MAX_WHERE_DEPTH} levels deep"
         return []
     out = []
-    for i, p in enumerate(where):
+    for i, p in enumerate(items):
         item_key = f"{key}[{i}]"
         if isinstance(p, dict) and set(p) == {"or"}:
             if not isinstance(p["or"], list) or not 2 <= len(p["or"]) <= MAX_PREDICATES:
-                errors[item_key] = f'"or" must be a list of 2 to {MAX_PREDICATES} predicate lists'
+                errors[item_key] = f'"or" must be a list of 2 to {MAX_PREDICATES} {what} lists'
                 continue
-            out.append({"or": [where_list(b, dataset, errors, f"{item_key}.or[{j}]", depth + 1)
+            out.append({"or": [nested_list(b, leaf, errors, f"{item_key}.or[{j}]", depth + 1, what)
                                for j, b in enumerate(p["or"])]})
         elif isinstance(p, dict) and set(p) == {"not"}:
             if isinstance(p["not"], list) and not p["not"]:  # NOT of nothing: no row, charged for nothing
                 errors[item_key] = '"not" must be a non-empty list (the NOT of an empty list holds on no row)'
                 continue
-            out.append({"not": where_list(p["not"], dataset, errors, f"{item_key}.not", depth + 1)})
+            out.append({"not": nested_list(p["not"], leaf, errors, f"{item_key}.not", depth + 1, what)})
         else:
-            one = _predicate(i, p, dataset, errors, item_key)
+            one = leaf(i, p, item_key)
             if one:
                 out.append(one)
     return out

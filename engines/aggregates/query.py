@@ -334,47 +334,30 @@ def _kinds(items: list, keys: list) -> dict:
             for it in items if "agg" in it or it["group"] < len(keys)}
 
 
-def _having_list(having: Any, names: set, kinds: dict, errors: dict, key: str, depth: int) -> list:
-    """A validated HAVING list: comparisons ANDed, an item may also be ``{"or": [list, ...]}``
-    or ``{"not": list}``, nested (as a where list; on released values)."""
-    if not isinstance(having, list) or len(having) > P.MAX_PREDICATES:
-        errors[key] = (f"must be a list of at most {P.MAX_PREDICATES} {{column, op, value}} "
-                       '(or {"or": [list, ...]}, {"not": list})')
-        return []
-    if depth > P.MAX_WHERE_DEPTH:
-        errors[key] = f"nested more than {P.MAX_WHERE_DEPTH} levels deep"
-        return []
-    out = []
-    for i, h in enumerate(having):
-        item = f"{key}[{i}]"
-        if isinstance(h, dict) and set(h) == {"or"}:
-            if not isinstance(h["or"], list) or not 2 <= len(h["or"]) <= P.MAX_PREDICATES:
-                errors[item] = f'"or" must be a list of 2 to {P.MAX_PREDICATES} lists'
-                continue
-            out.append({"or": [_having_list(b, names, kinds, errors, f"{item}.or[{j}]", depth + 1)
-                               for j, b in enumerate(h["or"])]})
-        elif isinstance(h, dict) and set(h) == {"not"}:
-            if isinstance(h["not"], list) and not h["not"]:  # NOT of nothing: no row, charged for nothing
-                errors[item] = '"not" must be a non-empty list (the NOT of an empty list holds on no row)'
-                continue
-            out.append({"not": _having_list(h["not"], names, kinds, errors, f"{item}.not", depth + 1)})
-        elif (not isinstance(h, dict) or set(h) != {"column", "op", "value"} or not isinstance(h["column"], str)
-              or h["column"] not in names or h["op"] not in HAVING_OPS or not P._scalar_ok(h["value"])):
+def _having_list(having: Any, names: set, kinds: dict, errors: dict) -> list:
+    """A validated HAVING list: comparisons of selected columns with literals, ANDed, an item
+    may also be ``{"or": [list, ...]}`` or ``{"not": list}``, nested (``P.nested_list``; on
+    released values)."""
+    def comparison(i: int, h: Any, item: str) -> dict | None:
+        if (not isinstance(h, dict) or set(h) != {"column", "op", "value"} or not isinstance(h["column"], str)
+                or h["column"] not in names or h["op"] not in HAVING_OPS or not P._scalar_ok(h["value"])):
             errors[item] = (f"must be {{column, op, value}} on a selected column ({', '.join(sorted(names))}), "
                             f"op one of {', '.join(HAVING_OPS)}, value a literal")
-        elif h["column"] in kinds and _kind(h["value"]) not in kinds[h["column"]]:
+            return None
+        if h["column"] in kinds and _kind(h["value"]) not in kinds[h["column"]]:
             # a value no row can equal or be ordered with: the answer would be empty (or
             # every row), charged for nothing; SQL refuses such a comparison too
             errors[item] = (f"{h['column']} holds {' or '.join(sorted(kinds[h['column']]))}, "
                             f"not {_kind(h['value'])} like {h['value']!r}")
-        else:
-            out.append(dict(h))
-    return out
+            return None
+        return dict(h)
+
+    return P.nested_list(having, comparison, errors, "having", what="comparison")
 
 
 def _post(params: dict, names: set, kinds: dict, errors: dict) -> dict:
     out: dict = {"having": [], "order_by": [], "limit": None}
-    out["having"] = _having_list(params.get("having", []), names, kinds, errors, "having", 0)
+    out["having"] = _having_list(params.get("having", []), names, kinds, errors)
     order = params.get("order_by", [])
     if not isinstance(order, list):
         errors["order_by"] = "must be a list of {column, desc}"
