@@ -555,17 +555,23 @@ def remove_dead_scratch(base: Path) -> None:
     (kill -9, the hard time limit) left its files there (a synthetic table, the officer's
     reports on every training row) with no release naming them, and its process id never
     comes back to empty them. Done when a process starts its first run."""
-    host = socket.gethostname()
     try:
         entries = list(base.iterdir())
     except OSError:  # no scratch directory yet
         return
     for entry in entries:
-        parts = entry.name.rsplit("-", 2)  # host-pid-thread (a host name may hold '-')
-        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
-            continue
-        if processes.gone(int(parts[1])):
+        pid = _pid_here(entry.name)
+        if pid is not None and processes.gone(pid):
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def _pid_here(name: str) -> int | None:
+    """The process id of a scratch directory ``host-pid-thread`` (a host name may hold '-')
+    of this host; None for another host's."""
+    parts = name.rsplit("-", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return None
+    return int(parts[1])
 
 
 def remove_stale_scratch(older_than: float | None = None) -> list[str]:
@@ -590,11 +596,10 @@ def remove_stale_scratch(older_than: float | None = None) -> list[str]:
     if now is None:  # nothing can be written there: nothing is judged
         return []
     cutoff = now - older_than
-    host = socket.gethostname()
     removed = []
     for entry in entries:
-        parts = entry.name.rsplit("-", 2)  # host-pid-thread
-        if len(parts) == 3 and parts[0] == host and parts[1].isdigit() and not processes.gone(int(parts[1])):
+        pid = _pid_here(entry.name)
+        if pid is not None and not processes.gone(pid):
             continue  # a live process of this host (a solo pool has no time limit): its own to empty
         try:
             stamps = [p.lstat().st_mtime for p in entry.rglob("*")]
