@@ -13,7 +13,7 @@ from accounting import events as ev
 from accounting import work
 from accounting.costs import Cost, cost_of
 
-from ..core.errors import NonPrivateRefused, TooCostly
+from ..core.errors import TooCostly
 from ..models import Budget, Dataset, Grant
 from . import actions as ledger
 from .limits import budget_report, charge_summary
@@ -55,11 +55,9 @@ def _estimate(dataset: Dataset, user, parsed) -> dict:
     limits = None
     refused = False
     for event in parsed:
-        try:
-            stamped, cost, limits = ledger._plan(event, dataset, budget, grant)
-        except NonPrivateRefused:  # the gate would refuse it whatever the budget: its whole cost (inf) shown
-            refused = True
-            stamped, _, limits = ledger._plan(event, dataset, budget, grant, refuse_non_private=False)
+        stamped, cost, limits = ledger._plan(event, dataset, budget, grant, refuse_non_private=False)
+        if ev.has_non_private(stamped) and not dataset.allow_non_private:
+            refused = True  # the gate would refuse it whatever the budget: its whole cost (inf) shown
             with ledger.event_errors():
                 cost = cost_of(stamped)
         total = total + cost
