@@ -5,6 +5,7 @@ a federated dataset's site secrets (officers).
 import re
 
 from django.conf import settings
+from django.http import Http404
 from drf_spectacular.utils import (
     OpenApiParameter,
     extend_schema,
@@ -146,9 +147,12 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         data = s.EstimateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
-        if "sql" in v:  # the SQL's own errors first: its FROM may not name this dataset (a CTE's name)
-            from_sql(v["sql"], v.get("params") or {})
-        ds = self.get_object()
+        try:
+            ds = self.get_object()
+        except Http404:
+            if "sql" in v:  # the SQL's own errors first: its FROM may not name a dataset (a CTE's name)
+                from_sql(v["sql"], v.get("params") or {})
+            raise
         if "sql" in v or "kind" in v:
             return Response(price(ds, request.user, sql=v.get("sql"), engine=v.get("engine"), kind=v.get("kind"),
                                   params=v.get("params")))
