@@ -7,6 +7,7 @@
 #   scripts/services.sh postgres-running # exit 0 if this tree's cluster runs (scripts/test.sh stops one it started)
 #   scripts/services.sh redis-start      # install (apt) if needed, start redis
 #   scripts/services.sh redis-stop
+#   scripts/services.sh redis-running    # exit 0 if a Redis answers on REDIS_PORT (scripts/test.sh stops one it started)
 #   scripts/services.sh chromium-install # install Debian's chromium (apt) if missing
 #   scripts/services.sh env              # print export lines:
 #   eval "$(scripts/services.sh env)"    #   DATABASE_URL and REDIS_URL
@@ -289,7 +290,7 @@ print_env() {
 }
 
 usage() {
-    sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
 }
 
 case "${1:-}" in
@@ -298,6 +299,7 @@ case "${1:-}" in
     postgres-running) PGBIN="$(pg_bindir)"; [ -n "$PGBIN" ] && pg_is_running ;;
     redis-start)    redis_start ;;
     redis-stop)     redis_stop ;;
+    redis-running)  command -v redis-cli >/dev/null 2>&1 && redis_ping ;;
     chromium-install) chromium_install ;;
     env)            print_env ;;
     -h|--help|help) usage ;;

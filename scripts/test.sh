@@ -5,7 +5,7 @@
 #
 # 1. creates .venv and installs requirements (first run only);
 # 2. installs (apt-get) and starts a local Redis in .services/ for the tests that run a
-#    real Celery worker, and installs (apt-get) Debian's chromium for the Playwright
+#    real Celery worker (stopped at the end, as PostgreSQL is, when this run started it), and installs (apt-get) Debian's chromium for the Playwright
 #    browser tests in tests/browser;
 # 3. installs (apt-get) and starts a local PostgreSQL in .services/;
 # 4. runs the suite on the embedded SQLite default and, side by side with it (most tests
@@ -30,6 +30,12 @@ scripts/bootstrap.sh
 mkdir -p var artifacts
 
 echo "== services" >&2
+stop_redis=true
+if ! scripts/services.sh redis-running 2>/dev/null; then
+    # started here, stopped here (as PostgreSQL below): a Redis left running outlives the
+    # clone it was started from
+    stop_redis='scripts/services.sh redis-stop >&2 || true'
+fi
 if ! scripts/services.sh redis-start; then
     if [ "${CI:-}" = "true" ]; then
         echo "Redis could not be started; CI requires it" >&2
@@ -55,7 +61,7 @@ fi
 # the PostgreSQL pass runs in a process group of its own (setsid): stopped with everything it
 # started (real workers, servers), a pass left running would go on using the next run's
 # PostgreSQL on the same port
-trap 'if [ -n "$pg_pid" ]; then kill -- "-$pg_pid" 2>/dev/null || true; fi; eval "$stop_pg"' EXIT
+trap 'if [ -n "$pg_pid" ]; then kill -- "-$pg_pid" 2>/dev/null || true; fi; eval "$stop_pg"; eval "$stop_redis"' EXIT
 if scripts/services.sh postgres-start; then
     pg_url="$(eval "$(scripts/services.sh env)"; echo "$DATABASE_URL")"
     mkdir -p var/pg-pass
