@@ -172,6 +172,8 @@ def _where(preds: list) -> str:
             out.append("NOT (" + _where(p["not"]) + ")")
         elif p["op"] in ("is_null", "is_not_null"):
             out.append(f"{_ident(p['column'])} IS {'NOT ' if p['op'] == 'is_not_null' else ''}NULL")
+        elif p["op"] in ("like", "ilike"):  # the JSON's pattern escapes with a backslash
+            out.append(f"{_ident(p['column'])} {p['op'].upper()} {_lit(p['value'])} ESCAPE '\\'")
         elif p["op"] in ("in", "not_in"):
             out.append(f"{_ident(p['column'])} {_OPS[p['op']]} ({', '.join(_lit(v) for v in p['value'])})")
         else:

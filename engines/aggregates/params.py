@@ -8,6 +8,7 @@ Nothing here reads data.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +19,9 @@ KINDS = ("count", "sum", "mean", "variance", "histogram", "quantile")
 VALUE_KINDS = ("sum", "mean", "variance", "quantile")  # need a bounded numeric column
 MECHANISMS = ("laplace", "gaussian")
 NULL_OPS = ("is_null", "is_not_null")  # SQL's IS [NOT] NULL: true or false, never unknown
-OPS = ("==", "!=", "<", "<=", ">", ">=", "in", "not_in", *NULL_OPS)
-EQUALITY_OPS = ("==", "!=", "in", "not_in", *NULL_OPS)
+LIKE_OPS = ("like", "ilike")  # SQL's [I]LIKE on a declared domain: planned as ``in`` its matching values
+OPS = ("==", "!=", "<", "<=", ">", ">=", "in", "not_in", *LIKE_OPS, *NULL_OPS)
+EQUALITY_OPS = ("==", "!=", "in", "not_in", *LIKE_OPS, *NULL_OPS)
 MAX_PREDICATES = 50
 MAX_IN_VALUES = 1000
 MAX_K = 1000
@@ -230,6 +232,8 @@ def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict, key: str | No
             errors[key] = f"op {op!r} takes no value"
             return None
         return {"column": p["column"], "op": op, "value": None, "type": ctype}
+    if op in LIKE_OPS:
+        return _like(p, spec, errors, key)
     ok = is_number if ctype == "numeric" else _scalar_ok
     what = "finite number" if ctype == "numeric" else "string (valid Unicode), number or boolean"
     value = p["value"]
@@ -255,6 +259,49 @@ def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict, key: str | No
                            f"{p['column']!r} ({listed}): compare with declared values only")
             return None
     return {"column": p["column"], "op": op, "value": value, "type": ctype}
+
+
+def _like(p: dict, spec: dict, errors: dict, key: str) -> dict | None:
+    """``column [I]LIKE pattern`` as ``column in`` the declared values whose text (as
+    ``in_domain`` compares: ``_as_text``) the pattern matches: decided on the public domain,
+    so the run compares codes as for any ``in``. ``%`` is any text, ``_`` one character,
+    a backslash makes the next character literal; ``ilike`` ignores case."""
+    value, dom = p["value"], _domain(spec)
+    if dom is None:
+        errors[key] = (f"op {p['op']!r} needs a categorical column with a declared domain; "
+                       f"{p['column']!r} has none: compare with == or in")
+        return None
+    if not isinstance(value, str) or not _valid_unicode(value) or len(value) > 1000:
+        errors[key] = f"value of {p['op']!r} must be a pattern string (valid Unicode, at most 1,000 characters)"
+        return None
+    matcher = like_pattern(value, case=p["op"] == "like")
+    if matcher is None:
+        errors[key] = f"pattern {value!r} ends with an escaping backslash"
+        return None
+    matches = [v for v in dom if matcher.fullmatch(_as_text(v))]
+    if not matches:
+        listed = ", ".join(repr(v) for v in dom[:20]) + (" ..." if len(dom) > 20 else "")
+        errors[key] = (f"pattern {value!r} matches none of the declared values of {p['column']!r} ({listed}): "
+                       "such a predicate holds on no row")
+        return None
+    return {"column": p["column"], "op": "in", "value": matches, "type": "categorical"}
+
+
+def like_pattern(pattern: str, case: bool = True) -> re.Pattern | None:
+    """A LIKE pattern (``%``, ``_``, backslash escapes) as a regular expression for
+    ``fullmatch``; None if it ends with a lone backslash."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            if i + 1 == len(pattern):
+                return None
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.DOTALL | (0 if case else re.IGNORECASE))
 
 
 def in_domain(value: Any, domain: list) -> bool:

@@ -16,7 +16,9 @@ _COMMON = {
     "where": {
         "type": "array", "maxItems": MAX_PREDICATES,
         "description": "predicates ANDed; only on declared numeric or categorical columns (a categorical "
-                       "literal must be in the declared domain); a null never matches but is_null; an item may also be "
+                       "literal must be in the declared domain; like / ilike take a pattern, % any text, _ one character, a "
+                       "backslash escaping, matched against a categorical column's declared values); a null never "
+                       "matches but is_null; an item may also be "
                        '{"or": [list, list, ...]} (any list holds) or {"not": list} (the list does not hold), nested',
         "items": {"anyOf": [
             {"type": "object", "additionalProperties": False, "required": ["or"],

@@ -20,7 +20,8 @@ What is understood (everything else is a ``SqlUnsupported`` naming the part):
   ``APPROX_QUANTILE(col, q)``, ``PERCENTILE_CONT(q) WITHIN GROUP (ORDER BY col)``, ``MIN`` /
   ``MAX`` (the DP quantiles ``MIN_Q`` / ``MAX_Q``);
 - ``WHERE``: ``col op literal`` (=, <>, !=, <, <=, >, >=, either side), ``col [NOT] IN
-  (literals)``, ``col BETWEEN a AND b``, joined by AND, OR and NOT;
+  (literals)``, ``col BETWEEN a AND b``, ``col [NOT] [I]LIKE 'pattern' [ESCAPE 'c']`` (on a
+  declared domain), joined by AND, OR and NOT;
 - ``GROUP BY``: up to 4 keys, each a column with a declared domain (or an integer column
   with bounds: every integer in them), ``FLOOR(col / w) [* m]``
   or ``CASE WHEN col < a THEN 'x' ... ELSE 'z' END`` (bins over the declared bounds), by
@@ -691,10 +692,44 @@ def _predicates(node: exp.Expression) -> list[dict]:
         if not isinstance(node.expression, exp.Null):
             raise _unsupported(f"IS {node.expression.sql()[:60]}", "IS tests NULL only: col IS [NOT] NULL")
         return [{"column": _column(node.this, "IS NULL"), "op": "is_null"}]
+    if isinstance(node, exp.Escape) and isinstance(node.this, (exp.Like, exp.ILike)):
+        escape = _literal(node.expression, "ESCAPE")
+        if not isinstance(escape, str) or len(escape) > 1:
+            raise _unsupported(f"ESCAPE {node.expression.sql()[:60]}", "ESCAPE takes one character, or ''")
+        return _like(node.this, escape)
     if isinstance(node, (exp.Like, exp.ILike)):
-        raise _unsupported("LIKE", "compare with = or IN over the declared domain")
+        return _like(node, None)
     raise _unsupported(f"predicate {node.sql()[:100]}",
                        "WHERE takes column comparisons with literals, IN, BETWEEN, AND, OR and NOT")
+
+
+def _like(node: exp.Like | exp.ILike, escape: str | None) -> list[dict]:
+    """``col [NOT] [I]LIKE 'pattern' [ESCAPE 'c']``, the pattern written with backslash
+    escapes (the JSON's form). With no ESCAPE a backslash is refused: databases differ on
+    whether it escapes (PostgreSQL) or not (the SQL standard)."""
+    word = "ILIKE" if isinstance(node, exp.ILike) else "LIKE"
+    _only(node, {"this", "expression", "negate"}, word, f"column [NOT] {word} 'pattern' [ESCAPE 'c']")
+    if not isinstance(_unparen(node.this), exp.Column):
+        raise _unsupported(f"{word} {node.sql()[:100]}", f"column {word} 'pattern': a column on the left")
+    column = _column(_unparen(node.this), word)
+    pattern = _literal(node.expression, word)
+    if not isinstance(pattern, str):
+        raise _unsupported(f"{word} of a non-string", f"{word} takes a string pattern")
+    if escape is None and "\\" in pattern:
+        raise _unsupported(f"backslash in {word}", "say what a backslash means: add ESCAPE '\\' (or ESCAPE '')")
+    out, i = [], 0
+    while i < len(pattern):  # to backslash escapes: the escape makes the next character literal
+        c = pattern[i]
+        if escape and c == escape:
+            if i + 1 == len(pattern):
+                raise _unsupported(f"ESCAPE {escape!r}", "the pattern ends with its escape character")
+            out.append("\\" + pattern[i + 1])
+            i += 2
+            continue
+        out.append("\\\\" if c == "\\" else c)
+        i += 1
+    p = {"column": column, "op": word.lower(), "value": "".join(out)}
+    return [{"not": [p]}] if node.args.get("negate") else [p]
 
 
 def _in(node: exp.In, negate: bool) -> dict:

@@ -46,6 +46,6 @@ def test_the_notebook_runs_headless_against_a_live_server(live_server, make_data
     assert len(code) >= 6 and all(c.execution_count for c in code)  # every cell ran
     out = "".join(_text(c.outputs) for c in code)
     assert "replayed free: True | same event: True" in out
-    assert "sql.unsupported -> LIKE" in out and "budget.exceeded (dataset)" in out
+    assert "sql.unsupported -> STDDEV" in out and "budget.exceeded (dataset)" in out
     result = _text(next(c for c in code if c.source.startswith("result = client.sql")).outputs)
     assert "ci_low" in result and result.index("Male") < result.index("Female")

@@ -119,6 +119,14 @@ CASES = [
     Case("where-mixed", "cps", "SELECT MEDIAN(wage) FROM cps WHERE (region = 'south' OR region = 'west') "
                                "AND education BETWEEN 12 AND 16 AND parttime <> 'yes'"),
     Case("where-flipped", "cps", "SELECT COUNT(*) FROM cps WHERE 12 > education"),
+    # LIKE on a declared domain: the matching declared values, as IN them
+    Case("like", "gss", "SELECT COUNT(*) FROM gss WHERE occrecode LIKE 'Prof%'"),
+    Case("like-grouped", "gss", "SELECT gender, AVG(realrinc) AS r FROM gss WHERE occrecode LIKE '%/%' "
+                                "OR wrkstat ILIKE '%TIME%' GROUP BY gender",
+         truth="SELECT gender, AVG(realrinc) FROM gss WHERE (occrecode LIKE '%/%' OR wrkstat ILIKE '%TIME%') "
+               "AND gender IS NOT NULL GROUP BY gender"),
+    Case("not-like-escape", "cps", "SELECT COUNT(*) FROM cps WHERE region NOT LIKE 'so%' ESCAPE '!' "
+                                   "AND region NOT LIKE '_est'"),
     Case("where-beyond-bounds", "cps", "SELECT COUNT(*) FROM cps WHERE wage > 25000"),  # allowed: 0 rows
     # ---- several aggregates, aliases
     Case("multi", "cps", "SELECT COUNT(*) AS n, AVG(wage) AS mean_wage FROM cps"),
@@ -185,7 +193,10 @@ CASES = [
     Case("distinct-no-unit", "gss", "SELECT COUNT(DISTINCT rownames) AS k FROM gss", expect=("plan", "select[0]")),
     Case("group-numeric", "cps", "SELECT wage, COUNT(*) AS n FROM cps GROUP BY wage", expect=("plan", "group_by[0]")),
     Case("join", "cps", "SELECT COUNT(*) FROM cps JOIN gss ON cps.wage = gss.realrinc", expect=("sql", "JOIN")),
-    Case("like", "gss", "SELECT COUNT(*) FROM gss WHERE occrecode LIKE 'Prof%'", expect=("sql", "LIKE")),
+    Case("like-backslash", "gss", "SELECT COUNT(*) FROM gss WHERE occrecode LIKE 'Prof\\%'",
+         expect=("sql", "backslash in LIKE")),
+    Case("like-no-match", "gss", "SELECT COUNT(*) FROM gss WHERE occrecode LIKE 'prof%'", expect=("plan", "where[0]")),
+    Case("like-numeric", "cps", "SELECT COUNT(*) FROM cps WHERE wage LIKE '1%'", expect=("plan", "where[0]")),
     Case("count-unit-column", "cps", "SELECT COUNT(rownames) FROM cps", expect=("plan", "column")),
     Case("count-expression", "cps", "SELECT COUNT(wage + 1) FROM cps", expect=("sql", "expression wage + 1 in COUNT")),
     Case("count-two", "cps", "SELECT COUNT(1, 2) FROM cps", expect=("sql", "2")),

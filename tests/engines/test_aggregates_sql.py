@@ -346,3 +346,53 @@ def test_is_null_and_is_not_null_are_predicates():
     with pytest.raises(sqlplan.SqlUnsupported, match="IS TRUE"):
         _params("SELECT COUNT(*) FROM t WHERE x IS TRUE")
 
+
+
+# ---- [I]LIKE: decided on the declared domain, with DuckDB's meaning of the pattern
+
+_LIKE_TEXT = st.text(alphabet="aAb%_\\!é\n", max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_LIKE_TEXT, pattern=_LIKE_TEXT, escape=st.sampled_from(["", "!", "\\"]), case=st.booleans())
+def test_like_matches_as_duckdb_does_whatever_the_escape(value, pattern, escape, case):
+    duckdb = pytest.importorskip("duckdb")
+    from engines.aggregates.params import like_pattern
+
+    word = "LIKE" if case else "ILIKE"
+    sql = f"SELECT COUNT(*) FROM t WHERE c {word} '{pattern.replace(chr(39), chr(39) * 2)}' ESCAPE '{escape}'"
+    try:
+        where = sqlplan.translate(sql).params["where"][0]
+    except sqlplan.SqlUnsupported as e:  # only a pattern that ends with its escape (DuckDB's error
+        assert e.part == f"ESCAPE {escape!r}"  # there depends on the value compared: never ours)
+        assert escape and pattern.endswith(escape) and (len(pattern) - len(pattern.rstrip(escape))) % 2
+        return
+    ours = like_pattern(where["value"], case=case)
+    theirs = duckdb.execute(f"SELECT ? {word} ? ESCAPE ?", [value, pattern, escape]).fetchone()[0]
+    assert ours is not None and bool(ours.fullmatch(value)) == theirs
+
+
+def test_like_is_planned_as_in_the_matching_declared_values_and_refused_where_it_cannot_be():
+    ds = DatasetMeta(name="t", columns={"site": {"type": "categorical", "domain": ["north", "North-East", "south", 7]},
+                                        "code": {"type": "categorical"}, "age": {"type": "numeric", "lower": 0,
+                                                                                  "upper": 99}},
+                     unit_column=None, n_rows=100, n_units=100, delta=1e-6)
+
+    def where(sql):
+        req = sqlplan.translate(sql, {"epsilon": 1})
+        return plugins.plan("aggregates", EngineRequest(req.kind, req.params), ds).details
+
+    assert "'north'" in str(where("SELECT COUNT(*) FROM t WHERE site LIKE 'nor%'"))
+    assert "North-East" not in str(where("SELECT COUNT(*) FROM t WHERE site LIKE 'nor%'"))
+    assert "North-East" in str(where("SELECT COUNT(*) FROM t WHERE site ILIKE 'nor%'"))
+    assert "7" in str(where("SELECT COUNT(*) FROM t WHERE site LIKE '_'"))  # a number's text
+    for sql, says in [("SELECT COUNT(*) FROM t WHERE site LIKE 'west%'", "matches none of the declared values"),
+                      ("SELECT COUNT(*) FROM t WHERE code LIKE 'a%'", "needs a categorical column with a declared"),
+                      ("SELECT COUNT(*) FROM t WHERE age LIKE '1%'", "needs a categorical column with a declared")]:
+        with pytest.raises(PlanError) as e:
+            where(sql)
+        assert says in str(e.value), sql
+    with pytest.raises(PlanError) as e:  # JSON: a pattern that ends in its escape
+        plugins.plan("aggregates", EngineRequest("count", {"epsilon": 1, "where": [
+            {"column": "site", "op": "like", "value": "nor\\"}]}), ds)
+    assert "ends with an escaping backslash" in str(e.value)

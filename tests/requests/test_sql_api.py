@@ -39,6 +39,8 @@ TWINS = [
      ("quantile", {"column": "income", "q": 0.9, "epsilon": 0.2, "candidates": 256})),
     ("SELECT site, MEDIAN(age) FROM clinic GROUP BY site", {"epsilon": 0.2},
      ("quantile", {"column": "age", "q": 0.5, "group_by": "site", "epsilon": 0.2})),
+    ("SELECT COUNT(*) FROM clinic WHERE site LIKE '%th'", {"epsilon": 0.2},
+     ("count", {"where": [{"column": "site", "op": "like", "value": "%th"}], "epsilon": 0.2})),
 ]
 
 
@@ -102,7 +104,8 @@ def test_it_charges_a_first_sql_request_exactly_what_its_estimate_said(api, anal
     ("SELECT COUNT(*) FROM (SELECT * FROM clinic) AS t", "subquery"),
     ("SELECT SUM(age * 2) FROM clinic", "expression age * 2 in SUM"),
     ("SELECT COUNT(*) FROM clinic WHERE income IS TRUE", "IS TRUE"),
-    ("SELECT COUNT(*) FROM clinic WHERE site LIKE 'n%'", "LIKE"),
+    ("SELECT COUNT(*) FROM clinic WHERE site LIKE 'n\\%'", "backslash in LIKE"),
+    ("SELECT COUNT(*) FROM clinic WHERE site SIMILAR TO 'n%'", "predicate site SIMILAR TO 'n%'"),
     ("SELECT COUNT(*) FROM clinic GROUP BY ROUND(age)", "GROUP BY ROUND(age)"),
     ("DELETE FROM clinic", "DELETE"),
     ("SELECT COUNT(*) FROM clinic; SELECT 1", "multiple statements"),
