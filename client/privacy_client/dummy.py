@@ -174,6 +174,8 @@ def _where(preds: list) -> str:
             out.append(f"{_ident(p['column'])} IS {'NOT ' if p['op'] == 'is_not_null' else ''}NULL")
         elif p["op"] in ("like", "ilike"):  # the JSON's pattern escapes with a backslash
             out.append(f"{_ident(p['column'])} {p['op'].upper()} {_lit(p['value'])} ESCAPE '\\'")
+        elif isinstance(p["value"], dict):  # another column
+            out.append(f"{_ident(p['column'])} {_OPS[p['op']]} {_ident(p['value']['column'])}")
         elif p["op"] in ("in", "not_in"):
             out.append(f"{_ident(p['column'])} {_OPS[p['op']]} ({', '.join(_lit(v) for v in p['value'])})")
         else:

@@ -93,6 +93,73 @@ _ARROW_COMPARE = {"==": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.les
                   ">=": pc.greater_equal}
 
 
+def compare_columns(table: pa.Table, left: str, op: str, right: str) -> np.ndarray:
+    """``left op right`` row by row, exact (null/NaN rows never match): integers with
+    integers as integers (int64 against uint64 too), an integer with a float as the
+    numbers they are (in float64 where that decides it: rounding keeps order, so only a
+    tie is settled on the integers), a decimal as Arrow compares it (exact against an
+    integer or a decimal; as float64 against a float, as DuckDB does)."""
+    a, b = (_column(table, n) for n in (left, right))
+    a, b = (c.combine_chunks() if c.num_chunks != 1 else c.chunk(0) for c in (a, b))
+    kinds = ["int" if pa.types.is_integer(c.type) else "decimal" if pa.types.is_decimal(c.type) else "float"
+             for c in (a, b)]
+    valid = _to_bool(pc.and_(a.is_valid(), b.is_valid()))
+    if "decimal" in kinds:
+        a, b = (c.cast(pa.float64()) if k == "float" and c.type != pa.float64() else c for c, k in zip((a, b), kinds))
+        return _to_bool(_ARROW_COMPARE[op](a, b)) & valid & ~_nan(a) & ~_nan(b)
+    x, y = (_numbers(c, k) for c, k in zip((a, b), kinds))
+    if kinds == ["float", "float"]:
+        hit = _COMPARE[op](x, y)
+    elif kinds == ["int", "int"]:
+        hit = _COMPARE[op](*_common_ints(x, y))
+    else:  # i op f, the integer side first
+        (i, f), op = ((x, y), op) if kinds[0] == "int" else ((y, x), _FLIP[op])
+        i_f = i.astype(np.float64)
+        hit = _COMPARE[op](i_f, f)
+        tie = i_f == f  # f then holds a float64 of an integer
+        if tie.any():
+            it, ft = i[tie], f[tie]
+            top = ft >= float(np.iinfo(it.dtype).max)  # 2**63 (2**64): above every value of i's type
+            res = _COMPARE[op](*_common_ints(it, np.where(top, 0, ft).astype(it.dtype)))
+            res[top] = _COMPARE[op](0, 1)
+            hit[tie] = res
+    for v, k in ((x, kinds[0]), (y, kinds[1])):
+        if k == "float":
+            valid &= ~np.isnan(v)
+    return hit & valid
+
+
+_FLIP = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+def _nan(arr: pa.Array) -> np.ndarray:
+    if not pa.types.is_floating(arr.type):
+        return np.zeros(len(arr), dtype=bool)
+    return _to_bool(pc.is_nan(arr))
+
+
+def _numbers(arr: pa.Array, kind: str) -> np.ndarray:
+    """An integer column as int64 or uint64 (nulls as 0, masked after), anything else as float64."""
+    if kind == "int":
+        arr = arr.fill_null(0) if arr.null_count else arr
+        return arr.to_numpy(zero_copy_only=False).astype(np.uint64 if pa.types.is_unsigned_integer(arr.type)
+                                                          else np.int64, copy=False)
+    return (arr if arr.type == pa.float64() else arr.cast(pa.float64())).to_numpy(zero_copy_only=False)
+
+
+def _common_ints(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int64 / uint64 arrays in one exact type (numpy compares int64 with uint64 as
+    float64): where the unsigned side is past int64's range it is the larger, and the
+    row becomes the pair (0, 1) in that order."""
+    if x.dtype == y.dtype:
+        return x, y
+    signed_first = x.dtype.kind == "i"
+    s, u = (x, y) if signed_first else (y, x)
+    big = u > np.uint64(2**63 - 1)
+    s, u = np.where(big, 0, s).astype(np.int64), np.where(big, 1, u).astype(np.int64)
+    return (s, u) if signed_first else (u, s)
+
+
 def _one_compare(a, op: str, value, kind: str) -> np.ndarray:
     op2, operand = _OPERAND[kind](op, value, a.type if kind == "decimal" else None)
     if op2 is None:  # no value of the column's kind equals it: == never, != always
@@ -223,8 +290,12 @@ def _lookup(col: pa.ChunkedArray, values: list) -> tuple[pa.ChunkedArray, pa.Arr
     Arrow would truncate to 2 and match the 2s; 1.5 against a decimal at another scale) or
     as strings (JSON values may not match the stored type: "3" vs 3). A date or time given
     as text is read in the column's type ("1970-01-01 00:00:00" against a timestamp, whose
-    own text is "1970-01-01 00:00:00.000000")."""
+    own text is "1970-01-01 00:00:00.000000"). A boolean column looked up by numbers (a
+    column declared numeric, integer in [0, 1]) is its 0 / 1, as a sum and a comparison
+    read it: compared as text, "true" met "1" and no row was in any group."""
     t = col.type
+    if pa.types.is_boolean(t) and values and all(_is_number(v) for v in values):
+        col, t = col.cast(pa.int8()), pa.int8()
     if pa.types.is_floating(t):  # -0.0 == 0.0, as the comparison operators have it
         col = pc.add(col, pa.scalar(0.0, t))
         values = [_as_float(v) for v in values]
@@ -289,6 +360,8 @@ def _truth(table: pa.Table, where: list[dict]) -> tuple[np.ndarray, np.ndarray]:
 def _atom(table: pa.Table, p: dict) -> np.ndarray:
     """Rows where one predicate is true (a null or NaN: never)."""
     name, op, value = p["column"], p["op"], p["value"]
+    if isinstance(value, dict):  # another column: {"column": name}
+        return compare_columns(table, name, op, value["column"])
     if p["type"] == "numeric" and op in _COMPARE:
         return _compare(table, name, op, value)
     values = value if op in ("in", "not_in") else [value]

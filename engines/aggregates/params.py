@@ -177,6 +177,9 @@ def nested_list(items: Any, leaf, errors: dict, key: str, depth: int = 0, what: 
             if not isinstance(p["or"], list) or not 2 <= len(p["or"]) <= MAX_PREDICATES:
                 errors[item_key] = f'"or" must be a list of 2 to {MAX_PREDICATES} {what} lists'
                 continue
+            if any(isinstance(b, list) and not b for b in p["or"]):  # an empty branch holds on every row,
+                errors[item_key] = f'each branch of "or" must be a non-empty {what} list'  # its NOT on none
+                continue
             out.append({"or": [nested_list(b, leaf, errors, f"{item_key}.or[{j}]", depth + 1, what)
                                for j, b in enumerate(p["or"])]})
         elif isinstance(p, dict) and set(p) == {"not"}:
@@ -234,6 +237,8 @@ def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict, key: str | No
         return {"column": p["column"], "op": op, "value": None, "type": ctype}
     if op in LIKE_OPS:
         return _like(p, spec, errors, key)
+    if isinstance(p["value"], dict):
+        return _other_column(p, ctype, dataset, errors, key)
     ok = is_number if ctype == "numeric" else _scalar_ok
     what = "finite number" if ctype == "numeric" else "string (valid Unicode), number or boolean"
     value = p["value"]
@@ -259,6 +264,28 @@ def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict, key: str | No
                            f"{p['column']!r} ({listed}): compare with declared values only")
             return None
     return {"column": p["column"], "op": op, "value": value, "type": ctype}
+
+
+COLUMN_OPS = ("==", "!=", "<", "<=", ">", ">=")
+
+
+def _other_column(p: dict, ctype: str, dataset: DatasetMeta, errors: dict, key: str) -> dict | None:
+    """``column op {"column": other}``: two declared numeric columns compared row by row
+    on their raw values (``compute.compare_columns``; a null or NaN on either side: unknown)."""
+    value = p["value"]
+    if set(value) != {"column"}:
+        errors[key] = 'a value that is an object names another column: {"column": name}'
+        return None
+    other, err = _column_spec(dataset, value["column"])
+    if err:
+        errors[key] = err
+        return None
+    if ctype != "numeric" or other.get("type") != "numeric" or p["op"] not in COLUMN_OPS:
+        errors[key] = (f"a column is compared with another only when both are declared numeric, with one of "
+                       f"{', '.join(COLUMN_OPS)}: {p['column']!r} is {ctype!r}, {value['column']!r} is "
+                       f"{other.get('type')!r}")
+        return None
+    return {"column": p["column"], "op": p["op"], "value": {"column": value["column"]}, "type": "numeric"}
 
 
 def _like(p: dict, spec: dict, errors: dict, key: str) -> dict | None:

@@ -120,6 +120,8 @@ def where_columns(where: list[dict]) -> list[str]:
             out += where_columns(p["not"])
         else:
             out.append(p["column"])
+            if isinstance(p.get("value"), dict):  # compared with another column
+                out.append(p["value"]["column"])
     return out
 
 

@@ -19,7 +19,8 @@ What is understood (everything else is a ``SqlUnsupported`` naming the part):
   engine's variance, the population form), ``MEDIAN(col)``, ``QUANTILE(col, q)``,
   ``APPROX_QUANTILE(col, q)``, ``PERCENTILE_CONT(q) WITHIN GROUP (ORDER BY col)``, ``MIN`` /
   ``MAX`` (the DP quantiles ``MIN_Q`` / ``MAX_Q``);
-- ``WHERE``: ``col op literal`` (=, <>, !=, <, <=, >, >=, either side), ``col [NOT] IN
+- ``WHERE``: ``col op literal`` (=, <>, !=, <, <=, >, >=, either side), ``col op col`` (two
+  numeric columns), ``col [NOT] IN
   (literals)``, ``col BETWEEN a AND b``, ``col [NOT] [I]LIKE 'pattern' [ESCAPE 'c']`` (on a
   declared domain), joined by AND, OR and NOT;
 - ``GROUP BY``: up to 4 keys, each a column with a declared domain (or an integer column
@@ -643,7 +644,8 @@ def _literal(node: exp.Expression, where: str):
             raise _unsupported(f"number {text[:60]}", "not a number") from None
     if isinstance(node, exp.Null):
         raise _unsupported("NULL", "compare with a value; test nulls with col IS [NOT] NULL")
-    raise _unsupported(f"{node.sql()[:100]} in {where}", "compare columns with literal values only")
+    raise _unsupported(f"{node.sql()[:100]} in {where}",
+                       "compare with a literal value (in WHERE, a column may also be compared with a column)")
 
 
 def _predicates(node: exp.Expression) -> list[dict]:
@@ -687,7 +689,9 @@ def _predicates(node: exp.Expression) -> list[dict]:
                 return [{"column": _column(left, "WHERE"), "op": op, "value": _literal(right, "WHERE")}]
             if isinstance(right, exp.Column) and not isinstance(left, exp.Column):
                 return [{"column": _column(right, "WHERE"), "op": _FLIPPED[op], "value": _literal(left, "WHERE")}]
-            raise _unsupported(f"predicate {node.sql()[:100]}", "compare one column with one literal")
+            if isinstance(left, exp.Column) and isinstance(right, exp.Column):  # two numeric columns
+                return [{"column": _column(left, "WHERE"), "op": op, "value": {"column": _column(right, "WHERE")}}]
+            raise _unsupported(f"predicate {node.sql()[:100]}", "compare a column with a literal or another column")
     if isinstance(node, exp.Is):
         if not isinstance(node.expression, exp.Null):
             raise _unsupported(f"IS {node.expression.sql()[:60]}", "IS tests NULL only: col IS [NOT] NULL")

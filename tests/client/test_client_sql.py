@@ -208,6 +208,8 @@ def test_the_dummy_client_renders_like_with_the_jsons_backslash_escape():
     con = duckdb.connect()
     con.execute("CREATE TABLE t AS SELECT * FROM (VALUES ('a%b'), ('ab'), ('A%')) v(g)")
     assert con.execute(sql).fetchone()[0] == 1, sql  # 'a%b' only: the JSON's \% is a literal %
+    sql, _ = dummy.sql_of("t", "aggregates", "count", {"where": [{"column": "a", "op": "<", "value": {"column": "b"}}]})
+    assert sql.endswith('WHERE "a" < "b"'), sql
 
 
 @pytest.mark.django_db(transaction=True)

@@ -65,6 +65,10 @@ QUERIES = [
                "where": [{"column": "age", "op": ">=", "value": 30}], "max_rows_per_unit": 2}),
     ("query", {"select": [{"name": "paid", "agg": "count", "column": "income"}, {"name": "n", "agg": "count"}],
                "max_rows_per_unit": 1}),  # counts only: counted per unit id, each on its own rows
+    # two columns compared row by row (the other column is read too), a where the aggregate does not read
+    ("count", {"where": [{"column": "income", "op": ">", "value": {"column": "age"}}], "max_rows_per_unit": 2}),
+    ("histogram", {"column": "site", "max_rows_per_unit": 1,
+                   "where": [{"not": [{"column": "age", "op": ">=", "value": {"column": "income"}}]}]}),
 ]
 
 

@@ -119,6 +119,16 @@ CASES = [
     Case("where-mixed", "cps", "SELECT MEDIAN(wage) FROM cps WHERE (region = 'south' OR region = 'west') "
                                "AND education BETWEEN 12 AND 16 AND parttime <> 'yes'"),
     Case("where-flipped", "cps", "SELECT COUNT(*) FROM cps WHERE 12 > education"),
+    # two numeric columns compared row by row (raw values; a null on either side: unknown)
+    Case("column-vs-column", "cps", "SELECT COUNT(*) FROM cps WHERE experience > education"),
+    Case("column-expression", "gss", "SELECT gender, AVG(realrinc) AS r FROM gss WHERE age - 0 >= 0 "
+                                       "AND NOT (childs >= age OR prestg10 < age) GROUP BY gender",
+         expect=("sql", "predicate age - 0 >= 0")),
+    Case("column-vs-column-not", "gss", "SELECT gender, COUNT(*) AS n, AVG(realrinc) AS r FROM gss "
+                                        "WHERE NOT (childs >= age OR prestg10 < age) GROUP BY gender",
+         truth="SELECT gender, COUNT(*), AVG(realrinc) FROM gss WHERE NOT (childs >= age OR prestg10 < age) "
+               "AND gender IS NOT NULL GROUP BY gender"),
+    Case("column-vs-category", "cps", "SELECT COUNT(*) FROM cps WHERE region = smsa", expect=("plan", "where[0]")),
     # LIKE on a declared domain: the matching declared values, as IN them
     Case("like", "gss", "SELECT COUNT(*) FROM gss WHERE occrecode LIKE 'Prof%'"),
     Case("like-grouped", "gss", "SELECT gender, AVG(realrinc) AS r FROM gss WHERE occrecode LIKE '%/%' "
@@ -211,8 +221,6 @@ CASES = [
     Case("subquery", "cps", "SELECT COUNT(*) FROM (SELECT * FROM cps) AS t", expect=("sql", "subquery")),
     Case("raw-column", "cps", "SELECT wage FROM cps", expect=("sql", "column wage in SELECT")),
     Case("arith", "cps", "SELECT SUM(wage * 2) FROM cps", expect=("sql", "expression wage * 2 in SUM")),
-    Case("column-vs-column", "cps", "SELECT COUNT(*) FROM cps WHERE wage > experience",
-         expect=("sql", "predicate wage > experience")),
     Case("offset", "cps", "SELECT region, COUNT(*) AS n FROM cps GROUP BY region LIMIT 2 OFFSET 1",
          expect=("sql", "OFFSET")),
     Case("having-unselected", "cps", "SELECT region, COUNT(*) AS n FROM cps GROUP BY region HAVING SUM(wage) > 1",

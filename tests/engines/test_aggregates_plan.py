@@ -146,6 +146,7 @@ def test_other_engines_get_none_from_every_hook():
     ("count", {"epsilon": 1, "max_rows_per_unit": True}, "max_rows_per_unit"),
     ("count", {"epsilon": 1, "colour": "blue"}, "colour"),  # unknown key
     ("count", {"epsilon": 1, "where": [{"not": []}]}, "where[0]"),  # no row: charged for nothing
+    ("count", {"epsilon": 1, "where": [{"not": [{"or": [[], []]}]}]}, "where[0].not[0]"),  # nor is an empty branch
     ("count", {"epsilon": 1, "column": "notes"}, "column"),  # COUNT(column): a declared numeric/categorical
     ("count", {"epsilon": 1, "column": "pid"}, "column"),  # not the unit column
     ("count", {"epsilon": 1, "column": "nope"}, "column"),

@@ -396,3 +396,24 @@ def test_like_is_planned_as_in_the_matching_declared_values_and_refused_where_it
         plugins.plan("aggregates", EngineRequest("count", {"epsilon": 1, "where": [
             {"column": "site", "op": "like", "value": "nor\\"}]}), ds)
     assert "ends with an escaping backslash" in str(e.value)
+
+
+def test_a_column_compared_with_another_must_be_numeric_and_declared():
+    ds = DatasetMeta(name="t", columns={"pid": {"type": "unit"}, "site": {"type": "categorical", "domain": ["a"]},
+                                        "age": {"type": "numeric", "lower": 0, "upper": 99},
+                                        "income": {"type": "numeric", "lower": 0, "upper": 1e6}},
+                     unit_column="pid", n_rows=100, n_units=50, delta=1e-6)
+
+    def errors(where):
+        with pytest.raises(PlanError) as e:
+            plugins.plan("aggregates", EngineRequest("count", {"epsilon": 1, "where": where}), ds)
+        return str(e.value)
+
+    ok = plugins.plan("aggregates", EngineRequest("count", {"epsilon": 1, "where": [
+        {"column": "age", "op": "<", "value": {"column": "income"}}]}), ds)
+    assert ok.details["where"][0]["value"] == {"column": "income"}
+    assert "privacy-unit column" in errors([{"column": "age", "op": "==", "value": {"column": "pid"}}])
+    assert "both are declared numeric" in errors([{"column": "site", "op": "==", "value": {"column": "age"}}])
+    assert "both are declared numeric" in errors([{"column": "age", "op": "in", "value": {"column": "income"}}])
+    assert "unknown column 'wage'" in errors([{"column": "age", "op": ">", "value": {"column": "wage"}}])
+    assert "names another column" in errors([{"column": "age", "op": ">", "value": {"column": "income", "x": 1}}])

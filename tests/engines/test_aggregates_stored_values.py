@@ -150,3 +150,20 @@ def test_a_huge_width_on_a_small_range_is_one_bin_planned_at_once():
     for key in keys:
         assert key["labels"] == [0] and len(key["edges"]) == 2
         assert compute.bin_codes(np.array([0.0, 1.0, 4999.5, 5000.0]), key["edges"]).tolist() == [0, 0, 0, 0]
+
+
+def test_a_boolean_column_declared_integer_0_1_groups_and_counts_its_values():
+    """A probe's table: stored as booleans, declared numeric, integer in [0, 1]. A sum and a
+    WHERE read 0 / 1, but GROUP BY and COUNT(DISTINCT) compared "true" with "1" and found no
+    row: [[0, 0], [1, 0]] and 0 released (and charged) where 200 / 100 and 2 were true."""
+    table = pa.table({"f": pa.array([i % 3 == 0 for i in range(300)] + [None])})
+    cols = {"f": {"type": "numeric", "lower": 0, "upper": 1, "integer": True}}
+    ds = DatasetMeta("t", cols, None, table.num_rows, table.num_rows, 1e-6)
+    for text, want in [("SELECT f, COUNT(*) AS c FROM t GROUP BY f", [[0, 200], [1, 100]]),
+                       ("SELECT COUNT(DISTINCT f) AS d FROM t", [[2]]),
+                       ("SELECT f, SUM(f) AS s FROM t WHERE f = 1 GROUP BY f", [[0, 0], [1, 100]])]:
+        r = sql.translate(text, {"epsilon": 1e6})
+        req = EngineRequest(r.kind, r.params)
+        res = plugins.run("aggregates", req, ds, table, plugins.plan("aggregates", req, ds), lambda u: None).result
+        got = [[*row[:-1], round(row[-1])] for row in res["rows"]]
+        assert got == want, (text, res["rows"])

@@ -86,3 +86,25 @@ def test_the_probe_s_counts_through_the_engine():
         plan = plugins.plan("aggregates", req, ds)
         released[op] = round(plugins.run("aggregates", req, ds, t, plan, lambda p: None).result["value"])
     assert released == {"==": 1000, "!=": 2000, "<": 1000, "<=": 2000, ">": 1000, ">=": 2000}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(COLUMNS)), st.sampled_from(sorted(COLUMNS)), st.integers(0, 3), st.integers(0, 3),
+       st.sampled_from(sorted(OPS)))
+def test_two_columns_compare_exactly_as_python_s(left, right, seed_l, seed_r, op):
+    """``WHERE a op b`` on two numeric columns of any pair of types: as Python compares the
+    two numbers (an int64 against a uint64 or a float64 past 2**53 too), a null or NaN on
+    either side unknown; a decimal against a float as float64."""
+    (ta, va), (tb, vb) = table(left, seed_l), table(right, seed_r)
+    t = pa.table({"a": ta.column("x"), "b": tb.column("x")})
+    got = predicate_mask(t, [{"column": "a", "type": "numeric", "op": op, "value": {"column": "b"}}])
+
+    def pair(x, y):
+        if isinstance(x, Decimal) and isinstance(y, float) or isinstance(y, Decimal) and isinstance(x, float):
+            return float(x), float(y)
+        return x, y
+    want = [known(x) and known(y) and OPS[op](*pair(x, y)) for x, y in zip(va, vb)]
+    assert got.tolist() == want, (left, right, op)
+    # NOT (a op b) holds exactly where both are known and a op b does not
+    got_not = predicate_mask(t, [{"not": [{"column": "a", "type": "numeric", "op": op, "value": {"column": "b"}}]}])
+    assert got_not.tolist() == [known(x) and known(y) and not w for x, y, w in zip(va, vb, want)]

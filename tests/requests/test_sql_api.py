@@ -110,7 +110,7 @@ def test_it_charges_a_first_sql_request_exactly_what_its_estimate_said(api, anal
     ("DELETE FROM clinic", "DELETE"),
     ("SELECT COUNT(*) FROM clinic; SELECT 1", "multiple statements"),
     ("SELECT age FROM clinic", "column age in SELECT"),
-    ("SELECT COUNT(*) FROM clinic WHERE age > income", "predicate age > income"),
+    ("SELECT COUNT(*) FROM clinic WHERE age > income + 1", "income + 1 in WHERE"),
 ])
 def test_it_refuses_unsupported_sql_naming_the_part_and_charges_nothing(api, analyst, clinic, sql, part):
     r = api(analyst).post(URL, {"sql": sql, "params": {"epsilon": 0.1}}, format="json")
