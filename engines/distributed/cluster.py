@@ -45,6 +45,10 @@ WORKER_CHECK_SECONDS = 5.0  # how often a graph under way asks the scheduler for
 SCHEDULER_ANSWER_SECONDS = 5.0  # a question to the scheduler unanswered this long: TimeoutError
 
 
+#: distributed's scheduler's message when it cannot deserialize a graph (scheduler.update_graph)
+GRAPH_REFUSED = "Error during deserialization of the task graph"
+
+
 class ClusterUnavailable(EngineError):
     """The scheduler could not be reached, or had no worker: before this run sent the
     cluster anything, ``nothing_read`` (the host refunds); a graph under way whose cluster
@@ -301,6 +305,7 @@ def compute(value, scheduler: str, retries: int, progress=None, phase: str = "ag
         (out,) = dask.compute(value, scheduler="threads")
         return out
     c = _ready_client(scheduler)
+    first = not getattr(_sent, "jobs", None)  # the run's first graph: none of its tasks ran before
     future = c.compute(value, retries=retries)
     submitted(scheduler, [future.key])
     try:
@@ -329,7 +334,17 @@ def compute(value, scheduler: str, retries: int, progress=None, phase: str = "ag
             # cancellation through.
             if progress is not None:
                 progress({"phase": phase, "fraction": 0.5})
-        return future.result()
+        try:
+            return future.result()
+        except RuntimeError as e:
+            if GRAPH_REFUSED not in str(e):
+                raise
+            # the scheduler could not unpickle the graph (an environment without this
+            # code, or with other versions): no task of it was created, none ran
+            raise ClusterUnavailable("the Dask scheduler could not read the run's graph (its Python environment "
+                                     "differs from this worker's: the same code and packages must be installed on "
+                                     "the scheduler and its workers)" + ("; nothing was read" if first else ""),
+                                     nothing_read=first) from None
     except (Cancelled, ClusterUnavailable):
         future.cancel()
         raise

@@ -245,6 +245,10 @@ def test_a_having_that_holds_on_no_row_is_refused():
     with pytest.raises(PlanError) as e:
         plugins.plan("aggregates", EngineRequest("query", params), DS)
     assert "non-empty" in e.value.errors["having[0]"]
+    params["having"] = [{"not": [{"or": [[], [{"column": "n", "op": ">", "value": 1}]]}]}]  # an empty branch: true
+    with pytest.raises(PlanError) as e:
+        plugins.plan("aggregates", EngineRequest("query", params), DS)
+    assert "non-empty" in e.value.errors["having[0].not[0]"], e.value.errors
 
 
 def test_distinct_counts_are_bounded_with_the_quantiles():
@@ -267,3 +271,25 @@ def test_distinct_counts_are_bounded_with_the_quantiles():
     assert "10000 groups x 10000 values of 'x' is too many" in e.value.errors["d0"], e.value.errors
     fits = {"select": [{"name": "d", "agg": "count_distinct", "column": "x"}], "epsilon": 1.0}
     plugins.plan("aggregates", EngineRequest("query", fits), ds)  # ungrouped: 10,000 cells
+
+
+def test_a_distinct_counts_cells_are_a_byte_each_and_add_as_or():
+    """A probe's COUNT(DISTINCT v) GROUP BY g of 20M cells took 2.7 GB on Dask (each unit
+    bucket's rows per cell as int64, several held by the reduction at once): the cells are
+    now booleans, whether some kept row holds the value, 1 byte each, OR-ed across pieces."""
+    import numpy as np
+    import pyarrow as pa
+
+    from engines.aggregates import execute as local
+
+    wide = {"type": "numeric", "lower": 0, "upper": 999, "integer": True}
+    ds = DatasetMeta("t", {"pid": {"type": "unit"}, "g": wide, "v": wide}, "pid", 4, 4, 1e-6)
+    q = {"select": [{"name": "g", "group": 0}, {"name": "d", "agg": "count_distinct", "column": "v"}],
+         "group_by": [{"column": "g"}], "epsilon": 1.0, "max_rows_per_unit": 2}
+    d = plugins.plan("aggregates", EngineRequest("query", q), ds).details
+    halves = [pa.table({"pid": [1, 2], "g": [5, 5], "v": [7, 7]}), pa.table({"pid": [3, 4], "g": [5, 9], "v": [7, 8]})]
+    parts = [local.exact_parts(d, t, 4, np.random.default_rng(0), salt=1) for t in halves]
+    (name, cells), = parts[0].items()
+    assert cells.dtype == bool and cells.nbytes == 1000 * 1000, (cells.dtype, cells.nbytes)
+    seen = local.combine(parts)[name]  # g = 5 holds v = 7 (three rows, two pieces), g = 9 holds v = 8
+    assert seen.dtype == bool and seen.sum() == 2 and seen[5, 7] and seen[9, 8]
