@@ -30,6 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .params import as_text  # the text a value is matched by, as validation matches it
+
 __all__ = ["numeric_values", "clamped_values", "predicate_mask", "category_codes", "bin_codes", "exact_sum",
            "exact_count", "grid_exponent", "grid_sum", "from_grid", "quantile_histograms", "scores_from_histograms", "quantile_scores"]
 
@@ -260,12 +262,6 @@ def _decimal_operand(op: str, v, typ: pa.DataType) -> tuple[str | None, decimal.
 _OPERAND = {"int": _int_operand, "float": _float_operand, "decimal": _decimal_operand}
 
 
-def _as_str(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
-
-
 def _as_float(v):
     """A domain value matched against a float column, as the schema compares numbers: as a
     64-bit float (Arrow refuses an integer past 2**53 as a float, and the text fallback
@@ -315,7 +311,7 @@ def _lookup(col: pa.ChunkedArray, values: list) -> tuple[pa.ChunkedArray, pa.Arr
     try:
         return col, pa.array(values, type=col.type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-        return col.cast(pa.string()), pa.array([_as_str(v) for v in values], type=pa.string())
+        return col.cast(pa.string()), pa.array([as_text(v) for v in values], type=pa.string())
 
 
 def _to_bool(arr) -> np.ndarray:
@@ -409,7 +405,7 @@ def series_codes(values, domain: list) -> np.ndarray:
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # mixed Python types
         import pandas as pd
 
-        arr = pa.array([None if pd.isna(v) else _as_str(v) for v in values], type=pa.string())
+        arr = pa.array([None if pd.isna(v) else as_text(v) for v in values], type=pa.string())
     return category_codes(pa.table({"v": arr}), "v", domain)
 
 

@@ -290,7 +290,7 @@ def _other_column(p: dict, ctype: str, dataset: DatasetMeta, errors: dict, key: 
 
 def _like(p: dict, spec: dict, errors: dict, key: str) -> dict | None:
     """``column [I]LIKE pattern`` as ``column in`` the declared values whose text (as
-    ``in_domain`` compares: ``_as_text``) the pattern matches: decided on the public domain,
+    ``in_domain`` compares: ``as_text``) the pattern matches: decided on the public domain,
     so the run compares codes as for any ``in``. ``%`` is any text, ``_`` one character,
     a backslash makes the next character literal; ``ilike`` ignores case."""
     value, dom = p["value"], _domain(spec)
@@ -305,7 +305,7 @@ def _like(p: dict, spec: dict, errors: dict, key: str) -> dict | None:
     if matcher is None:
         errors[key] = f"pattern {value!r} ends with an escaping backslash"
         return None
-    matches = [v for v in dom if matcher.fullmatch(_as_text(v))]
+    matches = [v for v in dom if matcher.fullmatch(as_text(v))]
     if not matches:
         listed = ", ".join(repr(v) for v in dom[:20]) + (" ..." if len(dom) > 20 else "")
         errors[key] = (f"pattern {value!r} matches none of the declared values of {p['column']!r} ({listed}): "
@@ -336,10 +336,13 @@ def in_domain(value: Any, domain: list) -> bool:
     (compute._lookup: the column's own type, or both sides as strings: "3" matches 3)."""
     if any(value == d and type(value) is type(d) for d in domain):
         return True
-    return _as_text(value) in {_as_text(d) for d in domain}
+    return as_text(value) in {as_text(d) for d in domain}
 
 
-def _as_text(v: Any) -> str:
+def as_text(v: Any) -> str:
+    """The text a value is matched by where its type and the column's differ (here and in
+    ``compute._lookup``, which must agree: a probe's ``kids = 2.0`` passed this check as
+    "2" and then looked for "2.0" in the rows, releasing 0 of 400)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float) and v.is_integer():

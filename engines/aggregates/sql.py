@@ -374,7 +374,8 @@ def _norm(node: exp.Expression) -> str:
     """The expression's text to match it by, case-folded but for its string literals
     ('LOW' is not 'low': a label of the release) and its names (columns named "Grp" and
     "grp" are two columns, as everywhere else here: a probe's GROUP BY "Grp", "grp" came
-    back as two keys of "Grp"), which are kept as their hex."""
+    back as two keys of "Grp"), which are kept as their hex; comments are not part of it
+    (a probe's ``HAVING cut /* c */ = 'Ideal'`` bound to the output alias, not the key)."""
     node = node.copy()
     for lit in node.find_all(exp.Literal):
         if lit.is_string:
@@ -382,7 +383,7 @@ def _norm(node: exp.Expression) -> str:
     for name in node.find_all(exp.Identifier):
         name.set("this", "n" + name.this.encode("utf-8", "surrogatepass").hex())
         name.set("quoted", False)
-    return node.sql(normalize=True, pretty=False).lower()
+    return node.sql(normalize=True, pretty=False, comments=False).lower()
 
 
 def _group_key(node: exp.Expression) -> dict:

@@ -119,6 +119,12 @@ CASES = [
     Case("where-mixed", "cps", "SELECT MEDIAN(wage) FROM cps WHERE (region = 'south' OR region = 'west') "
                                "AND education BETWEEN 12 AND 16 AND parttime <> 'yes'"),
     Case("where-flipped", "cps", "SELECT COUNT(*) FROM cps WHERE 12 > education"),
+    # comments are not part of an expression (they made matching by text refuse, or rebind HAVING)
+    Case("comments", "cps", "SELECT region /* r */, COUNT(*) /* n */ AS n FROM cps GROUP BY region "
+                            "HAVING COUNT(*) /* c */ > 5000 ORDER BY COUNT(*) /* c */ DESC -- by region"),
+    Case("comment-having-binds-the-key", "cps", "SELECT region AS smsa, smsa AS region, COUNT(*) AS n FROM cps "
+                                                "GROUP BY 1, 2 HAVING region /* c */ = 'south'",
+         truth="SELECT region, smsa, COUNT(*) AS n FROM cps GROUP BY region, smsa HAVING region = 'south'"),
     # two numeric columns compared row by row (raw values; a null on either side: unknown)
     Case("column-vs-column", "cps", "SELECT COUNT(*) FROM cps WHERE experience > education"),
     Case("column-expression", "gss", "SELECT gender, AVG(realrinc) AS r FROM gss WHERE age - 0 >= 0 "

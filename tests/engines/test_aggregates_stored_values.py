@@ -167,3 +167,18 @@ def test_a_boolean_column_declared_integer_0_1_groups_and_counts_its_values():
         res = plugins.run("aggregates", req, ds, table, plugins.plan("aggregates", req, ds), lambda u: None).result
         got = [[*row[:-1], round(row[-1])] for row in res["rows"]]
         assert got == want, (text, res["rows"])
+
+
+def test_a_number_literal_on_a_text_column_matches_the_rows_its_check_accepted():
+    """A probe's CSV column ``kids`` (domain "0", "1", "2", "3+"): ``kids = 2.0`` passed the
+    domain check as "2", then the run looked for "2.0" and released 0 where 400 rows hold
+    "2" (``<> 2.0``: 1,000 of 600); a domain declared as floats on text grouped nothing."""
+    kids = ["2"] * 400 + ["0"] * 300 + ["1"] * 200 + ["3+"] * 100
+    table = pa.table({"kids": pa.array(kids), "g": pa.array(["1", "2", "3", "2"] * 250)})
+    cols = {"kids": {"type": "categorical", "domain": ["0", "1", "2", "3+"]},
+            "g": {"type": "categorical", "domain": [1.0, 2.0, 3.0]}}
+    count = lambda where: exact("count", {"where": where}, table, cols)["count"]  # noqa: E731
+    assert count([{"column": "kids", "op": "==", "value": 2.0}]) == 400
+    assert count([{"column": "kids", "op": "!=", "value": 2.0}]) == 600
+    assert count([{"column": "kids", "op": "in", "value": [1.0, 2.0]}]) == 600
+    assert exact("count", {"group_by": "g"}, table, cols)["count"].tolist() == [250, 500, 250]
