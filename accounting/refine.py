@@ -45,7 +45,11 @@ POINTS = 33
 def curve_at(event: ev.Event, a: np.ndarray) -> tuple[np.ndarray, float]:
     """(RDP curve of ``event`` at the finite orders ``a``, sum of approximate-DP deltas).
     Charged to the open work budget (``accounting.work``) before it is computed."""
-    event = collapse(event)
+    return _curve_at(collapse(event), a)
+
+
+def _curve_at(event: ev.Event, a) -> tuple[np.ndarray, float]:
+    """``curve_at`` of an event ``collapse`` returned (a refinement's evaluations collapse once)."""
     a = np.asarray(a, dtype=float)
     work.charge_orders(event, a)
     curve, approx = _curve(event, a)
@@ -124,15 +128,37 @@ def _curve(e: ev.Event, a: np.ndarray) -> tuple[np.ndarray, float]:
         return c * e.count, d * e.count
     if isinstance(e, ev.ComposedEvent):
         total, approx = zero, 0.0
+        epsilons, times = [], []
         for sub in e.events:
+            leaf, n = (sub.event, sub.count) if isinstance(sub, ev.SelfComposedEvent) else (sub, 1)
+            if type(leaf) is ev.LaplaceEvent:  # summed below, all at once
+                epsilons.append(leaf.epsilon)
+                times.append(n)
+                continue
             c, d = _curve(sub, a)
             total, approx = total + c, approx + d
+        if epsilons:
+            total = total + _laplace_sum(np.array(epsilons), np.array(times, dtype=float), a)
         return total, approx
     if isinstance(e, ev.NoOpEvent):
         return zero, 0.0
     if isinstance(e, ev.NonPrivateEvent):
         return np.full_like(a, math.inf), 0.0
     raise ev.EventError(f"no RDP rule for {type(e).__name__}")
+
+
+LAPLACE_ROWS = 4096  # Laplace curves evaluated per numpy call (rows x orders floats at a time)
+
+
+def _laplace_sum(epsilons: np.ndarray, times: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """The sum of ``times[i]`` Laplace curves of ``epsilons[i]`` at the orders ``a``: the
+    same closed form as one by one, in blocks (a ledger of 13,500 distinct analyst-chosen
+    epsilons took 1 ms each one by one, 10 s a dataset's page: a probe)."""
+    total = np.zeros_like(a)
+    for i in range(0, len(epsilons), LAPLACE_ROWS):
+        block = laplace_at(epsilons[i:i + LAPLACE_ROWS, None], a[None, :])
+        total = total + (block * times[i:i + LAPLACE_ROWS, None]).sum(axis=0)
+    return total
 
 
 def _epsilons(curve: np.ndarray, a: np.ndarray, delta: float) -> np.ndarray:
@@ -155,18 +181,19 @@ def refine(event: ev.Event, delta: float, order: float) -> tuple[float, float]:
     """(epsilon, order): the smallest epsilon at ``delta`` over orders near ``order`` (a
     finite grid order), never above the epsilon at ``order`` itself. ``delta`` is what is
     left for the conversion (the target minus approximate-DP deltas), > 0."""
+    event = collapse(event)
     grid = ORDERS[np.isfinite(ORDERS)]
     i = int(np.argmin(np.abs(grid - order)))
     lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
     best_a = float(order)
-    c, _ = curve_at(event, np.array([best_a]))
+    c, _ = _curve_at(event, np.array([best_a]))
     best = float(_epsilons(c, np.array([best_a]), delta)[0])
     for _ in range(2):
         # geometric in alpha - 1 between the neighbours (orders just above 1 matter only
         # relative to 1)
         a = 1.0 + np.geomspace(lo - 1.0, hi - 1.0, POINTS)
         with np.errstate(all="ignore"):
-            c, _ = curve_at(event, a)
+            c, _ = _curve_at(event, a)
             eps = _epsilons(c, a, delta)
         j = int(np.argmin(eps))
         if eps[j] < best:
