@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import json
 import math
+
+import numpy as np
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -172,6 +174,31 @@ def _gate_state(ds: Dataset) -> list[str]:
     return _gate_problems(ds)
 
 
+def _state_matches(state: Cost, derived: Cost, dataset_id: int, grant_id: int | None = None) -> bool:
+    """A running state is the ledger's live costs summed as they came and went, each sum
+    rounded up (``accounting.costs``): never below the ledger's sum, and above it by at
+    most the roundings at the magnitudes it passed through. A probe's refunded synthesis
+    (RDP up to 8.4e8 at some orders) left 1e-7 behind on a state of about 1, and the chain
+    of an untampered database was reported broken."""
+    if _close(state.to_json(), derived.to_json()):
+        return True
+    if not np.array_equal(state.infs, derived.infs):
+        return False
+    close = 1e-9 * np.abs(derived.finite) + 1e-15
+    if (state.finite < derived.finite - close).any():
+        return False
+    entries = LedgerEntry.objects.filter(dataset_id=dataset_id)
+    if grant_id is not None:
+        entries = entries.filter(grant_id=grant_id)
+    seen, ops = np.zeros_like(derived.finite), 1
+    for cost, committed in entries.values_list("cost", "committed_cost").iterator(chunk_size=1000):
+        for c in (cost, committed):
+            if c:
+                seen += np.abs(Cost.from_json(c).finite)
+                ops += 2  # added, and taken out (a release) or replaced (a commit's own cost)
+    return bool((state.finite <= derived.finite + close + 2.0 * ops * np.finfo(float).eps * seen).all())
+
+
 def _gate_problems(ds: Dataset) -> list[str]:
     from ..ledger.actions import holds_on_ledger, recompute_state
     from ..ledger.limits import Limit
@@ -180,11 +207,11 @@ def _gate_problems(ds: Dataset) -> list[str]:
     problems = []
     budget = Budget.objects.get(pk=ds.pk)
     derived = recompute_state(ds.pk)
-    if not _close(Cost.from_json(budget.state).to_json(), derived.to_json()):
+    if not _state_matches(Cost.from_json(budget.state), derived, ds.pk):
         problems.append("the budget row's running state (what the gate admits against) differs from the "
                         "ledger's reserved and committed costs")
     for grant in Grant.objects.filter(dataset=ds).order_by("pk"):
-        if not _close(Cost.from_json(grant.state).to_json(), recompute_state(ds.pk, grant.pk).to_json()):
+        if not _state_matches(Cost.from_json(grant.state), recompute_state(ds.pk, grant.pk), ds.pk, grant.pk):
             problems.append(f"grant {grant.pk}'s running state differs from its ledger entries' costs")
     limit = Limit.of_dataset(ds)
     spent = limit.spent(derived)

@@ -232,3 +232,29 @@ def test_a_field_past_its_limit_is_never_written_under_its_exact_sum(make_datase
             pass
     stored = Cost.from_json(Budget.objects.get(pk=ds.pk).state)
     assert spent > 1 and Fraction(stored.finite[_INF]) >= spent
+
+
+@pytest.mark.django_db
+def test_a_huge_reservation_refunded_leaves_a_state_the_verifier_accepts(make_dataset, analyst, grant):
+    """A probe's refunded VAE reservation (23.5M steps, RDP up to 8.4e8 at some orders)
+    left 1e-7 of rounding on a state of about 1: ``audit verify`` called the untampered
+    database broken. A state above the ledger by the roundings it passed through is
+    accepted; one below it, or above it by more, is not."""
+    from governance.audit import verification
+
+    ds = make_dataset("refunded", epsilon=1e6, delta=1e-5, policy="rdp")
+    g = grant(analyst, ds)
+    huge = ledger.admit(ds, analyst, {"kind": "subsampled_gaussian", "sample_rate": 2.1e-5,
+                                      "noise_multiplier": 0.83, "steps": 23_500_000})
+    small = [ledger.admit(ds, analyst, {"kind": "laplace", "epsilon": 0.0123 * (i + 1)}) for i in range(5)]
+    ledger.release(huge)
+    for e in small:
+        ledger.commit(e)
+    state = Cost.from_json(Budget.objects.get(pk=ds.pk).state)
+    derived = ledger.recompute_state(ds.pk)
+    assert (state.finite >= derived.finite).all() and not np.array_equal(state.finite, derived.finite)
+    assert verification._gate_problems(ds) == []
+    g.refresh_from_db()
+    for lowered in (state.finite * (1 - 1e-6), state.finite + derived.finite):  # edited down, or up by itself
+        Budget.objects.filter(pk=ds.pk).update(state=Cost(lowered, state.infs).to_json())
+        assert "running state" in verification._gate_problems(ds)[0]
