@@ -259,8 +259,12 @@ class Request(models.Model):
     class Meta:
         ordering = ["-created_at"]
         # (analyst, started_at): an analyst's last start, which decides whose turn it is (requests.turns)
+        # (created_at), (dataset, created_at): the lists' order (an officer's, a dataset's last
+        # requests) read off an index, not sorted whole: 40,000 requests took 2.3 s a page (a probe)
         indexes = [models.Index(fields=["analyst", "fingerprint", "status"]),
-                   models.Index(fields=["analyst", "started_at"], name="request_analyst_started")]
+                   models.Index(fields=["analyst", "started_at"], name="request_analyst_started"),
+                   models.Index(fields=["-created_at"], name="request_created"),
+                   models.Index(fields=["dataset", "-created_at"], name="request_dataset_created")]
         constraints = [models.UniqueConstraint(fields=["analyst", "idempotency_key"],
                                                condition=~models.Q(idempotency_key=""),
                                                name="request_idempotency_key_per_analyst")]

@@ -370,8 +370,9 @@ def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
             spec = with_rows_per_unit(spec, spec.max_rows_per_unit // 2)
     # MST: the grid's epsilon, which it is calibrated to; the VAE (DP-SGD): the refined order's
     planned = _refined_epsilon(event, spec.delta) if spec.method == "vae" else _rdp_epsilon(event, spec.delta)
-    # planned_epsilon: what the ledger charges (the event by its RDP curve, composed by the
-    # gate's filter); certified_epsilon: the run's own guarantee, by the accountant that
+    # planned_epsilon: the event by its RDP curve (MST, AIM: the gate filter's figure, what
+    # the ledger charges; the VAE: at the refined order, a little under the ledger's grid
+    # charge, as a DP-SGD train request); certified_epsilon: the run's own guarantee, by the accountant that
     # calibrated it (PLD is valid for this one pre-planned run, never as the gate's filter)
     details = {"version": DETAILS_VERSION, "spec": spec.to_dict(), spec.method: method_details,
                "planned_epsilon": planned, "certified_by": spec.accountant,

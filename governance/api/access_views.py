@@ -15,7 +15,7 @@ from rest_framework.response import Response
 
 from ..core import roles, tokens
 from ..core.errors import InvalidRequest
-from ..core.roles import is_officer, role_of
+from ..core.roles import is_officer, role_of, with_auditor_flag
 from ..ledger import grants
 from ..models import Grant
 from . import serializers as s
@@ -74,7 +74,7 @@ class AnalystViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
 
     serializer_class = s.AnalystSerializer
     permission_classes = [IsAuthenticated, IsOfficer]
-    queryset = User.objects.filter(is_staff=False).order_by("id")  # officers' tokens are not managed here
+    queryset = with_auditor_flag(User.objects.filter(is_staff=False)).order_by("id")  # (officers' tokens: not here)
 
     @extend_schema(request=s.AnalystCreateSerializer, responses={201: inline_serializer(
         "AnalystCreated", {"id": serializers.IntegerField(), "username": serializers.CharField(),

@@ -5,6 +5,7 @@ a federated dataset's site secrets (officers).
 import re
 
 from django.conf import settings
+from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -44,7 +45,10 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation: no user
             return Dataset.objects.none()
-        return visible_datasets(self.request.user)
+        # each row's non-private releases in one subquery (a list of 1,000 ran 1,000 counts)
+        live = LedgerEntry.objects.filter(dataset=OuterRef("pk"), non_private=True).exclude(
+            status=LedgerEntry.Status.RELEASED).order_by().values("dataset").annotate(n=Count("pk")).values("n")
+        return visible_datasets(self.request.user).annotate(non_private_n=Subquery(live))
 
     def filter_queryset(self, queryset):
         # The dataset filters (?status=, ?policy=) are for the list only: on a detail route

@@ -50,10 +50,19 @@ def is_auditor(user) -> bool:
     """Auditors: read-only access to audit records and exports, nothing else."""
     if not (user and user.is_authenticated):
         return False
-    cached = getattr(user, "_is_auditor", None)
+    cached = getattr(user, "_is_auditor", getattr(user, "auditor_flag", None))  # (``with_auditor_flag``)
     if cached is None:
         cached = user._is_auditor = user.groups.filter(name=AUDITORS_GROUP).exists()
     return cached
+
+
+def with_auditor_flag(users):
+    """A user queryset whose rows carry ``is_auditor`` (one subquery, not one query a row: a
+    probe's list of 2,000 accounts ran 4,006 statements)."""
+    from django.contrib.auth.models import Group
+    from django.db.models import Exists, OuterRef
+
+    return users.annotate(auditor_flag=Exists(Group.objects.filter(user=OuterRef("pk"), name=AUDITORS_GROUP)))
 
 
 def can_audit(user) -> bool:

@@ -23,7 +23,7 @@ from accounting.costs import Cost
 
 from ..audit import export as audit_export, verification
 from ..core import json_text, liveness, tokens
-from ..core.roles import role_of
+from ..core.roles import role_of, with_auditor_flag
 from ..core.errors import GovernanceError, InvalidRequest
 from ..ledger import actions as ledger, estimates, limits, refined_reports
 from ..models import AuditRecord, Dataset, Grant, LedgerEntry, Request
@@ -193,8 +193,9 @@ class GovernanceAdminSite(admin.AdminSite):
             token = tokens.issue(target, by=request.user)
             issued = {"user": target, "key": token.key, "expires": tokens.expires(token)}
         mine = tokens.current(request.user)
-        users = [{"u": u, "role": role_of(u), "token": tokens.current(u)}
-                 for u in User.objects.filter(is_staff=False, is_active=True).order_by("username")]
+        users = list(with_auditor_flag(User.objects.filter(is_staff=False, is_active=True)).order_by("username")
+                     .select_related("auth_token"))
+        users = [{"u": u, "role": role_of(u), "token": getattr(u, "auth_token", None)} for u in users]
         return render(request, "admin/governance/token.html", {
             **self.each_context(request), "title": "API tokens", "issued": issued, "mine": mine,
             "mine_expires": tokens.expires(mine) if mine else None, "users": users})
