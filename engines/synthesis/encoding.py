@@ -426,10 +426,17 @@ def _heavy_values(x, c, col, rng, hist, scale, counts):
 
 def as_written(df: pd.DataFrame, columns: list[dict]) -> pd.DataFrame:
     """The synthetic table as the files hold it: a column declared ``integer`` (or with 0
-    ``decimals``) as integers with nulls (``Int64``: 2019 in the CSV, not 2019.0)."""
+    ``decimals``), or a categorical one whose domain is integers, as integers with nulls
+    (``Int64``: 2019 in the CSV, not 2019.0; a domain [1, 2, 3] gave 2.0 where a null was
+    drawn beside it, 2 elsewhere: a probe)."""
     out = df.copy()
     for col in columns:
-        if col["type"] == "numeric" and (col.get("integer") or col.get("decimals") == 0) and col["column"] in out:
+        if col["column"] not in out:
+            continue
+        whole = col["type"] == "numeric" and (col.get("integer") or col.get("decimals") == 0)
+        int_domain = col["type"] == "categorical" and col.get("domain") and all(
+            isinstance(v, int) and not isinstance(v, bool) and abs(v) <= 2**53 for v in col["domain"])
+        if whole or int_domain:
             out[col["column"]] = pd.to_numeric(out[col["column"]], errors="coerce").round().astype("Int64")
     return out
 

@@ -706,3 +706,18 @@ def test_a_wide_integer_column_keeps_its_shape_past_the_grid_cap(upper):
     real, got = float(np.median(df["votes"])), float(np.median(syn["votes"].astype(float)))
     assert 0.6 * real <= got <= 1.6 * real, (real, got)
     assert (syn["votes"].astype(float) % 1 == 0).all()
+
+
+def test_a_categorical_column_of_integer_codes_comes_back_as_integers_beside_nulls():
+    """A probe's ``differ`` (domain [1, 2, 3], with nulls): 2.0 in a table where a null was
+    drawn, 2 in one where none was. Integer codes are written as integers with nulls."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    codes = pd.array(np.where(rng.random(n) < 0.2, None, rng.choice([1, 2, 3], n)), dtype="Int64")
+    df = pd.DataFrame({"differ": codes, "g": rng.choice(list("ab"), n)})
+    schema = {"differ": {"type": "categorical", "domain": [1, 2, 3]},
+              "g": {"type": "categorical", "domain": ["a", "b"], "nullable": False}}
+    meta = DatasetMeta(name="c", columns=schema, unit_column=None, n_rows=n, n_units=n, delta=1e-6)
+    syn, _, _ = synthesize(df, meta, {"epsilon": 2.0, "method": "mst"})
+    assert str(syn["differ"].dtype) == "Int64" and syn["differ"].isna().any()
+    assert set(syn["differ"].dropna().tolist()) <= {1, 2, 3}
