@@ -332,12 +332,11 @@ def cell_encode(df: pd.DataFrame, columns: list[dict]) -> dict[str, np.ndarray]:
 
 
 def grid_encode(df: pd.DataFrame, col: dict) -> np.ndarray:
-    """Index on ``value_grid`` of each non-null value of a ``has_fine`` column. On a coarsened
-    grid: a column with a declared grid (integer, decimals) counts every value at its
-    nearest coarse value (a probe's ``votes``, integer in [0, 200000]: the values on the
-    step of 10 only, a tenth of the rows, were counted, and the rest drawn uniformly in
-    781-wide cells, synthetic median 401 against a real 30); a column without one counts
-    the values that lie on it (the values it repeats: a precision, a spike at zero)."""
+    """Index on ``value_grid`` of each non-null value of a ``has_fine`` column (on a
+    coarsened grid, of the values that lie on it: the round amounts). Counting every value
+    at its nearest coarse value instead was measured and not taken (bench/README.md,
+    2026-12-01: a skewed integer column's shape kept, but CPS's wage and loans' income
+    came back on the coarse grid, raw-value discriminator AUC 0.79 -> 0.88 on CPS)."""
     x = pd.to_numeric(df[col["column"]], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     if not nullable(col):
         x = np.where(np.isnan(x), col["lower"], x)
@@ -346,9 +345,8 @@ def grid_encode(df: pd.DataFrame, col: dict) -> np.ndarray:
     if k == 0 and grid(col) is not None:
         return _grid_index(x, col)
     q = np.clip(x, col["lower"], col["upper"]) / step
-    if grid(col) is None:
-        q = q[np.abs(q - np.round(q)) < 1e-6]
-    return np.clip(np.round(q) - first, 0, n - 1).astype(np.int64)
+    on = np.abs(q - np.round(q)) < 1e-6
+    return np.clip(np.round(q[on]) - first, 0, n - 1).astype(np.int64)
 
 
 def _on_grid(x: np.ndarray, col: dict) -> np.ndarray:
