@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .params import as_text  # the text a value is matched by, as validation matches it
+from .params import FLIPPED, as_text  # (as_text: the text a value is matched by, as validation matches it)
 
 __all__ = ["numeric_values", "clamped_values", "predicate_mask", "category_codes", "bin_codes", "exact_sum",
            "exact_count", "grid_exponent", "grid_sum", "from_grid", "quantile_histograms", "scores_from_histograms", "quantile_scores"]
@@ -115,7 +115,7 @@ def compare_columns(table: pa.Table, left: str, op: str, right: str) -> np.ndarr
     elif kinds == ["int", "int"]:
         hit = _COMPARE[op](*_common_ints(x, y))
     else:  # i op f, the integer side first
-        (i, f), op = ((x, y), op) if kinds[0] == "int" else ((y, x), _FLIP[op])
+        (i, f), op = ((x, y), op) if kinds[0] == "int" else ((y, x), FLIPPED[op])
         i_f = i.astype(np.float64)
         hit = _COMPARE[op](i_f, f)
         tie = i_f == f  # f then holds a float64 of an integer
@@ -129,9 +129,6 @@ def compare_columns(table: pa.Table, left: str, op: str, right: str) -> np.ndarr
         if k == "float":
             valid &= ~np.isnan(v)
     return hit & valid
-
-
-_FLIP = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 
 def _nan(arr: pa.Array) -> np.ndarray:

@@ -267,6 +267,8 @@ def _predicate(i: int, p: Any, dataset: DatasetMeta, errors: dict, key: str | No
 
 
 COLUMN_OPS = ("==", "!=", "<", "<=", ">", ">=")
+#: ``a op b`` is ``b FLIPPED[op] a``
+FLIPPED = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 
 def _other_column(p: dict, ctype: str, dataset: DatasetMeta, errors: dict, key: str) -> dict | None:

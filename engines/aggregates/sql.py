@@ -48,12 +48,13 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
+from .params import FLIPPED
+
 MAX_SQL_CHARS = 10_000
 #: privacy options that may come with a SQL query (the query's shape comes from the SQL)
 OPTION_KEYS = ("epsilon", "rho", "accuracy", "mechanism", "max_rows_per_unit", "candidates")
 
 _COMPARISONS = {exp.EQ: "==", exp.NEQ: "!=", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
-_FLIPPED = {"==": "==", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 _SIMPLE = {exp.Sum: "sum", exp.Avg: "mean", exp.Variance: "variance", exp.VariancePop: "variance"}
 
 
@@ -524,7 +525,7 @@ def _having(tree: exp.Select, items: list[dict]) -> list[dict]:
                 if isinstance(right, (exp.Literal, exp.Neg, exp.Boolean)):
                     return [{"column": _find(left, items, "HAVING"), "op": op, "value": _literal(right, "HAVING")}]
                 if isinstance(left, (exp.Literal, exp.Neg, exp.Boolean)):
-                    return [{"column": _find(right, items, "HAVING"), "op": _FLIPPED[op],
+                    return [{"column": _find(right, items, "HAVING"), "op": FLIPPED[op],
                              "value": _literal(left, "HAVING")}]
                 raise _unsupported(f"HAVING {n.sql()[:80]}", "compare a selected column with a literal")
         raise _unsupported(f"HAVING {n.sql()[:80]}",
@@ -689,7 +690,7 @@ def _predicates(node: exp.Expression) -> list[dict]:
             if isinstance(left, exp.Column) and not isinstance(right, exp.Column):
                 return [{"column": _column(left, "WHERE"), "op": op, "value": _literal(right, "WHERE")}]
             if isinstance(right, exp.Column) and not isinstance(left, exp.Column):
-                return [{"column": _column(right, "WHERE"), "op": _FLIPPED[op], "value": _literal(left, "WHERE")}]
+                return [{"column": _column(right, "WHERE"), "op": FLIPPED[op], "value": _literal(left, "WHERE")}]
             if isinstance(left, exp.Column) and isinstance(right, exp.Column):  # two numeric columns
                 return [{"column": _column(left, "WHERE"), "op": op, "value": {"column": _column(right, "WHERE")}}]
             raise _unsupported(f"predicate {node.sql()[:100]}", "compare a column with a literal or another column")

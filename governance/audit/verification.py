@@ -13,10 +13,10 @@ from __future__ import annotations
 import functools
 import json
 import math
-
-import numpy as np
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from accounting.costs import Cost
 
