@@ -227,6 +227,13 @@ def charge_grid(events) -> None:
     charge(grid_units(events, cap=left))
 
 
+def charge_pair(q: float, z: float, orders) -> None:
+    """Charge one (q, z) curve at ``orders`` (a noise calibration's trial z: each is new)."""
+    meter = _meter.get()
+    if meter is not None and 0 < q < 1:
+        meter.charge(series_units(q, z, orders, meter.limit - meter.used))
+
+
 def charge_orders(event: ev.Event, orders) -> None:
     """Charge evaluating ``event``'s curve at ``orders`` (a refinement's zoom)."""
     meter = _meter.get()

@@ -221,6 +221,7 @@ class Client:
         if dummy:
             from . import dummy as dummy_run
 
+            dummy_run.check_runs_on_dummy_rows(engine, kind)
             asked = _params(params, kw)
             # priced and checked as the request it is (its errors and its result's shape are
             # the real call's); only run as SQL on the dummy rows
@@ -393,9 +394,10 @@ class Client:
             params["bins"] = list(bins)
         return self.run(dataset, "histogram", params=params, **kw)
 
-    def train(self, dataset: str, target: str, **kw: Any) -> Result:
-        """A DP-SGD model (``target_epsilon``, ``epochs``, ...); ``download_all()`` saves it."""
-        return self.run(dataset, "train", engine="dpsgd", params={"target": target}, **kw)
+    def train(self, dataset: str, target: str, *, params: dict | None = None, **kw: Any) -> Result:
+        """A DP-SGD model (``target_epsilon``, ``epochs``, ... as keywords or in ``params``);
+        ``download_all()`` saves it."""
+        return self.run(dataset, "train", engine="dpsgd", params={**(params or {}), "target": target}, **kw)
 
     def synthesize(self, dataset: str, **kw: Any) -> Result:
         """A DP synthetic table (``epsilon``, ``method``, ``rows``); ``table()`` reads it."""

@@ -183,11 +183,18 @@ def _where(preds: list) -> str:
     return " AND ".join(out)
 
 
-def sql_of(dataset: str, engine: str, kind: str, params: dict) -> tuple[str, dict]:
-    """An aggregates request (JSON) as the SQL it equals, and its privacy options."""
+def check_runs_on_dummy_rows(engine: str, kind: str) -> None:
+    """A ValueError unless the request is one ``dummy=True`` can run (a training was
+    refused "unknown parameter(s) for train: epsilon", a parameter nobody gave)."""
     if engine != "aggregates" or kind not in _AGG:
         raise ValueError(f"dummy=True runs aggregates as SQL: count, sum, mean, variance, quantile; not "
-                         f"{engine}.{kind} (try a histogram as a GROUP BY query with sql(..., dummy=True))")
+                         f"{engine}.{kind} (try a histogram as a GROUP BY query with sql(..., dummy=True); "
+                         "price a training or a synthesis with estimate(...))")
+
+
+def sql_of(dataset: str, engine: str, kind: str, params: dict) -> tuple[str, dict]:
+    """An aggregates request (JSON) as the SQL it equals, and its privacy options."""
+    check_runs_on_dummy_rows(engine, kind)
     if kind == "count" and params.get("column") is not None:  # COUNT(column): its non-null values
         agg = f"COUNT({_ident(params['column'])})"
     else:

@@ -19,7 +19,9 @@ advance, valid under adaptivity: ``accounting.rdp``), whose figure is a little h
 Calibration: first the smallest z on the grid (a coarse search on the integer orders,
 then bisection on the full grid); the refined epsilon is never above the grid's, so that z
 meets the target, and a bisection on the refined epsilon below it finds the z that meets
-it tightly. ``tests/engines/test_dpsgd_calibrate.py`` checks it is never noisier than
+it tightly. Every trial z's curve is charged to the open work budget (``accounting.work``)
+before it is computed: planning on the web thread is bounded as pricing is.
+``tests/engines/test_dpsgd_calibrate.py`` checks it is never noisier than
 Opacus's ``get_noise_multiplier`` (which searches a denser grid of its own).
 """
 
@@ -29,7 +31,7 @@ import math
 
 import numpy as np
 
-from accounting import rdp
+from accounting import rdp, work
 from accounting.events import parse_event
 from accounting.refine import epsilon_at
 from accounting.rdp_math import (
@@ -104,6 +106,7 @@ def grid_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals
     evals: 0)."""
     curve = np.zeros_like(laplace_curve(1.0))
     if steps:
+        work.charge_pair(q, z, FINITE_ORDERS)
         curve = curve + subsampled_gaussian_curve(q, z, steps)
     if evals and eval_epsilon_each > 0:
         curve = curve + laplace_curve(eval_epsilon_each) * evals
@@ -124,6 +127,7 @@ def _coarse_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, ev
         import warnings
 
         compute_rdp = opacus_compute_rdp()
+        work.charge_pair(q, z, orders)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             rdp = np.asarray(compute_rdp(q=q, noise_multiplier=z, steps=steps, orders=orders), dtype=float)
@@ -189,6 +193,8 @@ def _refined(q, z, steps, eval_epsilon_each, evals, delta, final=0.0) -> tuple[f
     event = run_event(q, z, steps, eval_epsilon_each, evals, final)
     if event["kind"] == "no_op":
         return None, 0.0
+    if steps:
+        work.charge_pair(q, z, FINITE_ORDERS)  # the grid's curve (its refinement's zooms are charged as they come)
     best = rdp.compose([parse_event(event)], delta)
     return (best.order if best.order is not None and math.isfinite(best.order) else None), best.epsilon
 

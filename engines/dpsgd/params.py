@@ -94,6 +94,12 @@ class Spec:
 
 
 
+def run_label(epsilon: Any) -> str:
+    """A sweep run's label, which also names its model file: "inf", or the epsilon at 6
+    significant digits."""
+    return "inf" if epsilon == "inf" else f"{float(epsilon):g}"
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -294,14 +300,20 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         errors["optimizer"] = f"must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}"
     lr = errors.number(params, "learning_rate", 1e-3 if optimizer != "sgd" else 0.1, lo=0, hi=10, lo_open=True)
     momentum = errors.number(params, "momentum", 0.0, lo=0, hi=0.999)
+    if "momentum" in params and optimizer != "sgd" and optimizer in OPTIMIZERS:
+        errors["momentum"] = f"only for optimizer sgd ({optimizer} keeps its own moment estimates)"
     weight_decay = errors.number(params, "weight_decay", 0.0, lo=0, hi=1)
     clip = errors.number(params, "max_grad_norm", 1.0, lo=0, hi=1e6, lo_open=True)
-    delta = errors.number(params, "delta", ds.delta, lo=0, hi=0.1, lo_open=True)
+    # at most the dataset's: a certificate at a larger delta (up to 0.1 was accepted) promised
+    # little (a delta of 1/n or more lets a run release a unit's rows whole)
+    delta = errors.number(params, "delta", ds.delta, lo=0, hi=ds.delta, lo_open=True)
     canaries_default = max(0, min(500, n_train // 50))
     canaries = errors.number(params, "canaries", canaries_default, lo=0, hi=MAX_CANARIES, integer=True)
     if canaries and n_train and canaries > n_train // 10:
         errors["canaries"] = f"at most a tenth of the training split ({n_train // 10})"
     patience = errors.number(params, "early_stopping_patience", None, lo=1, hi=MAX_EPOCHS, integer=True)
+    if patience and epochs == 1:
+        errors["early_stopping_patience"] = "a run of one epoch has nothing to stop early"
     ranks = errors.number(params, "ranks", 1, lo=1, hi=MAX_RANKS, integer=True)
     if ranks and ranks > 1 and not ds.distributed:
         errors["ranks"] = "only for a distributed dataset (its partitions train on the Dask cluster's ranks)"
@@ -334,16 +346,14 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         elif te and ev >= te / 2:
             errors["eval_epsilon"] = f"must be less than half of target_epsilon ({te:g}), got {ev:g}"
         spec_kw = {"target_epsilon": te, "noise_multiplier": nm, "max_epsilon": cap, "eval_epsilon": ev or 0.0}
-        if patience and ev == 0:  # (it was ignored: the run went to its last epoch)
-            errors["early_stopping_patience"] = "stops on the DP validation metric: needs eval_epsilon > 0"
     else:
         eps = params.get("epsilons", DEFAULT_SWEEP)
         good = (isinstance(eps, list) and 1 <= len(eps) <= MAX_SWEEP
                 and all(e == "inf" or (is_number(e) and 0 < e <= 100) for e in eps)
-                and len(set(map(str, eps))) == len(eps))
-        if not good:
-            errors["epsilons"] = (f"must be a list of 1 to {MAX_SWEEP} distinct epsilons in (0, 100], "
-                                  "and \"inf\" for a non-private baseline")
+                and len({run_label(e) for e in eps}) == len(eps))
+        if not good:  # distinct as the runs are labelled and their models named (1 and 1.0 were two runs, one file)
+            errors["epsilons"] = (f"must be a list of 1 to {MAX_SWEEP} distinct epsilons in (0, 100] (distinct "
+                                  "at 6 significant digits), and \"inf\" for a non-private baseline")
             eps = []
         finite = [e for e in eps if e != "inf"]
         ev = errors.number(params, "eval_epsilon", None, lo=0, hi=100)
@@ -351,6 +361,8 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
             errors["eval_epsilon"] = f"must be less than half of the smallest epsilon ({min(finite):g})"
         spec_kw = {"epsilons": [e if e == "inf" else float(e) for e in eps], "eval_epsilon": -1.0 if ev is None else ev}
 
+    if patience and spec_kw.get("eval_epsilon") == 0:  # (it was ignored: the run went to its last epoch)
+        errors["early_stopping_patience"] = "stops on the DP validation metric: needs eval_epsilon > 0"
     if errors:
         first = next(iter(errors.items()))
         raise PlanError(f"invalid {kind} request: {first[0]}: {first[1]}", dict(errors))

@@ -32,7 +32,7 @@ from engines.types import DatasetMeta, EngineRequest, Plan, PlanError
 from . import calibrate, pld
 from .intervals import ALPHA_EACH, expected_halfwidth
 from .model_spec import describe, n_parameters
-from .params import DEFAULT_EVAL_SHARE, MAX_EVAL_SHARE, Spec, validate
+from .params import DEFAULT_EVAL_SHARE, MAX_EVAL_SHARE, Spec, run_label, validate
 
 DETAILS_VERSION = 1
 EVAL_SENSITIVITY = 3.0
@@ -135,7 +135,7 @@ def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
             else:
                 share = spec.eval_epsilon if spec.eval_epsilon >= 0 else eval_share(eps, spec.epochs,
                                                                                     spec.n_test_units)
-                runs.append(_run(spec, q, steps, label=f"{eps:g}", target=eps, z=None, eval_epsilon=share,
+                runs.append(_run(spec, q, steps, label=run_label(eps), target=eps, z=None, eval_epsilon=share,
                                  field="epsilons"))
         event = {"kind": "composed", "events": [r["event"] for r in runs]}
     columns = [f["column"] for f in spec.features] + [spec.target["column"]]

@@ -46,7 +46,7 @@ _COMMON = {
     "momentum": {"type": "number", "minimum": 0, "default": 0},
     "weight_decay": {"type": "number", "minimum": 0, "default": 0},
     "max_grad_norm": {**_POS, "default": 1.0, "description": "clipping norm of each privacy unit's gradient"},
-    "delta": {**_POS, "description": "default: the dataset's delta"},
+    "delta": {**_POS, "description": "default and most: the dataset's delta"},
     "test_fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.5, "default": 0.2,
                       "description": "privacy units held out before training, for the DP metrics"},
     "eval_epsilon": {"type": "number", "minimum": 0, "description": "budget of the held-out metrics (one release per "

@@ -20,7 +20,7 @@ def params_schema() -> dict:
         "epsilon": {"type": "number", "exclusiveMinimum": 0, "maximum": 100,
                     "description": "the whole run's epsilon at delta (the service's RDP accountant; with accountant "
                                    "pld, the PLD certificate)"},
-        "delta": {"type": "number", "exclusiveMinimum": 0, "description": "default: the dataset's"},
+        "delta": {"type": "number", "exclusiveMinimum": 0, "description": "default and most: the dataset's"},
         "accountant": {"enum": list(ACCOUNTANTS), "default": "rdp",
                        "description": "what calibrates MST's noise to the epsilon and certifies the run: rdp (the "
                                       "ledger's own accountant) or pld (privacy loss distribution: less noise; MST only, at "

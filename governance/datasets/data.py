@@ -41,15 +41,15 @@ def load_columns(ds: Dataset, columns: list[str]) -> pa.Table:
         # Only the row count: a CSV has no footer to read it from, so read its first column
         # (named in the schema, which lists the file's columns in order) and drop it.
         first = ds.schema["columns"][0]["name"]
-        return _load(path, ds.sha256, ds.file_format, (first,)).select([])
-    return _load(path, ds.sha256, ds.file_format, tuple(cols))
+        return _load(path, ds.sha256, ds.file_format, (first,), ds.unit_column).select([])
+    return _load(path, ds.sha256, ds.file_format, tuple(cols), ds.unit_column)
 
 
 @functools.lru_cache(maxsize=16)
-def _load(path: str, sha256: str, fmt: str, columns: tuple[str, ...]) -> pa.Table:
+def _load(path: str, sha256: str, fmt: str, columns: tuple[str, ...], unit_column: str) -> pa.Table:
     # Keyed by the file's digest: a re-registered table never serves stale rows. A Parquet
     # read of no columns takes the row count from the footer.
-    return read_table(path, fmt, columns=list(columns))
+    return read_table(path, fmt, columns=list(columns), unit_column=unit_column)
 
 
 def check_digest(path: str, sha256: str) -> None:
@@ -87,4 +87,4 @@ def table_schema(ds: Dataset) -> pa.Schema:
         return declared(ds.schema.get("columns", []))
     if ds.file_format == "parquet":
         return pq.read_schema(dataset_path(ds))
-    return read_table(dataset_path(ds), ds.file_format).schema
+    return read_table(dataset_path(ds), ds.file_format, unit_column=ds.unit_column).schema

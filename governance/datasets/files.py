@@ -123,10 +123,13 @@ def _without_cells(message: str) -> str:
 
 
 def read_table(path: Path | str, fmt: str, columns: list[str] | None = None, *,
-               max_bytes: int | None = None) -> pa.Table:
+               max_bytes: int | None = None, unit_column: str = "") -> pa.Table:
     """Read a stored table with Arrow (vectorised; no Python object per row). With
     ``max_bytes``, a Parquet file is read batch by batch and refused once its decoded size
-    passes it (registration: a compression bomb must not exhaust the memory)."""
+    passes it (registration: a compression bomb must not exhaust the memory). A CSV's
+    ``unit_column`` is read as text: its ids compare as written. Typed from the values, one
+    person's rows decided whether "7", "007" and "7.0" were one unit (numbers) or three
+    (text, once any id anywhere was not a number)."""
     try:
         if fmt == "parquet" and max_bytes is not None:
             table = _read_parquet_bounded(path, max_bytes)
@@ -137,7 +140,8 @@ def read_table(path: Path | str, fmt: str, columns: list[str] | None = None, *,
             # list, what pandas' to_csv and R's write.csv write), as it is in numeric ones
             if max_bytes is not None:  # a registration's read (a stored table's width was checked then)
                 _check_csv_width(path)
-            opts = pacsv.ConvertOptions(include_columns=columns or [], strings_can_be_null=True)
+            opts = pacsv.ConvertOptions(include_columns=columns or [], strings_can_be_null=True,
+                                        column_types={unit_column: pa.string()} if unit_column else None)
             # blocks of 64 MB (Arrow's default, 1 MB, refused a cell over about 2 MB as "straddling
             # object straddles two block boundaries")
             table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES),

@@ -140,7 +140,7 @@ def describe_table(stored, fmt: str, unit_column: str, schema, max_bytes: int | 
     rows of one unit (``Dataset`` fields). The work that grows with the table. A Parquet
     file is refused (``DecodedTooLarge``) once it decodes past ``max_bytes`` (default
     ``MAX_DECODED_RATIO`` x ``MAX_UPLOAD_BYTES``)."""
-    table = read_table(stored, fmt, max_bytes=max_bytes or _decoded_limit())
+    table = read_table(stored, fmt, max_bytes=max_bytes or _decoded_limit(), unit_column=unit_column)
     check_columns(table.schema)
     if table.num_columns == 0 or table.num_rows == 0:
         raise InvalidDataset("The table has no columns or no rows.")

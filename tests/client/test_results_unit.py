@@ -176,3 +176,20 @@ def test_the_shell_prints_no_control_character_a_terminal_acts_on():
     _print_frame(df, "csv", out)
     rows = list(csv.reader(io.StringIO(out.getvalue(), newline="")))
     assert [r[0] for r in rows] == ["title", *df.index]
+
+
+def test_train_takes_params_and_refuses_dummy_by_what_it_is(monkeypatch):
+    """``train(..., params={...})`` was a TypeError (params given twice), and
+    ``train(..., dummy=True)`` a service error about a parameter nobody gave ("unknown
+    parameter(s) for train: epsilon"): dummy runs only aggregates (a helper's probe)."""
+    from privacy_client import Client
+
+    client = Client("http://127.0.0.1:9", token="t")
+    sent = []
+    monkeypatch.setattr(client, "_run", lambda body, *a: sent.append(body))
+    client.train("mroz", "lfp", params={"epochs": 2}, target_epsilon=1.5)
+    assert sent[0]["params"] == {"epochs": 2, "target": "lfp", "target_epsilon": 1.5}
+    for call in (lambda: client.train("mroz", "lfp", target_epsilon=1.5, dummy=True),
+                 lambda: client.synthesize("mroz", epsilon=1, dummy=True)):
+        with pytest.raises(ValueError, match="dummy=True runs aggregates"):
+            call()

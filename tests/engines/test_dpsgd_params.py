@@ -66,7 +66,13 @@ BAD = [
                  "less than half", id="eval-half-of-target"),
     pytest.param({"canaries": 161}, "canaries", "a tenth", id="too-many-canaries"),
     pytest.param({"learning_rate": 0}, "learning_rate", "> 0", id="lr-0"),
-    pytest.param({"delta": 0.5}, "delta", "<= 0.1", id="delta-large"),
+    pytest.param({"delta": 0.5}, "delta", "<= ", id="delta-large"),
+    # a certificate at a delta above the dataset's (1e-5 here) promised little: 0.1 was accepted
+    pytest.param({"delta": 2e-5}, "delta", "<= 1e-05", id="delta-above-the-datasets"),
+    pytest.param({"optimizer": "adam", "momentum": 0.9}, "momentum", "only for optimizer sgd",
+                 id="momentum-ignored-by-adam"),
+    pytest.param({"epochs": 1, "early_stopping_patience": 1}, "early_stopping_patience", "one epoch",
+                 id="patience-on-one-epoch"),
     pytest.param({"optimizer": "lbfgs"}, "optimizer", "adam", id="optimizer"),
     pytest.param({"colour": "red"}, "params", "colour", id="unknown-param"),
 ]
@@ -102,8 +108,13 @@ def test_params_must_be_an_object():
 
 def test_sweep_epsilons_are_checked():
     base = {k: v for k, v in BASE.items() if k != "noise_multiplier"}
-    for bad in ([], [1, 1], [0], [-1], ["infinite"], list(range(1, 10)), "1,2"):
+    # 1 and 1.0, or 1 and 1.0000001, were two runs labelled "1", charged both, one model file kept
+    for bad in ([], [1, 1], [1, 1.0], [1, 1.0000001], [0], [-1], ["infinite"], list(range(1, 10)), "1,2"):
         assert "epsilons" in errors({**base, "epsilons": bad}, kind="sweep"), bad
+    assert validate("sweep", {**base, "epsilons": [1, 1.00001]}, ROWS).epsilons == [1, 1.00001]
+    # early stopping without a DP validation metric was refused in a training, accepted in a sweep
+    assert "needs eval_epsilon" in errors({**base, "epsilons": [1, 4], "eval_epsilon": 0,
+                                           "early_stopping_patience": 1}, kind="sweep")["early_stopping_patience"]
     assert "eval_epsilon" in errors({**base, "epsilons": [1, 4], "eval_epsilon": 0.5}, kind="sweep")
     assert "params" in errors({**base, "epsilons": [1], "target_epsilon": 1}, kind="sweep")
 

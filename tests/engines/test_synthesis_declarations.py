@@ -720,3 +720,13 @@ def test_a_categorical_column_of_integer_codes_comes_back_as_integers_beside_nul
     syn, _, _ = synthesize(df, meta, {"epsilon": 2.0, "method": "mst"})
     assert str(syn["differ"].dtype) == "Int64" and syn["differ"].isna().any()
     assert set(syn["differ"].dropna().tolist()) <= {1, 2, 3}
+
+
+def test_a_delta_above_the_datasets_is_refused():
+    """A run's own delta was accepted up to 0.1 whatever the dataset's (1e-6 here): its
+    certificate was stated at a delta that lets a mechanism release rows whole (a helper's
+    probe, on DP-SGD's delta, which took the same range)."""
+    df = pd.DataFrame({"x": np.linspace(0, 1, 100), "g": ["a", "b"] * 50})
+    schema = {"x": {"type": "numeric", "lower": 0, "upper": 1}, "g": {"type": "categorical", "domain": ["a", "b"]}}
+    errors = _plan_errors(df, schema, {"epsilon": 1, "method": "mst", "holdout_fraction": 0, "delta": 0.05})
+    assert "at most the dataset's delta" in errors["delta"], errors

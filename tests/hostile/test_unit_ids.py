@@ -62,3 +62,27 @@ def test_an_extension_typed_unit_column_registers_and_counts(api, officer, impor
     assert (r.json()["n_units"], r.json()["max_rows_per_unit"]) == (5, 3)
     result = count(api, officer, "SELECT COUNT(DISTINCT pid) FROM u", django_capture_on_commit_callbacks)
     assert round(float(result["rows"][0][0] if "rows" in result else result["value"])) == 5, result
+
+
+def register_csv(api, officer, import_dir, ids: list[str], name: str):
+    (import_dir / f"{name}.csv").write_text("pid,x\n" + "".join(f"{i},{n % 7}\n" for n, i in enumerate(ids)))
+    return api(officer).post("/api/datasets/", {
+        "name": name, "path": str(import_dir / f"{name}.csv"), "budget_epsilon": 1e6, "budget_delta": 1e-9,
+        "unit_column": "pid", "activate": True, "schema": {"x": {"lower": 0, "upper": 6}}}, format="json")
+
+
+@pytest.mark.parametrize("spelled", [lambda i: f"{i:03d}", lambda i: f"{i}.0", lambda i: f" {i}"],
+                         ids=["leading-zeros", "decimal", "leading-space"])
+def test_csv_ids_compare_as_written_whatever_the_other_rows_hold(api, officer, import_dir, spelled,
+                                                                 django_capture_on_commit_callbacks):
+    """A CSV's unit column was typed from its values: "7" and "007" were one unit while every
+    id read as a number, two once one person's id did not (a probe's: a table and that table
+    plus one unit's row gave 100 and 201 units; a unit-level count moved by 101, its bound 1).
+    Read as text, they are two units in both."""
+    ids = [str(i) for i in range(100)] + [spelled(i) for i in range(100)]
+    for name, rows in (("d", ids), ("d1", ids + ["x"])):
+        r = register_csv(api, officer, import_dir, rows, name)
+        assert r.status_code == 201, r.content
+        assert (r.json()["n_units"], r.json()["max_rows_per_unit"]) == (len(set(rows)), 1), (name, r.json())
+    result = count(api, officer, "SELECT COUNT(*) FROM d", django_capture_on_commit_callbacks)
+    assert round(float(result["rows"][0][0] if "rows" in result else result["value"])) == 200, result
