@@ -84,7 +84,12 @@ class Limit:
             return [(_EPS, eps), (_DELTA, delta)]
         if self.policy == "advanced":
             return [(_DELTA, delta / 2)]
-        return [(_APPROX, num(self.approx_share if self.approx_share is not None else RDP_APPROX_SHARE) * delta)]
+        share = self.approx_share if self.approx_share is not None else RDP_APPROX_SHARE
+        if exact:
+            return [(_APPROX, _decimal(share) * delta)]
+        # the float at or below the exact product: 0.1 x 1e-5 to nearest is 1.0000000000000002e-06,
+        # and a state between the two was judged by the float filter, past the exact limit (a probe's)
+        return [(_APPROX, _float_at_most(_decimal(share) * _decimal(self.delta)))]
 
     def _fields(self, exact: bool = False) -> list[tuple[int, float | Fraction]]:
         return self.linear(exact) + ([(_INF, _decimal(self.epsilon) if exact else float(self.epsilon))]
@@ -165,6 +170,12 @@ NEAR = 1e-9
 def _decimal(x: float) -> Fraction:
     """The number as it is written (the shortest text that reads back as the float)."""
     return Fraction(repr(float(x))) if math.isfinite(x) else Fraction(10) ** 400
+
+
+def _float_at_most(x: Fraction) -> float:
+    """The largest float not above ``x``."""
+    f = float(x)
+    return math.nextafter(f, -math.inf) if Fraction(f) > x else f
 
 
 def exact_sums(costs, fields, extra: tuple[tuple[Cost, int], ...] = ()) -> dict[int, Fraction | None]:

@@ -258,3 +258,16 @@ def test_a_huge_reservation_refunded_leaves_a_state_the_verifier_accepts(make_da
     for lowered in (state.finite * (1 - 1e-6), state.finite + derived.finite):  # edited down, or up by itself
         Budget.objects.filter(pk=ds.pk).update(state=Cost(lowered, state.infs).to_json())
         assert "running state" in verification._gate_problems(ds)[0]
+
+
+@pytest.mark.django_db
+def test_the_rdp_delta_pool_is_judged_at_its_exact_limit_where_the_float_product_rounds_above_it(make_dataset,
+                                                                                                  officer):
+    """rdp keeps a share of delta for (epsilon, delta) releases: 0.1 x 1e-5 is 1e-6, but
+    the float product is 1.0000000000000002e-06. A state between the two was judged by the
+    float filter: 1e-6 and then 1e-300 were admitted past the exact limit (a probe's)."""
+    ds = make_dataset("pool-product", epsilon=10.0, delta=1e-5, policy="rdp")
+    assert 0.1 * 1e-5 > Fraction(1, 10**6)
+    ledger.charge(ds, officer, {"kind": "epsilon_delta", "epsilon": 0.1, "delta": 1e-6})
+    with pytest.raises(BudgetExceeded):
+        ledger.charge(ds, officer, {"kind": "epsilon_delta", "epsilon": 0.1, "delta": 1e-300})
