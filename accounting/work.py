@@ -45,6 +45,7 @@ FRAC_TERM = 2
 PER_ORDER = 10
 # About one CPU second of Opacus's series on the reference machine (bench_compose.py).
 MAX_UNITS = 600_000
+UNLIMITED = 1 << 62  # a budget that only counts (``limit(UNLIMITED).used``)
 # The refinement off the grid (accounting.refine) evaluates the curve at 1 + 2 x 33
 # orders; each zoom is counted when its orders are known.
 

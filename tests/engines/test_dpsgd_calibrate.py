@@ -185,3 +185,28 @@ def test_a_small_epsilon_run_costs_its_target_on_dense_integer_orders_too(target
     acc = RdpAccountant(list(near_integer_orders(order)))
     acc.compose(dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z)), steps))
     assert acc.get_epsilon(1e-5) <= target * 1.01
+
+
+def test_a_remembered_calibration_is_charged_what_it_counted_and_refused_alike(monkeypatch):
+    """A calibration is remembered (an estimate and then the POST of the same request
+    calibrated twice), and charged the work units it counted when it is: a plan's budget
+    (``accounting.work``) decides alike whether this process computed it before or not."""
+    from accounting import work
+
+    monkeypatch.setattr(calibrate, "_CALIBRATED", type(calibrate._CALIBRATED)(16))
+    computed = []
+    real = work.charge_pair
+    monkeypatch.setattr(work, "charge_pair", lambda *a: (real(*a), computed.append(a)))
+    args = (1.0, 1e-5, 0.005, 1000, 0.01, 4)
+    with work.limit(work.UNLIMITED) as first:
+        z = noise_multiplier(*args)
+    n = len(computed)
+    with work.limit(work.UNLIMITED) as again:
+        assert noise_multiplier(*args) == z
+    assert len(computed) == n and again.used == first.used > 0  # not computed, charged the same
+    for _ in range(2):  # refused whether remembered or not, the need said against the whole budget
+        with pytest.raises(work.TooCostly) as refused, work.limit(first.used - 1):
+            work.charge(0)
+            noise_multiplier(*args)
+        assert refused.value.limit == first.used - 1
+        calibrate._CALIBRATED.data.clear()

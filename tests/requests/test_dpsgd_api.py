@@ -216,6 +216,9 @@ def test_planning_is_bounded_work_counted_before_the_curves_are_computed(api, an
     from accounting import work
     from governance.requests import submission
 
+    from engines.dpsgd import calibrate
+
+    monkeypatch.setattr(calibrate, "_CALIBRATED", type(calibrate._CALIBRATED)(16))  # none remembered
     monkeypatch.setattr(submission, "PLAN_UNITS", 50_000)  # a small budget: a few trial curves
     computed = []
     real = work.charge_pair
