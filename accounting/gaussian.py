@@ -25,11 +25,20 @@ def gaussian_delta(noise_multiplier: float, epsilon: float) -> float:
     """The smallest delta for which the Gaussian mechanism is (epsilon, delta)-DP (Balle
     and Wang 2018, Thm. 8)."""
     z = noise_multiplier
-    a = ndtr(1.0 / (2 * z) - epsilon * z)
-    b = math.exp(epsilon + log_ndtr(-1.0 / (2 * z) - epsilon * z))
+    a, b = _terms(z, epsilon)
     if a - b >= CANCELLATION * a:
         return max(0.0, float(a - b))
     return float(_precise_delta(z, epsilon))
+
+
+def _terms(z: float, epsilon: float) -> tuple[float, float]:
+    return ndtr(1.0 / (2 * z) - epsilon * z), math.exp(epsilon + log_ndtr(-1.0 / (2 * z) - epsilon * z))
+
+
+def _float_delta(z: float, epsilon: float) -> float:
+    """``gaussian_delta`` in floats only (the root's search; the 50-digit check follows)."""
+    a, b = _terms(z, epsilon)
+    return max(0.0, float(a - b))
 
 
 def _precise_delta(z: float, epsilon: float):
@@ -42,11 +51,20 @@ def _precise_delta(z: float, epsilon: float):
             return max(mpmath.mpf(0), mpmath.ncdf(1 / (2 * zm) - em * zm)
                        - mpmath.exp(em) * mpmath.ncdf(-1 / (2 * zm) - em * zm))
         except (ArithmeticError, ValueError):  # z = 5e-324: the terms are 1 and 0 as floats are
-            a = ndtr(1.0 / (2 * z) - epsilon * z)
-            return max(0.0, float(a - math.exp(epsilon + log_ndtr(-1.0 / (2 * z) - epsilon * z))))
+            return _float_delta(z, epsilon)
+
+
+def _precise_slope(z: float, epsilon: float) -> float:
+    """-d delta / d epsilon = e^epsilon Phi(-1/(2z) - epsilon z) (the density terms cancel)."""
+    import mpmath
+
+    with mpmath.workdps(50):
+        zm, em = mpmath.mpf(z), mpmath.mpf(epsilon)
+        return mpmath.exp(em) * mpmath.ncdf(-1 / (2 * zm) - em * zm)
 
 
 MARGIN = 1e-10  # the float root is sought this far (relative) below delta: the 50-digit check then mostly passes at once
+FLOAT_ERROR = 1e-6  # far above the float terms' relative error (1e-9 at most, measured): beyond it floats decide
 
 
 @functools.lru_cache(maxsize=4096)
@@ -55,19 +73,27 @@ def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
     relative 1e-10 or so of delta above it: never below)."""
     if delta <= 0:
         return math.inf
-    if _precise_delta(noise_multiplier, 0.0) <= delta:
+    z = noise_multiplier
+    at_zero = gaussian_delta(z, 0.0)
+    if at_zero <= delta * (1 - FLOAT_ERROR) or (at_zero < delta * (1 + FLOAT_ERROR)
+                                                 and _precise_delta(z, 0.0) <= delta):
         return 0.0
     hi = 1.0
-    while gaussian_delta(noise_multiplier, hi) > delta:
+    while gaussian_delta(z, hi) > delta:
         hi *= 2.0
         if hi > 1e6:
             return math.inf
     target = delta * (1 - MARGIN)
-    eps = brentq(lambda e: gaussian_delta(noise_multiplier, e) - target, 0.0, hi, xtol=1e-12, rtol=1e-12)
+    eps = brentq(lambda e: _float_delta(z, e) - target, 0.0, hi, xtol=1e-12, rtol=1e-12)
     # the float terms carry errors of their own far out in the tails (scipy's 1e-11 to 1e-9
-    # relative at a delta of 1e-100 and below, a probe's): checked in 50 digits, stepping up
-    # until the inequality holds
-    step = 1e-11
-    while _precise_delta(noise_multiplier, eps) > delta:
-        eps, step = eps * (1 + step) + 1e-15, step * 2
+    # relative at a delta of 1e-100 and below, a probe's; a cancelling difference at large z):
+    # checked in 50 digits, and moved up by Newton steps (doubled: delta is convex), at
+    # least by ulps doubling each time (a step below the float's resolution), until it holds
+    ulps = 1
+    while (d := _precise_delta(z, eps)) > delta:
+        try:
+            newton = float(eps + 2 * (d - delta) / _precise_slope(z, eps))
+        except (ArithmeticError, ValueError):
+            newton = eps
+        eps, ulps = max(newton, eps + ulps * math.ulp(eps)), ulps * 2
     return float(eps)

@@ -45,7 +45,6 @@ FRAC_TERM = 2
 PER_ORDER = 10
 # About one CPU second of Opacus's series on the reference machine (bench_compose.py).
 MAX_UNITS = 600_000
-UNLIMITED = 1 << 62  # a budget that only counts (``limit(UNLIMITED).used``)
 # The refinement off the grid (accounting.refine) evaluates the curve at 1 + 2 x 33
 # orders; each zoom is counted when its orders are known.
 
@@ -226,13 +225,6 @@ def charge_grid(events) -> None:
     if left is None:
         return
     charge(grid_units(events, cap=left))
-
-
-def charge_pair(q: float, z: float, orders) -> None:
-    """Charge one (q, z) curve at ``orders`` (a noise calibration's trial z: each is new)."""
-    meter = _meter.get()
-    if meter is not None and 0 < q < 1:
-        meter.charge(series_units(q, z, orders, meter.limit - meter.used))
 
 
 def charge_orders(event: ev.Event, orders) -> None:

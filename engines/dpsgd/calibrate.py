@@ -19,8 +19,7 @@ advance, valid under adaptivity: ``accounting.rdp``), whose figure is a little h
 Calibration: first the smallest z on the grid (a coarse search on the integer orders,
 then bisection on the full grid); the refined epsilon is never above the grid's, so that z
 meets the target, and a bisection on the refined epsilon below it finds the z that meets
-it tightly. Every trial z's curve is charged to the open work budget (``accounting.work``)
-before it is computed: planning on the web thread is bounded as pricing is.
+it tightly (0.2-3 CPU s; remembered, so an estimate and then its POST calibrate once).
 ``tests/engines/test_dpsgd_calibrate.py`` checks it is never noisier than
 Opacus's ``get_noise_multiplier`` (which searches a denser grid of its own).
 """
@@ -31,7 +30,7 @@ import math
 
 import numpy as np
 
-from accounting import rdp, work
+from accounting import rdp
 from accounting.events import parse_event
 from accounting.refine import epsilon_at
 from accounting.rdp_math import (
@@ -107,7 +106,6 @@ def grid_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, evals
     evals: 0)."""
     curve = np.zeros_like(laplace_curve(1.0))
     if steps:
-        work.charge_pair(q, z, FINITE_ORDERS)
         curve = curve + subsampled_gaussian_curve(q, z, steps)
     if evals and eval_epsilon_each > 0:
         curve = curve + laplace_curve(eval_epsilon_each) * evals
@@ -128,7 +126,6 @@ def _coarse_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, ev
         import warnings
 
         compute_rdp = opacus_compute_rdp()
-        work.charge_pair(q, z, orders)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             rdp = np.asarray(compute_rdp(q=q, noise_multiplier=z, steps=steps, orders=orders), dtype=float)
@@ -140,29 +137,17 @@ def _coarse_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, ev
     return max(0.0, float(np.min(eps)))
 
 
-_CALIBRATED = _LRU(1024)  # (the arguments) -> (z, work units its calibration was charged)
+_CALIBRATED = _LRU(1024)  # (the arguments) -> z
 
 
 def noise_multiplier(target: float, delta: float, q: float, steps: int, eval_epsilon_each: float = 0.0,
                      evals: int = 0, final: float = 0.0) -> float:
     """``_noise_multiplier``, remembered: an estimate and then the POST of the same request,
-    or a sweep's runs planned again, calibrated each time (0.2-1 CPU s). A remembered z is
-    charged the work units its calibration counted, so the open budget (``accounting.work``)
-    decides alike whatever this process computed before."""
+    or a sweep planned again, calibrated each time (0.2-3 CPU s)."""
     key = (target, delta, q, steps, eval_epsilon_each, evals, final)
-    if (hit := _CALIBRATED.get(key)) is not None:
-        work.charge(hit[1])
-        return hit[0]
-    left = work.remaining()
-    try:
-        with work.limit(left if left is not None else work.UNLIMITED) as meter:
-            z = _noise_multiplier(*key)
-    except work.TooCostly as e:  # said against the open budget, not this calibration's share of it
-        if (outer := work.active()) is None:
-            raise
-        raise work.TooCostly(outer.used + e.needed, outer.limit) from None
-    work.charge(meter.used)
-    _CALIBRATED.put(key, (z, meter.used))
+    if (z := _CALIBRATED.get(key)) is None:
+        z = _noise_multiplier(*key)
+        _CALIBRATED.put(key, z)
     return z
 
 
@@ -220,8 +205,6 @@ def _refined(q, z, steps, eval_epsilon_each, evals, delta, final=0.0) -> tuple[f
     event = run_event(q, z, steps, eval_epsilon_each, evals, final)
     if event["kind"] == "no_op":
         return None, 0.0
-    if steps:
-        work.charge_pair(q, z, FINITE_ORDERS)  # the grid's curve (its refinement's zooms are charged as they come)
     best = rdp.compose([parse_event(event)], delta)
     return (best.order if best.order is not None and math.isfinite(best.order) else None), best.epsilon
 

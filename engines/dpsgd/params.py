@@ -300,13 +300,15 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         errors["optimizer"] = f"must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}"
     lr = errors.number(params, "learning_rate", 1e-3 if optimizer != "sgd" else 0.1, lo=0, hi=10, lo_open=True)
     momentum = errors.number(params, "momentum", 0.0, lo=0, hi=0.999)
-    if "momentum" in params and optimizer != "sgd" and optimizer in OPTIMIZERS:
+    if momentum and optimizer != "sgd" and optimizer in OPTIMIZERS:  # (0, the default, is no momentum)
         errors["momentum"] = f"only for optimizer sgd ({optimizer} keeps its own moment estimates)"
     weight_decay = errors.number(params, "weight_decay", 0.0, lo=0, hi=1)
     clip = errors.number(params, "max_grad_norm", 1.0, lo=0, hi=1e6, lo_open=True)
     # at most the dataset's: a certificate at a larger delta (up to 0.1 was accepted) promised
     # little (a delta of 1/n or more lets a run release a unit's rows whole)
-    delta = errors.number(params, "delta", ds.delta, lo=0, hi=ds.delta, lo_open=True)
+    delta = errors.number(params, "delta", ds.delta, lo=0, hi=0.1, lo_open=True)
+    if delta and "delta" not in errors and delta > ds.delta:
+        errors["delta"] = f"must be at most the dataset's delta ({ds.delta!r}), got {delta!r}"
     canaries_default = max(0, min(500, n_train // 50))
     canaries = errors.number(params, "canaries", canaries_default, lo=0, hi=MAX_CANARIES, integer=True)
     if canaries and n_train and canaries > n_train // 10:

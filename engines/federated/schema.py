@@ -40,7 +40,7 @@ TRAIN = {
                    "description": "evaluate after every k-th round and the last"},
     "test_fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.5, "default": 0.2,
                       "description": "each site's rows held out for the DP evaluation"},
-    "delta": {**_POS, "description": "default: the dataset's delta"},
+    "delta": {**_POS, "description": "default and most: the dataset's delta"},
     "secure_aggregation": {"type": "boolean", "default": False,
                            "description": "Flower's SecAgg+ (mode central, a private target, 2+ sites): the server "
                                           "sees only each round's sum; each site checks its own update"},

@@ -285,7 +285,7 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
                              else f"must be a number in (0, 100], got {eps!r}")
     delta = params.get("delta", ds.delta)
     if not _finite(delta) or not 0 < delta <= min(ds.delta, 0.1):  # a run at a larger delta promised little
-        errors["delta"] = f"must be a number in (0, {ds.delta:g}] (at most the dataset's delta), got {delta!r}"
+        errors["delta"] = f"must be a number in (0, {ds.delta!r}] (at most the dataset's delta), got {delta!r}"
     rows = params.get("rows", ds.n_rows)
     if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_ROWS:
         errors["rows"] = f"must be an integer from 1 to {MAX_ROWS:,}, got {rows!r}"

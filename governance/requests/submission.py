@@ -21,7 +21,6 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from accounting import work
 from engines import plugins
 from engines.types import EngineRequest, PlanError
 
@@ -38,7 +37,6 @@ from ..core.errors import (
 from ..core.roles import AUDITORS_GROUP
 from ..datasets.engine_meta import dataset_meta
 from ..ledger import actions as ledger, sql as ledger_sql, trail
-from ..ledger.estimates import bounded_work
 from ..ledger.queued import cancel_if_queued
 from ..models import Dataset, Request
 
@@ -70,15 +68,7 @@ def _check_size(params: dict) -> None:
                              "(they are kept in its audit record for good)", errors={"params": "too large"})
 
 
-#: work units (``accounting.work``) an engine's plan may spend on the web thread: a DP-SGD
-#: calibration evaluates RDP curves for every noise multiplier it tries, 170,000-350,000
-#: units a run (0.2-0.7 CPU s), and a sweep calibrates each of its up to 8 runs
-PLAN_UNITS = 6 * work.MAX_UNITS
-
-
 def plan_request(ds: Dataset, engine: str, kind: str, params: dict):
-    """The engine's plan (no data read), its work bounded (``PLAN_UNITS``: past it a 400
-    ``request.too_costly`` before the curve that would pass it is computed)."""
     try:
         federated_engine = bool(plugins.info(engine).get("federated"))
         if federated_engine != (ds.execution == Dataset.Execution.FEDERATED):
@@ -87,8 +77,7 @@ def plan_request(ds: Dataset, engine: str, kind: str, params: dict):
                 if not federated_engine else
                 f"engine {engine!r} trains across the sites of a federated dataset; {ds.name!r} is not federated",
                 errors={"engine": "a federated engine for a federated dataset, any other engine for any other"})
-        with bounded_work(PLAN_UNITS):
-            return plugins.plan(engine, EngineRequest(kind=kind, params=params), dataset_meta(ds))
+        return plugins.plan(engine, EngineRequest(kind=kind, params=params), dataset_meta(ds))
     except PlanError as e:
         err = EngineRequestInvalid(e.message, errors=e.errors)
         err.code = e.code

@@ -66,9 +66,10 @@ BAD = [
                  "less than half", id="eval-half-of-target"),
     pytest.param({"canaries": 161}, "canaries", "a tenth", id="too-many-canaries"),
     pytest.param({"learning_rate": 0}, "learning_rate", "> 0", id="lr-0"),
-    pytest.param({"delta": 0.5}, "delta", "<= ", id="delta-large"),
+    pytest.param({"delta": 0.5}, "delta", "<= 0.1", id="delta-large"),
     # a certificate at a delta above the dataset's (1e-5 here) promised little: 0.1 was accepted
-    pytest.param({"delta": 2e-5}, "delta", "<= 1e-05", id="delta-above-the-datasets"),
+    pytest.param({"delta": 2e-5}, "delta", "at most the dataset's delta (1e-05), got 2e-05",
+                 id="delta-above-the-datasets"),
     pytest.param({"optimizer": "adam", "momentum": 0.9}, "momentum", "only for optimizer sgd",
                  id="momentum-ignored-by-adam"),
     pytest.param({"epochs": 1, "early_stopping_patience": 1}, "early_stopping_patience", "one epoch",
@@ -117,6 +118,10 @@ def test_sweep_epsilons_are_checked():
                                            "early_stopping_patience": 1}, kind="sweep")["early_stopping_patience"]
     assert "eval_epsilon" in errors({**base, "epsilons": [1, 4], "eval_epsilon": 0.5}, kind="sweep")
     assert "params" in errors({**base, "epsilons": [1], "target_epsilon": 1}, kind="sweep")
+
+
+def test_momentum_zero_the_schemas_default_is_no_momentum_for_any_optimizer():
+    assert validate("train", {**BASE, "optimizer": "adam", "momentum": 0}, ROWS).momentum == 0
 
 
 def test_good_input_is_normalised():

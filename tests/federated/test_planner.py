@@ -143,3 +143,15 @@ def test_a_null_number_is_its_default_in_the_engine_too(name):
     base = {"target_epsilon": 2.0, "rounds": 3}
     without = {k: v for k, v in base.items() if k != name}
     assert plan(**{**base, name: None}) == plan(**without)
+
+
+def test_a_delta_above_the_datasets_is_refused():
+    """A run's delta was accepted up to 0.1 whatever the dataset's (1e-5 here): the plan
+    stated epsilon 2 at delta 0.09 with half the noise (a re-probe's, after the same defect
+    was mended in DP-SGD and synthesis)."""
+    from engines.types import PlanError
+
+    with pytest.raises(PlanError) as e:
+        plan(target_epsilon=2.0, rounds=3, delta=0.09)
+    assert "at most the dataset's delta (1e-05)" in e.value.errors["delta"]
+    assert plan(target_epsilon=2.0, rounds=3, delta=1e-5) == plan(target_epsilon=2.0, rounds=3)
