@@ -169,6 +169,12 @@ def test_analytic_gaussian_epsilon_is_valid_in_80_digits_far_out_in_the_tails(lo
         assert _delta_in_80_digits(z, eps) <= delta
 
 
+def test_analytic_gaussian_epsilon_of_nan_is_an_error_not_zero():
+    for args in ((math.nan, 1e-5), (1.0, math.nan)):
+        with pytest.raises(ValueError):
+            gaussian_epsilon(*args)
+
+
 @pytest.mark.parametrize("eps", [0.05, 0.1, 0.5, 0.9, 0.99])
 @pytest.mark.parametrize("delta", [1e-3, 1e-5, 1e-9])
 def test_analytic_gaussian_is_never_looser_than_the_classical_bound(eps, delta):
