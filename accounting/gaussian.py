@@ -43,24 +43,21 @@ def _float_delta(z: float, epsilon: float) -> float:
 
 def _precise_delta(z: float, epsilon: float):
     """``gaussian_delta`` in 50 digits (mpmath), returned as an mpf (compared exactly)."""
+    return _precise(z, epsilon)[0]
+
+
+def _precise(z: float, epsilon: float):
+    """(``gaussian_delta``, its second term e^epsilon Phi(-1/(2z) - epsilon z), which is
+    also -d delta / d epsilon: the density terms cancel) in 50 digits (mpmath)."""
     import mpmath
 
     with mpmath.workdps(50):
         zm, em = mpmath.mpf(z), mpmath.mpf(epsilon)
         try:
-            return max(mpmath.mpf(0), mpmath.ncdf(1 / (2 * zm) - em * zm)
-                       - mpmath.exp(em) * mpmath.ncdf(-1 / (2 * zm) - em * zm))
+            second = mpmath.exp(em) * mpmath.ncdf(-1 / (2 * zm) - em * zm)
+            return max(mpmath.mpf(0), mpmath.ncdf(1 / (2 * zm) - em * zm) - second), second
         except (ArithmeticError, ValueError):  # z = 5e-324: the terms are 1 and 0 as floats are
-            return _float_delta(z, epsilon)
-
-
-def _precise_slope(z: float, epsilon: float) -> float:
-    """-d delta / d epsilon = e^epsilon Phi(-1/(2z) - epsilon z) (the density terms cancel)."""
-    import mpmath
-
-    with mpmath.workdps(50):
-        zm, em = mpmath.mpf(z), mpmath.mpf(epsilon)
-        return mpmath.exp(em) * mpmath.ncdf(-1 / (2 * zm) - em * zm)
+            return _float_delta(z, epsilon), None
 
 
 MARGIN = 1e-10  # the float root is sought this far (relative) below delta: the 50-digit check then mostly passes at once
@@ -101,10 +98,10 @@ def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
     # checked in 50 digits, and moved up by Newton steps (doubled: delta is convex), at
     # least by ulps doubling each time (a step below the float's resolution), until it holds
     ulps = 1
-    while (d := _precise_delta(z, eps)) > delta:
+    while (d := _precise(z, eps))[0] > delta:
         try:
-            newton = float(eps + 2 * (d - delta) / _precise_slope(z, eps))
-        except (ArithmeticError, ValueError):
+            newton = float(eps + 2 * (d[0] - delta) / d[1])
+        except (ArithmeticError, ValueError, TypeError):  # (a slope of 0, or none)
             newton = eps
         eps, ulps = max(newton, eps + ulps * math.ulp(eps)), ulps * 2
     return float(eps)

@@ -55,3 +55,11 @@ def run_accountant_error(accountant: Any, allow_pld: bool) -> str | None:
         return ("this dataset's privacy officer has not allowed PLD certification of runs "
                 "(pld_certification); use rdp")
     return None
+
+
+def run_delta_error(delta: float, dataset_delta: float) -> str | None:
+    """A run's own delta above its dataset's: a certificate stated there promised little (a
+    delta of 1/n or more lets a mechanism release a unit's rows whole; 0.1 was accepted)."""
+    if delta > dataset_delta:
+        return f"must be at most the dataset's delta ({dataset_delta!r}), got {delta!r}"
+    return None

@@ -26,6 +26,7 @@ Opacus's ``get_noise_multiplier`` (which searches a denser grid of its own).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -34,7 +35,6 @@ from accounting import rdp
 from accounting.events import parse_event
 from accounting.refine import epsilon_at
 from accounting.rdp_math import (
-    _LRU,
     FINITE_ORDERS,
     conversion_terms,
     epsilon_from_curve,
@@ -137,22 +137,9 @@ def _coarse_epsilon(q: float, z: float, steps: int, eval_epsilon_each: float, ev
     return max(0.0, float(np.min(eps)))
 
 
-_CALIBRATED = _LRU(1024)  # (the arguments) -> z
-
-
+@functools.lru_cache(maxsize=1024)  # an estimate and then the POST of the same request calibrate once
 def noise_multiplier(target: float, delta: float, q: float, steps: int, eval_epsilon_each: float = 0.0,
                      evals: int = 0, final: float = 0.0) -> float:
-    """``_noise_multiplier``, remembered: an estimate and then the POST of the same request,
-    or a sweep planned again, calibrated each time (0.2-3 CPU s)."""
-    key = (target, delta, q, steps, eval_epsilon_each, evals, final)
-    if (z := _CALIBRATED.get(key)) is None:
-        z = _noise_multiplier(*key)
-        _CALIBRATED.put(key, z)
-    return z
-
-
-def _noise_multiplier(target: float, delta: float, q: float, steps: int, eval_epsilon_each: float = 0.0,
-                      evals: int = 0, final: float = 0.0) -> float:
     """The smallest noise multiplier (to about 0.01%) whose run costs at most ``target`` at
     the refined order (``epsilon``).
 

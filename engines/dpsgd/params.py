@@ -12,7 +12,14 @@ from typing import Any
 
 from engines.types import DatasetMeta, PlanError
 from engines.validation import RUN_ACCOUNTANTS as ACCOUNTANTS
-from engines.validation import is_number, run_accountant_error, span_error, unknown_keys, unknown_message
+from engines.validation import (
+    is_number,
+    run_accountant_error,
+    run_delta_error,
+    span_error,
+    unknown_keys,
+    unknown_message,
+)
 
 from .model_spec import ModelSpecError, expand_model
 
@@ -304,11 +311,9 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         errors["momentum"] = f"only for optimizer sgd ({optimizer} keeps its own moment estimates)"
     weight_decay = errors.number(params, "weight_decay", 0.0, lo=0, hi=1)
     clip = errors.number(params, "max_grad_norm", 1.0, lo=0, hi=1e6, lo_open=True)
-    # at most the dataset's: a certificate at a larger delta (up to 0.1 was accepted) promised
-    # little (a delta of 1/n or more lets a run release a unit's rows whole)
     delta = errors.number(params, "delta", ds.delta, lo=0, hi=0.1, lo_open=True)
-    if delta and "delta" not in errors and delta > ds.delta:
-        errors["delta"] = f"must be at most the dataset's delta ({ds.delta!r}), got {delta!r}"
+    if delta and "delta" not in errors and (problem := run_delta_error(delta, ds.delta)):
+        errors["delta"] = problem
     canaries_default = max(0, min(500, n_train // 50))
     canaries = errors.number(params, "canaries", canaries_default, lo=0, hi=MAX_CANARIES, integer=True)
     if canaries and n_train and canaries > n_train // 10:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 from engines.dpsgd.params import _Errors, _target_spec, features_of
 from engines.types import DatasetMeta, PlanError
-from engines.validation import unknown_keys, unknown_message
+from engines.validation import run_delta_error, unknown_keys, unknown_message
 
 KINDS = ("train",)
 MODES = ("central", "local")
@@ -140,8 +140,8 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
     eval_every = errors.number(params, "eval_every", 1, lo=1, hi=MAX_ROUNDS, integer=True)
     test_fraction = errors.number(params, "test_fraction", 0.2, lo=0.0, hi=0.5, lo_open=True)
     delta = errors.number(params, "delta", ds.delta, lo=0, hi=0.1, lo_open=True)
-    if delta and "delta" not in errors and delta > ds.delta:  # a certificate at a larger delta promised little
-        errors["delta"] = f"must be at most the dataset's delta ({ds.delta!r}), got {delta!r}"
+    if delta and "delta" not in errors and (problem := run_delta_error(delta, ds.delta)):
+        errors["delta"] = problem
 
     if errors:
         first = next(iter(errors.items()))

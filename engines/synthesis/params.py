@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from engines.types import DatasetMeta, PlanError
-from engines.validation import is_number as _finite, run_accountant_error, span_error, unknown_keys, unknown_message
+from engines.validation import is_number as _finite, run_accountant_error, run_delta_error, span_error, unknown_keys, unknown_message
 
 from . import encoding
 
@@ -284,8 +284,10 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
         errors["epsilon"] = ("required: a number in (0, 100]" if eps is None
                              else f"must be a number in (0, 100], got {eps!r}")
     delta = params.get("delta", ds.delta)
-    if not _finite(delta) or not 0 < delta <= min(ds.delta, 0.1):  # a run at a larger delta promised little
-        errors["delta"] = f"must be a number in (0, {ds.delta!r}] (at most the dataset's delta), got {delta!r}"
+    if not _finite(delta) or not 0 < delta < 0.1:
+        errors["delta"] = f"must be a number in (0, 0.1), got {delta!r}"
+    elif problem := run_delta_error(delta, ds.delta):
+        errors["delta"] = problem
     rows = params.get("rows", ds.n_rows)
     if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_ROWS:
         errors["rows"] = f"must be an integer from 1 to {MAX_ROWS:,}, got {rows!r}"

@@ -190,10 +190,10 @@ def test_a_small_epsilon_run_costs_its_target_on_dense_integer_orders_too(target
 
 def test_a_calibration_is_remembered(monkeypatch):
     """An estimate and then the POST of the same request calibrated twice (0.2-3 CPU s each)."""
-    monkeypatch.setattr(calibrate, "_CALIBRATED", type(calibrate._CALIBRATED)(16))
+    noise_multiplier.cache_clear()
     computed = []
-    real = calibrate._noise_multiplier
-    monkeypatch.setattr(calibrate, "_noise_multiplier", lambda *a: computed.append(a) or real(*a))
+    real = calibrate.grid_noise_multiplier
+    monkeypatch.setattr(calibrate, "grid_noise_multiplier", lambda *a: computed.append(a) or real(*a))
     args = (1.0, 1e-5, 0.005, 1000, 0.01, 4)
     z = noise_multiplier(*args)
     assert noise_multiplier(*args) == z and len(computed) == 1
