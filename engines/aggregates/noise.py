@@ -27,7 +27,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-import opendp.prelude as dp
+from engines import opendp_names as dp
 
 dp.enable_features("contrib")
 

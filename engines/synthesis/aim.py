@@ -63,7 +63,7 @@ def select_noise(rho: float, sensitivity: float) -> tuple[float, float]:
     """(scale, rho) of OpenDP's report-noisy-max with Gumbel noise whose zCDP map at score
     sensitivity ``sensitivity`` is at most ``rho`` (the exponential mechanism at
     epsilon = sqrt(8 rho), by its bounded-range zCDP bound)."""
-    import opendp.prelude as dp
+    from engines import opendp_names as dp
 
     dp.enable_features("contrib")
 
@@ -74,7 +74,7 @@ def select_noise(rho: float, sensitivity: float) -> tuple[float, float]:
 
 
 def _noisy_max_zcdp(scale: float):
-    import opendp.prelude as dp
+    from engines import opendp_names as dp
 
     return dp.m.make_noisy_max(dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.linf_distance(T=float),
                                dp.zero_concentrated_divergence(), scale=float(scale))

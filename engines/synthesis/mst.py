@@ -81,7 +81,7 @@ def shrink(y: np.ndarray, sd: float, groups: np.ndarray | None = None, width: np
 
 
 def _noisy_max(scores: np.ndarray, scale: float) -> int:
-    import opendp.prelude as dp
+    from engines import opendp_names as dp
 
     dp.enable_features("contrib")
     m = dp.m.make_noisy_max(dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.linf_distance(T=float),

@@ -66,7 +66,9 @@ def write_by_unit(table: pa.Table, directory, parts: int) -> list[dict]:
     return write_pieces(table, unit_cuts(table.column("pid").to_numpy(), parts), directory)
 
 
-@pytest.fixture(scope="session")
+# package scope: the clusters end with tests/distributed (kept for the session, their idle
+# workers took about 5% of a core each for the rest of a 60-minute pass)
+@pytest.fixture(scope="package")
 def dask_cluster():
     from distributed import LocalCluster
 
@@ -93,7 +95,7 @@ def partitioned(tmp_path_factory):
 # --------------------------------------------------------------------------- separate hosts
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def hosts(tmp_path_factory):
     """A scheduler and 2 worker processes modelling 2 hosts: each worker (under its own
     Nanny, which restarts it when it is killed) has its own local directory and its own
