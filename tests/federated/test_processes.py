@@ -113,7 +113,7 @@ def test_secure_aggregation_and_a_cancel_that_charges_only_the_rounds_done(clust
             raise Cancelled("cancelled by the analyst")
 
     with pytest.raises(Cancelled) as e:
-        plugins.run("federated", req, ds, fed(cluster, ["a", "b", "c"], wait_sites_seconds=40, round_timeout=30),
+        plugins.run("federated", req, ds, fed(cluster, ["a", "b", "c"], wait_sites_seconds=40, round_timeout=120),
                     plan, progress, None)
     first = rounds[0]
     assert first["round"] == 1 and first["epsilon_spent"] == pytest.approx(planner.epsilon_after(plan.details, 1, 0))
