@@ -9,16 +9,16 @@
 #    browser tests in tests/browser;
 # 3. installs (apt-get) and starts a local PostgreSQL in .services/;
 # 4. runs the suite on the embedded SQLite default and, side by side with it (most tests
-#    wait on processes, sockets and ticks: the two passes take about 25 minutes on 2
-#    cores where one after the other took 37), again on PostgreSQL, where row locks make
+#    wait on processes, sockets and ticks: the two passes take about 33 minutes on 2
+#    cores, 37 and 27 each), again on PostgreSQL, where row locks make
 #    the concurrency tests real: every test that reads a database (the tests of the pure
 #    engines, accounting, the federated and distributed engines, DP-SGD's ranks, the
 #    client's pieces and the settings/docs checks read none, and a few whose subject is
 #    not the database -- the embedded broker's files, a federated run's Flower processes,
 #    a real worker's queue, an engine's output -- run in the SQLite pass only:
-#    DB_TESTS_ONLY=1, tests/conftest.py; the federated processes' and the demo's tests, which
-#    read none, run in the PostgreSQL pass instead, to even the two passes' lengths:
-#    PASSES_SIDE_BY_SIDE=1). The PostgreSQL pass has a var directory
+#    DB_TESTS_ONLY=1, tests/conftest.py; the federated processes', the demo's and the
+#    synthesis engine's tests, which read none, run in the PostgreSQL pass instead, to even
+#    the two passes' lengths: PASSES_SIDE_BY_SIDE=1). The PostgreSQL pass has a var directory
 #    (var/pg-pass) and a Redis database of its own; its output is in var/test-postgres.log,
 #    printed after the SQLite pass's.
 # On a machine where Redis, Chromium or PostgreSQL cannot be installed, what needs them is skipped
