@@ -216,6 +216,14 @@ def _noisy_min(scale: float):
                                dp.max_divergence(), scale=float(scale), negate=True)
 
 
+def noisy_max(scale: float, *, zcdp: bool = False):
+    """OpenDP's report-noisy-max over float scores (the synthesis engines' selections): its
+    map gives epsilon (max divergence), or rho with ``zcdp`` (zero-concentrated divergence)."""
+    measure = dp.zero_concentrated_divergence() if zcdp else dp.max_divergence()
+    return dp.m.make_noisy_max(dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.linf_distance(T=float),
+                               measure, scale=float(scale))
+
+
 def quantile_alpha(q: float) -> tuple[int, int]:
     """OpenDP's integer representation (alpha_num, alpha_den) of ``q``, read off its own
     score function on two one-row datasets (a row below every candidate scores

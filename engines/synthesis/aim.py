@@ -63,21 +63,11 @@ def select_noise(rho: float, sensitivity: float) -> tuple[float, float]:
     """(scale, rho) of OpenDP's report-noisy-max with Gumbel noise whose zCDP map at score
     sensitivity ``sensitivity`` is at most ``rho`` (the exponential mechanism at
     epsilon = sqrt(8 rho), by its bounded-range zCDP bound)."""
-    from engines import opendp_names as dp
-
-    dp.enable_features("contrib")
 
     def cost(s):
-        return float(_noisy_max_zcdp(s).map(float(sensitivity)))
+        return float(opendp_noise.noisy_max(s, zcdp=True).map(float(sensitivity)))
 
     return opendp_noise._fit(cost, sensitivity / math.sqrt(2.0 * rho), rho)
-
-
-def _noisy_max_zcdp(scale: float):
-    from engines import opendp_names as dp
-
-    return dp.m.make_noisy_max(dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.linf_distance(T=float),
-                               dp.zero_concentrated_divergence(), scale=float(scale))
 
 
 def _pair_marginal(model, a: str, b: str) -> np.ndarray:
@@ -263,7 +253,7 @@ def _rounds(model, estimator, domain, measurements, ow, counts, details, progres
             elif cl not in est:
                 est[cl] = _model_answer(model, cl)
         scores = [cands[cl] * (float(np.abs(answers[cl] - est[cl]).sum()) - bias * answers[cl].size) for cl in small]
-        cl = small[int(_noisy_max_zcdp(scale)([float(s) for s in scores]))]
+        cl = small[int(opendp_noise.noisy_max(scale, zcdp=True)([float(s) for s in scores]))]
         y = np.asarray(meas.release(np.rint(answers[cl]).astype(np.int64)), dtype=float)
         before = est[cl]
         _merge(measurements, index, mbi.LinearMeasurement(y, cl, stddev=meas.scale))

@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from engines.aggregates.noise import Noise
+from engines.aggregates.noise import Noise, noisy_max
 
 from . import encoding
 
@@ -81,12 +81,7 @@ def shrink(y: np.ndarray, sd: float, groups: np.ndarray | None = None, width: np
 
 
 def _noisy_max(scores: np.ndarray, scale: float) -> int:
-    from engines import opendp_names as dp
-
-    dp.enable_features("contrib")
-    m = dp.m.make_noisy_max(dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.linf_distance(T=float),
-                            dp.max_divergence(), scale=float(scale))
-    return int(m([float(s) for s in scores]))
+    return int(noisy_max(scale)([float(s) for s in scores]))
 
 
 class _Components:

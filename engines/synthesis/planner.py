@@ -318,12 +318,7 @@ def _plan_aim(spec: Spec) -> tuple[dict, dict]:
 
 def select_cost(scale: float, k: int) -> float:
     """OpenDP's epsilon for one report-noisy-max round at score sensitivity k."""
-    from engines import opendp_names as dp
-
-    dp.enable_features("contrib")
-    m = dp.m.make_noisy_max(dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.linf_distance(T=float),
-                            dp.max_divergence(), scale=float(scale))
-    return float(m.map(float(k)))
+    return float(opendp_noise.noisy_max(scale).map(float(k)))
 
 
 def _plan_vae(spec: Spec) -> tuple[dict, dict]:
