@@ -1,8 +1,10 @@
 """The server's side of a run (what the ServerApp runs), over any transport.
 
-A transport has ``nodes()`` (the ids of the connected nodes) and ``exchange(sends,
+A transport has ``nodes()`` (the ids of the connected nodes), ``exchange(sends,
 timeout)`` (``sends``: node id -> (kind, job, arrays); returns node id -> (arrays, reply)
-or an error string, for the replies that arrived in time). ``serverapp.GridTransport``
+or an error string, for the replies that arrived in time), and the same in two halves,
+``send(sends)`` (node id -> a handle) and ``receive(handles, timeout)``, so that a reply
+that came after its timeout can still be read later (a hello). ``serverapp.GridTransport``
 is Flower's Grid (real SuperNodes); ``LocalTransport`` calls ``siteapp.handle`` in this
 process (unit tests and the bench's simulated sites).
 
@@ -61,6 +63,13 @@ class LocalTransport:
                 out[node] = f"site error: {type(e).__name__}"
         return out
 
+    def send(self, sends: dict) -> dict:
+        """The replies at once (here a reply comes at once or never): the handles."""
+        return self.exchange(sends, 0.0)
+
+    def receive(self, handles: dict, timeout: float) -> dict:
+        return dict(handles)
+
 
 class Coordinator:
     def __init__(self, details: dict, site_keys: dict[str, str], transport, *, emit: Callable[[dict], None],
@@ -78,7 +87,8 @@ class Coordinator:
         self.node_site: dict[int, str] = {}
         self.refused: dict[int, str] = {}  # node -> why (unregistered, bad MAC, schema, other dataset)
         self.refused_sites: set[str] = set()
-        self.lost: dict[int, str] = {}  # node -> site: bound, then silent past a round's timeout  # registered sites that proved who they are but were refused
+        self.lost: dict[int, str] = {}  # node -> site: bound, then silent past a round's timeout
+        self.unanswered: dict[int, tuple] = {}  # node -> (handle, job): a hello not answered in time
         self.rounds = 0
         self.evals = 0
         self.history: list[dict] = []
@@ -142,23 +152,38 @@ class Coordinator:
         return site, None, arrays, reply
 
     def identify(self) -> None:
-        new = [n for n in self.t.nodes() if n not in self.node_site and n not in self.refused and n not in self.lost]
-        if not new:
-            return
-        jobs = {n: self._job("hello", self.rounds) for n in new}
-        got = self.t.exchange({n: ("hello", jobs[n], []) for n in new}, self.round_timeout)
-        for n in new:
-            if n not in got:
-                # no answer within the round timeout: given up (asked every round, a silent node
-                # added the whole timeout to each); a site that restarts is a new node
-                self.refused[n] = "no answer to hello"
+        """Asks new nodes who they are, and reads the late answers of nodes that were silent
+        at their hello (without waiting: asked again every round, a silent node added the
+        whole round timeout to each; a slow first start of a site's ClientApp is not a
+        refusal)."""
+        answers = {}
+        if self.unanswered:
+            got = self.t.receive({n: h for n, (h, _) in self.unanswered.items()}, 0.0)
+            for n in got:
+                answers[n] = (self.unanswered.pop(n)[1], got[n])
+                self.refused.pop(n, None)
+        new = [n for n in self.t.nodes() if n not in self.node_site and n not in self.refused and n not in self.lost
+               and n not in answers]
+        if new:
+            jobs = {n: self._job("hello", self.rounds) for n in new}
+            handles = self.t.send({n: ("hello", jobs[n], []) for n in new})
+            got = self.t.receive(handles, self.round_timeout)
+            for n in new:
+                if n in got:
+                    answers[n] = (jobs[n], got[n])
+                    continue
+                self.refused[n] = "no answer to hello"  # (unless it answers later)
+                if n in handles:
+                    self.unanswered[n] = (handles[n], jobs[n])
                 self.emit({"event": "refused", "node": str(n), "site": None, "why": "no answer to hello"})
-                continue
-            site, why, _, _ = self._check(n, "hello", jobs[n], got[n])
+        for n, (job, reply) in answers.items():
+            site, why, _, _ = self._check(n, "hello", job, reply)
             if why is None and site in self.node_site.values():
                 why = f"site {site!r} is already connected on another node"
             if why is None:
                 self.node_site[n] = site
+                if n not in new:
+                    self.emit({"event": "identified", "node": str(n), "site": site, "late": True})
             else:
                 self.refused[n] = why if site is None else f"{site}: {why}"
                 if site is not None:

@@ -189,7 +189,7 @@ def _follow(d: dict, jobdir: Path, run_id: str, fed: Federation, progress, workd
             if ev.get("event") == "round":
                 state["rounds"], state["evals"] = ev["round"], ev.get("evals", state["evals"])
                 say(_round_progress(d, ev))
-            elif ev.get("event") in ("sites", "refused"):
+            elif ev.get("event") in ("sites", "refused", "identified"):
                 say({"phase": "sites", "fraction": 0.0, **{k: v for k, v in ev.items() if k != "event"}})
 
     while not result_path.exists():

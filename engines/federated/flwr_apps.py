@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from flwr.serverapp import Grid, ServerApp
 from . import secagg, siteapp
 
 MESSAGE_TYPE = {"hello": "query", "train": "train", "evaluate": "evaluate"}
+POLL_SECONDS = 0.2
 
 server_app = ServerApp()
 client_app = ClientApp(mods=[secagg.site_mod])  # SecAgg+ stages: only for messages that carry them
@@ -56,20 +58,37 @@ class GridTransport:
         return secagg.secure_sum(self.grid, sends, clip=clip, rnd=rnd, timeout=timeout)
 
     def exchange(self, sends: dict, timeout: float) -> dict:
-        if not sends:
-            return {}
-        msgs = [Message(_pack(arrays, job), dst_node_id=n, message_type=MESSAGE_TYPE[kind])
-                for n, (kind, job, arrays) in sends.items()]
+        return self.receive(self.send(sends), timeout)
+
+    def send(self, sends: dict) -> dict:
+        """Pushes the messages: node id -> message id."""
+        nodes = list(sends)
+        msgs = [Message(_pack(sends[n][2], sends[n][1]), dst_node_id=n, message_type=MESSAGE_TYPE[sends[n][0]])
+                for n in nodes]
+        return dict(zip(nodes, self.grid.push_messages(msgs))) if msgs else {}
+
+    def receive(self, handles: dict, timeout: float) -> dict:
+        """The replies to ``handles`` (node id -> message id) that arrive within ``timeout``
+        seconds (0: those already in), polled every ``POLL_SECONDS`` (Flower's own
+        ``send_and_receive`` sleeps 3 s between pulls: most of a quick round)."""
+        wanted = {mid: n for n, mid in handles.items()}
         out = {}
-        for reply in self.grid.send_and_receive(msgs, timeout=timeout):
-            node = reply.metadata.src_node_id
-            if reply.has_error():  # its reason is the ClientApp's exception, which can quote a row: not passed on
-                out[node] = f"site error {reply.error.code}"
-                continue
-            try:
-                out[node] = _unpack(reply.content)
-            except Exception as e:  # a malformed reply is refused like any bad one
-                out[node] = f"malformed reply: {type(e).__name__}"
+        end = time.monotonic() + timeout
+        while wanted:
+            for reply in self.grid.pull_messages(list(wanted)):
+                node = wanted.pop(reply.metadata.reply_to_message_id, None)
+                if node is None:
+                    continue
+                if reply.has_error():  # its reason is the ClientApp's exception, which can quote a row: not passed on
+                    out[node] = f"site error {reply.error.code}"
+                    continue
+                try:
+                    out[node] = _unpack(reply.content)
+                except Exception as e:  # a malformed reply is refused like any bad one
+                    out[node] = f"malformed reply: {type(e).__name__}"
+            if not wanted or time.monotonic() >= end:
+                break
+            time.sleep(min(POLL_SECONDS, max(0.0, end - time.monotonic())))
         return out
 
 

@@ -304,3 +304,33 @@ def test_a_failed_run_is_refunded_before_any_site_was_sent_work_else_charged_a_r
     with pytest.raises(execute.FederatedRunError) as e:
         execute._release(p.details, {**base, "rows_asked": True, "rounds": 1}, None, "7")
     assert e.value.actual_event == planner.rounds_event(p.details, 2, min(1, p.details["evals"]))
+
+
+class LateHello(coordinator.LocalTransport):
+    """Node 3's first hello answered only after its timeout: its reply is read a round later
+    (a site whose first ClientApp start took longer than the round timeout)."""
+
+    def __init__(self, configs):
+        super().__init__(configs)
+        self.held = {}
+
+    def receive(self, handles, timeout):
+        out = super().receive(handles, timeout)
+        if 3 in out and not self.held:
+            self.held[3] = out.pop(3)  # not in time
+        elif 3 in handles and 3 in self.held:
+            out[3] = self.held[3]
+        return out
+
+
+def test_a_hello_answered_after_its_timeout_binds_the_site_later(tmp_path, tables):
+    nodes = [node(tmp_path, s, t) for s, t in zip(SITES, tables)]
+    p = planner.make_plan(EngineRequest("train", {"target": "label", "rounds": 3, "target_epsilon": 8.0}),
+                          meta(SITES))
+    events = []
+    c = coordinator.Coordinator(p.details, {s: f"key-{s}" for s in SITES}, LateHello(dict(enumerate(nodes, 1))),
+                                emit=events.append, wait_sites_seconds=0)
+    r = c.result(c.run())
+    assert r["rounds"] == 3 and "3" not in r["sites"]["refused"]
+    assert {"event": "identified", "node": "3", "site": "c", "late": True} in events
+    assert any("c" in h["sites"]["accepted"] for h in r["history"])
