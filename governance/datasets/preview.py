@@ -56,8 +56,11 @@ def _column(spec: dict, is_unit: bool, rows: int, rng: np.random.Generator) -> t
                 return [int(v) for v in np.round(vals * 10)], "no declared bounds: integers around 0"
             return [float(v) for v in vals], "no declared bounds: standard normal"
         lo, hi = float(lo), float(hi)
-        if integer and math.ceil(lo) <= math.floor(hi):
-            return ([int(v) for v in rng.integers(math.ceil(lo), math.floor(hi) + 1, rows)],
+        first, last = (math.ceil(lo), math.floor(hi)) if integer else (1, 0)
+        if first <= last and -2**63 <= first and last < 2**63 - 1:
+            return [int(v) for v in rng.integers(first, last + 1, rows)], f"integers uniform in [{lo:g}, {hi:g}]"
+        if first <= last:  # past int64 (a bound of 2^64 or -1e19): whole floats, as exact as floats are there
+            return ([min(last, max(first, int(v))) for v in rng.uniform(lo, hi, rows)],
                     f"integers uniform in [{lo:g}, {hi:g}]")
         d = spec.get("decimals")
         if not integer and isinstance(d, int) and 0 <= d <= 15:

@@ -7,9 +7,12 @@ from __future__ import annotations
 import socket
 import threading
 
+import numpy as np
 import pytest
 
 from governance.models import LedgerEntry, Request
+
+from tests.conftest import small_frame
 
 from .conftest import SCHEMA, make_client
 
@@ -251,3 +254,22 @@ def test_dummy_refuses_columns_differing_only_in_case():
 
     with pytest.raises(ValueError, match="differ only in case"):
         dummy.run(Stub(), 'SELECT COUNT(*) FROM cs WHERE "grp" = \'p\'', "cs", estimate=Priced())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dummy_rows_of_integers_bounded_past_int64(server, make_dataset, grant, analyst):
+    """Bounds of [0, 2^64] or [-1e19, 1e19] on an integer column: the preview drew with
+    int64 and answered a 500 (Django's debug page), and every dummy query on the dataset
+    failed with it (probe CQ)."""
+    schema = {**SCHEMA, "big": {"lower": 0, "upper": 2**64, "integer": True},
+              "wide": {"lower": -1e19, "upper": 1e19, "integer": True}}
+    frame = small_frame(100, seed=4)
+    frame["big"] = np.arange(100, dtype=np.uint64) * np.uint64(2**57)
+    frame["wide"] = np.arange(100, dtype=np.int64) * 2**56
+    grant(analyst, make_dataset("bigints", epsilon=5.0, unit_column="patient_id", schema=schema, frame=frame))
+    body = server.analyst.preview("bigints", rows=200, seed=3)
+    assert len(body) == 200 and all(isinstance(v, int) and 0 <= v <= 2**64 for v in body["big"])
+    assert all(isinstance(v, int) and -10**19 <= v <= 10**19 for v in body["wide"])
+    assert body["wide"].nunique() > 100 and (body["wide"] < 0).any() and (body["wide"] > 0).any()
+    dummy = server.analyst.sql("SELECT site, COUNT(*) AS n FROM bigints GROUP BY site", dummy=True, dummy_rows=50)
+    assert dummy.df["n"].sum() <= 50
