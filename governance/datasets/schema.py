@@ -144,6 +144,20 @@ def _unmatchable(typ: pa.DataType, domain: list) -> str | None:
                 pa.array([decimal.Decimal(repr(v)) if isinstance(v, float) else v], type=typ)
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
                 return f"the column holds {typ} values: {v!r} matches no row"
+    numeric = pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)
+    for v in [v for v in domain if isinstance(v, str)] if numeric else []:
+        # a number's text is matched as Arrow writes the column's values: "00712" against a
+        # CSV column of ZIP codes read as integers (712) counted 0 and made it all null in a
+        # synthetic table, silently (probe CQ)
+        try:
+            back = pa.array([v], pa.string()).cast(typ).cast(pa.string())[0].as_py()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            back = None
+        if back != v:
+            return (f"the column holds {typ} values, matched as their text: {v[:100]!r} matches no row"
+                    + (f" (the value is written {back!r})" if back is not None else "")
+                    + "; declare the values as numbers. A CSV column of digits is read as numbers, without "
+                      "leading zeros: to keep them, register the table as Parquet with the column as text")
     if pa.types.is_temporal(typ) and (texts := [v for v in domain if isinstance(v, str)]):
         if pa.types.is_time(typ) or pa.types.is_duration(typ):
             return _unmatched_text(typ, texts)

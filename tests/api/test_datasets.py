@@ -777,12 +777,15 @@ def test_a_domain_value_the_column_s_type_cannot_hold_is_refused(api, officer):
     pq.write_table(table, buf)
     data = buf.getvalue()
     for column, domain, reason in (("r", [1, 2.5, 3], "holds integers: 2.5"),
+                                   ("r", ["01", "2", "3"], "'01' matches no row (the value is written '1')"),
+                                   ("r", ["abc", "2"], "'abc' matches no row; declare the values as numbers"),
+                                   ("d", ["1.5", "3.00"], "'1.5' matches no row (the value is written '1.50')"),
                                    ("d", [1.5, 1.505], "1.505 matches no row"),
                                    ("t", ["1970-01-01 00:00:00"], "give its zone")):
         schema = {column: {"type": "categorical", "domain": domain}}
         r = api(officer).post(URL, form(data, "t.parquet", schema=json.dumps(schema)), format="multipart")
         assert r.status_code == 400 and reason in r.json()["errors"][column], (column, r.json())
-    schema = {"r": {"type": "categorical", "domain": [1, 2.0, 3]}, "d": {"type": "categorical", "domain": [1.5, 3]},
+    schema = {"r": {"type": "categorical", "domain": ["1", "2", "3"]}, "d": {"type": "categorical", "domain": [1.5, 3]},
               "t": {"type": "categorical", "domain": ["1970-01-01 00:00:00Z", "1970-01-01T00:00:01+00:00"]}}
     r = api(officer).post(URL, form(data, "t.parquet", name="typed", schema=json.dumps(schema)), format="multipart")
     assert r.status_code == 201, r.json()
