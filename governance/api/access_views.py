@@ -17,7 +17,7 @@ from ..core import roles, tokens
 from ..core.errors import InvalidRequest
 from ..core.roles import is_officer, role_of, with_auditor_flag
 from ..ledger import grants
-from ..models import Grant
+from ..models import Dataset, Grant
 from . import serializers as s
 from .common import FormatSuffix, User, own_rows
 from .permissions import IsOfficer, OfficerWritesOnly
@@ -39,7 +39,9 @@ class GrantViewSet(FormatSuffix, viewsets.ModelViewSet):
         qs = Grant.objects.select_related("analyst", "dataset").order_by("id")
         if is_officer(self.request.user):
             return qs
-        return own_rows(qs, self.request.user)
+        # a draft or deactivated dataset is invisible to analysts: its grants too (its name,
+        # budget and "auto" delta, whence its exact unit count, showed here: probe CO)
+        return own_rows(qs, self.request.user).filter(dataset__status=Dataset.Status.ACTIVE)
 
     def perform_create(self, serializer):
         """A new grant, or the analyst's revoked one active again: a ``grant`` record in the
@@ -112,7 +114,8 @@ class AnalystViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
 @api_view(["GET"])
 def me(request):
     """Who you are, and your grants with what you have spent under each accountant."""
-    grants = Grant.objects.filter(analyst=request.user, revoked_at__isnull=True).select_related("dataset", "analyst")
+    grants = own_rows(Grant.objects.filter(revoked_at__isnull=True, dataset__status=Dataset.Status.ACTIVE),
+                      request.user).select_related("dataset", "analyst")
     return Response({
         "username": request.user.username,
         "role": role_of(request.user),

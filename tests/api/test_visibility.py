@@ -102,3 +102,19 @@ def test_it_hides_the_data_sources_columns_provenance_from_analysts(api, officer
     for flag in ("domain_from_data", "integer_from_data"):
         assert any(flag in c for c in officer_view["columns"]), flag
         assert not any(flag in c for c in analyst_view["columns"]), flag
+
+
+def test_a_draft_or_deactivated_dataset_shows_in_no_grant_of_an_analyst(api, officer, analyst, world):
+    """Its grant listed it in /api/grants/ and /api/me/: the name, budget and "auto" delta,
+    whence the exact unit count, of a dataset the analyst cannot see (probe CO)."""
+    def granted_names(client):
+        listed = {g["dataset"] for g in client.get("/api/grants/").json()["results"]}
+        filtered = {g["dataset"] for g in client.get("/api/grants/?dataset__name=draft").json()["results"]}
+        return listed | filtered, {g["dataset"] for g in client.get("/api/me/").json()["grants"]}
+
+    assert granted_names(api(analyst)) == ({"granted", "revoked"}, {"granted"})  # (a revoked grant: her history)
+    assert api(officer).post(f"{URL}granted/deactivate/").status_code == 200
+    assert granted_names(api(analyst)) == ({"revoked"}, set())
+    assert "draft" in {g["dataset"] for g in api(officer).get("/api/grants/").json()["results"]}
+    assert api(officer).post(f"{URL}draft/activate/").status_code == 200
+    assert granted_names(api(analyst))[1] == {"draft"}
