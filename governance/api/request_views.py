@@ -178,6 +178,10 @@ class RequestViewSet(FormatSuffix, mixins.CreateModelMixin, mixins.ListModelMixi
             raise exceptions.AuthenticationFailed(
                 "Signed out while this call waited (the token was revoked or reissued, or the account deactivated): "
                 "nothing is shown.")
+        if final is not None and in_hand is not None and visible_request(self.request.user, req.pk) is None:
+            # her role changed while it waited (made an auditor: she no longer sees her requests)
+            raise exceptions.PermissionDenied("Your role changed while this call waited: the request is no longer "
+                                              "yours to see, and nothing is shown.")
         return final
 
     @extend_schema(request=None, responses=s.RequestSerializer)

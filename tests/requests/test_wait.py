@@ -219,3 +219,29 @@ def test_wait_slots_are_counted_per_user_and_given_back():
     with waiting.wait_slot(1) as a, waiting.wait_slot(1) as b, waiting.wait_slot(1) as c, waiting.wait_slot(2) as d:
         assert (a, b, c, d) == (True, True, settings.WAITS_PER_ANALYST > 2, True)
     assert waiting._waiting == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_post_whose_analyst_was_made_an_auditor_meanwhile_shows_nothing(api, analyst, clinic, settings,
+                                                                                   monkeypatch):
+    """A probe made the analyst an auditor while her ``POST ?wait=30`` waited: the POST
+    still answered with the result, which a GET of the same request (404) no longer shows."""
+    from django.contrib.auth.models import Group
+
+    from governance.core import roles
+    from governance.requests import submission
+
+    settings.REDIS_URL = ""
+    monkeypatch.setattr(submission, "enqueue", lambda pk, queue: None)  # no worker: finished below
+
+    def promote_then_finish():
+        time.sleep(0.3)
+        analyst.groups.add(Group.objects.get_or_create(name=roles.AUDITORS_GROUP)[0])
+        Request.objects.update(status="succeeded", result={"count": 1}, finished_at=timezone.now())
+        connection.close()
+
+    t = threading.Thread(target=promote_then_finish)
+    t.start()
+    r = api(analyst).post(f"{URL}?wait=20", {**COUNT, "dataset": clinic.name}, format="json")
+    t.join()
+    assert r.status_code == 403 and "result" not in r.json() and "role changed" in r.json()["detail"], r.content
