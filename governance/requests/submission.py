@@ -34,7 +34,7 @@ from ..core.errors import (
     TooManyActive,
     UserError,
 )
-from ..core.roles import AUDITORS_GROUP
+from ..core.roles import AUDITORS_GROUP, is_auditor
 from ..datasets.engine_meta import dataset_meta
 from ..ledger import actions as ledger, sql as ledger_sql, trail
 from ..ledger.queued import cancel_if_queued
@@ -250,6 +250,8 @@ def resent(analyst, key: str, dataset_name: str, engine: str, kind: str, params)
     was lost is that same POST, and gets the request as it is now, as she sees it in her
     list; nothing is planned, gated or charged. None if she never sent ``key``; the same
     key with another request is refused (422) whether or not ``dataset_name`` exists."""
+    if is_auditor(analyst):  # an analyst made an auditor sees none of her requests: not even their ids (probe CO)
+        return None
     if isinstance(params, dict):
         params = trail.storable(given(params))
     ds = Dataset.objects.filter(name=dataset_name).only("pk").first()

@@ -141,6 +141,27 @@ def test_a_key_reused_on_a_dataset_she_cannot_use_says_the_same_whether_or_not_i
     assert answers[0].json()["detail"] == answers[1].json()["detail"]
 
 
+def test_an_analyst_made_an_auditor_learns_nothing_of_her_old_requests_by_their_keys(
+        api, analyst, clinic, django_capture_on_commit_callbacks):
+    """Her grant revoked and she made an auditor, her old key with other parameters was a
+    422 naming the request's id, engine, kind and dataset, which she may no longer see
+    (probe CO); the same key and parameters, a 404 of the request."""
+    from django.contrib.auth.models import Group
+    from django.utils import timezone
+
+    from governance.core import roles
+
+    client = api(analyst)
+    with django_capture_on_commit_callbacks(execute=False):
+        first = post(client, {"epsilon": 0.25}, key="old")
+    clinic.grants.update(revoked_at=timezone.now())
+    analyst.groups.add(Group.objects.get_or_create(name=roles.AUDITORS_GROUP)[0])
+    for params in ({"epsilon": 0.5}, {"epsilon": 0.25}):
+        r = post(client, params, key="old")
+        assert r.status_code in (400, 403) and first.json()["id"] not in r.content.decode(), r.content
+    assert Request.objects.count() == 1
+
+
 @pytest.mark.parametrize("key", ["", "x" * 201, "caf\u00e9", "tab\tin"])
 def test_a_malformed_key_is_a_400(api, analyst, clinic, key):
     r = post(api(analyst), {"epsilon": 0.25}, key=key)
