@@ -10,6 +10,10 @@ from datetime import timedelta
 from django.conf import settings
 from rest_framework.authtoken.models import Token
 
+#: set in a web session opened with an API token (/analyst/login/): such a session never
+#: opens the admin, even once its account is made staff (``web.admin_site``)
+SESSION_KEY = "opened_with_api_token"
+
 
 def expires(token):
     """When ``token`` stops working (None: never)."""

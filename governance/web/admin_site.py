@@ -9,9 +9,10 @@ import math
 import re
 
 from django.contrib import admin, messages
-from django.contrib.auth import get_user_model
+from django.contrib.auth import get_user_model, user_logged_in
 from django.db.models import Count, F, Q
 from django.db.models.functions import Greatest, Mod
+from django.dispatch import receiver
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse
@@ -42,6 +43,14 @@ ESTIMATE_KINDS = {  # what the estimate tool takes, with the example it starts f
 CHART_POINTS = 600
 
 
+@receiver(user_logged_in)
+def _a_login_starts_afresh(sender, request, user, **kwargs):
+    """Any sign-in drops the token mark (``tokens.SESSION_KEY``: Django keeps a session's
+    data when the same user signs in again); /analyst/login/ sets it again after."""
+    if request is not None and hasattr(request, "session"):
+        request.session.pop(tokens.SESSION_KEY, None)
+
+
 class GovernanceAdminSite(admin.AdminSite):
     site_header = "Privacy-budget governance"
     site_title = "Privacy governance"
@@ -49,7 +58,9 @@ class GovernanceAdminSite(admin.AdminSite):
     index_template = "admin/governance/dashboard.html"
 
     def has_permission(self, request):
-        return request.user.is_active and request.user.is_staff
+        # a session opened with an API token is an analyst's or auditor's: made staff since,
+        # it opened the admin (its token pages included) to whoever held the token (probe CO)
+        return request.user.is_active and request.user.is_staff and not request.session.get(tokens.SESSION_KEY)
 
     def register(self, model_or_iterable, admin_class=None, **options):
         """Every model but API tokens: DRF's ``TokenAdmin`` (registered by

@@ -38,7 +38,9 @@ class TokenLoginForm(forms.Form):
 
 
 def _session_ends_with(request, token) -> None:
-    """The session ends with the token (revoking it ends it too: ``core.tokens.revoke``)."""
+    """The session ends with the token (revoking it ends it too: ``core.tokens.revoke``),
+    and never opens the admin (``admin_site``), even once its account is made staff."""
+    request.session[tokens.SESSION_KEY] = True
     expires = tokens.expires(token)
     if expires is not None:
         request.session.set_expiry(min(expires, request.session.get_expiry_date()))

@@ -58,6 +58,22 @@ def test_an_analyst_or_auditor_issues_themselves_a_new_token_shown_once(client, 
     assert new not in client.get(home).content.decode()
 
 
+def test_a_session_opened_with_a_token_never_opens_the_admin_even_made_staff(client, analyst):
+    """Signed in with her token, then made staff (the admin's user form): the same cookie
+    opened /admin/ and its pages, to whoever held the token (probe CO). A password sign-in
+    of the same account opens it."""
+    sign_in(client, analyst)
+    type(analyst).objects.filter(pk=analyst.pk).update(is_staff=True)
+    for path in ("/admin/", "/admin/governance/dataset/"):
+        r = client.get(path)
+        assert r.status_code == 302 and "/login/" in r["Location"], (path, r.status_code)
+    analyst.refresh_from_db()
+    analyst.set_password("a-long-pass-phrase-1")
+    analyst.save()
+    assert client.login(username=analyst.username, password="a-long-pass-phrase-1")
+    assert client.get("/admin/").status_code == 200
+
+
 def test_the_token_button_needs_a_post_and_a_session(client, analyst):
     assert client.post("/analyst/token/")["Location"].startswith("/analyst/login/")
     sign_in(client, analyst)
