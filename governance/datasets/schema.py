@@ -65,10 +65,12 @@ def infer_schema(table: pa.Table, unit_column: str = "", carriers: dict[str, int
                          "integer": pa.types.is_integer(t), "integer_from_data": True})
         elif pa.types.is_boolean(t):
             cols.append({"name": name, "type": "categorical", "domain": [False, True]})
-        elif (pa.types.is_time(t) or pa.types.is_duration(t)) and len(
-                uniq := pc.unique(table.column(name).drop_null())) <= MAX_DOMAIN and not identifying(
+        elif _is_moment(t) and len(uniq := pc.unique(table.column(name).drop_null())) <= MAX_DOMAIN and not identifying(
                 len(uniq), held, name):
-            # proposed as the text they are matched as (``_unmatched_text``): 01:00:00.000
+            # proposed as the text they are matched as (``_unmatched_text``): 01:00:00.000;
+            # a date or timestamp as Arrow writes it, which reads back as the same value
+            # (2024-02-29, 2024-02-29 12:00:00.000000Z); they were proposed as text, usable
+            # in no WHERE, GROUP BY or synthetic table until each value was typed by hand
             cols.append({"name": name, "type": "categorical", "domain_from_data": True,
                          "domain": [str(v) for v in uniq.take(pc.sort_indices(uniq)).cast(pa.string()).to_pylist()]})
         elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
@@ -92,6 +94,11 @@ def infer_schema(table: pa.Table, unit_column: str = "", carriers: dict[str, int
         else:
             cols.append({"name": name, "type": "text"})
     return {"columns": cols}
+
+
+def _is_moment(t: pa.DataType) -> bool:
+    """A date, timestamp, time of day or duration (not an interval: Arrow writes none)."""
+    return pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_time(t) or pa.types.is_duration(t)
 
 
 IDENTIFYING_MIN_VALUES = 20

@@ -877,6 +877,15 @@ def test_a_time_of_day_is_declared_as_the_column_s_text_and_an_instant_once(api,
     assert columns(r.json())["tod"]["domain"] == ["00:00:00.000", "01:00:00.000", "02:00:00.000"], r.json()
     assert columns(r.json())["wait"]["domain"] == ["0", "3600"], r.json()
     assert columns(r.json())["nano"]["domain"] == ["00:00:00.000000000", "01:00:00.000000001"], r.json()
+    # dates and timestamps too (proposed as text before, usable in no WHERE or GROUP BY: probe CQ),
+    # as Arrow writes them, which every engine matches back to the same instant
+    from engines.aggregates.compute import category_codes
+
+    assert columns(r.json())["ts"]["domain"] == ["1970-01-01 00:00:00.000"], r.json()
+    assert columns(r.json())["utc"]["domain"] == ["1970-01-01 00:00:00.000Z"], r.json()
+    read = pq.read_table(io.BytesIO(data))
+    for name in ("ts", "utc"):
+        assert set(category_codes(read, name, columns(r.json())[name]["domain"])) == {0}
 
 
 def test_a_new_delta_that_puts_a_capped_grant_past_its_cap_is_refused(api, officer, analyst, make_dataset, grant):

@@ -189,7 +189,7 @@ def test_accepted_odd_but_flat_types(client):
     r = client.post(URL, form(parquet(table), "t.parquet"), format="multipart")
     assert r.status_code == 201, r.content[:300]
     types = {c["name"]: c["type"] for c in r.json()["columns"]}
-    assert types == {"d": "text", "dec": "numeric", "u64": "numeric", "dict": "categorical", "n": "text"}
+    assert types == {"d": "categorical", "dec": "numeric", "u64": "numeric", "dict": "categorical", "n": "text"}
 
 
 @pytest.mark.parametrize("column,fragment", [
