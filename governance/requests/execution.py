@@ -379,7 +379,7 @@ def _run(req: Request, clock: RunClock) -> str:
             late.actual_event = release.actual_event
             raise late
     except Cancelled as c:
-        _empty(workdir)
+        _empty_quietly(workdir)
         return _finish(req, Request.Status.CANCELLED, error={
             "code": "request.cancelled",
             "detail": outcomes.CANCELLED_RUNNING},
@@ -387,13 +387,13 @@ def _run(req: Request, clock: RunClock) -> str:
     except Exception as e:
         if isinstance(e, EngineError) and getattr(e, "nothing_read", False):
             # the engine knows no row was read (a federated run no site answered): refund
-            _empty(workdir)
+            _empty_quietly(workdir)
             return _finish(req, Request.Status.FAILED, error={
                 "code": "request.failed_before_read", "detail": f"No data was read: {e}"},
                 charge=False, clock=clock, officer_report=_jobs(recorder))
         _log_failure(req.pk, e)
         processes.note_out_of_memory(e)
-        _empty(workdir)
+        _empty_quietly(workdir)
         # The engine may name the work done before the failure (a data-parallel run that lost a
         # rank, a training stopped by the time limit: the steps taken); that is charged, as
         # for a cancellation.
@@ -405,8 +405,8 @@ def _run(req: Request, clock: RunClock) -> str:
                                "reading the data; the work done is charged."}
         else:
             error = {"code": "request.failed_after_read", "detail": (
-                "The results storage is full or read-only: the engine could not write its files after reading "
-                "the data; the charge stands." if _storage_full(e) else
+                "The results storage is full, read-only or gone: the engine could not write its files after "
+                "reading the data; the charge stands." if _storage_full(e, workdir) else
                 "The engine failed after reading the data; the charge stands (a failure can depend on the data).")}
         return _finish(req, Request.Status.FAILED, error=error, actual_event=spent, charge=True, clock=clock,
                        officer_report=_jobs(recorder))
@@ -414,7 +414,7 @@ def _run(req: Request, clock: RunClock) -> str:
         result, officer = _keep_files(req, release, workdir, recorder)
     except OSError as e:  # the results disk: the release made but not kept, the charge stands
         log.error("request %s: its files could not be kept: %s", req.pk, e)
-        _empty(workdir)
+        _empty_quietly(workdir)
         return _finish(req, Request.Status.FAILED, error={
             "code": "request.failed_after_read",
             "detail": f"The release could not be stored ({e.strerror or type(e).__name__}); the data was read, so "
@@ -454,11 +454,13 @@ def _time_limited(e: BaseException) -> bool:
     return isinstance(e, SoftTimeLimitExceeded)
 
 
-def _storage_full(e: BaseException) -> bool:
+def _storage_full(e: BaseException, workdir: Path | None = None) -> bool:
     """The engine's failure was a full (over-quota, read-only) disk: a fact about the server, said to
     the analyst, not a message that could quote the data. Seen in the error, or in the disk
-    itself (torch.save says RuntimeError)."""
-    return (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)) or disk_full()
+    itself (torch.save says RuntimeError), or the run's scratch directory gone (the results
+    directory removed or unmounted during the run)."""
+    return ((isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)) or disk_full()
+            or not (workdir is None or workdir.is_dir()))
 
 
 def _keep_files(req: Request, release, workdir: Path, recorder) -> tuple[dict, dict | None]:
@@ -610,6 +612,18 @@ def remove_stale_scratch(older_than: float | None = None) -> list[str]:
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry.name)
     return removed
+
+
+def _empty_quietly(path: Path) -> None:
+    """``_empty`` on a run's way to its outcome, which must be written whatever the disk
+    does: a results directory removed or made read-only during the run raised here, the
+    outcome was never written and the request ran on as "running" until the sweep took its
+    worker for lost, minutes later (probe CP). Left over files go with the next run of this
+    process (``scratch_dir``) or the sweep (``remove_dead_scratch``)."""
+    try:
+        _empty(path)
+    except OSError as e:
+        log.warning("scratch directory %s could not be emptied: %s", path, e)
 
 
 def _empty(path: Path) -> None:

@@ -162,6 +162,7 @@ def test_a_full_results_disk_fails_the_request_at_once_with_the_rule_s_charge(ap
     said so (before: the task's error left the request running until the sweep called its
     worker lost, charged in full)."""
     import errno
+    import shutil
 
     from governance.requests import execution
 
@@ -200,7 +201,23 @@ def test_a_full_results_disk_fails_the_request_at_once_with_the_rule_s_charge(ap
         with django_capture_on_commit_callbacks(execute=True):
             rid = post(api(analyst), {"epsilon": 0.1}).json()["id"]
     req = Request.objects.get(pk=rid)
-    assert "storage is full or read-only" in req.error["detail"] and req.ledger_entry.status == "committed"
+    assert "storage is full, read-only or gone" in req.error["detail"] and req.ledger_entry.status == "committed"
+    # the results directory removed under the run (a probe's mv): emptying the scratch raised
+    # too, no outcome was written, and the request stayed "running" until the sweep's
+    # "worker lost" minutes later
+
+    def vanish(engine, request, meta, data, plan, progress, workdir):
+        (workdir / "model.pt").write_bytes(b"half")
+        shutil.rmtree(workdir.parent.parent)
+        raise RuntimeError("parent directory does not exist")
+
+    with monkeypatch.context() as m:
+        m.setattr(execution.plugins, "run", vanish)
+        with django_capture_on_commit_callbacks(execute=True):
+            rid = post(api(analyst), {"epsilon": 0.1}).json()["id"]
+    req = Request.objects.get(pk=rid)
+    assert (req.status, req.error["code"]) == ("failed", "request.failed_after_read"), req.error
+    assert "gone" in req.error["detail"] and req.ledger_entry.status == "committed"
 
 
 def test_it_keeps_the_charge_of_a_failure_after_the_read_and_hides_its_message(
