@@ -53,6 +53,13 @@ class Outcome:
     failing_since: float | None = None  # monotonic time of its first write that found the database away
     tries: int = 0  # writes tried again since
 
+    def __post_init__(self):
+        # the result as every database gives it back (``trail.storable``), stored and hashed
+        # alike: PostgreSQL's jsonb gave a released 1e17 back as an int, and the analyst's
+        # sha256(salt + canonical(result)) never matched the record's (probe CR)
+        if self.result is not None:
+            self.result = trail.storable(self.result)
+
 
 def write(outcome: Outcome) -> str:
     """Write one outcome in its own transaction; returns the request's status now."""

@@ -129,3 +129,29 @@ def test_a_replay_is_recorded_at_no_charge(api, analyst, clinic, django_capture_
     assert str(rec.request_id) == again["id"] and first["id"] in rec.detail
     assert rec.charge is None and rec.result_sha256 == only_record(action="commit").result_sha256
     assert verification.verify().ok
+
+
+def test_a_result_of_large_numbers_hashes_as_the_analyst_gets_it(api, analyst, auditor, make_dataset, grant,
+                                                                  django_capture_on_commit_callbacks):
+    """A sum over bounds of +-1e17 releases floats of 1e16 and more, which PostgreSQL's jsonb
+    gives back as ints: the record hashed the floats, the analyst got the ints, and her
+    sha256(salt + canonical(result)) never matched; its replay's record hashed the ints, a
+    second hash of one release (probe CR)."""
+    import hashlib
+    import json
+
+    ds = make_dataset("wide", epsilon=5.0, schema={"age": {"lower": 18, "upper": 90},
+                                                   "income": {"lower": -1e17, "upper": 1e17}})
+    grant(analyst, ds)
+    client = api(analyst)
+    ask = {"dataset": "wide", "engine": "aggregates", "kind": "sum", "params": {"column": "income", "epsilon": 1.0}}
+    with django_capture_on_commit_callbacks(execute=True):
+        rid = client.post("/api/requests/", ask, format="json").json()["id"]
+    body = client.get(f"/api/requests/{rid}/").json()
+    assert body["status"] == "succeeded", body
+    text = json.dumps(body["result"], sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    assert "100000000000000000" in text.decode()  # the noise scale, 1e17: past where jsonb writes ints
+    assert client.post("/api/requests/", ask, format="json").status_code == 200  # a replay
+    hashes = {r["action"]: r["result_sha256"] for r in api(auditor).get("/api/audit/").json()["results"]
+              if r["action"] in ("commit", "replay")}
+    assert hashes["commit"] == hashes["replay"] == hashlib.sha256(body["result_salt"].encode() + text).hexdigest()
