@@ -16,6 +16,8 @@ from django.db import models
 
 from accounting import POLICIES
 
+from .core.json_text import RecordJSONDecoder
+
 RELEASE_QUANTUM_MAX_MS = 60_000  # a dataset's release clock: 0 (off) .. one minute
 
 
@@ -302,19 +304,19 @@ class AuditRecord(models.Model):
     reference = models.CharField(max_length=200, blank=True)
     engine = models.CharField(max_length=100, blank=True)
     kind = models.CharField(max_length=100, blank=True)
-    params = models.JSONField(null=True, blank=True)
+    params = models.JSONField(decoder=RecordJSONDecoder, null=True, blank=True)
     outcome = models.CharField(max_length=20, help_text="succeeded, failed, cancelled, charged, refused, replayed")
     reason = models.CharField(max_length=100, blank=True, help_text="Error code of a refusal or failure.")
     detail = models.TextField(blank=True)
-    event = models.JSONField(null=True, blank=True, help_text="The event spent (commit), refunded (release) or "
+    event = models.JSONField(decoder=RecordJSONDecoder, null=True, blank=True, help_text="The event spent (commit), refunded (release) or "
                              "refused (refuse).")
-    reserved_event = models.JSONField(null=True, blank=True, help_text="The event reserved, if more than spent.")
-    charge = models.JSONField(null=True, blank=True, help_text="epsilon/delta of this record alone per accountant.")
-    totals = models.JSONField(help_text="Committed epsilon/delta of the dataset after this record, per accountant.")
+    reserved_event = models.JSONField(decoder=RecordJSONDecoder, null=True, blank=True, help_text="The event reserved, if more than spent.")
+    charge = models.JSONField(decoder=RecordJSONDecoder, null=True, blank=True, help_text="epsilon/delta of this record alone per accountant.")
+    totals = models.JSONField(decoder=RecordJSONDecoder, help_text="Committed epsilon/delta of the dataset after this record, per accountant.")
     non_private = models.BooleanField(default=False)
     result_sha256 = models.CharField(max_length=64, blank=True)
     worker = models.CharField(max_length=200, blank=True)
-    cluster = models.JSONField(null=True, blank=True, help_text="The cluster job of a distributed run: backend, "
+    cluster = models.JSONField(decoder=RecordJSONDecoder, null=True, blank=True, help_text="The cluster job of a distributed run: backend, "
                                "scheduler address (no credentials), job and task keys; of a federated run: backend "
                                "flower, the SuperLink, the Flower run and the sites connected and refused (hashed "
                                "only when set).")

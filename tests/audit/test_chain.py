@@ -99,6 +99,27 @@ def test_any_edited_field_is_found(history, tamperer, field, value):
     assert code == 1 and f"record {rec.seq} " in err
 
 
+@pytest.mark.parametrize("field, value", [
+    ("params", '{"x": ' + "9" * 4301 + "}"),  # valid JSON: SQLite's JSON_VALID and jsonb take it
+    ("event", "[" * 990 + "]" * 990),  # (SQLite's JSON_VALID stops at 1,000 levels)
+    ("totals", '{"rdp": ' + "[" * 990 + "]" * 990 + "}"),
+])
+def test_a_record_edited_to_json_python_cannot_read_is_named_by_verify_and_exports_go_on(
+        history, tamperer, field, value, api, auditor):
+    """One record so edited ended verify, every export and the audit list in a traceback
+    (ValueError past 4,300 digits, RecursionError), naming no record (probe CR)."""
+    ds, _ = history
+    rec = AuditRecord.objects.filter(dataset=ds, action="commit").order_by("seq")[3]
+    sql(f"UPDATE {T} SET {field} = %s WHERE id = %s", [value, rec.pk])
+    code, _, err = run_verify("--all")
+    assert code == 1 and f"record {rec.seq} " in err and "cannot be read" in err, err
+    client = api(auditor)
+    assert client.get("/api/audit/verify/").status_code == 200
+    assert client.get(f"/api/audit/?dataset__name={ds.name}").status_code == 200
+    r = client.get(f"/api/audit/export/?dataset={ds.name}&format=json")
+    assert r.status_code == 200 and b"unreadable JSON" in b"".join(r.streaming_content)
+
+
 def test_edited_charge_with_a_recomputed_hash_disagrees_with_the_ledger(history, tamperer):
     """Someone rewrites a record *and* its hash: the link to the next record breaks."""
     ds, _ = history
