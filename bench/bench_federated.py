@@ -134,6 +134,27 @@ def flower_traffic(home: Path, run_id: str) -> int | None:
         return None
 
 
+class RoundClock:
+    """When each round ended, from the run's own reports (the engine's progress, or the
+    coordinator's events in process): a round's duration is no longer in the result (it
+    followed the sites' rows). ``per_round``: the median time between rounds' ends (the
+    first round, which waits for the sites' hellos, counted only when it is the only one)."""
+
+    def __init__(self):
+        self.t0 = time.monotonic()
+        self.ends: dict[int, float] = {}
+
+    def seen(self, report: dict) -> None:
+        rnd = report.get("round")
+        if isinstance(rnd, int) and rnd not in self.ends and report.get("event", "round") == "round":
+            self.ends[rnd] = time.monotonic()
+
+    def per_round(self) -> float | None:
+        times = [self.ends[k] for k in sorted(self.ends)]
+        gaps = np.diff(times) if len(times) > 1 else np.array(times[:1]) - self.t0
+        return float(np.median(gaps)) if len(gaps) else None
+
+
 def run_real(parts, columns, test_df, runs, rounds, tmp: Path) -> list[dict]:
     paths = []
     for i, p in enumerate(parts):
@@ -160,9 +181,9 @@ def run_real(parts, columns, test_df, runs, rounds, tmp: Path) -> list[dict]:
         for eps, secure in runs:
             req = EngineRequest("train", fed_params(eps, rounds, secure))
             plan = plugins.plan("federated", req, ds)
-            t0 = time.monotonic()
-            rel = plugins.run("federated", req, ds, fedn, plan, lambda p: None, None)
-            wall = time.monotonic() - t0
+            clock = RoundClock()
+            rel = plugins.run("federated", req, ds, fedn, plan, clock.seen, None)
+            wall = time.monotonic() - clock.t0
             r = rel.result
             h = r["history"]
             traffic = flower_traffic(home, r["flower_run_id"])
@@ -172,7 +193,7 @@ def run_real(parts, columns, test_df, runs, rounds, tmp: Path) -> list[dict]:
                                            plan.details["spec"]["target"], test_df),
                 "z": plan.details["noise_multiplier"], "planned": plan.details["planned_epsilon"],
                 "independent": independent_epsilon(plan.event, DELTA), "rounds": r["rounds"],
-                "s_per_round": float(np.median([x["seconds"] for x in h])), "wall": wall,
+                "s_per_round": clock.per_round(), "wall": wall,
                 "payload_per_round": float(np.mean([payload(x) for x in h])),
                 "flower_bytes_per_round": traffic / r["rounds"] if traffic else None,
                 "dp_eval": (h[-1]["eval"].get("accuracy"), h[-1]["eval"].get("accuracy_ci95"))})
@@ -197,9 +218,9 @@ def run_simulated(parts, columns, test_df, runs, rounds, tmp: Path) -> list[dict
     rows = []
     for eps, secure in runs:
         plan = planner.make_plan(EngineRequest("train", fed_params(eps, rounds, secure)), ds)
-        c = coordinator.Coordinator(plan.details, keys, coordinator.LocalTransport(cfg), emit=lambda e: None,
+        clock = RoundClock()
+        c = coordinator.Coordinator(plan.details, keys, coordinator.LocalTransport(cfg), emit=clock.seen,
                                     wait_sites_seconds=0)
-        t0 = time.monotonic()
         r = c.result(c.run())
         rows.append({"setting": f"federated, {len(parts)} sites (simulated, in-process)" + (", SecAgg+" if secure else ""),
                      "epsilon": eps,
@@ -207,8 +228,8 @@ def run_simulated(parts, columns, test_df, runs, rounds, tmp: Path) -> list[dict
                                                 plan.details["spec"]["target"], test_df),
                      "z": plan.details["noise_multiplier"], "planned": plan.details["planned_epsilon"],
                      "independent": independent_epsilon(plan.event, DELTA), "rounds": r["rounds"],
-                     "s_per_round": float(np.median([x["seconds"] for x in r["history"]])),
-                     "wall": time.monotonic() - t0,
+                     "s_per_round": clock.per_round(),
+                     "wall": time.monotonic() - clock.t0,
                      "payload_per_round": float(np.mean([payload(x) for x in r["history"]])),
                      "flower_bytes_per_round": None, "dp_eval": None})
         log("done", rows[-1])

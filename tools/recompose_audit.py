@@ -350,8 +350,8 @@ def log_a_fractional(q: float, sigma: float, alpha: float, max_terms: int = 200_
     Terms are summed in blocks until they are below e^-40 of the total and decreasing;
     returns inf if that does not happen within ``max_terms``.
     """
-    z0 = sigma * sigma * math.log(1 / q - 1) + 0.5
     log_q, log_1mq = math.log(q), math.log1p(-q)
+    z0 = sigma * sigma * (log_1mq - log_q) + 0.5  # log(1/q - 1), where 1/q overflows below q = 5.6e-309
     lg_alpha = gammaln(alpha + 1)
     fl = math.floor(alpha)
     pos = neg = -math.inf

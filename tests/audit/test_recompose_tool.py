@@ -588,3 +588,20 @@ def test_an_export_with_a_tiny_sampling_rate_passes(officer, tmp_path):
     path.write_bytes(audit_export.to_json(audit_export.build([ds])))
     code, out, _ = run(path)
     assert code == 0, out
+
+
+def test_an_export_with_a_subnormal_sampling_rate_passes(officer, tmp_path, api):
+    """1/q past a float's range: the tool's series took q = 5e-324 for no subsampling at all
+    (743 per step at order 1,487) and failed an honest trail at delta 1e-320 (probe CR)."""
+    from governance.ledger import actions as ledger
+
+    ds = register(officer, "subq", "rdp", epsilon=10.0)
+    ledger.charge(ds, officer, {"kind": "subsampled_gaussian", "sample_rate": 5e-324, "noise_multiplier": 1.0,
+                                "steps": 1_000_000})
+    r = api(officer).patch("/api/datasets/subq/", {"budget_delta": 1e-320}, format="json")
+    assert r.status_code == 200, r.content
+    ds.refresh_from_db()
+    path = tmp_path / "export.json"
+    path.write_bytes(audit_export.to_json(audit_export.build([ds])))
+    code, out, _ = run(path)
+    assert code == 0, out
