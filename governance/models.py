@@ -7,6 +7,7 @@ edited once written, and its status only moves forward by compare-and-set.
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from django.conf import settings
@@ -15,8 +16,6 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from accounting import POLICIES
-
-from .core.json_text import RecordJSONDecoder
 
 RELEASE_QUANTUM_MAX_MS = 60_000  # a dataset's release clock: 0 (off) .. one minute
 
@@ -275,6 +274,24 @@ class Request(models.Model):
         return f"{self.engine}.{self.kind} on {self.dataset_id} ({self.status})"
 
 
+#: what an audit record's JSON column that cannot be parsed is read as (``RecordJSONDecoder``)
+UNREADABLE = "unreadable JSON: edited in the database (a number of over 4,300 digits, nesting past the parser's depth)"
+
+
+class RecordJSONDecoder(json.JSONDecoder):
+    """The audit records' JSON columns as read from the database. The service never writes
+    what Python cannot parse, so such a column was edited in the database: one record set to
+    ``{"x": 4301 nines}`` or an array 1,000 deep ended ``audit verify``, every export and the
+    audit list in a traceback, naming no record (probe CR). Read as ``{"unreadable": ...}``,
+    the record fails its hash and verify names it."""
+
+    def decode(self, s, *args, **kwargs):
+        try:
+            return super().decode(s, *args, **kwargs)
+        except (ValueError, RecursionError):
+            return {"unreadable": UNREADABLE}
+
+
 class AuditRecord(models.Model):
     """One link of a dataset's hash chain: a release, a refund, a refusal, a replay, a site's
     secret handed out, an officer's change of the budget or a privacy setting, or of a grant.
@@ -308,18 +325,23 @@ class AuditRecord(models.Model):
     outcome = models.CharField(max_length=20, help_text="succeeded, failed, cancelled, charged, refused, replayed")
     reason = models.CharField(max_length=100, blank=True, help_text="Error code of a refusal or failure.")
     detail = models.TextField(blank=True)
-    event = models.JSONField(decoder=RecordJSONDecoder, null=True, blank=True, help_text="The event spent (commit), refunded (release) or "
-                             "refused (refuse).")
-    reserved_event = models.JSONField(decoder=RecordJSONDecoder, null=True, blank=True, help_text="The event reserved, if more than spent.")
-    charge = models.JSONField(decoder=RecordJSONDecoder, null=True, blank=True, help_text="epsilon/delta of this record alone per accountant.")
-    totals = models.JSONField(decoder=RecordJSONDecoder, help_text="Committed epsilon/delta of the dataset after this record, per accountant.")
+    event = models.JSONField(
+        decoder=RecordJSONDecoder, null=True, blank=True,
+        help_text="The event spent (commit), refunded (release) or refused (refuse).")
+    reserved_event = models.JSONField(
+        decoder=RecordJSONDecoder, null=True, blank=True, help_text="The event reserved, if more than spent.")
+    charge = models.JSONField(
+        decoder=RecordJSONDecoder, null=True, blank=True, help_text="epsilon/delta of this record alone per accountant.")
+    totals = models.JSONField(
+        decoder=RecordJSONDecoder, help_text="Committed epsilon/delta of the dataset after this record, per accountant.")
     non_private = models.BooleanField(default=False)
     result_sha256 = models.CharField(max_length=64, blank=True)
     worker = models.CharField(max_length=200, blank=True)
-    cluster = models.JSONField(decoder=RecordJSONDecoder, null=True, blank=True, help_text="The cluster job of a distributed run: backend, "
-                               "scheduler address (no credentials), job and task keys; of a federated run: backend "
-                               "flower, the SuperLink, the Flower run and the sites connected and refused (hashed "
-                               "only when set).")
+    cluster = models.JSONField(
+        decoder=RecordJSONDecoder, null=True, blank=True,
+        help_text="The cluster job of a distributed run: backend, scheduler address (no credentials), job and task "
+                  "keys; of a federated run: backend flower, the SuperLink, the Flower run and the sites connected and "
+                  "refused (hashed only when set).")
     requested_at = models.DateTimeField(null=True, blank=True)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)

@@ -21,11 +21,10 @@ import numpy as np
 from accounting.costs import Cost
 
 from ..core.batched import batched
-from ..core.json_text import UNREADABLE
 from ..core.snapshot import snapshot
 from ..ledger.limits import charge_summary
 from ..ledger.trail import GENESIS, audited_settings, body, digest, legacy_body, storable, totals_of
-from ..models import AuditRecord, Budget, Dataset, LedgerEntry
+from ..models import UNREADABLE, AuditRecord, Budget, Dataset, LedgerEntry
 
 @dataclass
 class Finding:

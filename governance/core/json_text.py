@@ -140,20 +140,3 @@ def loads(text: str) -> Any:
         raise ValueError(f"not JSON here: {problem}")
     return value
 
-
-#: what an audit record's JSON column that cannot be parsed is read as (``RecordJSONDecoder``)
-UNREADABLE = "unreadable JSON: edited in the database (a number of over 4,300 digits, nesting past the parser's depth)"
-
-
-class RecordJSONDecoder(json.JSONDecoder):
-    """The audit records' JSON columns as read from the database. The service never writes
-    what Python cannot parse, so such a column was edited in the database: one record set to
-    ``{"x": 4301 nines}`` or an array 1,000 deep ended ``audit verify``, every export and the
-    audit list in a traceback, naming no record (probe CR). Read as ``{"unreadable": ...}``,
-    the record fails its hash and verify names it."""
-
-    def decode(self, s, *args, **kwargs):
-        try:
-            return super().decode(s, *args, **kwargs)
-        except (ValueError, RecursionError):
-            return {"unreadable": UNREADABLE}
