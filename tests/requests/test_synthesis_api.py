@@ -215,7 +215,8 @@ def test_a_grid_on_bounds_far_from_zero_registers(make_dataset):
     ({"type": "numeric", "lower": 0, "upper": 1, "decimals": -1}, "decimals must be an integer"),
     ({"type": "numeric", "lower": 0, "upper": 1, "decimals": 1.5}, "decimals must be an integer"),
     ({"type": "numeric", "lower": 0, "upper": 1, "integer": True, "decimals": 2}, "0 decimals"),
-    ({"type": "categorical", "domain": ["a"], "decimals": 1}, "only to numeric"),
+    ({"type": "categorical", "domain": ["0.5"], "decimals": 1}, "only to numeric"),  # (x holds floats: "0.5" as written)
+    ({"type": "categorical", "domain": ["a"]}, "'a' matches no row"),
     ({"type": "numeric", "lower": 0, "upper": 1, "nullable": "no"}, "nullable must be true or false"),
     ({"type": "numeric", "lower": 0.151, "upper": 0.159, "decimals": 2}, "no value with 2 decimals lies in"),
     ({"type": "numeric", "lower": 0.2, "upper": 0.8, "integer": True}, "no integer lies in [0.2, 0.8]"),
