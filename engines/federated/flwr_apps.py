@@ -62,10 +62,11 @@ class GridTransport:
 
     def send(self, sends: dict) -> dict:
         """Pushes the messages: node id -> message id."""
-        nodes = list(sends)
-        msgs = [Message(_pack(sends[n][2], sends[n][1]), dst_node_id=n, message_type=MESSAGE_TYPE[sends[n][0]])
-                for n in nodes]
-        return dict(zip(nodes, self.grid.push_messages(msgs))) if msgs else {}
+        if not sends:
+            return {}
+        msgs = [Message(_pack(arrays, job), dst_node_id=n, message_type=MESSAGE_TYPE[kind])
+                for n, (kind, job, arrays) in sends.items()]
+        return dict(zip(sends, self.grid.push_messages(msgs)))
 
     def receive(self, handles: dict, timeout: float) -> dict:
         """The replies to ``handles`` (node id -> message id) that arrive within ``timeout``

@@ -139,4 +139,3 @@ def loads(text: str) -> Any:
     if problem := json_problem(value, strings=bool(SUSPECT_ESCAPE.search(text))):
         raise ValueError(f"not JSON here: {problem}")
     return value
-

@@ -56,12 +56,12 @@ def _column(spec: dict, is_unit: bool, rows: int, rng: np.random.Generator) -> t
                 return [int(v) for v in np.round(vals * 10)], "no declared bounds: integers around 0"
             return [float(v) for v in vals], "no declared bounds: standard normal"
         lo, hi = float(lo), float(hi)
-        first, last = (math.ceil(lo), math.floor(hi)) if integer else (1, 0)
-        if first <= last and -2**63 <= first and last < 2**63 - 1:
-            return [int(v) for v in rng.integers(first, last + 1, rows)], f"integers uniform in [{lo:g}, {hi:g}]"
-        if first <= last:  # past int64 (a bound of 2^64 or -1e19): whole floats, as exact as floats are there
-            return ([min(last, max(first, int(v))) for v in rng.uniform(lo, hi, rows)],
-                    f"integers uniform in [{lo:g}, {hi:g}]")
+        if integer and (first := math.ceil(lo)) <= (last := math.floor(hi)):
+            if -2**63 <= first and last < 2**63 - 1:
+                values = [int(v) for v in rng.integers(first, last + 1, rows)]
+            else:  # past int64 (a bound of 2^64 or -1e19): whole floats, as exact as floats are there
+                values = [min(last, max(first, int(v))) for v in rng.uniform(lo, hi, rows)]
+            return values, f"integers uniform in [{lo:g}, {hi:g}]"
         d = spec.get("decimals")
         if not integer and isinstance(d, int) and 0 <= d <= 15:
             scale = 10.0 ** d  # on the declared grid: k / 10^d, as rounded, inside the bounds
