@@ -168,15 +168,16 @@ def _sweep(now, lost_after, requeue_after) -> dict:
             # time in the database's future (its clock stepped back past it) is no restart:
             # it turned every sweep off until the clock caught up (a probe's)
             WATCH.afresh = True
-        running = {pk: (beat, started, worker) for pk, beat, started, worker in Request.objects.filter(
-            status=Request.Status.RUNNING).values_list("pk", "heartbeat_at", "started_at", "worker")}
+        running = {pk: (beat, started, worker, engine) for pk, beat, started, worker, engine in Request.objects.filter(
+            status=Request.Status.RUNNING).values_list("pk", "heartbeat_at", "started_at", "worker", "engine")}
 
         def vouched():
             alive = _live_nodes()
-            return {pk for pk, (_, _, worker) in running.items() if worker and worker in alive}
+            return {pk for pk, (_, _, worker, engine) in running.items()
+                    if worker in alive and (alive[worker] is None or _queue_of(engine) in alive[worker])}
 
         candidates = [(pk, _unchanged(*running[pk][:2])) for pk in WATCH.lost(
-            [(pk, beat or started) for pk, (beat, started, _) in running.items()], cutoff, lost_after, vouched)]
+            [(pk, beat or started) for pk, (beat, started, *_) in running.items()], cutoff, lost_after, vouched)]
     lost = []
     for pk, still in candidates:
         if _finish_lost(pk, still, now):
@@ -274,15 +275,29 @@ def _pending(queues: set[str]) -> set[str] | None:
         return None
 
 
-def _live_nodes() -> set[str]:
-    """The Celery node names with a live liveness record (none when they cannot be read:
-    the database's clock then decides, as before)."""
+def _live_nodes() -> dict[str, set[str] | None]:
+    """The Celery node names with a live liveness record, each with the queues its live
+    processes consume (None: a record that does not say, any queue); empty when they cannot
+    be read: the database's clock then decides, as before. Two ``manage.py worker`` on one
+    host, one per queue, are one node (``celery@<host>``): the cpu one killed, the gpu one
+    vouched for its request for minutes (a probe); only a live process of the request's
+    queue vouches now."""
     from ..core import liveness
 
     try:
-        return {r["node"] for r in liveness.alive()}
+        records = liveness.alive()
     except Exception:  # noqa: BLE001 - Redis away: judged by the database's clock
-        return set()
+        return {}
+    nodes: dict[str, set[str] | None] = {}
+    for r in records:
+        queues = r.get("queues")
+        if not r.get("node"):
+            continue
+        if not isinstance(queues, list) or not queues or nodes.get(r["node"], set()) is None:
+            nodes[r["node"]] = None
+        else:
+            nodes[r["node"]] = nodes.get(r["node"], set()) | {str(q) for q in queues}
+    return nodes
 
 
 def _unchanged(heartbeat, started):

@@ -179,12 +179,39 @@ def test_a_request_of_a_live_worker_seen_first_is_watched_not_swept(api, analyst
     assert sweep(lost_after=LOST_AFTER)["lost"] == [rid2]
 
 
+def test_a_live_worker_of_another_queue_on_the_same_node_does_not_vouch(api, analyst, clinic, settings, tmp_path,
+                                                                         django_capture_on_commit_callbacks):
+    """Two ``manage.py worker`` on one host, one per queue, are both ``celery@<host>``: the
+    cpu one killed, the live gpu one vouched for its running request, which waited for the
+    sweep's watch (minutes) where a dead worker's is finished at first sight (a probe). Only a
+    live process consuming the request's own queue vouches."""
+    from governance.core import liveness
+
+    settings.VAR_DIR, settings.REDIS_URL = tmp_path, ""
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)  # an aggregate: the cpu queue
+    running(rid, db_now() - timedelta(minutes=10))
+    Request.objects.filter(pk=rid).update(worker="celery@box")
+    assert recovery._queue_of(Request.objects.get(pk=rid).engine) == "cpu"
+    gpu = liveness.Heartbeat("celery@box", ["sweep", "gpu"], interval=60).start()
+    try:
+        assert sweep(lost_after=LOST_AFTER)["lost"] == [rid]  # the gpu process does not vouch
+        rid2 = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+        running(rid2, db_now() - timedelta(minutes=10))
+        Request.objects.filter(pk=rid2).update(worker="celery@box")
+        cpu = liveness.Heartbeat("celery@box", ["sweep", "cpu"], interval=60)
+        cpu.record["pid"] = cpu.record["pid"] + 1  # another process of the same node
+        cpu.beat()
+        assert sweep(lost_after=LOST_AFTER)["lost"] == []  # a live cpu process of its node: watched
+    finally:
+        gpu.stop()
+
+
 def test_the_liveness_records_are_read_only_when_a_request_seen_first_looks_stale(
         api, analyst, clinic, monkeypatch, django_capture_on_commit_callbacks):
     """Every sweep read them (one Redis call, or a listing of the embedded broker's folder),
     though they decide only for a request not watched before whose heartbeat is old."""
     reads = []
-    monkeypatch.setattr(recovery, "_live_nodes", lambda: reads.append(1) or set())
+    monkeypatch.setattr(recovery, "_live_nodes", lambda: reads.append(1) or {})
     rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
     running(rid, db_now())
     assert sweep(lost_after=LOST_AFTER)["lost"] == [] and reads == []  # recent: watched, none read
