@@ -191,17 +191,20 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated, IsOfficer])
     def charges(self, request, name=None):
         """Record a release made outside the service: through the gate (409 if it does not
-        fit) and committed at once. Privacy officers only."""
+        fit) and committed at once; named to an analyst, hers and under her grant too (403
+        when she has none here). Privacy officers only."""
         ds = self.get_object()
         data = s.ChargeInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         from ..requests.submission import GATE_REFUSALS
 
+        analyst = data.validated_data.get("analyst")
         try:
-            entry = ledger.charge(ds, request.user, data.validated_data["event"],
-                                  reference=data.validated_data["reference"])
+            entry = ledger.charge(ds, analyst or request.user, data.validated_data["event"],
+                                  reference=data.validated_data["reference"],
+                                  recorded_by=request.user if analyst else None)
         except GATE_REFUSALS as e:
-            trail.record_refusal(ds, request.user, data.validated_data["event"], e, trail.Context(
+            trail.record_refusal(ds, analyst or request.user, data.validated_data["event"], e, trail.Context(
                 kind="external charge", detail=data.validated_data["reference"]))
             raise
         return Response(s.LedgerEntrySerializer(entry).data, status=status.HTTP_201_CREATED)

@@ -273,6 +273,19 @@ class ChargeInputSerializer(StrictInput, serializers.Serializer):
     event = SafeJSONField(help_text="The mechanism event of the release")
     reference = serializers.CharField(required=False, allow_blank=True, default="", max_length=200,
                                       help_text="What was released and where")
+    analyst = serializers.CharField(
+        required=False, max_length=150,
+        help_text="The username of the analyst the release went to: the charge is hers, counted against her grant "
+                  "on the dataset as well as the dataset's budget (a release a restored database lost is re-recorded "
+                  "so). Without it the charge is the officer's own, under the dataset's budget only.")
+
+    def validate_analyst(self, value):
+        from ..core.roles import is_auditor, is_officer
+
+        user = User.objects.filter(username=value, is_active=True).first()
+        if user is None or is_officer(user) or is_auditor(user):
+            raise serializers.ValidationError(f"no active analyst is named {value!r}")
+        return user
 
 
 class ComposeInputSerializer(StrictInput, serializers.Serializer):

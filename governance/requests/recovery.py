@@ -321,6 +321,36 @@ def finish_killed_by_time_limit(task_id: str, limit: int) -> str | None:
     return str(pk) if pk is not None and _finish_lost(pk, Q(run_task=task_id), db_now(), error) else None
 
 
+RESTORED = {"code": "request.restored",
+            "detail": "The service's database was restored from a backup taken while this request was queued or "
+                      "running; its answer may have been released after the backup, so it is not run again and is "
+                      "charged in full."}
+
+
+def finish_restored() -> list[str]:
+    """After a restore from a backup (deploy/README.md, Restore), before any worker starts:
+    every request still queued or running is finished as failed (``request.restored``),
+    its reservation committed, its files (if any) kept. The backup forgot what happened to
+    them: a probe's queued synthesis ran again after the restore and its analyst held two
+    different tables for one charge, the first table's files overwritten; a running one
+    would have been swept as lost with its files deleted. Returns their ids."""
+    done = []
+    now = db_now()
+    for pk in Request.objects.filter(status__in=[Request.Status.QUEUED, Request.Status.RUNNING]).values_list(
+            "pk", flat=True):
+        with transaction.atomic():
+            if not Request.objects.filter(pk=pk, status__in=[Request.Status.QUEUED, Request.Status.RUNNING]).update(
+                    status=Request.Status.FAILED, error=RESTORED, finished_at=now):
+                continue
+            req = Request.objects.get(pk=pk)
+            Request.objects.filter(pk=pk).update(progress={**(req.progress or {}), "phase": "failed"})
+            if req.ledger_entry_id:
+                ledger.commit(req.ledger_entry_id, audit_ctx=trail.Context.of_request(
+                    req, outcome=Request.Status.FAILED, reason=RESTORED["code"], detail=RESTORED["detail"]))
+        done.append(str(pk))
+    return done
+
+
 def _finish_lost(pk, still: Q, now, error=LOST) -> bool:
     with transaction.atomic():
         # the request row first, then the ledger: the order governance.requests.execution uses

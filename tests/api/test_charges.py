@@ -198,3 +198,63 @@ def test_it_accepts_the_largest_noise_multiplier_as_almost_free_and_refuses_more
     assert r.json()["charge"]["rdp"]["epsilon"] < 1e-6
     r = api(officer).post(url, {"event": {"kind": "gaussian", "noise_multiplier": 1e300}}, format="json")
     assert r.status_code == 400 and "noise_multiplier" in r.json()["detail"], r.content
+
+
+def test_a_charge_named_to_an_analyst_counts_against_her_grant(api, officer, analyst, analyst2, auditor, clinic,
+                                                                grant):
+    """A probe restored a backup and re-recorded the releases it lost with this endpoint, as
+    the restore steps say: each was the officer's, so the analyst's grant forgot them and she
+    was given epsilon 1.4 against a cap of 1.0. Named to her, the charge is hers."""
+    from governance.models import AuditRecord
+
+    grant(analyst, clinic, cap_epsilon=0.5)
+    boss = api(officer)
+    r = boss.post(url(), {"event": {"kind": "laplace", "epsilon": 0.4}, "reference": "lost by a restore",
+                          "analyst": "ann"}, format="json")
+    assert r.status_code == 201, r.json()
+    assert (r.json()["analyst"], r.json()["status"]) == ("ann", "committed")
+    mine = api(analyst).get("/api/me/").json()["grants"]
+    assert [g["spent"]["basic"]["epsilon"] for g in mine] == [pytest.approx(0.4)]
+    record = AuditRecord.objects.filter(action="commit").latest("seq")
+    assert (record.actor, record.kind, record.detail) == ("ann", "external charge", "recorded by olivia")
+    # her cap now refuses what the lost release spent
+    assert_error(boss.post(url(), {"event": {"kind": "laplace", "epsilon": 0.2}, "analyst": "ann"}, format="json"),
+                 409, "budget.exceeded")
+    before = snapshot(clinic)
+    assert_error(boss.post(url(), {"event": {"kind": "laplace", "epsilon": 0.05}, "analyst": "bob"}, format="json"),
+                 403)  # no grant here
+    for name in ("olivia", auditor.username, "nobody"):
+        r = boss.post(url(), {"event": {"kind": "laplace", "epsilon": 0.05}, "analyst": name}, format="json")
+        assert_error(r, 400)
+        assert "no active analyst" in r.json()["errors"]["analyst"][0]
+    assert snapshot(clinic) == before
+
+
+def test_the_charge_command_records_as_the_endpoint_does_without_a_web_service(officer, analyst, clinic, grant):
+    """After a restore the lost releases are re-recorded before anyone may ask again: with
+    the web service up for that, analysts could ask first (a probe)."""
+    from django.core.management import CommandError, call_command
+
+    from governance.audit import verification
+    from governance.models import AuditRecord
+
+    grant(analyst, clinic, cap_epsilon=0.5)
+    call_command("charge", "clinic", "--event", '{"kind": "laplace", "epsilon": 0.4}', "--officer", "olivia",
+                 "--analyst", "ann", "--reference", "seq 7 of the filed export")
+    entry = LedgerEntry.objects.get()
+    assert (entry.analyst.username, entry.status, entry.reference) == ("ann", "committed", "seq 7 of the filed export")
+    assert AuditRecord.objects.filter(action="commit").latest("seq").detail == "recorded by olivia"
+    before = snapshot(clinic)
+    for args, message in [
+            (["clinic", "--event", '{"kind": "laplace", "epsilon": 0.2}', "--officer", "olivia", "--analyst", "ann"],
+             "budget.exceeded"),  # her cap counts the re-recorded release
+            (["clinic", "--event", "{", "--officer", "olivia"], "not JSON"),
+            (["clinic", "--event", '{"kind": "laplace", "epsilon": -1}', "--officer", "olivia"], "event"),
+            (["clinic", "--event", '{"kind": "no_op"}', "--officer", "ann"], "no active privacy officer"),
+            (["clinic", "--event", '{"kind": "no_op"}', "--officer", "olivia", "--analyst", "olivia"],
+             "no active analyst"),
+            (["nope", "--event", '{"kind": "no_op"}', "--officer", "olivia"], "no dataset named")]:
+        with pytest.raises(CommandError, match=message):
+            call_command("charge", *args)
+    assert snapshot(clinic)[1] == before[1]
+    assert verification.verify().ok

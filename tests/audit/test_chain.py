@@ -331,7 +331,8 @@ def test_verify_warns_of_released_files_the_database_does_not_know(history, sett
     from governance.models import Request
 
     ds, _ = history
-    known = Request.objects.create(dataset=ds, analyst=analyst, engine="aggregates", kind="count", params={}, plan={})
+    known = Request.objects.create(dataset=ds, analyst=analyst, engine="aggregates", kind="count", params={}, plan={},
+                                   status=Request.Status.SUCCEEDED)
     for rid in (known.pk, "not-a-request", ".scratch"):
         (settings.RESULTS_DIR / str(rid)).mkdir(parents=True)
     code, out, err = run_verify()
@@ -341,3 +342,10 @@ def test_verify_warns_of_released_files_the_database_does_not_know(history, sett
     code, out, err = run_verify()
     assert code == 0 and "ok:" in out  # the chains are whole: a warning, not a finding
     assert "1 request(s) this database does not know" in err and str(lost) in err
+    # a request the backup holds as queued, released after it (a probe's: run again after the restore)
+    queued = Request.objects.create(dataset=ds, analyst=analyst, engine="aggregates", kind="count", params={}, plan={})
+    assert queued.status == Request.Status.QUEUED
+    (settings.RESULTS_DIR / str(queued.pk)).mkdir()
+    code, out, err = run_verify()
+    assert code == 0 and "2 request(s) this database does not know, or knows as still queued" in err, err
+    assert "recover --restored" in err

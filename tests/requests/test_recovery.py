@@ -109,6 +109,41 @@ def test_the_recover_command(api, analyst, clinic, django_capture_on_commit_call
     assert f"lost: 1 {rid}" in out and "requeued: 0" in out
 
 
+def test_after_a_restore_requests_in_flight_at_the_backup_are_finished_charged_not_run_again(
+        api, analyst, clinic, django_capture_on_commit_callbacks, capsys, settings):
+    """A probe restored a backup taken while a synthesis was queued: its worker ran it again,
+    the analyst held two different tables for one charge and the first table's files were
+    overwritten; a request running at the backup would have been swept as lost with its
+    files deleted. ``recover --restored`` (before the workers start) finishes both as
+    ``request.restored``, charged in full, their files kept, each with its audit record."""
+    from governance.models import LedgerEntry
+
+    client = api(analyst)
+    waiting = queued(client, capture=django_capture_on_commit_callbacks)
+    taken = queued(client, eps=0.1, capture=django_capture_on_commit_callbacks)
+    as_if_a_worker_died(taken, data_read=True)
+    with django_capture_on_commit_callbacks(execute=True):
+        done = post(client, {"epsilon": 0.1}).json()["id"]
+    kept = settings.RESULTS_DIR / str(waiting)
+    kept.mkdir(parents=True)
+    (kept / "synthetic.csv").write_text("a\n1\n")  # released after the backup
+    call_command("recover", "--restored")
+    out = capsys.readouterr().out
+    assert out.startswith("restored: 2 ") and waiting in out and taken in out and done not in out
+    for rid in (waiting, taken):
+        req = Request.objects.get(pk=rid)
+        assert (req.status, req.error["code"]) == ("failed", "request.restored")
+        assert LedgerEntry.objects.get(pk=req.ledger_entry_id).status == "committed"
+        rec = AuditRecord.objects.get(request_id=rid)
+        assert (rec.action, rec.outcome, rec.reason) == ("commit", "failed", "request.restored")
+    assert (kept / "synthetic.csv").read_text() == "a\n1\n"
+    assert Request.objects.get(pk=done).status == "succeeded"
+    assert execute(waiting, worker="cpu@later") == "failed"  # a message still in the broker runs nothing
+    assert verification.verify().ok
+    call_command("recover", "--restored")
+    assert capsys.readouterr().out.startswith("restored: 0")
+
+
 def test_the_sweep_removes_a_copy_no_dataset_names_once_it_is_old(make_dataset, settings):
     """A registration killed between its copy and its row (SIGKILL skips the clean-up) left
     a copy of the rows in DATA_DIR forever (a hostile probe, 2026-11-27)."""

@@ -65,8 +65,9 @@ class Command(BaseCommand):
         if unknown := unknown_results():
             self.stderr.write(self.style.WARNING(
                 f"warning: RESULTS_DIR holds the released files of {len(unknown)} request(s) this database does not "
-                f"know (e.g. {unknown[0]}): was it restored from a backup older than them? Their releases are not in "
-                "the ledger; re-record them (deploy/README.md, Restore)."))
+                f"know, or knows as still queued (e.g. {unknown[0]}): was it restored from a backup older than them? "
+                "Their releases are not in the ledger; re-record them, and run `manage.py recover --restored` before "
+                "any worker starts (deploy/README.md, Restore)."))
         if result.ok:
             self.stdout.write(self.style.SUCCESS(
                 f"ok: {result.records} records in {result.datasets} chain(s) verify and agree with the ledger"))
@@ -118,10 +119,11 @@ def _datasets(names):
 
 
 def unknown_results() -> list[str]:
-    """The request ids of RESULTS_DIR's directories that no request of this database has, in
-    name order: files released after the backup a restored database was made from (the
-    chains verify then: only a head filed after the backup, or these, show the loss).
-    Nothing on a host that does not hold RESULTS_DIR."""
+    """The request ids of RESULTS_DIR's directories that no request of this database has,
+    or a request it has as still queued (which never has files), in name order: files
+    released after the backup a restored database was made from (the chains verify then:
+    only a head filed after the backup, or these, show the loss). Nothing on a host that
+    does not hold RESULTS_DIR."""
     from django.conf import settings
 
     from ...models import Request
@@ -133,7 +135,8 @@ def unknown_results() -> list[str]:
         return []
     known: set[str] = set()
     for i in range(0, len(ids), 500):
-        known.update(str(pk) for pk in Request.objects.filter(pk__in=ids[i:i + 500]).values_list("pk", flat=True))
+        known.update(str(pk) for pk in Request.objects.filter(pk__in=ids[i:i + 500]).exclude(
+            status=Request.Status.QUEUED).values_list("pk", flat=True))
     return [i for i in ids if i not in known]
 
 

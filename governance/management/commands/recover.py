@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from ...requests.recovery import sweep
+from ...requests.recovery import finish_restored, sweep
 
 
 def _seconds(text: str) -> float:
@@ -28,8 +28,16 @@ class Command(BaseCommand):
                             help="seconds of silence (default REQUEST_LOST_AFTER_SECONDS)")
         parser.add_argument("--requeue-after", type=_seconds,
                             help="seconds in the queue (default REQUEST_REQUEUE_AFTER_SECONDS)")
+        parser.add_argument("--restored", action="store_true",
+                            help="after restoring the database from a backup, before any worker starts "
+                                 "(deploy/README.md, Restore): finish every request still queued or running as "
+                                 "failed (request.restored), charged in full, its files kept: its answer may have "
+                                 "been released after the backup; then sweep as usual")
 
-    def handle(self, *args, lost_after=None, requeue_after=None, **options):
+    def handle(self, *args, lost_after=None, requeue_after=None, restored=False, **options):
+        if restored:
+            ids = finish_restored()
+            self.stdout.write(f"restored: {len(ids)} {' '.join(ids)}".rstrip())
         result = sweep(lost_after=lost_after, requeue_after=requeue_after)
         self.stdout.write(f"lost: {len(result['lost'])} {' '.join(result['lost'])}".rstrip())
         self.stdout.write(f"requeued: {len(result['requeued'])} {' '.join(result['requeued'])}".rstrip())
