@@ -316,21 +316,60 @@ def _like(p: dict, spec: dict, errors: dict, key: str) -> dict | None:
     return {"column": p["column"], "op": "in", "value": matches, "type": "categorical"}
 
 
-def like_pattern(pattern: str, case: bool = True) -> re.Pattern | None:
-    """A LIKE pattern (``%``, ``_``, backslash escapes) as a regular expression for
-    ``fullmatch``; None if it ends with a lone backslash."""
-    out, i = [], 0
+class LikePattern:
+    """A LIKE pattern (``%``, ``_``, backslash escapes) matched in linear passes: the text
+    between ``%``s is a fixed-length piece (``_`` any one character) found leftmost in turn,
+    the first at the start, the last at the end. A regular expression of ``.*``s backtracked:
+    ten ``%`` before a letter no value holds took 62 s to plan, a hundred held the web
+    process past 9 minutes, free through ``estimate`` (a probe). ``case=False`` (ILIKE)
+    compares ``lower()`` of both sides, as SQL does, not Unicode case folding (which made
+    ``'%σ'`` match ``σας``: 395 rows where DuckDB counts 192)."""
+
+    def __init__(self, pieces: list[list[str]], case: bool):
+        """``pieces``: the regular expressions of each piece's characters (one each)."""
+        self.case = case
+        self.pieces = [re.compile("".join(p), re.DOTALL) for p in pieces]
+        self.last_len = len(pieces[-1])
+
+    def fullmatch(self, text: str) -> bool:
+        if not self.case:
+            text = text.lower()
+        first, *middle = self.pieces
+        if not middle:
+            return first.fullmatch(text) is not None
+        *middle, last = middle
+        m = first.match(text)
+        if m is None:
+            return False
+        pos = m.end()
+        for piece in middle:
+            m = piece.search(text, pos)
+            if m is None:
+                return False
+            pos = m.end()
+        start = len(text) - self.last_len
+        return start >= pos and last.fullmatch(text, start) is not None
+
+
+def like_pattern(pattern: str, case: bool = True) -> LikePattern | None:
+    """``pattern`` as a ``LikePattern``; None if it ends with a lone backslash."""
+    if not case:
+        pattern = pattern.lower()
+    pieces, i = [[]], 0
     while i < len(pattern):
         c = pattern[i]
         if c == "\\":
             if i + 1 == len(pattern):
                 return None
-            out.append(re.escape(pattern[i + 1]))
+            pieces[-1].append(re.escape(pattern[i + 1]))
             i += 2
             continue
-        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+        if c == "%":
+            pieces.append([])
+        else:
+            pieces[-1].append("." if c == "_" else re.escape(c))
         i += 1
-    return re.compile("".join(out), re.DOTALL | (0 if case else re.IGNORECASE))
+    return LikePattern(pieces, case)
 
 
 def in_domain(value: Any, domain: list) -> bool:
