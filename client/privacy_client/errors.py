@@ -173,10 +173,12 @@ class RequestFailed(ApiError):
     """An admitted request that ended without a result: ``code`` is the request's
     ``error.code`` (``request.failed_before_read``: refunded; ``request.failed_after_read``
     and ``request.worker_lost``: the charge stands; ``request.time_limit``: the work done is
-    charged; ``request.cancelled``); ``request`` is the request as the service last showed it."""
+    charged; ``request.restored``: in flight when the service's database was backed up and
+    then restored, charged in full; ``request.cancelled``); ``request`` is the request as the
+    service last showed it."""
 
     codes = ("request.failed_before_read", "request.failed_after_read", "request.worker_lost",
-             "request.time_limit", "request.cancelled", "engine.error")
+             "request.time_limit", "request.restored", "request.cancelled", "engine.error")
 
     @property
     def request(self) -> dict[str, Any]:

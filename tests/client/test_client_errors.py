@@ -256,6 +256,19 @@ def test_worker_lost(server, monkeypatch):
     assert e.value.request["charge"]["ledger_status"] == "committed"
 
 
+def test_restored(server, monkeypatch):
+    from django.core.management import call_command
+
+    from governance.requests import submission
+
+    monkeypatch.setattr(submission, "enqueue", lambda pk, queue: None)
+    queued = server.analyst.submit("clinic", "count", epsilon=0.5)
+    call_command("recover", "--restored")
+    with raises(pc.RequestFailed, "request.restored", 200) as e:
+        server.analyst.wait(queued.id)
+    assert e.value.request["charge"]["ledger_status"] == "committed"
+
+
 def test_time_limit(server, monkeypatch):
     from celery.exceptions import SoftTimeLimitExceeded
 
