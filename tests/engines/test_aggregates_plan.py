@@ -230,7 +230,7 @@ def test_quantile_is_an_exponential_mechanism_epsilon_delta_event():
     assert p.event == {"kind": "epsilon_delta", "epsilon": pytest.approx(0.8), "delta": 0.0}
     parse_event(p.event)
     qd = p.details["quantile"]
-    assert qd["grid"] == {"lower": 18.0, "upper": 90.0, "count": 1024}
+    assert qd["grid"] == {"lower": 18.0, "upper": 90.0, "count": 73}  # age is declared integer: each whole year
     assert (qd["alpha_num"], qd["alpha_den"]) == (1, 2)
     # report-noisy-max on scores of sensitivity 1 (q = 1/2): epsilon = 2 * 1 / scale; 7/16 of
     # the budget for the answer, 7/32 for each end of its interval and 1/16 for each end's
