@@ -185,8 +185,10 @@ def _group_key(i: int, g: Any, dataset: DatasetMeta, errors: dict) -> dict | Non
     cuts = [float(t) if closed == "left" else math.nextafter(float(t), math.inf) for t in th]
     # bins [e_i, e_i+1) over the clamped values; the outer edges hold every value in [lo, hi]
     edges = [min(lo, cuts[0]) - 1.0] + cuts + [math.nextafter(max(hi, cuts[-1]) + 1.0, math.inf)]
-    if len(set(labels)) != len(labels):  # the same label for two bins: they are one group
-        _err(errors, key, "labels must differ (merge the bins with one threshold instead)")
+    if len({P.as_text(v) for v in labels}) != len(labels):  # the same label for two bins: they are one group
+        # (compared as text: '1' and 1 were two groups where SQL makes one of both types' rows)
+        _err(errors, key, "labels must differ, also as text ('1' and 1 are one label; merge the bins with one "
+                          "threshold instead)")
         return None
     # a null (or NaN) is not < t: it takes ELSE, as in SQL (every row has a group). Each
     # row's own value is compared, as WHERE compares it: clamped to the declared bounds

@@ -442,3 +442,18 @@ def test_a_column_compared_with_another_must_be_numeric_and_declared():
     assert "both are declared numeric" in errors([{"column": "age", "op": "in", "value": {"column": "income"}}])
     assert "unknown column 'wage'" in errors([{"column": "age", "op": ">", "value": {"column": "wage"}}])
     assert "names another column" in errors([{"column": "age", "op": ">", "value": {"column": "income", "x": 1}}])
+
+
+def test_case_labels_equal_as_text_are_refused_as_one_group():
+    """A probe: THEN '1' ELSE 1 made two groups, '1' and 1, where SQL puts every row in one."""
+    ds = DatasetMeta(name="t", columns={"k": {"type": "numeric", "lower": -10, "upper": 10}},
+                     unit_column=None, n_rows=100, n_units=100, delta=1e-6)
+
+    def plan(sql):
+        req = sqlplan.translate(sql, {"epsilon": 1})
+        return plugins.plan("aggregates", EngineRequest(req.kind, req.params), ds)
+
+    plan("SELECT CASE WHEN k < 0 THEN 'neg' ELSE 'pos' END AS b, COUNT(*) FROM t GROUP BY b")
+    for labels in ("'1' ELSE 1", "1 ELSE 1.0"):
+        with pytest.raises(PlanError, match="labels must differ, also as text"):
+            plan(f"SELECT CASE WHEN k < 0 THEN {labels} END AS b, COUNT(*) FROM t GROUP BY b")
