@@ -5,7 +5,8 @@ alone, never from its stored rows, so the answer says nothing about the data and
 nothing. The query is first priced by the service (``estimate_sql``, free), which also
 checks it exactly as a real run would (unsupported SQL, literals outside the declared
 domain, ... raise the same errors) and says which request it becomes; DuckDB then runs the
-same SQL on the dummy rows and the answer is put in the shape of the service's release, so
+same SQL on the dummy rows (an aggregate of one column, grouped by one or not: the request
+it became, written back as SQL) and the answer is put in the shape of the service's release, so
 ``Result.df`` has the same columns as the real answer's (its intervals are empty: no noise
 was added). Needs DuckDB: ``pip install './client[dummy]'``.
 
@@ -65,6 +66,13 @@ def run(client: "Client", sql: str, dataset: str, rows: int = DEFAULT_ROWS, seed
     if estimate is None:
         estimate = client.estimate_sql(sql, dataset=dataset, **priced(options))
     request = estimate.request or {}
+    params = request.get("params") or {}
+    if request.get("engine", "aggregates") == "aggregates" and request.get("kind") in _AGG and \
+            isinstance(params.get("group_by", ""), str):
+        # the request the service made of the SQL, as SQL with its key first and its value
+        # last, as ``_release`` reads them: the analyst's own put them anywhere (a probe's
+        # ``SELECT COUNT(*), site ... GROUP BY site``, or no key selected: every group 0)
+        sql, _ = sql_of(dataset, "aggregates", request["kind"], params)
     frame = client.preview(dataset, rows=rows, seed=seed)
     folded: dict = {}
     for name in frame.columns:

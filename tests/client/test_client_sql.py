@@ -44,6 +44,13 @@ def test_dummy_runs_on_dummy_rows_with_duckdb_charging_nothing_in_the_same_shape
     simple = server.analyst.sql("SELECT site, COUNT(*) FROM clinic GROUP BY site", dummy=True, dummy_rows=50)
     assert list(simple.df.columns) == ["value", "ci_low", "ci_high"] and simple.df.index.name == "site"
     assert simple.df["value"].sum() == 50
+    # the key anywhere, or not selected at all: the same groups (a probe's were all 0)
+    for sql in ["SELECT COUNT(*) FROM clinic GROUP BY site", "SELECT COUNT(*), site FROM clinic GROUP BY site",
+                "SELECT COUNT(*) FROM clinic WHERE age BETWEEN SYMMETRIC (90) AND 0 GROUP BY site"]:
+        other = server.analyst.sql(sql, dummy=True, dummy_rows=50)
+        assert other.df["value"].tolist() == simple.df["value"].tolist(), sql
+    means = server.analyst.sql("SELECT AVG(income), site FROM clinic GROUP BY site", dummy=True, dummy_rows=50)
+    assert means.df["value"].notna().any() and means.df.index.name == "site"
     # the same checks as a real run: a literal outside the declared domain is refused
     import privacy_client as pc
 
