@@ -334,27 +334,17 @@ def finish_restored() -> list[str]:
     them: a probe's queued synthesis ran again after the restore and its analyst held two
     different tables for one charge, the first table's files overwritten; a running one
     would have been swept as lost with its files deleted. Returns their ids."""
-    done = []
-    now = db_now()
-    for pk in Request.objects.filter(status__in=[Request.Status.QUEUED, Request.Status.RUNNING]).values_list(
-            "pk", flat=True):
-        with transaction.atomic():
-            if not Request.objects.filter(pk=pk, status__in=[Request.Status.QUEUED, Request.Status.RUNNING]).update(
-                    status=Request.Status.FAILED, error=RESTORED, finished_at=now):
-                continue
-            req = Request.objects.get(pk=pk)
-            Request.objects.filter(pk=pk).update(progress={**(req.progress or {}), "phase": "failed"})
-            if req.ledger_entry_id:
-                ledger.commit(req.ledger_entry_id, audit_ctx=trail.Context.of_request(
-                    req, outcome=Request.Status.FAILED, reason=RESTORED["code"], detail=RESTORED["detail"]))
-        done.append(str(pk))
-    return done
+    now, waiting = db_now(), Q(status__in=[Request.Status.QUEUED, Request.Status.RUNNING])
+    return [str(pk) for pk in Request.objects.filter(waiting).values_list("pk", flat=True)
+            if _finish_lost(pk, waiting, now, RESTORED, restored=True)]
 
 
-def _finish_lost(pk, still: Q, now, error=LOST) -> bool:
+def _finish_lost(pk, still: Q, now, error=LOST, restored=False) -> bool:
+    """``restored``: ``still`` alone decides (a queued request too), charged in full, files kept."""
     with transaction.atomic():
         # the request row first, then the ledger: the order governance.requests.execution uses
-        done = Request.objects.filter(still, pk=pk, status=Request.Status.RUNNING).update(
+        running = {} if restored else {"status": Request.Status.RUNNING}
+        done = Request.objects.filter(still, pk=pk, **running).update(
             status=Request.Status.FAILED, error=error, finished_at=now)
         if not done:
             return False
@@ -363,9 +353,11 @@ def _finish_lost(pk, still: Q, now, error=LOST) -> bool:
         if req.ledger_entry_id:
             ctx = trail.Context.of_request(req, outcome=Request.Status.FAILED, reason=error["code"],
                                            detail=error["detail"])
-            if req.data_read:
+            if req.data_read or restored:
                 ledger.commit(req.ledger_entry_id, audit_ctx=ctx)
             else:
                 ledger.release(req.ledger_entry_id, audit_ctx=ctx)
+    if restored:
+        return True
     drop_files(pk)  # failed just now: files a run killed between keeping them and its outcome had kept
     return True
