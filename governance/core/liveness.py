@@ -110,7 +110,8 @@ def _remove_key(key: str):
         pass
 
 
-def _gone(pid) -> bool:
+def process_gone(pid) -> bool:
+    """No process of this host has this id (one that cannot be asked counts as alive)."""
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -126,7 +127,7 @@ def forget_dead_here(node: str):
     host = socket.gethostname()
     for rec in records():
         if rec.get("node") == node and rec.get("host") == host and rec.get("pid") != os.getpid() \
-                and _gone(rec.get("pid")):
+                and process_gone(rec.get("pid")):
             _remove_key(rec["key"])
 
 

@@ -7,9 +7,12 @@ reading a stored table ``data``, distributed (Parquet partition) datasets ``part
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+import os
 import re
+import socket
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,7 +22,8 @@ from django.db import transaction
 from accounting import POLICIES
 from engines.columns import null_count, unit_ids
 
-from ..core import processes
+from ..core import liveness, processes
+from ..core.clock import db_now
 from ..core.errors import DatasetNotActive, InvalidDataset
 from ..ledger import trail
 from ..models import Budget, Dataset
@@ -197,14 +201,49 @@ def send_registration(dataset_id: int) -> None:
                     dataset_id, exc_info=True)
 
 
+def _reading(registration: dict | None, now: float) -> bool:
+    """A registration's table is being read: its claim names a live process of this host,
+    or another host's process within the workers' hard time limit (and the sweep's grace)
+    of the claim, on the database's clock; no reader outlives that limit."""
+    claim = (registration or {}).get("reading")
+    if not isinstance(claim, dict):
+        return False
+    if claim.get("host") == socket.gethostname():
+        return not liveness.process_gone(claim.get("pid"))
+    try:
+        return now - float(claim["at"]) < settings.CELERY_TASK_TIME_LIMIT + settings.REQUEST_LOST_AFTER_SECONDS
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def _claim_reading(ds: Dataset) -> dict | None:
+    """The registration as it was, once this process holds its reading claim; None when a
+    live reader holds it (a copy of its message sent again by the sweep: two pool processes
+    read a 175 MB table at once, a probe's) or it is no longer pending."""
+    asked = ds.registration or {}
+    if _reading(asked, db_now().timestamp()):
+        return None
+    held = (asked.get("reading") or {}) if isinstance(asked.get("reading"), dict) else {}
+    same = {f"registration__reading__{k}": held.get(k) for k in ("host", "pid")} if held else {}
+    claim = {"host": socket.gethostname(), "pid": os.getpid(), "at": db_now().timestamp()}
+    query = Dataset.objects.filter(pk=ds.pk, status=Dataset.Status.PENDING, **same)
+    if not held:
+        query = query.exclude(registration__has_key="reading")
+    if not query.update(registration={**asked, "reading": claim}):
+        return None
+    return {k: v for k, v in asked.items() if k != "reading"}
+
+
 def finish_registration(dataset_id: int) -> str:
     """Read a pending dataset's table and register it (draft or active), or mark it failed
-    with the reason. Idempotent: a second delivery finds it no longer pending. Returns the
-    status it left."""
+    with the reason. Idempotent: a second delivery finds it no longer pending, or being
+    read by a live process (``_claim_reading``). Returns the status it left."""
     ds = Dataset.objects.filter(pk=dataset_id, status=Dataset.Status.PENDING).first()
     if ds is None:
         return "gone"
-    asked = ds.registration or {}
+    asked = _claim_reading(ds)
+    if asked is None:
+        return "reading elsewhere"
     try:
         _check_stored_copy(ds)
         described = describe_table(settings.DATA_DIR / ds.file, ds.file_format, ds.unit_column, asked.get("schema"))
@@ -218,6 +257,11 @@ def finish_registration(dataset_id: int) -> str:
                 status=Dataset.Status.FAILED, registration={"error": detail[:2000]}):
             (settings.DATA_DIR / ds.file).unlink(missing_ok=True)  # a failed registration keeps no copy
         return Dataset.Status.FAILED
+    except BaseException:
+        # anything else (the database, a signal): the claim let go, so the sweep's copy reads it
+        with contextlib.suppress(Exception):
+            Dataset.objects.filter(pk=ds.pk, status=Dataset.Status.PENDING).update(registration=asked)
+        raise
     status = Dataset.Status.ACTIVE if asked.get("activate") else Dataset.Status.DRAFT
     with transaction.atomic():
         if Dataset.objects.filter(pk=ds.pk, status=Dataset.Status.PENDING).update(
@@ -240,16 +284,23 @@ def _check_stored_copy(ds: Dataset) -> None:
 
 
 def resend_stale_registrations(older_than_seconds: float) -> list[int]:
-    """Pending registrations older than this whose worker may have died: sent again (a
-    second delivery of a live one finds it done)."""
+    """Pending registrations older than this (on the database's clock), or created in its
+    future (a web process whose clock runs ahead: its lost message was never old enough to
+    send again), that no live process is reading: sent again (a second delivery finds it
+    done, or read elsewhere)."""
     from datetime import timedelta
 
-    from django.utils import timezone
+    from django.db.models import Q
 
-    cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
-    ids = list(Dataset.objects.filter(status=Dataset.Status.PENDING, created_at__lt=cutoff).values_list("pk", flat=True))
-    for pk in ids:
-        send_registration(pk)
+    now = db_now()
+    gap = timedelta(seconds=older_than_seconds)
+    ids = []
+    for pk, registration in Dataset.objects.filter(
+            Q(created_at__lt=now - gap) | Q(created_at__gt=now + gap), status=Dataset.Status.PENDING).values_list(
+            "pk", "registration"):
+        if not _reading(registration, now.timestamp()):
+            send_registration(pk)
+            ids.append(pk)
     return ids
 
 

@@ -56,6 +56,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from ..core.clock import db_now
 from ..core.dispatch import mark_unsent  # noqa: F401 - rule 3's marker lives with the sending
 from ..ledger import actions as ledger, trail
 from ..models import Request
@@ -68,16 +69,6 @@ LOST = {"code": "request.worker_lost",
 
 def _stale(cutoff):
     return Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, started_at__lt=cutoff)
-
-
-def db_now():
-    """The database's clock: one clock for every process and host that writes heartbeats
-    and sweeps them (``db_time``). SQLite is one host's file: its clock is this one's."""
-    if connection.vendor != "postgresql":
-        return timezone.now()
-    with connection.cursor() as cur:
-        cur.execute("SELECT STATEMENT_TIMESTAMP()")
-        return cur.fetchone()[0]
 
 
 def db_started():

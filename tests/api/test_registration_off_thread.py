@@ -134,6 +134,49 @@ def test_the_sweep_sends_a_lost_registration_again(api, officer, csv_bytes, off_
     assert sweep.apply().get()["registrations"] == []  # done: nothing to send
 
 
+def test_a_registration_being_read_is_neither_read_twice_nor_sent_again(
+        api, officer, csv_bytes, off_thread, settings, django_capture_on_commit_callbacks):
+    """A probe: the sweep sent a pending registration's message again every minute while no
+    worker was free, and two pool processes then read its 175 MB table at once. A reader
+    holds a claim: a live one is left alone (no copy sent, a copy delivered reads nothing);
+    a dead one's registration is sent again and read; one created in the database's
+    future (a web clock ahead) is sent again too."""
+    import socket
+    import subprocess
+    import sys
+
+    from governance.datasets.registry import finish_registration
+    from workers.tasks import sweep
+
+    with django_capture_on_commit_callbacks(execute=False):
+        api(officer).post(URL, form(csv_bytes), format="multipart")
+    ds = Dataset.objects.get(name="clinic")
+    old = timezone.now() - timezone.timedelta(seconds=settings.REQUEST_LOST_AFTER_SECONDS + 1)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    try:
+        claim = {"host": socket.gethostname(), "pid": live.pid, "at": timezone.now().timestamp()}
+        Dataset.objects.filter(pk=ds.pk).update(created_at=old, registration={**ds.registration, "reading": claim})
+        assert sweep.apply().get()["registrations"] == []
+        assert finish_registration(ds.pk) == "reading elsewhere"
+        assert Dataset.objects.get(pk=ds.pk).status == "pending"
+        # another host's reader: alive until the workers' hard time limit has passed
+        elsewhere = {"host": "elsewhere", "pid": 1, "at": timezone.now().timestamp()}
+        Dataset.objects.filter(pk=ds.pk).update(registration={**ds.registration, "reading": elsewhere})
+        assert finish_registration(ds.pk) == "reading elsewhere"
+        gone = {**claim, "pid": int(dead.stdout)}
+        Dataset.objects.filter(pk=ds.pk).update(registration={**ds.registration, "reading": gone})
+        assert sweep.apply().get()["registrations"] == [ds.pk]  # sent again, read at once (eager)
+        assert Dataset.objects.get(pk=ds.pk).status == "draft"
+    finally:
+        live.kill()
+        live.wait()
+    with django_capture_on_commit_callbacks(execute=False):
+        api(officer).post(URL, form(csv_bytes, name="ahead"), format="multipart")
+    Dataset.objects.filter(name="ahead").update(created_at=timezone.now() + timezone.timedelta(hours=1))
+    assert sweep.apply().get()["registrations"] == [Dataset.objects.get(name="ahead").pk]
+
+
 def test_a_second_delivery_changes_nothing(api, officer, csv_bytes, off_thread, django_capture_on_commit_callbacks):
     from governance.datasets.registry import finish_registration
 
