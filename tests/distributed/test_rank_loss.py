@@ -83,7 +83,9 @@ def test_a_rank_lost_while_reading_fails_the_run_at_once_and_frees_the_other_wor
 
     with pytest.raises(RankLost) as got:
         plugins.run("dpsgd", req, ds, parts, plan, progress, workdir=tmp_path)
-    assert time.monotonic() - killed["at"] < 20  # was 55 s (and rank 1 kept waiting)
+    # within a minute, as the other kill test and issue 23 say (30 s in a CI run at load
+    # 4, a 20 s bound failed it); the survivor's thread, below, is what kept waiting 600 s
+    assert time.monotonic() - killed["at"] < 60
     assert got.value.actual_event is None
     free = c.submit(os.getpid, workers=[workers[1]], pure=False)
     assert free.result(timeout=15) > 0  # the survivor's thread is free again at once
