@@ -9,8 +9,9 @@
 #    browser tests in tests/browser;
 # 3. installs (apt-get) and starts a local PostgreSQL in .services/;
 # 4. runs the suite on the embedded SQLite default and, side by side with it (most tests
-#    wait on processes, sockets and ticks: the two passes take about 34 minutes on 2
-#    cores, each about as long as the other), again on PostgreSQL, where row locks make
+#    wait on processes, sockets and ticks: the two passes took 45 minutes on 2 cores in
+#    December 2026's runs (34 in November's: the machine, not the suite, slowed), each
+#    about as long as the other), again on PostgreSQL, where row locks make
 #    the concurrency tests real: every test that reads a database (the tests of the pure
 #    engines, accounting, the federated and distributed engines, DP-SGD's ranks, the
 #    client's pieces and the settings/docs checks read none, and a few whose subject is
