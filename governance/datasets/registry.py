@@ -220,12 +220,12 @@ def _claim_reading(ds: Dataset) -> dict | None:
     """The registration as it was, once this process holds its reading claim; None when a
     live reader holds it (a copy of its message sent again by the sweep: two pool processes
     read a 175 MB table at once, a probe's) or it is no longer pending."""
-    asked = ds.registration or {}
-    if _reading(asked, db_now().timestamp()):
+    asked, now = ds.registration or {}, db_now().timestamp()
+    if _reading(asked, now):
         return None
-    held = (asked.get("reading") or {}) if isinstance(asked.get("reading"), dict) else {}
+    held = asked.get("reading") if isinstance(asked.get("reading"), dict) else {}
     same = {f"registration__reading__{k}": held.get(k) for k in ("host", "pid")} if held else {}
-    claim = {"host": socket.gethostname(), "pid": os.getpid(), "at": db_now().timestamp()}
+    claim = {"host": socket.gethostname(), "pid": os.getpid(), "at": now}
     query = Dataset.objects.filter(pk=ds.pk, status=Dataset.Status.PENDING, **same)
     if not held:
         query = query.exclude(registration__has_key="reading")
