@@ -143,7 +143,8 @@ def ratio(details: dict, noisy: dict, nzs: dict[str, Noise], rng: np.random.Gene
         return np.clip(parts["sum_of_squares"] / n - m * m, 0.0, r * r)
 
     point = estimate(arrays)
-    simulated = {name: arrays[name][:, None] + _simulate(nzs[name], (g, sims), rng) for name in comps}
+    centre = _feasible(arrays, r)
+    simulated = {name: centre[name][:, None] + _simulate(nzs[name], (g, sims), rng) for name in comps}
     boot = estimate(simulated)
     los, his = np.percentile(boot, [2.5, 97.5], axis=1)
     # Where the estimate is clipped (at a bound, or a variance at 0) in more than 2.5% of the
@@ -166,6 +167,20 @@ def ratio(details: dict, noisy: dict, nzs: dict[str, Noise], rng: np.random.Gene
         out["value"] = float(point[0])
         out["ci95"] = _interval(los[0], his[0])
         out["noisy_count"] = int(arrays["count"][0])
+    return out
+
+
+def _feasible(arrays: dict, r: float) -> dict:
+    """The noisy parts moved to the nearest values some table could have given (a count of at
+    least one, a centred sum within r per row, a sum of squares between the sum's square over
+    the count and r squared per row), where the simulations start. From a sum of squares drawn
+    far below zero every simulation's variance clipped at 0: the interval was [0, 0] about once
+    in 300 runs at epsilon 0.01 on 300 rows whose variance is 8.4."""
+    out = dict(arrays)
+    n = np.maximum(arrays["count"], 1.0)
+    out["sum"] = np.clip(arrays["sum"], -r * n, r * n)
+    if "sum_of_squares" in arrays:
+        out["sum_of_squares"] = np.clip(arrays["sum_of_squares"], out["sum"] ** 2 / n, r * r * n)
     return out
 
 

@@ -518,6 +518,25 @@ def test_an_empty_groups_quantile_interval_says_it_knows_nothing():
     assert narrow <= 2
 
 
+def test_a_variance_whose_sum_of_squares_was_drawn_below_zero_has_an_interval_not_a_point():
+    """The CI once caught [0, 0] at epsilon 0.01 (about once in 300 runs): the noisy sum of
+    squares far below zero clipped every simulation at 0. The simulations now start from the
+    nearest values a table could give, so the interval reaches above 0; the released value
+    stays the clipped estimate."""
+    from engines.aggregates import report
+    from engines.aggregates.noise import Noise
+
+    details = {"kind": "variance", "mechanism": "laplace", "bounds": [0.0, 10.0], "center": 5.0,
+               "radius": 5.0, "group_by": None, "cost": {"epsilon": 0.01}, "max_rows_per_unit": 1}
+    nz = {"count": Noise("laplace", 30.0, 1.0, True, False), "sum": Noise("laplace", 1500.0, 5.0, False, False),
+          "sum_of_squares": Noise("laplace", 7500.0, 25.0, False, False)}
+    noisy = {"count": 310.0, "sum": 40.0, "sum_of_squares": -30_000.0}
+    out = report.ratio(details, noisy, nz, np.random.default_rng(3))
+    assert out["value"] == 0.0
+    lo, hi = out["ci95"]
+    assert lo == 0.0 and hi > 1.0
+
+
 def test_intervals_at_a_small_epsilon_are_the_whole_range_never_a_point():
     """A probe at epsilon 0.01 on 300 rows: a variance's interval was [0, 0] in 9 of 40 runs
     and missed the value in 11, a median's collapsed to its pick or missed in 10. There the
