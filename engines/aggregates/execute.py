@@ -254,7 +254,10 @@ def _ends_held(qd: dict, hists: np.ndarray, grid: np.ndarray, shown: list) -> li
     c_hi = [max(int(np.searchsorted(grid, hi, side="right")) - 1, 0) for _, hi in shown]
     above = nz.release([den * int(le[g, c_hi[g]]) - num * int(n[g]) for g in groups])
     below = nz.release([num * int(n[g]) - den * int(lt[g, c_lo[g]]) for g in groups])
-    return [(below[g] >= ch["margin"], above[g] >= ch["margin"]) for g in groups]
+    # at least 1: a group with no rows has 0 for every candidate (no side to be on), and at a
+    # very large epsilon the margin is 0, which confirmed both ends of a third of empty groups
+    need = max(ch["margin"], 1)
+    return [(below[g] >= need, above[g] >= need) for g in groups]
 
 
 def _quantile(d: dict, hists: np.ndarray, progress) -> dict:
