@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engines import plugins
-from engines.aggregates import compute
 from engines.aggregates import units as unit_rules
 from engines.types import Cancelled, DatasetMeta, EngineError, EngineRequest, Plan
 
