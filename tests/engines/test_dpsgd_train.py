@@ -150,9 +150,12 @@ def test_the_result_is_the_final_evaluation_with_half_the_evaluations_budget(tab
     # most of them over twice as wide. Not every one: an interval clipped at 0 or 1 can be
     # narrower than its bound ([0.54, 1.0] around a released 1.0), and a noisy sum far above
     # the noisy count clips both ends near 1 (0.094 wide once in 40 runs, about 1 interval
-    # in 360): at most one of the nine may be narrower (two: about 1 run in 3,000)
+    # in 360; 147 runs of this test: 7 of 1,323, 1 in 190, never two in a run). At most one
+    # narrower failed one run in 1,000 (binomial(9, 1/190) >= 2); at most three: 4 or more
+    # in 1e-7 (1e-6 at 1 in 100). Evenly split, all nine are as narrow as the final one; the
+    # median ratio was 3.6-9.7
     widths, final = [_width(h["val_accuracy_ci95"]) for h in r["history"][:-1]], _width(last["val_accuracy_ci95"])
-    assert sum(w <= final for w in widths) <= 1 and statistics.median(widths) > 2 * final, (widths, final)
+    assert sum(w <= final for w in widths) <= 3 and statistics.median(widths) > 2 * final, (widths, final)
     assert r["epsilon_spent"] == pytest.approx(run0["planned_epsilon"], rel=1e-9)
 
 

@@ -84,9 +84,11 @@ def test_every_declaration_holds_exactly(loans):
 def test_values_stay_on_the_real_grid_not_invented(loans):
     df, syn, _, _ = loans
     # 80% of the real amounts are whole thousands (heavy grid values); uniform: 0.1%. The run
-    # is noisy (secure randomness, not seeded): 13 runs gave 0.36-0.56, so 0.4 failed a CI run
+    # is noisy (secure randomness, not seeded): 13 runs gave 0.36-0.56, so 0.4 failed a CI run;
+    # 2 more 0.43 and 0.56: mean 0.46, sd 0.055, so 0.25 sat 3.8 sd off (about 1e-4 a run);
+    # 0.15 is 5.6 sd off (1e-8) and still 150 times what invented values give
     thousands = (syn["amount"] % 1000 == 0).mean()
-    assert thousands > 0.25
+    assert thousands > 0.15
     # 8 real rates; the grid has 3,001 values (uniform: 0.3%); 12 runs gave 0.92-0.96
     assert syn["rate"].isin(df["rate"].unique()).mean() > 0.85
 
@@ -420,10 +422,22 @@ def test_a_worker_process_does_not_grow_with_every_run():
 
 
 @pytest.mark.parametrize("method", ["mst", "aim", "vae"])
-def test_a_string_domain_on_a_numeric_code_column_finds_its_rows(method):
+def test_a_string_domain_on_a_numeric_code_column_finds_its_rows(method, monkeypatch):
     """A treatment coded 1.0 / 2.0 (and missing) declared categorical ``["1", "2"]``: the
     histogram matched it (as strings), synthesis once matched nothing and gave every row a
     null. Every engine matches as the aggregates engine does (``series_codes``)."""
+    if method == "vae":
+        # the VAE's randomness is ours (torch generators from os.urandom, model init from
+        # torch's global one): seeded, as tests/engines/test_synthesis_vae.py does, so its
+        # lean to the commonest code cannot drift past the tolerance now and then
+        import torch
+
+        from engines.synthesis import execute, vae
+
+        seeds = iter(range(1000, 2000))
+        monkeypatch.setattr(vae, "secure_generator", lambda dev: torch.Generator(device=dev).manual_seed(next(seeds)))
+        monkeypatch.setattr(execute, "secure_rng", lambda: np.random.default_rng(next(seeds)))
+        torch.manual_seed(0)
     rng = np.random.default_rng(3)
     n = 3000
     trt = rng.choice([1.0, 2.0, np.nan], size=n, p=[0.5, 0.25, 0.25])
@@ -433,8 +447,9 @@ def test_a_string_domain_on_a_numeric_code_column_finds_its_rows(method):
     syn, _, _ = _run(df, schema, 20.0, method=method)
     share = syn["trt"].value_counts(normalize=True, dropna=False)
     assert set(syn["trt"].dropna()) <= {"1", "2"}
-    # the VAE leans to the commonest code: "1" at 0.53-0.60 in 12 runs (real 0.5), so 0.08
-    # failed about one run in six; what this test is for (rows found, not all null) holds
+    # the VAE leans to the commonest code: "1" at 0.53-0.60 in 12 unseeded runs (real 0.5), so
+    # 0.08 failed about one run in six; what this test is for (rows found, not all null) holds
+    # (seeded above; MST's and AIM's measurements are OpenDP's, at epsilon 20: within 0.01)
     tol = 0.12 if method == "vae" else 0.08
     assert abs(share.get("1", 0) - 0.5) < tol and abs(share.get("2", 0) - 0.25) < tol, share
 

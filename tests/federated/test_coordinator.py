@@ -47,9 +47,14 @@ def run(tmp_path, nodes, sites=SITES, cancel_after=None, **params):
 def test_it_trains_non_private_fedavg_to_a_useful_model(tmp_path, tables):
     c, r, _ = run(tmp_path, [node(tmp_path, s, t) for s, t in zip(SITES, tables)], target_epsilon="inf", rounds=5)
     assert r["stopped"] == "completed" and r["rounds"] == 5
-    # 20 runs on this machine: 0.763-0.854 (mean 0.80); one CI run 0.743 (model init). The
-    # majority label is at most 0.66 of a site's rows, so 0.70 still fails an untrained model
-    assert r["history"][-1]["eval"]["accuracy"] > 0.70
+    # The held-out accuracy is of 180 rows drawn at random (3 sites x 300 x 0.2): 201 runs
+    # gave a mean of 0.808, sd 0.027 (binomial), 0.731 at the lowest, so "> 0.70" failed one
+    # run in 1,000-2,000 (binomial(180, 0.8) <= 126). The model itself is judged on 2,000 fresh
+    # rows: 0.773-0.810 in those 201 runs (sd 0.008; 0.70 is 11 of them away). The majority
+    # label is at most 0.66 of a site's rows, so 0.70 still fails an untrained model (0.47)
+    assert exact_accuracy(c, r["weights"]) > 0.70
+    # the released held-out figure is that model's too: binomial(180, 0.8) <= 111 (0.62), 3e-8
+    assert r["history"][-1]["eval"]["accuracy"] > 0.62
     assert all(h["sites"]["accepted"] == SITES for h in r["history"])
 
 
@@ -180,9 +185,12 @@ def test_local_dp_mode_trains_with_dp_sgd_at_each_site(tmp_path, tables):
     assert r["stopped"] == "completed" and all(h["sites"]["accepted"] == SITES for h in r["history"])
     assert r["epsilon"] == pytest.approx(p.details["planned_epsilon"]) and r["epsilon"] <= 8.0 * (1 + 1e-9)
     # the model learned: its exact accuracy on fresh rows was 0.725-0.800 in 15 runs (the untrained
-    # model 0.47); the released DP estimate (0.59 in one CI run, 0.66-0.98 here) is only checked
-    # against its own interval, as a noisy release cannot carry a threshold
-    assert exact_accuracy(c, r["weights"]) > 0.65
+    # model 0.468, every init); the released DP estimate (0.59 in one CI run, 0.66-0.98 here) is
+    # only checked against its own interval, as a noisy release cannot carry a threshold. 522
+    # runs: mean 0.757, sd 0.026, but a longer lower tail (14 under 0.70, 0.667 the lowest; an
+    # exponential tail of scale 0.015-0.019 below 0.70-0.72), so 0.65 failed about one run in
+    # 600-1,100; under 0.55 about 1e-6-1e-5, still 0.08 above the untrained model
+    assert exact_accuracy(c, r["weights"]) > 0.55
     ev = r["history"][-1]["eval"]
     assert ev["dp"] and ev["accuracy_ci95"][0] <= ev["accuracy"] <= ev["accuracy_ci95"][1]
     assert all(np.all(np.isfinite(np.asarray(w))) for w in r["weights"])

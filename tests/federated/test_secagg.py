@@ -118,7 +118,10 @@ def test_a_secure_run_trains_and_charges_as_a_plain_one(tmp_path, tables):
     for h in r["history"]:
         assert h["sites"]["accepted"] == SITES
         assert h["secure_aggregation"]["why"] is None and h["secure_aggregation"]["in_sum"] == 3
-    assert exact_accuracy(c, r["weights"]) > 0.65  # 0.73-0.80 in 20 runs; the untrained model 0.47
+    # 0.73-0.80 in 20 runs; 271 more: mean 0.775, sd 0.025, 0.665 at the lowest (a lower tail
+    # of scale 0.013-0.035 below 0.70-0.72), so 0.65 failed about one run in 1,000-6,000; 0.55
+    # about 1e-6 (5e-5 at the widest scale), and the untrained model gives 0.468
+    assert exact_accuracy(c, r["weights"]) > 0.55
     assert c.site_clip < 1.0 and c.site_clip > 0.999
 
 
@@ -203,7 +206,9 @@ def test_a_site_dead_before_it_shares_its_keys_is_dropped_after_one_round(tmp_pa
     assert rounds[1]["sites"]["rejected"]["c"] == "no masked update in the sum"
     for h in rounds[1:]:  # a sum that kept a mask would be out of range: "malformed masked vector"
         assert h["secure_aggregation"]["why"] is None and h["sites"]["accepted"] == ["a", "b", "d", "e"], h
-    assert exact_accuracy(c, r["weights"]) > 0.65
+    # as the plain secure run above (epsilon 50): 0.65 sat in its lower tail, 0.55 past it; the
+    # untrained model gives 0.468
+    assert exact_accuracy(c, r["weights"]) > 0.55
 
 
 @pytest.mark.parametrize("params,field", [
