@@ -81,6 +81,7 @@ class Channel(filesystem.Channel):
         final = os.path.join(folder, name)
         tmp = final + WRITING_SUFFIX
         try:
+            os.makedirs(folder, exist_ok=True)  # removed meanwhile (a tidy-up of var/)
             with open(tmp, "wb") as f:
                 f.write(str_to_bytes(dumps(payload)))
                 f.flush()
@@ -153,10 +154,41 @@ class Channel(filesystem.Channel):
         os.makedirs(path, exist_ok=True)
         return path
 
+    def _names(self) -> list[str]:
+        """The folder's file names; a folder removed while the worker runs (a tidy-up of
+        ``var/``) is made again and empty: kombu's ``listdir`` raised FileNotFoundError, and
+        Celery stopped the worker with exit code 0 (no ``on-failure`` restart)."""
+        try:
+            return os.listdir(self.data_folder_in)
+        except FileNotFoundError:
+            log.error("embedded broker: the folder %s was removed; made again (messages in it are lost, the "
+                      "recovery sweep re-sends their requests)", self.data_folder_in)
+            try:
+                os.makedirs(self.data_folder_in, exist_ok=True)
+            except OSError as exc:
+                raise ChannelError(f"Cannot make the broker's folder {self.data_folder_in!r}") from exc
+            return []
+
+    def _size(self, queue):
+        queue_find = f"{queue}.msg"
+        return sum(name.partition(".")[2] == queue_find for name in self._names())
+
+    def _purge(self, queue):
+        queue_find = f"{queue}.msg"
+        count = 0
+        for name in self._names():
+            if name.partition(".")[2] == queue_find:
+                try:
+                    os.remove(os.path.join(self.data_folder_in, name))
+                    count += 1
+                except OSError:
+                    pass  # taken by a worker meanwhile
+        return count
+
     def _get(self, queue):
         """Take the next message of ``queue``; files that cannot be parsed are set aside."""
         queue_find = f"{queue}.msg"
-        for filename in sorted(os.listdir(self.data_folder_in)):
+        for filename in sorted(self._names()):
             if filename.partition(".")[2] != queue_find:
                 continue
             src = os.path.join(self.data_folder_in, filename)
