@@ -334,6 +334,9 @@ REQUEST_REQUEUE_AFTER_SECONDS = envint("REQUEST_REQUEUE_AFTER_SECONDS", 60)
 # officer's dashboard read them.
 WORKER_HEARTBEAT_SECONDS = envint("WORKER_HEARTBEAT_SECONDS", 10)
 WORKER_ALIVE_SECONDS = envint("WORKER_ALIVE_SECONDS", 3 * WORKER_HEARTBEAT_SECONDS)
+# A worker's embedded beat (the recovery sweep's clock) stopped (SIGSTOP) this long is
+# killed and started again (workers/tasks.py BeatWatch), as one that died is.
+EMBEDDED_BEAT_STOPPED_SECONDS = envint("EMBEDDED_BEAT_STOPPED_SECONDS", 60)
 # Release-path side channels (governance/requests/execution.py RunClock; README): what an analyst
 # sees of a run that reads data (progress, the outcome) changes only on ticks this many
 # milliseconds apart from the claim, never when a sampler or query happens to finish.

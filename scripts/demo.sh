@@ -20,4 +20,4 @@ rm -rf var/demo.sqlite3 var/demo.sqlite3-wal var/demo.sqlite3-shm var/demo-resul
 .venv/bin/python manage.py demo "$@"
 echo >&2
 echo "demo database: var/demo.sqlite3 -- browse it with:" >&2
-echo "  DATABASE_URL=sqlite:///$REPO/var/demo.sqlite3 .venv/bin/python manage.py runserver" >&2
+echo "  DATABASE_URL=sqlite:///$REPO/var/demo.sqlite3 RESULTS_DIR=$REPO/var/demo-results .venv/bin/python manage.py runserver" >&2

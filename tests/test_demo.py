@@ -23,3 +23,16 @@ def test_the_demo_runs_end_to_end_and_its_audit_export_recomposes(tmp_path):
     export = json.loads((tmp_path / "demo-audit.json").read_bytes())
     assert export["verification"]["ok"] is True and export["datasets"]
     assert (tmp_path / "demo-audit.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+def test_the_demo_scripts_closing_hint_serves_the_demo_with_its_files():
+    """scripts/demo.sh's last line tells how to browse the demo; it named the database but
+    not the results folder, so the report, model and table links the demo printed answered
+    404 "no longer stored" (a probe). Every variable the script exports is in the hint."""
+    import re
+
+    script = (ROOT / "scripts" / "demo.sh").read_text()
+    exported = dict(re.findall(r'^export (\w+)="([^"]+)"', script, flags=re.M))
+    assert {"DATABASE_URL", "RESULTS_DIR"} <= set(exported)
+    hint = next(line for line in script.splitlines() if "manage.py runserver" in line)
+    assert all(f"{name}={value}" in hint for name, value in exported.items()), hint

@@ -3,6 +3,7 @@ sent. User errors are not retried; a second delivery of a task changes nothing."
 
 import logging
 import os
+import signal
 import threading
 import time
 
@@ -198,11 +199,18 @@ class BeatWatch:
     """Celery runs an embedded beat (``worker --beat``) as a child process and never looks
     at it again: killed (the OOM killer, a stray signal), the recovery sweep was never sent
     again and nothing said so. This thread of the worker's main process looks every
-    ``interval`` seconds and starts a new one, with an error in the log."""
+    ``interval`` seconds and starts a new one, with an error in the log. A beat stopped
+    (SIGSTOP, a job-control stop) for ``EMBEDDED_BEAT_STOPPED_SECONDS`` counts as dead: it
+    is killed and replaced (a probe's stopped beat held two requests queued, their messages
+    gone, while ``manage.py workers`` said all was well)."""
 
-    def __init__(self, controller, interval: float = 5.0):
+    def __init__(self, controller, interval: float = 5.0, stopped_limit: float | None = None):
+        from django.conf import settings
+
         self.controller, self.interval = controller, interval
+        self.stopped_limit = settings.EMBEDDED_BEAT_STOPPED_SECONDS if stopped_limit is None else stopped_limit
         self.restarts = 0
+        self._stopped_since: tuple[int, float] | None = None  # (pid, monotonic time first seen stopped)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="governance-beat-watch", daemon=True)
 
@@ -213,15 +221,37 @@ class BeatWatch:
     def _run(self):
         while not self._stop.wait(self.interval):
             beat = self.controller.beat
-            if beat is None or not hasattr(beat, "is_alive") or beat.is_alive() or self._stop.is_set():
+            if beat is None or not hasattr(beat, "is_alive") or self._stop.is_set():
                 continue
-            self._restart(beat)
+            if not beat.is_alive():
+                self._restart(beat, f"died (exit code {getattr(beat, 'exitcode', None)})")
+            elif self._stopped_too_long(beat):
+                try:
+                    os.kill(beat.pid, signal.SIGKILL)
+                    beat.join(5)
+                except (OSError, AssertionError):
+                    pass
+                self._restart(beat, f"was stopped (SIGSTOP) for over {self.stopped_limit:g} s; killed")
 
-    def _restart(self, dead) -> None:
+    def _stopped_too_long(self, beat) -> bool:
+        import psutil
+
+        try:
+            stopped = psutil.Process(beat.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+        except psutil.Error:
+            stopped = False
+        if not stopped:
+            self._stopped_since = None
+            return False
+        if self._stopped_since is None or self._stopped_since[0] != beat.pid:
+            self._stopped_since = (beat.pid, time.monotonic())
+        return time.monotonic() - self._stopped_since[1] >= self.stopped_limit
+
+    def _restart(self, dead, why: str) -> None:
         from celery.beat import EmbeddedService
 
-        log.error("the embedded beat process died (exit code %s): the recovery sweep stopped; starting a new beat",
-                  getattr(dead, "exitcode", None))
+        log.error("the embedded beat process %s: the recovery sweep stopped; starting a new beat", why)
+        self._stopped_since = None
         try:
             beat = EmbeddedService(self.controller.app, schedule_filename=self.controller.schedule_filename,
                                    scheduler_cls=self.controller.scheduler)

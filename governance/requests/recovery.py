@@ -64,7 +64,7 @@ from .result_files import drop_files
 
 log = logging.getLogger(__name__)
 LOST = {"code": "request.worker_lost",
-        "detail": "The worker running this request stopped answering; see the charging rule in the README."}
+        "detail": "The worker running this request stopped answering; see the charging rules in docs/concepts.md."}
 
 
 def _stale(cutoff):

@@ -169,6 +169,39 @@ def test_an_unparsable_message_file_is_set_aside_and_the_next_one_is_delivered(t
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".msg")]
 
 
+def test_a_broker_folder_removed_while_consuming_is_made_again_and_delivery_goes_on(tmp_path, caplog):
+    """A probe removed ``var/broker`` under a running worker: kombu's ``listdir`` raised
+    FileNotFoundError out of ``drain_events`` and Celery stopped the worker with exit code 0
+    (no ``on-failure`` restart). The folder is made again, empty, with an error in the log;
+    counting, purging, sending and receiving go on."""
+    import shutil
+
+    folder = tmp_path / "broker"
+    with connection(folder) as conn:
+        q = Queue("cpu", routing_key="cpu")
+        producer = Producer(conn.default_channel)
+        received = []
+        with Consumer(conn, [q], accept=["json"], callbacks=[lambda body, message: (received.append(body),
+                                                                                       message.ack())]):
+            shutil.rmtree(folder)
+            with caplog.at_level(logging.ERROR, logger="workers.broker"):
+                with pytest.raises(TimeoutError):  # nothing to read (was FileNotFoundError)
+                    conn.drain_events(timeout=0.5)
+            assert folder.is_dir() and "was removed; made again" in caplog.text
+            assert q(conn.default_channel).queue_declare(passive=True).message_count == 0
+            shutil.rmtree(folder)
+            assert conn.default_channel._size("cpu") == 0 and conn.default_channel._purge("cpu") == 0
+            shutil.rmtree(folder)
+            producer.publish({"after": 1}, routing_key="cpu", exchange="", serializer="json")
+            deadline = time.monotonic() + 10
+            while not received and time.monotonic() < deadline:
+                try:
+                    conn.drain_events(timeout=1)
+                except TimeoutError:
+                    pass
+    assert received == [{"after": 1}]
+
+
 def test_a_message_is_not_visible_before_it_is_whole(tmp_path, monkeypatch):
     """The write goes to a name the reader does not match; the rename makes it visible."""
     from workers import broker
@@ -376,7 +409,8 @@ def embedded_worker(embedded, settings, tmp_path, monkeypatch, request):
                 "RESULTS_DIR": str(settings.RESULTS_DIR),
                 "DATASET_IMPORT_DIRS": ",".join(map(str, settings.DATASET_IMPORT_DIRS)),
                 "GOVERNANCE_VAR_DIR": str(embedded), "CELERY_TASK_ALWAYS_EAGER": "false",
-                "RELEASE_QUANTUM_MS": "0", "WORKER_HEARTBEAT_SECONDS": "1", "WORKER_ALIVE_SECONDS": "3"})
+                "RELEASE_QUANTUM_MS": "0", "WORKER_HEARTBEAT_SECONDS": "1", "WORKER_ALIVE_SECONDS": "3",
+                "EMBEDDED_BEAT_STOPPED_SECONDS": "3"})
     settings.WORKER_ALIVE_SECONDS = 3
     logfile = tmp_path / "worker.log"
     log = open(logfile, "w")
@@ -497,8 +531,9 @@ def test_a_worker_on_redis_writes_its_heartbeat_there(real_worker, redis_server,
 @pytest.mark.parametrize("embedded_worker", ["solo"], indirect=True)
 def test_an_embedded_beat_that_dies_is_started_again(embedded_worker):
     """Celery starts the embedded beat (the recovery sweep's clock) as a child and never
-    looks at it again: killed, the sweep stopped for good and nothing said so. The worker's
-    watch starts a new one within seconds and logs it (solo pool: the beat is the only child)."""
+    looks at it again: killed or stopped, the sweep stopped for good and nothing said so. The
+    worker's watch starts a new one within seconds and logs it (solo pool: the beat is the
+    only child)."""
     import signal
 
     import psutil
@@ -516,6 +551,12 @@ def test_an_embedded_beat_that_dies_is_started_again(embedded_worker):
     second = wait_for(lambda: (b := beat()) is not None and b.pid != first.pid and b, timeout=30)
     assert second.is_running()
     wait_for(lambda: "the embedded beat process died" in embedded_worker.logfile.read_text(), timeout=10)
+    # stopped (SIGSTOP) past EMBEDDED_BEAT_STOPPED_SECONDS (3 here): killed and replaced (a
+    # probe's stopped beat held requests queued for good while all looked well)
+    os.kill(second.pid, signal.SIGSTOP)
+    third = wait_for(lambda: (b := beat()) is not None and b.pid != second.pid and b, timeout=30)
+    assert third.status() != psutil.STATUS_STOPPED and not second.is_running()
+    wait_for(lambda: "was stopped (SIGSTOP) for over 3 s" in embedded_worker.logfile.read_text(), timeout=10)
 
 
 def _uses_database(proc) -> bool:

@@ -38,7 +38,8 @@ class Command(BaseCommand):
                             help=f"worker processes, 1 to {MAX_CONCURRENCY} (default 1)")
         parser.add_argument("--pool", default="prefork", choices=["prefork", "solo", "threads"],
                             help="Celery pool (default prefork)")
-        parser.add_argument("--loglevel", default="WARNING")
+        parser.add_argument("--loglevel", default="WARNING",
+                            help="Celery's log level: DEBUG, INFO, WARNING (default), ERROR")
         parser.add_argument("--beat", action=argparse.BooleanOptionalAction, default=None,
                             help="also run Celery beat in this worker (the recovery sweep every minute); "
                                  "exactly one process of a deployment should. Default: on with the embedded "
