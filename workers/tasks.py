@@ -172,6 +172,12 @@ def sweep() -> dict:
     out["registrations"] = resend_stale_registrations(settings.REQUEST_LOST_AFTER_SECONDS)
     out["orphan_files"] = drop_orphan_files()
     out["stale_scratch"] = remove_stale_scratch()
+    try:
+        from governance.core.liveness import sweep_ran
+
+        sweep_ran()  # manage.py workers says when the sweep last ran
+    except Exception:  # noqa: BLE001 - the sweep's work is done; its stamp is for readers
+        log.exception("the recovery sweep's last-run stamp could not be written")
     return out
 
 

@@ -160,6 +160,46 @@ def records() -> list[dict]:
     return sorted(out, key=lambda r: r["age"])
 
 
+SWEEP_KEY = "governance:sweep"
+
+
+def sweep_ran():
+    """The recovery sweep (``workers.sweep``) finished a run now: ``manage.py workers`` says
+    when it last did (a stopped or missing beat, which sends it, held requests queued for
+    good while every worker looked alive)."""
+    data = json.dumps({**stamp(), "pid": os.getpid(), "host": socket.gethostname()})
+    if settings.REDIS_URL:
+        _redis().set(SWEEP_KEY, data)
+        return
+    folder = _folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"sweep.{os.getpid()}.tmp"
+    tmp.write_text(data)
+    os.replace(tmp, folder / "sweep.last")  # not *.json: not a worker's record
+
+
+def sweep_age() -> float | None:
+    """Seconds since the recovery sweep last finished (None: no run recorded). An
+    unreachable store raises."""
+    if settings.REDIS_URL:
+        r = _redis()
+        raw, now = r.get(SWEEP_KEY), _redis_now(r)
+    else:
+        try:
+            raw = (_folder() / "sweep.last").read_bytes()
+        except FileNotFoundError:
+            raw = None
+        now = time.time()
+    if raw is None:
+        return None
+    try:
+        rec = json.loads(raw)
+        same_boot = BOOT_ID is not None and rec.get("boot") == BOOT_ID and "mono" in rec
+        return max(0.0, time.monotonic() - float(rec["mono"]) if same_boot else now - float(rec["at"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def alive() -> list[dict]:
     return [r for r in records() if r["alive"]]
 

@@ -322,6 +322,26 @@ def test_manage_workers_says_no_worker_is_alive_and_what_waits(api, analyst, cli
 
 
 @pytest.mark.django_db
+def test_manage_workers_says_when_the_recovery_sweep_last_ran_and_when_it_is_late(api, analyst, clinic, embedded):
+    """A probe stopped the embedded beat: two requests whose messages were gone stayed queued
+    while ``manage.py workers`` said a live worker served them (exit 0). It now says when the
+    sweep last ran, and exits 1 when it has not for 5 minutes while a request waited longer."""
+    from governance.core import liveness
+    from workers.tasks import sweep
+
+    liveness.write({"node": "celery@box", "pid": 1, "queues": ["cpu", "gpu"], "at": time.time()})
+    rid = _queued(api(analyst), 1)[0]
+    out = _workers_command()
+    assert out.code == 0 and "recovery sweep: no run recorded" in out.text and "LATE" not in out.text, out.text
+    Request.objects.filter(pk=rid).update(created_at=timezone.now() - timedelta(minutes=6))
+    out = _workers_command()
+    assert out.code == 1 and "LATE: requests have waited 6 min" in out.text, out.text
+    sweep()  # (re-sends it: a message file; the stamp is the point here)
+    out = _workers_command()
+    assert out.code == 0 and "recovery sweep: last ran 0 s ago" in out.text, out.text
+
+
+@pytest.mark.django_db
 def test_manage_workers_strict_and_unreadable_heartbeats_exit_1(embedded, monkeypatch):
     """Nothing queued and every worker dead exited 0 (a health check reading the exit code
     missed a dead fleet until requests piled up): --strict says so. Heartbeats that cannot

@@ -100,3 +100,22 @@ def test_with_redis_a_worker_s_age_is_on_redis_s_clock(settings, monkeypatch, re
         assert "celery@ahead" not in [r["node"] for r in liveness.alive()]  # dead, not alive for 2 hours
     finally:
         hb.stop()
+
+
+def test_the_recovery_sweeps_last_run_is_kept_apart_from_the_workers(settings, tmp_path, monkeypatch, redis_server):
+    """``manage.py workers`` says when the sweep last ran (``sweep_ran`` / ``sweep_age``), on
+    the records' clocks, in the folder and in Redis, never listed as a worker."""
+    settings.VAR_DIR = tmp_path
+    for url in ("", redis_server):
+        settings.REDIS_URL = url
+        if url:
+            import redis
+
+            redis.Redis.from_url(url).delete(liveness.SWEEP_KEY)
+        assert liveness.sweep_age() is None
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + 7200)  # the sweeping worker's clock 2 h ahead
+        liveness.sweep_ran()
+        monkeypatch.setattr(time, "time", real)
+        assert 0 <= liveness.sweep_age() < 5
+        assert all(r["node"] != "sweep" for r in liveness.records())

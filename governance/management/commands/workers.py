@@ -11,6 +11,10 @@ from ...models import Request
 from ...requests import recovery
 
 
+#: the sweep runs every minute: five missed, with a request waiting longer, is a stopped beat
+SWEEP_LATE_SECONDS = 300
+
+
 def _ago(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 120:
@@ -25,8 +29,10 @@ class Command(BaseCommand):
             "alive while younger than WORKER_ALIVE_SECONDS), which queued requests wait on a queue no live "
             "worker consumes, and which running requests' workers went silent (no request heartbeat for "
             "max(WORKER_ALIVE_SECONDS, 2 x REQUEST_HEARTBEAT_SECONDS) on the database's clock: the recovery "
-            "sweep finishes them after REQUEST_LOST_AFTER_SECONDS). Exit status 1 when any request waits "
-            "on a queue no live worker consumes or runs on a silent worker, or the heartbeats cannot be read; "
+            "sweep finishes them after REQUEST_LOST_AFTER_SECONDS), and when the recovery sweep last ran. Exit "
+            "status 1 when any request waits on a queue no live worker consumes or runs on a silent worker, "
+            "when the sweep has not run for 5 minutes while a request waited longer, or the heartbeats cannot "
+            "be read; "
             "with --strict also when an engine's queue has no live worker at all (a health check's rule).")
 
     def add_arguments(self, parser):
@@ -84,14 +90,31 @@ class Command(BaseCommand):
             waiting = sum(1 for p in folder.glob("*.msg")) if folder.is_dir() else 0
             out(f"embedded broker: {waiting} message file(s) waiting in {folder}"
                 + (f"; {n_bad} unreadable file(s) set aside in {bad} (see the worker log)" if n_bad else ""))
+        late = self._sweep(out, by_queue, now)
         silent = self._running(out, recs, ids)
         out(f"(checked {time.strftime('%Y-%m-%d %H:%M:%S')}; alive = a heartbeat within "
             f"{settings.WORKER_ALIVE_SECONDS} s)")
         unserved = sorted({i.get("queue", "cpu") for i in plugins.engines().values()} - served) if strict else []
         if unserved:
             out(f"--strict: no live worker consumes queue(s) {', '.join(unserved)}")
-        if stranded or silent or unreadable or unserved:
+        if stranded or silent or unreadable or unserved or late:
             sys.exit(1)
+
+    def _sweep(self, out, by_queue: dict, now) -> bool:
+        """Says when the recovery sweep last ran; True (exit 1) when it has not for
+        SWEEP_LATE_SECONDS while a request has waited longer: what re-sends a queued
+        request whose message is gone no longer runs (Celery beat stopped or missing)."""
+        try:
+            age = liveness.sweep_age()
+        except Exception as exc:  # noqa: BLE001
+            out(f"recovery sweep: cannot read its last run ({type(exc).__name__}: {exc})")
+            return False
+        waited = max(((now - items[0][1]).total_seconds() for items in by_queue.values()), default=0.0)
+        late = (age is None or age > SWEEP_LATE_SECONDS) and waited > SWEEP_LATE_SECONDS
+        out("recovery sweep: " + ("no run recorded" if age is None else f"last ran {_ago(age)} ago")
+            + (f"  -- LATE: requests have waited {_ago(waited)}; is Celery beat running (`manage.py worker` "
+               "runs one; deploy: the beat service)?" if late else ""))
+        return late
 
     def _running(self, out, recs: list[dict], ids: int) -> int:
         """Lists the running requests; returns how many have a silent worker."""
