@@ -210,11 +210,11 @@ class BeatWatch:
     is killed and replaced (a probe's stopped beat held two requests queued, their messages
     gone, while ``manage.py workers`` said all was well)."""
 
-    def __init__(self, controller, interval: float = 5.0, stopped_limit: float | None = None):
+    def __init__(self, controller, interval: float = 5.0):
         from django.conf import settings
 
         self.controller, self.interval = controller, interval
-        self.stopped_limit = settings.EMBEDDED_BEAT_STOPPED_SECONDS if stopped_limit is None else stopped_limit
+        self.stopped_limit = settings.EMBEDDED_BEAT_STOPPED_SECONDS
         self.restarts = 0
         self._stopped_since: tuple[int, float] | None = None  # (pid, monotonic time first seen stopped)
         self._stop = threading.Event()
