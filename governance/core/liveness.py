@@ -200,21 +200,43 @@ def sweep_age() -> float | None:
         return None
 
 
+#: the sweep runs every minute: five missed while a request waited longer is a stopped beat
+SWEEP_LATE_SECONDS = 300
+
+
+def sweep_late(waited: float) -> tuple[float | None, bool]:
+    """(seconds since the sweep last ran or None, whether it is late): late when it has not
+    run for ``SWEEP_LATE_SECONDS`` while a request has waited ``waited`` seconds, longer."""
+    age = sweep_age()
+    return age, (age is None or age > SWEEP_LATE_SECONDS) and waited > SWEEP_LATE_SECONDS
+
+
 def alive() -> list[dict]:
     return [r for r in records() if r["alive"]]
 
 
 def summary() -> dict:
-    """For the dashboard: ``{"checked": bool, "alive": [records], "error": str|None}``. Never
+    """For the dashboard: ``{"checked": bool, "alive": [records], "error": str|None,
+    "sweep_late": bool}``. Never
     raises; not checked when tasks run in-process (``CELERY_TASK_ALWAYS_EAGER``)."""
     from workers import app
 
     if app.conf.task_always_eager:
-        return {"checked": False, "alive": [], "error": None}
+        return {"checked": False, "alive": [], "error": None, "sweep_late": False}
     try:
-        return {"checked": True, "alive": alive(), "error": None}
+        return {"checked": True, "alive": alive(), "error": None, "sweep_late": _sweep_late_now()}
     except Exception as exc:  # noqa: BLE001 - the page must render
-        return {"checked": True, "alive": [], "error": f"{type(exc).__name__}: {exc}"}
+        return {"checked": True, "alive": [], "error": f"{type(exc).__name__}: {exc}", "sweep_late": False}
+
+
+def _sweep_late_now() -> bool:
+    from django.utils import timezone
+
+    from ..models import Request
+
+    oldest = Request.objects.filter(status=Request.Status.QUEUED).order_by("created_at").values_list(
+        "created_at", flat=True).first()
+    return sweep_late((timezone.now() - oldest).total_seconds() if oldest else 0.0)[1]
 
 
 class Heartbeat:

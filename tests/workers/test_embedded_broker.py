@@ -322,23 +322,38 @@ def test_manage_workers_says_no_worker_is_alive_and_what_waits(api, analyst, cli
 
 
 @pytest.mark.django_db
-def test_manage_workers_says_when_the_recovery_sweep_last_ran_and_when_it_is_late(api, analyst, clinic, embedded):
+def test_manage_workers_says_when_the_recovery_sweep_last_ran_and_when_it_is_late(api, analyst, clinic, embedded,
+                                                                                   client, officer):
     """A probe stopped the embedded beat: two requests whose messages were gone stayed queued
     while ``manage.py workers`` said a live worker served them (exit 0). It now says when the
-    sweep last ran, and exits 1 when it has not for 5 minutes while a request waited longer."""
+    sweep last ran, and exits 1 when it has not for 5 minutes while a request waited longer;
+    the officer's dashboard warns then too."""
     from governance.core import liveness
+    from workers import app
     from workers.tasks import sweep
+
+    def dashboard_warns():
+        eager, app.conf.task_always_eager = app.conf.task_always_eager, False
+        try:
+            return 'id="sweep-late"' in client.get("/admin/").content.decode()
+        finally:
+            app.conf.task_always_eager = eager
+
+    client.force_login(officer)
 
     liveness.write({"node": "celery@box", "pid": 1, "queues": ["cpu", "gpu"], "at": time.time()})
     rid = _queued(api(analyst), 1)[0]
     out = _workers_command()
     assert out.code == 0 and "recovery sweep: no run recorded" in out.text and "LATE" not in out.text, out.text
+    assert not dashboard_warns()
     Request.objects.filter(pk=rid).update(created_at=timezone.now() - timedelta(minutes=6))
     out = _workers_command()
     assert out.code == 1 and "LATE: requests have waited 6 min" in out.text, out.text
+    assert dashboard_warns()
     sweep()  # (re-sends it: a message file; the stamp is the point here)
     out = _workers_command()
     assert out.code == 0 and "recovery sweep: last ran 0 s ago" in out.text, out.text
+    assert not dashboard_warns()
 
 
 @pytest.mark.django_db

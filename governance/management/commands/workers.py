@@ -11,10 +11,6 @@ from ...models import Request
 from ...requests import recovery
 
 
-#: the sweep runs every minute: five missed, with a request waiting longer, is a stopped beat
-SWEEP_LATE_SECONDS = 300
-
-
 def _ago(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 120:
@@ -101,16 +97,15 @@ class Command(BaseCommand):
             sys.exit(1)
 
     def _sweep(self, out, by_queue: dict, now) -> bool:
-        """Says when the recovery sweep last ran; True (exit 1) when it has not for
-        SWEEP_LATE_SECONDS while a request has waited longer: what re-sends a queued
-        request whose message is gone no longer runs (Celery beat stopped or missing)."""
+        """Says when the recovery sweep last ran; True (exit 1) when it is late
+        (``liveness.sweep_late``): what re-sends a queued request whose message is gone no
+        longer runs (Celery beat stopped or missing)."""
+        waited = max(((now - items[0][1]).total_seconds() for items in by_queue.values()), default=0.0)
         try:
-            age = liveness.sweep_age()
+            age, late = liveness.sweep_late(waited)
         except Exception as exc:  # noqa: BLE001
             out(f"recovery sweep: cannot read its last run ({type(exc).__name__}: {exc})")
             return False
-        waited = max(((now - items[0][1]).total_seconds() for items in by_queue.values()), default=0.0)
-        late = (age is None or age > SWEEP_LATE_SECONDS) and waited > SWEEP_LATE_SECONDS
         out("recovery sweep: " + ("no run recorded" if age is None else f"last ran {_ago(age)} ago")
             + (f"  -- LATE: requests have waited {_ago(waited)}; is Celery beat running (`manage.py worker` "
                "runs one; deploy: the beat service)?" if late else ""))
