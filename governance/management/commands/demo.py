@@ -185,8 +185,13 @@ class Command(BaseCommand):
         check = subprocess.run([sys.executable, str(Path(settings.BASE_DIR) / "tools" / "recompose_audit.py"),
                                 str(out_dir / "demo-audit.json")], capture_output=True, text=True)
         self.out(f"   third-party check (tools/recompose_audit.py var/demo-audit.json): exit {check.returncode}")
-        for line in [x.strip() for x in check.stdout.splitlines() if x.strip()][-3:]:
-            self.out(f"     {line}")
+        # each chain's verdict, named (the last lines alone were the last chain's, read as the survey's)
+        name = ""
+        for line in check.stdout.splitlines():
+            if line.startswith("dataset "):
+                name = line.split(":", 1)[0]
+            elif line.strip().startswith("result:") or line.startswith("RESULT:"):
+                self.out(f"     {name + ' ' if line.startswith(' ') else ''}{line.strip()}")
         self.report_path = out_dir / "demo-audit.pdf"
         self.out(f"   PDF audit report: {self.report_path}")
 
