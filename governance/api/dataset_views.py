@@ -23,7 +23,7 @@ from ..datasets import federated, registry as ds_actions
 from ..datasets import preview as dummy_data
 from ..datasets.preview import DEFAULT_PREVIEW_ROWS, MAX_PREVIEW_ROWS
 from ..datasets.recommendations import RANGES, recommend
-from ..ledger import actions as ledger, estimates, trail
+from ..ledger import actions as ledger, estimates
 from ..models import Dataset, LedgerEntry
 from ..requests.sql import from_sql, price
 from . import serializers as s
@@ -196,17 +196,9 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         ds = self.get_object()
         data = s.ChargeInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        from ..requests.submission import GATE_REFUSALS
-
         analyst = data.validated_data.get("analyst")
-        try:
-            entry = ledger.charge(ds, analyst or request.user, data.validated_data["event"],
-                                  reference=data.validated_data["reference"],
-                                  recorded_by=request.user if analyst else None)
-        except GATE_REFUSALS as e:
-            trail.record_refusal(ds, analyst or request.user, data.validated_data["event"], e, trail.Context(
-                kind="external charge", detail=data.validated_data["reference"]))
-            raise
+        entry = ledger.charge(ds, analyst or request.user, data.validated_data["event"],
+                              reference=data.validated_data["reference"], recorded_by=request.user if analyst else None)
         return Response(s.LedgerEntrySerializer(entry).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(parameters=[OpenApiParameter("sensitivity", enum=list(RANGES), default="medium")],

@@ -377,15 +377,21 @@ def release(entry: LedgerEntry | int, *, audit_ctx: trail.Context | None = None,
         return done
 
 
-def charge(dataset: Dataset | int, user, event, *, reference: str = "", recorded_by=None) -> LedgerEntry:
+def charge(dataset: Dataset, user, event, *, reference: str = "", recorded_by=None) -> LedgerEntry:
     """Record a release made outside the service: admitted through the gate and committed,
     as ``user``'s (an officer's own, or an analyst's under her grant, ``recorded_by`` the
-    officer, whom the audit record names)."""
-    ctx = None if recorded_by is None else trail.Context(
-        kind="external charge", outcome="charged", detail=f"recorded by {recorded_by.get_username()}")
-    with transaction.atomic():
-        entry = admit(dataset, user, event, reference=reference)
-        return commit(entry, audit_ctx=ctx)
+    officer, whom the audit record names). Refused by the gate, the refusal is recorded
+    alike (the officer, the reference) and the gate's error raised."""
+    ctx = trail.Context(kind="external charge", outcome="charged",
+                        detail=f"recorded by {recorded_by.get_username()}" if recorded_by is not None else "")
+    try:
+        with transaction.atomic():
+            entry = admit(dataset, user, event, reference=reference)
+            return commit(entry, audit_ctx=ctx)
+    except GATE_REFUSALS as e:
+        ctx.reference = reference
+        trail.record_refusal(dataset, user, event, e, ctx)
+        raise
 
 
 STATE_CHUNK = 1000  # entries read at a time by recompute_state (each with its cost curve)

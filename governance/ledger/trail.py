@@ -245,6 +245,7 @@ class Context:
     requested_at: datetime | None = None
     cluster: dict | None = None  # cluster_job(): a distributed run's cluster job
     extra: dict = field(default_factory=dict)
+    reference: str = ""  # a record with no ledger entry (a refused external charge): the officer's reference
 
     @classmethod
     def of_request(cls, req, **kw) -> Context:
@@ -295,7 +296,7 @@ def prepare(budget: Budget, ds_name: str, ds_delta: float, *, action: str, actor
     rec = AuditRecord(
         dataset_id=budget.pk, seq=budget.audit_seq + 1, action=action, at=datetime.now(UTC), actor=actor[:150],
         request_id=ctx.request_id, ledger_entry_id=entry.pk if entry is not None else None,
-        reference=(entry.reference if entry is not None else "")[:200], engine=ctx.engine[:100],
+        reference=(entry.reference if entry is not None else ctx.reference)[:200], engine=ctx.engine[:100],
         kind=ctx.kind[:100], params=ctx.params, outcome=ctx.outcome[:20], reason=ctx.reason[:100],
         detail=ctx.detail, event=event, reserved_event=reserved_event, charge=charge,
         totals=totals_of(committed, ds_delta), non_private=non_private, result_sha256=ctx.result_sha256,

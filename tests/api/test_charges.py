@@ -240,10 +240,18 @@ def test_the_charge_command_records_as_the_endpoint_does_without_a_web_service(o
 
     grant(analyst, clinic, cap_epsilon=0.5)
     call_command("charge", "clinic", "--event", '{"kind": "laplace", "epsilon": 0.4}', "--officer", "olivia",
-                 "--analyst", "ann", "--reference", "seq 7 of the filed export")
+                 "--analyst", "ann", "--reference", "  seq 7 of the filed export ")  # trimmed, as the API does
     entry = LedgerEntry.objects.get()
     assert (entry.analyst.username, entry.status, entry.reference) == ("ann", "committed", "seq 7 of the filed export")
     assert AuditRecord.objects.filter(action="commit").latest("seq").detail == "recorded by olivia"
+    # a refused one is recorded alike: hers, the officer named, the reference in its own field (a probe: the
+    # officer was missing and the reference folded into the detail)
+    with pytest.raises(CommandError, match="budget.exceeded"):
+        call_command("charge", "clinic", "--event", '{"kind": "laplace", "epsilon": 0.3}', "--officer", "olivia",
+                     "--analyst", "ann", "--reference", "seq 8")
+    refused = AuditRecord.objects.filter(action="refuse").latest("seq")
+    assert (refused.actor, refused.kind, refused.reference) == ("ann", "external charge", "seq 8")
+    assert refused.detail.startswith("recorded by olivia: ") and refused.reason == "budget.exceeded"
     before = snapshot(clinic)
     for args, message in [
             (["clinic", "--event", '{"kind": "laplace", "epsilon": 0.2}', "--officer", "olivia", "--analyst", "ann"],

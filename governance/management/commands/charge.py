@@ -24,7 +24,7 @@ class Command(BaseCommand):
     def handle(self, *args, dataset, event, officer, analyst=None, reference="", **options):
         from ...api.serializers import ChargeInputSerializer
         from ...core.errors import UserError
-        from ...ledger import actions as ledger, trail
+        from ...ledger import actions as ledger
         from ...models import Dataset
 
         ds = Dataset.objects.filter(name=dataset).first()
@@ -43,11 +43,9 @@ class Command(BaseCommand):
             raise CommandError("; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in data.errors.items()))
         charged = data.validated_data.get("analyst")
         try:
-            entry = ledger.charge(ds, charged or who, data.validated_data["event"], reference=reference,
-                                  recorded_by=who if charged else None)
+            entry = ledger.charge(ds, charged or who, data.validated_data["event"],
+                                  reference=data.validated_data["reference"], recorded_by=who if charged else None)
         except ledger.GATE_REFUSALS as e:
-            trail.record_refusal(ds, charged or who, data.validated_data["event"], e,
-                                 trail.Context(kind="external charge", detail=reference))
             raise CommandError(f"refused ({e.code}): {e}") from None
         except UserError as e:
             raise CommandError(f"{e.code}: {e}") from None
