@@ -185,6 +185,12 @@ def _group_key(i: int, g: Any, dataset: DatasetMeta, errors: dict) -> dict | Non
     cuts = [float(t) if closed == "left" else math.nextafter(float(t), math.inf) for t in th]
     # bins [e_i, e_i+1) over the clamped values; the outer edges hold every value in [lo, hi]
     edges = [min(lo, cuts[0]) - 1.0] + cuts + [math.nextafter(max(hi, cuts[-1]) + 1.0, math.inf)]
+    if len({str if isinstance(v, str) else bool if isinstance(v, bool) else float for v in labels}) > 1:
+        # SQL gives a CASE one type: its text labels become numbers ('01' is 1, 'a' an error) and
+        # the bins group as those; kept apart, 1 and '01' were two groups where DuckDB makes one
+        _err(errors, key, "labels must be of one type (all text, all numbers or all booleans): SQL converts a "
+                          "CASE's text labels to its numbers ('01' is 1, 'a' an error)")
+        return None
     if len({P.as_text(v) for v in labels}) != len(labels):  # the same label for two bins: they are one group
         # (compared as text: '1' and 1 were two groups where SQL makes one of both types' rows)
         _err(errors, key, "labels must differ, also as text ('1' and 1 are one label; merge the bins with one "
