@@ -206,11 +206,16 @@ def grid_span(lower: float, upper: float, count: int, integer: bool) -> tuple[fl
     candidate is a whole number: all of them when they are at most ``count``, else whole
     steps; a grid of fractions put every pick on tied integer data strictly between two
     integers, on either side of the true one (a probe: the median of children 1.2-1.8 at
-    epsilon 1e5 where SQL says 2)."""
+    epsilon 1e5 where SQL says 2). Whole steps may stop short of the upper bound by less than a
+    step (the interval reaches the declared bounds: ``report.quantile_interval``)."""
     if not integer or not (math.isfinite(lower) and math.isfinite(upper)):
         return lower, upper, count
     lo, hi = math.ceil(lower), math.floor(upper)
-    if hi - lo < 1 or count < 2:
+    if hi - lo < 1:  # (a probe's [2, 2.9] got a grid of fractions)
+        raise PlanError(f"at most one whole number lies between the bounds [{lower}, {upper}] of a column declared "
+                        "integer: a quantile there says nothing; declare bounds at least 1 apart",
+                        {"bounds": "hold at most one whole number"})
+    if count < 2:
         return lower, upper, count
     step = max(1, math.ceil((hi - lo) / (count - 1)))
     n = (hi - lo) // step + 1

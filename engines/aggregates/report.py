@@ -201,6 +201,9 @@ def quantile_interval(details: dict, pick: float, ends) -> list[float] | None:
     # the difference, and the ends fell anywhere (at epsilon 0.01, 9 of 40 intervals missed
     # the median): the whole grid, as with registered rows (an upper bound) there. An end
     # picked on the wrong side of the answer says nothing of that side either: its bound.
+    # ends past the grid go to the declared bounds, which whole steps on an integer column may
+    # stop short of (0, 4, 8 on [0, 10]: a column all 10 got [0, 8], a probe)
+    b_lo, b_hi = details.get("bounds") or (g["lower"], g["upper"])
     t = qd["interval"]["shift"] / qd["alpha_den"]
     n = details.get("n_rows", 0)
     lo, hi, *held = ends  # (lo, hi, lo confirmed, hi confirmed) since the checks (execute._ends_held)
@@ -212,10 +215,10 @@ def quantile_interval(details: dict, pick: float, ends) -> list[float] | None:
         # (on a tie's plateau) stands for the whole numbers around it; likewise on decimals
         lo, hi = _rounded_out(lo, decimals, math.floor), _rounded_out(hi, decimals, math.ceil)
     if t > qd["q"] * n or lo > pick or not held[0]:
-        lo = g["lower"]
+        lo = b_lo
     if t > (1 - qd["q"]) * n or hi < pick or not held[1]:
-        hi = g["upper"]
-    return _interval(max(g["lower"], min(lo - step, pick)), min(g["upper"], max(hi + step, pick)))
+        hi = b_hi
+    return _interval(max(b_lo, min(lo - step, pick)), min(b_hi, max(hi + step, pick)))
 
 
 def _rounded_out(x: float, decimals: int, to) -> float:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from engines import plugins
 from engines.aggregates import units as unit_rules
-from engines.types import Cancelled, DatasetMeta, EngineError, EngineRequest, Plan
+from engines.types import Cancelled, DatasetMeta, EngineError, EngineRequest, Plan, PlanError
 
 HUGE = 1e6  # epsilon (or rho) at which the noise is negligible
 N = 20_000
@@ -481,11 +481,22 @@ def test_a_quantile_of_a_declared_integer_column_is_the_whole_number_sql_gives()
         assert r["value"] in best, (q, r["value"], best)
     assert r["value"] == np.quantile(x, 0.9, method="lower")  # here as SQL's too
     # wider than the candidates: whole steps, inside the bounds, as many as allowed at most
-    for lo, hi, n in [(0, 8, 1024), (0, 100_000, 1024), (-3.5, 2_000.2, 100), (1, 2, 1024), (7, 7, 5)]:
+    for lo, hi, n in [(0, 8, 1024), (0, 100_000, 1024), (-3.5, 2_000.2, 100), (1, 2, 1024)]:
         a, b, count = grid_span(lo, hi, n, True)
         grid = np.linspace(a, b, count)
         assert lo <= a and b <= hi and count <= n and np.all(grid == np.round(grid)), (lo, hi, n)
     assert grid_span(0.5, 99.5, 1024, False) == (0.5, 99.5, 1024)
+    # a second probe: bounds holding one whole number got a grid of fractions (2.02 on [2, 2.9]):
+    # refused; whole steps short of the upper bound (0, 4, 8 on [0, 10]) gave a column all 10
+    # the interval [0, 8]: the ends reach the declared bounds
+    for lo, hi in [(7, 7), (2, 2.9), (0.2, 0.8)]:
+        with pytest.raises(PlanError, match="at most one whole number"):
+            grid_span(lo, hi, 100, True)
+    tens = pa.table({"x": np.full(300, 10)})
+    ds = DatasetMeta("t", {"x": {"type": "numeric", "lower": 0, "upper": 10, "integer": True}}, None, 300, 300, 1e-6)
+    for _ in range(5):
+        r = run("quantile", {"column": "x", "q": 0.5, "epsilon": 5.0, "candidates": 4}, tens, ds)
+        assert r["candidates"] == {"lower": 0.0, "upper": 8.0, "count": 3} and r["ci95"][1] == 10.0, r
 
 
 def test_a_quantile_on_decimals_with_bounds_near_the_float_limit_runs_and_says_the_q_it_used():
