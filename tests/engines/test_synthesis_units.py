@@ -53,8 +53,14 @@ def clinic():
     return _clinic()
 
 
-@pytest.mark.parametrize("method,params", [("mst", {}), ("aim", {}), ("mst", {"max_rows_per_unit": 1})])
-def test_busy_units_weigh_what_their_rows_weigh(clinic, method, params):
+# |share - real| is bounded by ``off``. Unseeded runs (OpenDP noise): MST at k = 11 gave
+# -0.004 to +0.016 (11 runs, sd 0.004), MST at k = 1 -0.018 to -0.008 (10, sd 0.003): 0.06 is
+# 12+ sd away. AIM gave -0.001 to +0.016 in 28 of 29 runs and -0.024 in one (mean +0.007,
+# sd 0.008 with it): a second mode, so its line is 0.1. Without the reweighting the share is
+# what k rows per unit give, 0.26 under real at k = 11 (0.65 at k = 1): both lines fail it.
+@pytest.mark.parametrize("method,params,off", [("mst", {}, 0.06), ("aim", {}, 0.1),
+                                               ("mst", {"max_rows_per_unit": 1}, 0.06)])
+def test_busy_units_weigh_what_their_rows_weigh(clinic, method, params, off):
     """At the default k (the mean rows per unit, 11) and at k = 1, where a busy patient's
     30-60 rows are 30-60 times k (the buckets reach 64 k)."""
     real = float((clinic["kind"] == "many").mean())  # ~0.85 of the rows
@@ -64,7 +70,7 @@ def test_busy_units_weigh_what_their_rows_weigh(clinic, method, params):
     bounded = float((kept["kind"] == "many").mean())  # what k rows per unit alone would give (~0.6)
     assert real - bounded > 0.15
     share = float((syn["kind"] == "many").mean())
-    assert abs(share - real) < 0.06, (share, real, bounded)
+    assert abs(share - real) < off, (share, real, bounded)
     # the busy patients' visits go past k: their later visits are drawn too
     assert (syn["visits"] > 2 * k).mean() > 0.3 * (clinic["visits"] > 2 * k).mean()
     assert list(syn.columns) == ["kind", "visits"] and UNIT_ROWS not in release.result["columns"]
