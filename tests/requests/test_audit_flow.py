@@ -93,7 +93,8 @@ def test_a_refused_external_charge_is_recorded(api, officer, clinic):
                           format="json")
     assert r.status_code == 409
     rec = only_record(dataset=clinic)
-    assert rec.action == "refuse" and rec.actor == "olivia" and "census table 3" in rec.detail
+    assert rec.action == "refuse" and rec.actor == "olivia" and rec.kind == "external charge"
+    assert rec.reference == "census table 3" and rec.reason == "budget.exceeded"  # in its own field, as a commit's
 
 
 def test_the_analyst_can_match_her_result_to_its_record_and_the_trail_alone_cannot_be_tried(
