@@ -230,14 +230,14 @@ class BeatWatch:
             if beat is None or not hasattr(beat, "is_alive") or self._stop.is_set():
                 continue
             if not beat.is_alive():
-                self._restart(beat, f"died (exit code {getattr(beat, 'exitcode', None)})")
+                self._restart(f"died (exit code {getattr(beat, 'exitcode', None)})")
             elif self._stopped_too_long(beat):
                 try:
                     os.kill(beat.pid, signal.SIGKILL)
                     beat.join(5)
                 except (OSError, AssertionError):
                     pass
-                self._restart(beat, f"was stopped (SIGSTOP) for over {self.stopped_limit:g} s; killed")
+                self._restart(f"was stopped (SIGSTOP) for over {self.stopped_limit:g} s; killed")
 
     def _stopped_too_long(self, beat) -> bool:
         import psutil
@@ -253,7 +253,7 @@ class BeatWatch:
             self._stopped_since = (beat.pid, time.monotonic())
         return time.monotonic() - self._stopped_since[1] >= self.stopped_limit
 
-    def _restart(self, dead, why: str) -> None:
+    def _restart(self, why: str) -> None:
         from celery.beat import EmbeddedService
 
         log.error("the embedded beat process %s: the recovery sweep stopped; starting a new beat", why)

@@ -131,6 +131,13 @@ def forget_dead_here(node: str):
             _remove_key(rec["key"])
 
 
+def _age(rec: dict, now: float, mono: float) -> float:
+    """Seconds since ``rec``'s stamp: on this machine's monotonic clock when it was written
+    here since the last boot, else on the shared clock (``now``: Redis's or the wall's)."""
+    same_boot = BOOT_ID is not None and rec.get("boot") == BOOT_ID and "mono" in rec
+    return mono - float(rec["mono"]) if same_boot else now - float(rec["at"])
+
+
 def records() -> list[dict]:
     """Every stored record, alive or not, with ``age`` (seconds) and ``alive`` added;
     newest first. An unreachable store raises."""
@@ -149,8 +156,7 @@ def records() -> list[dict]:
     for key, item in raw:
         try:
             rec = json.loads(item)
-            same_boot = BOOT_ID is not None and rec.get("boot") == BOOT_ID and "mono" in rec
-            age = mono - float(rec["mono"]) if same_boot else now - float(rec["at"])
+            age = _age(rec, now, mono)
         except (ValueError, KeyError, TypeError):
             continue
         rec["key"] = key  # where it is stored (a record from before one per process: the node alone)
@@ -194,8 +200,7 @@ def sweep_age() -> float | None:
         return None
     try:
         rec = json.loads(raw)
-        same_boot = BOOT_ID is not None and rec.get("boot") == BOOT_ID and "mono" in rec
-        return max(0.0, time.monotonic() - float(rec["mono"]) if same_boot else now - float(rec["at"]))
+        return max(0.0, _age(rec, now, time.monotonic()))
     except (ValueError, KeyError, TypeError):
         return None
 

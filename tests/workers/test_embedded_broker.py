@@ -141,6 +141,16 @@ def test_processes_binding_a_new_exchange_at_once_never_read_an_empty_table(tmp_
     assert seen == []
 
 
+def _drain_until(conn, received: list, seconds: float = 10.0):
+    """Reads the connection until a callback has put something in ``received`` (or ``seconds`` pass)."""
+    deadline = time.monotonic() + seconds
+    while not received and time.monotonic() < deadline:
+        try:
+            conn.drain_events(timeout=1)
+        except TimeoutError:
+            pass
+
+
 def test_an_unparsable_message_file_is_set_aside_and_the_next_one_is_delivered(tmp_path, caplog):
     with connection(tmp_path) as conn:
         Producer(conn.default_channel).publish({"hello": "world"}, routing_key="cpu", exchange="",
@@ -156,12 +166,7 @@ def test_an_unparsable_message_file_is_set_aside_and_the_next_one_is_delivered(t
         with Consumer(conn, [Queue("cpu", routing_key="cpu")], accept=["json"],
                       callbacks=[lambda body, message: (received.append(body), message.ack())]):
             with caplog.at_level(logging.ERROR, logger="workers.broker"):
-                deadline = time.monotonic() + 10
-                while not received and time.monotonic() < deadline:
-                    try:
-                        conn.drain_events(timeout=1)
-                    except TimeoutError:
-                        pass
+                _drain_until(conn, received)
     assert received == [{"hello": "world"}]
     assert sorted(os.listdir(tmp_path / "bad")) == ["0_a_empty.cpu.msg", "0_b_half.cpu.msg", "0_c_garbage.cpu.msg",
                                                     "0_d_list.cpu.msg"]
@@ -193,12 +198,7 @@ def test_a_broker_folder_removed_while_consuming_is_made_again_and_delivery_goes
             assert conn.default_channel._size("cpu") == 0 and conn.default_channel._purge("cpu") == 0
             shutil.rmtree(folder)
             producer.publish({"after": 1}, routing_key="cpu", exchange="", serializer="json")
-            deadline = time.monotonic() + 10
-            while not received and time.monotonic() < deadline:
-                try:
-                    conn.drain_events(timeout=1)
-                except TimeoutError:
-                    pass
+            _drain_until(conn, received)
     assert received == [{"after": 1}]
 
 
