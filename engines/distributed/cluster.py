@@ -41,6 +41,7 @@ POLL_SECONDS = 0.25
 CONNECT_SECONDS = 30  # a scheduler that does not answer within this is out of reach
 WAIT_FOR_WORKER_SECONDS = 30.0  # a graph is sent once the cluster has a worker, waited for this long
 NO_WORKER_SECONDS = 60.0  # a graph under way on a cluster left without a worker this long fails
+FROZEN_WORKER_SECONDS = 60.0  # a graph under way with a worker whose heartbeat stood still this long fails
 WORKER_CHECK_SECONDS = 5.0  # how often a graph under way asks the scheduler for its workers
 SCHEDULER_ANSWER_SECONDS = 5.0  # a question to the scheduler unanswered this long: TimeoutError
 
@@ -284,16 +285,46 @@ def scheduler_info(c, n_workers: int = -1) -> dict:
     return dict(c.sync(c.scheduler.identity, n_workers=n_workers, callback_timeout=SCHEDULER_ANSWER_SECONDS))
 
 
-def _working(c) -> bool:
+def _workers(c) -> dict | None:
+    """The scheduler's workers (address -> identity), None when it does not answer."""
+    try:
+        return scheduler_info(c).get("workers") or {}
+    except (TimeoutError, OSError):
+        return None
+
+
+def _working(workers: dict | None) -> bool:
     """Whether the cluster has a worker that runs tasks: one paused by Dask's memory monitor
     runs none until its memory falls (a probe's two workers paused for good, and the run
     waited on them, its reservation held, until the 3 h time limit). A scheduler that does
     not answer has none either."""
-    try:
-        workers = scheduler_info(c).get("workers") or {}
-    except (TimeoutError, OSError):
-        return False
-    return any(w.get("status", "running") == "running" for w in workers.values())
+    return any(w.get("status", "running") == "running" for w in (workers or {}).values())
+
+
+class _Heartbeats:
+    """Each worker's last heartbeat as the scheduler saw it (``last_seen``, in the
+    scheduler's clock), watched on this process's monotonic clock: a worker whose heartbeat
+    stood still for ``FROZEN_WORKER_SECONDS`` is frozen (a stopped process, a paused host).
+    Its status stays "running" and its tasks never end: a probe's run with one of two
+    workers stopped (SIGSTOP) waited more than 9 minutes, and only the 3 h time limit would
+    have ended it. No clock is shared with the scheduler: only whether the value changed."""
+
+    def __init__(self):
+        self.seen: dict[str, tuple[float, float]] = {}  # address -> (last_seen, first looked at)
+
+    def frozen(self, workers: dict | None, now: float) -> str | None:
+        """The address of a worker frozen by ``now`` (None: none, or no answer to judge by)."""
+        if workers is None:
+            return None
+        seen = {}
+        for address, w in workers.items():
+            beat = w.get("last_seen")
+            if beat is None:
+                continue  # (a scheduler that does not say: nothing to judge by)
+            old = self.seen.get(address)
+            seen[address] = (beat, old[1] if old and old[0] == beat else now)
+        self.seen = seen
+        return next((a for a, (_, since) in seen.items() if now - since > FROZEN_WORKER_SECONDS), None)
 
 
 def compute(value, scheduler: str, retries: int, progress=None, phase: str = "aggregating on the cluster"):
@@ -317,11 +348,15 @@ def compute(value, scheduler: str, retries: int, progress=None, phase: str = "ag
         # polls of done() added up to POLL_SECONDS to every run).
         finished = threading.Event()
         future.add_done_callback(lambda _: finished.set())
-        alone_since, looked = None, time.monotonic()
+        alone_since, looked, beats = None, time.monotonic(), _Heartbeats()
         while not finished.wait(POLL_SECONDS):
             if time.monotonic() - looked >= WORKER_CHECK_SECONDS:
-                looked = time.monotonic()
-                if _working(c):
+                looked, workers = time.monotonic(), _workers(c)
+                if frozen := beats.frozen(workers, looked):
+                    raise ClusterUnavailable(f"the Dask worker {frozen} sent no heartbeat for {FROZEN_WORKER_SECONDS:g} s "
+                                             "(a stopped process or a paused host) while the run's graph was under "
+                                             "way", nothing_read=False)
+                if _working(workers):
                     alone_since = None
                 elif looked - (alone_since := alone_since or looked) > NO_WORKER_SECONDS:
                     raise ClusterUnavailable(f"the Dask cluster had no running worker (none, or every one paused "

@@ -152,6 +152,48 @@ def test_a_graph_whose_workers_are_all_paused_fails_charged_not_for_ever(monkeyp
         assert e.value.nothing_read is False and time.monotonic() - started < 30
 
 
+def test_a_graph_with_a_frozen_worker_fails_charged_not_for_ever(monkeypatch):
+    """A probe stopped one of two workers (SIGSTOP) 1 s into a unit-level query: the
+    stopped worker's status stays "running", its tasks never end, and the run waited more
+    than 9 minutes (only the 3 h time limit would have ended it). A worker whose heartbeat
+    stands still for FROZEN_WORKER_SECONDS fails the graph, as charged."""
+    import os
+    import signal
+    import time
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    from engines.distributed import cluster
+
+    monkeypatch.setattr(cluster, "FROZEN_WORKER_SECONDS", 3.0)
+    monkeypatch.setattr(cluster, "WORKER_CHECK_SECONDS", 0.2)
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None, host="127.0.0.1") as lc, \
+            Client(lc.scheduler_address) as c:
+        pids = list(c.run(os.getpid).values())
+        slow = [dask.delayed(time.sleep, pure=False)(0.5) for _ in range(400)]
+        os.kill(pids[0], signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(cluster.ClusterUnavailable, match="sent no heartbeat for 3 s") as e:
+                cluster.compute(dask.delayed(len)(slow), lc.scheduler_address, retries=0)
+            assert e.value.nothing_read is False and time.monotonic() - started < 30
+        finally:
+            os.kill(pids[0], signal.SIGCONT)
+
+
+def test_a_worker_is_frozen_only_when_its_heartbeat_stands_still():
+    from engines.distributed.cluster import FROZEN_WORKER_SECONDS, _Heartbeats
+
+    beats, limit = _Heartbeats(), FROZEN_WORKER_SECONDS
+    assert beats.frozen({"a": {"last_seen": 1.0}, "b": {"last_seen": 5.0}, "c": {}}, 0.0) is None
+    assert beats.frozen(None, limit + 1) is None  # a scheduler that did not answer: nothing to judge by
+    assert beats.frozen({"a": {"last_seen": 2.0}, "b": {"last_seen": 5.0}, "c": {}}, limit) is None
+    assert beats.frozen({"a": {"last_seen": 3.0}, "b": {"last_seen": 5.0}, "c": {}}, limit + 1) == "b"
+    assert beats.frozen({"a": {"last_seen": 3.0}, "b": {"last_seen": 6.0}}, limit + 2) is None  # b beat again
+    assert beats.frozen({"a": {"last_seen": 3.0}, "b": {"last_seen": 6.0}}, 2 * limit + 1.5) == "a"
+
+
 @pytest.mark.parametrize("graph", ["per_partition", "by_unit", "profile"])
 def test_a_graph_grows_with_the_files_not_their_square(graph, monkeypatch):
     """Each task carried the whole table (every path and manifest line): 114 KB a task for
