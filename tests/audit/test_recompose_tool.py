@@ -26,7 +26,7 @@ from django.db import transaction
 from governance.ledger import trail, actions as ledger
 from governance.audit import export as audit_export
 from governance.datasets import registry as datasets
-from governance.models import Dataset, Grant
+from governance.models import Grant
 from governance.requests.submission import GATE_REFUSALS
 
 ROOT = Path(__file__).resolve().parents[2]
