@@ -290,6 +290,19 @@ def _compressed_pair(exact: PairCounts, ma: np.ndarray, mb: np.ndarray) -> np.nd
     return np.bincount(ma[ia] * cb + mb[ib], weights=exact.count.astype(float), minlength=ca * cb)
 
 
+def noisy_total(ys: list[np.ndarray]) -> float:
+    """The table's size from its columns' noisy one-way counts (each cell's noise of one
+    sd, each row in one cell of every column, its null cell included): each column's plain
+    sum is unbiased with variance growing with its cells, so the sums are weighed by the
+    inverse of their cells. Clipped at 0 first, as it was, every empty cell of a large
+    declared domain added about 0.4 sd: a probe's 3,000 rows with 20,000 declared values
+    in one column were taken for 40,787, and 61% of MST's synthetic rows came out on values
+    no real row holds."""
+    weights = np.array([1.0 / max(len(y), 1) for y in ys])
+    sums = np.array([float(np.sum(y)) for y in ys])
+    return max(float((weights * sums).sum() / weights.sum()), 1.0)
+
+
 class OneWay:
     """Every column's one-way measurement and its private compression (``measure_columns``):
     ``cellmap`` (measured cell -> partition cell), ``ycell`` / ``yleaf`` (noisy counts of
@@ -311,7 +324,7 @@ class OneWay:
                 {c: self.maps[c]}, mbi.Domain([c], [len(self.ycell[c])])))
         self.leafmap = {c: self.maps[c][self.cellmap[c]] for c in self.cols}
         self.csize = {c: int(self.maps[c].max()) + 1 for c in self.cols}
-        self.total = max(float(np.mean([np.clip(y, 0, None).sum() for y in self.ycell.values()])), 1.0)
+        self.total = noisy_total(list(self.ycell.values()))
         self.prob = {}
         for c in self.cols:
             y = np.clip(np.bincount(self.maps[c], weights=self.ycell[c], minlength=self.csize[c]), 0, None)

@@ -745,3 +745,33 @@ def test_a_delta_above_the_datasets_is_refused():
     schema = {"x": {"type": "numeric", "lower": 0, "upper": 1}, "g": {"type": "categorical", "domain": ["a", "b"]}}
     errors = _plan_errors(df, schema, {"epsilon": 1, "method": "mst", "holdout_fraction": 0, "delta": 0.05})
     assert "at most the dataset's delta" in errors["delta"], errors
+
+
+def test_the_noisy_table_size_is_not_inflated_by_empty_cells():
+    """Each column's one-way counts clipped at 0 and summed (the old total) add about 0.4 sd
+    per empty cell: 3,000 rows with a 20,000-value column read as about 40,000. The plain
+    sums, weighed by the inverse of their cells, are unbiased."""
+    rng = np.random.default_rng(7)
+    n, sd = 3000, 4.0
+    cols = [np.r_[np.full(10, n / 10), np.zeros(19_990)], np.full(3, n / 3), np.r_[np.full(6, n / 6), np.zeros(94)]]
+    got = [mst.noisy_total([c + rng.normal(0, sd, c.size) for c in cols]) for _ in range(200)]
+    old = np.mean([c.clip(0).sum() for c in [c + rng.normal(0, sd, c.size) for c in cols]])
+    assert old > 1.5 * n  # what the old rule read
+    assert abs(np.mean(got) - n) < 3 and np.std(got) < 12  # close to a 3-cell column's sd (4 * sqrt(3) ~ 7)
+
+
+@pytest.mark.parametrize("method", ["mst", "aim"])
+def test_a_column_with_a_huge_declared_domain_keeps_its_rows_on_real_values(method):
+    """A probe's 3,000 rows whose ``code`` holds 10 of 20,000 declared values, epsilon 1:
+    MST took the table for 40,787 rows and drew 61% of the column on values no row holds
+    (AIM 71%); on a 200-value domain AIM kept 98%."""
+    rng = np.random.default_rng(11)
+    n = 3000
+    codes = [f"c{i:05d}" for i in range(20_000)]
+    real = rng.choice(codes[100:110], size=n, p=np.linspace(1, 3, 10) / np.linspace(1, 3, 10).sum())
+    df = pd.DataFrame({"code": real, "x": rng.integers(0, 50, n)})
+    schema = {"code": {"type": "categorical", "domain": codes, "nullable": False},
+              "x": {"type": "numeric", "lower": 0, "upper": 50, "integer": True, "nullable": False}}
+    syn, _, _ = _run(df, schema, 1.0, method=method)
+    # after the fix, 5 runs each: MST 0.879-0.919, AIM 0.937-0.986 (before: 0.26-0.27)
+    assert syn["code"].isin(set(real)).mean() > 0.8, syn["code"].value_counts().head(12)
