@@ -200,6 +200,12 @@ def test_the_headline_places_the_table_between_floor_and_ceiling_and_the_page_sh
         "At or near the floor")
     assert report.standing({**below, "overall_accuracy": 0.977, "overall_accuracy_of_the_way": 0.3,
                             "bivariate_accuracy": 0.97}).startswith("Above the floor, less than halfway")
+    above = {**below, "overall_accuracy": 0.977, "overall_accuracy_of_the_way": 0.3, "bivariate_accuracy": 0.97,
+             "univariate_accuracy": 0.951, "univariate_accuracy_floor": 0.972, "univariate_accuracy_noise": 0.0032}
+    # (a probe's table: pairs lifted the overall figure while each column was 6.5 sds under its floor)
+    assert "Its columns one at a time are below the floor: univariate accuracy 0.951 against 0.972" in \
+        report.standing(above)
+    assert "one at a time" not in report.standing({**above, "univariate_accuracy": 0.970})  # within the noise
     page = report.html_report(independent_quality, fresh_privacy, data["train"], data["independent"], SCHEMA,
                               title="t")
     assert "floor (columns drawn independently)" in page and "At or near the floor" in page
