@@ -15,7 +15,8 @@ from engines import plugins
 from engines.dpsgd import calibrate
 from engines.dpsgd.intervals import ALPHA_EACH, expected_halfwidth
 from engines.dpsgd.params import DEFAULT_EVAL_SHARE, MAX_EVAL_SHARE
-from engines.dpsgd.planner import EVAL_HALFWIDTH, EVAL_SENSITIVITY, FINAL_SHARE, eval_share
+from engines.dpsgd.planner import (EVAL_HALFWIDTH, EVAL_SENSITIVITY, FINAL_SHARE, USELESS_HALFWIDTH, eval_share,
+                                   halfwidth_at)
 from engines.types import EngineRequest, Plan
 from tests.engines.dpsgd_helpers import DELTA, GENEROUS, ledger_epsilon, rows_meta, units_meta
 
@@ -113,11 +114,23 @@ def test_the_default_share_is_the_least_that_states_the_aimed_halfwidth_within_i
     final = share * (FINAL_SHARE if epochs > 1 else 1.0)  # the final evaluation's
     t = EVAL_SENSITIVITY * math.log(1 / ALPHA_EACH) / final  # Laplace's bound at that share
     halfwidth = expected_halfwidth(t, n_test)
-    if share < high:  # not capped: the interval it states is the aimed one
+    useless = halfwidth_at(high, epochs, n_test) >= USELESS_HALFWIDTH
+    if useless:  # the most the default gives buys nothing useful: the least is spent
+        assert share == low
+    elif share < high:  # not capped: the interval it states is the aimed one
         assert halfwidth <= EVAL_HALFWIDTH * (1 + 1e-6)
     if share > low:  # not floored: no less would do
         assert halfwidth >= EVAL_HALFWIDTH * (1 - 1e-6)
-    assert eval_share(target, epochs, 2 * n_test + 1) <= share  # a larger holdout never needs more
+    assert useless or eval_share(target, epochs, 2 * n_test + 1) <= share  # a larger holdout never needs more
+
+
+def test_a_holdout_too_small_for_a_useful_interval_gets_the_least_share():
+    """A probe's 62 held-out units at epsilon 1, 5 epochs: 25% of epsilon for an interval
+    of half-width 0.5, [0, 1] in 3 runs of 3. The least share is spent instead."""
+    assert halfwidth_at(MAX_EVAL_SHARE, 5, 62) >= USELESS_HALFWIDTH
+    assert eval_share(1.0, 5, 62) == pytest.approx(DEFAULT_EVAL_SHARE)
+    between = next(n for n in range(62, 100_000, 7) if halfwidth_at(MAX_EVAL_SHARE, 5, n) < USELESS_HALFWIDTH)
+    assert eval_share(1.0, 5, between) == pytest.approx(MAX_EVAL_SHARE)  # still capped, still useful
 
 
 def test_a_plan_without_eval_epsilon_states_the_aimed_halfwidth_inside_its_target():
