@@ -277,10 +277,6 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-_BOOL_TEXT = {"true": "true", "t": "true", "1": "true", "yes": "true",
-              "false": "false", "f": "false", "0": "false", "no": "false"}
-
-
 def _lookup(col: pa.ChunkedArray, values: list) -> tuple[pa.ChunkedArray, pa.Array]:
     """``col`` and ``values`` in one Arrow type: the column's own when every value fits it
     exactly, otherwise both as 64-bit floats (numbers: 2.5 against an integer column, which
@@ -293,11 +289,6 @@ def _lookup(col: pa.ChunkedArray, values: list) -> tuple[pa.ChunkedArray, pa.Arr
     t = col.type
     if pa.types.is_boolean(t) and values and all(_is_number(v) for v in values):
         col, t = col.cast(pa.int8()), pa.int8()
-    elif pa.types.is_boolean(t) and all(isinstance(v, str) for v in values):
-        # Arrow's text of a boolean is "true" / "false": a domain declared ["True", "False"]
-        # (pandas' and Python's spelling) or ["1", "0"] met no row, and a probe's
-        # non-nullable boolean column came out 100% "True" (every row in cell 0)
-        return col.cast(pa.string()), pa.array([_BOOL_TEXT.get(v.strip().lower(), v) for v in values], pa.string())
     if pa.types.is_floating(t):  # -0.0 == 0.0, as the comparison operators have it
         col = pc.add(col, pa.scalar(0.0, t))
         values = [_as_float(v) for v in values]

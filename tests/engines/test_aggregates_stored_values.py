@@ -182,21 +182,3 @@ def test_a_number_literal_on_a_text_column_matches_the_rows_its_check_accepted()
     assert count([{"column": "kids", "op": "!=", "value": 2.0}]) == 600
     assert count([{"column": "kids", "op": "in", "value": [1.0, 2.0]}]) == 600
     assert exact("count", {"group_by": "g"}, table, cols)["count"].tolist() == [250, 500, 250]
-
-
-@pytest.mark.parametrize("domain", [["True", "False"], ["true", "false"], ["1", "0"], [True, False], ["TRUE", "f"]])
-def test_a_boolean_column_declared_categorical_finds_its_rows_by_any_spelling(domain):
-    """A probe's boolean column declared with the domain ["True", "False"] (pandas' and
-    Python's spelling): Arrow's text of a boolean is "true", so no row matched; a histogram
-    found none and the synthesis engine drew the non-nullable column 100% "True". Every
-    engine looks a category up through the same ``compute._lookup``."""
-    import pandas as pd
-
-    flags = [i % 10 < 3 for i in range(300)] + [None]
-    table = pa.table({"b": pa.array(flags)})
-    cols = {"b": {"type": "categorical", "domain": domain}}
-    assert exact("histogram", {"column": "b"}, table, cols)["count"].tolist() == [90, 210]
-    assert exact("count", {"where": [{"column": "b", "op": "==", "value": domain[1]}]}, table, cols)["count"] == 210
-    codes = compute.series_codes(pd.Series(flags, dtype=object), domain)
-    assert (codes == 0).sum() == 90 and (codes == 1).sum() == 210 and codes[-1] == -1
-    assert compute.series_codes(pd.Series([True, False, None]), ["maybe", domain[1]]).tolist() == [-1, 1, -1]
