@@ -20,6 +20,23 @@ from accounting import POLICIES
 RELEASE_QUANTUM_MAX_MS = 60_000  # a dataset's release clock: 0 (off) .. one minute
 
 
+class StorableJSONField(models.JSONField):
+    """A JSON field written as ``governance.ledger.trail.storable`` makes it, so that what the
+    database gives back is what was hashed: a bound of 1e23 went to PostgreSQL's jsonb as
+    1e+23 and came back as the int 10**23, where the audit record had hashed the float's
+    own value (int(1e23)); every later check of the dataset's schema digest failed (a
+    probe). Its migrations see a plain JSONField: the column is the same."""
+
+    def get_prep_value(self, value):
+        from governance.ledger.trail import storable
+
+        return super().get_prep_value(storable(value))
+
+    def deconstruct(self):
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.JSONField", args, kwargs
+
+
 class Dataset(models.Model):
     class Status(models.TextChoices):
         PENDING = "pending", "pending (a worker is reading the table)"
@@ -50,7 +67,7 @@ class Dataset(models.Model):
     partitions = models.JSONField(default=list, blank=True, help_text="A distributed dataset's manifest: "
                                   '[{"path" (relative to location), "rows", "bytes"}], checked before each run.')
     arrow_schema = models.TextField(blank=True, help_text="A distributed dataset's Arrow schema (IPC, base64).")
-    schema = models.JSONField(help_text='{"columns": [{"name", "type", "lower", "upper", "domain"}]}')
+    schema = StorableJSONField(help_text='{"columns": [{"name", "type", "lower", "upper", "domain"}]}')
     unit_column = models.CharField(max_length=200, blank=True,
                                    help_text="Column naming the privacy unit (e.g. patient_id); blank = one row.")
     n_rows = models.BigIntegerField()

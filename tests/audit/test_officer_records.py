@@ -265,6 +265,22 @@ def test_a_schema_change_is_a_settings_record_and_one_made_in_the_database_is_fo
     assert not result.ok and "schema_sha256" in result.first_broken.problem
 
 
+def test_a_bound_past_1e16_hashes_the_same_after_the_databases_round_trip(api, officer, make_dataset, tmp_path):
+    """PostgreSQL's jsonb gave a bound of 1e23 back as the int 10**23, where the record had
+    hashed the float's own value: the chain failed for good after the PATCH (a probe)."""
+    ds = make_dataset(epsilon=1.0)
+    for upper in (1e23, 1.2345678901234567e300, 1):
+        r = api(officer).patch("/api/datasets/clinic/", {"schema": {"income": {"lower": 0, "upper": upper}}},
+                               format="json")
+        assert r.status_code == 200, r.json()
+        result = verify()
+        assert result.ok, result.first_broken.problem
+    assert len(_settings()) == 3
+    schema = Dataset.objects.get(pk=ds.pk).schema
+    assert next(c["upper"] for c in schema["columns"] if c["name"] == "income") == 1
+    _exported_and_recomposed(api, officer, tmp_path)
+
+
 def test_a_grant_moved_to_another_analyst_in_the_database_is_found(officer, analyst, analyst2, make_dataset,
                                                                    grant):
     """A probe's UPDATE gave ann's recorded grant to bob, who spent under it: the grant
