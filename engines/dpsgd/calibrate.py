@@ -65,6 +65,21 @@ class CalibrationError(ValueError):
     pass
 
 
+# The parameters a planner's noise is computed from, named in its refusal of values too
+# small to compute with
+NOISE_PARAMS = ("target_epsilon", "eval_epsilon", "epsilons", "noise_multiplier", "sites_per_round")
+
+
+def uncalibrable(error: Exception, params: dict):
+    """A planner's refusal (``PlanError``: 400, nothing charged) of parameters whose noise
+    cannot be computed: an epsilon of 1e-320 made a noise scale of inf, or a share of it
+    0.0, and the request answered 500 (a probe)."""
+    from engines.types import PlanError
+
+    message = f"the noise cannot be computed from these parameters (a value too small?): {error}"
+    return PlanError(message, {k: message for k in NOISE_PARAMS if k in params} or {"params": message})
+
+
 def sampling(n_train_units: int, batch_size: int, epochs: int) -> tuple[float, int]:
     """Poisson sampling rate q = batch / n and steps per epoch round(1 / q) (as Opacus)."""
     q = batch_size / n_train_units

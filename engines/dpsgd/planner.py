@@ -123,6 +123,13 @@ def _run(spec: Spec, q: float, steps: int, *, label: str, target: float | None, 
 
 def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
     spec = validate(request.kind, request.params, ds)
+    try:
+        return _plan(spec)
+    except (ArithmeticError, ValueError, opendp_noise.OpenDPError) as e:  # a noise scale of inf, a share of 0
+        raise calibrate.uncalibrable(e, request.params) from None
+
+
+def _plan(spec: Spec) -> Plan:
     q, per_epoch = calibrate.sampling(spec.n_train_units, spec.batch_size, spec.epochs)
     steps = per_epoch * spec.epochs
     runs = []

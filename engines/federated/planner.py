@@ -79,6 +79,13 @@ def _local_calibrate(spec, sites: dict, each: float, evals: int) -> None:
 
 def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
     spec = validate(request.kind, request.params, ds)
+    try:
+        return _plan(spec, ds)
+    except (ArithmeticError, ValueError, opendp_noise.OpenDPError) as e:  # a noise scale of inf, a share of 0
+        raise calibrate.uncalibrable(e, request.params) from None
+
+
+def _plan(spec, ds: DatasetMeta) -> Plan:
     q, rounds = spec.sample_rate, spec.rounds
     if not spec.private:
         z, noise, each, evals, event, planned, local = None, None, 0.0, 0, {"kind": "non_private"}, None, None

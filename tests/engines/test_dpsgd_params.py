@@ -160,6 +160,19 @@ def test_epsilon_too_small_to_train_one_step_is_a_plan_error_on_target_epsilon()
     assert "too small to train" in errors({**sweep, "epsilons": [1e-3]}, kind="sweep", via_plugins=True)["epsilons"]
 
 
+@pytest.mark.parametrize("change, kind, key", [
+    ({"target_epsilon": 1e-320}, "train", "target_epsilon"),
+    ({"target_epsilon": 5e-324}, "train", "target_epsilon"),
+    ({"target_epsilon": 1.0, "eval_epsilon": 1e-320}, "train", "eval_epsilon"),
+    ({"epsilons": [1.0, 1e-320]}, "sweep", "epsilons"),
+])
+def test_an_epsilon_too_small_to_compute_a_noise_with_is_a_plan_error(change, kind, key):
+    """1e-320 made a noise scale of inf (or its share 0.0): the request answered 500 (a probe)."""
+    params = {**{k: v for k, v in BASE.items() if k != "noise_multiplier"}, **change}
+    errs = errors(params, kind=kind, via_plugins=True)
+    assert key in errs, errs
+
+
 def test_max_epsilon_below_one_epoch_is_a_plan_error():
     errs = errors({**BASE, "max_epsilon": 0.01}, via_plugins=True)
     assert "below the cost of one epoch" in errs["max_epsilon"]

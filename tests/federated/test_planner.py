@@ -75,6 +75,10 @@ def test_non_private_fedavg_is_a_non_private_event():
     ({"target_epsilon": 1.0, "max_epsilon": 1e-4}, "max_epsilon"),
     ({"target_epsilon": 1.0, "bogus": 1}, "params"),
     ({"target_epsilon": 1e-6, "rounds": 100}, "target_epsilon"),
+    # a noise scale of inf, or a share of 0.0: these answered 500 (a probe)
+    ({"target_epsilon": 1e-320}, "target_epsilon"),
+    ({"noise_multiplier": 1.0, "eval_epsilon": 1e-320}, "eval_epsilon"),
+    ({"target_epsilon": 1.0, "sites_per_round": 5e-324}, "sites_per_round"),
 ])
 def test_bad_requests_are_plan_errors(params, field):
     with pytest.raises(PlanError) as e:

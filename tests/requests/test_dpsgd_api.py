@@ -178,6 +178,8 @@ def test_a_sweep_needs_the_officers_permission_for_its_non_private_baseline(
     ({**GSS_TRAIN}, "target_epsilon"),                                                       # neither epsilon nor z
     ({**GSS_TRAIN, "noise_multiplier": 1.0, "max_epsilon": 1e-3}, "max_epsilon"),            # below one epoch
     ({**GSS_TRAIN, "target_epsilon": 1.0, "learning_rate": "fast"}, "learning_rate"),
+    ({**GSS_TRAIN, "target_epsilon": 1.0, "eval_epsilon": 1e-320}, "eval_epsilon"),         # was a 500 (a probe)
+    ({**GSS_TRAIN, "target_epsilon": 1e-320}, "target_epsilon"),
 ])
 def test_it_refuses_bad_training_requests_and_charges_nothing(api, analyst, gss, params, field):
     r = train(api(analyst), params)
