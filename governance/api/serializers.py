@@ -59,7 +59,9 @@ class SafeJSONField(serializers.JSONField):
     characters, no lone surrogates. A value from a JSON body is taken as parsed."""
 
     def to_internal_value(self, data):
-        from .parsers import json_problem
+        from rest_framework.utils import json
+
+        from .parsers import finite_float, json_problem, no_duplicate_keys
 
         from_text = self.binary or getattr(data, "is_json_string", False)
         if not from_text:
@@ -67,10 +69,15 @@ class SafeJSONField(serializers.JSONField):
             # again (json.dumps of a million keys is seconds of a web worker's CPU)
             return data
         try:
-            value = super().to_internal_value(data)
+            # as the JSON body parser reads: a duplicate key was taken here, its last value
+            # charged (a probe), where the same text as a JSON body was a 400
+            value = json.loads(data.decode() if isinstance(data, bytes) else data, parse_float=finite_float,
+                               object_pairs_hook=no_duplicate_keys)
         except RecursionError:
             raise serializers.ValidationError("Value must be valid JSON: it is nested too deeply.") from None
-        if from_text and (problem := json_problem(value)):
+        except (TypeError, ValueError) as e:
+            raise serializers.ValidationError(f"Value must be valid JSON: {str(e)[:200]}.") from None
+        if problem := json_problem(value):
             raise serializers.ValidationError(f"Value must be valid JSON: {problem}.")
         return value
 

@@ -260,6 +260,28 @@ def test_lone_surrogates_and_nul_in_a_form_schema_are_a_400(client, csv_bytes, s
     assert "schema" in r.json()["errors"]
 
 
+def test_a_duplicate_key_in_json_text_of_a_form_field_is_a_400(api, analyst, clinic, client, csv_bytes):
+    """A form's JSON text kept the last of two values (a probe: an analyst's params
+    {"epsilon": 0.0021, "epsilon": 0.0031} ran and was charged 0.0031), where the same text
+    as a JSON body is a 400."""
+    from urllib.parse import urlencode
+
+    from governance.models import LedgerEntry, Request
+
+    schema = '{"site": {"domain": ["north"], "domain": ["north", "south"]}}'
+    r = client.post("/api/datasets/", {"name": "dupe", "budget_epsilon": "1", "schema": schema,
+                                       "file": _upload(csv_bytes)}, format="multipart")
+    assert r.status_code == 400 and "duplicate key 'domain'" in r.json()["errors"]["schema"][0], r.content[:300]
+    analyst_client = api(analyst)
+    data = {"dataset": "clinic", "engine": "aggregates", "kind": "count",
+            "params": '{"epsilon": 0.0021, "epsilon": 0.0031}'}
+    for r in (post(analyst_client, "/api/requests/", urlencode(data),
+                   content_type="application/x-www-form-urlencoded"),
+              analyst_client.post("/api/requests/", data, format="multipart")):
+        assert r.status_code == 400 and "duplicate key 'epsilon'" in json.dumps(r.json()), r.content[:300]
+    assert Request.objects.count() == 0 and LedgerEntry.objects.count() == 0
+
+
 @pytest.mark.parametrize("fmt", ["form", "multipart"])
 @pytest.mark.parametrize("field, value", [("analyst", "\x00"), ("dataset", "alp\x00ha"), ("a\x00", "1")])
 def test_a_nul_in_form_fields_is_a_400(client, fmt, field, value):
