@@ -17,19 +17,19 @@ from django.db import models
 
 from accounting import POLICIES
 
+from .stored_json import storable
+
 RELEASE_QUANTUM_MAX_MS = 60_000  # a dataset's release clock: 0 (off) .. one minute
 
 
 class StorableJSONField(models.JSONField):
-    """A JSON field written as ``governance.ledger.trail.storable`` makes it, so that what the
+    """A JSON field written as ``stored_json.storable`` makes it, so that what the
     database gives back is what was hashed: a bound of 1e23 went to PostgreSQL's jsonb as
     1e+23 and came back as the int 10**23, where the audit record had hashed the float's
     own value (int(1e23)); every later check of the dataset's schema digest failed (a
     probe). Its migrations see a plain JSONField: the column is the same."""
 
     def get_prep_value(self, value):
-        from governance.ledger.trail import storable
-
         return super().get_prep_value(storable(value))
 
     def deconstruct(self):
