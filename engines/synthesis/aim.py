@@ -95,8 +95,25 @@ def _pair_marginal(model, a: str, b: str) -> np.ndarray:
     return m.ravel() / max(m.sum(), 1e-300) * float(model.total)
 
 
+# numpy's einsum takes at most 64 operands (32 before numpy 2): a 66-column table's AIM
+# left a scalar factor for each column no pair joined and failed in its last contraction,
+# after the data was read (a probe: the request charged, nothing released)
+MAX_OPERANDS = 24
+
+
 def _contract(factors: list[tuple[tuple, np.ndarray]], out: tuple) -> np.ndarray:
-    """The product of ``factors`` (columns, table) summed down to the columns ``out``."""
+    """The product of ``factors`` (columns, table) summed down to the columns ``out``, up to
+    a constant (the callers normalise it): more than MAX_OPERANDS factors are multiplied a
+    batch at a time, each batch kept on all of its columns."""
+    while len(factors) > MAX_OPERANDS:
+        head, factors = factors[:MAX_OPERANDS], factors[MAX_OPERANDS:]
+        cols = tuple(dict.fromkeys(c for cl, _ in head for c in cl))
+        t = _einsum(head, cols)
+        factors = [(cols, t / max(float(t.max()), 1e-300))] + factors
+    return _einsum(factors, out)
+
+
+def _einsum(factors: list[tuple[tuple, np.ndarray]], out: tuple) -> np.ndarray:
     index = {c: i for i, c in enumerate(dict.fromkeys(c for cl, _ in factors for c in cl))}
     args = [x for cl, t in factors for x in (t, [index[c] for c in cl])]
     return np.einsum(*args, [index[c] for c in out], optimize=len(factors) > 2)

@@ -202,6 +202,27 @@ def test_a_pair_marginal_by_elimination_equals_one_contraction_of_every_clique(s
     np.testing.assert_allclose(got, want / want.sum() * 1234.0, rtol=1e-9, atol=1e-9)
 
 
+def test_a_pair_marginal_of_a_model_with_more_factors_than_einsum_takes():
+    """A 66-column table's AIM failed after reading its data (numpy's einsum takes at most
+    64 operands: a scalar factor was left for each column no pair joined; a probe). Here 70
+    leaves hang off ``a`` (70 factors on ``a`` after elimination) and 60 columns stand apart."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(11)
+    leaves, apart = [f"l{i}" for i in range(70)], [f"s{i}" for i in range(60)]
+    cols = ["a", "b", *leaves, *apart]
+    size = {c: 3 for c in cols}
+    cliques = [("a", "b")] + [("a", leaf) for leaf in leaves] + [(c,) for c in apart]
+    tables = {cl: SimpleNamespace(values=rng.normal(0, 1, [3] * len(cl))) for cl in cliques}
+    pot = SimpleNamespace(domain=type("D", (), {"attributes": cols, "__getitem__": lambda self, c: size[c]})(),
+                          cliques=cliques, tables=tables)
+    want = np.exp(tables[("a", "b")].values)
+    for leaf in leaves:
+        want = want * np.exp(tables[("a", leaf)].values).sum(axis=1)[:, None]
+    got = aim._pair_marginal(SimpleNamespace(potentials=pot, total=500.0), "a", "b")
+    np.testing.assert_allclose(got, want.ravel() / want.sum() * 500.0, rtol=1e-9)
+
+
 def test_a_refit_fits_a_sharp_marginal_just_measured_before_it_is_scored_again():
     """A pair whose rows lie near its diagonal (60 x 60 cells, 20,000 rows), measured at sd 2:
     one block of ROUND_ITERS warm-started steps leaves the model 6.6 times the noise off it,
