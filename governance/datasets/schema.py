@@ -152,6 +152,11 @@ def _unmatchable(typ: pa.DataType, domain: list) -> str | None:
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
                 return f"the column holds {typ} values: {v!r} matches no row"
     numeric = pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)
+    if numeric and (flags := [v for v in domain if isinstance(v, bool)]):
+        # true against a 0/1 integer column was compared as text ("1" with "true") and
+        # matched no row, against a float column it matched 1.0 (a probe)
+        return (f"the column holds {typ} values: {str(flags[0]).lower()} is not one; declare the values as "
+                "numbers (1 and 0)")
     for v in [v for v in domain if isinstance(v, str)] if numeric else []:
         # a number's text is matched as Arrow writes the column's values: "00712" against a
         # CSV column of ZIP codes read as integers (712) counted 0 and made it all null in a
@@ -344,25 +349,31 @@ def null_counts(table: pa.Table, names) -> dict[str, int]:
 
 
 def check_integers(schema: dict, table: pa.Table, names=None) -> None:
-    """Refuse a schema that declares ``integer: true`` on a column of ``table`` holding a
-    value with a fraction (of ``names`` only, when given): the engines trust it (an integer
-    key's groups, a quantile's whole-number interval, synthesis on the integer grid), and a
-    column of 12.5s grouped as integers was silently in no group."""
+    """Refuse a schema that declares a grid (``integer: true``, or ``decimals: d``) on a
+    column of ``table`` holding a value off it (of ``names`` only, when given): the engines
+    trust it (an integer key's groups, a quantile's whole-number interval, synthesis on the
+    grid), and a column of 12.5s grouped as integers was silently in no group; ``decimals:
+    0`` on values like 4.37 was taken (a probe), where ``integer: true`` was refused."""
     errors = {}
     for c in schema.get("columns", []):
-        name = c["name"]
-        if c.get("integer") is not True or name not in table.column_names or (names is not None and name not in names):
+        name, d = c["name"], grid_decimals(c) if c.get("type", "numeric") == "numeric" else None
+        if d is None or name not in table.column_names or (names is not None and name not in names):
             continue
         col = table.column(name)
         if pa.types.is_integer(col.type) or not (pa.types.is_floating(col.type) or pa.types.is_decimal(col.type)):
             continue
-        values = pc.drop_null(col)
-        if pa.types.is_floating(col.type):
-            values = pc.filter(values, pc.invert(pc.is_nan(values)))
-        fractions = pc.sum(pc.not_equal(pc.floor(values), values)).as_py() or 0
-        if fractions:
-            errors[name] = (f"declared integer: true, but {fractions:,} value{'s' if fractions > 1 else ''} in the "
-                            "table have a fraction")
+        if pa.types.is_decimal(col.type) and col.type.scale <= d:
+            continue
+        values = pc.drop_null(col).cast(pa.float64())
+        values = pc.filter(values, pc.invert(pc.is_nan(values)))
+        scaled = pc.multiply(values, float(10 ** d))
+        off = pc.greater(pc.abs(pc.subtract(pc.round(scaled), scaled)),
+                         pc.add(pc.multiply(pc.abs(scaled), 1e-9), 1e-6))
+        count = pc.sum(off).as_py() or 0
+        if count:
+            what = "integer: true" if c.get("integer") is True else f"decimals: {d}"
+            errors[name] = (f"declared {what}, but {count:,} value{'s' if count > 1 else ''} in the table have "
+                            + ("a fraction" if d == 0 else f"more than {d} decimal{'s' if d > 1 else ''}"))
     if errors:
         raise InvalidDataset("The schema has problems.", errors=errors)
 

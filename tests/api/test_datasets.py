@@ -711,6 +711,12 @@ def test_an_integer_declaration_the_table_contradicts_is_refused(api, officer):
     assert r.status_code == 201 and columns(r.json())["age"]["integer"] is False, r.json()
     assert client.patch(f"{URL}clinic/", {"schema": {"age": {"integer": True}}}, format="json").status_code == 200
     assert_error(client.patch(f"{URL}clinic/", {"schema": {"income": {"integer": True}}}, format="json"), 400)
+    # decimals too (a probe: decimals 0 on values like 4.37 was taken where integer: true was refused)
+    for d, reason in ((0, "have a fraction"), (1, "have more than 1 decimal")):
+        r = client.patch(f"{URL}clinic/", {"schema": {"income": {"decimals": d}}}, format="json")
+        assert_error(r, 400)
+        assert f"declared decimals: {d}, but" in r.json()["errors"]["income"] and reason in r.json()["errors"]["income"]
+    assert client.patch(f"{URL}clinic/", {"schema": {"income": {"decimals": 2}}}, format="json").status_code == 200
 
 
 def test_a_patch_to_nullable_false_is_checked_against_the_table(api, officer):
@@ -777,6 +783,9 @@ def test_a_domain_value_the_column_s_type_cannot_hold_is_refused(api, officer):
     pq.write_table(table, buf)
     data = buf.getvalue()
     for column, domain, reason in (("r", [1, 2.5, 3], "holds integers: 2.5"),
+                                   # true was compared as text on integers (no row), as 1.0 on floats: a probe
+                                   ("r", [True, False], "true is not one; declare the values as numbers (1 and 0)"),
+                                   ("d", [False, True], "false is not one"),
                                    ("r", ["01", "2", "3"], "'01' matches no row (the value is written '1')"),
                                    ("r", ["abc", "2"], "'abc' matches no row; declare the values as numbers"),
                                    ("d", ["1.5", "3.00"], "'1.5' matches no row (the value is written '1.50')"),
