@@ -643,8 +643,11 @@ def quality_report(train: pd.DataFrame, synthetic: pd.DataFrame, holdout: pd.Dat
         # where the table sits between floor and ceiling, and how far a draw moves that
         f, c, v = summary[metric + "_floor"], summary[metric + "_ceiling"], summary[metric]
         summary[metric + "_noise"] = table["floor_sd"]
-        # None when the ceiling is not clearly above the floor (a small holdout, or one of other units)
-        summary[metric + "_of_the_way"] = (v - f) / (c - f) if None not in (f, c, v) and c - f >= 0.005 else None
+        # None when the ceiling is not clearly above the floor (a small holdout, or one of other
+        # units): by 0.005 and by the floor's draw noise (a gap of 0.014 under noise of 0.018
+        # read "421% of the way": a probe)
+        clear = max(0.005, _margin(table["floor_sd"]))
+        summary[metric + "_of_the_way"] = (v - f) / (c - f) if None not in (f, c, v) and c - f >= clear else None
     if tstr is not None:
         summary.update({"tstr": tstr["tstr"], "trtr": tstr["trtr"], "tstr_gap": tstr["gap"],
                         "tstr_interval": tstr["tstr_interval"], "trtr_interval": tstr["trtr_interval"],

@@ -384,3 +384,23 @@ def test_real_rows_of_independent_columns_are_never_called_below_the_floor():
     train, holdout = rows(4_000), rows(1_000)
     said = [report.quality_report(train, rows(1_000), holdout, schema, seed=seed)["standing"] for seed in range(8)]
     assert not any(s.startswith("Below the floor") for s in said), said
+
+
+def test_no_share_of_the_way_is_stated_where_the_ceiling_is_within_noise_of_the_floor():
+    """A probe's report read "bivariate accuracy 421% of the way from the floor to the
+    ceiling" where the gap (0.014) was smaller than the floor's draw noise (0.018). Columns
+    that are independent have no gap to speak of: no share of it is stated, whatever the seed."""
+    rng = np.random.default_rng(6)
+    schema = {"a": {"type": "numeric", "lower": 0, "upper": 1}, "b": {"type": "numeric", "lower": 0, "upper": 1},
+              "c": {"type": "categorical", "domain": ["p", "q", "r"]}}
+
+    def rows(n):
+        return pd.DataFrame({"a": rng.random(n), "b": rng.beta(2, 5, n), "c": rng.choice(["p", "q", "r"], n)})
+
+    train = rows(2_000)
+    for seed in range(8):
+        s = report.quality_report(train, rows(300), rows(300), schema, seed=seed)["summary"]
+        for m in ("overall_accuracy", "bivariate_accuracy"):
+            gap = s[m + "_ceiling"] - s[m + "_floor"]
+            if s[m + "_of_the_way"] is not None:
+                assert gap >= report._margin(s[m + "_noise"]), (seed, m, gap, s[m + "_noise"])
