@@ -80,10 +80,12 @@ def run_request(self, request_id: str) -> str:
     ``queued`` with its budget reserved until the sweep's re-send period (6 h on Redis; 27
     such requests in one 25 s PostgreSQL outage). Now the task is sent again after 1, 2, 4
     ... up to 30 s until the database answers; a copy that finds the request claimed changes
-    nothing (the claim is a compare-and-set)."""
+    nothing (the claim is a compare-and-set), unless the claim was this task's own and no
+    row was read: the copy takes it back once its heartbeat has stopped (``reclaim``)."""
+    from django.conf import settings
     from django.db import InterfaceError, InternalError, OperationalError
 
-    from governance.requests.execution import execute
+    from governance.requests.execution import StillRunning, execute
 
     from governance.core.errors import storage_unwritable
 
@@ -91,7 +93,9 @@ def run_request(self, request_id: str) -> str:
         # a worker's message is a turn of its queue (governance.requests.turns); an eager
         # task (tests) runs its own request, as its caller expects
         status = execute(request_id, worker=self.request.hostname or "", task=self.request.id or "",
-                         take_turns=not self.request.is_eager)
+                         take_turns=not self.request.is_eager, retried=bool(self.request.retries))
+    except StillRunning as exc:  # its run may be alive: asked again once a heartbeat would have come
+        raise self.retry(exc=exc, countdown=settings.REQUEST_HEARTBEAT_SECONDS) from exc
     except (OperationalError, InterfaceError, InternalError) as exc:
         if isinstance(exc, InternalError) and storage_unwritable(exc) is None:
             raise  # a read-only PostgreSQL (a standby after a failover) is sent again; nothing else is

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -56,7 +57,8 @@ PROGRESS_INTERVAL = 0.5  # seconds between progress writes when there are no tic
 _LAST_TICK = threading.local()  # the tick (monotonic) of this thread's last run's outcome
 
 
-def execute(request_id: str, worker: str = "", task: str = "", take_turns: bool = False) -> str:
+def execute(request_id: str, worker: str = "", task: str = "", take_turns: bool = False,
+            retried: bool = False) -> str:
     """Run one request to a final state; returns its final (or current) status. With
     ``take_turns`` (a worker's message), the request run is the fairest of the message's
     queue (``claim_turn``), not necessarily ``request_id``. The claim waits for the tick of
@@ -67,13 +69,49 @@ def execute(request_id: str, worker: str = "", task: str = "", take_turns: bool 
     wait = getattr(_LAST_TICK, "due", 0.0) - time.monotonic()
     if wait > 0:
         time.sleep(wait)
-    req = claim_turn(request_id, worker, task) if take_turns else claim(request_id, worker, task)
+    req = reclaim(task, worker) if retried else None
+    if req is None:
+        req = claim_turn(request_id, worker, task) if take_turns else claim(request_id, worker, task)
     if req is None:
         return Request.objects.filter(pk=request_id).values_list("status", flat=True).first() or "missing"
     if str(req.pk) != str(request_id):
         log.info("request %s runs in the turn of request %s's message", req.pk, request_id)
     with RunClock(req.pk, quantum_ms(req.dataset)) as clock:
         return _run(req, clock)
+
+
+class StillRunning(Exception):
+    """A retried task's claimed request is running with a heartbeat too recent to tell its
+    run stopped: the task is sent again later (``workers.tasks.run_request``)."""
+
+
+def reclaim(task: str, worker: str = "") -> Request | None:
+    """A retried task's own request, claimed again: the database went away between the claim
+    and the read, so the run could write neither its failure nor anything else and the task
+    was sent again, while the request stayed ``running``; the copy found nothing queued and
+    the sweep failed it as a lost worker two minutes later (a probe restarted PostgreSQL
+    just after a claim). Taken back (compare-and-set) when no row was read and its heartbeat
+    has stood still for two heartbeat periods: a run still alive beats within one
+    (``StillRunning`` then). None when this task claimed nothing that is still running unread."""
+    if not task:
+        return None
+    mine = Request.objects.filter(run_task=task[:64], status=Request.Status.RUNNING, data_read=False)
+    if not mine.exists():
+        return None
+    stale = timezone.now() - timedelta(seconds=2 * settings.REQUEST_HEARTBEAT_SECONDS)
+    if connection.vendor == "postgresql":  # the heartbeats are on the database's clock
+        from django.db.models import DateTimeField, ExpressionWrapper, Value
+        from django.db.models.functions import Now
+
+        stale = ExpressionWrapper(Now() - Value(timedelta(seconds=2 * settings.REQUEST_HEARTBEAT_SECONDS)),
+                                  output_field=DateTimeField())
+    pk = mine.filter(heartbeat_at__lt=stale).values_list("pk", flat=True).first()
+    if pk is None or not Request.objects.filter(pk=pk, status=Request.Status.RUNNING, data_read=False,
+                                                heartbeat_at__lt=stale).update(
+            worker=worker[:200], heartbeat_at=db_time(), progress={"phase": "starting", "fraction": 0.0}):
+        raise StillRunning(task)
+    log.info("request %s claimed again by its task %s after the database came back", pk, task)
+    return Request.objects.select_related("dataset").get(pk=pk)
 
 
 TURN_ATTEMPTS = 20  # claims lost to other workers before a turn falls back to its own request

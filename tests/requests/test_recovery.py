@@ -437,3 +437,76 @@ def test_a_queued_request_covered_by_another_s_turn_is_not_sent_again(api, analy
     Request.objects.filter(pk__in=[a, b, c]).update(progress={})  # a new period
     monkeypatch.setattr(recovery, "_pending", lambda queues: {ran, b, a})  # three turns for three
     assert sweep(requeue_after=900)["requeued"] == [] and sent == []
+
+
+def test_a_run_whose_database_went_away_after_the_claim_is_taken_back_by_its_retried_task(
+        api, analyst, clinic, monkeypatch, settings, django_capture_on_commit_callbacks):
+    """A probe restarted PostgreSQL just after a worker claimed a request: the run could write
+    neither its failure nor anything else, its task was sent again, and the copy found the
+    request claimed (not queued) and did nothing; the sweep failed it two minutes later as a
+    lost worker, though the worker was alive. The retried task now takes its own claimed,
+    unread request back once its heartbeat has stood still, and runs it."""
+    from django.db import OperationalError
+
+    from governance.requests import execution, outcomes
+    from workers.tasks import run_request
+
+    settings.REQUEST_HEARTBEAT_SECONDS = 0  # the copy runs at once here (eager): the claim's heartbeat is old by then
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    away = {"refusal": 1, "write": 1}
+    real_refusal, real_write = execution.access_refusal, outcomes.write
+
+    def refusal(*a, **k):
+        if away["refusal"]:
+            away["refusal"] -= 1
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_refusal(*a, **k)
+
+    def write(out):
+        if away["write"]:
+            away["write"] -= 1
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_write(out)
+
+    monkeypatch.setattr(execution, "access_refusal", refusal)
+    monkeypatch.setattr(outcomes, "write", write)
+    run_request.push_request(id="t7", args=[rid], kwargs={}, retries=0, is_eager=False, called_directly=False,
+                             delivery_info={}, hostname="cpu@test")
+    try:
+        from celery.exceptions import Retry
+
+        with pytest.raises(Retry):
+            run_request.run(rid)
+    finally:
+        run_request.pop_request()
+    req = Request.objects.get(pk=rid)
+    assert req.status == "succeeded" and req.run_task == "t7", (req.status, req.error)
+    assert LedgerEntry.objects.get().status == "committed" and verification.verify().ok
+
+
+def test_a_retried_task_leaves_a_live_or_read_run_of_its_own_alone(api, analyst, clinic,
+                                                                    django_capture_on_commit_callbacks):
+    from governance.requests.execution import StillRunning, claim, reclaim
+
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    assert claim(rid, "cpu@test", "t8") is not None
+    with pytest.raises(StillRunning):  # its heartbeat is fresh: the run may be alive
+        reclaim("t8", "cpu@test")
+    assert reclaim("t0", "cpu@test") is None  # another task's claim
+    Request.objects.filter(pk=rid).update(heartbeat_at=timezone.now() - timedelta(seconds=600), data_read=True)
+    assert reclaim("t8", "cpu@test") is None  # rows were read: the sweep finishes it, charged
+    assert execute(rid, "cpu@test", "t8", retried=True) == "running"
+    Request.objects.filter(pk=rid).update(data_read=False)
+    assert execute(rid, "cpu@test", "t8", retried=True) == "succeeded"
+
+
+def test_the_sweeps_unsent_mark_is_not_shown_to_the_analyst(api, analyst, clinic, django_capture_on_commit_callbacks):
+    """A probe stopped Redis and POSTed: the request's progress showed the sweep's
+    ``unsent_at`` (the server's clock; the news that the broker was down)."""
+    from governance.core.dispatch import mark_unsent
+
+    client = api(analyst)
+    rid = queued(client, capture=django_capture_on_commit_callbacks)
+    assert mark_unsent(rid) and "unsent_at" in Request.objects.get(pk=rid).progress
+    shown = [client.get(f"/api/requests/{rid}/").json(), client.get("/api/requests/").json()["results"][0]]
+    assert [s["progress"] for s in shown] == [{"phase": "queued"}] * 2, shown
