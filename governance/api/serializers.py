@@ -8,6 +8,7 @@ from accounting import POLICIES
 from accounting.events import MAX_EPSILON
 from accounting.costs import Cost
 
+from ..core.dispatch import shown_progress
 from ..core.roles import USERNAME_PATTERN, USERNAME_RULE, USERNAME_TAKEN, username_taken
 from ..datasets.budget import is_plain_number
 from ..datasets.federated import site_rows
@@ -50,6 +51,14 @@ class TextField(serializers.CharField):
 class DeltaField(serializers.CharField):
     """A budget's delta: a number (JSON, or its text in a form) or "auto"; read by
     ``datasets.budget.parse_budget`` (the schema says a number or "auto", not any string)."""
+
+
+class ProgressField(serializers.JSONField):
+    """A request's progress (phase, fraction, the engine's figures), as its analyst sees it
+    (``core.dispatch.shown_progress``)."""
+
+    def to_representation(self, value):
+        return super().to_representation(shown_progress(value))
 
 
 class SafeJSONField(serializers.JSONField):
@@ -389,6 +398,7 @@ class RequestSerializer(serializers.ModelSerializer):
     result_salt = serializers.SerializerMethodField()
     officer_report = serializers.SerializerMethodField()
     replayed = serializers.SerializerMethodField()
+    progress = ProgressField(read_only=True)
 
     class Meta:
         model = Request
@@ -468,7 +478,7 @@ def request_json(req: Request, request) -> dict:
     return {
         "id": str(req.pk), "dataset": req.dataset.name, "analyst": req.analyst.username,
         "engine": req.engine, "kind": req.kind, "params": req.params, "status": str(req.status),
-        "progress": req.progress, "event": req.plan.get("event"), "charge": request_charge(req, request),
+        "progress": shown_progress(req.progress), "event": req.plan.get("event"), "charge": request_charge(req, request),
         "result": request_result(req, request), "result_salt": request_result_salt(req, request),
         "officer_report": request_officer_report(req, request),
         "error": req.error, "replayed": req.replay_of_id is not None, "replay_of": req.replay_of_id,

@@ -63,6 +63,17 @@ def publish_or_mark(publish, request_id):
     return None
 
 
+UNSENT = "unsent_at"  # a request's progress key the sweep finds it by; never shown to its analyst
+
+
+def shown_progress(progress: dict | None) -> dict | None:
+    """A request's progress as its analyst sees it: without the sweep's ``unsent_at`` (the
+    server's clock, and the news that the broker was down: a probe saw it in the API)."""
+    if not isinstance(progress, dict) or UNSENT not in progress:
+        return progress
+    return {k: v for k, v in progress.items() if k != UNSENT}
+
+
 def mark_unsent(request_id) -> bool:
     """Rule 3 of the recovery sweep: the broker did not take the task of this queued request."""
     from ..models import Request
@@ -74,4 +85,4 @@ def mark_unsent(request_id) -> bool:
     if progress is None:
         return False
     return bool(Request.objects.filter(pk=request_id, status=Request.Status.QUEUED).update(
-        progress={**(progress or {}), "unsent_at": timezone.now().timestamp()}))
+        progress={**(progress or {}), UNSENT: timezone.now().timestamp()}))
