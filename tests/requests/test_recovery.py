@@ -266,6 +266,22 @@ def test_a_sweeper_whose_clock_runs_ahead_keeps_copies_being_written(make_datase
     assert not [p for p in root.iterdir() if p.name.startswith(".now-")]  # its marker is gone
 
 
+def _run_as_a_worker_until_its_retry(rid, task_id):
+    """``workers.run_request`` delivered to a worker (not eager), which asks Celery for a
+    retry; the retry's copy runs at once here (Celery is eager in the tests)."""
+    from celery.exceptions import Retry
+
+    from workers.tasks import run_request
+
+    run_request.push_request(id=task_id, args=[rid], kwargs={}, retries=0, is_eager=False, called_directly=False,
+                             delivery_info={}, hostname="cpu@test")
+    try:
+        with pytest.raises(Retry):
+            run_request.run(rid)
+    finally:
+        run_request.pop_request()
+
+
 def test_a_task_that_finds_the_database_away_is_sent_again_not_dropped(api, analyst, clinic, monkeypatch,
                                                                         django_capture_on_commit_callbacks):
     """The claim raising OperationalError (PostgreSQL restarting) used to fail the task, which
@@ -274,7 +290,6 @@ def test_a_task_that_finds_the_database_away_is_sent_again_not_dropped(api, anal
     from django.db import OperationalError
 
     from governance.requests import execution
-    from workers.tasks import run_request
 
     rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
     calls = []
@@ -287,15 +302,7 @@ def test_a_task_that_finds_the_database_away_is_sent_again_not_dropped(api, anal
         return real(request_id, worker)
 
     monkeypatch.setattr(execution, "execute", flaky)
-    run_request.push_request(id="t1", args=[rid], kwargs={}, retries=0, is_eager=False, called_directly=False,
-                             delivery_info={}, hostname="cpu@test")
-    try:
-        from celery.exceptions import Retry
-
-        with pytest.raises(Retry):
-            run_request.run(rid)
-    finally:
-        run_request.pop_request()
+    _run_as_a_worker_until_its_retry(rid, "t1")
     assert calls == [rid, rid]  # the retry's copy ran it
     assert Request.objects.get(pk=rid).status == "succeeded"
 
@@ -449,7 +456,6 @@ def test_a_run_whose_database_went_away_after_the_claim_is_taken_back_by_its_ret
     from django.db import OperationalError
 
     from governance.requests import execution, outcomes
-    from workers.tasks import run_request
 
     settings.REQUEST_HEARTBEAT_SECONDS = 0  # the copy runs at once here (eager): the claim's heartbeat is old by then
     rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
@@ -470,15 +476,7 @@ def test_a_run_whose_database_went_away_after_the_claim_is_taken_back_by_its_ret
 
     monkeypatch.setattr(execution, "access_refusal", refusal)
     monkeypatch.setattr(outcomes, "write", write)
-    run_request.push_request(id="t7", args=[rid], kwargs={}, retries=0, is_eager=False, called_directly=False,
-                             delivery_info={}, hostname="cpu@test")
-    try:
-        from celery.exceptions import Retry
-
-        with pytest.raises(Retry):
-            run_request.run(rid)
-    finally:
-        run_request.pop_request()
+    _run_as_a_worker_until_its_retry(rid, "t7")
     req = Request.objects.get(pk=rid)
     assert req.status == "succeeded" and req.run_task == "t7", (req.status, req.error)
     assert LedgerEntry.objects.get().status == "committed" and verification.verify().ok
