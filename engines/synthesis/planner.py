@@ -20,8 +20,8 @@ false``):
 4. measure the grid histogram of each numeric column whose grid has more values than
    cells, or that has no declared grid (on a candidate grid from its declared range)
    (m releases; a grid of more than 200,000 values on its first 10^k times coarser
-   grid of at most 200,000): its heavy grid values are drawn with their counts (see
-   encoding.py).
+   grid of at most 200,000, with the gaps between its values): its heavy grid values
+   and gaps are drawn with their counts (see encoding.py).
 
 A privacy unit adds or removes at most k = ``max_rows_per_unit`` rows, so each marginal
 vector moves by at most k in L2 and each selection score by at most k. On a table with a
