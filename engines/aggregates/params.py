@@ -109,8 +109,11 @@ def _described(spec: dict) -> str:
     what = repr(spec.get("type"))
     if spec.get("type") == "numeric":
         what += " declared integer" if spec.get("integer") is True else " without integer: true"
-        if _bounds(spec) is None:
+        if (bounds := _bounds(spec)) is None:
             what += ", without bounds"
+        elif spec.get("integer") is True:  # too many integers to be groups (a probe's [0, 10**12] said only this)
+            n = math.floor(bounds[1]) - math.ceil(bounds[0]) + 1
+            what += f" on [{bounds[0]:g}, {bounds[1]:g}]: {n:,} values" if n > 0 else " with no integer in its bounds"
     return what
 
 

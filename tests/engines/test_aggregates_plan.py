@@ -346,3 +346,13 @@ def test_a_budget_or_bounds_that_cannot_be_calibrated_say_why(kind, bounds, epsi
         plugins.plan("aggregates", EngineRequest(kind, {"column": "x", "epsilon": epsilon,
                                                         **({"q": 0.5} if kind == "quantile" else {})}), ds)
     assert says in str(e.value) and "division" not in str(e.value)
+
+
+def test_a_group_by_on_too_many_integers_says_how_many():
+    """A probe's integer column on [0, 10**12] was refused with "'big' is 'numeric' declared
+    integer", which it was: the count of its values is what stands in the way."""
+    cols = {"big": {"type": "numeric", "lower": 0, "upper": 10**12, "integer": True},
+            "none": {"type": "numeric", "lower": 0.2, "upper": 0.8, "integer": True}}
+    ds = DatasetMeta("t", cols, None, 1000, 1000, 1e-6)
+    assert "[0, 1e+12]: 1,000,000,000,001 values" in errors_of("count", {"group_by": "big", "epsilon": 1}, ds)["group_by"]
+    assert "no integer in its bounds" in errors_of("count", {"group_by": "none", "epsilon": 1}, ds)["group_by"]
