@@ -95,6 +95,10 @@ def test_it_paginates(api, officer, entries):
     assert seen == ALL
     assert_error(client.get("/api/ledger/", {"page_size": 3, "page": 4}), 404)
     assert len(client.get("/api/ledger/", {"page_size": 100_000}).json()["results"]) == 7
+    for bad in ("garbage", "0", "-3", "2.5", "NaN", "\u0663"):  # DRF ignored these: the default page (a probe)
+        r = client.get("/api/ledger/", {"page_size": bad})
+        assert_error(r, 400)
+        assert "page_size" in r.json()["errors"], (bad, r.json())
 
 
 def test_it_lists_one_datasets_ledger(api, officer, analyst, analyst2, entries):
