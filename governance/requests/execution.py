@@ -39,6 +39,7 @@ from engines.federated.types import Federation
 from engines.types import Cancelled, EngineError, EngineRequest, Plan
 
 from ..core import processes
+from ..core.clock import db_now
 from ..core.errors import AccountInactive, BudgetExceeded, NonPrivateRefused, PldNotAllowed, UserError
 from ..core.raw_rows import concrete, from_row
 from ..datasets.data import load_columns
@@ -80,6 +81,9 @@ def execute(request_id: str, worker: str = "", task: str = "", take_turns: bool 
         return _run(req, clock)
 
 
+STARTING = {"phase": "starting", "fraction": 0.0}  # a claimed request's progress until its data is read
+
+
 class StillRunning(Exception):
     """A retried task's claimed request is running with a heartbeat too recent to tell its
     run stopped: the task is sent again later (``workers.tasks.run_request``)."""
@@ -96,19 +100,12 @@ def reclaim(task: str, worker: str = "") -> Request | None:
     if not task:
         return None
     mine = Request.objects.filter(run_task=task[:64], status=Request.Status.RUNNING, data_read=False)
-    if not mine.exists():
+    pk = mine.values_list("pk", flat=True).first()
+    if pk is None:
         return None
-    stale = timezone.now() - timedelta(seconds=2 * settings.REQUEST_HEARTBEAT_SECONDS)
-    if connection.vendor == "postgresql":  # the heartbeats are on the database's clock
-        from django.db.models import DateTimeField, ExpressionWrapper, Value
-        from django.db.models.functions import Now
-
-        stale = ExpressionWrapper(Now() - Value(timedelta(seconds=2 * settings.REQUEST_HEARTBEAT_SECONDS)),
-                                  output_field=DateTimeField())
-    pk = mine.filter(heartbeat_at__lt=stale).values_list("pk", flat=True).first()
-    if pk is None or not Request.objects.filter(pk=pk, status=Request.Status.RUNNING, data_read=False,
-                                                heartbeat_at__lt=stale).update(
-            worker=worker[:200], heartbeat_at=db_time(), progress={"phase": "starting", "fraction": 0.0}):
+    stale = db_now() - timedelta(seconds=2 * settings.REQUEST_HEARTBEAT_SECONDS)  # the heartbeats' clock
+    if not mine.filter(pk=pk, heartbeat_at__lt=stale).update(worker=worker[:200], heartbeat_at=db_time(),
+                                                             progress=STARTING):
         raise StillRunning(task)
     log.info("request %s claimed again by its task %s after the database came back", pk, task)
     return Request.objects.select_related("dataset").get(pk=pk)
@@ -143,7 +140,7 @@ def claim(request_id, worker: str = "", task: str = "") -> Request | None:
     when another delivery has it. ``task``: the Celery task whose turn runs it (the worker's
     hard time limit finds the run by it)."""
     values = {"status": Request.Status.RUNNING, "worker": worker[:200], "run_task": task[:64],
-              "progress": {"phase": "starting", "fraction": 0.0}}
+              "progress": STARTING}
     if connection.vendor != "postgresql":  # SQLite: this host's clock is the database's (recovery.db_time)
         now = timezone.now()
         values.update(started_at=now, heartbeat_at=now)
