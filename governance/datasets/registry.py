@@ -21,7 +21,6 @@ from django.db import transaction
 
 from accounting import POLICIES
 from engines.columns import null_count, unit_ids
-from engines.synthesis.encoding import grid_decimals
 
 from ..core import liveness, processes
 from ..core.clock import db_now
@@ -32,7 +31,7 @@ from .budget import parse_budget
 from .data import StoredTableChanged, check_digest, table_schema
 from .files import (MAX_DECODED_RATIO, DecodedTooLarge, check_columns, dataset_path, read_table,
                     resolve_server_path, store_file)
-from .schema import check_integers, check_nulls, infer_schema, null_counts, validate_schema
+from .schema import check_integers, check_nulls, declared_decimals, infer_schema, null_counts, validate_schema
 
 log = logging.getLogger(__name__)
 REGISTER_DATASET = "workers.register_dataset"
@@ -357,11 +356,6 @@ EDITABLE = ("schema", "policy", "budget_epsilon", "budget_delta", "delta_auto", 
             "description", "allow_non_private", "release_quantum_ms", "pld_certification")
 
 
-def _grid(column: dict) -> int | None:
-    """A numeric column's declared decimals (0 for ``integer: true``), else None."""
-    return grid_decimals(column) if column.get("type", "numeric") == "numeric" else None
-
-
 def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
     """Officer edits: schema, budget, policy, texts, allow_non_private, under the budget
     row's lock. A change of any of ``trail.audited_settings`` (the schema's by its digest) is
@@ -380,12 +374,12 @@ def update(ds: Dataset, *, schema=None, actor: str = "", **fields) -> Dataset:
         has_entries = ds.ledger.exists()
         if schema is not None:
             before = {c["name"] for c in ds.schema.get("columns", []) if c.get("nullable") is False}
-            was_grid = {c["name"]: _grid(c) for c in ds.schema.get("columns", [])}
+            was_grid = {c["name"]: declared_decimals(c) for c in ds.schema.get("columns", [])}
             ds.schema = validate_schema(schema, table_schema(ds), ds.unit_column, base=ds.schema)
             newly = {c["name"] for c in ds.schema["columns"] if c.get("nullable") is False} - before
             # a grid declared, or made coarser (integer: true, fewer decimals): checked against the rows
-            integer = {c["name"] for c in ds.schema["columns"] if _grid(c) is not None
-                       and (was_grid.get(c["name"]) is None or _grid(c) < was_grid[c["name"]])}
+            integer = {c["name"] for c in ds.schema["columns"] if declared_decimals(c) is not None
+                       and (was_grid.get(c["name"]) is None or declared_decimals(c) < was_grid[c["name"]])}
             if (newly or integer) and ds.execution == Dataset.Execution.LOCAL:
                 table = read_table(dataset_path(ds), ds.file_format, columns=sorted(newly | integer))
                 check_nulls(ds.schema, null_counts(table, newly))

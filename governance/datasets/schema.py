@@ -348,6 +348,11 @@ def null_counts(table: pa.Table, names) -> dict[str, int]:
     return {name: null_count(table.column(name)) for name in names}
 
 
+def declared_decimals(column: dict) -> int | None:
+    """A numeric column's declared grid: its decimals (0 for ``integer: true``), else None."""
+    return grid_decimals(column) if column.get("type", "numeric") == "numeric" else None
+
+
 def check_integers(schema: dict, table: pa.Table, names=None) -> None:
     """Refuse a schema that declares a grid (``integer: true``, or ``decimals: d``) on a
     column of ``table`` holding a value off it (of ``names`` only, when given): the engines
@@ -356,7 +361,7 @@ def check_integers(schema: dict, table: pa.Table, names=None) -> None:
     0`` on values like 4.37 was taken (a probe), where ``integer: true`` was refused."""
     errors = {}
     for c in schema.get("columns", []):
-        name, d = c["name"], grid_decimals(c) if c.get("type", "numeric") == "numeric" else None
+        name, d = c["name"], declared_decimals(c)
         if d is None or name not in table.column_names or (names is not None and name not in names):
             continue
         col = table.column(name)
