@@ -61,11 +61,12 @@ RULE = {"threshold": 0.02, "high": 0.8}
 
 def planner_quantities(spec, method: str) -> dict:
     """What the planner knows before data: the one-way sd at the base share 0.6, units, k, d, n1."""
-    from engines.synthesis.encoding import has_fine, one_way_releases
+    from engines.synthesis.encoding import fine_releases, one_way_releases
     from engines.synthesis.params import model_columns
 
     cols, k = model_columns(spec), spec.max_rows_per_unit
-    d, m, n1 = len(cols), sum(1 for c in cols if has_fine(c)), sum(one_way_releases(c) for c in cols)
+    d, n1 = len(cols), sum(one_way_releases(c) for c in cols)
+    m = sum(fine_releases(c, spec.refine_gaps) for c in cols)
     return {"d": d, "m": m, "n1": n1, "k": k, "units": spec.n_train_units, "rows": spec.rows}
 
 

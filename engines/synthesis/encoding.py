@@ -20,6 +20,7 @@ keeps its shape inside each bin.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -385,9 +386,10 @@ def _on_grid(x: np.ndarray, col: dict) -> np.ndarray:
 
 def cell_decode(codes: dict[str, np.ndarray], columns: list[dict], rng: np.random.Generator,
                 one_way: dict[str, np.ndarray] | None = None, fine: dict[str, np.ndarray] | None = None,
-                fine_scale: float | None = None) -> pd.DataFrame:
+                fine_scale: float | None = None, gaps: dict[str, Gaps] | None = None) -> pd.DataFrame:
     """Values from cells. ``one_way``: each column's noisy cell counts; ``fine``: the noisy
-    grid histograms (``has_fine`` columns) measured with noise sd ``fine_scale``."""
+    grid histograms (``has_fine`` columns) measured with noise sd ``fine_scale``, and
+    ``gaps`` their heavy gaps measured again (``refines_gaps`` columns)."""
     out = {}
     for col in columns:
         name, c = col["column"], np.asarray(codes[col["column"]], dtype=np.int64)
@@ -410,7 +412,7 @@ def cell_decode(codes: dict[str, np.ndarray], columns: list[dict], rng: np.rando
             hist = (fine or {}).get(name)
             if hist is not None and fine_scale:
                 x = _heavy_values(x, c, col, rng, np.asarray(hist, dtype=float), fine_scale,
-                                  None if one_way is None else one_way.get(name))
+                                  None if one_way is None else one_way.get(name), (gaps or {}).get(name))
         out[name] = pd.Series(np.clip(x, col["lower"], col["upper"]), dtype="float64")
     return pd.DataFrame(out)
 
@@ -436,8 +438,15 @@ def _inner_span(col: dict, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np
     if g is None:
         return np.zeros(len(a), dtype=np.int64), (np.asarray(b) > np.asarray(a)).astype(np.int64)
     first, step, n, _ = g
-    lo_i = np.where(a <= col["lower"], first, np.round(np.asarray(a) / step) + 1)
-    hi_i = np.where(b >= col["upper"], first + n - 1, np.round(np.asarray(b) / step) - 1)
+    coarse = value_grid(col)[1]
+
+    def off_coarse(v: float) -> bool:  # a bound that is a coarse value is that value's entry, not a gap's
+        q = v / coarse
+        return abs(q - round(q)) >= 1e-6
+
+    lo_i = np.where((np.asarray(a) <= col["lower"]) & off_coarse(col["lower"]), first, np.round(np.asarray(a) / step) + 1)
+    hi_i = np.where((np.asarray(b) >= col["upper"]) & off_coarse(col["upper"]), first + n - 1,
+                    np.round(np.asarray(b) / step) - 1)
     return lo_i.astype(np.int64), np.maximum(hi_i - lo_i + 1, 0).astype(np.int64)
 
 
@@ -451,6 +460,98 @@ def _draw_in_gap(col: dict, a: float, b: float, m: int, rng: np.random.Generator
     return np.round((lo_i[0] + rng.integers(0, count[0], m)) * g[1], g[3])
 
 
+REFINE_MAX_GAP = 1_000  # a column's heavy gaps are measured again when each holds fewer declared values
+REFINE_MAX_CELLS = 1_000_000  # the declared values of one column's heavy gaps measured again (heaviest first)
+
+
+def refines_gaps(col: dict) -> bool:
+    """A column whose declared grid is coarsened for its value histogram (k > 0, past
+    MAX_GRID values) with fewer than REFINE_MAX_GAP declared values in each gap: its heavy
+    gaps get a second measurement, of the declared values inside them (``Gaps``). Weekly
+    wages in cents repeat exact amounts (CPS: 712.25 held by 815 of 28,155 rows): drawn
+    uniformly over a heavy gap's 99 cent values, a discriminator on raw values saw the
+    rows beside the spike (AUC 0.79 -> 0.80)."""
+    if col["type"] != "numeric" or grid(col) is None:
+        return False
+    k = value_grid(col)[4]
+    return k > 0 and 10 ** k <= REFINE_MAX_GAP
+
+
+def fine_releases(col: dict, refine: bool) -> int:
+    """Noisy histograms of the column's fine measurements (planned and charged): its value
+    histogram (``has_fine``) and, with ``refine``, its heavy gaps' values."""
+    return int(has_fine(col)) + int(refine and refines_gaps(col))
+
+
+@dataclass(frozen=True)
+class Gaps:
+    """The heavy gaps of a ``refines_gaps`` column's value histogram measured again: each
+    gap's entry in the histogram, the declared-grid index of its first inner value and
+    its number of inner values; ``noisy``: each inner value's noisy count, gap after gap."""
+    entries: np.ndarray
+    first: np.ndarray
+    count: np.ndarray
+    noisy: np.ndarray | None = None
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.r_[0, np.cumsum(self.count)].astype(np.int64)
+
+    def measured(self, noisy: np.ndarray) -> "Gaps":
+        return replace(self, noisy=np.asarray(noisy, dtype=float))
+
+
+def heavy_gaps(col: dict, hist: np.ndarray, scale: float) -> Gaps:
+    """The gaps to measure again, chosen from the noisy value histogram alone (post-
+    processing): its heavy gaps, heaviest first while their inner values total at most
+    REFINE_MAX_CELLS."""
+    hist = np.asarray(hist, dtype=float)
+    heavy, a, b, _ = _heavy(col, hist, scale)
+    gap = b > a
+    heavy, a, b = heavy[gap], a[gap], b[gap]
+    order = np.argsort(-hist[heavy], kind="stable")
+    first, count = _inner_span(col, a[order], b[order])
+    keep = np.cumsum(count) <= REFINE_MAX_CELLS
+    return Gaps(heavy[order][keep], first[keep], count[keep])
+
+
+def gap_counts(df: pd.DataFrame, col: dict, gaps: Gaps) -> np.ndarray:
+    """Exact count of each inner value of ``gaps`` (in ``Gaps.noisy``'s order): a row counts
+    once at most, as in the value histogram (one row, one entry)."""
+    total = int(gaps.offsets[-1])
+    x = pd.to_numeric(df[col["column"]], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    if not nullable(col):
+        x = np.where(np.isnan(x), col["lower"], x)
+    x = x[~np.isnan(x)]
+    if not len(gaps.first) or not len(x):
+        return np.zeros(total, dtype=np.int64)
+    idx = np.round(np.clip(x, col["lower"], col["upper"]) / grid(col)[1]).astype(np.int64)
+    order = np.argsort(gaps.first)
+    starts, counts, offsets = gaps.first[order], gaps.count[order], gaps.offsets[:-1][order]
+    pos = np.maximum(np.searchsorted(starts, idx, side="right") - 1, 0)
+    inside = (idx >= starts[pos]) & (idx - starts[pos] < counts[pos])
+    return np.bincount(offsets[pos[inside]] + idx[inside] - starts[pos[inside]], minlength=total)
+
+
+def _draw_refined(col: dict, first: int, noisy: np.ndarray, total: float, cut: float, m: int,
+                  rng: np.random.Generator) -> np.ndarray:
+    """``m`` values of a measured heavy gap: an inner value whose noisy count clears ``cut``
+    with that count, the rest of the gap's noisy ``total`` uniformly on its other values."""
+    _, step, _, d = grid(col)
+    spikes = np.flatnonzero(noisy > cut)
+    others = np.setdiff1d(np.arange(len(noisy)), spikes)
+    weights = noisy[spikes]
+    p = np.append(weights, max(total - float(weights.sum()), 0.0) if len(others) else 0.0)
+    if not len(spikes) or p.sum() <= 0:
+        return np.round((first + rng.integers(0, len(noisy), m)) * step, d)
+    pick = rng.choice(len(p), size=m, p=p / p.sum())
+    rest = pick == len(spikes)
+    at = np.where(rest, 0, first + spikes[np.minimum(pick, len(spikes) - 1)])
+    if rest.any():
+        at[rest] = first + others[rng.integers(0, len(others), int(rest.sum()))]
+    return np.round(at * step, d)
+
+
 def heavy_leaf_mass(col: dict, hist: np.ndarray, scale: float) -> np.ndarray:
     """Per measured cell of a ``has_fine`` column: the noisy counts of its heavy grid values
     (and gaps)."""
@@ -459,11 +560,14 @@ def heavy_leaf_mass(col: dict, hist: np.ndarray, scale: float) -> np.ndarray:
     return np.bincount(cell_of, weights=hist[heavy], minlength=cell_size(col))
 
 
-def _heavy_values(x, c, col, rng, hist, scale, counts):
+def _heavy_values(x, c, col, rng, hist, scale, counts, refined: Gaps | None = None):
     """Within each equal-width cell, a heavy grid value (or gap) with its noisy count, else
     the value already drawn uniformly on the cell's grid (the rest of the cell's mass;
-    outside its heavy gaps)."""
+    outside its heavy gaps). A heavy gap in ``refined`` has its values drawn by their own
+    noisy counts (``_draw_refined``)."""
     heavy, a, b, cell_of = _heavy(col, hist, scale)
+    measured = {} if refined is None or refined.noisy is None else {int(e): j for j, e in enumerate(refined.entries)}
+    cut = heavy_threshold(len(refined.noisy)) * scale if measured else 0.0
     lo, hi, nv = col["lower"], col["upper"], n_values(col)
     if not len(heavy):
         return x
@@ -483,7 +587,11 @@ def _heavy_values(x, c, col, rng, hist, scale, counts):
             e = mine[j]
             if b[e] > a[e]:
                 at = rows[pick == j]
-                x[at] = _draw_in_gap(col, float(a[e]), float(b[e]), len(at), rng)
+                g = measured.get(int(heavy[e]))
+                x[at] = (_draw_in_gap(col, float(a[e]), float(b[e]), len(at), rng) if g is None else
+                         _draw_refined(col, int(refined.first[g]),
+                                       refined.noisy[refined.offsets[g]:refined.offsets[g + 1]],
+                                       float(hist[heavy[e]]), cut, len(at), rng))
         gaps = mine[b[mine] > a[mine]]
         if len(gaps) and (~take).any():
             w = (hi - lo) / nv

@@ -90,12 +90,14 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
                                 {c["column"]: encoding.grid_size(c) for c in fine_cols}, md)
         fine_scale = md["fine"]["scale"] if fine else None
         heavy = {c["column"]: encoding.heavy_leaf_mass(c, fine[c["column"]], fine_scale) for c in fine_cols}
+        gaps = {c["column"]: measure_gaps(train, c, fine[c["column"]], fine_scale, md)
+                for c in fine_cols if spec.refine_gaps and encoding.refines_gaps(c)}
         engine = mst if spec.method == "mst" else aim
         columns = model_columns(spec)
         reweight = (UNIT_ROWS, unit_rows_weights(spec.max_rows_per_unit)) if spec.unit_weighting else None
         codes, info, weights = engine.synthesize(encoding.cell_encode(train, columns), columns, md, spec.rows,
                                                  progress, heavy=heavy, reweight=reweight)
-        synthetic = encoding.cell_decode(codes, spec.columns, rng, weights, fine, fine_scale)
+        synthetic = encoding.cell_decode(codes, spec.columns, rng, weights, fine, fine_scale, gaps)
     else:
         from . import vae
 
@@ -103,6 +105,17 @@ def execute(request, dataset, data, plan, progress, workdir) -> Release:
                                          units=train_units if spec.unit_column else None)
     synthetic = encoding.enforce(synthetic[spec.names], spec.columns, rng)  # a no-op on MST's tables
     return finish(d, spec, synthetic, info, compared, holdout, progress, workdir)
+
+
+def measure_gaps(train: pd.DataFrame, col: dict, hist: np.ndarray, scale: float, details: dict) -> encoding.Gaps:
+    """The second fine measurement of a ``refines_gaps`` column (planned and charged whether
+    or not it has a heavy gap): the declared values inside the heavy gaps its noisy value
+    histogram shows, with the same noise (a row counts in one cell at most)."""
+    from . import mst
+
+    gaps = encoding.heavy_gaps(col, hist, scale)
+    counts = encoding.gap_counts(train, col, gaps)
+    return gaps.measured(mst.measure_fine_counts({"gaps": counts}, details)["gaps"] if len(counts) else counts)
 
 
 def for_people(written: pd.DataFrame) -> pd.DataFrame:

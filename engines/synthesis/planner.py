@@ -21,7 +21,10 @@ false``):
    cells, or that has no declared grid (on a candidate grid from its declared range)
    (m releases; a grid of more than 200,000 values on its first 10^k times coarser
    grid of at most 200,000, with the gaps between its values): its heavy grid values
-   and gaps are drawn with their counts (see encoding.py).
+   and gaps are drawn with their counts (see encoding.py); a declared grid coarsened at
+   most 1,000 times (``encoding.refines_gaps``; not on a distributed dataset) has one
+   more release, of the declared values inside the heavy gaps the first one shows (m
+   counts both).
 
 A privacy unit adds or removes at most k = ``max_rows_per_unit`` rows, so each marginal
 vector moves by at most k in L2 and each selection score by at most k. On a table with a
@@ -222,10 +225,11 @@ def _refuse_too_little_signal(method: str, spec: Spec, sd: float) -> None:
 
 def _plan_mst(spec: Spec) -> tuple[dict, dict, float | None]:
     """(event, details, the PLD certificate or None)."""
-    from .encoding import has_fine, one_way_releases
+    from .encoding import fine_releases, one_way_releases
 
     cols, k = model_columns(spec), spec.max_rows_per_unit
-    d, m, n1 = len(cols), sum(1 for c in cols if has_fine(c)), sum(one_way_releases(c) for c in cols)
+    d, n1 = len(cols), sum(one_way_releases(c) for c in cols)
+    m = sum(fine_releases(c, spec.refine_gaps) for c in cols)
 
     def event_of(rho):
         p = _mst_parts(rho, d, m, k, n1)
@@ -276,10 +280,11 @@ def _plan_aim(spec: Spec) -> tuple[dict, dict]:
     """AIM (aim.py): the one-way measurements (as MST's, for the private compression) and
     the fine histograms are fixed in advance; the rounds are a zCDP budget ``rounds_rho``.
     The total rho is the largest the ledger's RDP accountant charges at most epsilon for."""
-    from .encoding import has_fine, one_way_releases
+    from .encoding import fine_releases, one_way_releases
 
     cols, k = model_columns(spec), spec.max_rows_per_unit
-    d, m, n1 = len(cols), sum(1 for c in cols if has_fine(c)), sum(one_way_releases(c) for c in cols)
+    d, n1 = len(cols), sum(one_way_releases(c) for c in cols)
+    m = sum(fine_releases(c, spec.refine_gaps) for c in cols)
     fine_share = AIM_SHARES["fine"] if m else 0.0
     rounds_share = 1.0 - AIM_SHARES["one_way"] - fine_share
 
