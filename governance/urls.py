@@ -1,9 +1,24 @@
 from django.contrib import admin
 from django.http import HttpResponse, JsonResponse
-from django.urls import include, path
+from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from .web import analyst_views, auditor_views
+
+
+class DatasetName:
+    """A path segment that can be a dataset's name (``registry.NAME_RE``): any other, a NUL
+    included, is a 404 before a query (PostgreSQL's text refuses a NUL: a 500 there)."""
+    regex = r"[a-z0-9][a-z0-9_-]{0,99}"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(DatasetName, "dataset")
 
 
 def no_favicon(request):
@@ -37,7 +52,7 @@ urlpatterns = [
     path("analyst/logout/", analyst_views.token_logout, name="analyst-logout"),
     path("analyst/token/", analyst_views.new_token, name="new-token"),
     path("auditor/", auditor_views.home, name="auditor-home"),
-    path("auditor/datasets/<str:name>/", auditor_views.trail, name="auditor-trail"),
+    path("auditor/datasets/<dataset:name>/", auditor_views.trail, name="auditor-trail"),
     path("auditor/verify/", auditor_views.verify, name="auditor-verify"),
     path("auditor/export/", auditor_views.export, name="auditor-export"),
 ]

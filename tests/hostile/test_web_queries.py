@@ -31,3 +31,18 @@ def test_a_hostile_query_string_is_never_a_500(who, url, make_dataset, officer, 
     assert r.status_code < 500, url
     if "%00" in url:
         assert r.status_code == 400 and b"NUL" in r.content
+
+
+@pytest.mark.parametrize("who, url", [("auditor", "/auditor/datasets/%00/"), ("auditor", "/auditor/datasets/a%00b/"),
+                                      ("auditor", "/auditor/datasets/" + "a" * 101 + "/"),
+                                      ("officer", "/admin/governance/dataset/%00/change/"),
+                                      ("officer", "/admin/governance/dataset/1%00/overview/"),
+                                      ("officer", "/admin/governance/request/%00/change/")])
+def test_a_nul_in_a_path_segment_is_a_404_not_a_500(who, url, make_dataset, officer, auditor):
+    """A probe's auditor trail of a dataset named "\\0": PostgreSQL's text refuses the NUL
+    in the lookup (a DataError, a 500; SQLite answered 404). Such a segment matches no page."""
+    make_dataset("clinic")
+    client = Client(raise_request_exception=True)
+    client.force_login(officer if who == "officer" else auditor)
+    r = client.get(url, follow=True)
+    assert r.status_code in (200, 404), (url, r.status_code)
