@@ -1,6 +1,8 @@
 """The Django admin, as a privacy officer uses it: list views with budgets, registering a
 table by upload, editing the schema, granting."""
 
+import json
+
 import pytest
 
 from governance.ledger import actions as ledger
@@ -656,3 +658,20 @@ def test_schema_edits_sends_the_changed_fields_and_a_retyped_column_whole():
                                                      {"name": "b", "type": "numeric", "lower": 0, "upper": 1}]}
     assert schema_edits(shown, shown) == {"columns": []}
     assert schema_edits(None, sent) == sent and schema_edits(shown, "not a schema") == "not a schema"
+
+
+@pytest.mark.parametrize("field, text", [("budget_epsilon", "1_5"), ("budget_epsilon", "\uff12\uff10"),
+                                         ("approx_delta_share", "0.0_5"), ("release_quantum_ms", "1_0"),
+                                         ("release_quantum_ms", "\u0663")])
+def test_the_dataset_form_refuses_numbers_that_are_not_plain(officer_client, make_dataset, field, text):
+    """The edit form's budget read "1_5" as 15 and "２０" as 20 and saved them (a probe), where
+    the register form, the grant form and the API refuse them."""
+    ds = make_dataset()
+    before = (ds.budget_epsilon, ds.approx_delta_share, ds.release_quantum_ms)
+    form = {"title": ds.title, "description": "", "schema": json.dumps(ds.schema), "budget_epsilon": "1.0",
+            "budget_delta_text": "auto", "approx_delta_share": str(ds.approx_delta_share),
+            "release_quantum_ms": str(ds.release_quantum_ms), field: text}
+    r = officer_client.post(f"/admin/governance/dataset/{ds.pk}/change/", form)
+    assert r.status_code == 200 and (b"plain decimal" in r.content or b"ASCII digits" in r.content), r.content[:300]
+    ds.refresh_from_db()
+    assert (ds.budget_epsilon, ds.approx_delta_share, ds.release_quantum_ms) == before

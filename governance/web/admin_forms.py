@@ -1,5 +1,7 @@
 """Admin forms: registering a table and editing a dataset go through ``governance.datasets.registry``."""
 
+import re
+
 from django import forms
 from django.core.exceptions import ValidationError
 from django.contrib.auth.forms import UserChangeForm
@@ -31,6 +33,15 @@ class PlainFloatField(forms.FloatField):
         if isinstance(value, str) and value.strip() and not budget.is_plain_number(value):
             raise forms.ValidationError("Enter a plain decimal number (ASCII digits, as 0.5 or 1e-6).",
                                         code="invalid")
+        return super().to_python(value)
+
+
+class PlainIntegerField(forms.IntegerField):
+    """A whole number typed in ASCII digits (int() also reads "1_0" and full-width digits)."""
+
+    def to_python(self, value):
+        if isinstance(value, str) and value.strip() and not re.fullmatch(r"[+-]?[0-9]+", value.strip()):
+            raise forms.ValidationError("Enter a whole number in ASCII digits.", code="invalid")
         return super().to_python(value)
 
 
@@ -154,6 +165,9 @@ class DatasetChangeForm(forms.ModelForm):
         model = Dataset
         fields = ["title", "description", "schema", "budget_epsilon", "allow_non_private", "release_quantum_ms",
                   "approx_delta_share", "pld_certification"]
+        # the model's form fields read "1_5" as 15 and "２０" as 20 (a probe): plain numbers only
+        field_classes = {"budget_epsilon": PlainFloatField, "approx_delta_share": PlainFloatField,
+                         "release_quantum_ms": PlainIntegerField}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
