@@ -9,6 +9,7 @@ domain read from the data can reveal a rare value.
 from __future__ import annotations
 
 import decimal
+import json
 import math
 import re
 
@@ -231,18 +232,32 @@ def validate_schema(schema, table_schema: pa.Schema, unit_column: str, base: dic
     types = {f.name: f.type for f in table_schema}
     merged = {c["name"]: dict(c) for c in (base or {"columns": []})["columns"]}
     if schema is not None:
-        if isinstance(schema, dict) and "columns" in schema:
+        if isinstance(schema, dict) and isinstance(schema.get("columns"), list):
+            if extra := sorted(set(schema) - {"columns"}, key=str):
+                raise InvalidDataset(f"schema: unknown key {str(extra[0])[:100]!r} beside 'columns' (a schema is "
+                                     "{\"columns\": [...]} or an object of column declarations)")
             schema = schema["columns"]
         if isinstance(schema, dict):
-            schema = [{"name": k, **(v if isinstance(v, dict) else {})} for k, v in schema.items()]
+            # a declaration that is not an object ({"age": [0, 6]}, {"age": null}) was answered
+            # 200 and stored nothing (a probe)
+            for k, v in schema.items():
+                if not isinstance(v, dict):
+                    errors[str(k)[:200]] = (f"a column's declaration is an object such as {{\"lower\": 0, "
+                                            f"\"upper\": 6}}, got {json.dumps(v)[:100]}")
+            schema = [{"name": k, **v} for k, v in schema.items() if isinstance(v, dict)]
         if not isinstance(schema, list):
             raise InvalidDataset("schema must be a list of column specs or {\"columns\": [...]}")
         if len(schema) > MAX_COLUMNS:
             raise InvalidDataset(f"schema has more than {MAX_COLUMNS} columns")
+        seen: set[str] = set()
         for spec in schema:
             if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
                 raise InvalidDataset("each column spec must be an object with a 'name'")
             name = spec["name"]
+            if name in seen:
+                errors[name[:200]] = "declared twice in the schema (which one was meant?)"
+                continue
+            seen.add(name)
             if name not in types:
                 errors[name] = "unknown column: the table has no such column"
                 continue

@@ -287,6 +287,9 @@ def test_it_patches_texts_and_budget(api, officer, csv_bytes):
     ({"age": {"type": "float"}}, "age"),
     ({"age": {"colour": "red"}}, "age"),
     ({"no_such_column": {"lower": 0, "upper": 1}}, "no_such_column"),
+    # a declaration that is not an object was answered 200 and stored nothing (a probe)
+    ({"age": [0, 6]}, "age"), ({"age": "integer"}, "age"), ({"age": None}, "age"), ({"colums": 1}, "colums"),
+    ([{"name": "age", "lower": 0, "upper": 50}, {"name": "age", "lower": 0, "upper": 90}], "age"),
 ])
 def test_it_refuses_a_bad_schema_patch_and_keeps_the_old_one(api, officer, csv_bytes, schema, column):
     client = api(officer)
@@ -297,7 +300,8 @@ def test_it_refuses_a_bad_schema_patch_and_keeps_the_old_one(api, officer, csv_b
     assert Dataset.objects.get(name="clinic").schema == before
 
 
-@pytest.mark.parametrize("schema", ["not a list", 7, [1, 2], [{"lower": 0}], {"columns": "x"}])
+@pytest.mark.parametrize("schema", ["not a list", 7, [1, 2], [{"lower": 0}], {"columns": "x"},
+                                    {"columns": [{"name": "age", "lower": 0, "upper": 90}], "colums": 1}])
 def test_it_refuses_a_malformed_schema_patch(api, officer, csv_bytes, schema):
     client = api(officer)
     assert client.post(URL, form(csv_bytes), format="multipart").status_code == 201
