@@ -40,11 +40,22 @@ _REWRITES = [
 ]
 
 
+_QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")  # a string literal or a quoted name
+
+
 def duckdb_sql(sql: str) -> str:
-    """``sql`` with the engine's meanings spelled for DuckDB."""
+    """``sql`` with the engine's meanings spelled for DuckDB, outside its quoted text: a
+    label ``'MIN(x)'`` (or a filter ``site = 'MAX(x)'``) came back rewritten (a probe)."""
+    quoted: list[str] = []
+
+    def hold(m: re.Match) -> str:
+        quoted.append(m.group(0))
+        return f"\x00{len(quoted) - 1}\x00"
+
+    masked = _QUOTED.sub(hold, sql) if "\x00" not in sql else sql  # (the service refuses a NUL)
     for pattern, repl in _REWRITES:
-        sql = pattern.sub(repl, sql)
-    return sql
+        masked = pattern.sub(repl, masked)
+    return re.sub("\x00([0-9]+)\x00", lambda m: quoted[int(m.group(1))], masked)
 
 
 def priced(options: dict) -> dict:

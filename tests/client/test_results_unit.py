@@ -158,6 +158,45 @@ def test_dummy_sql_spells_between_symmetric_for_duckdb():
         assert con.execute(duckdb_sql(sql)).fetchall() == [(81,)]
 
 
+def test_dummy_sql_rewrites_no_quoted_text():
+    """A label 'MIN(x)' came back as 'QUANTILE_CONT(x, 0.01)' on dummy rows, and a filter
+    site = 'MAX(x)' would have matched other rows than on the service (a probe)."""
+    import duckdb
+
+    from privacy_client.dummy import duckdb_sql
+
+    sql = ("SELECT CASE WHEN age < 30 THEN 'MIN(x)' ELSE 'it''s VARIANCE(y)' END AS \"MAX(z)\", MIN(age) "
+           "FROM t WHERE site = 'MAX(x)' AND age BETWEEN SYMMETRIC 'b' AND 'a'")
+    got = duckdb_sql(sql)
+    assert got == ("SELECT CASE WHEN age < 30 THEN 'MIN(x)' ELSE 'it''s VARIANCE(y)' END AS \"MAX(z)\", "
+                   "QUANTILE_CONT(age, 0.01) FROM t WHERE site = 'MAX(x)' AND age BETWEEN LEAST('b', 'a') AND "
+                   "GREATEST('b', 'a')")
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t AS SELECT range AS age, 'MAX(x)' AS site FROM range(50)")
+    assert con.execute(duckdb_sql("SELECT 'MIN(x)' AS label, COUNT(*) FROM t WHERE site = 'MAX(x)'")).fetchall() \
+        == [("MIN(x)", 50)]
+
+
+def test_a_list_paged_while_it_grows_gives_each_item_once(monkeypatch):
+    """Lists are newest first: requests created while the client pages shift older ones
+    onto the next page, which the client listed twice (a probe: 169 listed, 144 distinct)."""
+    from privacy_client import Client
+
+    made = [0]
+
+    def call(self, method, path, params=None, **kw):
+        made[0] += 3  # three new requests before each page is read
+        ids = list(range(100 + made[0], 0, -1))  # newest first
+        size, page = params["page_size"], params["page"]
+        chunk = ids[(page - 1) * size: page * size]
+        return {"results": [{"id": i} for i in chunk], "next": "more" if page * size < len(ids) else None}
+
+    monkeypatch.setattr(Client, "_call", call)
+    client = Client.__new__(Client)
+    got = [r["id"] for r in client._pages("/api/requests/", {"page_size": 10})]
+    assert len(got) == len(set(got)) and set(range(1, 101)) <= set(got)
+
+
 def test_the_shell_prints_no_control_character_a_terminal_acts_on():
     """A dataset title or a declared category with ESC sequences (clear the screen, set the
     window title) was printed raw as a table; the CSV left a lone CR unquoted. The table
