@@ -377,8 +377,9 @@ def _post(params: dict, names: set, kinds: dict, errors: dict) -> dict:
                 out["order_by"].append({"column": o["column"], "desc": o.get("desc", False)})
     limit = params.get("limit")
     if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
-            errors["limit"] = f"must be an integer between 0 and {MAX_LIMIT}"
+        # (0 answers no row whatever the data, and was charged for it: a probe)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+            errors["limit"] = f"must be an integer between 1 and {MAX_LIMIT}"
         else:
             out["limit"] = limit
     return out

@@ -122,7 +122,7 @@ _QUERY = {
                                   "may also be {\"or\": [list, ...]} or {\"not\": list}, nested"},
         "order_by": {"type": "array", "items": {"type": "object", "properties": {
             "column": {"type": "string"}, "desc": {"type": "boolean"}}}},
-        "limit": {"type": "integer", "minimum": 0},
+        "limit": {"type": "integer", "minimum": 1},
         **{k: _COMMON[k] for k in ("mechanism", "epsilon", "rho", "accuracy", "max_rows_per_unit")},
         "candidates": {"type": "integer", "minimum": 2, "maximum": MAX_CANDIDATES, "default": DEFAULT_CANDIDATES,
                        "description": "for a quantile item; refused on a query without one"},

@@ -560,8 +560,8 @@ def _limit(tree: exp.Select) -> int | None:
         value = _literal(node.expression, "LIMIT") if node.expression is not None else None
     except SqlUnsupported:  # LIMIT NULL, LIMIT a column: the part is LIMIT's
         value = None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _unsupported("LIMIT", "LIMIT takes a non-negative integer literal")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _unsupported("LIMIT", "LIMIT takes a positive integer literal (LIMIT 0 answers no row, charged)")
     return value
 
 

@@ -251,6 +251,19 @@ def test_a_having_that_holds_on_no_row_is_refused():
     assert "non-empty" in e.value.errors["having[0].not[0]"], e.value.errors
 
 
+def test_a_limit_of_zero_is_refused_not_charged():
+    """LIMIT 0 answers no row whatever the data; it was planned and charged (a probe)."""
+    params = {"select": [{"name": "site", "group": 0}, {"name": "n", "agg": "count"}],
+              "group_by": [{"column": "site"}], "limit": 0, "epsilon": 1.0}
+    with pytest.raises(PlanError) as e:
+        plugins.plan("aggregates", EngineRequest("query", params), DS)
+    assert "between 1 and" in e.value.errors["limit"]
+    from engines.aggregates.sql import SqlUnsupported, translate
+
+    with pytest.raises(SqlUnsupported, match="LIMIT"):
+        translate("SELECT site, COUNT(*) FROM t GROUP BY site LIMIT 0")
+
+
 def test_distinct_counts_are_bounded_with_the_quantiles():
     """20 COUNT(DISTINCT x) GROUP BY y of 10,000 x 10,000 cells were planned, and a run took
     about 800 MB per aggregate (a probe): their rows-per-value tables count against the
