@@ -103,11 +103,19 @@ def _path(where) -> str:
 
 def finite_float(text: str) -> float:
     """A JSON number with a fraction or exponent; one past a double's range (1e999) would
-    silently become an infinity."""
+    silently become an infinity, one below its smallest (1e-400) a zero."""
     value = float(text)
     if value in (math.inf, -math.inf):
         raise ValueError(f"the number {text[:30]} is beyond the range of a double")
+    if underflows(text, value):
+        raise ValueError(f"the number {text[:30]} is below the smallest double (it would be read as 0)")
     return value
+
+
+def underflows(text: str, value: float) -> bool:
+    """Whether the number written ``text`` is not zero but was read as ``value`` 0 (an
+    officer's budget delta 1e-400 was stored as 0 without a word: a probe)."""
+    return value == 0 and any(c in "123456789" for c in text.lower().split("e")[0])
 
 
 def no_duplicate_keys(pairs: list) -> dict:

@@ -7,6 +7,7 @@ import re
 from accounting.events import MAX_EPSILON
 
 from ..core.errors import InvalidDataset
+from ..core.json_text import underflows
 from .schema import is_finite_number
 
 
@@ -20,8 +21,9 @@ _PLAIN_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+
 def is_plain_number(text: str) -> bool:
     """A plain decimal number in ASCII digits (spaces around allowed): Python's float() also
     reads "1_000" (1000.0), "0x1"-free but full-width and Arabic-Indic digits ("１" is 1.0),
-    which forms and the API took as budgets and caps of another number than was shown."""
-    return bool(_PLAIN_NUMBER.fullmatch(text.strip()))
+    which forms and the API took as budgets and caps of another number than was shown; nor
+    one so small it would be read as 0 (1e-400)."""
+    return bool(_PLAIN_NUMBER.fullmatch(text.strip())) and not underflows(text.strip(), float(text))
 
 
 def parse_budget(epsilon, delta, n_units: int) -> tuple[float, float, bool]:

@@ -839,6 +839,19 @@ def test_a_budget_or_cap_changed_to_number_text_float_reads_otherwise_is_refused
     assert ds.budget_epsilon == 2.0
 
 
+@pytest.mark.parametrize("body", ['{"budget_delta": 1e-400}', '{"budget_delta": "1e-400"}',
+                                  '{"budget_delta": -0.5e-330}'])
+def test_a_number_below_the_smallest_double_is_refused_not_read_as_zero(api, officer, make_dataset, body):
+    """An officer's budget delta 1e-400 was stored as 0 without a word (a probe)."""
+    ds = make_dataset("tiny", epsilon=2.0)
+    delta = (ds.budget_delta, ds.delta_auto)
+    r = api(officer).generic("PATCH", f"{URL}{ds.name}/", body, content_type="application/json")
+    assert_error(r, 400)
+    assert "smallest double" in r.content.decode() or "budget delta" in r.content.decode()
+    ds.refresh_from_db()
+    assert (ds.budget_delta, ds.delta_auto) == delta
+
+
 def test_a_delta_of_minus_zero_is_stored_as_zero(api, officer, make_dataset):
     ds = make_dataset("negzero", epsilon=2.0, policy="basic")
     r = api(officer).patch(f"{URL}{ds.name}/", {"budget_delta": "-0.0"}, format="json")
