@@ -323,6 +323,8 @@ def validate(params: Any, dataset: DatasetMeta) -> tuple[list, list, list, dict]
                                           and AGGS.get(it["agg"]) == "quantile" for it in select):
         errors["candidates"] = "candidates are for a quantile (median, percentile): this query has none"
     post = _post(params, names, _kinds(items, keys), errors)
+    _refuse_an_empty_having(post["having"], {it["name"]: keys[it["group"]]["labels"] for it in items
+                                             if "agg" not in it and it["group"] < len(keys)}, errors)
     if errors:
         detail = "; ".join(f"{k}: {v}" for k, v in errors.items())
         raise PlanError(f"invalid query request: {detail}", errors)
@@ -340,6 +342,19 @@ def _kinds(items: list, keys: list) -> dict:
     group key its labels' (public: the declared domain, the bins)."""
     return {it["name"]: ({"a number"} if "agg" in it else {_kind(v) for v in keys[it["group"]]["labels"]})
             for it in items if "agg" in it or it["group"] < len(keys)}
+
+
+def _refuse_an_empty_having(having: list, labels: dict, errors: dict) -> None:
+    """A HAVING item (ANDed with the others) ``key == v`` where the group key ``key`` has no
+    label v: the answer is empty whatever the data, and was charged (a probe's HAVING site
+    = 'nowhere'; the same in WHERE is refused as holding on no row)."""
+    for i, h in enumerate(having):
+        if isinstance(h, dict) and h.get("op") == "==" and h.get("column") in labels:
+            known = list(labels[h["column"]])
+            if not any(_kind(v) == _kind(h["value"]) and v == h["value"] for v in known):
+                listed = ", ".join(repr(v) for v in known[:20]) + (" ..." if len(known) > 20 else "")
+                errors.setdefault(f"having[{i}]", f"{h['column']} has no group {h['value']!r} ({listed}): the "
+                                                  "answer would be empty whatever the data")
 
 
 def _having_list(having: Any, names: set, kinds: dict, errors: dict) -> list:

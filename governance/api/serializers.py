@@ -354,8 +354,11 @@ class RequestCreateSerializer(StrictInput, serializers.Serializer):
 
     def validate(self, attrs):
         if "sql" in attrs:
-            if "kind" in attrs or attrs.get("engine", "aggregates") != "aggregates":
+            if "kind" in attrs:
                 raise serializers.ValidationError("With sql, give no kind: the query says it (engine: aggregates).")
+            if attrs.get("engine", "aggregates") != "aggregates":
+                raise serializers.ValidationError(f"sql is answered by the aggregates engine: give no engine "
+                                                  f"(or engine: aggregates), not {str(attrs['engine'])[:50]!r}.")
             return attrs
         missing = {k: "This field is required (or give sql)." for k in ("dataset", "engine", "kind")
                    if k not in attrs}

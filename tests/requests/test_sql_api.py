@@ -148,6 +148,12 @@ def test_it_refuses_unsupported_sql_naming_the_part_and_charges_nothing(api, ana
      "where[0]"),
     ({"sql": "SELECT COUNT(DISTINCT income) AS k FROM clinic", "params": {"epsilon": 0.1}}, "request.invalid",
      "select[0]"),
+    # a HAVING on a group no key has: empty whatever the data, and it was charged (a probe)
+    ({"sql": "SELECT site, COUNT(*) AS n FROM clinic GROUP BY site HAVING site = 'nowhere'",
+      "params": {"epsilon": 0.1}}, "request.invalid", "having[0]"),
+    ({"sql": "SELECT COUNT(*) FROM clinic LIMIT 0", "params": {"epsilon": 0.1}}, "sql.unsupported", "sql"),
+    ({"sql": "SELECT COUNT(*) FROM clinic", "engine": "synthesis", "params": {"epsilon": 0.1}}, "request.invalid",
+     "non_field_errors"),
     ({"sql": "SELECT site, income, COUNT(*) AS n FROM clinic GROUP BY site, income", "params": {"epsilon": 0.1}},
      "request.invalid", "group_by[1]"),
 ])
