@@ -285,6 +285,8 @@ def datasets_named(names) -> list:
         return list(Dataset.objects.order_by("name"))
     found = {d.name: d for d in Dataset.objects.filter(name__in=names)}
     missing = [n for n in names if n not in found]
+    if "all" in missing:  # (a probe's ?dataset=all&dataset=clinic was told "no dataset named all")
+        raise LookupError("dataset 'all' stands for every dataset: give it alone, or name the datasets")
     if missing:
         raise LookupError(f"no dataset named {', '.join(str(n)[:100] for n in missing[:5])}")
     return [found[n] for n in names]

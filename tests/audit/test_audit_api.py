@@ -142,6 +142,7 @@ def test_pdf_export(history, api, auditor):
 
 @pytest.mark.parametrize("query,fragment", [({"format": "json"}, "name a dataset"),
                                             ({"dataset": "nope"}, "no dataset named nope"),
+                                            ({"dataset": ["all", "survey"]}, "give it alone"),
                                             ({"dataset": "survey", "format": "xls"}, "format must be")])
 def test_export_bad_input_is_a_400(history, api, officer, query, fragment):
     r = api(officer).get("/api/audit/export/", query)
