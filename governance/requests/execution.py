@@ -306,8 +306,11 @@ _SERVER_PATH = re.compile(r"(?<![\w:/.])(?:/[^/\s'\"]+){2,}/?")
 
 def no_paths(e: BaseException) -> str:
     """An error's message for the analyst, without the server's file paths (a stored table's
-    location, a scratch directory): the server's log has the whole message."""
-    return _SERVER_PATH.sub("<a server path>", str(e))
+    location, a scratch directory) and, for an OS error, its words alone ("Read-only file
+    system", not "[Errno 30] Read-only file system: '/srv/...'"): the server's log has the
+    whole message."""
+    text = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    return _SERVER_PATH.sub("<a server path>", text)
 
 
 def _account_refusal(req: Request) -> AccountInactive | None:

@@ -59,6 +59,18 @@ def test_a_full_then_read_only_results_disk_is_a_refund_before_the_read(api, ana
     read_only = run(api, analyst, django_capture_on_commit_callbacks, 0.3)
     assert (read_only.status, read_only.error["code"]) == ("failed", "request.failed_before_read")
     assert "read-only" in read_only.error["detail"] and read_only.ledger_entry.status == "released"
+    assert "Errno" not in full.error["detail"] + read_only.error["detail"]  # the words, not Python's spelling
+
+
+def test_an_os_error_is_told_in_its_words_without_paths():
+    """An analyst read "[Errno 30] Read-only file system: '/srv/results/...'" (a probe)."""
+    import errno
+
+    from governance.requests.execution import no_paths
+
+    said = no_paths(OSError(errno.EROFS, "Read-only file system", "/srv/results/.scratch/x"))
+    assert said == "Read-only file system"
+    assert no_paths(ValueError("bad file /srv/data/t.csv")) == "bad file <a server path>"
 
 
 def test_a_killed_run_s_scratch_files_are_removed_when_a_process_starts_its_first_run(settings):
