@@ -71,17 +71,28 @@ def lost(e: BaseException) -> bool:
 
 
 def _ready_client(scheduler: str):
-    """The client, once the scheduler answers and has a worker: a cluster down failed the
-    run after it was charged (nothing read), and one without a worker waited for ever."""
+    """The client, once the scheduler answers and has a running worker: a cluster down
+    failed the run after it was charged (nothing read), one without a worker waited for
+    ever, and one whose only workers were paused by their memory monitors (they run no
+    task) failed each run after NO_WORKER_SECONDS, charged, with no task run (a probe)."""
     nothing_sent = not getattr(_sent, "jobs", None)
     try:
         c = client(scheduler)
-        if not scheduler_info(c, n_workers=1).get("workers"):
-            c.wait_for_workers(1, timeout=WAIT_FOR_WORKER_SECONDS)
+        deadline = time.monotonic() + WAIT_FOR_WORKER_SECONDS
+        while not _working(workers := scheduler_info(c).get("workers")):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no running worker" + (" (every one paused by its memory monitor)"
+                                                          if workers else ""))
+            if workers:
+                time.sleep(min(1.0, left))
+            else:
+                c.wait_for_workers(1, timeout=left)
     except Exception as e:  # noqa: BLE001 - unreachable, refused, timed out: the cluster's state
         raise ClusterUnavailable(
-            f"the Dask cluster could not be reached or had no worker within "
-            f"{WAIT_FOR_WORKER_SECONDS:g} s ({type(e).__name__})" + ("; nothing was sent to it" if nothing_sent else ""),
+            f"the Dask cluster could not be reached or had no running worker within "
+            f"{WAIT_FOR_WORKER_SECONDS:g} s ({type(e).__name__}{': ' + str(e) if isinstance(e, TimeoutError) and str(e) else ''})"
+            + ("; nothing was sent to it" if nothing_sent else ""),
             nothing_read=nothing_sent) from None
     return c
 

@@ -152,6 +152,34 @@ def test_a_graph_whose_workers_are_all_paused_fails_charged_not_for_ever(monkeyp
         assert e.value.nothing_read is False and time.monotonic() - started < 30
 
 
+def test_a_cluster_whose_workers_are_all_paused_before_the_run_is_a_refund(monkeypatch):
+    """A probe's only worker stayed paused after a run (its memory never fell): each later
+    run sent its graph, waited NO_WORKER_SECONDS and failed charged, though no task ran. A
+    graph is sent once a worker runs tasks; none within WAIT_FOR_WORKER_SECONDS: nothing
+    read (refunded)."""
+    import time
+
+    import dask
+    from distributed import Client, LocalCluster
+    from distributed.core import Status
+
+    from engines.distributed import cluster
+
+    def pause(dask_worker):
+        dask_worker.status = Status.paused
+
+    monkeypatch.setattr(cluster, "WAIT_FOR_WORKER_SECONDS", 2.0)
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None, host="127.0.0.1",
+                      memory_limit=0) as lc, Client(lc.scheduler_address) as c:
+        c.run(pause)
+        cluster.take_submitted()  # a new run: nothing of it sent yet (as the host starts each run)
+        started = time.monotonic()
+        with pytest.raises(cluster.ClusterUnavailable, match="every one paused") as e:
+            cluster.compute(dask.delayed(len)([1, 2]), lc.scheduler_address, retries=0)
+        assert e.value.nothing_read is True and time.monotonic() - started < 20
+        assert "nothing was sent" in str(e.value)
+
+
 def test_a_graph_with_a_frozen_worker_fails_charged_not_for_ever(monkeypatch):
     """A probe stopped one of two workers (SIGSTOP) 1 s into a unit-level query: the
     stopped worker's status stays "running", its tasks never end, and the run waited more
