@@ -119,6 +119,8 @@ def _rank_main(table: PartitionedTable, rank: int, size: int, job: str, d: dict)
     address = Variable(f"{job}-rendezvous")
     stop, report = Event(f"{job}-stop"), Variable(f"{job}-progress")
     if rank == 0:
+        if stop.is_set():  # cancelled, or a rank lost, while this one read its rows: the group never forms
+            return {"rank": rank, "cancelled": NOTHING}
         host = urlparse(worker.address).hostname
         group = parallel.connect(0, size, host, None, dev, publish=lambda port: address.set(f"{host}:{port}"),
                                  timeout_s=COLLECTIVE_SECONDS)

@@ -185,3 +185,31 @@ def test_a_cancel_while_a_rank_is_frozen_is_charged_the_steps_the_others_report(
     with pytest.raises(Cancelled) as e:
         training._gather([survivor, frozen], ["w0", "w1"], None, progress, Flag(), Report())
     assert e.value.actual_event == taken
+
+
+def test_a_cancel_while_the_ranks_read_is_charged_nothing_and_frees_both_workers(hosts, partitioned, tmp_path):
+    """A cancel before the group forms: no step taken (charged nothing). Rank 0, reading its
+    rows when the stop came, went on to wait the collective's 45 s for a group that would
+    never form, its worker's thread held; it now looks at the stop first."""
+    from engines.distributed.training import NOTHING
+    from engines.types import Cancelled
+
+    scheduler, dirs = hosts
+    c, ds, req, plan, parts = _training(hosts, partitioned, SlowTable, delay=1.0)
+    workers = ranks_for(2, scheduler)
+    asked = {}
+
+    def progress(info):
+        asked.setdefault("at", time.monotonic())
+        if time.monotonic() - asked["at"] > 1.5:  # both ranks are reading their files
+            raise Cancelled("stop")
+
+    with pytest.raises(Cancelled) as got:
+        plugins.run("dpsgd", req, ds, parts, plan, progress, workdir=tmp_path)
+    assert got.value.actual_event == NOTHING
+    free = [c.submit(os.getpid, workers=[w], pure=False) for w in workers]
+    started = time.monotonic()
+    assert all(f.result(timeout=40) > 0 for f in free)
+    assert time.monotonic() - started < 30  # not the 45 s connect timeout
+    heal_hosts(2)
+    assert row_copies(dirs) == {}
