@@ -88,6 +88,8 @@ def _ready_client(scheduler: str):
                 time.sleep(min(1.0, left))
             else:
                 c.wait_for_workers(1, timeout=left)
+    except ClusterUnavailable:  # (client: workers without the engine's code)
+        raise
     except Exception as e:  # noqa: BLE001 - unreachable, refused, timed out: the cluster's state
         raise ClusterUnavailable(
             f"the Dask cluster could not be reached or had no running worker within "
@@ -98,14 +100,31 @@ def _ready_client(scheduler: str):
 
 
 def client(address: str):
-    """The process's ``distributed.Client`` for ``address`` (connects on first use)."""
+    """The process's ``distributed.Client`` for ``address`` (connects on first use), with
+    ``NoSpill`` on every worker of the cluster, those joining later too."""
     from distributed import Client
+
+    from .no_spill import NoSpill
 
     with _lock:
         c = _clients.get(address)
         if c is None or c.status not in ("running", "connecting"):
-            c = _clients[address] = Client(address, set_as_default=False, timeout=f"{CONNECT_SECONDS}s")
+            c = Client(address, set_as_default=False, timeout=f"{CONNECT_SECONDS}s")
+            try:  # (register_plugin's own call waits for ever on a scheduler frozen since: scheduler_info)
+                c.sync(c._register_worker_plugin, plugin=NoSpill(), name=NoSpill.name, idempotent=True,
+                       callback_timeout=CONNECT_SECONDS)
+            except BaseException as e:
+                c.close(timeout=1)
+                if lost(e) or not isinstance(e, Exception):
+                    raise
+                # a worker that cannot load the plugin cannot run the engine's tasks either
+                raise ClusterUnavailable(f"the Dask workers could not load the engine's code ({type(e).__name__}: "
+                                         f"{str(e)[:200]}): the same code and packages must be installed on the "
+                                         "scheduler and its workers; nothing was sent", nothing_read=True) from None
+            _clients[address] = c
         return c
+
+
 
 
 def public_address(address: str) -> str:

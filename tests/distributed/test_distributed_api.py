@@ -398,7 +398,7 @@ def test_a_cluster_out_of_reach_or_without_a_worker_is_a_refund_and_no_registrat
     settings.DASK_SCHEDULER_ADDRESS = "tcp://127.0.0.1:9"  # nothing listens there
     body = ask(api(analyst), "events", "count", {"epsilon": 0.5}, django_capture_on_commit_callbacks)
     assert (body["status"], body["error"]["code"]) == ("failed", "request.failed_before_read"), body
-    assert "could not be reached or had no worker" in body["error"]["detail"]
+    assert "could not be reached or had no running worker" in body["error"]["detail"]
     assert LedgerEntry.objects.get(request__id=body["id"]).status == "released"
     with LocalCluster(n_workers=0, dashboard_address=None, host="127.0.0.1") as empty:
         settings.DASK_SCHEDULER_ADDRESS = empty.scheduler_address

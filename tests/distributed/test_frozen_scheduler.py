@@ -32,7 +32,10 @@ def _free_port() -> int:
 def frozen_cluster(tmp_path, monkeypatch):
     """(address, freeze, thaw) of a scheduler and one worker in processes of their own."""
     address = f"tcp://127.0.0.1:{_free_port()}"
-    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    # the workers import the engine's code, as a deployment's do (cluster.client's worker plugin)
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
+           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     sched = subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1],
                               "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     worker = subprocess.Popen([DASK, "worker", address, "--nthreads", "1", "--nworkers", "1", "--no-dashboard",
@@ -100,3 +103,32 @@ def test_a_run_that_starts_on_a_frozen_scheduler_fails_as_unreachable(frozen_clu
     e = _raised_within(cluster.SCHEDULER_ANSWER_SECONDS + 10, thaw, lambda: cluster.compute(
         dask.delayed(time.sleep)(30), address, retries=0, progress=lambda info: None))
     assert isinstance(e, cluster.ClusterUnavailable) and e.nothing_read, e
+
+
+def test_a_cluster_without_the_engines_code_is_a_refund_that_says_so(tmp_path):
+    """Workers that cannot import the engine's code cannot take its worker plugin (which
+    keeps rows off their disks) nor run its tasks: nothing is sent, refunded, said why."""
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    sched = subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1],
+                              "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             cwd=tmp_path)
+    worker = subprocess.Popen([DASK, "worker", address, "--nthreads", "1", "--no-dashboard", "--local-directory",
+                               str(tmp_path)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              cwd=tmp_path)
+    try:
+        from distributed import Client
+
+        with Client(address, timeout="30s") as plain:
+            plain.wait_for_workers(1, timeout=60)
+        with pytest.raises(cluster.ClusterUnavailable, match="could not load the engine's code") as e:
+            cluster.compute(dask.delayed(len)([1, 2]), address, retries=0)
+        assert e.value.nothing_read is True
+    finally:
+        cluster._clients.pop(address, None)
+        for p in (worker, sched):
+            p.terminate()
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()

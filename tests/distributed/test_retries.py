@@ -200,6 +200,7 @@ def test_a_graph_with_a_frozen_worker_fails_charged_not_for_ever(monkeypatch):
             Client(lc.scheduler_address) as c:
         pids = list(c.run(os.getpid).values())
         slow = [dask.delayed(time.sleep, pure=False)(0.5) for _ in range(400)]
+        cluster.client(lc.scheduler_address)  # the engine's client (and its worker plugin) before the freeze
         os.kill(pids[0], signal.SIGSTOP)
         try:
             started = time.monotonic()
