@@ -203,6 +203,77 @@ def _start_heartbeat(sender=None, **_kwargs):
     controller = getattr(sender, "controller", None)
     if getattr(controller, "beat", None) is not None:
         _HEARTBEAT.append(BeatWatch(controller).start())
+    if controller is not None:
+        _HEARTBEAT.append(PoolWatch(controller).start())
+
+
+class StopClock:
+    """How long processes have been stopped (SIGSTOP, a job-control stop): ``too_long``
+    gives those among ``pids`` stopped for ``limit`` seconds, seen at each look."""
+
+    def __init__(self, limit: float):
+        self.limit = limit
+        self.since: dict[int, float] = {}  # pid -> monotonic time first seen stopped
+
+    def too_long(self, pids) -> list[int]:
+        import psutil
+
+        now, out, since = time.monotonic(), [], {}
+        for pid in pids:
+            try:
+                stopped = psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+            except psutil.Error:
+                stopped = False
+            if stopped:
+                since[pid] = self.since.get(pid, now)
+                if now - since[pid] >= self.limit:
+                    out.append(pid)
+        self.since = since
+        return out
+
+
+class PoolWatch:
+    """A pool process stopped (SIGSTOP, a job-control stop) holds its task, the requests
+    queued behind it and, on a worker of one process, the recovery sweep (a task on the
+    same pool): a probe's stopped process kept every request queued for good while
+    ``manage.py workers`` called the worker alive. This thread of the worker's main process
+    kills a child process stopped for ``EMBEDDED_BEAT_STOPPED_SECONDS`` (the beat is
+    ``BeatWatch``'s): the pool starts a new one, and the task ends as a lost worker's does
+    (a ``kill -9`` of a pool process: charged if its data was read, else refunded)."""
+
+    def __init__(self, controller, interval: float = 5.0):
+        from django.conf import settings
+
+        self.controller, self.interval = controller, interval
+        self._stopped = StopClock(settings.EMBEDDED_BEAT_STOPPED_SECONDS)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="governance-pool-watch", daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def _children(self) -> list[int]:
+        import psutil
+
+        beat = getattr(getattr(self.controller, "beat", None), "pid", None)
+        try:
+            return [p.pid for p in psutil.Process().children() if p.pid != beat]
+        except psutil.Error:
+            return []
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            for pid in self._stopped.too_long(self._children()):
+                log.error("worker process %s was stopped (SIGSTOP) for over %g s: killed (the pool starts a new one; "
+                          "its task ends as a lost worker's)", pid, self._stopped.limit)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def stop(self):
+        self._stop.set()
 
 
 class BeatWatch:
@@ -220,7 +291,7 @@ class BeatWatch:
         self.controller, self.interval = controller, interval
         self.stopped_limit = settings.EMBEDDED_BEAT_STOPPED_SECONDS
         self.restarts = 0
-        self._stopped_since: tuple[int, float] | None = None  # (pid, monotonic time first seen stopped)
+        self._stopped = StopClock(self.stopped_limit)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="governance-beat-watch", daemon=True)
 
@@ -244,24 +315,13 @@ class BeatWatch:
                 self._restart(f"was stopped (SIGSTOP) for over {self.stopped_limit:g} s; killed")
 
     def _stopped_too_long(self, beat) -> bool:
-        import psutil
-
-        try:
-            stopped = psutil.Process(beat.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-        except psutil.Error:
-            stopped = False
-        if not stopped:
-            self._stopped_since = None
-            return False
-        if self._stopped_since is None or self._stopped_since[0] != beat.pid:
-            self._stopped_since = (beat.pid, time.monotonic())
-        return time.monotonic() - self._stopped_since[1] >= self.stopped_limit
+        return self._stopped.too_long([beat.pid]) == [beat.pid]
 
     def _restart(self, why: str) -> None:
         from celery.beat import EmbeddedService
 
         log.error("the embedded beat process %s: the recovery sweep stopped; starting a new beat", why)
-        self._stopped_since = None
+        self._stopped.since.clear()
         try:
             beat = EmbeddedService(self.controller.app, schedule_filename=self.controller.schedule_filename,
                                    scheduler_cls=self.controller.scheduler)

@@ -631,6 +631,33 @@ def test_an_idle_pool_process_killed_does_not_wedge_the_worker(embedded_worker, 
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_stopped_pool_process_is_killed_and_replaced(embedded_worker, api, analyst, clinic, embedded):
+    """A probe stopped (SIGSTOP) the idle pool process of a one-process worker: every later
+    request stayed queued for good, and the recovery sweep (a task on the same pool) never
+    ran, while ``manage.py workers`` called the worker alive. The worker's watch kills a
+    process stopped past EMBEDDED_BEAT_STOPPED_SECONDS (3 here); the pool starts another."""
+    import signal
+
+    import psutil
+
+    client = api(analyst)
+    first = _queued(client, 1, eps=0.01)[0]
+    _publish(embedded, first)
+    wait_for(lambda: Request.objects.get(pk=first).status == "succeeded", timeout=90, interval=0.3)
+    worker = psutil.Process(embedded_worker.pid)
+    pool = [p for p in worker.children() if _uses_database(p)]
+    assert len(pool) == 1, worker.children()
+    time.sleep(0.5)
+    os.kill(pool[0].pid, signal.SIGSTOP)
+    later = _queued(client, 2, eps=0.02)
+    for rid in later:
+        _publish(embedded, rid)
+    wait_for(lambda: Request.objects.filter(pk__in=later, status="succeeded").count() == 2, timeout=90, interval=0.3)
+    assert not pool[0].is_running() or pool[0].status() == psutil.STATUS_ZOMBIE
+    assert f"worker process {pool[0].pid} was stopped (SIGSTOP)" in embedded_worker.logfile.read_text()
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("embedded_worker", ["solo"], indirect=True)
 def test_the_sweep_is_not_queued_behind_the_requests(embedded_worker, api, analyst, clinic, embedded, settings):
     """A probe's lost request stayed "running", its reservation held, 8 minutes past its

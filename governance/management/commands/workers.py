@@ -108,7 +108,8 @@ class Command(BaseCommand):
             return False
         out("recovery sweep: " + ("no run recorded" if age is None else f"last ran {_ago(age)} ago")
             + (f"  -- LATE: requests have waited {_ago(waited)}; is Celery beat running (`manage.py worker` "
-               "runs one; deploy: the beat service)?" if late else ""))
+               "runs one; deploy: the beat service), and is a worker on the sweep queue free to run it (a "
+               "worker's one process busy with a long run, or stopped, holds it back)?" if late else ""))
         return late
 
     def _running(self, out, recs: list[dict], ids: int) -> int:
