@@ -50,12 +50,16 @@ def frozen_cluster(tmp_path, monkeypatch):
         c = cluster._clients.pop(address, None)
         if c is not None:
             c.close(timeout=5)
-        for p in (worker, sched):
-            p.terminate()
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _end(worker, sched)
+
+
+def _end(*processes) -> None:
+    for p in processes:
+        p.terminate()
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def _raised_within(seconds: float, thaw, run) -> BaseException:
@@ -126,9 +130,4 @@ def test_a_cluster_without_the_engines_code_is_a_refund_that_says_so(tmp_path):
         assert e.value.nothing_read is True
     finally:
         cluster._clients.pop(address, None)
-        for p in (worker, sched):
-            p.terminate()
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _end(worker, sched)

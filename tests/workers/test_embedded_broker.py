@@ -603,6 +603,21 @@ def _uses_database(proc) -> bool:
     return any(c.raddr and c.raddr.port == int(db.settings_dict["PORT"]) for c in proc.net_connections("inet"))
 
 
+def _idle_pool_process(embedded_worker, client, embedded):
+    """(the worker's process, [its one pool process]) once a first request has run and the
+    pool process waits on the task pipe again."""
+    import psutil
+
+    first = _queued(client, 1, eps=0.01)[0]
+    _publish(embedded, first)
+    wait_for(lambda: Request.objects.get(pk=first).status == "succeeded", timeout=90, interval=0.3)
+    worker = psutil.Process(embedded_worker.pid)
+    pool = [p for p in worker.children() if _uses_database(p)]
+    assert len(pool) == 1, worker.children()
+    time.sleep(0.5)  # idle again: waiting on the task pipe
+    return worker, pool
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_idle_pool_process_killed_does_not_wedge_the_worker(embedded_worker, api, analyst, clinic, embedded):
     """Prefork on the embedded broker is billiard's shared-pipe pool: its idle process waits
@@ -611,16 +626,8 @@ def test_an_idle_pool_process_killed_does_not_wedge_the_worker(embedded_worker, 
     the worker looked alive (3 of 4 trials). With workers.pool's locks the kernel frees it."""
     import signal
 
-    import psutil
-
     client = api(analyst)
-    first = _queued(client, 1, eps=0.01)[0]
-    _publish(embedded, first)
-    wait_for(lambda: Request.objects.get(pk=first).status == "succeeded", timeout=90, interval=0.3)
-    worker = psutil.Process(embedded_worker.pid)
-    pool = [p for p in worker.children() if _uses_database(p)]
-    assert len(pool) == 1, worker.children()
-    time.sleep(0.5)  # idle again: waiting on the task pipe
+    worker, pool = _idle_pool_process(embedded_worker, client, embedded)
     os.kill(pool[0].pid, signal.SIGKILL)
     wait_for(lambda: [p for p in worker.children() if p.pid != pool[0].pid and p.status() != "zombie"], timeout=30)
     later = _queued(client, 2, eps=0.02)
@@ -641,13 +648,7 @@ def test_a_stopped_pool_process_is_killed_and_replaced(embedded_worker, api, ana
     import psutil
 
     client = api(analyst)
-    first = _queued(client, 1, eps=0.01)[0]
-    _publish(embedded, first)
-    wait_for(lambda: Request.objects.get(pk=first).status == "succeeded", timeout=90, interval=0.3)
-    worker = psutil.Process(embedded_worker.pid)
-    pool = [p for p in worker.children() if _uses_database(p)]
-    assert len(pool) == 1, worker.children()
-    time.sleep(0.5)
+    _, pool = _idle_pool_process(embedded_worker, client, embedded)
     os.kill(pool[0].pid, signal.SIGSTOP)
     later = _queued(client, 2, eps=0.02)
     for rid in later:
