@@ -92,8 +92,8 @@ def _ready_client(scheduler: str):
         raise
     except Exception as e:  # noqa: BLE001 - unreachable, refused, timed out: the cluster's state
         raise ClusterUnavailable(
-            f"the Dask cluster could not be reached or had no running worker within "
-            f"{WAIT_FOR_WORKER_SECONDS:g} s ({type(e).__name__}{': ' + str(e) if isinstance(e, TimeoutError) and str(e) else ''})"
+            f"the Dask cluster could not be reached or had no running worker within {WAIT_FOR_WORKER_SECONDS:g} s "
+            f"({type(e).__name__}{': ' + str(e) if isinstance(e, TimeoutError) and str(e) else ''})"
             + ("; nothing was sent to it" if nothing_sent else ""),
             nothing_read=nothing_sent) from None
     return c

@@ -444,7 +444,8 @@ def _inner_span(col: dict, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np
         q = v / coarse
         return abs(q - round(q)) >= 1e-6
 
-    lo_i = np.where((np.asarray(a) <= col["lower"]) & off_coarse(col["lower"]), first, np.round(np.asarray(a) / step) + 1)
+    lo_i = np.where((np.asarray(a) <= col["lower"]) & off_coarse(col["lower"]), first,
+                    np.round(np.asarray(a) / step) + 1)
     hi_i = np.where((np.asarray(b) >= col["upper"]) & off_coarse(col["upper"]), first + n - 1,
                     np.round(np.asarray(b) / step) - 1)
     return lo_i.astype(np.int64), np.maximum(hi_i - lo_i + 1, 0).astype(np.int64)
