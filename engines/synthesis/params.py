@@ -236,6 +236,8 @@ def _column(name: str, col: dict, bins: int) -> dict | str:
         if decimals is not None and (isinstance(decimals, bool) or not isinstance(decimals, int)
                                      or not 0 <= decimals <= MAX_DECIMALS):
             return f"numeric column {name!r}: decimals must be an integer from 0 to {MAX_DECIMALS}"
+        if col.get("integer") and decimals:  # (registration: "an integer column has 0 decimals")
+            return f"numeric column {name!r}: an integer column has 0 decimals, got decimals {decimals}"
         integer = col.get("integer", False) or decimals == 0
         if not encoding.indexable(col):
             return (f"numeric column {name!r}: its {'integer' if integer else 'decimal'} grid on [{lo!r}, {hi!r}] "

@@ -473,6 +473,16 @@ def test_a_refusal_says_which_columns_were_left_out_and_why():
     assert "at least two columns" in msg and "'chol' has no declared bounds" in msg and "'age'" in msg
 
 
+def test_an_integer_column_with_decimals_is_refused_as_registration_refuses_it():
+    """A probe's direct engine call with integer: true and decimals: 2 was planned (and every
+    value came back whole); registration refuses the pair ("an integer column has 0 decimals")."""
+    df = pd.DataFrame({"g": ["A", "B"] * 50, "x": np.arange(100.0)})
+    schema = {"g": {"type": "categorical", "domain": ["A", "B"]},
+              "x": {"type": "numeric", "lower": 0, "upper": 100, "integer": True, "decimals": 2}}
+    msg = _plan_errors(df, schema, {"epsilon": 1, "columns": ["g", "x"]})["columns"]
+    assert "an integer column has 0 decimals" in msg
+
+
 def test_a_run_lists_the_columns_it_left_out():
     rng = np.random.default_rng(0)
     df = pd.DataFrame({"grade": rng.choice(["A", "B"], 2000), "age": rng.integers(20, 60, 2000),
