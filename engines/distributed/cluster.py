@@ -125,8 +125,6 @@ def client(address: str):
         return c
 
 
-
-
 def public_address(address: str) -> str:
     """A scheduler address fit for a report or an audit record: any user name, password,
     query or fragment removed (``tls://user:secret@host:8786?x`` -> ``tls://host:8786``)."""
