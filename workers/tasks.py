@@ -232,14 +232,11 @@ class StopClock:
         return out
 
 
-class PoolWatch:
-    """A pool process stopped (SIGSTOP, a job-control stop) holds its task, the requests
-    queued behind it and, on a worker of one process, the recovery sweep (a task on the
-    same pool): a probe's stopped process kept every request queued for good while
-    ``manage.py workers`` called the worker alive. This thread of the worker's main process
-    kills a child process stopped for ``EMBEDDED_BEAT_STOPPED_SECONDS`` (the beat is
-    ``BeatWatch``'s): the pool starts a new one, and the task ends as a lost worker's does
-    (a ``kill -9`` of a pool process: charged if its data was read, else refunded)."""
+class _Watch:
+    """A thread of the worker's main process that looks (``look``) every ``interval``
+    seconds until the worker stops, with a ``StopClock`` of EMBEDDED_BEAT_STOPPED_SECONDS."""
+
+    name = "governance-watch"
 
     def __init__(self, controller, interval: float = 5.0):
         from django.conf import settings
@@ -247,11 +244,33 @@ class PoolWatch:
         self.controller, self.interval = controller, interval
         self._stopped = StopClock(settings.EMBEDDED_BEAT_STOPPED_SECONDS)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="governance-pool-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
     def start(self):
         self._thread.start()
         return self
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self.look()
+
+    def look(self) -> None:
+        raise NotImplementedError
+
+    def stop(self):
+        self._stop.set()
+
+
+class PoolWatch(_Watch):
+    """A pool process stopped (SIGSTOP, a job-control stop) holds its task, the requests
+    queued behind it and, on a worker of one process, the recovery sweep (a task on the
+    same pool): a probe's stopped process kept every request queued for good while
+    ``manage.py workers`` called the worker alive. This watch kills a child process
+    stopped for ``EMBEDDED_BEAT_STOPPED_SECONDS`` (the beat is ``BeatWatch``'s): the pool
+    starts a new one, and the task ends as a lost worker's does (a ``kill -9`` of a pool
+    process: charged if its data was read, else refunded)."""
+
+    name = "governance-pool-watch"
 
     def _children(self) -> list[int]:
         import psutil
@@ -262,21 +281,17 @@ class PoolWatch:
         except psutil.Error:
             return []
 
-    def _run(self):
-        while not self._stop.wait(self.interval):
-            for pid in self._stopped.too_long(self._children()):
-                log.error("worker process %s was stopped (SIGSTOP) for over %g s: killed (the pool starts a new one; "
-                          "its task ends as a lost worker's)", pid, self._stopped.limit)
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-
-    def stop(self):
-        self._stop.set()
+    def look(self) -> None:
+        for pid in self._stopped.too_long(self._children()):
+            log.error("worker process %s was stopped (SIGSTOP) for over %g s: killed (the pool starts a new one; "
+                      "its task ends as a lost worker's)", pid, self._stopped.limit)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
-class BeatWatch:
+class BeatWatch(_Watch):
     """Celery runs an embedded beat (``worker --beat``) as a child process and never looks
     at it again: killed (the OOM killer, a stray signal), the recovery sweep was never sent
     again and nothing said so. This thread of the worker's main process looks every
@@ -285,37 +300,25 @@ class BeatWatch:
     is killed and replaced (a probe's stopped beat held two requests queued, their messages
     gone, while ``manage.py workers`` said all was well)."""
 
+    name = "governance-beat-watch"
+
     def __init__(self, controller, interval: float = 5.0):
-        from django.conf import settings
-
-        self.controller, self.interval = controller, interval
-        self.stopped_limit = settings.EMBEDDED_BEAT_STOPPED_SECONDS
+        super().__init__(controller, interval)
         self.restarts = 0
-        self._stopped = StopClock(self.stopped_limit)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="governance-beat-watch", daemon=True)
 
-    def start(self):
-        self._thread.start()
-        return self
-
-    def _run(self):
-        while not self._stop.wait(self.interval):
-            beat = self.controller.beat
-            if beat is None or not hasattr(beat, "is_alive") or self._stop.is_set():
-                continue
-            if not beat.is_alive():
-                self._restart(f"died (exit code {getattr(beat, 'exitcode', None)})")
-            elif self._stopped_too_long(beat):
-                try:
-                    os.kill(beat.pid, signal.SIGKILL)
-                    beat.join(5)
-                except (OSError, AssertionError):
-                    pass
-                self._restart(f"was stopped (SIGSTOP) for over {self.stopped_limit:g} s; killed")
-
-    def _stopped_too_long(self, beat) -> bool:
-        return self._stopped.too_long([beat.pid]) == [beat.pid]
+    def look(self) -> None:
+        beat = self.controller.beat
+        if beat is None or not hasattr(beat, "is_alive") or self._stop.is_set():
+            return
+        if not beat.is_alive():
+            self._restart(f"died (exit code {getattr(beat, 'exitcode', None)})")
+        elif self._stopped.too_long([beat.pid]):
+            try:
+                os.kill(beat.pid, signal.SIGKILL)
+                beat.join(5)
+            except (OSError, AssertionError):
+                pass
+            self._restart(f"was stopped (SIGSTOP) for over {self._stopped.limit:g} s; killed")
 
     def _restart(self, why: str) -> None:
         from celery.beat import EmbeddedService
