@@ -200,7 +200,7 @@ class Spec:
     method_auto: bool = False  # method not given: default_method chose it
     unit_weighting: bool = False  # MST / AIM on a unit table: rows reweighted by their unit's rows (model_columns)
     left_out: dict = field(default_factory=dict)  # no "columns" given: each column not synthesized, and why
-    refine_gaps: bool = False  # MST / AIM not distributed: heavy gaps measured again (encoding.refines_gaps)
+    refine_gaps: bool = False  # heavy gaps measured again (encoding.refines_gaps; planner._refinement_pays)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -411,5 +411,6 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
                 holdout_fraction=float(hf), target=target, sensitive=sensitive, vae=vae, accountant=accountant,
                 rows_per_unit_auto=auto_k, method_auto=method_auto,
                 unit_weighting=weighting is True and weighs and UNIT_ROWS not in ds.columns, left_out=left_out,
-                refine_gaps=method in ("mst", "aim") and not ds.distributed)
+                refine_gaps=method in ("mst", "aim") and not ds.distributed
+                and any(encoding.refines_gaps(c) for c in columns))
     return with_rows_per_unit(spec, k)  # the cells of continuous columns

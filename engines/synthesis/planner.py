@@ -371,11 +371,7 @@ def _refinement_pays(spec: Spec, method_details: dict) -> bool:
 
 
 def make_plan(request: EngineRequest, ds: DatasetMeta) -> Plan:
-    from .encoding import refines_gaps
-
     spec = validate(request.kind, request.params, ds)
-    if spec.refine_gaps and not any(refines_gaps(c) for c in spec.columns):
-        spec = replace(spec, refine_gaps=False)  # (no column to refine: as a plan before there was any)
     while True:
         try:
             if spec.method == "mst":
