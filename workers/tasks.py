@@ -93,7 +93,8 @@ def run_request(self, request_id: str) -> str:
         # a worker's message is a turn of its queue (governance.requests.turns); an eager
         # task (tests) runs its own request, as its caller expects
         status = execute(request_id, worker=self.request.hostname or "", task=self.request.id or "",
-                         take_turns=not self.request.is_eager, retried=bool(self.request.retries))
+                         take_turns=not self.request.is_eager, retried=bool(self.request.retries),
+                         worker_pid=None if self.request.is_eager else _worker_pid())
     except StillRunning as exc:  # its run may be alive: asked again once a heartbeat would have come
         raise self.retry(exc=exc, countdown=settings.REQUEST_HEARTBEAT_SECONDS) from exc
     except (OperationalError, InterfaceError, InternalError) as exc:
@@ -119,6 +120,12 @@ def _pool_process(**_kwargs):
 
     if current_process().name != "MainProcess":
         _IN_POOL_PROCESS.append(True)
+
+
+def _worker_pid() -> int:
+    """The worker process whose liveness record this task's process is covered by: a prefork
+    pool's child runs under its parent's record, a solo or threads pool is the worker."""
+    return os.getppid() if _IN_POOL_PROCESS else os.getpid()
 
 
 def _replace_after_out_of_memory(work: str) -> None:

@@ -59,20 +59,22 @@ _LAST_TICK = threading.local()  # the tick (monotonic) of this thread's last run
 
 
 def execute(request_id: str, worker: str = "", task: str = "", take_turns: bool = False,
-            retried: bool = False) -> str:
+            retried: bool = False, worker_pid: int | None = None) -> str:
     """Run one request to a final state; returns its final (or current) status. With
     ``take_turns`` (a worker's message), the request run is the fairest of the message's
     queue (``claim_turn``), not necessarily ``request_id``. The claim waits for the tick of
     this thread's last run, whose outcome the releaser writes then: a claim at the moment
     the last run's engine finished showed its exact duration (the next request's
     ``started_at``, its status, a cancel's answer), a data-dependent time the ticks exist to
-    hide, to whoever's request came next."""
+    hide, to whoever's request came next. ``worker_pid``: the worker process whose liveness
+    record vouches for the run (``recovery.sweep``)."""
     wait = getattr(_LAST_TICK, "due", 0.0) - time.monotonic()
     if wait > 0:
         time.sleep(wait)
-    req = reclaim(task, worker) if retried else None
+    req = reclaim(task, worker, worker_pid) if retried else None
     if req is None:
-        req = claim_turn(request_id, worker, task) if take_turns else claim(request_id, worker, task)
+        req = claim_turn(request_id, worker, task, worker_pid) if take_turns else \
+            claim(request_id, worker, task, worker_pid)
     if req is None:
         return Request.objects.filter(pk=request_id).values_list("status", flat=True).first() or "missing"
     if str(req.pk) != str(request_id):
@@ -89,7 +91,7 @@ class StillRunning(Exception):
     run stopped: the task is sent again later (``workers.tasks.run_request``)."""
 
 
-def reclaim(task: str, worker: str = "") -> Request | None:
+def reclaim(task: str, worker: str = "", worker_pid: int | None = None) -> Request | None:
     """A retried task's own request, claimed again: the database went away between the claim
     and the read, so the run could write neither its failure nor anything else and the task
     was sent again, while the request stayed ``running``; the copy found nothing queued and
@@ -104,7 +106,8 @@ def reclaim(task: str, worker: str = "") -> Request | None:
     if pk is None:
         return None
     stale = db_now() - timedelta(seconds=2 * settings.REQUEST_HEARTBEAT_SECONDS)  # the heartbeats' clock
-    if not mine.filter(pk=pk, heartbeat_at__lt=stale).update(worker=worker[:200], heartbeat_at=db_time(),
+    if not mine.filter(pk=pk, heartbeat_at__lt=stale).update(worker=worker[:200], worker_pid=worker_pid,
+                                                             heartbeat_at=db_time(),
                                                              progress=STARTING):
         raise StillRunning(task)
     log.info("request %s claimed again by its task %s after the database came back", pk, task)
@@ -114,7 +117,7 @@ def reclaim(task: str, worker: str = "") -> Request | None:
 TURN_ATTEMPTS = 20  # claims lost to other workers before a turn falls back to its own request
 
 
-def claim_turn(request_id, worker: str = "", task: str = "") -> Request | None:
+def claim_turn(request_id, worker: str = "", task: str = "", worker_pid: int | None = None) -> Request | None:
     """The turn of ``request_id``'s message (``governance.requests.turns``): the fairest
     queued request of its queue, claimed; one another worker claimed first moves the turn
     to the next fairest; ``request_id`` itself when its engine is unknown here or no other
@@ -128,19 +131,19 @@ def claim_turn(request_id, worker: str = "", task: str = "") -> Request | None:
         pk = turns.fairest(engines)
         if pk is None:
             break
-        req = claim(pk, worker, task)
+        req = claim(pk, worker, task, worker_pid)
         if req is not None:
             return req
-    return claim(request_id, worker, task)
+    return claim(request_id, worker, task, worker_pid)
 
 
-def claim(request_id, worker: str = "", task: str = "") -> Request | None:
+def claim(request_id, worker: str = "", task: str = "", worker_pid: int | None = None) -> Request | None:
     """``queued -> running`` by compare-and-set, returning the claimed row and its dataset's
     in the same statement (``WITH r AS (UPDATE ... RETURNING ...) SELECT ... JOIN``); None
     when another delivery has it. ``task``: the Celery task whose turn runs it (the worker's
     hard time limit finds the run by it)."""
-    values = {"status": Request.Status.RUNNING, "worker": worker[:200], "run_task": task[:64],
-              "progress": STARTING}
+    values = {"status": Request.Status.RUNNING, "worker": worker[:200], "worker_pid": worker_pid,
+              "run_task": task[:64], "progress": STARTING}
     if connection.vendor != "postgresql":  # SQLite: this host's clock is the database's (recovery.db_time)
         now = timezone.now()
         values.update(started_at=now, heartbeat_at=now)

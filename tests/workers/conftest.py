@@ -55,7 +55,9 @@ def real_worker(redis_server, settings, tmp_path, monkeypatch, request):
     """Start a worker process on Redis and send this process's tasks there
     (``@pytest.mark.worker(pool="prefork", NAME="value")``: another pool, more environment).
 
-    Yields ``send(request_id)``, which delivers a task for a request once more.
+    Yields ``send(request_id)``, which delivers a task for a request once more;
+    ``send.process`` is the worker's process, ``send.start_again()`` starts another (the same
+    command: the same node name) and makes it ``send.process``.
     """
     from governance.requests import submission
     from workers import app
@@ -71,8 +73,14 @@ def real_worker(redis_server, settings, tmp_path, monkeypatch, request):
     pool = extra.pop("pool", "solo")
     env.update(extra)
     log = open(tmp_path / "worker.log", "w")
-    proc = subprocess.Popen([sys.executable, "manage.py", "worker", "-Q", "cpu,gpu", "-c", "1", "--pool", pool,
-                             "--loglevel", "INFO"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    procs = []
+
+    def start():
+        procs.append(subprocess.Popen([sys.executable, "manage.py", "worker", "-Q", "cpu,gpu", "-c", "1", "--pool",
+                                       pool, "--loglevel", "INFO"], cwd=ROOT, env=env, stdout=log,
+                                      stderr=subprocess.STDOUT))
+        send.process = procs[-1]  # for the tests that kill it
+        return procs[-1]
 
     def send(request_id, queue="cpu"):
         # An explicit connection: the app's own pool may still hold the embedded broker.
@@ -82,16 +90,19 @@ def real_worker(redis_server, settings, tmp_path, monkeypatch, request):
     eager = app.conf.task_always_eager
     app.conf.task_always_eager = False
     monkeypatch.setattr(submission, "enqueue", send)
-    send.process = proc  # for the tests that kill it
+    send.start_again = start
+    start()
     try:
         yield send
     finally:
         app.conf.task_always_eager = eager
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         log.close()
         print((tmp_path / "worker.log").read_text()[-3000:])
 

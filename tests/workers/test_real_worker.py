@@ -6,7 +6,7 @@ import pytest
 
 from governance.models import LedgerEntry, Request
 
-from .conftest import wait_for
+from .conftest import REDIS_URL, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -173,6 +173,43 @@ def test_a_worker_killed_mid_training_is_recovered_by_the_sweep(real_worker, api
     assert entry.status == "committed" and entry.committed_cost is None and entry.cost == reserved
     assert AuditRecord.objects.filter(request_id=rid).count() == 1
     assert sweep(lost_after=2)["lost"] == [] and verification.verify().ok
+
+
+def test_a_worker_started_again_under_its_name_does_not_vouch_for_the_dead_one_s_run(
+        real_worker, api, analyst, make_dataset, grant, settings):
+    """A probe killed a worker and started it again: the new one has the same node name
+    (``celery@<host>``), and its liveness record vouched for the dead one's running request,
+    which the sweep then only watched: finished 3 min 45 s after the kill instead of 2. The
+    claim records the worker's process; a sweeper that had not watched the request finishes
+    it at first sight, by the database's clock, while the new worker is alive."""
+    import os
+    import signal
+
+    from governance.core import liveness
+    from governance.requests import recovery
+    from tests.real_data import GSS_SCHEMA, GSS_TRAIN, gss_wages
+
+    settings.REDIS_URL = REDIS_URL  # this process reads the workers' records too
+    grant(analyst, make_dataset("gss", epsilon=10.0, frame=gss_wages(), schema=GSS_SCHEMA))
+    client = api(analyst)
+    rid = client.post("/api/requests/", {"dataset": "gss", "engine": "dpsgd", "kind": "train", "params": {
+        **GSS_TRAIN, "target_epsilon": 3.0, "epochs": 20, "batch_size": 256}}, format="json").json()["id"]
+    wait_for(lambda: Request.objects.get(pk=rid).data_read, timeout=120)
+    dead = real_worker.process
+    req = Request.objects.get(pk=rid)
+    assert req.worker_pid == dead.pid and req.worker  # the solo pool: the worker's own process
+    os.kill(dead.pid, signal.SIGKILL)
+    dead.wait(10)
+    again = real_worker.start_again()
+
+    def only_the_new_one():
+        pids = {r.get("pid") for r in liveness.alive() if r.get("node") == req.worker}
+        return pids == {again.pid}  # its start removed the dead process's record (same host)
+    wait_for(only_the_new_one, timeout=60)
+    time.sleep(2.5)  # the dead run's heartbeat is older than the grace period below
+    recovery.WATCH.seen.clear()  # a sweeper that has not watched it (a fresh process)
+    assert recovery.sweep(lost_after=2)["lost"] == [rid]
+    assert Request.objects.get(pk=rid).error["code"] == "request.worker_lost"
 
 
 @pytest.mark.worker(pool="prefork", CELERY_TASK_SOFT_TIME_LIMIT="25", CELERY_TASK_TIME_LIMIT="120",
