@@ -29,7 +29,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from accounting import events as ev
@@ -389,6 +389,13 @@ def _run(req: Request, clock: RunClock) -> str:
         else:
             read = _mark_data_read(req.pk)
             data = load_columns(ds, list(plan.columns)) if read else None
+    except DatabaseError:
+        # the service's database away or full (the read mark, a federation's sites): no row
+        # was read and nothing can be written now; the task is sent again and takes its
+        # request back (``reclaim``), or the sweep refunds it. Taken for the table's failure,
+        # a probe's full disk read "could not read its table", and a database back within
+        # seconds would have failed the request as "the dataset's table is missing".
+        raise
     except Exception as e:
         # No row reached the engine: refund. A local table's read failed as rows were read
         # (a stored file damaged or changed since registration): its message can quote a row

@@ -482,6 +482,36 @@ def test_a_run_whose_database_went_away_after_the_claim_is_taken_back_by_its_ret
     assert LedgerEntry.objects.get().status == "committed" and verification.verify().ok
 
 
+def test_a_read_mark_the_database_cannot_take_is_no_failure_of_the_table(
+        api, analyst, clinic, monkeypatch, settings, caplog, django_capture_on_commit_callbacks):
+    """A probe filled the database's disk: the read mark's UPDATE raised, and the run took it
+    for its table's failure (logged "could not read its table"; had the database answered
+    the refund's write, the analyst would have read that the table was missing). Nothing was
+    read: the task is sent again, and its copy takes the request back and runs it."""
+    from django.db import OperationalError
+
+    from governance.audit import verification
+    from governance.requests import execution
+
+    settings.REQUEST_HEARTBEAT_SECONDS = 0  # the copy runs at once here (eager): the claim's heartbeat is old by then
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    full = [1]
+    real = execution._mark_data_read
+
+    def mark(pk):
+        if full:
+            full.pop()
+            raise OperationalError("database or disk is full")
+        return real(pk)
+
+    monkeypatch.setattr(execution, "_mark_data_read", mark)
+    _run_as_a_worker_until_its_retry(rid, "t9")
+    req = Request.objects.get(pk=rid)
+    assert req.status == "succeeded" and req.officer_report is None, (req.status, req.error, req.officer_report)
+    assert "could not read its table" not in caplog.text
+    assert LedgerEntry.objects.get().status == "committed" and verification.verify().ok
+
+
 def test_a_retried_task_leaves_a_live_or_read_run_of_its_own_alone(api, analyst, clinic,
                                                                     django_capture_on_commit_callbacks):
     from governance.requests.execution import StillRunning, claim, reclaim
