@@ -173,10 +173,10 @@ class OfficerDatasetSerializer(DatasetSerializer):
 
 class DatasetCreateSerializer(StrictInput, serializers.Serializer):
     name = serializers.RegexField(r"^[a-z0-9][a-z0-9_-]{0,99}$", help_text="lowercase slug, unique")
-    title = serializers.CharField(required=False, allow_blank=True, max_length=200)
-    description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
+    title = TextField(required=False, allow_blank=True, max_length=200)
+    description = TextField(required=False, allow_blank=True, max_length=10_000)
     file = serializers.FileField(required=False, help_text="CSV or Parquet upload (multipart)")
-    path = serializers.CharField(required=False, max_length=1000,
+    path = TextField(required=False, max_length=1000,
                                  help_text="A table on the server, inside DATASET_IMPORT_DIRS (with execution "
                                            "distributed: Parquet partitions, a directory, a file or a URI under "
                                            "DATASET_IMPORT_URIS, registered where they are)")
@@ -187,7 +187,7 @@ class DatasetCreateSerializer(StrictInput, serializers.Serializer):
     sites = SafeJSONField(required=False, help_text='federated only: [{"site": "h1", "n_rows": 1200}, ...], '
                                                     "distinct ids, positive row counts")
     format = serializers.ChoiceField(choices=["csv", "parquet"], required=False)
-    unit_column = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
+    unit_column = TextField(required=False, allow_blank=True, default="", max_length=200)
     schema = SafeJSONField(required=False, help_text="Column specs overriding the inferred schema")
     budget_epsilon = FiniteFloatField(min_value=1e-9, max_value=MAX_EPSILON)
     budget_delta = DeltaField(required=False, default="auto", help_text='a number below 1/n and 0.1, or "auto"')
@@ -211,8 +211,8 @@ class DatasetCreateSerializer(StrictInput, serializers.Serializer):
 
 
 class DatasetUpdateSerializer(StrictInput, serializers.Serializer):
-    title = serializers.CharField(required=False, allow_blank=True, max_length=200)
-    description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
+    title = TextField(required=False, allow_blank=True, max_length=200)
+    description = TextField(required=False, allow_blank=True, max_length=10_000)
     schema = SafeJSONField(required=False)
     budget_epsilon = FiniteFloatField(required=False, min_value=1e-9, max_value=MAX_EPSILON)
     budget_delta = DeltaField(required=False, help_text='a number below 1/n and 0.1, or "auto"')
@@ -287,9 +287,9 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
 
 class ChargeInputSerializer(StrictInput, serializers.Serializer):
     event = SafeJSONField(help_text="The mechanism event of the release")
-    reference = serializers.CharField(required=False, allow_blank=True, default="", max_length=200,
+    reference = TextField(required=False, allow_blank=True, default="", max_length=200,
                                       help_text="What was released and where")
-    analyst = serializers.CharField(
+    analyst = TextField(
         required=False, max_length=150,
         help_text="The username of the analyst the release went to: the charge is hers, counted against her grant "
                   "on the dataset as well as the dataset's budget (a release a restored database lost is re-recorded "
@@ -336,10 +336,10 @@ class AnalystCreateSerializer(StrictInput, serializers.Serializer):
 
 
 class RequestCreateSerializer(StrictInput, serializers.Serializer):
-    dataset = serializers.CharField(required=False, help_text="dataset name (with sql: optional, the FROM table)")
-    engine = serializers.CharField(required=False, max_length=100,
+    dataset = TextField(required=False, help_text="dataset name (with sql: optional, the FROM table)")
+    engine = TextField(required=False, max_length=100,
                                    help_text="engine name (GET /api/engines/); with sql: aggregates")
-    kind = serializers.CharField(required=False, max_length=100, help_text="a kind the engine serves (not with sql)")
+    kind = TextField(required=False, max_length=100, help_text="a kind the engine serves (not with sql)")
     params = SafeJSONField(default=dict, help_text="the kind's parameters (see the engine's params_schema); "
                                                    "with sql only the privacy options (epsilon, rho, accuracy, "
                                                    "mechanism, max_rows_per_unit, candidates)")
@@ -370,8 +370,8 @@ class RequestCreateSerializer(StrictInput, serializers.Serializer):
 class EstimateInputSerializer(StrictInput, serializers.Serializer):
     event = SafeJSONField(required=False, help_text="One mechanism event (see the README for the format)")
     events = SafeJSONField(required=False, help_text="A list of events")
-    engine = serializers.CharField(required=False, max_length=100, help_text="a request: engine name")
-    kind = serializers.CharField(required=False, max_length=100, help_text="a request: the engine's kind")
+    engine = TextField(required=False, max_length=100, help_text="a request: engine name")
+    kind = TextField(required=False, max_length=100, help_text="a request: the engine's kind")
     params = SafeJSONField(required=False, help_text="a request: its parameters (with sql: privacy options)")
     sql = TextField(required=False, max_length=10_000, trim_whitespace=False,
                     help_text="a request as SQL (as POST /api/requests/ takes it)")

@@ -233,6 +233,24 @@ def test_lone_surrogates_in_a_charge_are_a_400(client, text):
     assert_error(post(client, "/api/datasets/clinic/charges/", text), 400, "request.malformed")
 
 
+@pytest.mark.parametrize("url,text,field", [
+    # DRF's CharField takes a JSON number as its str(): `reference: 1e15` was kept as
+    # "1000000000000000.0" (a probe); a text field now asks for text
+    ("/api/datasets/clinic/charges/", '{"event": {"kind": "laplace", "epsilon": 0.1}, "reference": 1e15}', "reference"),
+    ("/api/datasets/clinic/charges/", '{"event": {"kind": "laplace", "epsilon": 0.1}, "reference": 7}', "reference"),
+    ("/api/requests/", '{"dataset": "clinic", "engine": 5, "kind": "count", "params": {"epsilon": 0.1}}', "engine"),
+    ("/api/requests/", '{"dataset": 1.5, "engine": "aggregates", "kind": "count", "params": {"epsilon": 0.1}}',
+     "dataset"),
+])
+def test_a_number_for_a_text_field_is_a_400_naming_it(client, url, text, field):
+    from governance.models import LedgerEntry
+
+    before = LedgerEntry.objects.count()
+    body = assert_error(post(client, url, text), 400, "request.invalid")
+    assert field in body["errors"] and "string" in str(body["errors"][field]), body
+    assert LedgerEntry.objects.count() == before
+
+
 @pytest.mark.parametrize("params", [
     '{"epsilon": 0.1, "\\ud800": 1}',
     '{"epsilon": 0.1, "where": [{"column": "site", "op": "==", "value": "\\ud800"}]}',
