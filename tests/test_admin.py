@@ -378,6 +378,27 @@ def test_a_full_disk_on_the_officer_s_forms_is_a_507_page_not_a_500(officer_clie
     assert not Grant.objects.exists()
 
 
+def test_a_database_error_on_the_officer_s_forms_is_a_503_page_not_a_500(officer_client, analyst, make_dataset,
+                                                                          monkeypatch):
+    """A probe's revoke beside an analyst's cancels: PostgreSQL broke a deadlock by failing the
+    admin's action, which answered Django's 500 page; the API said 503 database.unavailable."""
+    from django.db import OperationalError
+
+    from governance.ledger import grants
+    from governance.models import Grant
+
+    ds = make_dataset("other")
+
+    def deadlock(*args, **kwargs):
+        raise OperationalError("deadlock detected")
+
+    monkeypatch.setattr(grants, "give", deadlock)
+    r = officer_client.post("/admin/governance/grant/add/", {"analyst": analyst.pk, "dataset": ds.pk,
+                                                             "cap_epsilon": "0.5", "cap_delta": ""})
+    assert r.status_code == 503 and r["Retry-After"] == "5" and b"Nothing was kept" in r.content
+    assert b"Traceback" not in r.content and not Grant.objects.exists()
+
+
 def test_directional_characters_an_analyst_sent_are_shown_escaped_to_the_officer_and_the_auditor(
         client, officer, analyst, api, make_dataset, grant, django_capture_on_commit_callbacks):
     """U+202E in a select alias made the officer's request page read the params right to

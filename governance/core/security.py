@@ -7,6 +7,7 @@ import logging
 import re
 
 from django.conf import settings
+from django.db import OperationalError
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions
@@ -133,9 +134,10 @@ class BadQuery:
 
 class StorageFull:
     """A full disk (a table's copy, the database) on a web page (the officer's forms, the
-    admin) is a 507 saying so, a read-only one a 503, not Django's 500 page (with its
-    traceback under DEBUG); the API's own handler says the same in JSON (``storage.full``,
-    ``storage.unwritable``)."""
+    admin) is a 507 saying so, a read-only one a 503, and a database busy, away or broken
+    out of a deadlock a 503 with Retry-After, not Django's 500 page (with its traceback
+    under DEBUG); the API's own handler says the same in JSON (``storage.full``,
+    ``storage.unwritable``, ``database.unavailable``)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -157,6 +159,14 @@ class StorageFull:
             logging.getLogger(__name__).error("storage not writable: %s", exception)
             return HttpResponse(f"<!doctype html><title>Storage not writable</title><h1>The server cannot write its "
                                 f"storage</h1><p>{escape(STORAGE_UNWRITABLE_DETAIL.format(why))}</p>", status=503)
+        if isinstance(exception, OperationalError):
+            # the database locked past its timeout, restarting, unreachable, or a deadlock it
+            # broke: the page's transaction rolled back (the API's 503 database.unavailable);
+            # an admin action answered Django's 500 page (a probe's revoke beside cancels)
+            logging.getLogger(__name__).error("database unavailable: %s", exception)
+            return HttpResponse("<!doctype html><title>Database busy</title><h1>The database is busy or "
+                                "unreachable</h1><p>Nothing was kept. Retry in a few seconds.</p>", status=503,
+                                headers={"Retry-After": "5"})
         return None
 
 

@@ -37,4 +37,11 @@ def cancel_queued(dataset_id: int, code: str, why: str, analyst_id: int | None =
     queued = Request.objects.filter(dataset_id=dataset_id, status=Request.Status.QUEUED)
     if analyst_id is not None:
         queued = queued.filter(analyst_id=analyst_id)
-    return sum(cancel_if_queued(req, code, detail) for req in queued.order_by("created_at"))
+    # The caller holds the budget's lock, and every other path takes a request's row before
+    # the budget's (an analyst's cancel: its row, then the refund): waiting here for a row
+    # one of them holds was a deadlock (a probe's 20 cancels beside a revoke: the officer's
+    # revoke a 503, the admin's a 500, the grant still active). A row held now is being
+    # cancelled by its analyst or claimed by a worker, either of which ends it queued; it is
+    # skipped, never waited for (PostgreSQL's SKIP LOCKED; SQLite has one writer at a time).
+    rows = queued.select_for_update(skip_locked=True, of=("self",)).order_by("created_at")
+    return sum(cancel_if_queued(req, code, detail) for req in rows)
