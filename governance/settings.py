@@ -220,7 +220,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "governance.api.pagination.Pagination",
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "governance.api.filtering.StrictFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
     "EXCEPTION_HANDLER": "governance.api.errors.exception_handler",
