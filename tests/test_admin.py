@@ -338,7 +338,6 @@ def test_a_full_disk_on_the_officer_s_forms_is_a_507_page_not_a_500(officer_clie
     from django.db import OperationalError
 
     from governance.datasets import files as dataset_files
-    from governance.ledger import grants
 
     officer_client.raise_request_exception = False
     real_fdopen = os.fdopen
@@ -366,16 +365,22 @@ def test_a_full_disk_on_the_officer_s_forms_is_a_507_page_not_a_500(officer_clie
             "budget_delta": "auto", "policy": "rdp"})
     assert r.status_code == 507 and b"No space left on device" in r.content and b"Traceback" not in r.content
     assert not Dataset.objects.filter(name="clinic").exists()
-    ds = make_dataset("other")
-
-    def full(*args, **kwargs):
-        raise OperationalError("database or disk is full")
-
-    monkeypatch.setattr(grants, "give", full)
-    r = officer_client.post("/admin/governance/grant/add/", {"analyst": analyst.pk, "dataset": ds.pk,
-                                                             "cap_epsilon": "0.5", "cap_delta": ""})
+    r = _grant_form_raising(OperationalError("database or disk is full"), officer_client, analyst, make_dataset,
+                            monkeypatch)
     assert r.status_code == 507 and b"the database has no space left" in r.content
     assert not Grant.objects.exists()
+
+
+def _grant_form_raising(error, officer_client, analyst, make_dataset, monkeypatch):
+    from governance.ledger import grants
+
+    def fail(*args, **kwargs):
+        raise error
+
+    ds = make_dataset("other")
+    monkeypatch.setattr(grants, "give", fail)
+    return officer_client.post("/admin/governance/grant/add/", {"analyst": analyst.pk, "dataset": ds.pk,
+                                                                "cap_epsilon": "0.5", "cap_delta": ""})
 
 
 def test_a_database_error_on_the_officer_s_forms_is_a_503_page_not_a_500(officer_client, analyst, make_dataset,
@@ -384,17 +389,9 @@ def test_a_database_error_on_the_officer_s_forms_is_a_503_page_not_a_500(officer
     admin's action, which answered Django's 500 page; the API said 503 database.unavailable."""
     from django.db import OperationalError
 
-    from governance.ledger import grants
     from governance.models import Grant
 
-    ds = make_dataset("other")
-
-    def deadlock(*args, **kwargs):
-        raise OperationalError("deadlock detected")
-
-    monkeypatch.setattr(grants, "give", deadlock)
-    r = officer_client.post("/admin/governance/grant/add/", {"analyst": analyst.pk, "dataset": ds.pk,
-                                                             "cap_epsilon": "0.5", "cap_delta": ""})
+    r = _grant_form_raising(OperationalError("deadlock detected"), officer_client, analyst, make_dataset, monkeypatch)
     assert r.status_code == 503 and r["Retry-After"] == "5" and b"Nothing was kept" in r.content
     assert b"Traceback" not in r.content and not Grant.objects.exists()
 
