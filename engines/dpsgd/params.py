@@ -160,8 +160,8 @@ def _target_spec(params: dict, ds: DatasetMeta, errors: _Errors) -> tuple[str | 
         errors["target"] = f"unknown column {name!r}; columns: {', '.join(sorted(ds.columns))}"
         return None, None
     spec = _feature_spec(name, col)
-    if isinstance(spec, str):
-        errors["target"] = spec
+    if isinstance(spec, str):  # (said of a feature: "only numeric and categorical columns can be features")
+        errors["target"] = spec.replace("can be features", "can be a target")
         return None, None
     task = params.get("task")
     if task is not None and task not in TASKS:
@@ -179,8 +179,10 @@ def _target_spec(params: dict, ds: DatasetMeta, errors: _Errors) -> tuple[str | 
             return None, None
         if task == "binary":
             if not is_number(threshold):
-                errors["target_threshold"] = ("required for a binary task on a numeric target: the label is "
-                                              "value > target_threshold (e.g. a DP median from the aggregates engine)")
+                given = "" if threshold is None else f"a finite number, got {str(threshold)[:50]!r}: "
+                errors["target_threshold"] = (f"{given or 'required for a binary task on a numeric target: '}the "
+                                              "label is value > target_threshold (e.g. a DP median from the "
+                                              "aggregates engine)")
                 return None, None
             if not spec["lower"] <= threshold < spec["upper"]:
                 errors["target_threshold"] = (f"{threshold!r} is outside [{spec['lower']:g}, {spec['upper']:g}): "
@@ -245,8 +247,11 @@ def features_of(params: dict, ds: DatasetMeta, errors: _Errors) -> list[dict]:
             errors["features"] = "the dataset has no usable feature column (numeric with bounds or categorical)"
     elif not isinstance(names, list) or not names or not all(isinstance(c, str) for c in names):
         errors["features"] = "must be a non-empty list of column names"
-    elif len(names) > MAX_FEATURES or len(set(names)) != len(names):
-        errors["features"] = f"at most {MAX_FEATURES} distinct columns"
+    elif len(names) > MAX_FEATURES:
+        errors["features"] = f"at most {MAX_FEATURES} columns, got {len(names)}"
+    elif len(set(names)) != len(names):
+        twice = sorted({c for c in names if names.count(c) > 1})
+        errors["features"] = f"each column once: {', '.join(repr(c[:100]) for c in twice[:10])} listed more than once"
     else:
         problems = []
         for c in names:

@@ -86,7 +86,8 @@ class Coordinator:
         self.run_nonce = secrets.token_hex(16)
         self.node_site: dict[int, str] = {}
         self.refused: dict[int, str] = {}  # node -> why (unregistered, bad MAC, schema, other dataset)
-        self.refused_sites: set[str] = set()
+        self.refused_sites: set[str] = set()  # registered sites that answered and were refused
+        self.refused_on_rows: set[str] = set()  # of them, those whose own refusal followed a read of their table
         self.lost: dict[int, str] = {}  # node -> site: bound, then silent past a round's timeout
         self.unanswered: dict[int, tuple] = {}  # node -> (handle, job): a hello not answered in time
         self.rounds = 0
@@ -146,7 +147,9 @@ class Coordinator:
         if kind != "hello" and bound is None:
             return None, "not identified", [], reply
         if reply.get("dataset") != self.d["dataset"]:
-            return site, f"serves dataset {reply.get('dataset')!r}", [], reply
+            # not named: the other dataset may be one the analyst is not granted (a probe
+            # read "h3: serves dataset 'clinics2'", a name her GET answers 404 for)
+            return site, "serves another dataset", [], reply
         if reply.get("refused"):  # (a site's own words, cut: a modified agent's 2 MB reason went into the result)
             return site, str(reply["refused"])[:200], [], reply
         return site, None, arrays, reply
@@ -177,7 +180,7 @@ class Coordinator:
                     self.unanswered[n] = (handles[n], jobs[n])
                 self.emit({"event": "refused", "node": str(n), "site": None, "why": "no answer to hello"})
         for n, (job, reply) in answers.items():
-            site, why, _, _ = self._check(n, "hello", job, reply)
+            site, why, _, body = self._check(n, "hello", job, reply)
             if why is None and site in self.node_site.values():
                 why = f"site {site!r} is already connected on another node"
             if why is None:
@@ -188,6 +191,8 @@ class Coordinator:
                 self.refused[n] = why if site is None else f"{site}: {why}"
                 if site is not None:
                     self.refused_sites.add(site)
+                    if body.get("refused") and body.get("dataset") == self.d["dataset"]:
+                        self.refused_on_rows.add(site)  # its own refusal, on its table (schema, unreadable)
                 self.emit({"event": "refused", "node": str(n), "site": site, "why": why})
 
     def wait_for_sites(self) -> None:
@@ -356,11 +361,14 @@ class Coordinator:
     # ------------------------------------------------------------------ the run
     def run(self) -> str:
         """Train; returns why it stopped: completed, max_epsilon, cancelled, or no_sites (no
-        registered site answered within the wait: none was sent work, none read a row)."""
+        registered site took part: none answered within the wait, or each that did was
+        refused at hello; none was sent work, none read a row)."""
         self.wait_for_sites()
         self.emit({"event": "sites", "connected": sorted(self.node_site.values()),
                    "refused": {str(n): w for n, w in self.refused.items()}})
-        if not self.node_site and not self.refused_sites:
+        # every site refused, none on its rows (another dataset, a bad key): the rounds trained
+        # noise alone, charged in full (a probe); a site that refused on its table read it
+        if not self.node_site and not self.refused_on_rows:
             return "no_sites"
         cap = self.spec["max_epsilon"]
         with_eval = self.noise is not None

@@ -208,7 +208,12 @@ def _follow(d: dict, jobdir: Path, run_id: str, fed: Federation, progress, workd
         status = run_status(jobdir, run_id)
         err = FederatedRunError(f"the ServerApp ended without a result: {status}"
                                 + (" (the SuperLink does not answer)" if status == "unknown" else ""))
-        err.actual_event = planner.rounds_event(d, state["rounds"], state["evals"]) if state["rounds"] else None
+        # the SuperLink silent: the rounds reported (no later update could reach the ServerApp);
+        # the ServerApp ended without its result (killed, out of memory): those and the one
+        # that may have been under way. With no round reported this was the whole plan (a
+        # probe's ServerApp killed in round 1 of 4 charged all four)
+        done = (state["rounds"], state["evals"])
+        err.actual_event = planner.rounds_event(d, *done) if status == "unknown" else _one_more(d, *done)
         raise err
     drain()
     result = json.loads(result_path.read_text())
@@ -237,15 +242,23 @@ def _cancel(d: dict, jobdir: Path, run_id: str, rounds: int, evals: int, wait: f
     # trained every remaining round after the request ended; charge the round that may have
     # been under way as done
     _stop(jobdir, run_id)
-    return planner.rounds_event(d, min(rounds + 1, d["spec"]["rounds"]),
-                                min(evals + 1, d["evals"]) if d["evals"] else 0)
+    return _one_more(d, rounds, evals)
+
+
+def _one_more(d: dict, rounds: int, evals: int) -> dict:
+    """The event of the rounds (and evaluations) done and the one that may have been under
+    way: what a run that ended without its result is charged."""
+    return planner.rounds_event(d, min(rounds + 1, d["spec"]["rounds"]), min(evals + 1, d["evals"]) if d["evals"] else 0)
 
 
 def _release(d: dict, r: dict, workdir: Path | None, run_id: str) -> Release:
     spec = d["spec"]
     if r["stopped"] == "no_sites":
-        err = FederatedRunError("no registered site answered within the wait for sites: nothing was trained and "
-                                "no site read a row")
+        refused = "; ".join(f"{w}" for w in r.get("sites", {}).get("refused", {}).values())
+        err = FederatedRunError("no registered site took part (none answered within the wait for sites, or each "
+                                "that did was refused before reading its table" +
+                                (f": {refused[:500]}" if refused else "") + "): nothing was trained and no site read "
+                                "a row")
         err.nothing_read = True  # the host refunds, as for a failure before the read
         raise err
     if r["stopped"] == "failed":
@@ -253,8 +266,7 @@ def _release(d: dict, r: dict, workdir: Path | None, run_id: str) -> Release:
         if not r.get("rows_asked", True):  # before any site was sent work: no row was read, refund
             err.nothing_read = True
         else:  # the rounds done and the one that may have been under way
-            err.actual_event = planner.rounds_event(d, min(r["rounds"] + 1, spec["rounds"]),
-                                                    min(r["evals"] + 1, d["evals"]) if d["evals"] else 0)
+            err.actual_event = _one_more(d, r["rounds"], r["evals"])
         raise err
     if r["stopped"] == "cancelled":
         c = Cancelled("cancelled")

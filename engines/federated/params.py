@@ -5,7 +5,7 @@ Parameters (kind ``train``): ``target``, ``task`` (binary | multiclass), ``targe
 ``positive_values``, ``features`` (as the dpsgd engine: declared numeric columns with bounds
 and categorical columns with a domain); ``mode`` ("central": client-level DP-FedAvg; "local":
 sample-level DP-SGD at each site, ``clip_norm`` then clipping each row's gradient and
-``local_batch_size`` the expected Poisson batch; see ``planner``); ``rounds``; ``sites_per_round`` (expected sites per round: q =
+``local_batch_size`` the expected Poisson batch; see ``planner``); ``rounds``; ``sites_per_round`` (expected sites per round, from 1: q =
 sites_per_round / registered sites, default all); ``target_epsilon`` (a number, or "inf"
 for non-private FedAvg) or ``noise_multiplier``; ``max_epsilon`` (stop before a round that
 would pass it); ``clip_norm`` C (of a site's whole update); ``local_epochs``,
@@ -110,7 +110,9 @@ def validate(kind: str, params: dict, ds: DatasetMeta) -> Spec:
 
     rounds = errors.number(params, "rounds", 10, lo=1, hi=MAX_ROUNDS, integer=True)
     n_sites = len(sites)
-    per_round = errors.number(params, "sites_per_round", n_sites or 1, lo=0, lo_open=True, hi=max(n_sites, 1))
+    # at least one site expected a round: the noise is divided by q N, and 1e-315 of a site
+    # made the model's weights inf after the read, charged and nothing released (a probe)
+    per_round = errors.number(params, "sites_per_round", n_sites or 1, lo=1, hi=max(n_sites, 1))
     q = min(1.0, (per_round or 1) / max(n_sites, 1))
     te, nm = params.get("target_epsilon"), params.get("noise_multiplier")
     private = te != "inf"

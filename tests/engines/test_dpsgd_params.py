@@ -76,6 +76,11 @@ BAD = [
                  id="patience-on-one-epoch"),
     pytest.param({"optimizer": "lbfgs"}, "optimizer", "adam", id="optimizer"),
     pytest.param({"colour": "red"}, "params", "colour", id="unknown-param"),
+    # each said another reason (a probe): "at most 200 distinct columns", "can be features", "required"
+    pytest.param({"features": ["x1", "x1"]}, "features", "'x1' listed more than once", id="feature-twice"),
+    pytest.param({"target": "notes"}, "target", "can be a target", id="text-target"),
+    pytest.param({"target": "r", "task": "binary", "target_threshold": "NaN"}, "target_threshold",
+                 "a finite number, got 'NaN'", id="threshold-nan-text"),
 ]
 
 

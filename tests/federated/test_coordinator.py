@@ -74,15 +74,23 @@ def test_unregistered_bad_key_other_dataset_and_schema_sites_are_refused(tmp_pat
     nodes = [node(tmp_path, "a", tables[0]), node(tmp_path, "b", tables[1]),
              node(tmp_path, "mallory", tables[2]),  # not registered
              node(tmp_path, "c", tables[2], key="wrong"),  # registered id, wrong secret
-             node(tmp_path, "c", tables[2], dataset="other"),  # registered, serves another dataset
+             node(tmp_path, "c", tables[2], dataset="payroll"),  # registered, serves another dataset
              ]
     c, r, _ = run(tmp_path, nodes, target_epsilon="inf", rounds=2)
     refused = r["sites"]["refused"]
     assert refused["3"] == "unregistered site"  # the name it claims is not repeated to the analyst
     assert "bad MAC" in refused["4"]
-    assert "serves dataset 'other'" in refused["5"]
+    assert refused["5"] == "c: serves another dataset"  # not named: it may be one the analyst is not granted
+    assert "payroll" not in json.dumps(r)
     assert r["sites"]["connected"] == ["a", "b"]
     assert all(set(h["sites"]["accepted"]) == {"a", "b"} for h in r["history"])
+
+    # every registered site refused at hello (a probe: each served another dataset): no round
+    # is run, as when none answers; it trained noise alone and was charged in full
+    c3, r3, _ = run(tmp_path, [node(tmp_path, "a", tables[0], dataset="other"),
+                               node(tmp_path, "b", tables[1], dataset="other")],
+                    sites=["a", "b"], target_epsilon=2.0, rounds=2)
+    assert r3["stopped"] == "no_sites" and r3["rounds"] == 0 and not r3["rows_asked"], r3
 
     c2, r2, _ = run(tmp_path, [node(tmp_path, "a", tables[0]), node(tmp_path, "b", bad_schema)],
                     sites=["a", "b"], target_epsilon="inf", rounds=1)

@@ -185,3 +185,17 @@ def test_the_worker_s_time_limit_stops_the_serverapp_and_charges_its_rounds(tmp_
     # the hard limit comes 300 s after the soft one by default: a wait of CANCEL_WAIT (300 s)
     # before the stop let it kill the worker (worker_lost, charged in full; a probe)
     assert seen["wait"] == execute.LIMIT_WAIT and execute.LIMIT_WAIT + 60 < 300 / 2
+
+
+@pytest.mark.parametrize("reported, charged", [(0, 1), (2, 3)])
+def test_a_serverapp_that_ends_without_its_result_is_charged_the_rounds_under_way_not_the_plan(
+        tmp_path, details, fast, monkeypatch, reported, charged):
+    """A probe SIGKILLed ``flwr-serverapp`` in round 1 of 4: the run failed charged the whole
+    plan (no round reported: the charge was None). Now the rounds reported and the one that
+    may have been under way (engines/federated/README.md), as for any failure of the ServerApp."""
+    monkeypatch.setattr(execute, "run_status", lambda jobdir, run_id: "finished:failed")
+    for n in range(1, reported + 1):
+        _round(tmp_path, n)
+    with pytest.raises(execute.FederatedRunError, match="ServerApp ended without a result") as e:
+        execute._follow(details, tmp_path, "7", FED, lambda update: None, None)
+    assert e.value.actual_event == {"rounds": charged, "evals": 0}

@@ -79,6 +79,8 @@ def test_non_private_fedavg_is_a_non_private_event():
     ({"target_epsilon": 1e-320}, "target_epsilon"),
     ({"noise_multiplier": 1.0, "eval_epsilon": 1e-320}, "eval_epsilon"),
     ({"target_epsilon": 1.0, "sites_per_round": 5e-324}, "sites_per_round"),
+    ({"target_epsilon": 1.0, "sites_per_round": 1e-315}, "sites_per_round"),  # weights inf after the read
+    ({"target_epsilon": 1.0, "sites_per_round": 0.5}, "sites_per_round"),
 ])
 def test_bad_requests_are_plan_errors(params, field):
     with pytest.raises(PlanError) as e:

@@ -117,5 +117,5 @@ def test_a_run_no_site_answered_is_refunded(api, analyst, wards, settings, monke
     monkeypatch.setattr(plugins, "run", run)
     body = submit(api, analyst, django_capture_on_commit_callbacks)
     assert body["status"] == "failed" and body["error"]["code"] == "request.failed_before_read"
-    assert "no registered site answered" in body["error"]["detail"]
+    assert "no registered site took part" in body["error"]["detail"]
     assert LedgerEntry.objects.get().status == "released" and body["charge"]["rdp"]["epsilon"] == 0
