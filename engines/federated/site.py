@@ -10,6 +10,11 @@ file; an inline secret is written to a 0600 file in the agent's private director
 the node config names, so it is not on the SuperNode's command line). The agent serves
 only ``--dataset``: a run for any other dataset is refused by the ClientApp.
 
+The agent keeps its SuperNode running: one that ends on its own (the SuperLink restarted,
+which keeps its nodes in memory and tells a node it no longer knows to terminate; or the
+SuperLink away past the node's retries) is started again after 2 s, then after up to 60 s
+while it keeps ending at once; the agent itself stops on SIGTERM or SIGINT.
+
 ``--misbehave nan|oversized`` is a fault-injection switch for the tests (a site sending a
 NaN or an unclipped update): never set it in production.
 """
@@ -22,9 +27,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from . import processes
+
+RESTART_FIRST, RESTART_MAX = 2.0, 60.0  # seconds before a SuperNode that ended is started again
 
 
 def node_config(site: str, dataset: str, table: str, key_file: str, misbehave: str = "") -> str:
@@ -66,20 +74,39 @@ def main(argv=None) -> int:
             f.write(a.key)
         key_file = str(key_path)
     table = str(Path(a.table).resolve())
-    cmd = processes.supernode_cmd(a.superlink, node_config(a.site, a.dataset, table, key_file, a.misbehave),
-                                  a.port or processes.free_port(), insecure=a.insecure)
-    if a.root_certificates:
-        cmd += ["--root-certificates", a.root_certificates]
+    config = node_config(a.site, a.dataset, table, key_file, a.misbehave)
     home = work / "flwr-home"
     home.mkdir(exist_ok=True)
-    proc = subprocess.Popen(cmd, env=processes.env(home))
+    stopping: list[int] = []
+    proc: subprocess.Popen | None = None
 
     def forward(signum, _frame):
-        proc.send_signal(signum)
+        stopping.append(signum)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    return proc.wait()
+    delay = RESTART_FIRST
+    while True:
+        # every site agent ended for good when the SuperLink restarted, and the next run
+        # found no site (a probe): the SuperNode is started again instead
+        cmd = processes.supernode_cmd(a.superlink, config, a.port or processes.free_port(), insecure=a.insecure)
+        if a.root_certificates:
+            cmd += ["--root-certificates", a.root_certificates]
+        started = time.monotonic()
+        proc = subprocess.Popen(cmd, env=processes.env(home))
+        code = proc.wait()
+        if stopping:
+            return code
+        if time.monotonic() - started > RESTART_MAX:  # it had been running: the short wait again
+            delay = RESTART_FIRST
+        print(f"site {a.site}: the SuperNode ended (exit {code}); starting it again in {delay:g} s",
+              file=sys.stderr, flush=True)
+        time.sleep(delay)
+        if stopping:
+            return code
+        delay = min(2 * delay, RESTART_MAX)
 
 
 if __name__ == "__main__":

@@ -122,3 +122,34 @@ def test_secure_aggregation_and_a_cancel_that_charges_only_the_rounds_done(clust
     done = e.value.actual_event["steps"]
     assert done in (1, 2)  # the round under way when the cancel came finishes
     assert e.value.actual_event == planner.rounds_event(plan.details, done, 0)
+
+
+def test_a_site_agent_starts_its_supernode_again_when_it_ends(cluster, tmp_path):
+    """A probe restarted the SuperLink: every site's SuperNode was told to terminate (the
+    SuperLink keeps its nodes in memory), every agent ended with it, and the next run found
+    no site. The agent now starts its SuperNode again; the site then serves the next run."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    from tests.workers.conftest import wait_for
+
+    tables = write_sites(tmp_path, 1, rows=300)
+    agent = psutil.Process(cluster.start_site("a", tables[0]).pid)
+
+    def supernode():
+        return next((p for p in agent.children() if "flower-supernode" in " ".join(p.cmdline())), None)
+
+    first = wait_for(supernode, timeout=30)
+    os.kill(first.pid, signal.SIGKILL)  # it ends on its own, as on the SuperLink's word
+    again = wait_for(lambda: (p := supernode()) is not None and p.pid != first.pid and p, timeout=30)
+    assert agent.is_running() and again.is_running()
+    time.sleep(0.5)
+    ds = meta(["a"], rows=300)
+    req = EngineRequest("train", {"target": "label", "rounds": 1, "target_epsilon": "inf"})
+    rel = plugins.run("federated", req, ds, fed(cluster, ["a"], wait_sites_seconds=60, round_timeout=60),
+                      plugins.plan("federated", req, ds), lambda p: None, None)
+    assert rel.result["sites"]["connected"] == ["a"] and rel.result["stopped"] == "completed"
+    assert b"starting it again" in (tmp_path / "agent-a.log").read_bytes()
