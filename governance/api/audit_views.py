@@ -42,7 +42,7 @@ class AuditRecordSerializer(serializers.ModelSerializer):
         model = AuditRecord
         fields = ["id", "dataset", "seq", "action", "at", "actor", "request_id", "ledger_entry_id", "reference",
                   "engine", "kind", "params", "outcome", "reason", "detail", "event", "reserved_event", "charge",
-                  "totals", "non_private", "result_sha256", "worker", "requested_at", "prev_hash", "hash"]
+                  "totals", "non_private", "result_sha256", "worker", "cluster", "requested_at", "prev_hash", "hash"]
         read_only_fields = fields
 
 

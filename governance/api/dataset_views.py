@@ -134,7 +134,9 @@ class DatasetViewSet(FormatSuffix, mixins.ListModelMixin, mixins.RetrieveModelMi
         secret = federated.issue_secret(ds, site, request.user.get_username())
         return Response({"dataset": ds.name, "site": site, "secret": secret, "agent": (
             f"python -m engines.federated.site --superlink {settings.FEDERATED_SUPERLINK or 'HOST:PORT'} "
-            f"--dataset {ds.name} --site {site} --key @{site}.secret --table ROWS.parquet")})
+            f"--dataset {ds.name} --site {site} --key @{site}.secret --table ROWS.parquet "
+            # without either, the agent retried a TLS handshake for ever on a plain SuperLink (a probe)
+            "--root-certificates CA.pem (or --insecure for a SuperLink without TLS)")})
 
     @extend_schema(request=s.EstimateInputSerializer, responses={200: inline_serializer("Estimate", {
         "events": serializers.ListField(), "total": serializers.DictField(), "would_admit": serializers.BooleanField(),

@@ -50,6 +50,16 @@ def test_records_without_a_cluster_job_hash_as_before(mixed_chain):
     assert verification.verify().ok
 
 
+def test_the_api_shows_the_job_the_export_has(mixed_chain, api, officer):
+    """``GET /api/audit/`` left ``cluster`` out, which the export and the hash hold (a probe)."""
+    ds, _ = mixed_chain
+    last = AuditRecord.objects.filter(dataset=ds).latest("seq")
+    client = api(officer)
+    assert client.get(f"/api/audit/{last.pk}/").json()["cluster"] == JOB
+    rows = client.get(f"/api/audit/?dataset__name={ds.name}&page_size=1000").json()["results"]
+    assert [r["cluster"] for r in rows].count(JOB) == 1 and rows[0]["cluster"] is None
+
+
 def test_a_distributed_records_job_is_hashed_and_checked_by_the_tool(mixed_chain, tmp_path):
     ds, _ = mixed_chain
     last = AuditRecord.objects.filter(dataset=ds).latest("seq")
