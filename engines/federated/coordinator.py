@@ -248,7 +248,8 @@ class Coordinator:
         self.rounds = rnd
         row = {"round": rnd, "sites": {"sampled": sorted(sampled), "accepted": sorted(accepted),
                                        "rejected": rejected,
-                                       "not_connected": sorted(s for s in sampled if s not in site_node)},
+                                       "not_connected": sorted(s for s in sampled if s not in site_node),
+                                       "connected": sorted(self.node_site.values())},  # after this round's drops
                "bytes": {"sent": int(sent_bytes), "received": int(recv_bytes)}}
         if secure is not None:
             row["secure_aggregation"] = secure

@@ -47,7 +47,14 @@ class Recorder:
                 self.history[-1] = row  # the same round reported again (the engine repeats its last report)
             else:
                 self.history.append(row)
-            update = {**update, "history": list(self.history), "connected": self.connected}
+            # the sites connected now (the round's own list): a site dropped mid-run was still
+            # named here while the same report's not_connected named it too (a probe); the
+            # audit's list stays every site that was connected
+            now = sites.get("connected")
+            if isinstance(now, list):
+                self.connected = sorted(set(self.connected) | set(map(str, now)))
+            update = {**update, "history": list(self.history),
+                      "connected": sorted(map(str, now)) if isinstance(now, list) else self.connected}
         self.report(update)
 
     def _refuse(self, items) -> None:

@@ -92,6 +92,7 @@ def test_a_site_killed_mid_run_and_a_site_joining_late(cluster, tmp_path):
     assert {"a", "b"} <= set(h[1]["sites"]["accepted"])
     assert "d" in h[2]["sites"]["accepted"]  # joined late, identified, trained
     assert "c" not in h[2]["sites"]["accepted"]
+    assert h[0]["sites"]["connected"] == ["a", "b", "c"] and h[2]["sites"]["connected"] == ["a", "b", "d"]
 
 
 def test_secure_aggregation_and_a_cancel_that_charges_only_the_rounds_done(cluster, tmp_path):

@@ -87,6 +87,10 @@ def test_the_recorder_keeps_each_rounds_epsilon_and_dp_evaluation():
     assert out[-1]["history"] == [{"round": 1, "epsilon_spent": 0.5},
                                   {"round": 2, "epsilon_spent": 0.9, "accuracy": 0.7, "accuracy_ci95": [0.6, 0.8],
                                    "dp": True}]
+    # b dropped in round 3: no longer named connected in the progress, still in the audit's list
+    rec({"phase": "training", "round": 3, "rounds": 3, "epsilon_spent": 1.0,
+         "sites": {"accepted": ["a"], "connected": ["a"]}, "eval": {}})
+    assert out[-1]["connected"] == ["a"]
     job = rec.job({"flower_run_id": 42, "sites": {"connected": ["a", "b", "c"], "refused": {}}, "history": []})
     assert job["job"] == "42" and job["sites"]["connected"] == ["a", "b", "c"]
     assert job["sites"]["aggregated"] == ["a", "b"]
