@@ -7,6 +7,9 @@ longer queued (docs/concepts.md)."""
 
 from __future__ import annotations
 
+import time
+
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from ..models import Request
@@ -37,11 +40,34 @@ def cancel_queued(dataset_id: int, code: str, why: str, analyst_id: int | None =
     queued = Request.objects.filter(dataset_id=dataset_id, status=Request.Status.QUEUED)
     if analyst_id is not None:
         queued = queued.filter(analyst_id=analyst_id)
-    # The caller holds the budget's lock, and every other path takes a request's row before
-    # the budget's (an analyst's cancel: its row, then the refund): waiting here for a row
-    # one of them holds was a deadlock (a probe's 20 cancels beside a revoke: the officer's
-    # revoke a 503, the admin's a 500, the grant still active). A row held now is being
-    # cancelled by its analyst or claimed by a worker, either of which ends it queued; it is
-    # skipped, never waited for (PostgreSQL's SKIP LOCKED; SQLite has one writer at a time).
-    rows = queued.select_for_update(skip_locked=True, of=("self",)).order_by("created_at")
-    return sum(cancel_if_queued(req, code, detail) for req in rows)
+    return sum(cancel_if_queued(req, code, detail) for req in _taken(queued.order_by("created_at")))
+
+
+HELD_TRIES, HELD_PAUSE = 10, 0.05  # a queued row another holds: asked again this often, this far apart
+
+
+def _taken(queued) -> list[Request]:
+    """The queued rows, each locked for this transaction (PostgreSQL; SQLite has one writer
+    at a time). The caller holds the budget's lock, and an analyst's cancel takes its
+    request's row before the budget's (its refund): waiting for a row the cancel holds was
+    a deadlock (a probe's 20 cancels beside a revoke: the officer's revoke a 503, the
+    admin's a 500, the grant still active). So rows held by another are not waited for but
+    asked for again, without waiting (NOWAIT), for about half a second: a worker's claim or
+    the sweep's requeue stamp holds one for a statement and lets go (skipped for good, such
+    a row stayed queued and ran once the grant was given back: a probe); a cancel holds it
+    until this transaction ends, and cancels it then."""
+    rows = list(queued.select_for_update(skip_locked=True, of=("self",)))
+    if connection.vendor != "postgresql":
+        return rows
+    for pk in queued.exclude(pk__in=[r.pk for r in rows]).values_list("pk", flat=True):
+        for _ in range(HELD_TRIES):
+            try:
+                with transaction.atomic():  # a savepoint: a refusal to wait does not end the caller's transaction
+                    row = queued.filter(pk=pk).select_for_update(nowait=True, of=("self",)).first()
+            except OperationalError:  # held by another
+                time.sleep(HELD_PAUSE)
+                continue
+            if row is not None:
+                rows.append(row)
+            break
+    return rows

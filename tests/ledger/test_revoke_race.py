@@ -80,3 +80,40 @@ def test_an_officer_s_revoke_does_not_deadlock_with_a_cancel_holding_its_request
     if officer_acts == "revoke":
         assert not Grant.objects.get(pk=g.pk).active
     assert verification.verify().ok
+
+
+@pytest.mark.parametrize("officer_acts", ["revoke", "take_out_of_service"])
+def test_a_row_held_for_a_moment_is_still_cancelled_by_the_revoke(make_dataset, grant, analyst, officer, unsent,
+                                                                  officer_acts):
+    """A probe: the sweep's requeue stamp held a queued row as the revoke passed; skipped for
+    good, it stayed queued, and ran (charged) once the grant was given back. A row held by
+    a statement that lets go is waited for, briefly, and cancelled with the rest."""
+    from django.db import transaction
+
+    ds = make_dataset("clinic", epsilon=5.0)
+    g = grant(analyst, ds)
+    ids = _queued(analyst, ds, 3)
+    held, out = threading.Event(), {}
+
+    def stamp():  # as recovery._sweep's requeue: the row's progress, in a transaction of its own
+        try:
+            with transaction.atomic():
+                Request.objects.filter(pk=ids[1], status=Request.Status.QUEUED).update(progress={"requeued_at": 1.0})
+                held.set()
+                time.sleep(0.2)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=stamp)
+    holder.start()
+    assert held.wait(10)
+    try:
+        if officer_acts == "revoke":
+            grants.revoke(Grant.objects.get(pk=g.pk), officer)
+        else:
+            registry.take_out_of_service(ds)
+    finally:
+        holder.join(30)
+    assert set(Request.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"cancelled"}
+    assert set(LedgerEntry.objects.values_list("status", flat=True)) == {"released"}
+    assert verification.verify().ok
