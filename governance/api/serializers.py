@@ -97,6 +97,7 @@ class StrictInput:
     false}`` on a grant revokes nothing; DELETE does)."""
 
     NOT_FIELDS = {"csrfmiddlewaretoken"}  # the browsable API's HTML forms send it with the fields
+    NAMES = (serializers.RegexField, serializers.EmailField, serializers.SlugRelatedField)  # text, never a number
 
     def to_internal_value(self, data):
         if hasattr(data, "keys"):
@@ -105,6 +106,13 @@ class StrictInput:
             if unknown:
                 raise serializers.ValidationError(
                     {k[:100]: "Unknown field: not taken here (read-only, or misspelt)." for k in unknown[:20]})
+            # a name given as a JSON number: DRF reads its str() (username 1e15 made the user
+            # "1000000000000000.0", and a grant was given to it by that number: a probe)
+            numbers = {name: "Must be a string, not a number." for name, field in self.fields.items()
+                       if isinstance(field, self.NAMES) and not field.read_only and name in data
+                       and isinstance(data[name], (int, float)) and not isinstance(data[name], bool)}
+            if numbers:
+                raise serializers.ValidationError(numbers)
         return super().to_internal_value(data)
 
 

@@ -241,6 +241,10 @@ def test_lone_surrogates_in_a_charge_are_a_400(client, text):
     ("/api/requests/", '{"dataset": "clinic", "engine": 5, "kind": "count", "params": {"epsilon": 0.1}}', "engine"),
     ("/api/requests/", '{"dataset": 1.5, "engine": "aggregates", "kind": "count", "params": {"epsilon": 0.1}}',
      "dataset"),
+    # names: a user "1000000000000000.0" was made, and given a grant by that number (a probe)
+    ("/api/analysts/", '{"username": 1e15}', "username"),
+    ("/api/grants/", '{"analyst": 1e15, "dataset": "clinic"}', "analyst"),
+    ("/api/datasets/", '{"name": 7, "budget_epsilon": 1.0}', "name"),
 ])
 def test_a_number_for_a_text_field_is_a_400_naming_it(client, url, text, field):
     from governance.models import LedgerEntry
