@@ -265,9 +265,10 @@ class Request(models.Model):
     data_read = models.BooleanField(default=False, help_text="The worker has started reading the data.")
     cancel_requested = models.BooleanField(default=False)
     worker = models.CharField(max_length=200, blank=True)
-    worker_pid = models.PositiveIntegerField(
-        null=True, blank=True, help_text="The process id of the worker running it (its liveness record's): a worker "
-        "started again under the same node name does not vouch for the run of the one that died.")
+    worker_process = models.CharField(
+        max_length=64, blank=True, default="", db_default="", help_text="The worker process running it, as its "
+        "liveness record names it (process id @ start time): a worker started again under the same node name (and in "
+        "a container, the same process id) does not vouch for the run of the one that died.")
     run_task = models.CharField(max_length=64, blank=True, default="", db_default="",
                                 help_text="The Celery task whose turn runs it (a worker's hard time limit finds "
                                 "the run it ended by this).")

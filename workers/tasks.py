@@ -94,7 +94,7 @@ def run_request(self, request_id: str) -> str:
         # task (tests) runs its own request, as its caller expects
         status = execute(request_id, worker=self.request.hostname or "", task=self.request.id or "",
                          take_turns=not self.request.is_eager, retried=bool(self.request.retries),
-                         worker_pid=None if self.request.is_eager else _worker_pid())
+                         worker_process="" if self.request.is_eager else _worker_process())
     except StillRunning as exc:  # its run may be alive: asked again once a heartbeat would have come
         raise self.retry(exc=exc, countdown=settings.REQUEST_HEARTBEAT_SECONDS) from exc
     except (OperationalError, InterfaceError, InternalError) as exc:
@@ -122,10 +122,13 @@ def _pool_process(**_kwargs):
         _IN_POOL_PROCESS.append(True)
 
 
-def _worker_pid() -> int:
-    """The worker process whose liveness record this task's process is covered by: a prefork
-    pool's child runs under its parent's record, a solo or threads pool is the worker."""
-    return os.getppid() if _IN_POOL_PROCESS else os.getpid()
+def _worker_process() -> str:
+    """The worker process whose liveness record this task's process is covered by, as the
+    record names it (``liveness.process_key``): a prefork pool's child runs under its
+    parent's record, a solo or threads pool is the worker."""
+    from governance.core.liveness import process_key
+
+    return process_key(os.getppid() if _IN_POOL_PROCESS else os.getpid())
 
 
 def _replace_after_out_of_memory(work: str) -> None:

@@ -121,6 +121,18 @@ def process_gone(pid) -> bool:
     return False
 
 
+def process_key(pid: int) -> str:
+    """A process as a request's claim and a liveness record name it: its id and, on Linux,
+    its start time (clock ticks since boot, /proc/<pid>/stat), so a process started again
+    under the same id (a container's worker is pid 1 after each restart: a probe) is not
+    taken for the one that died."""
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+        return f"{int(pid)}@{stat[stat.rindex(')') + 2:].split()[19]}"
+    except (OSError, ValueError, IndexError):
+        return str(pid)
+
+
 def forget_dead_here(node: str):
     """Remove this node's records of processes of this host that are gone (an earlier run
     of this worker, killed): a record per process would otherwise pile up as DEAD."""
@@ -249,7 +261,8 @@ class Heartbeat:
 
     def __init__(self, node: str, queues: list[str], interval: float | None = None):
         self.node = node
-        self.record = {"node": node, "host": socket.gethostname(), "pid": os.getpid(), "queues": sorted(queues),
+        self.record = {"node": node, "host": socket.gethostname(), "pid": os.getpid(), "process": process_key(os.getpid()),
+                       "queues": sorted(queues),
                        "broker": settings.CELERY_BROKER_URL.split("@")[-1].split("://")[0],
                        "started": time.time()}
         self.interval = settings.WORKER_HEARTBEAT_SECONDS if interval is None else interval

@@ -59,22 +59,22 @@ _LAST_TICK = threading.local()  # the tick (monotonic) of this thread's last run
 
 
 def execute(request_id: str, worker: str = "", task: str = "", take_turns: bool = False,
-            retried: bool = False, worker_pid: int | None = None) -> str:
+            retried: bool = False, worker_process: str = "") -> str:
     """Run one request to a final state; returns its final (or current) status. With
     ``take_turns`` (a worker's message), the request run is the fairest of the message's
     queue (``claim_turn``), not necessarily ``request_id``. The claim waits for the tick of
     this thread's last run, whose outcome the releaser writes then: a claim at the moment
     the last run's engine finished showed its exact duration (the next request's
     ``started_at``, its status, a cancel's answer), a data-dependent time the ticks exist to
-    hide, to whoever's request came next. ``worker_pid``: the worker process whose liveness
-    record vouches for the run (``recovery.sweep``)."""
+    hide, to whoever's request came next. ``worker_process``: the worker process whose
+    liveness record vouches for the run (``recovery.sweep``)."""
     wait = getattr(_LAST_TICK, "due", 0.0) - time.monotonic()
     if wait > 0:
         time.sleep(wait)
-    req = reclaim(task, worker, worker_pid) if retried else None
+    req = reclaim(task, worker, worker_process) if retried else None
     if req is None:
-        req = claim_turn(request_id, worker, task, worker_pid) if take_turns else \
-            claim(request_id, worker, task, worker_pid)
+        req = claim_turn(request_id, worker, task, worker_process) if take_turns else \
+            claim(request_id, worker, task, worker_process)
     if req is None:
         return Request.objects.filter(pk=request_id).values_list("status", flat=True).first() or "missing"
     if str(req.pk) != str(request_id):
@@ -91,7 +91,7 @@ class StillRunning(Exception):
     run stopped: the task is sent again later (``workers.tasks.run_request``)."""
 
 
-def reclaim(task: str, worker: str = "", worker_pid: int | None = None) -> Request | None:
+def reclaim(task: str, worker: str = "", worker_process: str = "") -> Request | None:
     """A retried task's own request, claimed again: the database went away between the claim
     and the read, so the run could write neither its failure nor anything else and the task
     was sent again, while the request stayed ``running``; the copy found nothing queued and
@@ -106,7 +106,7 @@ def reclaim(task: str, worker: str = "", worker_pid: int | None = None) -> Reque
     if pk is None:
         return None
     stale = db_now() - timedelta(seconds=2 * settings.REQUEST_HEARTBEAT_SECONDS)  # the heartbeats' clock
-    if not mine.filter(pk=pk, heartbeat_at__lt=stale).update(worker=worker[:200], worker_pid=worker_pid,
+    if not mine.filter(pk=pk, heartbeat_at__lt=stale).update(worker=worker[:200], worker_process=worker_process[:64],
                                                              heartbeat_at=db_time(),
                                                              progress=STARTING):
         raise StillRunning(task)
@@ -117,7 +117,7 @@ def reclaim(task: str, worker: str = "", worker_pid: int | None = None) -> Reque
 TURN_ATTEMPTS = 20  # claims lost to other workers before a turn falls back to its own request
 
 
-def claim_turn(request_id, worker: str = "", task: str = "", worker_pid: int | None = None) -> Request | None:
+def claim_turn(request_id, worker: str = "", task: str = "", worker_process: str = "") -> Request | None:
     """The turn of ``request_id``'s message (``governance.requests.turns``): the fairest
     queued request of its queue, claimed; one another worker claimed first moves the turn
     to the next fairest; ``request_id`` itself when its engine is unknown here or no other
@@ -131,18 +131,18 @@ def claim_turn(request_id, worker: str = "", task: str = "", worker_pid: int | N
         pk = turns.fairest(engines)
         if pk is None:
             break
-        req = claim(pk, worker, task, worker_pid)
+        req = claim(pk, worker, task, worker_process)
         if req is not None:
             return req
-    return claim(request_id, worker, task, worker_pid)
+    return claim(request_id, worker, task, worker_process)
 
 
-def claim(request_id, worker: str = "", task: str = "", worker_pid: int | None = None) -> Request | None:
+def claim(request_id, worker: str = "", task: str = "", worker_process: str = "") -> Request | None:
     """``queued -> running`` by compare-and-set, returning the claimed row and its dataset's
     in the same statement (``WITH r AS (UPDATE ... RETURNING ...) SELECT ... JOIN``); None
     when another delivery has it. ``task``: the Celery task whose turn runs it (the worker's
     hard time limit finds the run by it)."""
-    values = {"status": Request.Status.RUNNING, "worker": worker[:200], "worker_pid": worker_pid,
+    values = {"status": Request.Status.RUNNING, "worker": worker[:200], "worker_process": worker_process[:64],
               "run_task": task[:64], "progress": STARTING}
     if connection.vendor != "postgresql":  # SQLite: this host's clock is the database's (recovery.db_time)
         now = timezone.now()

@@ -159,14 +159,14 @@ def _sweep(now, lost_after, requeue_after) -> dict:
             # time in the database's future (its clock stepped back past it) is no restart:
             # it turned every sweep off until the clock caught up (a probe's)
             WATCH.afresh = True
-        running = {pk: (beat, started, worker, pid, engine) for pk, beat, started, worker, pid, engine in
+        running = {pk: (beat, started, worker, proc, engine) for pk, beat, started, worker, proc, engine in
                    Request.objects.filter(status=Request.Status.RUNNING).values_list(
-                       "pk", "heartbeat_at", "started_at", "worker", "worker_pid", "engine")}
+                       "pk", "heartbeat_at", "started_at", "worker", "worker_process", "engine")}
 
         def vouched():
             alive = _live_nodes()
-            return {pk for pk, (_, _, worker, pid, engine) in running.items()
-                    if any((pid is None or p is None or pid == p) and (queues is None or _queue_of(engine) in queues)
+            return {pk for pk, (_, _, worker, proc, engine) in running.items()
+                    if any((not proc or p is None or proc == p) and (queues is None or _queue_of(engine) in queues)
                            for p, queues in alive.get(worker, ()))}
 
         candidates = [(pk, _unchanged(*running[pk][:2])) for pk in WATCH.lost(
@@ -268,16 +268,17 @@ def _pending(queues: set[str]) -> set[str] | None:
         return None
 
 
-def _live_nodes() -> dict[str, list[tuple[int | None, set[str] | None]]]:
+def _live_nodes() -> dict[str, list[tuple[str | None, set[str] | None]]]:
     """The Celery node names with a live liveness record, each with its live processes: the
-    process id and the queues it consumes (None: a record that does not say, any queue);
+    process (``liveness.process_key``) and the queues it consumes (None: a record that does not say, any queue);
     empty when they cannot be read: the database's clock then decides, as before. Two
     ``manage.py worker`` on one host, one per queue, are one node (``celery@<host>``): the
     cpu one killed, the gpu one vouched for its request for minutes (a probe); only a live
     process of the request's queue vouches now, and only the process that claimed it
-    (``Request.worker_pid``) where the claim says which: a worker started again under the
-    same name vouched for its dead predecessor's run, which was finished 3 min 45 s after
-    the kill instead of 2 (a probe)."""
+    (``Request.worker_process``: its id and start time) where the claim says which: a worker
+    started again under the same name vouched for its dead predecessor's run, which was
+    finished 3 min 45 s after the kill instead of 2 (a probe); so did one started again as
+    the same pid 1 of a container (a probe)."""
     from ..core import liveness
 
     try:
@@ -289,9 +290,9 @@ def _live_nodes() -> dict[str, list[tuple[int | None, set[str] | None]]]:
         if not r.get("node"):
             continue
         queues = r.get("queues")
-        pid = r.get("pid") if isinstance(r.get("pid"), int) else None
+        proc = r.get("process") if isinstance(r.get("process"), str) else None
         queues = {str(q) for q in queues} if isinstance(queues, list) and queues else None
-        nodes.setdefault(r["node"], []).append((pid, queues))
+        nodes.setdefault(r["node"], []).append((proc, queues))
     return nodes
 
 

@@ -206,6 +206,31 @@ def test_a_live_worker_of_another_queue_on_the_same_node_does_not_vouch(api, ana
         gpu.stop()
 
 
+def test_a_live_process_of_the_same_id_started_since_does_not_vouch(api, analyst, clinic, settings, tmp_path,
+                                                                   django_capture_on_commit_callbacks):
+    """A probe killed a container's worker (pid 1) and the container started it again, pid 1
+    again under the same node name: its record vouched for the dead one's running request.
+    The claim names the process by its id and start time; only that process vouches."""
+    from governance.core import liveness
+
+    settings.VAR_DIR, settings.REDIS_URL = tmp_path, ""
+    rid = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+    running(rid, db_now() - timedelta(minutes=10))
+    hb = liveness.Heartbeat("celery@box", ["cpu"], interval=60)
+    pid = hb.record["pid"]
+    Request.objects.filter(pk=rid).update(worker="celery@box", worker_process=f"{pid}@1")  # the dead one's start
+    hb.start()
+    try:
+        assert hb.record["process"] == liveness.process_key(pid) != f"{pid}@1"
+        assert sweep(lost_after=LOST_AFTER)["lost"] == [rid]  # same node, same id, started since: lost
+        rid2 = queued(api(analyst), capture=django_capture_on_commit_callbacks)
+        running(rid2, db_now() - timedelta(minutes=10))
+        Request.objects.filter(pk=rid2).update(worker="celery@box", worker_process=hb.record["process"])
+        assert sweep(lost_after=LOST_AFTER)["lost"] == []  # its own process, alive: watched
+    finally:
+        hb.stop()
+
+
 def test_the_liveness_records_are_read_only_when_a_request_seen_first_looks_stale(
         api, analyst, clinic, monkeypatch, django_capture_on_commit_callbacks):
     """Every sweep read them (one Redis call, or a listing of the embedded broker's folder),

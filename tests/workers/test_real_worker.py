@@ -197,7 +197,8 @@ def test_a_worker_started_again_under_its_name_does_not_vouch_for_the_dead_one_s
     wait_for(lambda: Request.objects.get(pk=rid).data_read, timeout=120)
     dead = real_worker.process
     req = Request.objects.get(pk=rid)
-    assert req.worker_pid == dead.pid and req.worker  # the solo pool: the worker's own process
+    # the solo pool: the worker's own process, its id and start time
+    assert req.worker_process == liveness.process_key(dead.pid) and req.worker_process.startswith(f"{dead.pid}@")
     os.kill(dead.pid, signal.SIGKILL)
     dead.wait(10)
     again = real_worker.start_again()
