@@ -29,7 +29,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import DatabaseError, connection
+from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from accounting import events as ev
@@ -389,7 +389,7 @@ def _run(req: Request, clock: RunClock) -> str:
         else:
             read = _mark_data_read(req.pk)
             data = load_columns(ds, list(plan.columns)) if read else None
-    except DatabaseError:
+    except (OperationalError, InterfaceError):
         # the service's database away or full (the read mark, a federation's sites): no row
         # was read and nothing can be written now; the task is sent again and takes its
         # request back (``reclaim``), or the sweep refunds it. Taken for the table's failure,
