@@ -248,7 +248,8 @@ def _cancel(d: dict, jobdir: Path, run_id: str, rounds: int, evals: int, wait: f
 def _one_more(d: dict, rounds: int, evals: int) -> dict:
     """The event of the rounds (and evaluations) done and the one that may have been under
     way: what a run that ended without its result is charged."""
-    return planner.rounds_event(d, min(rounds + 1, d["spec"]["rounds"]), min(evals + 1, d["evals"]) if d["evals"] else 0)
+    return planner.rounds_event(d, min(rounds + 1, d["spec"]["rounds"]),
+                                min(evals + 1, d["evals"]) if d["evals"] else 0)
 
 
 def _release(d: dict, r: dict, workdir: Path | None, run_id: str) -> Release:

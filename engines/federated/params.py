@@ -5,8 +5,9 @@ Parameters (kind ``train``): ``target``, ``task`` (binary | multiclass), ``targe
 ``positive_values``, ``features`` (as the dpsgd engine: declared numeric columns with bounds
 and categorical columns with a domain); ``mode`` ("central": client-level DP-FedAvg; "local":
 sample-level DP-SGD at each site, ``clip_norm`` then clipping each row's gradient and
-``local_batch_size`` the expected Poisson batch; see ``planner``); ``rounds``; ``sites_per_round`` (expected sites per round, from 1: q =
-sites_per_round / registered sites, default all); ``target_epsilon`` (a number, or "inf"
+``local_batch_size`` the expected Poisson batch; see ``planner``); ``rounds``;
+``sites_per_round`` (expected sites per round, from 1: q = sites_per_round / registered
+sites, default all); ``target_epsilon`` (a number, or "inf"
 for non-private FedAvg) or ``noise_multiplier``; ``max_epsilon`` (stop before a round that
 would pass it); ``clip_norm`` C (of a site's whole update); ``local_epochs``,
 ``local_learning_rate``, ``local_batch_size``, ``server_learning_rate``; ``eval_epsilon``

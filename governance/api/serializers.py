@@ -185,9 +185,9 @@ class DatasetCreateSerializer(StrictInput, serializers.Serializer):
     description = TextField(required=False, allow_blank=True, max_length=10_000)
     file = serializers.FileField(required=False, help_text="CSV or Parquet upload (multipart)")
     path = TextField(required=False, max_length=1000,
-                                 help_text="A table on the server, inside DATASET_IMPORT_DIRS (with execution "
-                                           "distributed: Parquet partitions, a directory, a file or a URI under "
-                                           "DATASET_IMPORT_URIS, registered where they are)")
+                     help_text="A table on the server, inside DATASET_IMPORT_DIRS (with execution "
+                               "distributed: Parquet partitions, a directory, a file or a URI under "
+                               "DATASET_IMPORT_URIS, registered where they are)")
     execution = serializers.ChoiceField(choices=Dataset.Execution.values, default="local",
                                         help_text="local: the table is copied and one worker reads it; "
                                                   "distributed: runs go to the Dask cluster; federated: no table, "
@@ -296,7 +296,7 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
 class ChargeInputSerializer(StrictInput, serializers.Serializer):
     event = SafeJSONField(help_text="The mechanism event of the release")
     reference = TextField(required=False, allow_blank=True, default="", max_length=200,
-                                      help_text="What was released and where")
+                          help_text="What was released and where")
     analyst = TextField(
         required=False, max_length=150,
         help_text="The username of the analyst the release went to: the charge is hers, counted against her grant "
@@ -346,7 +346,7 @@ class AnalystCreateSerializer(StrictInput, serializers.Serializer):
 class RequestCreateSerializer(StrictInput, serializers.Serializer):
     dataset = TextField(required=False, help_text="dataset name (with sql: optional, the FROM table)")
     engine = TextField(required=False, max_length=100,
-                                   help_text="engine name (GET /api/engines/); with sql: aggregates")
+                       help_text="engine name (GET /api/engines/); with sql: aggregates")
     kind = TextField(required=False, max_length=100, help_text="a kind the engine serves (not with sql)")
     params = SafeJSONField(default=dict, help_text="the kind's parameters (see the engine's params_schema); "
                                                    "with sql only the privacy options (epsilon, rho, accuracy, "

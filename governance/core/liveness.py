@@ -261,8 +261,8 @@ class Heartbeat:
 
     def __init__(self, node: str, queues: list[str], interval: float | None = None):
         self.node = node
-        self.record = {"node": node, "host": socket.gethostname(), "pid": os.getpid(), "process": process_key(os.getpid()),
-                       "queues": sorted(queues),
+        self.record = {"node": node, "host": socket.gethostname(), "pid": os.getpid(),
+                       "process": process_key(os.getpid()), "queues": sorted(queues),
                        "broker": settings.CELERY_BROKER_URL.split("@")[-1].split("://")[0],
                        "started": time.time()}
         self.interval = settings.WORKER_HEARTBEAT_SECONDS if interval is None else interval

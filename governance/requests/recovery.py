@@ -270,8 +270,8 @@ def _pending(queues: set[str]) -> set[str] | None:
 
 def _live_nodes() -> dict[str, list[tuple[str | None, set[str] | None]]]:
     """The Celery node names with a live liveness record, each with its live processes: the
-    process (``liveness.process_key``) and the queues it consumes (None: a record that does not say, any queue);
-    empty when they cannot be read: the database's clock then decides, as before. Two
+    process (``liveness.process_key``) and the queues it consumes (None: a record that does
+    not say, any queue); empty when they cannot be read: the database's clock then decides, as before. Two
     ``manage.py worker`` on one host, one per queue, are one node (``celery@<host>``): the
     cpu one killed, the gpu one vouched for its request for minutes (a probe); only a live
     process of the request's queue vouches now, and only the process that claimed it
