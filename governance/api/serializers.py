@@ -35,22 +35,13 @@ class FiniteFloatField(serializers.FloatField):
         return value
 
 
-class TextField(serializers.CharField):
-    """A string, never a number or boolean turned into one (DRF's CharField takes ``5`` as
-    ``"5"``: ``{"sql": 5}`` was refused as "not a SELECT statement: 5")."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, (bool, int, float)):
-            what = "true or false" if isinstance(data, bool) else "a number"
-            raise serializers.ValidationError(f"Must be a string, not {what}.")
-        return super().to_internal_value(data)
-
-
 @extend_schema_field({"oneOf": [{"type": "number", "minimum": 0},
                              {"type": "string", "description": 'a number as text (a form field), or "auto"'}]})
 class DeltaField(serializers.CharField):
     """A budget's delta: a number (JSON, or its text in a form) or "auto"; read by
     ``datasets.budget.parse_budget`` (the schema says a number or "auto", not any string)."""
+
+    takes_numbers = True  # (StrictInput refuses a number for any other text field)
 
 
 class ProgressField(serializers.JSONField):
@@ -94,10 +85,14 @@ class SafeJSONField(serializers.JSONField):
 class StrictInput:
     """An input serializer that refuses a field it does not take (400 naming it) instead of
     ignoring it: a misspelt or read-only field must not look accepted (``PATCH {"active":
-    false}`` on a grant revokes nothing; DELETE does)."""
+    false}`` on a grant revokes nothing; DELETE does). A text field (or a name that looks
+    a row up) given a JSON number is refused too: DRF reads its str() (``{"sql": 5}`` was
+    refused as "not a SELECT statement: 5", a charge's ``reference: 1e15`` kept as
+    "1000000000000000.0", ``username: 1e15`` made that user and a grant was given to it by
+    that number: probes)."""
 
     NOT_FIELDS = {"csrfmiddlewaretoken"}  # the browsable API's HTML forms send it with the fields
-    NAMES = (serializers.RegexField, serializers.EmailField, serializers.SlugRelatedField)  # text, never a number
+    TEXT = (serializers.CharField, serializers.SlugRelatedField)  # (RegexField, EmailField: CharFields)
 
     def to_internal_value(self, data):
         if hasattr(data, "keys"):
@@ -106,10 +101,9 @@ class StrictInput:
             if unknown:
                 raise serializers.ValidationError(
                     {k[:100]: "Unknown field: not taken here (read-only, or misspelt)." for k in unknown[:20]})
-            # a name given as a JSON number: DRF reads its str() (username 1e15 made the user
-            # "1000000000000000.0", and a grant was given to it by that number: a probe)
             numbers = {name: "Must be a string, not a number." for name, field in self.fields.items()
-                       if isinstance(field, self.NAMES) and not field.read_only and name in data
+                       if isinstance(field, self.TEXT) and not getattr(field, "takes_numbers", False)
+                       and not field.read_only and name in data
                        and isinstance(data[name], (int, float)) and not isinstance(data[name], bool)}
             if numbers:
                 raise serializers.ValidationError(numbers)
@@ -181,13 +175,13 @@ class OfficerDatasetSerializer(DatasetSerializer):
 
 class DatasetCreateSerializer(StrictInput, serializers.Serializer):
     name = serializers.RegexField(r"^[a-z0-9][a-z0-9_-]{0,99}$", help_text="lowercase slug, unique")
-    title = TextField(required=False, allow_blank=True, max_length=200)
-    description = TextField(required=False, allow_blank=True, max_length=10_000)
+    title = serializers.CharField(required=False, allow_blank=True, max_length=200)
+    description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
     file = serializers.FileField(required=False, help_text="CSV or Parquet upload (multipart)")
-    path = TextField(required=False, max_length=1000,
-                     help_text="A table on the server, inside DATASET_IMPORT_DIRS (with execution "
-                               "distributed: Parquet partitions, a directory, a file or a URI under "
-                               "DATASET_IMPORT_URIS, registered where they are)")
+    path = serializers.CharField(required=False, max_length=1000,
+                                 help_text="A table on the server, inside DATASET_IMPORT_DIRS (with execution "
+                                           "distributed: Parquet partitions, a directory, a file or a URI under "
+                                           "DATASET_IMPORT_URIS, registered where they are)")
     execution = serializers.ChoiceField(choices=Dataset.Execution.values, default="local",
                                         help_text="local: the table is copied and one worker reads it; "
                                                   "distributed: runs go to the Dask cluster; federated: no table, "
@@ -195,7 +189,7 @@ class DatasetCreateSerializer(StrictInput, serializers.Serializer):
     sites = SafeJSONField(required=False, help_text='federated only: [{"site": "h1", "n_rows": 1200}, ...], '
                                                     "distinct ids, positive row counts")
     format = serializers.ChoiceField(choices=["csv", "parquet"], required=False)
-    unit_column = TextField(required=False, allow_blank=True, default="", max_length=200)
+    unit_column = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
     schema = SafeJSONField(required=False, help_text="Column specs overriding the inferred schema")
     budget_epsilon = FiniteFloatField(min_value=1e-9, max_value=MAX_EPSILON)
     budget_delta = DeltaField(required=False, default="auto", help_text='a number below 1/n and 0.1, or "auto"')
@@ -219,8 +213,8 @@ class DatasetCreateSerializer(StrictInput, serializers.Serializer):
 
 
 class DatasetUpdateSerializer(StrictInput, serializers.Serializer):
-    title = TextField(required=False, allow_blank=True, max_length=200)
-    description = TextField(required=False, allow_blank=True, max_length=10_000)
+    title = serializers.CharField(required=False, allow_blank=True, max_length=200)
+    description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
     schema = SafeJSONField(required=False)
     budget_epsilon = FiniteFloatField(required=False, min_value=1e-9, max_value=MAX_EPSILON)
     budget_delta = DeltaField(required=False, help_text='a number below 1/n and 0.1, or "auto"')
@@ -295,9 +289,9 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
 
 class ChargeInputSerializer(StrictInput, serializers.Serializer):
     event = SafeJSONField(help_text="The mechanism event of the release")
-    reference = TextField(required=False, allow_blank=True, default="", max_length=200,
-                          help_text="What was released and where")
-    analyst = TextField(
+    reference = serializers.CharField(required=False, allow_blank=True, default="", max_length=200,
+                                      help_text="What was released and where")
+    analyst = serializers.CharField(
         required=False, max_length=150,
         help_text="The username of the analyst the release went to: the charge is hers, counted against her grant "
                   "on the dataset as well as the dataset's budget (a release a restored database lost is re-recorded "
@@ -344,21 +338,22 @@ class AnalystCreateSerializer(StrictInput, serializers.Serializer):
 
 
 class RequestCreateSerializer(StrictInput, serializers.Serializer):
-    dataset = TextField(required=False, help_text="dataset name (with sql: optional, the FROM table)")
-    engine = TextField(required=False, max_length=100,
-                       help_text="engine name (GET /api/engines/); with sql: aggregates")
-    kind = TextField(required=False, max_length=100, help_text="a kind the engine serves (not with sql)")
+    dataset = serializers.CharField(required=False, help_text="dataset name (with sql: optional, the FROM table)")
+    engine = serializers.CharField(required=False, max_length=100,
+                                   help_text="engine name (GET /api/engines/); with sql: aggregates")
+    kind = serializers.CharField(required=False, max_length=100, help_text="a kind the engine serves (not with sql)")
     params = SafeJSONField(default=dict, help_text="the kind's parameters (see the engine's params_schema); "
                                                    "with sql only the privacy options (epsilon, rho, accuracy, "
                                                    "mechanism, max_rows_per_unit, candidates)")
-    sql = TextField(required=False, max_length=10_000, trim_whitespace=False,
-                    help_text="instead of engine and kind: one SELECT FROM a dataset (at most 10,000 characters) "
-                              "with up to 20 aggregates (COUNT(*), COUNT(column), COUNT(DISTINCT column), SUM, AVG, "
-                              "VARIANCE, MEDIAN, QUANTILE, PERCENTILE_CONT, MIN and MAX as DP percentiles), WHERE "
-                              "with AND / OR / NOT, BETWEEN, IN and IS [NOT] NULL, GROUP BY up to four keys "
-                              "(columns with a declared domain, FLOOR or CASE bins), HAVING, ORDER BY and LIMIT on "
-                              "the released values; planned into the aggregates "
-                              "request it equals (sql.unsupported names any other part)")
+    sql = serializers.CharField(required=False, max_length=10_000, trim_whitespace=False,
+                                help_text="instead of engine and kind: one SELECT FROM a dataset (at most 10,000 "
+                                          "characters) with up to 20 aggregates (COUNT(*), COUNT(column), "
+                                          "COUNT(DISTINCT column), SUM, AVG, VARIANCE, MEDIAN, QUANTILE, "
+                                          "PERCENTILE_CONT, MIN and MAX as DP percentiles), WHERE with AND / OR / NOT, "
+                                          "BETWEEN, IN and IS [NOT] NULL, GROUP BY up to four keys (columns with a "
+                                          "declared domain, FLOOR or CASE bins), HAVING, ORDER BY and LIMIT on the "
+                                          "released values; planned into the aggregates request it equals "
+                                          "(sql.unsupported names any other part)")
 
     def validate(self, attrs):
         if "sql" in attrs:
@@ -378,11 +373,11 @@ class RequestCreateSerializer(StrictInput, serializers.Serializer):
 class EstimateInputSerializer(StrictInput, serializers.Serializer):
     event = SafeJSONField(required=False, help_text="One mechanism event (see the README for the format)")
     events = SafeJSONField(required=False, help_text="A list of events")
-    engine = TextField(required=False, max_length=100, help_text="a request: engine name")
-    kind = TextField(required=False, max_length=100, help_text="a request: the engine's kind")
+    engine = serializers.CharField(required=False, max_length=100, help_text="a request: engine name")
+    kind = serializers.CharField(required=False, max_length=100, help_text="a request: the engine's kind")
     params = SafeJSONField(required=False, help_text="a request: its parameters (with sql: privacy options)")
-    sql = TextField(required=False, max_length=10_000, trim_whitespace=False,
-                    help_text="a request as SQL (as POST /api/requests/ takes it)")
+    sql = serializers.CharField(required=False, max_length=10_000, trim_whitespace=False,
+                                help_text="a request as SQL (as POST /api/requests/ takes it)")
 
     def validate(self, attrs):
         given = [k for k in ("event", "events", "kind", "sql") if k in attrs]
