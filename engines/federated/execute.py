@@ -255,7 +255,7 @@ def _one_more(d: dict, rounds: int, evals: int) -> dict:
 def _release(d: dict, r: dict, workdir: Path | None, run_id: str) -> Release:
     spec = d["spec"]
     if r["stopped"] == "no_sites":
-        refused = "; ".join(f"{w}" for w in r.get("sites", {}).get("refused", {}).values())
+        refused = "; ".join(map(str, r.get("sites", {}).get("refused", {}).values()))
         err = FederatedRunError("no registered site took part (none answered within the wait for sites, or each "
                                 "that did was refused before reading its table" +
                                 (f": {refused[:500]}" if refused else "") + "): nothing was trained and no site read "
